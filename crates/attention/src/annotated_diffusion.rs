@@ -1,0 +1,114 @@
+//! The Hugging Face "Annotated Diffusion" blog post's blocks (huggingface/blog
+//! `annotated-diffusion.md`, a port of lucidrains ≈0.27): `Attention` and `LinearAttention`.
+//!
+//! No norm inside (the post wraps them in `PreNorm(GroupNorm(1, dim))` and `Residual`),
+//! bias-free `to_qkv` 1×1 conv with `[Q | K | V]` channels and `(h c)` heads, `q` scaled
+//! before the product. `Attention` subtracts the detached row max before its softmax (a no-op
+//! that the core's softmax performs anyway); `LinearAttention` ends in conv 1×1 +
+//! `GroupNorm(1, dim)`.
+
+use crate::config::check_divides;
+use crate::heads::{chunk_qkv_channels, merge_channels};
+use crate::layers::{group_norm, Projection};
+use crate::sdpa::{default_scale, linear_attention, sdpa, softmax};
+use crate::Result;
+use candle_core::{Module, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+
+/// Keyword arguments of `Attention(dim, heads=4, dim_head=32)` and
+/// `LinearAttention(dim, heads=4, dim_head=32)`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub dim: usize,
+    #[serde(default = "four")]
+    pub heads: usize,
+    #[serde(default = "thirty_two")]
+    pub dim_head: usize,
+}
+
+fn four() -> usize {
+    4
+}
+fn thirty_two() -> usize {
+    32
+}
+
+/// The blog post's `Attention`.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    to_qkv: Projection,
+    to_out: Projection,
+    heads: usize,
+    scale: f64,
+}
+
+impl Attention {
+    pub const BLOCK: &'static str = "annotated_diffusion.Attention";
+
+    pub fn new(vb: VarBuilder, cfg: &Config) -> Result<Self> {
+        let hidden = cfg.heads * cfg.dim_head;
+        check_divides(Self::BLOCK, hidden, cfg.heads)?;
+        Ok(Self {
+            to_qkv: Projection::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, 3 * hidden, false)?,
+            to_out: Projection::load(vb.pp("to_out"), Self::BLOCK, hidden, cfg.dim, true)?,
+            heads: cfg.heads,
+            scale: default_scale(cfg.dim_head),
+        })
+    }
+}
+
+impl Module for Attention {
+    /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, _, h, w) = x.dims4()?;
+        let [q, k, v] = chunk_qkv_channels(&self.to_qkv.forward_channels(x)?, self.heads)?;
+        let q = (q * self.scale)?;
+        // sim = einsum('b h d i, b h d j -> b h i j', q, k); attn @ v^T
+        let out = sdpa(&q.transpose(2, 3)?, &k.transpose(2, 3)?, &v.transpose(2, 3)?, None, 1.0)?;
+        // 'b h (x y) d -> b (h d) x y'
+        let out = merge_channels(&out)?.reshape((b, (), h, w))?;
+        self.to_out.forward_channels(&out)
+    }
+}
+
+/// The blog post's `LinearAttention`.
+#[derive(Debug, Clone)]
+pub struct LinearAttention {
+    to_qkv: Projection,
+    to_out: Projection,
+    out_norm: candle_nn::GroupNorm,
+    heads: usize,
+    scale: f64,
+}
+
+impl LinearAttention {
+    pub const BLOCK: &'static str = "annotated_diffusion.LinearAttention";
+
+    pub fn new(vb: VarBuilder, cfg: &Config) -> Result<Self> {
+        let hidden = cfg.heads * cfg.dim_head;
+        check_divides(Self::BLOCK, hidden, cfg.heads)?;
+        Ok(Self {
+            to_qkv: Projection::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, 3 * hidden, false)?,
+            to_out: Projection::load(vb.pp("to_out.0"), Self::BLOCK, hidden, cfg.dim, true)?,
+            out_norm: group_norm(vb.pp("to_out.1"), Self::BLOCK, 1, cfg.dim, 1e-5)?,
+            heads: cfg.heads,
+            scale: default_scale(cfg.dim_head),
+        })
+    }
+}
+
+impl Module for LinearAttention {
+    /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, _, h, w) = x.dims4()?;
+        let [q, k, v] = chunk_qkv_channels(&self.to_qkv.forward_channels(x)?, self.heads)?;
+        let dtype = x.dtype();
+        let q = softmax(&q, 2)?.to_dtype(dtype)?;
+        let k = softmax(&k, 3)?.to_dtype(dtype)?;
+        let q = (q * self.scale)?;
+        let out = linear_attention(&q, &k, &v)?.reshape((b, (), h, w))?;
+        self.out_norm.forward(&self.to_out.forward_channels(&out)?)
+    }
+}

@@ -1,0 +1,153 @@
+//! lucidrains' `denoising-diffusion-pytorch` 2.x (2.0.0 – 2.3.4): `Attention` (the full
+//! attention of `Unet.mid_attn`) and `LinearAttention` (the down/up stages).
+//!
+//! Both normalise with RMSNorm first, project q/k/v with one bias-free 1×1 conv (`to_qkv`,
+//! channel layout `[Q | K | V]`, heads `(h c)`), prepend `num_mem_kv` learned memory
+//! key/values (`mem_kv`) and have **no residual inside** (`Unet.forward` adds `x` itself).
+
+use crate::config::check_divides;
+use crate::heads::{chunk_qkv_channels, merge_channels};
+use crate::layers::{Projection, RmsNorm};
+use crate::sdpa::{default_scale, linear_attention, sdpa, softmax};
+use crate::Result;
+use candle_core::{Module, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+
+/// Keyword arguments of `Attention(dim, heads=4, dim_head=32, num_mem_kv=4, flash=False)`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionConfig {
+    pub dim: usize,
+    #[serde(default = "four")]
+    pub heads: usize,
+    #[serde(default = "thirty_two")]
+    pub dim_head: usize,
+    #[serde(default = "four")]
+    pub num_mem_kv: usize,
+    /// Selects PyTorch's SDPA kernel; the same math, so it changes nothing here.
+    #[serde(default)]
+    pub flash: bool,
+}
+
+/// Keyword arguments of `LinearAttention(dim, heads=4, dim_head=32, num_mem_kv=4)`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinearAttentionConfig {
+    pub dim: usize,
+    #[serde(default = "four")]
+    pub heads: usize,
+    #[serde(default = "thirty_two")]
+    pub dim_head: usize,
+    #[serde(default = "four")]
+    pub num_mem_kv: usize,
+}
+
+fn four() -> usize {
+    4
+}
+fn thirty_two() -> usize {
+    32
+}
+
+/// Memory key/values `(heads, n, d)` repeated over the batch: `(B, heads, n, d)`.
+fn repeat_batch(mem: &Tensor, batch: usize) -> candle_core::Result<Tensor> {
+    let (h, n, d) = mem.dims3()?;
+    mem.unsqueeze(0)?.broadcast_as((batch, h, n, d))
+}
+
+/// `denoising_diffusion_pytorch.Attention`.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    norm: RmsNorm,
+    mem_kv: Tensor,
+    to_qkv: Projection,
+    to_out: Projection,
+    heads: usize,
+    scale: f64,
+}
+
+impl Attention {
+    pub const BLOCK: &'static str = "denoising_diffusion_pytorch.Attention";
+
+    pub fn new(vb: VarBuilder, cfg: &AttentionConfig) -> Result<Self> {
+        let hidden = cfg.heads * cfg.dim_head;
+        check_divides(Self::BLOCK, hidden, cfg.heads)?;
+        Ok(Self {
+            norm: RmsNorm::load(vb.pp("norm"), cfg.dim)?,
+            mem_kv: vb.get((2, cfg.heads, cfg.num_mem_kv, cfg.dim_head), "mem_kv")?,
+            to_qkv: Projection::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, 3 * hidden, false)?,
+            to_out: Projection::load(vb.pp("to_out"), Self::BLOCK, hidden, cfg.dim, true)?,
+            heads: cfg.heads,
+            scale: default_scale(cfg.dim_head),
+        })
+    }
+}
+
+impl Module for Attention {
+    /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, _, h, w) = x.dims4()?;
+        let [q, k, v] = chunk_qkv_channels(&self.to_qkv.forward_channels(&self.norm.forward(x)?)?, self.heads)?;
+        // 'b h c n -> b h n c'
+        let (q, k, v) = (q.transpose(2, 3)?, k.transpose(2, 3)?, v.transpose(2, 3)?);
+        let mk = repeat_batch(&self.mem_kv.get(0)?, b)?;
+        let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
+        let k = Tensor::cat(&[&mk, &k], 2)?;
+        let v = Tensor::cat(&[&mv, &v], 2)?;
+        // Attend (non-flash): einsum(q, k) * scale, softmax, einsum(attn, v).
+        let out = sdpa(&q, &k, &v, None, self.scale)?;
+        let out = merge_channels(&out)?.reshape((b, (), h, w))?;
+        self.to_out.forward_channels(&out)
+    }
+}
+
+/// `denoising_diffusion_pytorch.LinearAttention`.
+#[derive(Debug, Clone)]
+pub struct LinearAttention {
+    norm: RmsNorm,
+    mem_kv: Tensor,
+    to_qkv: Projection,
+    to_out: Projection,
+    out_norm: RmsNorm,
+    heads: usize,
+    scale: f64,
+}
+
+impl LinearAttention {
+    pub const BLOCK: &'static str = "denoising_diffusion_pytorch.LinearAttention";
+
+    pub fn new(vb: VarBuilder, cfg: &LinearAttentionConfig) -> Result<Self> {
+        let hidden = cfg.heads * cfg.dim_head;
+        check_divides(Self::BLOCK, hidden, cfg.heads)?;
+        Ok(Self {
+            norm: RmsNorm::load(vb.pp("norm"), cfg.dim)?,
+            // Note the layout (2, heads, dim_head, num_mem_kv), transposed against Attention's.
+            mem_kv: vb.get((2, cfg.heads, cfg.dim_head, cfg.num_mem_kv), "mem_kv")?,
+            to_qkv: Projection::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, 3 * hidden, false)?,
+            to_out: Projection::load(vb.pp("to_out.0"), Self::BLOCK, hidden, cfg.dim, true)?,
+            out_norm: RmsNorm::load(vb.pp("to_out.1"), cfg.dim)?,
+            heads: cfg.heads,
+            scale: default_scale(cfg.dim_head),
+        })
+    }
+}
+
+impl Module for LinearAttention {
+    /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, _, h, w) = x.dims4()?;
+        let [q, k, v] = chunk_qkv_channels(&self.to_qkv.forward_channels(&self.norm.forward(x)?)?, self.heads)?;
+        let mk = repeat_batch(&self.mem_kv.get(0)?, b)?;
+        let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
+        let k = Tensor::cat(&[&mk, &k], 3)?;
+        let v = Tensor::cat(&[&mv, &v], 3)?;
+        let dtype = x.dtype();
+        let q = softmax(&q, 2)?.to_dtype(dtype)?; // over the feature axis, per token
+        let k = softmax(&k, 3)?.to_dtype(dtype)?; // over tokens (memory included), per feature
+        let q = (q * self.scale)?;
+        let out = linear_attention(&q, &k, &v)?;
+        let out = out.reshape((b, (), h, w))?;
+        self.out_norm.forward(&self.to_out.forward_channels(&out)?)
+    }
+}

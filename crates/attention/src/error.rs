@@ -1,0 +1,58 @@
+//! The crate's error type.
+
+/// Errors from building or running a block.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration cannot describe a valid block (unknown key, wrong type, heads that do
+    /// not divide the channels, ...).
+    #[error("{block}: invalid config: {message}")]
+    Config { block: &'static str, message: String },
+    /// A weight has a shape the block cannot use.
+    #[error("{block}: weight `{name}` has shape {found:?}, expected {expected}")]
+    WeightShape {
+        block: &'static str,
+        name: String,
+        expected: String,
+        found: Vec<usize>,
+    },
+    /// The configuration is valid PyTorch but selects a feature this crate does not implement.
+    #[error("{block}: not supported: {message}")]
+    Unsupported { block: &'static str, message: String },
+    /// A forward input is missing or has the wrong rank or size.
+    #[error("{block}: bad input `{input}`: {message}")]
+    Input {
+        block: &'static str,
+        input: String,
+        message: String,
+    },
+    /// An error from Candle (missing tensor, shape mismatch on load, device error, ...).
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result with the crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn config(block: &'static str, message: impl Into<String>) -> Self {
+        Error::Config {
+            block,
+            message: message.into(),
+        }
+    }
+
+    pub fn unsupported(block: &'static str, message: impl Into<String>) -> Self {
+        Error::Unsupported {
+            block,
+            message: message.into(),
+        }
+    }
+
+    pub fn input(block: &'static str, input: &str, message: impl Into<String>) -> Self {
+        Error::Input {
+            block,
+            input: input.to_string(),
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Layers shared by the blocks: projections that load `nn.Linear` or 1×1 conv weights, and the
+//! norms the PyTorch blocks use (GroupNorm, lucidrains' RMSNorm, BatchNorm2d in eval mode).
+
+use crate::{Error, Result};
+use candle_core::{DType, Tensor, D};
+use candle_nn::{Module, VarBuilder};
+
+/// A learned projection `y = W·x + b` whose weight may be stored as an `nn.Linear` `(out, in)`,
+/// a `Conv1d` with kernel 1 `(out, in, 1)` or a `Conv2d` 1×1 `(out, in, 1, 1)`.
+#[derive(Debug, Clone)]
+pub struct Projection {
+    linear: candle_nn::Linear,
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Projection {
+    /// Load `<vb>.weight` (and `<vb>.bias` when `bias`) mapping `in_dim` to `out_dim` features.
+    pub fn load(vb: VarBuilder, block: &'static str, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
+        let weight = vb.get_unchecked("weight")?;
+        let dims = weight.dims().to_vec();
+        let ok = dims.len() >= 2 && dims[0] == out_dim && dims[1] == in_dim && dims[2..].iter().all(|&d| d == 1);
+        if !ok || dims.len() > 4 {
+            return Err(Error::WeightShape {
+                block,
+                name: format!("{}.weight", vb.prefix()),
+                expected: format!("({out_dim}, {in_dim}) or ({out_dim}, {in_dim}, 1[, 1])"),
+                found: dims,
+            });
+        }
+        let weight = weight.reshape((out_dim, in_dim))?;
+        let bias = if bias { Some(vb.get(out_dim, "bias")?) } else { None };
+        Ok(Self {
+            linear: candle_nn::Linear::new(weight.clone(), bias.clone()),
+            weight,
+            bias,
+        })
+    }
+
+    /// Output features.
+    pub fn out_dim(&self) -> usize {
+        self.weight.dim(0).unwrap_or(0)
+    }
+
+    /// Apply to the last dimension, like `nn.Linear`: `(.., in)` → `(.., out)`.
+    pub fn forward_tokens(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.linear.forward(x)
+    }
+
+    /// Apply to dimension 1, like a 1×1 conv: `(B, in, ...)` → `(B, out, ...)`.
+    pub fn forward_channels(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let (b, c) = (dims[0], dims[1]);
+        let n: usize = dims[2..].iter().product();
+        let y = self.weight.broadcast_matmul(&x.reshape((b, c, n))?)?;
+        let y = match &self.bias {
+            Some(bias) => y.broadcast_add(&bias.reshape((self.out_dim(), 1))?)?,
+            None => y,
+        };
+        let mut out = dims;
+        out[1] = self.out_dim();
+        y.reshape(out)
+    }
+}
+
+/// `nn.GroupNorm(num_groups, channels, eps, affine=True)` over dimension 1 of `(B, C, ...)`.
+pub fn group_norm(vb: VarBuilder, block: &'static str, groups: usize, channels: usize, eps: f64) -> Result<candle_nn::GroupNorm> {
+    if groups == 0 || channels % groups != 0 {
+        return Err(Error::config(block, format!("{groups} norm groups do not divide {channels} channels")));
+    }
+    Ok(candle_nn::group_norm(groups, channels, eps, vb)?)
+}
+
+/// lucidrains' 2.x `RMSNorm`: `F.normalize(x, dim=1) * g * sqrt(C)`; key `g` `(1, C, 1, 1)`.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    g: Tensor,
+    scale: f64,
+}
+
+impl RmsNorm {
+    pub fn load(vb: VarBuilder, channels: usize) -> Result<Self> {
+        Ok(Self {
+            g: vb.get((1, channels, 1, 1), "g")?,
+            scale: (channels as f64).sqrt(),
+        })
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        // F.normalize: x / max(||x||_2 over dim 1, 1e-12)
+        let norm = x.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::INFINITY)?;
+        let normalized = x.broadcast_div(&norm)?;
+        normalized.broadcast_mul(&self.g)? * self.scale
+    }
+}
+
+/// `nn.BatchNorm2d(C)` in eval mode: running statistics, affine. Keys `weight`, `bias`,
+/// `running_mean`, `running_var`, `num_batches_tracked`.
+#[derive(Debug, Clone)]
+pub struct BatchNorm2d {
+    weight: Tensor,
+    bias: Tensor,
+    running_mean: Tensor,
+    running_var: Tensor,
+    eps: f64,
+}
+
+impl BatchNorm2d {
+    pub fn load(vb: VarBuilder, channels: usize, eps: f64) -> Result<Self> {
+        // `num_batches_tracked` only matters for training; it is part of the state dict.
+        if vb.contains_tensor("num_batches_tracked") {
+            vb.get_unchecked_dtype("num_batches_tracked", DType::I64)?;
+        }
+        let shape = (1, channels, 1, 1);
+        Ok(Self {
+            weight: vb.get(channels, "weight")?.reshape(shape)?,
+            bias: vb.get(channels, "bias")?.reshape(shape)?,
+            running_mean: vb.get(channels, "running_mean")?.reshape(shape)?,
+            running_var: vb.get(channels, "running_var")?.reshape(shape)?,
+            eps,
+        })
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let denom = (&self.running_var + self.eps)?.sqrt()?;
+        x.broadcast_sub(&self.running_mean)?
+            .broadcast_div(&denom)?
+            .broadcast_mul(&self.weight)?
+            .broadcast_add(&self.bias)
+    }
+}

@@ -1,0 +1,424 @@
+"""Write PyTorch -> Candle parity bundles (format "1") for your own attention modules.
+
+A bundle is one ``.safetensors`` file holding
+
+* the module's ``state_dict()`` under its own keys, unchanged (buffers included);
+* ``parity.input.<name>`` for every forward input (dtype kept, bool masks stay bool);
+* ``parity.output.<name>`` for every output, computed by PyTorch in the module's dtype;
+* ``parity.output.<name>.float64``: the same block run by PyTorch in float64 (a deep copy
+  ``.double()``-ed, float inputs upcast, bool inputs unchanged, in-block float32 upcasts such
+  as diffusers' ``upcast_softmax`` / ``upcast_attention`` switched off in that copy);
+
+and string metadata: ``parity.format`` ("1"), ``parity.block`` (block id), ``parity.config``
+(JSON of the constructor kwargs), ``parity.inputs`` / ``parity.outputs`` (JSON name lists),
+optional ``parity.kwargs`` (JSON of non-tensor forward arguments), ``parity.dtype`` and
+``parity.source`` (library versions / provenance).
+
+Usage::
+
+    import torch
+    from diffusers.models.attention_processor import Attention
+    from parity_bundle import export_bundle, randomize_
+
+    config = dict(query_dim=64, heads=4, dim_head=16, norm_num_groups=8,
+                  residual_connection=True, bias=True, upcast_softmax=True,
+                  _from_deprecated_attn_block=True)
+    attn = Attention(**config)
+    randomize_(attn, seed=0)          # or load your trained weights
+    x = torch.randn(2, 64, 5, 7)
+    export_bundle(attn, "diffusers.Attention", config, {"hidden_states": x},
+                  "weights/mine/mid_attn.safetensors")
+
+    # torch.nn.MultiheadAttention, self-attention: pass only the query; key and value
+    # default to the very same tensor (so torch takes its self-attention path).
+    mha = torch.nn.MultiheadAttention(embed_dim=24, num_heads=3, batch_first=True)
+    export_bundle(mha, "torch.nn.MultiheadAttention",
+                  dict(embed_dim=24, num_heads=3, batch_first=True),
+                  {"query": torch.randn(2, 9, 24)}, "weights/mine/mha.safetensors",
+                  kwargs={"need_weights": True, "average_attn_weights": True})
+
+The module is called as ``module(**inputs, **kwargs)``, so the input names must be the
+forward's parameter names. ``config`` must be exactly the keyword arguments the module was
+constructed with (the Rust side rebuilds the block from it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import warnings
+from collections import OrderedDict
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+FORMAT = "1"
+
+__all__ = [
+    "FORMAT",
+    "export_bundle",
+    "randomize_",
+    "load_bundle",
+    "run_module",
+    "float64_copy",
+    "library_versions",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def _module_dtype(module: nn.Module) -> torch.dtype:
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return torch.float32
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _with_forward_defaults(module: nn.Module, inputs: Mapping[str, Any]) -> "OrderedDict[str, Any]":
+    """Inputs the forward would otherwise need, filled from others (same tensor object).
+
+    ``torch.nn.MultiheadAttention``: a missing ``key`` is the ``query`` and a missing ``value``
+    is the ``key`` (self-attention), passed as the same object so torch's ``query is key``
+    self-attention path is taken.
+    """
+    call = OrderedDict(inputs)
+    if isinstance(module, nn.MultiheadAttention) and "query" in call:
+        if "key" not in call:
+            call["key"] = call["query"]
+        if "value" not in call:
+            call["value"] = call["key"]
+    return call
+
+
+def _cast_inputs(inputs: Mapping[str, Any], dtype: torch.dtype) -> "OrderedDict[str, Any]":
+    """Cast floating tensors to ``dtype``; other values unchanged. Aliasing is preserved
+    (an input that is the same object as another stays the same object)."""
+    memo: dict[int, Any] = {}
+    out = OrderedDict()
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            if id(value) not in memo:
+                memo[id(value)] = value.to(dtype) if value.is_floating_point() else value
+            out[name] = memo[id(value)]
+        else:
+            out[name] = value
+    return out
+
+
+def _disable_upcasts(module: nn.Module) -> None:
+    """Switch off in-block float32 upcasts (they would downcast a float64 run)."""
+    for sub in module.modules():
+        for attr in ("upcast_softmax", "upcast_attention"):
+            if isinstance(getattr(sub, attr, None), bool):
+                setattr(sub, attr, False)
+
+
+def float64_copy(module: nn.Module, prepare: Callable[[nn.Module], None] | None = None) -> nn.Module:
+    """Deep copy of ``module`` in float64 with in-block float32 upcasts disabled."""
+    m64 = copy.deepcopy(module).double().eval()
+    _disable_upcasts(m64)
+    if prepare is not None:
+        prepare(m64)
+    return m64
+
+
+def _default_output_names(module: nn.Module, n: int) -> list[str]:
+    if isinstance(module, nn.MultiheadAttention):
+        return ["attn_output", "attn_weights"][:n]
+    if n == 1:
+        return ["output"]
+    return [f"output{i}" for i in range(n)]
+
+
+def run_module(
+    module: nn.Module,
+    inputs: Mapping[str, Any],
+    kwargs: Mapping[str, Any] | None = None,
+    output_names: Sequence[str] | None = None,
+) -> "OrderedDict[str, torch.Tensor]":
+    """Run ``module(**inputs, **kwargs)`` under ``torch.no_grad()`` and name the outputs.
+
+    Tuple outputs are matched position by position with ``output_names``; ``None`` entries
+    (e.g. the weights of MultiheadAttention when ``need_weights=False``) are dropped together
+    with their names.
+    """
+    call = _with_forward_defaults(module, OrderedDict((k, v) for k, v in inputs.items() if v is not None))
+    with torch.no_grad():
+        result = module(**call, **dict(kwargs or {}))
+    seq = list(result) if isinstance(result, (tuple, list)) else [result]
+    names = list(output_names) if output_names is not None else _default_output_names(module, len(seq))
+    if len(names) < len(seq):
+        raise ValueError(f"{len(seq)} outputs but only output_names {names}")
+    out = OrderedDict()
+    for name, value in zip(names, seq):
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"output {name!r} is a {type(value).__name__}, not a tensor")
+        out[name] = value
+    return out
+
+
+_DIST_FOR_PACKAGE = {
+    "denoising_diffusion_pytorch": "denoising-diffusion-pytorch",
+}
+
+
+def library_versions(module: nn.Module | None = None) -> str:
+    """``"torch X; <package of the module's class> Y; einops Z; safetensors W"``."""
+    from importlib import metadata
+
+    names = ["torch"]
+    if module is not None:
+        top = type(module).__module__.split(".")[0]
+        if top not in ("torch", "__main__", "builtins"):
+            names.append(_DIST_FOR_PACKAGE.get(top, top))
+    names += ["einops", "safetensors"]
+    parts = []
+    for name in dict.fromkeys(names):
+        try:
+            version = torch.__version__ if name == "torch" else metadata.version(name)
+        except Exception:
+            continue
+        parts.append(f"{name} {version}")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# export
+
+
+def export_bundle(
+    module: nn.Module,
+    block: str,
+    config: Mapping[str, Any],
+    inputs: Mapping[str, Any],
+    path: str | os.PathLike,
+    kwargs: Mapping[str, Any] | None = None,
+    output_names: Sequence[str] | None = None,
+    source: str | None = None,
+    *,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+    prepare_float64: Callable[[nn.Module], None] | None = None,
+) -> dict:
+    """Run ``module`` on ``inputs`` and write a format-"1" parity bundle to ``path``.
+
+    Args:
+        module: the PyTorch block (put in ``eval()`` here).
+        block: block id, e.g. ``"diffusers.Attention"``.
+        config: the constructor keyword arguments, by their Python names (JSON-serialisable).
+        inputs: ordered mapping forward-parameter name -> tensor; ``None`` values are skipped.
+            Floating inputs are cast to the module's dtype; other dtypes (bool masks) are kept.
+        path: output ``.safetensors`` file (parent folders are created).
+        kwargs: non-tensor forward arguments (e.g. ``{"need_weights": False}``), stored as
+            ``parity.kwargs``.
+        output_names: names for the outputs (tuple positions); default ``["output"]`` for a
+            single tensor, ``["attn_output", "attn_weights"]`` for MultiheadAttention.
+        source: free text appended to the library versions in ``parity.source`` (e.g. which
+            published code a re-stated class copies).
+        state_dict: tensors to store instead of ``module.state_dict()`` (e.g. the same weights
+            under legacy key names).
+        prepare_float64: called on the float64 copy before it runs (to switch off other
+            in-block upcasts).
+
+    Returns:
+        dict with ``path``, ``bytes``, ``outputs`` (name -> shape) and ``max_abs_diff_f64``
+        (name -> max |output - output.float64|, PyTorch's own rounding error).
+    """
+    module.eval()
+    kwargs = dict(kwargs or {})
+    dtype = _module_dtype(module)
+    clean = OrderedDict((k, v) for k, v in inputs.items() if v is not None)
+    for name, value in clean.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"input {name!r} is not a tensor; pass non-tensor arguments via kwargs")
+    ins = _cast_inputs(clean, dtype)
+    outs = run_module(module, ins, kwargs, output_names)
+
+    m64 = float64_copy(module, prepare_float64)
+    outs64 = run_module(m64, _cast_inputs(ins, torch.float64), kwargs, output_names)
+    if list(outs64) != list(outs):
+        raise RuntimeError(f"float64 run gave outputs {list(outs64)}, expected {list(outs)}")
+
+    tensors: dict[str, torch.Tensor] = {}
+
+    def put(key: str, t: torch.Tensor) -> None:
+        if key in tensors:
+            raise KeyError(f"duplicate tensor key {key!r}")
+        # clone: safetensors refuses tensors sharing storage (e.g. key is value)
+        tensors[key] = t.detach().cpu().clone().contiguous()
+
+    sd = module.state_dict() if state_dict is None else state_dict
+    for key, t in sd.items():
+        if key.startswith("parity."):
+            raise KeyError(f"state-dict key {key!r} collides with the parity namespace")
+        put(key, t)
+    for name, t in ins.items():
+        put(f"parity.input.{name}", t)
+    diffs = {}
+    for name, t in outs.items():
+        put(f"parity.output.{name}", t)
+        put(f"parity.output.{name}.float64", outs64[name])
+        d = (t.double() - outs64[name]).abs()
+        diffs[name] = float(d.max()) if d.numel() else 0.0
+
+    src = library_versions(module)
+    if source:
+        src = f"{src}; {source}"
+    metadata = {
+        "parity.format": FORMAT,
+        "parity.block": block,
+        "parity.config": json.dumps(dict(config)),
+        "parity.inputs": json.dumps(list(ins)),
+        "parity.outputs": json.dumps(list(outs)),
+        "parity.dtype": _dtype_name(dtype),
+        "parity.source": src,
+    }
+    if kwargs:
+        metadata["parity.kwargs"] = json.dumps(kwargs)
+
+    from safetensors.torch import save_file
+
+    path = os.fspath(path)
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    save_file(tensors, path, metadata=metadata)
+    _canonicalize_header(path)
+    return {
+        "path": path,
+        "bytes": os.path.getsize(path),
+        "outputs": {k: tuple(v.shape) for k, v in outs.items()},
+        "max_abs_diff_f64": diffs,
+    }
+
+
+def _canonicalize_header(path: str) -> None:
+    """Make the file byte-reproducible: safetensors writes ``__metadata__`` in hash-map order,
+    so rewrite the JSON header with the metadata keys sorted (tensor entries and data unchanged;
+    the header is re-padded with spaces to a multiple of 8 bytes, as safetensors does)."""
+    import struct
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n].decode("utf-8"), object_pairs_hook=OrderedDict)
+    out = OrderedDict()
+    if "__metadata__" in header:
+        out["__metadata__"] = OrderedDict(sorted(header["__metadata__"].items()))
+    for k, v in header.items():
+        if k != "__metadata__":
+            out[k] = v
+    text = json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + raw[8 + n :])
+
+
+def load_bundle(path: str | os.PathLike) -> dict:
+    """Read a bundle back: ``{"metadata", "block", "config", "inputs", "outputs", "kwargs",
+    "state_dict", "expected", "expected_f64"}`` (inputs/expected in stored order)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(os.fspath(path), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+    tensors = load_file(os.fspath(path))
+    if meta.get("parity.format") != FORMAT:
+        raise ValueError(f"{path}: parity.format {meta.get('parity.format')!r}, expected {FORMAT!r}")
+    in_names = json.loads(meta["parity.inputs"])
+    out_names = json.loads(meta["parity.outputs"])
+    return {
+        "metadata": meta,
+        "block": meta["parity.block"],
+        "config": json.loads(meta["parity.config"]),
+        "kwargs": json.loads(meta.get("parity.kwargs", "{}")),
+        "inputs": OrderedDict((n, tensors[f"parity.input.{n}"]) for n in in_names),
+        "expected": OrderedDict((n, tensors[f"parity.output.{n}"]) for n in out_names),
+        "expected_f64": OrderedDict((n, tensors[f"parity.output.{n}.float64"]) for n in out_names),
+        "state_dict": OrderedDict((k, v) for k, v in tensors.items() if not k.startswith("parity.")),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# random weights
+
+
+_NORM_TYPES = (
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+
+def _is_norm(mod: nn.Module) -> bool:
+    return isinstance(mod, _NORM_TYPES) or "norm" in type(mod).__name__.lower()
+
+
+def randomize_(module: nn.Module, seed: int) -> nn.Module:
+    """Set EVERY parameter and buffer of ``module`` to deterministic random values, in place.
+
+    * weights (ndim >= 2): N(0, std = 1/sqrt(fan_in)), fan_in = prod(shape[1:]), so
+      activations stay O(1) (Linear, Conv, MHA in/q/k/v projections);
+    * Linear/Conv/projection biases: 0.2 * N(0, 1);
+    * norm weights / gains (``weight`` of GroupNorm, LayerNorm, BatchNorm, ..., and any ``g``,
+      e.g. lucidrains RMSNorm): 1 + 0.2 * N(0, 1); norm biases: 0.1 * N(0, 1);
+    * BatchNorm ``running_mean``: 0.2 * N(0, 1); ``running_var``: U(0.5, 1.5);
+      ``num_batches_tracked``: a random int;
+    * ``mem_kv`` (lucidrains memory key/values), MHA ``bias_k``/``bias_v``: N(0, 1);
+    * anything else: floating -> 0.2 * N(0, 1) (with a warning); integer buffers -> random int.
+    Returns ``module``.
+    """
+    gen = torch.Generator().manual_seed(int(seed))
+
+    def randn(t: torch.Tensor) -> torch.Tensor:
+        return torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype)
+
+    def rand(t: torch.Tensor) -> torch.Tensor:
+        return torch.rand(t.shape, generator=gen, dtype=torch.float64).to(t.dtype)
+
+    with torch.no_grad():
+        for mod_name, mod in module.named_modules():
+            norm = _is_norm(mod)
+            for name, p in mod.named_parameters(recurse=False):
+                full = f"{mod_name}.{name}" if mod_name else name
+                if not p.is_floating_point():
+                    continue
+                if name == "g" or (norm and name in ("weight", "gamma", "scale")):
+                    p.copy_(1.0 + 0.2 * randn(p))
+                elif norm and name in ("bias", "b", "beta"):
+                    p.copy_(0.1 * randn(p))
+                elif name in ("mem_kv", "bias_k", "bias_v"):
+                    p.copy_(randn(p))
+                elif p.dim() >= 2:
+                    fan_in = math.prod(p.shape[1:])
+                    p.copy_(randn(p) / math.sqrt(max(fan_in, 1)))
+                elif "bias" in name:
+                    p.copy_(0.2 * randn(p))
+                else:
+                    warnings.warn(f"randomize_: no rule for parameter {full!r}; using 0.2*N(0,1)")
+                    p.copy_(0.2 * randn(p))
+            for name, b in mod.named_buffers(recurse=False):
+                full = f"{mod_name}.{name}" if mod_name else name
+                if name == "running_mean":
+                    b.copy_(0.2 * randn(b))
+                elif name == "running_var":
+                    b.copy_(0.5 + rand(b))
+                elif name == "num_batches_tracked" or not (b.is_floating_point() or b.dtype == torch.bool):
+                    b.copy_(torch.randint(1, 10_000, b.shape, generator=gen).to(b.dtype))
+                elif b.is_floating_point():
+                    warnings.warn(f"randomize_: no rule for buffer {full!r}; using 0.2*N(0,1)")
+                    b.copy_(0.2 * randn(b))
+                else:
+                    warnings.warn(f"randomize_: bool buffer {full!r} left unchanged")
+    return module
