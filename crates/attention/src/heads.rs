@@ -54,6 +54,19 @@ pub fn chunk_qkv_channels(qkv: &Tensor, heads: usize) -> Result<[Tensor; 3]> {
     Ok([chunk(0)?, chunk(1)?, chunk(2)?])
 }
 
+/// A fused token projection `(B, N, 3·H·D)` in the legacy **per-head** layout
+/// `[q_0 | k_0 | v_0 | q_1 | k_1 | v_1 | ...]` (each `D` wide): heads split first,
+/// `'b n (h d3) -> b h n d3'`, then each head's `3·D` channels chunked `[q_h | k_h | v_h]`.
+/// Returns three `(B, H, N, D)` tensors. This is fast.ai's `SelfAttentionMultiHead`
+/// (`rearrange(x, 'n s (h d) -> (n h) s d')` then `chunk(3, dim=-1)`), whose batch-head
+/// index `n·H + h` is the `(B, H)` pair here.
+pub fn chunk_qkv_tokens_per_head(qkv: &Tensor, heads: usize) -> Result<[Tensor; 3]> {
+    let per_head = split_tokens(qkv, heads)?;
+    let d = per_head.dim(3)? / 3;
+    let chunk = |i: usize| per_head.narrow(3, i * d, d);
+    Ok([chunk(0)?, chunk(1)?, chunk(2)?])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //! norms the PyTorch blocks use (GroupNorm, lucidrains' RMSNorm, BatchNorm2d in eval mode).
 
 use crate::{Error, Result};
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder};
 
 /// A learned projection `y = W·x + b` whose weight may be stored as an `nn.Linear` `(out, in)`,

@@ -1,1 +1,653 @@
-//! (in progress)
+//! `torch.nn.MultiheadAttention` (torch 2.15.0: `torch/nn/modules/activation.py` and
+//! `torch.nn.functional.multi_head_attention_forward`), in eval mode.
+//!
+//! The forward mirrors the general (non-fast-path) code of `multi_head_attention_forward`:
+//!
+//! * in-projection from the packed `in_proj_weight (3E, E)` rows `[W_q; W_k; W_v]` (one linear
+//!   for self-attention, as torch does when `query is key is value`; `[E | 2E]` when
+//!   `key is value`), or from `q_proj_weight`/`k_proj_weight`/`v_proj_weight` when `kdim` or
+//!   `vdim` differ from `embed_dim`; `in_proj_bias (3E)` chunked `[b_q; b_k; b_v]`;
+//! * bool masks (as [`DType::U8`], non-zero = `True` = **masked out**, the MHA convention) become
+//!   `-inf`/`0` additive masks, float masks are added as they are;
+//! * `bias_k`/`bias_v` `(1, 1, E)` appended at the **end** of the key/value sequence after the
+//!   projection, `add_zero_attn` appends a zero key/value in head space; each pads the masks
+//!   with one allowed column;
+//! * heads in `(h d)` order; `attn_mask` `(L, S)` or `(N·H, L, S)` with index `n·H + h`;
+//!   `key_padding_mask` `(N, S)` added to it;
+//! * `need_weights=True`: `q · sqrt(1/d)` **before** `q·kᵀ`, softmax, weights returned
+//!   `(N, L, S)` averaged over heads (or `(N, H, L, S)`); `need_weights=False`:
+//!   `scaled_dot_product_attention` semantics (scale on the scores), no weights;
+//! * `is_causal` is a hint that needs an `attn_mask` (torch raises otherwise); with
+//!   `need_weights=False` and no `key_padding_mask` the mask is replaced by SDPA's upper-left
+//!   causal mask over the final key length, otherwise the given `attn_mask` is used;
+//! * `dropout` is ignored (eval); batched `(L, N, E)` / `(N, L, E)` (`batch_first`) and
+//!   unbatched `(L, E)` inputs.
+//!
+//! Not mirrored: torch's fused fast path (`_native_multi_head_attention`, same math, other
+//! rounding) and SDPA's "safe softmax" for rows whose keys are all masked (torch's math SDPA
+//! outputs 0 there; this port, like torch's `need_weights=True` path, gives NaN).
+
+use crate::config::{check_divides, yes};
+use crate::heads::{merge_tokens, split_tokens};
+use crate::layers::Projection;
+use crate::sdpa::{attention_probs, compute_dtype, default_scale, sdpa};
+use crate::{Error, Result};
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// Keyword arguments of `MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
+/// add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None, batch_first=False,
+/// device=None, dtype=None)`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MultiheadAttentionConfig {
+    pub embed_dim: usize,
+    pub num_heads: usize,
+    /// Attention dropout; inactive in eval, so ignored.
+    #[serde(default)]
+    pub dropout: f64,
+    #[serde(default = "yes")]
+    pub bias: bool,
+    #[serde(default)]
+    pub add_bias_kv: bool,
+    #[serde(default)]
+    pub add_zero_attn: bool,
+    #[serde(default)]
+    pub kdim: Option<usize>,
+    #[serde(default)]
+    pub vdim: Option<usize>,
+    #[serde(default)]
+    pub batch_first: bool,
+    /// Accepted only as `null`: the device comes from the `VarBuilder`.
+    #[serde(default)]
+    pub device: Option<serde_json::Value>,
+    /// Accepted only as `null`: the dtype comes from the `VarBuilder`.
+    #[serde(default)]
+    pub dtype: Option<serde_json::Value>,
+}
+
+/// The forward's arguments after `query`, with torch's defaults
+/// (`need_weights=True`, `average_attn_weights=True`).
+///
+/// A missing `key` is the `query` and a missing `value` the `key` (self-attention, as when the
+/// same tensor object is passed to torch).
+#[derive(Debug, Clone, Copy)]
+pub struct MultiheadAttentionArgs<'a> {
+    pub key: Option<&'a Tensor>,
+    pub value: Option<&'a Tensor>,
+    /// `(N, S)` (or `(S,)` unbatched); U8 (bool, non-zero = ignored) or additive float.
+    pub key_padding_mask: Option<&'a Tensor>,
+    pub need_weights: bool,
+    /// `(L, S)` or `(N·num_heads, L, S)`; U8 (bool, non-zero = not allowed) or additive float.
+    pub attn_mask: Option<&'a Tensor>,
+    pub average_attn_weights: bool,
+    pub is_causal: bool,
+}
+
+impl Default for MultiheadAttentionArgs<'_> {
+    fn default() -> Self {
+        Self {
+            key: None,
+            value: None,
+            key_padding_mask: None,
+            need_weights: true,
+            attn_mask: None,
+            average_attn_weights: true,
+            is_causal: false,
+        }
+    }
+}
+
+/// The input projection: packed `in_proj_weight` or separate q/k/v weights.
+#[derive(Debug, Clone)]
+enum InProj {
+    /// `in_proj_weight (3E, E)`: all rows (self-attention), rows `E..3E` (`key is value`), and
+    /// each third.
+    Packed {
+        qkv: Projection,
+        kv: Projection,
+        q: Projection,
+        k: Projection,
+        v: Projection,
+    },
+    Separate {
+        q: Projection,
+        k: Projection,
+        v: Projection,
+    },
+}
+
+/// `torch.nn.MultiheadAttention`.
+#[derive(Debug, Clone)]
+pub struct MultiheadAttention {
+    in_proj: InProj,
+    out_proj: Projection,
+    bias_k: Option<Tensor>,
+    bias_v: Option<Tensor>,
+    add_zero_attn: bool,
+    embed_dim: usize,
+    kdim: usize,
+    vdim: usize,
+    num_heads: usize,
+    head_dim: usize,
+    batch_first: bool,
+}
+
+/// A [`Projection`] from tensors already loaded (rows of a packed weight).
+fn projection(weight: Tensor, bias: Option<Tensor>, dtype: DType, device: &Device) -> Result<Projection> {
+    let (out_dim, in_dim) = weight.dims2()?;
+    let mut map = HashMap::new();
+    map.insert("weight".to_string(), weight.contiguous()?);
+    let has_bias = bias.is_some();
+    if let Some(bias) = bias {
+        map.insert("bias".to_string(), bias.contiguous()?);
+    }
+    let vb = VarBuilder::from_tensors(map, dtype, device);
+    Projection::load(vb, MultiheadAttention::BLOCK, in_dim, out_dim, has_bias)
+}
+
+fn rows(t: &Option<Tensor>, start: usize, len: usize) -> Result<Option<Tensor>> {
+    Ok(match t {
+        Some(t) => Some(t.narrow(0, start, len)?),
+        None => None,
+    })
+}
+
+impl MultiheadAttention {
+    pub const BLOCK: &'static str = "torch.nn.MultiheadAttention";
+
+    pub fn new(vb: VarBuilder, cfg: &MultiheadAttentionConfig) -> Result<Self> {
+        let block = Self::BLOCK;
+        for (name, value) in [("device", &cfg.device), ("dtype", &cfg.dtype)] {
+            if let Some(value) = value {
+                return Err(Error::unsupported(
+                    block,
+                    format!("{name}={value}: only null is accepted; load the VarBuilder on the device and dtype wanted"),
+                ));
+            }
+        }
+        let e = cfg.embed_dim;
+        if e == 0 {
+            return Err(Error::config(block, "embed_dim must be greater than 0"));
+        }
+        let head_dim = check_divides(block, e, cfg.num_heads)?;
+        let kdim = cfg.kdim.unwrap_or(e);
+        let vdim = cfg.vdim.unwrap_or(e);
+        if kdim == 0 || vdim == 0 {
+            return Err(Error::config(block, format!("kdim={kdim} and vdim={vdim} must be greater than 0")));
+        }
+        let (dtype, device) = (vb.dtype(), vb.device().clone());
+        let in_bias = if cfg.bias { Some(vb.get(3 * e, "in_proj_bias")?) } else { None };
+        let in_proj = if kdim == e && vdim == e {
+            let w = vb.get((3 * e, e), "in_proj_weight")?;
+            let part = |start: usize, len: usize| -> Result<Projection> {
+                projection(w.narrow(0, start, len)?, rows(&in_bias, start, len)?, dtype, &device)
+            };
+            InProj::Packed {
+                qkv: part(0, 3 * e)?,
+                kv: part(e, 2 * e)?,
+                q: part(0, e)?,
+                k: part(e, e)?,
+                v: part(2 * e, e)?,
+            }
+        } else {
+            InProj::Separate {
+                q: projection(vb.get((e, e), "q_proj_weight")?, rows(&in_bias, 0, e)?, dtype, &device)?,
+                k: projection(vb.get((e, kdim), "k_proj_weight")?, rows(&in_bias, e, e)?, dtype, &device)?,
+                v: projection(vb.get((e, vdim), "v_proj_weight")?, rows(&in_bias, 2 * e, e)?, dtype, &device)?,
+            }
+        };
+        let (bias_k, bias_v) = if cfg.add_bias_kv {
+            (Some(vb.get((1, 1, e), "bias_k")?), Some(vb.get((1, 1, e), "bias_v")?))
+        } else {
+            (None, None)
+        };
+        Ok(Self {
+            in_proj,
+            out_proj: Projection::load(vb.pp("out_proj"), block, e, e, cfg.bias)?,
+            bias_k,
+            bias_v,
+            add_zero_attn: cfg.add_zero_attn,
+            embed_dim: e,
+            kdim,
+            vdim,
+            num_heads: cfg.num_heads,
+            head_dim,
+            batch_first: cfg.batch_first,
+        })
+    }
+
+    fn input_err(name: &str, message: impl Into<String>) -> Error {
+        Error::input(Self::BLOCK, name, message)
+    }
+
+    /// `forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+    /// average_attn_weights, is_causal)` → `(attn_output, attn_weights)`.
+    ///
+    /// `attn_output` has the query's layout (`(L, N, E)`, `(N, L, E)` with `batch_first`, or
+    /// `(L, E)` unbatched). `attn_weights` (only with `need_weights`) is `(N, L, S)` averaged over
+    /// heads or `(N, H, L, S)` (the batch dimension dropped for unbatched input), where `S`
+    /// counts the appended `bias_k` / zero-attention keys.
+    pub fn forward(&self, query: &Tensor, args: MultiheadAttentionArgs) -> Result<(Tensor, Option<Tensor>)> {
+        let key = args.key.unwrap_or(query);
+        let value = args.value.unwrap_or(key);
+        let self_attention = key.id() == query.id() && value.id() == key.id();
+        let key_is_value = value.id() == key.id();
+
+        // _mha_shape_check
+        let batched = match query.rank() {
+            3 => true,
+            2 => false,
+            _ => {
+                return Err(Self::input_err(
+                    "query",
+                    format!("expected a batched 3-D or unbatched 2-D tensor, found shape {:?}", query.dims()),
+                ))
+            }
+        };
+        let rank = query.rank();
+        for (name, t) in [("key", key), ("value", value)] {
+            if t.rank() != rank {
+                return Err(Self::input_err(
+                    name,
+                    format!("expected a {rank}-D tensor like the query, found shape {:?}", t.dims()),
+                ));
+            }
+        }
+        if let Some(m) = args.key_padding_mask {
+            if m.rank() != rank - 1 {
+                return Err(Self::input_err(
+                    "key_padding_mask",
+                    format!("expected a {}-D tensor for a {rank}-D query, found shape {:?}", rank - 1, m.dims()),
+                ));
+            }
+        }
+        if let Some(m) = args.attn_mask {
+            if m.rank() != 2 && m.rank() != 3 {
+                return Err(Self::input_err(
+                    "attn_mask",
+                    format!("expected a 2-D or 3-D tensor, found shape {:?}", m.dims()),
+                ));
+            }
+        }
+
+        // Everything batch-first `(N, L, E)` from here on.
+        let to_batch_first = |t: &Tensor| -> candle_core::Result<Tensor> {
+            if !batched {
+                t.unsqueeze(0)
+            } else if self.batch_first {
+                Ok(t.clone())
+            } else {
+                t.transpose(0, 1)
+            }
+        };
+        let q_in = to_batch_first(query)?;
+        let k_in = to_batch_first(key)?;
+        let v_in = to_batch_first(value)?;
+        let (n, l, e) = q_in.dims3()?;
+        let (nk, s, ek) = k_in.dims3()?;
+        let (nv, sv, ev) = v_in.dims3()?;
+        if e != self.embed_dim {
+            return Err(Self::input_err(
+                "query",
+                format!("expected embedding dimension {}, found shape {:?}", self.embed_dim, query.dims()),
+            ));
+        }
+        if ek != self.kdim {
+            return Err(Self::input_err(
+                "key",
+                format!("expected feature dimension kdim={}, found shape {:?}", self.kdim, key.dims()),
+            ));
+        }
+        if ev != self.vdim {
+            return Err(Self::input_err(
+                "value",
+                format!("expected feature dimension vdim={}, found shape {:?}", self.vdim, value.dims()),
+            ));
+        }
+        if nk != n || nv != n {
+            return Err(Self::input_err(
+                "key",
+                format!(
+                    "key {:?} and value {:?} must have the query's batch size {n}",
+                    key.dims(),
+                    value.dims()
+                ),
+            ));
+        }
+        if sv != s {
+            return Err(Self::input_err(
+                "value",
+                format!("key {:?} and value {:?} must have the same sequence length", key.dims(), value.dims()),
+            ));
+        }
+
+        let dtype = q_in.dtype();
+        let cdt = compute_dtype(dtype);
+        let (h, d) = (self.num_heads, self.head_dim);
+
+        // Masks, canonical (additive, compute dtype), laid out to broadcast to (N, H, L, S).
+        let mut kpm = match args.key_padding_mask {
+            Some(m) => {
+                let m = if batched { m.clone() } else { m.unsqueeze(0)? };
+                if m.dims() != [n, s] {
+                    return Err(Self::input_err(
+                        "key_padding_mask",
+                        format!("expected shape ({n}, {s}) (batch, key length), found {:?}", m.dims()),
+                    ));
+                }
+                Some(canonical_mask(&m, "key_padding_mask", cdt)?.reshape((n, 1, 1, s))?)
+            }
+            None => None,
+        };
+        if args.is_causal && args.attn_mask.is_none() {
+            return Err(Self::input_err(
+                "is_causal",
+                "the is_causal hint needs an attn_mask (torch raises \"Need attn_mask if specifying the is_causal hint\")",
+            ));
+        }
+        // With need_weights=False and no key_padding_mask torch drops the mask and lets SDPA
+        // apply its own causal mask; otherwise the given attn_mask is used as it is.
+        let sdpa_causal = args.is_causal && kpm.is_none() && !args.need_weights;
+        let mut attn_mask = match args.attn_mask {
+            Some(m) if !sdpa_causal => {
+                let m4 = if m.rank() == 2 {
+                    if m.dims() != [l, s] {
+                        return Err(Self::input_err(
+                            "attn_mask",
+                            format!("the 2-D attn_mask should be ({l}, {s}), found {:?}", m.dims()),
+                        ));
+                    }
+                    m.reshape((1, 1, l, s))?
+                } else {
+                    if m.dims() != [n * h, l, s] {
+                        let want = if batched { format!("({}, {l}, {s}) (N·num_heads, L, S)", n * h) } else { format!("({h}, {l}, {s}) (num_heads, L, S)") };
+                        return Err(Self::input_err(
+                            "attn_mask",
+                            format!("the 3-D attn_mask should be {want}, found {:?}", m.dims()),
+                        ));
+                    }
+                    m.reshape((n, h, l, s))?
+                };
+                Some(canonical_mask(&m4, "attn_mask", cdt)?)
+            }
+            _ => None,
+        };
+
+        // In-projection, on (N, tokens, features).
+        let (q, k, v) = match &self.in_proj {
+            InProj::Packed { qkv, kv, q, k, v } => {
+                if self_attention {
+                    let all = qkv.forward_tokens(&q_in)?;
+                    (all.narrow(2, 0, e)?, all.narrow(2, e, e)?, all.narrow(2, 2 * e, e)?)
+                } else if key_is_value {
+                    let both = kv.forward_tokens(&k_in)?;
+                    (q.forward_tokens(&q_in)?, both.narrow(2, 0, e)?, both.narrow(2, e, e)?)
+                } else {
+                    (q.forward_tokens(&q_in)?, k.forward_tokens(&k_in)?, v.forward_tokens(&v_in)?)
+                }
+            }
+            InProj::Separate { q, k, v } => {
+                (q.forward_tokens(&q_in)?, k.forward_tokens(&k_in)?, v.forward_tokens(&v_in)?)
+            }
+        };
+
+        let pad = |m: Option<Tensor>| -> candle_core::Result<Option<Tensor>> {
+            m.map(|m| m.pad_with_zeros(D::Minus1, 0, 1)).transpose()
+        };
+        // bias_k / bias_v: one more key/value at the end of the sequence.
+        let (k, v) = match (&self.bias_k, &self.bias_v) {
+            (Some(bk), Some(bv)) => {
+                attn_mask = pad(attn_mask)?;
+                kpm = pad(kpm)?;
+                let bk = bk.broadcast_as((n, 1, e))?.to_dtype(k.dtype())?;
+                let bv = bv.broadcast_as((n, 1, e))?.to_dtype(v.dtype())?;
+                (Tensor::cat(&[&k, &bk], 1)?, Tensor::cat(&[&v, &bv], 1)?)
+            }
+            _ => (k, v),
+        };
+        let q = split_tokens(&q, h)?.contiguous()?;
+        let mut k = split_tokens(&k, h)?.contiguous()?;
+        let mut v = split_tokens(&v, h)?.contiguous()?;
+        if self.add_zero_attn {
+            attn_mask = pad(attn_mask)?;
+            kpm = pad(kpm)?;
+            let zk = Tensor::zeros((n, h, 1, d), k.dtype(), k.device())?;
+            let zv = Tensor::zeros((n, h, 1, d), v.dtype(), v.device())?;
+            k = Tensor::cat(&[&k, &zk], 2)?;
+            v = Tensor::cat(&[&v, &zv], 2)?;
+        }
+        let src_len = k.dim(2)?;
+
+        let mask = match (attn_mask, kpm) {
+            (Some(a), Some(p)) => Some(a.broadcast_add(&p)?),
+            (a, p) => a.or(p),
+        };
+        let mask = if sdpa_causal { Some(causal_mask(l, src_len, cdt, q.device())?) } else { mask };
+
+        let (out, weights) = if args.need_weights {
+            let q_scaled = (&q * (1.0 / d as f64).sqrt())?;
+            let probs = attention_probs(&q_scaled, &k, mask.as_ref(), 1.0)?; // (N, H, L, S)
+            let out = probs.matmul(&v.to_dtype(probs.dtype())?)?.to_dtype(v.dtype())?;
+            let weights = if args.average_attn_weights { probs.mean(1)? } else { probs };
+            (out, Some(weights.to_dtype(dtype)?))
+        } else {
+            (sdpa(&q, &k, &v, mask.as_ref(), default_scale(d))?, None)
+        };
+
+        let out = self.out_proj.forward_tokens(&merge_tokens(&out)?)?; // (N, L, E)
+        let out = if !batched {
+            out.squeeze(0)?
+        } else if self.batch_first {
+            out
+        } else {
+            out.transpose(0, 1)?.contiguous()?
+        };
+        let weights = match weights {
+            Some(w) if !batched => Some(w.squeeze(0)?),
+            w => w,
+        };
+        Ok((out, weights))
+    }
+}
+
+/// torch's `_canonical_mask`: bool (U8, non-zero = `True`) → `-inf` where `True`, `0`
+/// elsewhere; float masks unchanged (cast to `dtype`).
+fn canonical_mask(mask: &Tensor, name: &str, dtype: DType) -> Result<Tensor> {
+    match mask.dtype() {
+        DType::U8 => {
+            let ninf = Tensor::full(f32::NEG_INFINITY, mask.shape(), mask.device())?.to_dtype(dtype)?;
+            let zero = Tensor::zeros(mask.shape(), dtype, mask.device())?;
+            Ok(mask.where_cond(&ninf, &zero)?)
+        }
+        t if t.is_float() => Ok(mask.to_dtype(dtype)?),
+        other => Err(Error::input(
+            MultiheadAttention::BLOCK,
+            name,
+            format!("only bool (as U8) and floating masks are supported, found {other:?}"),
+        )),
+    }
+}
+
+/// SDPA's `is_causal` mask: `tril(ones(L, S))` (upper-left aligned) as an additive mask
+/// `(1, 1, L, S)`.
+fn causal_mask(l: usize, s: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let data: Vec<f32> = (0..l)
+        .flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Ok(Tensor::from_vec(data, (1, 1, l, s), device)?.to_dtype(dtype)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::from_json;
+    use serde_json::json;
+
+    fn build(cfg: serde_json::Value) -> Result<MultiheadAttention> {
+        let cfg: MultiheadAttentionConfig = from_json(MultiheadAttention::BLOCK, &cfg)?;
+        let vb = VarBuilder::zeros(DType::F32, &Device::Cpu);
+        MultiheadAttention::new(vb, &cfg)
+    }
+
+    #[test]
+    fn config_errors() {
+        let err = build(json!({"embed_dim": 8, "num_heads": 2, "nheads": 2})).unwrap_err();
+        assert!(matches!(err, Error::Config { .. }) && err.to_string().contains("nheads"), "{err}");
+        let err = build(json!({"embed_dim": 10, "num_heads": 3})).unwrap_err();
+        assert!(matches!(err, Error::Config { .. }) && err.to_string().contains("3 heads"), "{err}");
+        let err = build(json!({"embed_dim": 8, "num_heads": 0})).unwrap_err();
+        assert!(matches!(err, Error::Config { .. }), "{err}");
+        let err = build(json!({"embed_dim": 8, "num_heads": 2, "dtype": "float16"})).unwrap_err();
+        assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+        build(json!({"embed_dim": 8, "num_heads": 2, "device": null, "dtype": null, "dropout": 0.1,
+                     "kdim": 3, "vdim": null, "add_bias_kv": true, "add_zero_attn": true, "bias": false}))
+        .unwrap();
+    }
+
+    #[test]
+    fn input_errors_not_panics() {
+        let m = build(json!({"embed_dim": 8, "num_heads": 2, "batch_first": true})).unwrap();
+        let dev = Device::Cpu;
+        let x = Tensor::zeros((2, 5, 8), DType::F32, &dev).unwrap();
+        let bad = Tensor::zeros((2, 5, 7), DType::F32, &dev).unwrap();
+        let r4 = Tensor::zeros((1, 2, 5, 8), DType::F32, &dev).unwrap();
+        assert!(matches!(m.forward(&r4, Default::default()), Err(Error::Input { .. })));
+        assert!(matches!(m.forward(&bad, Default::default()), Err(Error::Input { .. })));
+        let args = MultiheadAttentionArgs { key: Some(&bad), ..Default::default() };
+        assert!(matches!(m.forward(&x, args), Err(Error::Input { .. })));
+        let mask = Tensor::zeros((4, 4), DType::U8, &dev).unwrap();
+        let args = MultiheadAttentionArgs { attn_mask: Some(&mask), ..Default::default() };
+        assert!(matches!(m.forward(&x, args), Err(Error::Input { .. })));
+        let args = MultiheadAttentionArgs { is_causal: true, ..Default::default() };
+        assert!(matches!(m.forward(&x, args), Err(Error::Input { .. })));
+        let kpm = Tensor::zeros((2, 6), DType::U8, &dev).unwrap();
+        let args = MultiheadAttentionArgs { key_padding_mask: Some(&kpm), ..Default::default() };
+        assert!(matches!(m.forward(&x, args), Err(Error::Input { .. })));
+        let imask = Tensor::zeros((5, 5), DType::I64, &dev).unwrap();
+        let args = MultiheadAttentionArgs { attn_mask: Some(&imask), ..Default::default() };
+        assert!(matches!(m.forward(&x, args), Err(Error::Input { .. })));
+        let (out, w) = m.forward(&x, Default::default()).unwrap();
+        assert_eq!(out.dims(), &[2, 5, 8]);
+        assert_eq!(w.unwrap().dims(), &[2, 5, 5]);
+    }
+
+    /// Random weights in a VarBuilder; `f` gets (name, shape) pairs.
+    fn random_vb(shapes: &[(&str, Vec<usize>)]) -> VarBuilder<'static> {
+        let dev = Device::Cpu;
+        let map: HashMap<String, Tensor> = shapes
+            .iter()
+            .map(|(n, s)| (n.to_string(), Tensor::randn(0f32, 0.5, s.as_slice(), &dev).unwrap()))
+            .collect();
+        VarBuilder::from_tensors(map, DType::F32, &dev)
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    #[test]
+    fn unbatched_matches_batched_and_layouts_agree() {
+        let e = 12;
+        let vb = random_vb(&[
+            ("in_proj_weight", vec![3 * e, e]),
+            ("in_proj_bias", vec![3 * e]),
+            ("out_proj.weight", vec![e, e]),
+            ("out_proj.bias", vec![e]),
+            ("bias_k", vec![1, 1, e]),
+            ("bias_v", vec![1, 1, e]),
+        ]);
+        let cfg = |bf: bool| -> MultiheadAttentionConfig {
+            from_json(
+                MultiheadAttention::BLOCK,
+                &json!({"embed_dim": e, "num_heads": 3, "add_bias_kv": true, "add_zero_attn": true, "batch_first": bf}),
+            )
+            .unwrap()
+        };
+        let seq_first = MultiheadAttention::new(vb.clone(), &cfg(false)).unwrap();
+        let batch_first = MultiheadAttention::new(vb, &cfg(true)).unwrap();
+        let dev = Device::Cpu;
+        let q = Tensor::randn(0f32, 1., (4, 2, e), &dev).unwrap(); // (L, N, E)
+        let kv = Tensor::randn(0f32, 1., (6, 2, e), &dev).unwrap();
+        let kpm = Tensor::new(&[[0u8, 1, 0, 0, 0, 1], [0, 0, 0, 1, 0, 0]], &dev).unwrap();
+        for need_weights in [true, false] {
+            let args = MultiheadAttentionArgs {
+                key: Some(&kv),
+                value: Some(&kv),
+                key_padding_mask: Some(&kpm),
+                need_weights,
+                ..Default::default()
+            };
+            let (a, wa) = seq_first.forward(&q, args).unwrap();
+            let qb = q.transpose(0, 1).unwrap().contiguous().unwrap();
+            let kvb = kv.transpose(0, 1).unwrap().contiguous().unwrap();
+            let args_b = MultiheadAttentionArgs { key: Some(&kvb), value: Some(&kvb), ..args };
+            let (b, wb) = batch_first.forward(&qb, args_b).unwrap();
+            assert!(max_diff(&a.transpose(0, 1).unwrap(), &b) < 1e-5);
+            for i in 0..2 {
+                let qi = q.narrow(1, i, 1).unwrap().squeeze(1).unwrap();
+                let kvi = kv.narrow(1, i, 1).unwrap().squeeze(1).unwrap();
+                let kpmi = kpm.get(i).unwrap();
+                let args_i = MultiheadAttentionArgs {
+                    key: Some(&kvi),
+                    value: Some(&kvi),
+                    key_padding_mask: Some(&kpmi),
+                    ..args
+                };
+                let (c, wc) = seq_first.forward(&qi, args_i).unwrap();
+                assert!(max_diff(&a.narrow(1, i, 1).unwrap().squeeze(1).unwrap(), &c) < 1e-5);
+                if need_weights {
+                    let wa = wa.as_ref().unwrap();
+                    assert_eq!(wa.dims(), &[2, 4, 8]); // 6 keys + bias_k + zero attention
+                    assert!(max_diff(&wa.get(i).unwrap(), wc.as_ref().unwrap()) < 1e-6);
+                }
+            }
+            if need_weights {
+                assert!(max_diff(wa.as_ref().unwrap(), wb.as_ref().unwrap()) < 1e-6);
+            } else {
+                assert!(wa.is_none() && wb.is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn weights_and_sdpa_paths_agree_and_causal_hint() {
+        let e = 8;
+        let vb = random_vb(&[
+            ("in_proj_weight", vec![3 * e, e]),
+            ("in_proj_bias", vec![3 * e]),
+            ("out_proj.weight", vec![e, e]),
+            ("out_proj.bias", vec![e]),
+        ]);
+        let cfg: MultiheadAttentionConfig =
+            from_json(MultiheadAttention::BLOCK, &json!({"embed_dim": e, "num_heads": 2, "batch_first": true})).unwrap();
+        let m = MultiheadAttention::new(vb, &cfg).unwrap();
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1., (2, 5, e), &dev).unwrap();
+        let (a, _) = m.forward(&x, Default::default()).unwrap();
+        let args = MultiheadAttentionArgs { need_weights: false, ..Default::default() };
+        let (b, w) = m.forward(&x, args).unwrap();
+        assert!(w.is_none());
+        assert!(max_diff(&a, &b) < 1e-5);
+        // is_causal with need_weights=False replaces the (here: all-allowed) mask by a causal one;
+        // with need_weights=True the given mask is used. A bool causal mask gives the same result.
+        let none = Tensor::zeros((5, 5), DType::U8, &dev).unwrap();
+        let causal_bool = Tensor::from_vec(
+            (0..25u8).map(|i| u8::from(i % 5 > i / 5)).collect::<Vec<_>>(),
+            (5, 5),
+            &dev,
+        )
+        .unwrap();
+        let args = MultiheadAttentionArgs { attn_mask: Some(&none), is_causal: true, need_weights: false, ..Default::default() };
+        let (c, _) = m.forward(&x, args).unwrap();
+        let args = MultiheadAttentionArgs { attn_mask: Some(&causal_bool), ..Default::default() };
+        let (d, w) = m.forward(&x, args).unwrap();
+        assert!(max_diff(&c, &d) < 1e-5);
+        let w = w.unwrap().to_vec3::<f32>().unwrap();
+        assert_eq!(w[0][0][1], 0.0);
+        assert!((w[1][4].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(max_diff(&c, &a) > 1e-4);
+    }
+}

@@ -1,2 +1,16 @@
 //! Check Candle ports of diffusion U-Net attention blocks against PyTorch reference bundles.
+//!
+//! A bundle (format "1", see the README) is one safetensors file with a block's state dict,
+//! its forward inputs and PyTorch's outputs. [`check::check_file`] rebuilds the block through
+//! the [`registry`], runs it and applies the pass rule of [`compare`].
+
+pub mod bundle;
+pub mod check;
+pub mod cli;
+pub mod compare;
+pub mod error;
 pub mod registry;
+pub mod weights;
+
+pub use check::{check_file, Options, Report};
+pub use error::ParityError;

@@ -1,0 +1,229 @@
+//! The `unet-parity` command line. `main.rs` only forwards to [`run`], so the tests drive the
+//! exact code path the binary runs.
+
+use crate::bundle::{self, parse_dtype, Bundle};
+use crate::check::{check_file, Options, Report};
+use crate::error::ParityError;
+use crate::registry;
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Exit code: every bundle passed.
+pub const EXIT_PASS: i32 = 0;
+/// Exit code: at least one output did not match.
+pub const EXIT_MISMATCH: i32 = 1;
+/// Exit code: unusable input (unreadable file, not a bundle, unknown block, bad config or
+/// weights, bad command line).
+pub const EXIT_UNUSABLE: i32 = 2;
+
+#[derive(Parser, Debug)]
+#[command(name = "unet-parity", version, about = "Check Candle ports of diffusion U-Net attention blocks against PyTorch reference bundles")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run every bundle's block and compare with PyTorch's outputs.
+    Check {
+        /// Bundle files or folders (searched recursively for *.safetensors).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Print one JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Absolute tolerance (default: torch.testing.assert_close's for the dtype, or the bundle's).
+        #[arg(long)]
+        atol: Option<f64>,
+        /// Relative tolerance (default: torch.testing.assert_close's for the dtype, or the bundle's).
+        #[arg(long)]
+        rtol: Option<f64>,
+        /// Run in this dtype instead of the bundle's; f64 compares with PyTorch's float64 output.
+        #[arg(long, value_parser = ["f32", "f64"])]
+        dtype: Option<String>,
+        /// Do not fail when the bundle holds weights the block does not use.
+        #[arg(long)]
+        allow_unused: bool,
+    },
+    /// Print a bundle's metadata and tensors.
+    Inspect {
+        /// A safetensors file.
+        file: PathBuf,
+    },
+    /// List the blocks this tool knows, with the PyTorch class each matches.
+    Blocks,
+}
+
+/// Run the CLI on `args` (including the program name); returns the exit code.
+pub fn run<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_UNUSABLE } else { EXIT_PASS };
+            let _ = if e.use_stderr() { write!(err, "{e}") } else { write!(out, "{e}") };
+            return code;
+        }
+    };
+    let result = match cli.command {
+        Command::Check { paths, json, atol, rtol, dtype, allow_unused } => {
+            let opts = Options {
+                atol,
+                rtol,
+                dtype: dtype.as_deref().and_then(parse_dtype),
+                allow_unused,
+            };
+            return check(&paths, &opts, json, out, err);
+        }
+        Command::Inspect { file } => inspect(&file, out),
+        Command::Blocks => blocks(out),
+    };
+    match result {
+        Ok(()) => EXIT_PASS,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            EXIT_UNUSABLE
+        }
+    }
+}
+
+fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    let files = match bundle::collect(paths) {
+        Ok(files) => files,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return EXIT_UNUSABLE;
+        }
+    };
+    let results: Vec<(PathBuf, Result<Report, ParityError>)> = files.iter().map(|f| (f.clone(), check_file(f, opts))).collect();
+    let passed = results.iter().filter(|(_, r)| matches!(r, Ok(r) if r.pass)).count();
+    let failed = results.iter().filter(|(_, r)| matches!(r, Ok(r) if !r.pass)).count();
+    let errors = results.len() - passed - failed;
+    let code = if errors > 0 {
+        EXIT_UNUSABLE
+    } else if failed > 0 {
+        EXIT_MISMATCH
+    } else {
+        EXIT_PASS
+    };
+    if json {
+        let items: Vec<serde_json::Value> = results
+            .iter()
+            .map(|(f, r)| match r {
+                Ok(report) => serde_json::to_value(report).unwrap_or_default(),
+                Err(e) => serde_json::json!({ "file": f.display().to_string(), "error": e.to_string() }),
+            })
+            .collect();
+        let doc = serde_json::json!({ "bundles": items, "passed": passed, "failed": failed, "errors": errors, "exit_code": code });
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        print_table(&results, out);
+        for (_, r) in &results {
+            match r {
+                Err(e) => {
+                    let _ = writeln!(err, "error: {e}");
+                }
+                Ok(report) => {
+                    for o in report.outputs.iter().filter(|o| !o.pass) {
+                        let _ = writeln!(out, "FAIL {} output `{}`: {}", report.file, o.name, o.reason.as_deref().unwrap_or(""));
+                    }
+                }
+            }
+        }
+        let tail = if errors > 0 { format!(", {errors} unusable") } else { String::new() };
+        let _ = writeln!(out, "{passed} passed, {failed} failed{tail}");
+    }
+    code
+}
+
+fn sci(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn Write) {
+    let header = ["FILE", "BLOCK", "INPUTS", "MAX_ABS", "MAX_REL", "TOL(atol/rtol)", "VS_F64(ours/torch)", "RESULT"];
+    let mut rows: Vec<[String; 8]> = vec![header.map(String::from)];
+    for (file, r) in results {
+        match r {
+            Ok(rep) => {
+                // The row shows the worst output: the first failing one, else the largest error.
+                let worst = rep
+                    .outputs
+                    .iter()
+                    .find(|o| !o.pass)
+                    .or_else(|| rep.outputs.iter().max_by(|a, b| a.max_abs.total_cmp(&b.max_abs)));
+                let inputs = rep.inputs.iter().map(|(n, s)| format!("{n}{s:?}")).collect::<Vec<_>>().join(" ").replace(' ', "");
+                let (abs, rel, tol, f64s) = match worst {
+                    Some(o) => (
+                        sci(o.max_abs),
+                        sci(o.max_rel),
+                        format!("{:.1e}/{:.1e}", o.atol, o.rtol),
+                        match (o.ours_vs_f64, o.torch_vs_f64) {
+                            (Some(a), Some(b)) => format!("{}/{}", sci(a), sci(b)),
+                            _ => "-".into(),
+                        },
+                    ),
+                    None => Default::default(),
+                };
+                let result = if rep.pass { "PASS" } else { "FAIL" };
+                rows.push([rep.file.clone(), rep.block.clone(), inputs, abs, rel, tol, f64s, result.into()]);
+            }
+            Err(_) => rows.push([
+                file.display().to_string(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "ERROR".into(),
+            ]),
+        }
+    }
+    let widths: Vec<usize> = (0..8).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    for row in rows {
+        let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+}
+
+fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {
+    let (metadata, infos, _) = bundle::read_file(file)?;
+    let _ = writeln!(out, "{}", file.display());
+    if metadata.get("parity.format").is_some() {
+        // Validate as a bundle too, so a broken bundle is reported here as well.
+        Bundle::read(file)?;
+    }
+    let _ = writeln!(out, "metadata:");
+    for (k, v) in &metadata {
+        let _ = writeln!(out, "  {k} = {v}");
+    }
+    let _ = writeln!(out, "tensors ({}):", infos.len());
+    let width = infos.iter().map(|i| i.name.len()).max().unwrap_or(0);
+    for i in &infos {
+        let _ = writeln!(out, "  {:<width$}  {:<5}  {:?}", i.name, i.dtype, i.shape);
+    }
+    Ok(())
+}
+
+fn blocks(out: &mut dyn Write) -> Result<(), ParityError> {
+    let all = registry::all();
+    let width = all.iter().map(|b| b.id.len()).max().unwrap_or(0);
+    for b in &all {
+        let _ = writeln!(out, "{:<width$}  {}", b.id, b.pytorch);
+        let _ = writeln!(out, "{:<width$}    inputs: {}", "", b.inputs.join(", "));
+        if !b.kwargs.is_empty() {
+            let _ = writeln!(out, "{:<width$}    kwargs: {}", "", b.kwargs.join(", "));
+        }
+    }
+    Ok(())
+}

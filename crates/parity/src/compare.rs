@@ -1,0 +1,122 @@
+//! The pass rule.
+//!
+//! An output passes when either
+//! (a) ours matches PyTorch's output elementwise at `torch.testing.assert_close` tolerances
+//!     for the dtype (`|ours − torch| ≤ atol + rtol·|torch|`), or
+//! (b) the bundle carries PyTorch's float64 output and our max abs error against it is at most
+//!     twice PyTorch's own max abs error against it (a port cannot be asked to be more accurate
+//!     than the reference).
+//! A non-finite value on our side where PyTorch's is finite always fails.
+
+use candle_core::{DType, Tensor};
+use serde::Serialize;
+
+/// `torch.testing.assert_close` default `(rtol, atol)` for a dtype.
+pub fn default_tolerance(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F16 => (1e-3, 1e-5),
+        DType::BF16 => (1.6e-2, 1e-5),
+        DType::F64 => (1e-7, 1e-7),
+        _ => (1.3e-6, 1e-5),
+    }
+}
+
+/// The comparison of one output.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputReport {
+    pub name: String,
+    pub shape: Vec<usize>,
+    /// Max |ours − torch|.
+    pub max_abs: f64,
+    /// Max |ours − torch| / |torch| over elements where torch ≠ 0.
+    pub max_rel: f64,
+    pub atol: f64,
+    pub rtol: f64,
+    /// Rule (a) held.
+    pub close: bool,
+    /// Max |ours − torch_f64|, when the bundle has the float64 output.
+    pub ours_vs_f64: Option<f64>,
+    /// Max |torch − torch_f64|: PyTorch's own error.
+    pub torch_vs_f64: Option<f64>,
+    pub pass: bool,
+    /// Why it failed, when it did.
+    pub reason: Option<String>,
+}
+
+fn values(t: &Tensor) -> candle_core::Result<Vec<f64>> {
+    t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
+}
+
+fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| !(x.is_nan() && y.is_nan()))
+        .map(|(x, y)| if x == y { 0.0 } else { (x - y).abs() })
+        .fold(0.0, |m, d| if d.is_nan() || d > m { d } else { m })
+}
+
+/// Compare our output with PyTorch's (`expected`) and, if present, PyTorch's float64 output.
+/// `expected_is_f64` marks a run where `expected` already is the float64 output.
+pub fn compare(
+    name: &str,
+    ours: &Tensor,
+    expected: &Tensor,
+    expected_f64: Option<&Tensor>,
+    rtol: f64,
+    atol: f64,
+) -> candle_core::Result<OutputReport> {
+    let mut report = OutputReport {
+        name: name.to_string(),
+        shape: ours.dims().to_vec(),
+        max_abs: f64::NAN,
+        max_rel: f64::NAN,
+        atol,
+        rtol,
+        close: false,
+        ours_vs_f64: None,
+        torch_vs_f64: None,
+        pass: false,
+        reason: None,
+    };
+    if ours.dims() != expected.dims() {
+        report.reason = Some(format!("shape {:?}, PyTorch's is {:?}", ours.dims(), expected.dims()));
+        return Ok(report);
+    }
+    let (a, e) = (values(ours)?, values(expected)?);
+    let non_finite = a.iter().zip(&e).filter(|(x, y)| !x.is_finite() && y.is_finite()).count();
+    report.max_abs = max_abs_diff(&a, &e);
+    report.max_rel = a
+        .iter()
+        .zip(&e)
+        .filter(|(x, y)| **y != 0.0 && !(x.is_nan() && y.is_nan()))
+        .map(|(x, y)| (x - y).abs() / y.abs())
+        .fold(0.0, f64::max);
+    report.close = a
+        .iter()
+        .zip(&e)
+        .all(|(x, y)| (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= atol + rtol * y.abs());
+    if let Some(r) = expected_f64 {
+        if r.dims() == expected.dims() {
+            let r = values(r)?;
+            report.ours_vs_f64 = Some(max_abs_diff(&a, &r));
+            report.torch_vs_f64 = Some(max_abs_diff(&e, &r));
+        }
+    }
+    let within_reference = match (report.ours_vs_f64, report.torch_vs_f64) {
+        (Some(ours), Some(torch)) => ours <= 2.0 * torch,
+        _ => false,
+    };
+    report.pass = non_finite == 0 && (report.close || within_reference);
+    if non_finite > 0 {
+        report.reason = Some(format!("{non_finite} non-finite values where PyTorch's are finite"));
+    } else if !report.pass {
+        report.reason = Some(match (report.ours_vs_f64, report.torch_vs_f64) {
+            (Some(o), Some(t)) => format!(
+                "max abs error {:.3e} > atol {atol:.1e} + rtol {rtol:.1e}·|torch|, and error vs float64 {o:.3e} > 2 × PyTorch's {t:.3e}",
+                report.max_abs
+            ),
+            _ => format!("max abs error {:.3e} > atol {atol:.1e} + rtol {rtol:.1e}·|torch| (no float64 output in the bundle)", report.max_abs),
+        });
+    }
+    Ok(report)
+}
