@@ -44,7 +44,9 @@ impl Projection {
 
     /// Apply to the last dimension, like `nn.Linear`: `(.., in)` → `(.., out)`.
     pub fn forward_tokens(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.linear.forward(x)
+        // Candle's batched matmul mishandles some transposed (B, N, C) views of (B, C, N)
+        // tensors; a contiguous copy is also what the GEMM wants.
+        self.linear.forward(&x.contiguous()?)
     }
 
     /// Apply to dimension 1, like a 1×1 conv: `(B, in, ...)` → `(B, out, ...)`.
@@ -131,5 +133,35 @@ impl Module for BatchNorm2d {
             .broadcast_div(&denom)?
             .broadcast_mul(&self.weight)?
             .broadcast_add(&self.bias)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use std::collections::HashMap;
+
+    #[test]
+    fn projection_agrees_on_transposed_views_and_conv_shaped_weights() {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 1., (5, 4), &dev).unwrap();
+        let b = Tensor::randn(0f32, 1., 5, &dev).unwrap();
+        let ts = HashMap::from([("p.weight".to_string(), w.reshape((5, 4, 1, 1)).unwrap()), ("p.bias".to_string(), b)]);
+        let vb = VarBuilder::from_tensors(ts, DType::F32, &dev);
+        let p = Projection::load(vb.pp("p"), "test", 4, 5, true).unwrap();
+        // (B, C, N) contiguous, viewed as (B, N, C): the layout of image tokens.
+        let x = Tensor::randn(0f32, 1., (3, 4, 7), &dev).unwrap();
+        let view = x.transpose(1, 2).unwrap();
+        let a = p.forward_tokens(&view).unwrap();
+        let c = p.forward_tokens(&view.contiguous().unwrap()).unwrap();
+        let diff = (a - &c).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-6, "{diff}");
+        let by_channels = p.forward_channels(&x).unwrap().transpose(1, 2).unwrap();
+        let diff = (by_channels - c).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-5, "{diff}");
+        let vb = VarBuilder::from_tensors(HashMap::from([("p.weight".to_string(), w)]), DType::F32, &dev);
+        let err = Projection::load(vb.pp("p"), "test", 5, 4, false).unwrap_err().to_string();
+        assert!(err.contains("p.weight") && err.contains("[5, 4]"), "{err}");
     }
 }

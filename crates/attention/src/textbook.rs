@@ -49,7 +49,10 @@ impl SelfAttention {
 
     pub fn new(vb: VarBuilder, cfg: &SelfAttentionConfig) -> Result<Self> {
         if cfg.d == 0 {
-            return Err(Error::config(Self::BLOCK, "D must be greater than 0 (the scores are divided by D ** 0.5)"));
+            return Err(Error::config(
+                Self::BLOCK,
+                "D must be greater than 0 (the scores are divided by D ** 0.5)",
+            ));
         }
         Ok(Self {
             q: Projection::load(vb.pp("q"), Self::BLOCK, cfg.dx, cfg.d, true)?,
@@ -66,10 +69,14 @@ impl Module for SelfAttention {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let dims = x.dims().to_vec();
         if dims.len() < 2 {
-            candle_core::bail!("{}: expected x of shape (.., N, Dx), found {dims:?}", Self::BLOCK);
+            candle_core::bail!(
+                "{}: expected x of shape (.., N, Dx), found {dims:?}",
+                Self::BLOCK
+            );
         }
         let n = dims[dims.len() - 2];
-        let x3 = x.reshape(((), n, dims[dims.len() - 1]))?;
+        // Contiguous: see `MultiHeadAttention::forward`.
+        let x3 = x.contiguous()?.reshape(((), n, dims[dims.len() - 1]))?;
         // One head: (b, 1, N, D).
         let q = self.q.forward_tokens(&x3)?.unsqueeze(1)?;
         let k = self.k.forward_tokens(&x3)?.unsqueeze(1)?;
@@ -107,7 +114,10 @@ impl MultiHeadAttentionConfig {
         match (self.dh, self.d_all) {
             (Some(dh), None) => {
                 if self.nh == 0 || dh == 0 {
-                    return Err(Error::config(block, format!("nh={} and dh={dh} must be greater than 0", self.nh)));
+                    return Err(Error::config(
+                        block,
+                        format!("nh={} and dh={dh} must be greater than 0", self.nh),
+                    ));
                 }
                 // self.scale = dh ** 0.5
                 Ok((self.nh * dh, dh, (dh as f64).sqrt()))
@@ -171,10 +181,13 @@ impl MultiHeadAttention {
 impl Module for MultiHeadAttention {
     /// `x`: `(b, nq, input_dim)` → `(b, nq, nh·dh)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        // Contiguous: Candle 0.11.1's CPU matmul gives wrong results for a transposed lhs against
+        // the broadcast weight that `nn.Linear` uses on non-contiguous input.
+        let x = x.contiguous()?;
         // 'b nq (nh dh) -> b nh nq dh'
-        let q = split_tokens(&self.q.forward_tokens(x)?, self.nh)?;
-        let k = split_tokens(&self.k.forward_tokens(x)?, self.nh)?;
-        let v = split_tokens(&self.v.forward_tokens(x)?, self.nh)?;
+        let q = split_tokens(&self.q.forward_tokens(&x)?, self.nh)?;
+        let k = split_tokens(&self.k.forward_tokens(&x)?, self.nh)?;
+        let v = split_tokens(&self.v.forward_tokens(&x)?, self.nh)?;
         let out = sdpa(&q, &k, &v, None, self.scale)?;
         // 'b nh nq dh -> b nq (nh dh)'
         self.fc.forward_tokens(&merge_tokens(&out)?)
@@ -198,9 +211,15 @@ mod tests {
         let err = mha(json!({"input_dim": 4, "nh": 2, "dh": 3, "heads": 2})).unwrap_err();
         assert!(err.to_string().contains("heads"), "{err}");
         let err = mha(json!({"input_dim": 4, "d_all": 10, "nh": 4})).unwrap_err();
-        assert!(matches!(err, Error::Config { .. }) && err.to_string().contains("4 heads"), "{err}");
+        assert!(
+            matches!(err, Error::Config { .. }) && err.to_string().contains("4 heads"),
+            "{err}"
+        );
         let err = mha(json!({"input_dim": 4, "nh": 2, "dh": 3, "d_all": 6})).unwrap_err();
-        assert!(err.to_string().contains("found {input_dim, nh, dh, d_all}"), "{err}");
+        assert!(
+            err.to_string().contains("found {input_dim, nh, dh, d_all}"),
+            "{err}"
+        );
         let err = mha(json!({"input_dim": 4, "nh": 2})).unwrap_err();
         assert!(err.to_string().contains("found {input_dim, nh}"), "{err}");
         let err = mha(json!({"input_dim": 4, "nh": 2, "dh": null})).unwrap_err();
@@ -208,9 +227,14 @@ mod tests {
         mha(json!({"input_dim": 4, "nh": 2, "dh": 3})).unwrap();
         mha(json!({"input_dim": 4, "d_all": 6, "nh": 2})).unwrap();
 
-        let err = from_json::<SelfAttentionConfig>(SelfAttention::BLOCK, &json!({"dx": 2, "D": 3, "Dv": 4})).unwrap_err();
+        let err = from_json::<SelfAttentionConfig>(
+            SelfAttention::BLOCK,
+            &json!({"dx": 2, "D": 3, "Dv": 4}),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("dx"), "{err}");
-        let cfg: SelfAttentionConfig = from_json(SelfAttention::BLOCK, &json!({"Dx": 2, "D": 3, "Dv": 4})).unwrap();
+        let cfg: SelfAttentionConfig =
+            from_json(SelfAttention::BLOCK, &json!({"Dx": 2, "D": 3, "Dv": 4})).unwrap();
         let m = SelfAttention::new(VarBuilder::zeros(DType::F32, &Device::Cpu), &cfg).unwrap();
         let x = Tensor::zeros((5, 2), DType::F32, &Device::Cpu).unwrap();
         assert_eq!(m.forward(&x).unwrap().dims(), &[5, 4]);

@@ -136,7 +136,12 @@ pub struct MultiheadAttention {
 }
 
 /// A [`Projection`] from tensors already loaded (rows of a packed weight).
-fn projection(weight: Tensor, bias: Option<Tensor>, dtype: DType, device: &Device) -> Result<Projection> {
+fn projection(
+    weight: Tensor,
+    bias: Option<Tensor>,
+    dtype: DType,
+    device: &Device,
+) -> Result<Projection> {
     let (out_dim, in_dim) = weight.dims2()?;
     let mut map = HashMap::new();
     map.insert("weight".to_string(), weight.contiguous()?);
@@ -176,14 +181,26 @@ impl MultiheadAttention {
         let kdim = cfg.kdim.unwrap_or(e);
         let vdim = cfg.vdim.unwrap_or(e);
         if kdim == 0 || vdim == 0 {
-            return Err(Error::config(block, format!("kdim={kdim} and vdim={vdim} must be greater than 0")));
+            return Err(Error::config(
+                block,
+                format!("kdim={kdim} and vdim={vdim} must be greater than 0"),
+            ));
         }
         let (dtype, device) = (vb.dtype(), vb.device().clone());
-        let in_bias = if cfg.bias { Some(vb.get(3 * e, "in_proj_bias")?) } else { None };
+        let in_bias = if cfg.bias {
+            Some(vb.get(3 * e, "in_proj_bias")?)
+        } else {
+            None
+        };
         let in_proj = if kdim == e && vdim == e {
             let w = vb.get((3 * e, e), "in_proj_weight")?;
             let part = |start: usize, len: usize| -> Result<Projection> {
-                projection(w.narrow(0, start, len)?, rows(&in_bias, start, len)?, dtype, &device)
+                projection(
+                    w.narrow(0, start, len)?,
+                    rows(&in_bias, start, len)?,
+                    dtype,
+                    &device,
+                )
             };
             InProj::Packed {
                 qkv: part(0, 3 * e)?,
@@ -194,13 +211,31 @@ impl MultiheadAttention {
             }
         } else {
             InProj::Separate {
-                q: projection(vb.get((e, e), "q_proj_weight")?, rows(&in_bias, 0, e)?, dtype, &device)?,
-                k: projection(vb.get((e, kdim), "k_proj_weight")?, rows(&in_bias, e, e)?, dtype, &device)?,
-                v: projection(vb.get((e, vdim), "v_proj_weight")?, rows(&in_bias, 2 * e, e)?, dtype, &device)?,
+                q: projection(
+                    vb.get((e, e), "q_proj_weight")?,
+                    rows(&in_bias, 0, e)?,
+                    dtype,
+                    &device,
+                )?,
+                k: projection(
+                    vb.get((e, kdim), "k_proj_weight")?,
+                    rows(&in_bias, e, e)?,
+                    dtype,
+                    &device,
+                )?,
+                v: projection(
+                    vb.get((e, vdim), "v_proj_weight")?,
+                    rows(&in_bias, 2 * e, e)?,
+                    dtype,
+                    &device,
+                )?,
             }
         };
         let (bias_k, bias_v) = if cfg.add_bias_kv {
-            (Some(vb.get((1, 1, e), "bias_k")?), Some(vb.get((1, 1, e), "bias_v")?))
+            (
+                Some(vb.get((1, 1, e), "bias_k")?),
+                Some(vb.get((1, 1, e), "bias_v")?),
+            )
         } else {
             (None, None)
         };
@@ -230,7 +265,11 @@ impl MultiheadAttention {
     /// `(L, E)` unbatched). `attn_weights` (only with `need_weights`) is `(N, L, S)` averaged over
     /// heads or `(N, H, L, S)` (the batch dimension dropped for unbatched input), where `S`
     /// counts the appended `bias_k` / zero-attention keys.
-    pub fn forward(&self, query: &Tensor, args: MultiheadAttentionArgs) -> Result<(Tensor, Option<Tensor>)> {
+    pub fn forward(
+        &self,
+        query: &Tensor,
+        args: MultiheadAttentionArgs,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let key = args.key.unwrap_or(query);
         let value = args.value.unwrap_or(key);
         let self_attention = key.id() == query.id() && value.id() == key.id();
@@ -243,7 +282,10 @@ impl MultiheadAttention {
             _ => {
                 return Err(Self::input_err(
                     "query",
-                    format!("expected a batched 3-D or unbatched 2-D tensor, found shape {:?}", query.dims()),
+                    format!(
+                        "expected a batched 3-D or unbatched 2-D tensor, found shape {:?}",
+                        query.dims()
+                    ),
                 ))
             }
         };
@@ -252,7 +294,10 @@ impl MultiheadAttention {
             if t.rank() != rank {
                 return Err(Self::input_err(
                     name,
-                    format!("expected a {rank}-D tensor like the query, found shape {:?}", t.dims()),
+                    format!(
+                        "expected a {rank}-D tensor like the query, found shape {:?}",
+                        t.dims()
+                    ),
                 ));
             }
         }
@@ -260,7 +305,11 @@ impl MultiheadAttention {
             if m.rank() != rank - 1 {
                 return Err(Self::input_err(
                     "key_padding_mask",
-                    format!("expected a {}-D tensor for a {rank}-D query, found shape {:?}", rank - 1, m.dims()),
+                    format!(
+                        "expected a {}-D tensor for a {rank}-D query, found shape {:?}",
+                        rank - 1,
+                        m.dims()
+                    ),
                 ));
             }
         }
@@ -283,28 +332,42 @@ impl MultiheadAttention {
                 t.transpose(0, 1)
             }
         };
-        let q_in = to_batch_first(query)?;
-        let k_in = to_batch_first(key)?;
-        let v_in = to_batch_first(value)?;
+        // Contiguous: Candle 0.11.1's CPU matmul gives wrong results for a transposed lhs against
+        // the broadcast weight that `nn.Linear` uses on non-contiguous input.
+        let q_in = to_batch_first(query)?.contiguous()?;
+        let k_in = to_batch_first(key)?.contiguous()?;
+        let v_in = to_batch_first(value)?.contiguous()?;
         let (n, l, e) = q_in.dims3()?;
         let (nk, s, ek) = k_in.dims3()?;
         let (nv, sv, ev) = v_in.dims3()?;
         if e != self.embed_dim {
             return Err(Self::input_err(
                 "query",
-                format!("expected embedding dimension {}, found shape {:?}", self.embed_dim, query.dims()),
+                format!(
+                    "expected embedding dimension {}, found shape {:?}",
+                    self.embed_dim,
+                    query.dims()
+                ),
             ));
         }
         if ek != self.kdim {
             return Err(Self::input_err(
                 "key",
-                format!("expected feature dimension kdim={}, found shape {:?}", self.kdim, key.dims()),
+                format!(
+                    "expected feature dimension kdim={}, found shape {:?}",
+                    self.kdim,
+                    key.dims()
+                ),
             ));
         }
         if ev != self.vdim {
             return Err(Self::input_err(
                 "value",
-                format!("expected feature dimension vdim={}, found shape {:?}", self.vdim, value.dims()),
+                format!(
+                    "expected feature dimension vdim={}, found shape {:?}",
+                    self.vdim,
+                    value.dims()
+                ),
             ));
         }
         if nk != n || nv != n {
@@ -320,7 +383,11 @@ impl MultiheadAttention {
         if sv != s {
             return Err(Self::input_err(
                 "value",
-                format!("key {:?} and value {:?} must have the same sequence length", key.dims(), value.dims()),
+                format!(
+                    "key {:?} and value {:?} must have the same sequence length",
+                    key.dims(),
+                    value.dims()
+                ),
             ));
         }
 
@@ -335,7 +402,10 @@ impl MultiheadAttention {
                 if m.dims() != [n, s] {
                     return Err(Self::input_err(
                         "key_padding_mask",
-                        format!("expected shape ({n}, {s}) (batch, key length), found {:?}", m.dims()),
+                        format!(
+                            "expected shape ({n}, {s}) (batch, key length), found {:?}",
+                            m.dims()
+                        ),
                     ));
                 }
                 Some(canonical_mask(&m, "key_padding_mask", cdt)?.reshape((n, 1, 1, s))?)
@@ -357,13 +427,20 @@ impl MultiheadAttention {
                     if m.dims() != [l, s] {
                         return Err(Self::input_err(
                             "attn_mask",
-                            format!("the 2-D attn_mask should be ({l}, {s}), found {:?}", m.dims()),
+                            format!(
+                                "the 2-D attn_mask should be ({l}, {s}), found {:?}",
+                                m.dims()
+                            ),
                         ));
                     }
                     m.reshape((1, 1, l, s))?
                 } else {
                     if m.dims() != [n * h, l, s] {
-                        let want = if batched { format!("({}, {l}, {s}) (N·num_heads, L, S)", n * h) } else { format!("({h}, {l}, {s}) (num_heads, L, S)") };
+                        let want = if batched {
+                            format!("({}, {l}, {s}) (N·num_heads, L, S)", n * h)
+                        } else {
+                            format!("({h}, {l}, {s}) (num_heads, L, S)")
+                        };
                         return Err(Self::input_err(
                             "attn_mask",
                             format!("the 3-D attn_mask should be {want}, found {:?}", m.dims()),
@@ -381,17 +458,31 @@ impl MultiheadAttention {
             InProj::Packed { qkv, kv, q, k, v } => {
                 if self_attention {
                     let all = qkv.forward_tokens(&q_in)?;
-                    (all.narrow(2, 0, e)?, all.narrow(2, e, e)?, all.narrow(2, 2 * e, e)?)
+                    (
+                        all.narrow(2, 0, e)?,
+                        all.narrow(2, e, e)?,
+                        all.narrow(2, 2 * e, e)?,
+                    )
                 } else if key_is_value {
                     let both = kv.forward_tokens(&k_in)?;
-                    (q.forward_tokens(&q_in)?, both.narrow(2, 0, e)?, both.narrow(2, e, e)?)
+                    (
+                        q.forward_tokens(&q_in)?,
+                        both.narrow(2, 0, e)?,
+                        both.narrow(2, e, e)?,
+                    )
                 } else {
-                    (q.forward_tokens(&q_in)?, k.forward_tokens(&k_in)?, v.forward_tokens(&v_in)?)
+                    (
+                        q.forward_tokens(&q_in)?,
+                        k.forward_tokens(&k_in)?,
+                        v.forward_tokens(&v_in)?,
+                    )
                 }
             }
-            InProj::Separate { q, k, v } => {
-                (q.forward_tokens(&q_in)?, k.forward_tokens(&k_in)?, v.forward_tokens(&v_in)?)
-            }
+            InProj::Separate { q, k, v } => (
+                q.forward_tokens(&q_in)?,
+                k.forward_tokens(&k_in)?,
+                v.forward_tokens(&v_in)?,
+            ),
         };
 
         let pad = |m: Option<Tensor>| -> candle_core::Result<Option<Tensor>> {
@@ -425,13 +516,23 @@ impl MultiheadAttention {
             (Some(a), Some(p)) => Some(a.broadcast_add(&p)?),
             (a, p) => a.or(p),
         };
-        let mask = if sdpa_causal { Some(causal_mask(l, src_len, cdt, q.device())?) } else { mask };
+        let mask = if sdpa_causal {
+            Some(causal_mask(l, src_len, cdt, q.device())?)
+        } else {
+            mask
+        };
 
         let (out, weights) = if args.need_weights {
             let q_scaled = (&q * (1.0 / d as f64).sqrt())?;
             let probs = attention_probs(&q_scaled, &k, mask.as_ref(), 1.0)?; // (N, H, L, S)
-            let out = probs.matmul(&v.to_dtype(probs.dtype())?)?.to_dtype(v.dtype())?;
-            let weights = if args.average_attn_weights { probs.mean(1)? } else { probs };
+            let out = probs
+                .matmul(&v.to_dtype(probs.dtype())?)?
+                .to_dtype(v.dtype())?;
+            let weights = if args.average_attn_weights {
+                probs.mean(1)?
+            } else {
+                probs
+            };
             (out, Some(weights.to_dtype(dtype)?))
         } else {
             (sdpa(&q, &k, &v, mask.as_ref(), default_scale(d))?, None)
@@ -458,7 +559,8 @@ impl MultiheadAttention {
 fn canonical_mask(mask: &Tensor, name: &str, dtype: DType) -> Result<Tensor> {
     match mask.dtype() {
         DType::U8 => {
-            let ninf = Tensor::full(f32::NEG_INFINITY, mask.shape(), mask.device())?.to_dtype(dtype)?;
+            let ninf =
+                Tensor::full(f32::NEG_INFINITY, mask.shape(), mask.device())?.to_dtype(dtype)?;
             let zero = Tensor::zeros(mask.shape(), dtype, mask.device())?;
             Ok(mask.where_cond(&ninf, &zero)?)
         }
@@ -495,9 +597,15 @@ mod tests {
     #[test]
     fn config_errors() {
         let err = build(json!({"embed_dim": 8, "num_heads": 2, "nheads": 2})).unwrap_err();
-        assert!(matches!(err, Error::Config { .. }) && err.to_string().contains("nheads"), "{err}");
+        assert!(
+            matches!(err, Error::Config { .. }) && err.to_string().contains("nheads"),
+            "{err}"
+        );
         let err = build(json!({"embed_dim": 10, "num_heads": 3})).unwrap_err();
-        assert!(matches!(err, Error::Config { .. }) && err.to_string().contains("3 heads"), "{err}");
+        assert!(
+            matches!(err, Error::Config { .. }) && err.to_string().contains("3 heads"),
+            "{err}"
+        );
         let err = build(json!({"embed_dim": 8, "num_heads": 0})).unwrap_err();
         assert!(matches!(err, Error::Config { .. }), "{err}");
         let err = build(json!({"embed_dim": 8, "num_heads": 2, "dtype": "float16"})).unwrap_err();
@@ -514,20 +622,41 @@ mod tests {
         let x = Tensor::zeros((2, 5, 8), DType::F32, &dev).unwrap();
         let bad = Tensor::zeros((2, 5, 7), DType::F32, &dev).unwrap();
         let r4 = Tensor::zeros((1, 2, 5, 8), DType::F32, &dev).unwrap();
-        assert!(matches!(m.forward(&r4, Default::default()), Err(Error::Input { .. })));
-        assert!(matches!(m.forward(&bad, Default::default()), Err(Error::Input { .. })));
-        let args = MultiheadAttentionArgs { key: Some(&bad), ..Default::default() };
+        assert!(matches!(
+            m.forward(&r4, Default::default()),
+            Err(Error::Input { .. })
+        ));
+        assert!(matches!(
+            m.forward(&bad, Default::default()),
+            Err(Error::Input { .. })
+        ));
+        let args = MultiheadAttentionArgs {
+            key: Some(&bad),
+            ..Default::default()
+        };
         assert!(matches!(m.forward(&x, args), Err(Error::Input { .. })));
         let mask = Tensor::zeros((4, 4), DType::U8, &dev).unwrap();
-        let args = MultiheadAttentionArgs { attn_mask: Some(&mask), ..Default::default() };
+        let args = MultiheadAttentionArgs {
+            attn_mask: Some(&mask),
+            ..Default::default()
+        };
         assert!(matches!(m.forward(&x, args), Err(Error::Input { .. })));
-        let args = MultiheadAttentionArgs { is_causal: true, ..Default::default() };
+        let args = MultiheadAttentionArgs {
+            is_causal: true,
+            ..Default::default()
+        };
         assert!(matches!(m.forward(&x, args), Err(Error::Input { .. })));
         let kpm = Tensor::zeros((2, 6), DType::U8, &dev).unwrap();
-        let args = MultiheadAttentionArgs { key_padding_mask: Some(&kpm), ..Default::default() };
+        let args = MultiheadAttentionArgs {
+            key_padding_mask: Some(&kpm),
+            ..Default::default()
+        };
         assert!(matches!(m.forward(&x, args), Err(Error::Input { .. })));
         let imask = Tensor::zeros((5, 5), DType::I64, &dev).unwrap();
-        let args = MultiheadAttentionArgs { attn_mask: Some(&imask), ..Default::default() };
+        let args = MultiheadAttentionArgs {
+            attn_mask: Some(&imask),
+            ..Default::default()
+        };
         assert!(matches!(m.forward(&x, args), Err(Error::Input { .. })));
         let (out, w) = m.forward(&x, Default::default()).unwrap();
         assert_eq!(out.dims(), &[2, 5, 8]);
@@ -539,13 +668,27 @@ mod tests {
         let dev = Device::Cpu;
         let map: HashMap<String, Tensor> = shapes
             .iter()
-            .map(|(n, s)| (n.to_string(), Tensor::randn(0f32, 0.5, s.as_slice(), &dev).unwrap()))
+            .map(|(n, s)| {
+                (
+                    n.to_string(),
+                    Tensor::randn(0f32, 0.5, s.as_slice(), &dev).unwrap(),
+                )
+            })
             .collect();
         VarBuilder::from_tensors(map, DType::F32, &dev)
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
     }
 
     #[test]
@@ -583,7 +726,11 @@ mod tests {
             let (a, wa) = seq_first.forward(&q, args).unwrap();
             let qb = q.transpose(0, 1).unwrap().contiguous().unwrap();
             let kvb = kv.transpose(0, 1).unwrap().contiguous().unwrap();
-            let args_b = MultiheadAttentionArgs { key: Some(&kvb), value: Some(&kvb), ..args };
+            let args_b = MultiheadAttentionArgs {
+                key: Some(&kvb),
+                value: Some(&kvb),
+                ..args
+            };
             let (b, wb) = batch_first.forward(&qb, args_b).unwrap();
             assert!(max_diff(&a.transpose(0, 1).unwrap(), &b) < 1e-5);
             for i in 0..2 {
@@ -621,13 +768,19 @@ mod tests {
             ("out_proj.weight", vec![e, e]),
             ("out_proj.bias", vec![e]),
         ]);
-        let cfg: MultiheadAttentionConfig =
-            from_json(MultiheadAttention::BLOCK, &json!({"embed_dim": e, "num_heads": 2, "batch_first": true})).unwrap();
+        let cfg: MultiheadAttentionConfig = from_json(
+            MultiheadAttention::BLOCK,
+            &json!({"embed_dim": e, "num_heads": 2, "batch_first": true}),
+        )
+        .unwrap();
         let m = MultiheadAttention::new(vb, &cfg).unwrap();
         let dev = Device::Cpu;
         let x = Tensor::randn(0f32, 1., (2, 5, e), &dev).unwrap();
         let (a, _) = m.forward(&x, Default::default()).unwrap();
-        let args = MultiheadAttentionArgs { need_weights: false, ..Default::default() };
+        let args = MultiheadAttentionArgs {
+            need_weights: false,
+            ..Default::default()
+        };
         let (b, w) = m.forward(&x, args).unwrap();
         assert!(w.is_none());
         assert!(max_diff(&a, &b) < 1e-5);
@@ -635,14 +788,24 @@ mod tests {
         // with need_weights=True the given mask is used. A bool causal mask gives the same result.
         let none = Tensor::zeros((5, 5), DType::U8, &dev).unwrap();
         let causal_bool = Tensor::from_vec(
-            (0..25u8).map(|i| u8::from(i % 5 > i / 5)).collect::<Vec<_>>(),
+            (0..25u8)
+                .map(|i| u8::from(i % 5 > i / 5))
+                .collect::<Vec<_>>(),
             (5, 5),
             &dev,
         )
         .unwrap();
-        let args = MultiheadAttentionArgs { attn_mask: Some(&none), is_causal: true, need_weights: false, ..Default::default() };
+        let args = MultiheadAttentionArgs {
+            attn_mask: Some(&none),
+            is_causal: true,
+            need_weights: false,
+            ..Default::default()
+        };
         let (c, _) = m.forward(&x, args).unwrap();
-        let args = MultiheadAttentionArgs { attn_mask: Some(&causal_bool), ..Default::default() };
+        let args = MultiheadAttentionArgs {
+            attn_mask: Some(&causal_bool),
+            ..Default::default()
+        };
         let (d, w) = m.forward(&x, args).unwrap();
         assert!(max_diff(&c, &d) < 1e-5);
         let w = w.unwrap().to_vec3::<f32>().unwrap();
