@@ -16,6 +16,31 @@
 //!
 //! All of them compute attention through one core, [`sdpa`]; head splitting lives in
 //! [`heads`], and the shared layers (projections, norms) in [`layers`].
+//!
+//! ```no_run
+//! use candle_core::{DType, Device, Tensor};
+//! use candle_nn::VarBuilder;
+//! use unet_attention::diffusers::{Attention, AttentionConfig};
+//!
+//! fn main() -> anyhow::Result<()> {
+//!     let dev = Device::Cpu;
+//!     // The VAE mid-block attention of Stable Diffusion, with the kwargs diffusers uses.
+//!     let cfg: AttentionConfig = unet_attention::config::from_str(
+//!         "diffusers.Attention",
+//!         r#"{"query_dim": 512, "heads": 1, "dim_head": 512, "eps": 1e-6, "norm_num_groups": 32,
+//!             "residual_connection": true, "bias": true, "upcast_softmax": true,
+//!             "_from_deprecated_attn_block": true}"#,
+//!     )?;
+//!     let vb = unsafe {
+//!         VarBuilder::from_mmaped_safetensors(&["vae/diffusion_pytorch_model.safetensors"], DType::F32, &dev)?
+//!     };
+//!     let attn = Attention::new(vb.pp("decoder.mid_block.attentions.0"), &cfg)?;
+//!     let x = Tensor::randn(0f32, 1., (1, 512, 32, 32), &dev)?;
+//!     let y = attn.forward(&x, None, None)?;
+//!     assert_eq!(y.dims(), x.dims());
+//!     Ok(())
+//! }
+//! ```
 
 pub mod annotated_diffusion;
 pub mod config;
