@@ -289,6 +289,40 @@ def bundle_specs():
         dict(input_dim=10, d_all=12, nh=4), 904, lambda g: {"x": randn(g, 3, 6, 10)},
         source=TEXTBOOK_SRC.format("MultiHead_Attention(input_dim, d_all, nh) (second form; "
                                    "class MultiHead_Attention_DAll here)"))
+    # Edge cases a port gets wrong: no memory tokens, out_dim, 2-D masks, scale_qk=False
+    # (diffusers then defaults to AttnProcessor with scale 1), unbatched / causal / even-head MHA.
+    add("denoising_diffusion_pytorch/attention_dim16_h2_d8_nomem.safetensors", "denoising_diffusion_pytorch.Attention",
+        dict(dim=16, heads=2, dim_head=8, num_mem_kv=0), 103,
+        lambda g: {"x": randn(g, 2, 16, 3, 5)}, source=LUCID.format("Attention") + ", num_mem_kv=0")
+    add("diffusers/attention_out_dim.safetensors", "diffusers.Attention",
+        dict(query_dim=32, heads=4, dim_head=8, out_dim=24, bias=True), 607,
+        lambda g: {"hidden_states": randn(g, 2, 6, 32)},
+        source=DIFF_SRC + " (AttnProcessor2_0 default), out_dim given (heads = out_dim // dim_head)")
+    add("diffusers/attention_cross_mask_2d.safetensors", "diffusers.Attention",
+        dict(query_dim=24, cross_attention_dim=10, heads=3, dim_head=8), 608,
+        lambda g: {"hidden_states": randn(g, 2, 7, 24), "encoder_hidden_states": randn(g, 2, 5, 10),
+                   "attention_mask": torch.tensor([[0.0, -10000.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, -10000.0, -10000.0]])},
+        source=DIFF_SRC + " (AttnProcessor2_0 default), cross-attention with an additive (B, S) mask")
+    add("diffusers/attention_no_scale_qk.safetensors", "diffusers.Attention",
+        dict(query_dim=24, heads=3, dim_head=8, scale_qk=False), 609,
+        lambda g: {"hidden_states": randn(g, 2, 7, 24)},
+        source=DIFF_SRC + " scale_qk=False (diffusers then picks AttnProcessor, scale 1.0)")
+    add("torch/mha_unbatched.safetensors", "torch.nn.MultiheadAttention",
+        dict(embed_dim=12, num_heads=2), 805,
+        lambda g: {"query": randn(g, 5, 12), "key": randn(g, 6, 12), "value": randn(g, 6, 12)},
+        kwargs=dict(need_weights=True), source="torch.nn.MultiheadAttention on unbatched (L, E) inputs")
+    add("torch/mha_causal.safetensors", "torch.nn.MultiheadAttention",
+        dict(embed_dim=12, num_heads=2, batch_first=True), 806,
+        lambda g: {"query": randn(g, 2, 5, 12),
+                   "attn_mask": torch.nn.Transformer.generate_square_subsequent_mask(5)},
+        kwargs=dict(need_weights=False, is_causal=True),
+        source="torch.nn.MultiheadAttention self-attention with is_causal=True and its causal attn_mask")
+    add("torch/mha_even_heads_float_padding.safetensors", "torch.nn.MultiheadAttention",
+        dict(embed_dim=12, num_heads=4, batch_first=True), 807,
+        lambda g: {"query": randn(g, 2, 5, 12),
+                   "key_padding_mask": torch.tensor([[0.0, 0.0, float("-inf"), 0.0, 0.0], [0.0] * 5])},
+        kwargs=dict(need_weights=True, average_attn_weights=True),
+        source="torch.nn.MultiheadAttention self-attention, even head count, additive float key_padding_mask")
     return S
 
 

@@ -8,7 +8,10 @@ use std::path::Path;
 fn expect_unusable(path: &Path, needles: &[&str]) {
     let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
     assert_eq!(code, 2, "stdout:\n{out}\nstderr:\n{err}");
-    let line = err.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("no error line in {err:?}"));
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line in {err:?}"));
     for needle in needles {
         assert!(line.contains(needle), "{needle:?} not in {line:?}");
     }
@@ -41,15 +44,30 @@ fn unknown_block_lists_the_known_ones() {
     let p = RawBundle::edited(VAE, &dir, |b| {
         b.metadata.insert("parity.block".into(), "diffusers.Atention".into());
     });
-    expect_unusable(&p, &["diffusers.Atention", "known blocks", "diffusers.Attention", "torch.nn.MultiheadAttention"]);
+    expect_unusable(
+        &p,
+        &[
+            "diffusers.Atention",
+            "known blocks",
+            "diffusers.Attention",
+            "torch.nn.MultiheadAttention",
+        ],
+    );
 }
 
 #[test]
 fn unknown_config_key_is_named() {
     let dir = scratch("config-key");
-    let p = RawBundle::edited("denoising_diffusion_pytorch/attention_dim24_h3_d8_mem4.safetensors", &dir, |b| {
-        b.metadata.insert("parity.config".into(), r#"{"dim": 24, "heads": 3, "dim_head": 8, "num_mem_kv": 4, "head_dim": 8}"#.into());
-    });
+    let p = RawBundle::edited(
+        "denoising_diffusion_pytorch/attention_dim24_h3_d8_mem4.safetensors",
+        &dir,
+        |b| {
+            b.metadata.insert(
+                "parity.config".into(),
+                r#"{"dim": 24, "heads": 3, "dim_head": 8, "num_mem_kv": 4, "head_dim": 8}"#.into(),
+            );
+        },
+    );
     expect_unusable(&p, &["head_dim", "unknown field"]);
 }
 
@@ -70,7 +88,8 @@ fn config_of_the_wrong_json_type_is_an_error() {
 fn heads_not_dividing_channels_is_an_error() {
     let dir = scratch("heads");
     let p = RawBundle::edited("fastai/self_attention_multihead_ni24_h4.safetensors", &dir, |b| {
-        b.metadata.insert("parity.config".into(), r#"{"ni": 24, "nheads": 5}"#.into());
+        b.metadata
+            .insert("parity.config".into(), r#"{"ni": 24, "nheads": 5}"#.into());
     });
     expect_unusable(&p, &["5", "24"]);
     let p = RawBundle::edited(VAE, &dir, |b| {
@@ -182,5 +201,8 @@ fn one_bad_bundle_among_good_ones_still_exits_2_and_reports_the_rest() {
     std::fs::write(dir.join("bad.safetensors"), b"garbage").unwrap();
     let (code, out, err) = cli(&["check", dir.to_str().unwrap()]);
     assert_eq!(code, 2, "{out}{err}");
-    assert!(out.contains("PASS") && out.contains("ERROR") && out.contains("1 passed, 0 failed, 1 unusable"), "{out}");
+    assert!(
+        out.contains("PASS") && out.contains("ERROR") && out.contains("1 passed, 0 failed, 1 unusable"),
+        "{out}"
+    );
 }

@@ -58,7 +58,8 @@ fn a_wrong_head_count_fails() {
     // Same weights, 2 heads instead of 3: a plausible porting mistake.
     let dir = scratch("heads");
     let path = RawBundle::edited("fastai/self_attention_multihead_ni24_h4.safetensors", &dir, |b| {
-        b.metadata.insert("parity.config".into(), r#"{"ni": 24, "nheads": 2}"#.into());
+        b.metadata
+            .insert("parity.config".into(), r#"{"ni": 24, "nheads": 2}"#.into());
     });
     let (code, out, _) = cli(&["check", path.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}");

@@ -21,7 +21,11 @@ pub fn cli(args: &[&str]) -> (i32, String, String) {
     let mut err = vec![];
     let argv: Vec<&str> = std::iter::once("unet-parity").chain(args.iter().copied()).collect();
     let code = unet_parity::cli::run(argv, &mut out, &mut err);
-    (code, String::from_utf8_lossy(&out).into(), String::from_utf8_lossy(&err).into())
+    (
+        code,
+        String::from_utf8_lossy(&out).into(),
+        String::from_utf8_lossy(&err).into(),
+    )
 }
 
 /// A fresh, empty scratch folder for one test.
@@ -48,7 +52,11 @@ impl RawBundle {
     }
 
     pub fn write(&self, path: &Path) {
-        let bytes = safetensors::serialize(self.tensors.iter().map(|(k, v)| (k.as_str(), v)), Some(self.metadata.clone())).unwrap();
+        let bytes = safetensors::serialize(
+            self.tensors.iter().map(|(k, v)| (k.as_str(), v)),
+            Some(self.metadata.clone()),
+        )
+        .unwrap();
         std::fs::write(path, bytes).unwrap();
     }
 

@@ -19,8 +19,7 @@ pub fn from_json<T: DeserializeOwned>(block: &'static str, config: &serde_json::
 
 /// Parse a block config from a JSON string.
 pub fn from_str<T: DeserializeOwned>(block: &'static str, config: &str) -> Result<T> {
-    let value: serde_json::Value =
-        serde_json::from_str(config).map_err(|e| Error::config(block, e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(config).map_err(|e| Error::config(block, e.to_string()))?;
     from_json(block, &value)
 }
 
@@ -31,7 +30,7 @@ pub(crate) fn yes() -> bool {
 
 /// Check that `heads` divides `channels`, as every multi-head block requires.
 pub(crate) fn check_divides(block: &'static str, channels: usize, heads: usize) -> Result<usize> {
-    if heads == 0 || channels % heads != 0 {
+    if heads == 0 || !channels.is_multiple_of(heads) {
         return Err(Error::config(
             block,
             format!("{heads} heads do not divide {channels} channels"),

@@ -162,7 +162,10 @@ impl Attention {
             None => (cfg.dim_head * cfg.heads, cfg.heads),
         };
         if heads == 0 || inner_dim % heads != 0 {
-            return Err(Error::config(block, format!("{heads} heads do not divide the inner dim {inner_dim}")));
+            return Err(Error::config(
+                block,
+                format!("{heads} heads do not divide the inner dim {inner_dim}"),
+            ));
         }
         let out_features = cfg.out_dim.unwrap_or(cfg.query_dim);
         let kv_dim = cfg.cross_attention_dim.unwrap_or(cfg.query_dim);
@@ -207,13 +210,24 @@ impl Attention {
     /// `encoder_hidden_states`: `(B, S, cross_attention_dim)`; `attention_mask`: additive,
     /// `(B, S)`, `(B, 1, S)` or `(B, N, S)` (or `(B·heads, ·, S)`), as diffusers'
     /// `prepare_attention_mask` takes it.
-    pub fn forward(&self, hidden_states: &Tensor, encoder_hidden_states: Option<&Tensor>, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        hidden_states: &Tensor,
+        encoder_hidden_states: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let block = Self::BLOCK;
         let residual = hidden_states;
         let image = match hidden_states.rank() {
             4 => Some(hidden_states.dims4()?),
             3 => None,
-            _ => return Err(Error::input(block, "hidden_states", format!("expected (B, N, C) or (B, C, H, W), found {:?}", hidden_states.dims()))),
+            _ => {
+                return Err(Error::input(
+                    block,
+                    "hidden_states",
+                    format!("expected (B, N, C) or (B, C, H, W), found {:?}", hidden_states.dims()),
+                ))
+            }
         };
         let mut hs = match image {
             Some(_) => image_to_tokens(hidden_states)?,
@@ -221,7 +235,11 @@ impl Attention {
         };
         let context = encoder_hidden_states.unwrap_or(&hs);
         if context.rank() != 3 || context.dim(0)? != hs.dim(0)? {
-            return Err(Error::input(block, "encoder_hidden_states", format!("expected (B={}, S, C), found {:?}", hs.dim(0)?, context.dims())));
+            return Err(Error::input(
+                block,
+                "encoder_hidden_states",
+                format!("expected (B={}, S, C), found {:?}", hs.dim(0)?, context.dims()),
+            ));
         }
         let (batch, kv_len, _) = context.dims3()?;
         let mask = match attention_mask {
@@ -235,7 +253,11 @@ impl Attention {
         let context = encoder_hidden_states.unwrap_or(&hs);
         let key = self.to_k.forward_tokens(context)?;
         let value = self.to_v.forward_tokens(context)?;
-        let (q, k, v) = (split_tokens(&query, self.heads)?, split_tokens(&key, self.heads)?, split_tokens(&value, self.heads)?);
+        let (q, k, v) = (
+            split_tokens(&query, self.heads)?,
+            split_tokens(&key, self.heads)?,
+            split_tokens(&value, self.heads)?,
+        );
         let out = sdpa(&q, &k, &v, mask.as_ref(), self.scale)?;
         let mut out = self.to_out.forward_tokens(&merge_tokens(&out)?)?;
         if let Some((_, _, h, w)) = image {
@@ -258,7 +280,11 @@ impl Attention {
         if mask.dtype() == DType::U8 {
             // A bool mask: SDPA reads True as "attend"; baddbmm cannot take one at all.
             if self.processor == Processor::AttnProcessor {
-                return Err(Error::input(block, "attention_mask", "a boolean mask is not accepted by AttnProcessor (baddbmm needs a float mask)"));
+                return Err(Error::input(
+                    block,
+                    "attention_mask",
+                    "a boolean mask is not accepted by AttnProcessor (baddbmm needs a float mask)",
+                ));
             }
             let zeros = Tensor::zeros(mask.shape(), DType::F32, mask.device())?;
             let neg = Tensor::full(f32::NEG_INFINITY, mask.shape(), mask.device())?;
@@ -268,7 +294,11 @@ impl Attention {
             mask = mask.unsqueeze(1)?;
         }
         if mask.rank() != 3 {
-            return Err(Error::input(block, "attention_mask", format!("expected (B, S) or (B, N, S), found {:?}", mask.dims())));
+            return Err(Error::input(
+                block,
+                "attention_mask",
+                format!("expected (B, S) or (B, N, S), found {:?}", mask.dims()),
+            ));
         }
         let current = mask.dim(2)?;
         if current != target_len {
@@ -282,7 +312,14 @@ impl Attention {
         } else if rows == batch {
             mask.unsqueeze(1)?
         } else {
-            return Err(Error::input(block, "attention_mask", format!("first dim {rows} is neither batch {batch} nor batch × heads {}", batch * heads)));
+            return Err(Error::input(
+                block,
+                "attention_mask",
+                format!(
+                    "first dim {rows} is neither batch {batch} nor batch × heads {}",
+                    batch * heads
+                ),
+            ));
         };
         Ok(mask)
     }

@@ -114,34 +114,17 @@ impl Module for SelfAttention {
         let (_, _, h, w) = inp.dims4()?;
         let (q, k, v) = match &self.variant {
             Variant::GroupNorm { norm, q, k, v } => {
-                // Contiguous: Candle 0.11.1's CPU matmul gives wrong results for a transposed lhs
-                // against the broadcast weight that `nn.Linear` uses on non-contiguous input.
-                let x = image_to_tokens(&norm.forward(inp)?)?.contiguous()?; // (n, hw, c)
-                (
-                    q.forward_tokens(&x)?,
-                    k.forward_tokens(&x)?,
-                    v.forward_tokens(&x)?,
-                )
+                let x = image_to_tokens(&norm.forward(inp)?)?; // (n, hw, c)
+                (q.forward_tokens(&x)?, k.forward_tokens(&x)?, v.forward_tokens(&x)?)
             }
             Variant::Fused { norm, qkv } => {
-                let x = qkv.forward_tokens(&image_to_tokens(&norm.forward(inp)?)?.contiguous()?)?;
+                let x = qkv.forward_tokens(&image_to_tokens(&norm.forward(inp)?)?)?;
                 let ni = self.ni;
-                (
-                    x.narrow(2, 0, ni)?,
-                    x.narrow(2, ni, ni)?,
-                    x.narrow(2, 2 * ni, ni)?,
-                )
+                (x.narrow(2, 0, ni)?, x.narrow(2, ni, ni)?, x.narrow(2, 2 * ni, ni)?)
             }
         };
         // One head: (n, 1, hw, c).
-        let out = sdpa(
-            &q.unsqueeze(1)?,
-            &k.unsqueeze(1)?,
-            &v.unsqueeze(1)?,
-            None,
-            self.scale,
-        )?
-        .squeeze(1)?;
+        let out = sdpa(&q.unsqueeze(1)?, &k.unsqueeze(1)?, &v.unsqueeze(1)?, None, self.scale)?.squeeze(1)?;
         let out = tokens_to_image(&self.proj.forward_tokens(&out)?, h, w)?;
         out + inp
     }
@@ -179,8 +162,7 @@ impl Module for SelfAttentionMultiHead {
     /// `inp`: `(n, ni, h, w)` → `(n, ni, h, w)`.
     fn forward(&self, inp: &Tensor) -> candle_core::Result<Tensor> {
         let (_, _, h, w) = inp.dims4()?;
-        // Contiguous first: see `SelfAttention::forward`.
-        let x = image_to_tokens(&self.norm.forward(inp)?)?.contiguous()?; // (n, s, ni)
+        let x = image_to_tokens(&self.norm.forward(inp)?)?; // (n, s, ni)
         let x = self.qkv.forward_tokens(&x)?; // (n, s, 3ni)
         let [q, k, v] = chunk_qkv_tokens_per_head(&x, self.nheads)?; // (n, h, s, d) each
         let out = sdpa(&q, &k, &v, None, self.scale)?;
@@ -198,26 +180,33 @@ mod tests {
 
     #[test]
     fn config_errors() {
-        let vb = VarBuilder::zeros(DType::F32, &Device::Cpu);
-        let err =
-            from_json::<SelfAttentionConfig>(SelfAttention::BLOCK, &json!({"ni": 8, "nheads": 2}))
-                .unwrap_err();
+        let dev = Device::Cpu;
+        let z = |s: &[usize]| Tensor::zeros(s, DType::F32, &dev).unwrap();
+        let mut map = std::collections::HashMap::new();
+        for (name, shape) in [
+            ("norm.weight", vec![20]),
+            ("norm.bias", vec![20]),
+            ("norm.running_mean", vec![20]),
+            ("norm.running_var", vec![20]),
+            ("qkv.weight", vec![60, 20]),
+            ("qkv.bias", vec![60]),
+            ("proj.weight", vec![20, 20]),
+            ("proj.bias", vec![20]),
+        ] {
+            map.insert(name.to_string(), z(&shape));
+        }
+        let vb = VarBuilder::from_tensors(map, DType::F32, &dev);
+        let err = from_json::<SelfAttentionConfig>(SelfAttention::BLOCK, &json!({"ni": 8, "nheads": 2})).unwrap_err();
         assert!(err.to_string().contains("nheads"), "{err}");
-        let cfg: SelfAttentionMultiHeadConfig = from_json(
-            SelfAttentionMultiHead::BLOCK,
-            &json!({"ni": 20, "nheads": 3}),
-        )
-        .unwrap();
+        let cfg: SelfAttentionMultiHeadConfig =
+            from_json(SelfAttentionMultiHead::BLOCK, &json!({"ni": 20, "nheads": 3})).unwrap();
         let err = SelfAttentionMultiHead::new(vb.clone(), &cfg).unwrap_err();
         assert!(
             matches!(err, Error::Config { .. }) && err.to_string().contains("3 heads"),
             "{err}"
         );
-        let cfg: SelfAttentionMultiHeadConfig = from_json(
-            SelfAttentionMultiHead::BLOCK,
-            &json!({"ni": 20, "nheads": 4}),
-        )
-        .unwrap();
+        let cfg: SelfAttentionMultiHeadConfig =
+            from_json(SelfAttentionMultiHead::BLOCK, &json!({"ni": 20, "nheads": 4})).unwrap();
         SelfAttentionMultiHead::new(vb, &cfg).unwrap();
     }
 
@@ -234,18 +223,13 @@ mod tests {
         map.insert("norm.weight".into(), z(&[ni]));
         map.insert("norm.bias".into(), z(&[ni]));
         let cfg = SelfAttentionConfig { ni };
-        let gn = SelfAttention::new(
-            VarBuilder::from_tensors(map.clone(), DType::F32, &dev),
-            &cfg,
-        )
-        .unwrap();
+        let gn = SelfAttention::new(VarBuilder::from_tensors(map.clone(), DType::F32, &dev), &cfg).unwrap();
         assert!(!gn.is_fused());
         map.insert("norm.running_mean".into(), z(&[ni]));
         map.insert("norm.running_var".into(), z(&[ni]));
         map.insert("qkv.weight".into(), z(&[3 * ni, ni]));
         map.insert("qkv.bias".into(), z(&[3 * ni]));
-        let fused =
-            SelfAttention::new(VarBuilder::from_tensors(map, DType::F32, &dev), &cfg).unwrap();
+        let fused = SelfAttention::new(VarBuilder::from_tensors(map, DType::F32, &dev), &cfg).unwrap();
         assert!(fused.is_fused());
     }
 

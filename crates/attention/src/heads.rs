@@ -50,7 +50,10 @@ pub fn chunk_qkv_channels(qkv: &Tensor, heads: usize) -> Result<[Tensor; 3]> {
     let b = qkv.dim(0)?;
     let qkv = qkv.reshape((b, qkv.dim(1)?, ()))?;
     let hidden = qkv.dim(1)? / 3;
-    let chunk = |i: usize| qkv.narrow(1, i * hidden, hidden)?.reshape((b, heads, hidden / heads, ()));
+    let chunk = |i: usize| {
+        qkv.narrow(1, i * hidden, hidden)?
+            .reshape((b, heads, hidden / heads, ()))
+    };
     Ok([chunk(0)?, chunk(1)?, chunk(2)?])
 }
 
@@ -70,17 +73,33 @@ pub fn chunk_qkv_tokens_per_head(qkv: &Tensor, heads: usize) -> Result<[Tensor; 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, DType};
+    use candle_core::{DType, Device};
 
     #[test]
     fn round_trips_and_layouts() {
         let dev = Device::Cpu;
-        let x = Tensor::arange(0f32, 2. * 5. * 6., &dev).unwrap().reshape((2, 5, 6)).unwrap();
+        let x = Tensor::arange(0f32, 2. * 5. * 6., &dev)
+            .unwrap()
+            .reshape((2, 5, 6))
+            .unwrap();
         let s = split_tokens(&x, 3).unwrap();
         assert_eq!(s.dims(), &[2, 3, 5, 2]);
         // head 1, token 0 = channels 2..4 of token 0
-        assert_eq!(s.get(0).unwrap().get(1).unwrap().get(0).unwrap().to_vec1::<f32>().unwrap(), vec![2., 3.]);
-        assert_eq!(merge_tokens(&s).unwrap().to_vec3::<f32>().unwrap(), x.to_vec3::<f32>().unwrap());
+        assert_eq!(
+            s.get(0)
+                .unwrap()
+                .get(1)
+                .unwrap()
+                .get(0)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap(),
+            vec![2., 3.]
+        );
+        assert_eq!(
+            merge_tokens(&s).unwrap().to_vec3::<f32>().unwrap(),
+            x.to_vec3::<f32>().unwrap()
+        );
         let c = split_channels(&x.transpose(1, 2).unwrap(), 2).unwrap();
         assert_eq!(c.dims(), &[2, 2, 5, 3]);
         let back = merge_channels(&c).unwrap().transpose(1, 2).unwrap();

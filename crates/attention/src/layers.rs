@@ -66,9 +66,18 @@ impl Projection {
 }
 
 /// `nn.GroupNorm(num_groups, channels, eps, affine=True)` over dimension 1 of `(B, C, ...)`.
-pub fn group_norm(vb: VarBuilder, block: &'static str, groups: usize, channels: usize, eps: f64) -> Result<candle_nn::GroupNorm> {
-    if groups == 0 || channels % groups != 0 {
-        return Err(Error::config(block, format!("{groups} norm groups do not divide {channels} channels")));
+pub fn group_norm(
+    vb: VarBuilder,
+    block: &'static str,
+    groups: usize,
+    channels: usize,
+    eps: f64,
+) -> Result<candle_nn::GroupNorm> {
+    if groups == 0 || !channels.is_multiple_of(groups) {
+        return Err(Error::config(
+            block,
+            format!("{groups} norm groups do not divide {channels} channels"),
+        ));
     }
     Ok(candle_nn::group_norm(groups, channels, eps, vb)?)
 }
@@ -147,7 +156,10 @@ mod tests {
         let dev = Device::Cpu;
         let w = Tensor::randn(0f32, 1., (5, 4), &dev).unwrap();
         let b = Tensor::randn(0f32, 1., 5, &dev).unwrap();
-        let ts = HashMap::from([("p.weight".to_string(), w.reshape((5, 4, 1, 1)).unwrap()), ("p.bias".to_string(), b)]);
+        let ts = HashMap::from([
+            ("p.weight".to_string(), w.reshape((5, 4, 1, 1)).unwrap()),
+            ("p.bias".to_string(), b),
+        ]);
         let vb = VarBuilder::from_tensors(ts, DType::F32, &dev);
         let p = Projection::load(vb.pp("p"), "test", 4, 5, true).unwrap();
         // (B, C, N) contiguous, viewed as (B, N, C): the layout of image tokens.
@@ -155,13 +167,29 @@ mod tests {
         let view = x.transpose(1, 2).unwrap();
         let a = p.forward_tokens(&view).unwrap();
         let c = p.forward_tokens(&view.contiguous().unwrap()).unwrap();
-        let diff = (a - &c).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let diff = (a - &c)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         assert!(diff < 1e-6, "{diff}");
         let by_channels = p.forward_channels(&x).unwrap().transpose(1, 2).unwrap();
-        let diff = (by_channels - c).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let diff = (by_channels - c)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         assert!(diff < 1e-5, "{diff}");
         let vb = VarBuilder::from_tensors(HashMap::from([("p.weight".to_string(), w)]), DType::F32, &dev);
-        let err = Projection::load(vb.pp("p"), "test", 5, 4, false).unwrap_err().to_string();
+        let err = Projection::load(vb.pp("p"), "test", 5, 4, false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("p.weight") && err.contains("[5, 4]"), "{err}");
     }
 }

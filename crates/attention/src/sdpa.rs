@@ -105,27 +105,44 @@ mod tests {
                 let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
                 let z: f64 = e.iter().sum();
                 for d in 0..v[bh][0].len() {
-                    out.push((0..e.len()).map(|j| e[j] / z * v[bh][j][d]).sum());
+                    out.push(e.iter().zip(&v[bh]).map(|(ej, vj)| ej / z * vj[d]).sum());
                 }
             }
         }
         out
     }
 
-    fn check(dtype: DType, tol: f64, b: usize, h: usize, lq: usize, lk: usize, d: usize, dv: usize, masked: bool) {
+    /// `dims` = (batch, heads, q_tokens, k_tokens, head_dim, v_dim).
+    fn check(dtype: DType, tol: f64, dims: (usize, usize, usize, usize, usize, usize), masked: bool) {
+        let (b, h, lq, lk, d, dv) = dims;
         let dev = Device::Cpu;
         let q = Tensor::randn(0f32, 1., (b, h, lq, d), &dev).unwrap();
         let k = Tensor::randn(0f32, 1., (b, h, lk, d), &dev).unwrap();
         let v = Tensor::randn(0f32, 1., (b, h, lk, dv), &dev).unwrap();
         let mask = masked.then(|| Tensor::randn(0f32, 2., (lq, lk), &dev).unwrap());
         let scale = default_scale(d);
-        let (qd, kd, vd) = (q.to_dtype(dtype).unwrap(), k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
+        let (qd, kd, vd) = (
+            q.to_dtype(dtype).unwrap(),
+            k.to_dtype(dtype).unwrap(),
+            v.to_dtype(dtype).unwrap(),
+        );
         let got = sdpa(&qd, &kd, &vd, mask.as_ref(), scale).unwrap();
         assert_eq!(got.dims(), &[b, h, lq, dv]);
         assert_eq!(got.dtype(), dtype);
-        let got = got.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        let got = got
+            .to_dtype(DType::F64)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
         // The reference sees the same (rounded) inputs as the kernel.
-        let r = |t: &Tensor| t.to_dtype(dtype).unwrap().reshape((b * h, t.dim(2).unwrap(), t.dim(3).unwrap())).unwrap();
+        let r = |t: &Tensor| {
+            t.to_dtype(dtype)
+                .unwrap()
+                .reshape((b * h, t.dim(2).unwrap(), t.dim(3).unwrap()))
+                .unwrap()
+        };
         let want = naive(&r(&q), &r(&k), &r(&v), mask.as_ref(), scale);
         let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         assert!(err < tol, "{dtype:?} b{b} h{h} lq{lq} lk{lk} d{d}: max err {err}");
@@ -133,11 +150,11 @@ mod tests {
 
     #[test]
     fn matches_naive_f64_reference_on_odd_sizes() {
-        check(DType::F32, 1e-5, 2, 3, 7, 11, 5, 6, false);
-        check(DType::F32, 1e-5, 1, 1, 13, 3, 17, 4, true);
-        check(DType::F64, 1e-12, 3, 2, 5, 9, 7, 7, true);
-        check(DType::F16, 1e-2, 2, 1, 9, 31, 8, 3, false);
-        check(DType::BF16, 5e-2, 1, 2, 6, 10, 12, 5, true);
+        check(DType::F32, 1e-5, (2, 3, 7, 11, 5, 6), false);
+        check(DType::F32, 1e-5, (1, 1, 13, 3, 17, 4), true);
+        check(DType::F64, 1e-12, (3, 2, 5, 9, 7, 7), true);
+        check(DType::F16, 1e-2, (2, 1, 9, 31, 8, 3), false);
+        check(DType::BF16, 5e-2, (1, 2, 6, 10, 12, 5), true);
     }
 
     #[test]
@@ -149,7 +166,13 @@ mod tests {
         let k = Tensor::zeros((1, 1, n, 8), DType::F16, &dev).unwrap();
         let v = Tensor::ones((1, 1, n, 8), DType::F16, &dev).unwrap();
         let out = sdpa(&q, &k, &v, None, 1.0).unwrap();
-        let vals = out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let vals = out
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
         assert!(vals.iter().all(|x| (x - 1.0).abs() < 1e-3), "{vals:?}");
     }
 

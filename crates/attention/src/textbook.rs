@@ -69,14 +69,10 @@ impl Module for SelfAttention {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let dims = x.dims().to_vec();
         if dims.len() < 2 {
-            candle_core::bail!(
-                "{}: expected x of shape (.., N, Dx), found {dims:?}",
-                Self::BLOCK
-            );
+            candle_core::bail!("{}: expected x of shape (.., N, Dx), found {dims:?}", Self::BLOCK);
         }
         let n = dims[dims.len() - 2];
-        // Contiguous: see `MultiHeadAttention::forward`.
-        let x3 = x.contiguous()?.reshape(((), n, dims[dims.len() - 1]))?;
+        let x3 = x.reshape(((), n, dims[dims.len() - 1]))?;
         // One head: (b, 1, N, D).
         let q = self.q.forward_tokens(&x3)?.unsqueeze(1)?;
         let k = self.k.forward_tokens(&x3)?.unsqueeze(1)?;
@@ -181,13 +177,10 @@ impl MultiHeadAttention {
 impl Module for MultiHeadAttention {
     /// `x`: `(b, nq, input_dim)` → `(b, nq, nh·dh)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        // Contiguous: Candle 0.11.1's CPU matmul gives wrong results for a transposed lhs against
-        // the broadcast weight that `nn.Linear` uses on non-contiguous input.
-        let x = x.contiguous()?;
         // 'b nq (nh dh) -> b nh nq dh'
-        let q = split_tokens(&self.q.forward_tokens(&x)?, self.nh)?;
-        let k = split_tokens(&self.k.forward_tokens(&x)?, self.nh)?;
-        let v = split_tokens(&self.v.forward_tokens(&x)?, self.nh)?;
+        let q = split_tokens(&self.q.forward_tokens(x)?, self.nh)?;
+        let k = split_tokens(&self.k.forward_tokens(x)?, self.nh)?;
+        let v = split_tokens(&self.v.forward_tokens(x)?, self.nh)?;
         let out = sdpa(&q, &k, &v, None, self.scale)?;
         // 'b nh nq dh -> b nq (nh dh)'
         self.fc.forward_tokens(&merge_tokens(&out)?)
@@ -201,9 +194,32 @@ mod tests {
     use candle_core::{DType, Device};
     use serde_json::json;
 
+    fn zeros_vb<S: AsRef<str>>(shapes: &[(S, Vec<usize>)]) -> VarBuilder<'static> {
+        let dev = Device::Cpu;
+        let map = shapes
+            .iter()
+            .map(|(n, s)| {
+                (
+                    n.as_ref().to_string(),
+                    Tensor::zeros(s.as_slice(), DType::F32, &dev).unwrap(),
+                )
+            })
+            .collect();
+        VarBuilder::from_tensors(map, DType::F32, &dev)
+    }
+
     fn mha(cfg: serde_json::Value) -> Result<MultiHeadAttention> {
         let cfg: MultiHeadAttentionConfig = from_json(MultiHeadAttention::BLOCK, &cfg)?;
-        MultiHeadAttention::new(VarBuilder::zeros(DType::F32, &Device::Cpu), &cfg)
+        let all = cfg.dh.map_or(cfg.d_all.unwrap_or(0), |dh| cfg.nh * dh);
+        let mut shapes = vec![
+            ("fc.weight".to_string(), vec![all, all]),
+            ("fc.bias".to_string(), vec![all]),
+        ];
+        for p in ["q", "k", "v"] {
+            shapes.push((format!("{p}.weight"), vec![all, cfg.input_dim]));
+            shapes.push((format!("{p}.bias"), vec![all]));
+        }
+        MultiHeadAttention::new(zeros_vb(&shapes), &cfg)
     }
 
     #[test]
@@ -216,10 +232,7 @@ mod tests {
             "{err}"
         );
         let err = mha(json!({"input_dim": 4, "nh": 2, "dh": 3, "d_all": 6})).unwrap_err();
-        assert!(
-            err.to_string().contains("found {input_dim, nh, dh, d_all}"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("found {input_dim, nh, dh, d_all}"), "{err}");
         let err = mha(json!({"input_dim": 4, "nh": 2})).unwrap_err();
         assert!(err.to_string().contains("found {input_dim, nh}"), "{err}");
         let err = mha(json!({"input_dim": 4, "nh": 2, "dh": null})).unwrap_err();
@@ -227,15 +240,19 @@ mod tests {
         mha(json!({"input_dim": 4, "nh": 2, "dh": 3})).unwrap();
         mha(json!({"input_dim": 4, "d_all": 6, "nh": 2})).unwrap();
 
-        let err = from_json::<SelfAttentionConfig>(
-            SelfAttention::BLOCK,
-            &json!({"dx": 2, "D": 3, "Dv": 4}),
-        )
-        .unwrap_err();
+        let err =
+            from_json::<SelfAttentionConfig>(SelfAttention::BLOCK, &json!({"dx": 2, "D": 3, "Dv": 4})).unwrap_err();
         assert!(err.to_string().contains("dx"), "{err}");
-        let cfg: SelfAttentionConfig =
-            from_json(SelfAttention::BLOCK, &json!({"Dx": 2, "D": 3, "Dv": 4})).unwrap();
-        let m = SelfAttention::new(VarBuilder::zeros(DType::F32, &Device::Cpu), &cfg).unwrap();
+        let cfg: SelfAttentionConfig = from_json(SelfAttention::BLOCK, &json!({"Dx": 2, "D": 3, "Dv": 4})).unwrap();
+        let vb = zeros_vb(&[
+            ("q.weight", vec![3, 2]),
+            ("q.bias", vec![3]),
+            ("k.weight", vec![3, 2]),
+            ("k.bias", vec![3]),
+            ("v.weight", vec![4, 2]),
+            ("v.bias", vec![4]),
+        ]);
+        let m = SelfAttention::new(vb, &cfg).unwrap();
         let x = Tensor::zeros((5, 2), DType::F32, &Device::Cpu).unwrap();
         assert_eq!(m.forward(&x).unwrap().dims(), &[5, 4]);
         let x = Tensor::zeros((3, 2, 5, 2), DType::F32, &Device::Cpu).unwrap();

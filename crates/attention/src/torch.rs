@@ -136,12 +136,7 @@ pub struct MultiheadAttention {
 }
 
 /// A [`Projection`] from tensors already loaded (rows of a packed weight).
-fn projection(
-    weight: Tensor,
-    bias: Option<Tensor>,
-    dtype: DType,
-    device: &Device,
-) -> Result<Projection> {
+fn projection(weight: Tensor, bias: Option<Tensor>, dtype: DType, device: &Device) -> Result<Projection> {
     let (out_dim, in_dim) = weight.dims2()?;
     let mut map = HashMap::new();
     map.insert("weight".to_string(), weight.contiguous()?);
@@ -169,7 +164,9 @@ impl MultiheadAttention {
             if let Some(value) = value {
                 return Err(Error::unsupported(
                     block,
-                    format!("{name}={value}: only null is accepted; load the VarBuilder on the device and dtype wanted"),
+                    format!(
+                        "{name}={value}: only null is accepted; load the VarBuilder on the device and dtype wanted"
+                    ),
                 ));
             }
         }
@@ -195,12 +192,7 @@ impl MultiheadAttention {
         let in_proj = if kdim == e && vdim == e {
             let w = vb.get((3 * e, e), "in_proj_weight")?;
             let part = |start: usize, len: usize| -> Result<Projection> {
-                projection(
-                    w.narrow(0, start, len)?,
-                    rows(&in_bias, start, len)?,
-                    dtype,
-                    &device,
-                )
+                projection(w.narrow(0, start, len)?, rows(&in_bias, start, len)?, dtype, &device)
             };
             InProj::Packed {
                 qkv: part(0, 3 * e)?,
@@ -211,12 +203,7 @@ impl MultiheadAttention {
             }
         } else {
             InProj::Separate {
-                q: projection(
-                    vb.get((e, e), "q_proj_weight")?,
-                    rows(&in_bias, 0, e)?,
-                    dtype,
-                    &device,
-                )?,
+                q: projection(vb.get((e, e), "q_proj_weight")?, rows(&in_bias, 0, e)?, dtype, &device)?,
                 k: projection(
                     vb.get((e, kdim), "k_proj_weight")?,
                     rows(&in_bias, e, e)?,
@@ -232,10 +219,7 @@ impl MultiheadAttention {
             }
         };
         let (bias_k, bias_v) = if cfg.add_bias_kv {
-            (
-                Some(vb.get((1, 1, e), "bias_k")?),
-                Some(vb.get((1, 1, e), "bias_v")?),
-            )
+            (Some(vb.get((1, 1, e), "bias_k")?), Some(vb.get((1, 1, e), "bias_v")?))
         } else {
             (None, None)
         };
@@ -265,11 +249,7 @@ impl MultiheadAttention {
     /// `(L, E)` unbatched). `attn_weights` (only with `need_weights`) is `(N, L, S)` averaged over
     /// heads or `(N, H, L, S)` (the batch dimension dropped for unbatched input), where `S`
     /// counts the appended `bias_k` / zero-attention keys.
-    pub fn forward(
-        &self,
-        query: &Tensor,
-        args: MultiheadAttentionArgs,
-    ) -> Result<(Tensor, Option<Tensor>)> {
+    pub fn forward(&self, query: &Tensor, args: MultiheadAttentionArgs) -> Result<(Tensor, Option<Tensor>)> {
         let key = args.key.unwrap_or(query);
         let value = args.value.unwrap_or(key);
         let self_attention = key.id() == query.id() && value.id() == key.id();
@@ -294,10 +274,7 @@ impl MultiheadAttention {
             if t.rank() != rank {
                 return Err(Self::input_err(
                     name,
-                    format!(
-                        "expected a {rank}-D tensor like the query, found shape {:?}",
-                        t.dims()
-                    ),
+                    format!("expected a {rank}-D tensor like the query, found shape {:?}", t.dims()),
                 ));
             }
         }
@@ -320,6 +297,27 @@ impl MultiheadAttention {
                     format!("expected a 2-D or 3-D tensor, found shape {:?}", m.dims()),
                 ));
             }
+            // torch checks an unbatched 3-D mask here, before is_causal may drop it.
+            let (l, s) = (query.dim(0)?, key.dim(0)?);
+            if !batched && m.rank() == 3 && m.dims() != [self.num_heads, l, s] {
+                return Err(Self::input_err(
+                    "attn_mask",
+                    format!(
+                        "the 3-D attn_mask of an unbatched query should be ({}, {l}, {s}) (num_heads, L, S), found {:?}",
+                        self.num_heads,
+                        m.dims()
+                    ),
+                ));
+            }
+        }
+        // _canonical_mask's dtype check, also for a mask the is_causal hint later drops.
+        for (name, m) in [
+            ("key_padding_mask", args.key_padding_mask),
+            ("attn_mask", args.attn_mask),
+        ] {
+            if let Some(m) = m {
+                check_mask_dtype(m, name)?;
+            }
         }
 
         // Everything batch-first `(N, L, E)` from here on.
@@ -332,11 +330,9 @@ impl MultiheadAttention {
                 t.transpose(0, 1)
             }
         };
-        // Contiguous: Candle 0.11.1's CPU matmul gives wrong results for a transposed lhs against
-        // the broadcast weight that `nn.Linear` uses on non-contiguous input.
-        let q_in = to_batch_first(query)?.contiguous()?;
-        let k_in = to_batch_first(key)?.contiguous()?;
-        let v_in = to_batch_first(value)?.contiguous()?;
+        let q_in = to_batch_first(query)?;
+        let k_in = to_batch_first(key)?;
+        let v_in = to_batch_first(value)?;
         let (n, l, e) = q_in.dims3()?;
         let (nk, s, ek) = k_in.dims3()?;
         let (nv, sv, ev) = v_in.dims3()?;
@@ -402,10 +398,7 @@ impl MultiheadAttention {
                 if m.dims() != [n, s] {
                     return Err(Self::input_err(
                         "key_padding_mask",
-                        format!(
-                            "expected shape ({n}, {s}) (batch, key length), found {:?}",
-                            m.dims()
-                        ),
+                        format!("expected shape ({n}, {s}) (batch, key length), found {:?}", m.dims()),
                     ));
                 }
                 Some(canonical_mask(&m, "key_padding_mask", cdt)?.reshape((n, 1, 1, s))?)
@@ -427,10 +420,7 @@ impl MultiheadAttention {
                     if m.dims() != [l, s] {
                         return Err(Self::input_err(
                             "attn_mask",
-                            format!(
-                                "the 2-D attn_mask should be ({l}, {s}), found {:?}",
-                                m.dims()
-                            ),
+                            format!("the 2-D attn_mask should be ({l}, {s}), found {:?}", m.dims()),
                         ));
                     }
                     m.reshape((1, 1, l, s))?
@@ -458,18 +448,10 @@ impl MultiheadAttention {
             InProj::Packed { qkv, kv, q, k, v } => {
                 if self_attention {
                     let all = qkv.forward_tokens(&q_in)?;
-                    (
-                        all.narrow(2, 0, e)?,
-                        all.narrow(2, e, e)?,
-                        all.narrow(2, 2 * e, e)?,
-                    )
+                    (all.narrow(2, 0, e)?, all.narrow(2, e, e)?, all.narrow(2, 2 * e, e)?)
                 } else if key_is_value {
                     let both = kv.forward_tokens(&k_in)?;
-                    (
-                        q.forward_tokens(&q_in)?,
-                        both.narrow(2, 0, e)?,
-                        both.narrow(2, e, e)?,
-                    )
+                    (q.forward_tokens(&q_in)?, both.narrow(2, 0, e)?, both.narrow(2, e, e)?)
                 } else {
                     (
                         q.forward_tokens(&q_in)?,
@@ -525,9 +507,7 @@ impl MultiheadAttention {
         let (out, weights) = if args.need_weights {
             let q_scaled = (&q * (1.0 / d as f64).sqrt())?;
             let probs = attention_probs(&q_scaled, &k, mask.as_ref(), 1.0)?; // (N, H, L, S)
-            let out = probs
-                .matmul(&v.to_dtype(probs.dtype())?)?
-                .to_dtype(v.dtype())?;
+            let out = probs.matmul(&v.to_dtype(probs.dtype())?)?.to_dtype(v.dtype())?;
             let weights = if args.average_attn_weights {
                 probs.mean(1)?
             } else {
@@ -557,14 +537,22 @@ impl MultiheadAttention {
 /// torch's `_canonical_mask`: bool (U8, non-zero = `True`) → `-inf` where `True`, `0`
 /// elsewhere; float masks unchanged (cast to `dtype`).
 fn canonical_mask(mask: &Tensor, name: &str, dtype: DType) -> Result<Tensor> {
+    check_mask_dtype(mask, name)?;
     match mask.dtype() {
         DType::U8 => {
-            let ninf =
-                Tensor::full(f32::NEG_INFINITY, mask.shape(), mask.device())?.to_dtype(dtype)?;
+            let ninf = Tensor::full(f32::NEG_INFINITY, mask.shape(), mask.device())?.to_dtype(dtype)?;
             let zero = Tensor::zeros(mask.shape(), dtype, mask.device())?;
             Ok(mask.where_cond(&ninf, &zero)?)
         }
-        t if t.is_float() => Ok(mask.to_dtype(dtype)?),
+        _ => Ok(mask.to_dtype(dtype)?),
+    }
+}
+
+/// Masks are bool (U8) or floating, as torch's `_canonical_mask` requires.
+fn check_mask_dtype(mask: &Tensor, name: &str) -> Result<()> {
+    match mask.dtype() {
+        DType::U8 => Ok(()),
+        t if t.is_float() => Ok(()),
         other => Err(Error::input(
             MultiheadAttention::BLOCK,
             name,
@@ -588,10 +576,28 @@ mod tests {
     use crate::config::from_json;
     use serde_json::json;
 
+    /// Build from JSON kwargs with random weights under the state-dict names torch would save.
     fn build(cfg: serde_json::Value) -> Result<MultiheadAttention> {
         let cfg: MultiheadAttentionConfig = from_json(MultiheadAttention::BLOCK, &cfg)?;
-        let vb = VarBuilder::zeros(DType::F32, &Device::Cpu);
-        MultiheadAttention::new(vb, &cfg)
+        let e = cfg.embed_dim;
+        let (kdim, vdim) = (cfg.kdim.unwrap_or(e), cfg.vdim.unwrap_or(e));
+        let mut shapes = vec![("out_proj.weight", vec![e, e])];
+        if kdim == e && vdim == e {
+            shapes.push(("in_proj_weight", vec![3 * e, e]));
+        } else {
+            shapes.push(("q_proj_weight", vec![e, e]));
+            shapes.push(("k_proj_weight", vec![e, kdim]));
+            shapes.push(("v_proj_weight", vec![e, vdim]));
+        }
+        if cfg.bias {
+            shapes.push(("in_proj_bias", vec![3 * e]));
+            shapes.push(("out_proj.bias", vec![e]));
+        }
+        if cfg.add_bias_kv {
+            shapes.push(("bias_k", vec![1, 1, e]));
+            shapes.push(("bias_v", vec![1, 1, e]));
+        }
+        MultiheadAttention::new(random_vb(&shapes), &cfg)
     }
 
     #[test]
@@ -610,8 +616,10 @@ mod tests {
         assert!(matches!(err, Error::Config { .. }), "{err}");
         let err = build(json!({"embed_dim": 8, "num_heads": 2, "dtype": "float16"})).unwrap_err();
         assert!(matches!(err, Error::Unsupported { .. }), "{err}");
-        build(json!({"embed_dim": 8, "num_heads": 2, "device": null, "dtype": null, "dropout": 0.1,
-                     "kdim": 3, "vdim": null, "add_bias_kv": true, "add_zero_attn": true, "bias": false}))
+        build(
+            json!({"embed_dim": 8, "num_heads": 2, "device": null, "dtype": null, "dropout": 0.1,
+                     "kdim": 3, "vdim": null, "add_bias_kv": true, "add_zero_attn": true, "bias": false}),
+        )
         .unwrap();
     }
 
@@ -622,14 +630,8 @@ mod tests {
         let x = Tensor::zeros((2, 5, 8), DType::F32, &dev).unwrap();
         let bad = Tensor::zeros((2, 5, 7), DType::F32, &dev).unwrap();
         let r4 = Tensor::zeros((1, 2, 5, 8), DType::F32, &dev).unwrap();
-        assert!(matches!(
-            m.forward(&r4, Default::default()),
-            Err(Error::Input { .. })
-        ));
-        assert!(matches!(
-            m.forward(&bad, Default::default()),
-            Err(Error::Input { .. })
-        ));
+        assert!(matches!(m.forward(&r4, Default::default()), Err(Error::Input { .. })));
+        assert!(matches!(m.forward(&bad, Default::default()), Err(Error::Input { .. })));
         let args = MultiheadAttentionArgs {
             key: Some(&bad),
             ..Default::default()
@@ -668,12 +670,7 @@ mod tests {
         let dev = Device::Cpu;
         let map: HashMap<String, Tensor> = shapes
             .iter()
-            .map(|(n, s)| {
-                (
-                    n.to_string(),
-                    Tensor::randn(0f32, 0.5, s.as_slice(), &dev).unwrap(),
-                )
-            })
+            .map(|(n, s)| (n.to_string(), Tensor::randn(0f32, 0.5, s.as_slice(), &dev).unwrap()))
             .collect();
         VarBuilder::from_tensors(map, DType::F32, &dev)
     }
@@ -788,9 +785,7 @@ mod tests {
         // with need_weights=True the given mask is used. A bool causal mask gives the same result.
         let none = Tensor::zeros((5, 5), DType::U8, &dev).unwrap();
         let causal_bool = Tensor::from_vec(
-            (0..25u8)
-                .map(|i| u8::from(i % 5 > i / 5))
-                .collect::<Vec<_>>(),
+            (0..25u8).map(|i| u8::from(i % 5 > i / 5)).collect::<Vec<_>>(),
             (5, 5),
             &dev,
         )

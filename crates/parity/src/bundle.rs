@@ -54,8 +54,11 @@ fn candle_dtype(dtype: safetensors::Dtype) -> Option<DType> {
     })
 }
 
+/// What [`read_file`] returns: metadata, the tensor table, and the tensors themselves.
+pub type RawFile = (BTreeMap<String, String>, Vec<TensorInfo>, BTreeMap<String, Tensor>);
+
 /// Read the raw metadata and tensor table of any safetensors file (used by `inspect` too).
-pub fn read_file(path: &Path) -> Result<(BTreeMap<String, String>, Vec<TensorInfo>, BTreeMap<String, Tensor>)> {
+pub fn read_file(path: &Path) -> Result<RawFile> {
     let bytes = std::fs::read(path).map_err(|source| ParityError::Io {
         path: path.to_path_buf(),
         source,
@@ -72,15 +75,21 @@ pub fn read_file(path: &Path) -> Result<(BTreeMap<String, String>, Vec<TensorInf
     let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
     names.sort();
     for name in names {
-        let view = st.tensor(&name).map_err(|e| format_err(format!("tensor `{name}`: {e:?}")))?;
+        let view = st
+            .tensor(&name)
+            .map_err(|e| format_err(format!("tensor `{name}`: {e:?}")))?;
         let shape = view.shape().to_vec();
         infos.push(TensorInfo {
             name: name.clone(),
             dtype: format!("{:?}", view.dtype()).to_lowercase(),
             shape: shape.clone(),
         });
-        let dtype = candle_dtype(view.dtype())
-            .ok_or_else(|| format_err(format!("tensor `{name}` has dtype {:?}, which this tool cannot read", view.dtype())))?;
+        let dtype = candle_dtype(view.dtype()).ok_or_else(|| {
+            format_err(format!(
+                "tensor `{name}` has dtype {:?}, which this tool cannot read",
+                view.dtype()
+            ))
+        })?;
         let t = Tensor::from_raw_buffer(view.data(), dtype, &shape, &Device::Cpu)
             .map_err(|e| format_err(format!("tensor `{name}`: {e}")))?;
         tensors.insert(name, t);
@@ -88,7 +97,12 @@ pub fn read_file(path: &Path) -> Result<(BTreeMap<String, String>, Vec<TensorInf
     Ok((metadata, infos, tensors))
 }
 
-fn json_field<T: serde::de::DeserializeOwned>(path: &Path, meta: &BTreeMap<String, String>, key: &str, what: &str) -> Result<Option<T>> {
+fn json_field<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    meta: &BTreeMap<String, String>,
+    key: &str,
+    what: &str,
+) -> Result<Option<T>> {
     match meta.get(key) {
         None => Ok(None),
         Some(s) => serde_json::from_str(s)
@@ -109,13 +123,19 @@ impl Bundle {
         };
         let format = require("parity.format")?;
         if format != FORMAT {
-            return Err(ParityError::bundle(path, format!("`parity.format` is {format:?}; this tool reads format {FORMAT:?}")));
+            return Err(ParityError::bundle(
+                path,
+                format!("`parity.format` is {format:?}; this tool reads format {FORMAT:?}"),
+            ));
         }
         let block = require("parity.block")?;
-        let config: serde_json::Value = json_field(path, &metadata, "parity.config", "a JSON object")?
-            .unwrap_or_else(|| serde_json::json!({}));
+        let config: serde_json::Value =
+            json_field(path, &metadata, "parity.config", "a JSON object")?.unwrap_or_else(|| serde_json::json!({}));
         if !config.is_object() {
-            return Err(ParityError::bundle(path, format!("metadata `parity.config` must be a JSON object, found {config}")));
+            return Err(ParityError::bundle(
+                path,
+                format!("metadata `parity.config` must be a JSON object, found {config}"),
+            ));
         }
         let inputs: Vec<String> = json_field(path, &metadata, "parity.inputs", "a JSON array of strings")?
             .unwrap_or_else(|| names_with_prefix(&tensors, INPUT_PREFIX, false));
@@ -127,27 +147,39 @@ impl Bundle {
             metadata
                 .get(key)
                 .map(|s| {
-                    s.trim()
-                        .parse::<f64>()
-                        .map_err(|_| ParityError::bundle(path, format!("metadata `{key}` must be a number, found {s:?}")))
+                    s.trim().parse::<f64>().map_err(|_| {
+                        ParityError::bundle(path, format!("metadata `{key}` must be a number, found {s:?}"))
+                    })
                 })
                 .transpose()
         };
         let (atol, rtol) = (float("parity.atol")?, float("parity.rtol")?);
         if inputs.is_empty() {
-            return Err(ParityError::bundle(path, "no inputs (`parity.input.*` tensors / `parity.inputs`)"));
+            return Err(ParityError::bundle(
+                path,
+                "no inputs (`parity.input.*` tensors / `parity.inputs`)",
+            ));
         }
         if outputs.is_empty() {
-            return Err(ParityError::bundle(path, "no outputs (`parity.output.*` tensors / `parity.outputs`)"));
+            return Err(ParityError::bundle(
+                path,
+                "no outputs (`parity.output.*` tensors / `parity.outputs`)",
+            ));
         }
         for name in &inputs {
             if !tensors.contains_key(&format!("{INPUT_PREFIX}{name}")) {
-                return Err(ParityError::bundle(path, format!("`parity.inputs` names `{name}` but tensor `{INPUT_PREFIX}{name}` is missing")));
+                return Err(ParityError::bundle(
+                    path,
+                    format!("`parity.inputs` names `{name}` but tensor `{INPUT_PREFIX}{name}` is missing"),
+                ));
             }
         }
         for name in &outputs {
             if !tensors.contains_key(&format!("{OUTPUT_PREFIX}{name}")) {
-                return Err(ParityError::bundle(path, format!("`parity.outputs` names `{name}` but tensor `{OUTPUT_PREFIX}{name}` is missing")));
+                return Err(ParityError::bundle(
+                    path,
+                    format!("`parity.outputs` names `{name}` but tensor `{OUTPUT_PREFIX}{name}` is missing"),
+                ));
             }
         }
         let dtype = metadata.get("parity.dtype").cloned();
@@ -191,7 +223,12 @@ impl Bundle {
     /// The dtype PyTorch ran in: `parity.dtype`, else the dtype of the first output.
     pub fn run_dtype(&self) -> Result<DType> {
         match self.dtype.as_deref() {
-            Some(s) => parse_dtype(s).ok_or_else(|| ParityError::bundle(&self.path, format!("`parity.dtype` {s:?} is not one of float32, float16, bfloat16, float64"))),
+            Some(s) => parse_dtype(s).ok_or_else(|| {
+                ParityError::bundle(
+                    &self.path,
+                    format!("`parity.dtype` {s:?} is not one of float32, float16, bfloat16, float64"),
+                )
+            }),
             None => Ok(self.output(&self.outputs[0]).map(|t| t.dtype()).unwrap_or(DType::F32)),
         }
     }
@@ -221,7 +258,10 @@ pub fn parse_dtype(s: &str) -> Option<DType> {
 pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = vec![];
     for path in paths {
-        let meta = std::fs::metadata(path).map_err(|source| ParityError::Io { path: path.clone(), source })?;
+        let meta = std::fs::metadata(path).map_err(|source| ParityError::Io {
+            path: path.clone(),
+            source,
+        })?;
         if meta.is_dir() {
             let before = out.len();
             walk(path, &mut out)?;
@@ -236,7 +276,10 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let io = |source| ParityError::Io { path: dir.to_path_buf(), source };
+    let io = |source| ParityError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io)?
         .map(|e| e.map(|e| e.path()))

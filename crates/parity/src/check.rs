@@ -53,14 +53,28 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         if !info.inputs.contains(&name.as_str()) {
             return Err(ParityError::bundle(
                 path,
-                format!("input `{name}` is not a forward input of {}; expected some of: {}", info.id, info.inputs.join(", ")),
+                format!(
+                    "input `{name}` is not a forward input of {}; expected some of: {}",
+                    info.id,
+                    info.inputs.join(", ")
+                ),
             ));
         }
     }
     for name in bundle.kwargs.keys() {
         if !info.kwargs.contains(&name.as_str()) {
-            let known = if info.kwargs.is_empty() { "none".to_string() } else { info.kwargs.join(", ") };
-            return Err(ParityError::bundle(path, format!("forward argument `{name}` in `parity.kwargs` is not supported by {}; supported: {known}", info.id)));
+            let known = if info.kwargs.is_empty() {
+                "none".to_string()
+            } else {
+                info.kwargs.join(", ")
+            };
+            return Err(ParityError::bundle(
+                path,
+                format!(
+                    "forward argument `{name}` in `parity.kwargs` is not supported by {}; supported: {known}",
+                    info.id
+                ),
+            ));
         }
     }
 
@@ -83,15 +97,26 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
             .collect();
         return Err(ParityError::bundle(
             path,
-            format!("{} weights not used by {}: {} (pass --allow-unused to ignore)", unused.len(), info.id, hints.join(", ")),
+            format!(
+                "{} weights not used by {}: {} (pass --allow-unused to ignore)",
+                unused.len(),
+                info.id,
+                hints.join(", ")
+            ),
         ));
     }
 
     let mut tensors = std::collections::BTreeMap::new();
     for name in &bundle.inputs {
         let t = bundle.input(name).expect("validated when the bundle was read");
-        let t = if t.dtype().is_float() { t.to_dtype(dtype) } else { Ok(t.clone()) };
-        let t = t.and_then(|t| t.to_device(&device)).map_err(|e| ParityError::block(path, e))?;
+        let t = if t.dtype().is_float() {
+            t.to_dtype(dtype)
+        } else {
+            Ok(t.clone())
+        };
+        let t = t
+            .and_then(|t| t.to_device(&device))
+            .map_err(|e| ParityError::block(path, e))?;
         tensors.insert(name.clone(), t);
     }
     let inputs = Inputs {
@@ -103,21 +128,36 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
     if ours.len() != bundle.outputs.len() {
         return Err(ParityError::bundle(
             path,
-            format!("the bundle lists {} outputs ({}) but {} returns {}", bundle.outputs.len(), bundle.outputs.join(", "), info.id, ours.len()),
+            format!(
+                "the bundle lists {} outputs ({}) but {} returns {}",
+                bundle.outputs.len(),
+                bundle.outputs.join(", "),
+                info.id,
+                ours.len()
+            ),
         ));
     }
 
     let (def_rtol, def_atol) = default_tolerance(dtype);
     let same_dtype = dtype == bundle_dtype;
-    let rtol = opts.rtol.or(if same_dtype { bundle.rtol } else { None }).unwrap_or(def_rtol);
-    let atol = opts.atol.or(if same_dtype { bundle.atol } else { None }).unwrap_or(def_atol);
+    let rtol = opts
+        .rtol
+        .or(if same_dtype { bundle.rtol } else { None })
+        .unwrap_or(def_rtol);
+    let atol = opts
+        .atol
+        .or(if same_dtype { bundle.atol } else { None })
+        .unwrap_or(def_atol);
     let mut outputs = vec![];
     for (name, ours) in bundle.outputs.iter().zip(&ours) {
         let torch = bundle.output(name).expect("validated when the bundle was read");
         let torch_f64 = bundle.output_f64(name);
         let report = if dtype == DType::F64 && bundle_dtype != DType::F64 {
             let reference = torch_f64.ok_or_else(|| {
-                ParityError::bundle(path, format!("--dtype f64 needs `parity.output.{name}.float64`, which the bundle lacks"))
+                ParityError::bundle(
+                    path,
+                    format!("--dtype f64 needs `parity.output.{name}.float64`, which the bundle lacks"),
+                )
             })?;
             compare(name, ours, reference, None, rtol, atol)
         } else {
@@ -130,7 +170,16 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         file: path.display().to_string(),
         block: bundle.block.clone(),
         dtype: format!("{dtype:?}").to_lowercase(),
-        inputs: bundle.inputs.iter().map(|n| (n.clone(), bundle.input(n).map(|t| t.dims().to_vec()).unwrap_or_default())).collect(),
+        inputs: bundle
+            .inputs
+            .iter()
+            .map(|n| {
+                (
+                    n.clone(),
+                    bundle.input(n).map(|t| t.dims().to_vec()).unwrap_or_default(),
+                )
+            })
+            .collect(),
         pass: outputs.iter().all(|o| o.pass),
         outputs,
     })

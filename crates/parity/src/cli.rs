@@ -18,7 +18,11 @@ pub const EXIT_MISMATCH: i32 = 1;
 pub const EXIT_UNUSABLE: i32 = 2;
 
 #[derive(Parser, Debug)]
-#[command(name = "unet-parity", version, about = "Check Candle ports of diffusion U-Net attention blocks against PyTorch reference bundles")]
+#[command(
+    name = "unet-parity",
+    version,
+    about = "Check Candle ports of diffusion U-Net attention blocks against PyTorch reference bundles"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -66,12 +70,23 @@ where
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() { EXIT_UNUSABLE } else { EXIT_PASS };
-            let _ = if e.use_stderr() { write!(err, "{e}") } else { write!(out, "{e}") };
+            let _ = if e.use_stderr() {
+                write!(err, "{e}")
+            } else {
+                write!(out, "{e}")
+            };
             return code;
         }
     };
     let result = match cli.command {
-        Command::Check { paths, json, atol, rtol, dtype, allow_unused } => {
+        Command::Check {
+            paths,
+            json,
+            atol,
+            rtol,
+            dtype,
+            allow_unused,
+        } => {
             let opts = Options {
                 atol,
                 rtol,
@@ -100,7 +115,8 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
             return EXIT_UNUSABLE;
         }
     };
-    let results: Vec<(PathBuf, Result<Report, ParityError>)> = files.iter().map(|f| (f.clone(), check_file(f, opts))).collect();
+    let results: Vec<(PathBuf, Result<Report, ParityError>)> =
+        files.iter().map(|f| (f.clone(), check_file(f, opts))).collect();
     let passed = results.iter().filter(|(_, r)| matches!(r, Ok(r) if r.pass)).count();
     let failed = results.iter().filter(|(_, r)| matches!(r, Ok(r) if !r.pass)).count();
     let errors = results.len() - passed - failed;
@@ -130,12 +146,22 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
                 }
                 Ok(report) => {
                     for o in report.outputs.iter().filter(|o| !o.pass) {
-                        let _ = writeln!(out, "FAIL {} output `{}`: {}", report.file, o.name, o.reason.as_deref().unwrap_or(""));
+                        let _ = writeln!(
+                            out,
+                            "FAIL {} output `{}`: {}",
+                            report.file,
+                            o.name,
+                            o.reason.as_deref().unwrap_or("")
+                        );
                     }
                 }
             }
         }
-        let tail = if errors > 0 { format!(", {errors} unusable") } else { String::new() };
+        let tail = if errors > 0 {
+            format!(", {errors} unusable")
+        } else {
+            String::new()
+        };
         let _ = writeln!(out, "{passed} passed, {failed} failed{tail}");
     }
     code
@@ -150,7 +176,16 @@ fn sci(x: f64) -> String {
 }
 
 fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn Write) {
-    let header = ["FILE", "BLOCK", "INPUTS", "MAX_ABS", "MAX_REL", "TOL(atol/rtol)", "VS_F64(ours/torch)", "RESULT"];
+    let header = [
+        "FILE",
+        "BLOCK",
+        "INPUTS",
+        "MAX_ABS",
+        "MAX_REL",
+        "TOL(atol/rtol)",
+        "VS_F64(ours/torch)",
+        "RESULT",
+    ];
     let mut rows: Vec<[String; 8]> = vec![header.map(String::from)];
     for (file, r) in results {
         match r {
@@ -161,7 +196,13 @@ fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn
                     .iter()
                     .find(|o| !o.pass)
                     .or_else(|| rep.outputs.iter().max_by(|a, b| a.max_abs.total_cmp(&b.max_abs)));
-                let inputs = rep.inputs.iter().map(|(n, s)| format!("{n}{s:?}")).collect::<Vec<_>>().join(" ").replace(' ', "");
+                let inputs = rep
+                    .inputs
+                    .iter()
+                    .map(|(n, s)| format!("{n}{s:?}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    .replace(' ', "");
                 let (abs, rel, tol, f64s) = match worst {
                     Some(o) => (
                         sci(o.max_abs),
@@ -175,7 +216,16 @@ fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn
                     None => Default::default(),
                 };
                 let result = if rep.pass { "PASS" } else { "FAIL" };
-                rows.push([rep.file.clone(), rep.block.clone(), inputs, abs, rel, tol, f64s, result.into()]);
+                rows.push([
+                    rep.file.clone(),
+                    rep.block.clone(),
+                    inputs,
+                    abs,
+                    rel,
+                    tol,
+                    f64s,
+                    result.into(),
+                ]);
             }
             Err(_) => rows.push([
                 file.display().to_string(),
@@ -189,7 +239,9 @@ fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn
             ]),
         }
     }
-    let widths: Vec<usize> = (0..8).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..8)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
     for row in rows {
         let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         let _ = writeln!(out, "{}", line.join("  ").trim_end());
@@ -199,7 +251,7 @@ fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn
 fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {
     let (metadata, infos, _) = bundle::read_file(file)?;
     let _ = writeln!(out, "{}", file.display());
-    if metadata.get("parity.format").is_some() {
+    if metadata.contains_key("parity.format") {
         // Validate as a bundle too, so a broken bundle is reported here as well.
         Bundle::read(file)?;
     }

@@ -83,7 +83,11 @@ pub fn compare(
         return Ok(report);
     }
     let (a, e) = (values(ours)?, values(expected)?);
-    let non_finite = a.iter().zip(&e).filter(|(x, y)| !x.is_finite() && y.is_finite()).count();
+    let non_finite = a
+        .iter()
+        .zip(&e)
+        .filter(|(x, y)| !x.is_finite() && y.is_finite())
+        .count();
     report.max_abs = max_abs_diff(&a, &e);
     report.max_rel = a
         .iter()

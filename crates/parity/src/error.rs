@@ -7,20 +7,13 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ParityError {
     #[error("{path}: cannot read: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: not a valid safetensors file: {message}")]
     Format { path: PathBuf, message: String },
     #[error("{path}: not a parity bundle: {message}")]
     Bundle { path: PathBuf, message: String },
     #[error("{path}: unknown block id `{id}`; known blocks: {known}")]
-    UnknownBlock {
-        path: PathBuf,
-        id: String,
-        known: String,
-    },
+    UnknownBlock { path: PathBuf, id: String, known: String },
     #[error("{path}: {source}")]
     Block {
         path: PathBuf,

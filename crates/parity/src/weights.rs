@@ -36,14 +36,20 @@ impl TrackedWeights {
 
     fn fetch(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
         let t = self.tensors.get(name).ok_or_else(|| {
-            let hint = closest(name, self.tensors.keys()).map(|c| format!(" (closest present: `{c}`)")).unwrap_or_default();
+            let hint = closest(name, self.tensors.keys())
+                .map(|c| format!(" (closest present: `{c}`)"))
+                .unwrap_or_default();
             candle_core::Error::Msg(format!("missing weight `{name}`{hint}"))
         })?;
         if let Ok(mut used) = self.used.lock() {
             used.insert(name.to_string());
         }
         // Integer buffers (BatchNorm's num_batches_tracked) keep their dtype unless asked.
-        let t = if t.dtype().is_float() || !dtype.is_float() { t.to_dtype(dtype)? } else { t.clone() };
+        let t = if t.dtype().is_float() || !dtype.is_float() {
+            t.to_dtype(dtype)?
+        } else {
+            t.clone()
+        };
         t.to_device(dev)
     }
 }

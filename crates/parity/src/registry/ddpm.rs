@@ -12,7 +12,8 @@ pub(super) fn entries() -> Vec<BlockInfo> {
         },
         BlockInfo {
             id: LinearAttention::BLOCK,
-            pytorch: "denoising_diffusion_pytorch.LinearAttention (lucidrains denoising-diffusion-pytorch 2.0.0 – 2.3.4)",
+            pytorch:
+                "denoising_diffusion_pytorch.LinearAttention (lucidrains denoising-diffusion-pytorch 2.0.0 – 2.3.4)",
             inputs: &["x"],
             kwargs: &[],
             build: |vb, cfg| single(LinearAttention::BLOCK, vb, cfg, &["x"], &[4], LinearAttention::new),

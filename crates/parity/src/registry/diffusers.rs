@@ -6,7 +6,11 @@ use unet_attention::Result;
 impl Runnable for Attention {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         let hidden_states = inputs.required("hidden_states")?;
-        let out = self.forward(hidden_states, inputs.get("encoder_hidden_states"), inputs.get("attention_mask"))?;
+        let out = self.forward(
+            hidden_states,
+            inputs.get("encoder_hidden_states"),
+            inputs.get("attention_mask"),
+        )?;
         Ok(vec![out])
     }
 }

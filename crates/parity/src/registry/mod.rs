@@ -79,10 +79,13 @@ impl Inputs {
 
     /// The first of `names` present (for blocks whose PyTorch classes name the input differently).
     pub fn one_of(&self, names: &[&str]) -> Result<&Tensor> {
-        names
-            .iter()
-            .find_map(|n| self.get(n))
-            .ok_or_else(|| Error::input(self.block, &names.join("` or `"), "required input is missing from the bundle"))
+        names.iter().find_map(|n| self.get(n)).ok_or_else(|| {
+            Error::input(
+                self.block,
+                &names.join("` or `"),
+                "required input is missing from the bundle",
+            )
+        })
     }
 
     /// A boolean forward argument, `default` when absent.
@@ -90,7 +93,11 @@ impl Inputs {
         match self.kwargs.get(name) {
             None | Some(serde_json::Value::Null) => Ok(default),
             Some(serde_json::Value::Bool(b)) => Ok(*b),
-            Some(other) => Err(Error::input(self.block, name, format!("expected a boolean, found {other}"))),
+            Some(other) => Err(Error::input(
+                self.block,
+                name,
+                format!("expected a boolean, found {other}"),
+            )),
         }
     }
 
@@ -138,5 +145,9 @@ where
     M: candle_core::Module + 'static,
 {
     let cfg: C = unet_attention::config::from_json(block, config)?;
-    Ok(Box::new(Single { module: new(vb, &cfg)?, names, ranks }))
+    Ok(Box::new(Single {
+        module: new(vb, &cfg)?,
+        names,
+        ranks,
+    }))
 }

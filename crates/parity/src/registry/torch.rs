@@ -31,8 +31,7 @@ pub(super) fn entries() -> Vec<BlockInfo> {
         inputs: &["query", "key", "value", "key_padding_mask", "attn_mask"],
         kwargs: &["need_weights", "average_attn_weights", "is_causal"],
         build: |vb, cfg| {
-            let cfg: MultiheadAttentionConfig =
-                unet_attention::config::from_json(MultiheadAttention::BLOCK, cfg)?;
+            let cfg: MultiheadAttentionConfig = unet_attention::config::from_json(MultiheadAttention::BLOCK, cfg)?;
             Ok(Box::new(Mha(MultiheadAttention::new(vb, &cfg)?)))
         },
     }]
