@@ -7,10 +7,9 @@
 //! that the core's softmax performs anyway); `LinearAttention` ends in conv 1×1 +
 //! `GroupNorm(1, dim)`.
 
-use crate::config::check_divides;
-use crate::heads::{chunk_qkv_channels, merge_channels};
-use crate::layers::{group_norm, Projection};
-use crate::sdpa::{default_scale, linear_attention, sdpa, softmax};
+use crate::heads::merge_channels;
+use crate::layers::{group_norm, FusedQkvConv, Projection};
+use crate::sdpa::{default_scale, linear_attention, sdpa};
 use crate::Result;
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -38,9 +37,8 @@ fn thirty_two() -> usize {
 /// The blog post's `Attention`.
 #[derive(Debug, Clone)]
 pub struct Attention {
-    to_qkv: Projection,
+    to_qkv: FusedQkvConv,
     to_out: Projection,
-    heads: usize,
     scale: f64,
 }
 
@@ -49,11 +47,9 @@ impl Attention {
 
     pub fn new(vb: VarBuilder, cfg: &Config) -> Result<Self> {
         let hidden = cfg.heads * cfg.dim_head;
-        check_divides(Self::BLOCK, hidden, cfg.heads)?;
         Ok(Self {
-            to_qkv: Projection::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, 3 * hidden, false)?,
+            to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,
             to_out: Projection::load(vb.pp("to_out"), Self::BLOCK, hidden, cfg.dim, true)?,
-            heads: cfg.heads,
             scale: default_scale(cfg.dim_head),
         })
     }
@@ -63,7 +59,7 @@ impl Module for Attention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, _, h, w) = x.dims4()?;
-        let [q, k, v] = chunk_qkv_channels(&self.to_qkv.forward_channels(x)?, self.heads)?;
+        let [q, k, v] = self.to_qkv.forward(x)?;
         let q = (q * self.scale)?;
         // sim = einsum('b h d i, b h d j -> b h i j', q, k); attn @ v^T
         let out = sdpa(&q.transpose(2, 3)?, &k.transpose(2, 3)?, &v.transpose(2, 3)?, None, 1.0)?;
@@ -76,10 +72,9 @@ impl Module for Attention {
 /// The blog post's `LinearAttention`.
 #[derive(Debug, Clone)]
 pub struct LinearAttention {
-    to_qkv: Projection,
+    to_qkv: FusedQkvConv,
     to_out: Projection,
     out_norm: candle_nn::GroupNorm,
-    heads: usize,
     scale: f64,
 }
 
@@ -88,12 +83,10 @@ impl LinearAttention {
 
     pub fn new(vb: VarBuilder, cfg: &Config) -> Result<Self> {
         let hidden = cfg.heads * cfg.dim_head;
-        check_divides(Self::BLOCK, hidden, cfg.heads)?;
         Ok(Self {
-            to_qkv: Projection::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, 3 * hidden, false)?,
+            to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,
             to_out: Projection::load(vb.pp("to_out.0"), Self::BLOCK, hidden, cfg.dim, true)?,
             out_norm: group_norm(vb.pp("to_out.1"), Self::BLOCK, 1, cfg.dim, 1e-5)?,
-            heads: cfg.heads,
             scale: default_scale(cfg.dim_head),
         })
     }
@@ -103,12 +96,8 @@ impl Module for LinearAttention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, _, h, w) = x.dims4()?;
-        let [q, k, v] = chunk_qkv_channels(&self.to_qkv.forward_channels(x)?, self.heads)?;
-        let dtype = x.dtype();
-        let q = softmax(&q, 2)?.to_dtype(dtype)?;
-        let k = softmax(&k, 3)?.to_dtype(dtype)?;
-        let q = (q * self.scale)?;
-        let out = linear_attention(&q, &k, &v)?.reshape((b, (), h, w))?;
+        let [q, k, v] = self.to_qkv.forward(x)?;
+        let out = linear_attention(&q, &k, &v, Some(self.scale))?.reshape((b, (), h, w))?;
         self.out_norm.forward(&self.to_out.forward_channels(&out)?)
     }
 }

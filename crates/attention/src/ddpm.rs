@@ -5,10 +5,9 @@
 //! channel layout `[Q | K | V]`, heads `(h c)`), prepend `num_mem_kv` learned memory
 //! key/values (`mem_kv`) and have **no residual inside** (`Unet.forward` adds `x` itself).
 
-use crate::config::check_divides;
-use crate::heads::{chunk_qkv_channels, merge_channels};
-use crate::layers::{Projection, RmsNorm};
-use crate::sdpa::{default_scale, linear_attention, sdpa, softmax};
+use crate::heads::merge_channels;
+use crate::layers::{FusedQkvConv, Projection, RmsNorm};
+use crate::sdpa::{default_scale, linear_attention, sdpa};
 use crate::Result;
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -61,9 +60,8 @@ fn repeat_batch(mem: &Tensor, batch: usize) -> candle_core::Result<Tensor> {
 pub struct Attention {
     norm: RmsNorm,
     mem_kv: Tensor,
-    to_qkv: Projection,
+    to_qkv: FusedQkvConv,
     to_out: Projection,
-    heads: usize,
     scale: f64,
 }
 
@@ -72,13 +70,11 @@ impl Attention {
 
     pub fn new(vb: VarBuilder, cfg: &AttentionConfig) -> Result<Self> {
         let hidden = cfg.heads * cfg.dim_head;
-        check_divides(Self::BLOCK, hidden, cfg.heads)?;
         Ok(Self {
             norm: RmsNorm::load(vb.pp("norm"), cfg.dim)?,
             mem_kv: vb.get((2, cfg.heads, cfg.num_mem_kv, cfg.dim_head), "mem_kv")?,
-            to_qkv: Projection::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, 3 * hidden, false)?,
+            to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,
             to_out: Projection::load(vb.pp("to_out"), Self::BLOCK, hidden, cfg.dim, true)?,
-            heads: cfg.heads,
             scale: default_scale(cfg.dim_head),
         })
     }
@@ -88,7 +84,7 @@ impl Module for Attention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, _, h, w) = x.dims4()?;
-        let [q, k, v] = chunk_qkv_channels(&self.to_qkv.forward_channels(&self.norm.forward(x)?)?, self.heads)?;
+        let [q, k, v] = self.to_qkv.forward(&self.norm.forward(x)?)?;
         // 'b h c n -> b h n c'
         let (q, k, v) = (q.transpose(2, 3)?, k.transpose(2, 3)?, v.transpose(2, 3)?);
         let mk = repeat_batch(&self.mem_kv.get(0)?, b)?;
@@ -107,10 +103,9 @@ impl Module for Attention {
 pub struct LinearAttention {
     norm: RmsNorm,
     mem_kv: Tensor,
-    to_qkv: Projection,
+    to_qkv: FusedQkvConv,
     to_out: Projection,
     out_norm: RmsNorm,
-    heads: usize,
     scale: f64,
 }
 
@@ -119,15 +114,13 @@ impl LinearAttention {
 
     pub fn new(vb: VarBuilder, cfg: &LinearAttentionConfig) -> Result<Self> {
         let hidden = cfg.heads * cfg.dim_head;
-        check_divides(Self::BLOCK, hidden, cfg.heads)?;
         Ok(Self {
             norm: RmsNorm::load(vb.pp("norm"), cfg.dim)?,
             // Note the layout (2, heads, dim_head, num_mem_kv), transposed against Attention's.
             mem_kv: vb.get((2, cfg.heads, cfg.dim_head, cfg.num_mem_kv), "mem_kv")?,
-            to_qkv: Projection::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, 3 * hidden, false)?,
+            to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,
             to_out: Projection::load(vb.pp("to_out.0"), Self::BLOCK, hidden, cfg.dim, true)?,
             out_norm: RmsNorm::load(vb.pp("to_out.1"), cfg.dim)?,
-            heads: cfg.heads,
             scale: default_scale(cfg.dim_head),
         })
     }
@@ -137,17 +130,13 @@ impl Module for LinearAttention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, _, h, w) = x.dims4()?;
-        let [q, k, v] = chunk_qkv_channels(&self.to_qkv.forward_channels(&self.norm.forward(x)?)?, self.heads)?;
+        let [q, k, v] = self.to_qkv.forward(&self.norm.forward(x)?)?;
         let mk = repeat_batch(&self.mem_kv.get(0)?, b)?;
         let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
         let k = Tensor::cat(&[&mk, &k], 3)?;
         let v = Tensor::cat(&[&mv, &v], 3)?;
-        let dtype = x.dtype();
-        let q = softmax(&q, 2)?.to_dtype(dtype)?; // over the feature axis, per token
-        let k = softmax(&k, 3)?.to_dtype(dtype)?; // over tokens (memory included), per feature
-        let q = (q * self.scale)?;
-        let out = linear_attention(&q, &k, &v)?;
-        let out = out.reshape((b, (), h, w))?;
+        // q softmax over features, k softmax over tokens (memory included), q * scale.
+        let out = linear_attention(&q, &k, &v, Some(self.scale))?.reshape((b, (), h, w))?;
         self.out_norm.forward(&self.to_out.forward_channels(&out)?)
     }
 }

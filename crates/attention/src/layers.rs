@@ -65,6 +65,36 @@ impl Projection {
     }
 }
 
+/// The bias-free fused `to_qkv` 1×1 conv of lucidrains' blocks and their derivatives
+/// (Annotated Diffusion, ldm `LinearAttention`): `3·heads·dim_head` output channels laid out
+/// `[Q | K | V]`, each split into heads `(h c)`.
+#[derive(Debug, Clone)]
+pub struct FusedQkvConv {
+    proj: Projection,
+    heads: usize,
+}
+
+impl FusedQkvConv {
+    /// Load `<vb>.weight` of shape `(3·heads·dim_head, dim, 1, 1)`.
+    pub fn load(vb: VarBuilder, block: &'static str, dim: usize, heads: usize, dim_head: usize) -> Result<Self> {
+        if heads == 0 || dim_head == 0 {
+            return Err(Error::config(
+                block,
+                format!("heads ({heads}) and dim_head ({dim_head}) must be positive"),
+            ));
+        }
+        Ok(Self {
+            proj: Projection::load(vb, block, dim, 3 * heads * dim_head, false)?,
+            heads,
+        })
+    }
+
+    /// `(B, dim, H, W)` → q, k, v, each `(B, heads, dim_head, H·W)` (channels first).
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<[Tensor; 3]> {
+        crate::heads::chunk_qkv_channels(&self.proj.forward_channels(x)?, self.heads)
+    }
+}
+
 /// `nn.GroupNorm(num_groups, channels, eps, affine=True)` over dimension 1 of `(B, C, ...)`.
 pub fn group_norm(
     vb: VarBuilder,

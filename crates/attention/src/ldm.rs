@@ -5,10 +5,8 @@
 //! `to_qkv` 1×1 conv without bias, split `'b (qkv heads c) h w -> qkv b heads c (h w)'`,
 //! softmax of `k` over tokens only: no `q` softmax, no scale, no norm, no residual.
 
-use crate::config::check_divides;
-use crate::heads::chunk_qkv_channels;
-use crate::layers::Projection;
-use crate::sdpa::{linear_attention, softmax};
+use crate::layers::{FusedQkvConv, Projection};
+use crate::sdpa::linear_attention;
 use crate::Result;
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -19,9 +17,8 @@ pub type LinearAttentionConfig = crate::annotated_diffusion::Config;
 /// `ldm.modules.attention.LinearAttention`.
 #[derive(Debug, Clone)]
 pub struct LinearAttention {
-    to_qkv: Projection,
+    to_qkv: FusedQkvConv,
     to_out: Projection,
-    heads: usize,
 }
 
 impl LinearAttention {
@@ -29,11 +26,9 @@ impl LinearAttention {
 
     pub fn new(vb: VarBuilder, cfg: &LinearAttentionConfig) -> Result<Self> {
         let hidden = cfg.heads * cfg.dim_head;
-        check_divides(Self::BLOCK, hidden, cfg.heads)?;
         Ok(Self {
-            to_qkv: Projection::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, 3 * hidden, false)?,
+            to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,
             to_out: Projection::load(vb.pp("to_out"), Self::BLOCK, hidden, cfg.dim, true)?,
-            heads: cfg.heads,
         })
     }
 }
@@ -43,9 +38,9 @@ impl Module for LinearAttention {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, _, h, w) = x.dims4()?;
         // '(qkv heads c)' has the same channel order as chunk(3) followed by '(heads c)'.
-        let [q, k, v] = chunk_qkv_channels(&self.to_qkv.forward_channels(x)?, self.heads)?;
-        let k = softmax(&k, 3)?.to_dtype(x.dtype())?;
-        let out = linear_attention(&q, &k, &v)?.reshape((b, (), h, w))?;
+        let [q, k, v] = self.to_qkv.forward(x)?;
+        // k softmax over tokens only: no q softmax, no scale.
+        let out = linear_attention(&q, &k, &v, None)?.reshape((b, (), h, w))?;
         self.to_out.forward_channels(&out)
     }
 }

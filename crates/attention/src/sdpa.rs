@@ -69,10 +69,19 @@ pub fn default_scale(head_dim: usize) -> f64 {
     1.0 / (head_dim as f64).sqrt()
 }
 
-/// The linear-attention product shared by the linear blocks, on `(B, H, d, n)` tensors:
+/// Efficient ("linear") attention on channels-first heads `(B, H, d, n)`, merged to
+/// `(B, H·d, n)`:
+/// `k = softmax(k)` over tokens; with `q_scale = Some(s)`, `q = softmax(q)` over features then
+/// `q · s` (lucidrains, Annotated Diffusion); with `None`, `q` is used as it is (ldm);
 /// `context = einsum('b h d n, b h e n -> b h d e', k, v)`,
-/// `out = einsum('b h d e, b h d n -> b h e n', context, q)`, merged to `(B, H·e, n)`.
-pub fn linear_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> candle_core::Result<Tensor> {
+/// `out = einsum('b h d e, b h d n -> b h e n', context, q)`.
+pub fn linear_attention(q: &Tensor, k: &Tensor, v: &Tensor, q_scale: Option<f64>) -> Result<Tensor> {
+    let dtype = v.dtype();
+    let q = match q_scale {
+        Some(scale) => (softmax(q, 2)?.to_dtype(dtype)? * scale)?,
+        None => q.clone(),
+    };
+    let k = softmax(k, 3)?.to_dtype(dtype)?;
     let context = k.contiguous()?.matmul(&v.t()?.contiguous()?)?; // (b h d e)
     let out = context.t()?.contiguous()?.matmul(&q.contiguous()?)?; // (b h e n)
     let (b, heads, e, n) = out.dims4()?;
