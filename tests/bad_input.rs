@@ -25,7 +25,15 @@ fn missing_weight_names_the_key_and_the_block() {
     let p = RawBundle::edited(VAE, &dir, |b| {
         b.tensors.remove("to_v.bias");
     });
-    expect_unusable(&p, &["to_v.bias", "missing", "attention_vae_mid.safetensors"]);
+    expect_unusable(
+        &p,
+        &[
+            "to_v.bias",
+            "missing",
+            "attention_vae_mid.safetensors",
+            "diffusers.Attention",
+        ],
+    );
 }
 
 #[test]
@@ -35,7 +43,7 @@ fn shape_mismatch_says_expected_and_found() {
         let w = b.tensors["to_q.weight"].narrow(0, 0, 16).unwrap();
         b.tensors.insert("to_q.weight".into(), w);
     });
-    expect_unusable(&p, &["to_q.weight", "[16, 32]", "expected"]);
+    expect_unusable(&p, &["to_q.weight", "[16, 32]", "expected", "diffusers.Attention"]);
 }
 
 #[test]

@@ -61,8 +61,10 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
             ));
         }
     }
-    for name in bundle.kwargs.keys() {
-        if !info.kwargs.contains(&name.as_str()) {
+    for (name, value) in &bundle.kwargs {
+        // A tensor input passed as None may be written as a null kwarg.
+        let null_input = value.is_null() && info.inputs.contains(&name.as_str());
+        if !info.kwargs.contains(&name.as_str()) && !null_input {
             let known = if info.kwargs.is_empty() {
                 "none".to_string()
             } else {
@@ -83,7 +85,7 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
     let device = Device::Cpu;
     let weights = TrackedWeights::new(bundle.weights());
     let vb = weights.var_builder(dtype, &device);
-    let block = (info.build)(vb, &bundle.config).map_err(|e| ParityError::block(path, e))?;
+    let block = (info.build)(vb, &bundle.config).map_err(|e| ParityError::block(path, info.id, e))?;
     let unused = weights.unused();
     if !unused.is_empty() && !opts.allow_unused {
         let all = bundle.weights().into_keys().collect::<Vec<_>>();
@@ -116,7 +118,7 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         };
         let t = t
             .and_then(|t| t.to_device(&device))
-            .map_err(|e| ParityError::block(path, e))?;
+            .map_err(|e| ParityError::block(path, info.id, e))?;
         tensors.insert(name.clone(), t);
     }
     let inputs = Inputs {
@@ -124,7 +126,7 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         tensors,
         kwargs: bundle.kwargs.clone(),
     };
-    let ours = block.run(&inputs).map_err(|e| ParityError::block(path, e))?;
+    let ours = block.run(&inputs).map_err(|e| ParityError::block(path, info.id, e))?;
     if ours.len() != bundle.outputs.len() {
         return Err(ParityError::bundle(
             path,
@@ -163,7 +165,7 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         } else {
             compare(name, ours, torch, torch_f64, rtol, atol)
         }
-        .map_err(|e| ParityError::block(path, e))?;
+        .map_err(|e| ParityError::block(path, info.id, e))?;
         outputs.push(report);
     }
     Ok(Report {

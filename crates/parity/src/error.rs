@@ -14,9 +14,10 @@ pub enum ParityError {
     Bundle { path: PathBuf, message: String },
     #[error("{path}: unknown block id `{id}`; known blocks: {known}")]
     UnknownBlock { path: PathBuf, id: String, known: String },
-    #[error("{path}: {source}")]
+    #[error("{path}: {}", with_block(block, source))]
     Block {
         path: PathBuf,
+        block: String,
         source: unet_attention::Error,
     },
     #[error("{path}: no parity bundles (*.safetensors) found")]
@@ -33,11 +34,20 @@ impl ParityError {
         }
     }
 
-    pub(crate) fn block(path: &std::path::Path, source: impl Into<unet_attention::Error>) -> Self {
+    pub(crate) fn block(path: &std::path::Path, block: &str, source: impl Into<unet_attention::Error>) -> Self {
         ParityError::Block {
             path: path.to_path_buf(),
+            block: block.to_string(),
             source: source.into(),
         }
+    }
+}
+
+/// Candle's errors (missing weight, shape mismatch) do not know the block; the others name it.
+fn with_block(block: &str, source: &unet_attention::Error) -> String {
+    match source {
+        unet_attention::Error::Candle(e) => format!("{block}: {e}"),
+        other => other.to_string(),
     }
 }
 
