@@ -18,7 +18,7 @@ pub enum ParityError {
     Block {
         path: PathBuf,
         block: String,
-        source: unet_attention::Error,
+        source: Box<unet_attention::Error>,
     },
     #[error("{path}: no parity bundles (*.safetensors) found")]
     NoBundles { path: PathBuf },
@@ -38,7 +38,7 @@ impl ParityError {
         ParityError::Block {
             path: path.to_path_buf(),
             block: block.to_string(),
-            source: source.into(),
+            source: Box::new(source.into()),
         }
     }
 }
