@@ -8,8 +8,9 @@
 //! |---|---|
 //! | [`ddpm`] | lucidrains' `denoising-diffusion-pytorch` 2.x (`Attention`, `LinearAttention`) |
 //! | [`annotated_diffusion`] | the Hugging Face "Annotated Diffusion" blog post |
-//! | [`ldm`] | CompVis latent-diffusion / Stable Diffusion `ldm.modules.attention` |
-//! | [`diffusers`] | `diffusers.models.attention_processor.Attention` (0.42.1) |
+//! | [`ldm`] | CompVis latent-diffusion / Stable Diffusion (`ldm.modules.attention`, `ldm.modules.diffusionmodules.model`) |
+//! | [`openai`] | OpenAI guided/improved-diffusion and ldm `openaimodel.py` `AttentionBlock` |
+//! | [`diffusers`] | diffusers 0.42.1: `Attention`, `FeedForward`, `BasicTransformerBlock`, `Transformer2DModel` |
 //! | [`fastai`] | the fast.ai course (course22p2) `SelfAttention` classes |
 //! | [`torch`] | `torch.nn.MultiheadAttention` (2.15) |
 //! | [`textbook`] | the "Attention Is All You Need" textbook classes |
@@ -51,6 +52,7 @@ pub mod fastai;
 pub mod heads;
 pub mod layers;
 pub mod ldm;
+pub mod openai;
 pub mod sdpa;
 pub mod textbook;
 pub mod torch;

@@ -5,8 +5,11 @@
 mod annotated_diffusion;
 mod ddpm;
 mod diffusers;
+mod diffusers_transformer;
 mod fastai;
 mod ldm;
+mod ldm_vae;
+mod openai;
 mod textbook;
 mod torch;
 
@@ -43,7 +46,10 @@ pub fn all() -> Vec<BlockInfo> {
         ddpm::entries(),
         annotated_diffusion::entries(),
         ldm::entries(),
+        ldm_vae::entries(),
+        openai::entries(),
         diffusers::entries(),
+        diffusers_transformer::entries(),
         fastai::entries(),
         torch::entries(),
         textbook::entries(),

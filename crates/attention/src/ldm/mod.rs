@@ -1,0 +1,11 @@
+//! CompVis latent-diffusion / Stable Diffusion (`ldm`): the linear attention of
+//! `ldm.modules.attention`, the transformer bottleneck (`CrossAttention`,
+//! `BasicTransformerBlock`, `SpatialTransformer`, SD 1.x and SD 2.x forms) and the first-stage /
+//! DDPM-model mid attention of `ldm.modules.diffusionmodules.model` (`AttnBlock`,
+//! `SpatialSelfAttention`, `LinAttnBlock`).
+
+pub mod linear;
+pub mod transformer;
+pub mod vae;
+
+pub use linear::{LinearAttention, LinearAttentionConfig};
