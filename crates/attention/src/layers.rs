@@ -112,6 +112,44 @@ pub fn group_norm(
     Ok(candle_nn::group_norm(groups, channels, eps, vb)?)
 }
 
+/// `nn.LayerNorm(dim, eps, elementwise_affine)` over the last dimension: two-pass mean and
+/// biased variance, then the affine, all in at least f32 (as PyTorch's CPU kernel), cast back.
+/// Keys `weight`, `bias` when `affine`.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    weight: Option<Tensor>,
+    bias: Option<Tensor>,
+    eps: f64,
+}
+
+impl LayerNorm {
+    pub fn load(vb: VarBuilder, dim: usize, eps: f64, affine: bool) -> Result<Self> {
+        let (weight, bias) = if affine {
+            (Some(vb.get(dim, "weight")?), Some(vb.get(dim, "bias")?))
+        } else {
+            (None, None)
+        };
+        Ok(Self { weight, bias, eps })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dtype = x.dtype();
+        let compute = crate::sdpa::compute_dtype(dtype);
+        let x = x.to_dtype(compute)?;
+        let centered = x.broadcast_sub(&x.mean_keepdim(candle_core::D::Minus1)?)?;
+        let var = centered.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+        let mut y = centered.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        if let (Some(w), Some(b)) = (&self.weight, &self.bias) {
+            y = y
+                .broadcast_mul(&w.to_dtype(compute)?)?
+                .broadcast_add(&b.to_dtype(compute)?)?;
+        }
+        y.to_dtype(dtype)
+    }
+}
+
 /// lucidrains' 2.x `RMSNorm`: `F.normalize(x, dim=1) * g * sqrt(C)`; key `g` `(1, C, 1, 1)`.
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
@@ -172,6 +210,53 @@ impl Module for BatchNorm2d {
             .broadcast_div(&denom)?
             .broadcast_mul(&self.weight)?
             .broadcast_add(&self.bias)
+    }
+}
+
+/// `nn.GroupNorm(num_groups, channels, eps, affine=True)` computed in at least f32, affine
+/// included, and cast back to the input dtype: OpenAI's / ldm `openaimodel`'s `GroupNorm32`
+/// (`super().forward(x.float()).type(x.dtype)`). f16/bf16 inputs and weights are upcast to f32;
+/// f32 and f64 stay as they are (a float64 reference run keeps the whole block in float64).
+/// Candle's own `GroupNorm` normalises in f32 but applies the affine in the input dtype.
+#[derive(Debug, Clone)]
+pub struct UpcastGroupNorm {
+    weight: Tensor,
+    bias: Tensor,
+    groups: usize,
+    channels: usize,
+    eps: f64,
+}
+
+impl UpcastGroupNorm {
+    /// Load `<vb>.weight` and `<vb>.bias`, both `(channels,)`.
+    pub fn load(vb: VarBuilder, block: &'static str, groups: usize, channels: usize, eps: f64) -> Result<Self> {
+        if groups == 0 || !channels.is_multiple_of(groups) {
+            return Err(Error::config(
+                block,
+                format!("{groups} norm groups do not divide {channels} channels"),
+            ));
+        }
+        Ok(Self {
+            weight: vb.get(channels, "weight")?,
+            bias: vb.get(channels, "bias")?,
+            groups,
+            channels,
+            eps,
+        })
+    }
+}
+
+impl Module for UpcastGroupNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dtype = crate::sdpa::compute_dtype(x.dtype());
+        let norm = candle_nn::GroupNorm::new(
+            self.weight.to_dtype(dtype)?,
+            self.bias.to_dtype(dtype)?,
+            self.channels,
+            self.groups,
+            self.eps,
+        )?;
+        norm.forward(&x.to_dtype(dtype)?)?.to_dtype(x.dtype())
     }
 }
 

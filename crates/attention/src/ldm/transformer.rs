@@ -1,1 +1,284 @@
-//! (in progress)
+//! The Stable Diffusion transformer bottleneck as CompVis/Stability wrote it
+//! (`ldm/modules/attention.py`): `CrossAttention`, `BasicTransformerBlock`, `SpatialTransformer`,
+//! in the SD 1.x form (CompVis latent-diffusion a506df5 = stable-diffusion 21f890f) and the SD 2.x
+//! form (Stability-AI/stablediffusion cf1d67a: `disable_self_attn`, `use_linear`, `context_dim`
+//! per depth).
+//!
+//! The state-dict names are diffusers' (`to_q`, `to_out.0`, `ff.net.0.proj`, `norm1..3`,
+//! `proj_in`/`proj_out`), and so is the math in float32: these blocks are the diffusers ones
+//! ([`crate::diffusers::transformer`]) configured the ldm way. What differs:
+//! * `CrossAttention(mask=...)` takes a boolean mask `(B, ...)`, True = attend, flattened to
+//!   `(B, S)` and applied as `masked_fill(~mask, -finfo.max)`;
+//! * `BasicTransformerBlock` always has `attn2` (self-attention when `context` is None),
+//!   `gated_ff=False` uses `Sequential(Linear, GELU)` (key `ff.net.0.0`), and SD2's
+//!   `disable_self_attn` makes `attn1` attend to the context;
+//! * `SpatialTransformer(use_linear=True)` declares `proj_out = Linear(in_channels, inner_dim)`,
+//!   arguments swapped; it only runs when `in_channels == n_heads·d_head`, which is required here.
+//!
+//! SD2's `ATTN_PRECISION == "fp32"` upcast of q and k changes nothing here: attention scores are
+//! always computed in at least f32.
+
+use crate::diffusers::attention::{Attention, AttentionConfig};
+use crate::diffusers::feed_forward::{ActivationFn, FeedForwardConfig};
+use crate::diffusers::transformer::{
+    AttentionSource, SpatialTransformer as Spatial, TransformerBlock, TransformerBlockSpec,
+};
+use crate::{config, Error, Result};
+use candle_core::{DType, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+
+/// Keyword arguments of `CrossAttention(query_dim, context_dim=None, heads=8, dim_head=64,
+/// dropout=0.)`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CrossAttentionConfig {
+    pub query_dim: usize,
+    #[serde(default)]
+    pub context_dim: Option<usize>,
+    #[serde(default = "eight")]
+    pub heads: usize,
+    #[serde(default = "sixty_four")]
+    pub dim_head: usize,
+    /// Identity in eval mode.
+    #[serde(default)]
+    pub dropout: f64,
+}
+
+fn eight() -> usize {
+    8
+}
+fn sixty_four() -> usize {
+    64
+}
+
+/// `ldm.modules.attention.CrossAttention`.
+#[derive(Debug, Clone)]
+pub struct CrossAttention(Attention);
+
+impl CrossAttention {
+    pub const BLOCK: &'static str = "ldm.CrossAttention";
+
+    pub fn new(vb: VarBuilder, cfg: &CrossAttentionConfig) -> Result<Self> {
+        // to_q/to_k/to_v Linear(.., bias=False), to_out = Sequential(Linear(inner, query_dim), Dropout),
+        // scale dim_head ** -0.5 after q·kᵀ: diffusers' Attention with bias=False.
+        let attn: AttentionConfig = config::from_json(
+            Self::BLOCK,
+            &serde_json::json!({
+                "query_dim": cfg.query_dim,
+                "cross_attention_dim": cfg.context_dim,
+                "heads": cfg.heads,
+                "dim_head": cfg.dim_head,
+                "bias": false,
+            }),
+        )?;
+        Ok(Self(Attention::new(vb, &attn)?))
+    }
+
+    /// `forward(x, context=None, mask=None)`: `x` `(B, N, query_dim)`, `context`
+    /// `(B, S, context_dim)`, `mask` boolean (as `U8`, non-zero = attend) `(B, ...)` with S
+    /// elements per batch item.
+    pub fn forward(&self, x: &Tensor, context: Option<&Tensor>, mask: Option<&Tensor>) -> Result<Tensor> {
+        let bias = match mask {
+            Some(m) => Some(mask_bias(m)?),
+            None => None,
+        };
+        self.0.forward(x, context, bias.as_ref())
+    }
+}
+
+/// `rearrange(mask, 'b ... -> b (...)')`, then `masked_fill(~mask, -max)` as an additive bias
+/// `(B, 1, S)`: 0 where attended, `-f32::MAX` elsewhere.
+fn mask_bias(mask: &Tensor) -> Result<Tensor> {
+    let b = mask.dim(0)?;
+    let flat = mask.reshape((b, ()))?;
+    let keep = flat.ne(0u8)?;
+    let zeros = Tensor::zeros(flat.shape(), DType::F32, flat.device())?;
+    let neg = Tensor::full(-f32::MAX, flat.shape(), flat.device())?;
+    Ok(keep.where_cond(&zeros, &neg)?.unsqueeze(1)?)
+}
+
+/// Keyword arguments of `BasicTransformerBlock(dim, n_heads, d_head, dropout=0.,
+/// context_dim=None, gated_ff=True, checkpoint=True[, disable_self_attn=False])` (SD 1.x / 2.x).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasicTransformerBlockConfig {
+    pub dim: usize,
+    pub n_heads: usize,
+    pub d_head: usize,
+    #[serde(default)]
+    pub dropout: f64,
+    #[serde(default)]
+    pub context_dim: Option<usize>,
+    #[serde(default = "crate::config::yes")]
+    pub gated_ff: bool,
+    /// Gradient checkpointing: no effect on the forward.
+    #[serde(default = "crate::config::yes")]
+    pub checkpoint: bool,
+    #[serde(default)]
+    pub disable_self_attn: bool,
+}
+
+impl BasicTransformerBlockConfig {
+    /// The shared block description.
+    pub fn spec(&self) -> TransformerBlockSpec {
+        let context = AttentionSource::Context(self.context_dim.unwrap_or(self.dim));
+        let mut ff = FeedForwardConfig::new(self.dim);
+        ff.activation_fn = if self.gated_ff {
+            ActivationFn::Geglu
+        } else {
+            ActivationFn::Gelu
+        };
+        TransformerBlockSpec {
+            dim: self.dim,
+            heads: self.n_heads,
+            head_dim: self.d_head,
+            attn1: if self.disable_self_attn {
+                context
+            } else {
+                AttentionSource::SelfTokens
+            },
+            attn2: Some(context),
+            attention_bias: false,
+            attention_out_bias: true,
+            upcast_attention: false,
+            norm_eps: 1e-5,
+            norm_elementwise_affine: true,
+            ff,
+            ff_project_in_key: if self.gated_ff { "net.0.proj" } else { "net.0.0" },
+        }
+    }
+}
+
+/// `ldm.modules.attention.BasicTransformerBlock`.
+#[derive(Debug, Clone)]
+pub struct BasicTransformerBlock(TransformerBlock);
+
+impl BasicTransformerBlock {
+    pub const BLOCK: &'static str = "ldm.BasicTransformerBlock";
+
+    pub fn new(vb: VarBuilder, cfg: &BasicTransformerBlockConfig) -> Result<Self> {
+        Ok(Self(TransformerBlock::load(vb, Self::BLOCK, &cfg.spec())?))
+    }
+
+    /// `forward(x, context=None)`: `x` `(B, N, dim)`.
+    pub fn forward(&self, x: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        if x.rank() != 3 {
+            return Err(Error::input(
+                Self::BLOCK,
+                "x",
+                format!("expected (B, N, dim), found {:?}", x.dims()),
+            ));
+        }
+        self.0.forward(x, context, None, None)
+    }
+}
+
+/// `context_dim`: one width for every block, or (SD2) one per block.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ContextDim {
+    One(usize),
+    PerDepth(Vec<usize>),
+}
+
+/// Keyword arguments of `SpatialTransformer(in_channels, n_heads, d_head, depth=1, dropout=0.,
+/// context_dim=None[, disable_self_attn=False, use_linear=False, use_checkpoint=True])`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpatialTransformerConfig {
+    pub in_channels: usize,
+    pub n_heads: usize,
+    pub d_head: usize,
+    #[serde(default = "one")]
+    pub depth: usize,
+    #[serde(default)]
+    pub dropout: f64,
+    #[serde(default)]
+    pub context_dim: Option<ContextDim>,
+    #[serde(default)]
+    pub disable_self_attn: bool,
+    #[serde(default)]
+    pub use_linear: bool,
+    /// Gradient checkpointing: no effect on the forward.
+    #[serde(default = "crate::config::yes")]
+    pub use_checkpoint: bool,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// `ldm.modules.attention.SpatialTransformer`.
+#[derive(Debug, Clone)]
+pub struct SpatialTransformer(Spatial);
+
+impl SpatialTransformer {
+    pub const BLOCK: &'static str = "ldm.SpatialTransformer";
+
+    pub fn new(vb: VarBuilder, cfg: &SpatialTransformerConfig) -> Result<Self> {
+        let block = Self::BLOCK;
+        let inner = cfg.n_heads * cfg.d_head;
+        if cfg.use_linear && inner != cfg.in_channels {
+            return Err(Error::config(
+                block,
+                format!(
+                    "use_linear needs in_channels ({}) == n_heads·d_head ({inner}): SD2 declares proj_out as \
+                     Linear(in_channels, inner_dim), which only runs when they are equal",
+                    cfg.in_channels
+                ),
+            ));
+        }
+        let context_dims: Vec<Option<usize>> = match &cfg.context_dim {
+            None => vec![None; cfg.depth],
+            Some(ContextDim::One(d)) => vec![Some(*d); cfg.depth],
+            Some(ContextDim::PerDepth(list)) if list.len() >= cfg.depth => list.iter().map(|d| Some(*d)).collect(),
+            Some(ContextDim::PerDepth(list)) => {
+                return Err(Error::config(
+                    block,
+                    format!("context_dim lists {} widths for depth {}", list.len(), cfg.depth),
+                ))
+            }
+        };
+        let specs: Vec<TransformerBlockSpec> = context_dims
+            .into_iter()
+            .take(cfg.depth)
+            .map(|context_dim| {
+                BasicTransformerBlockConfig {
+                    dim: inner,
+                    n_heads: cfg.n_heads,
+                    d_head: cfg.d_head,
+                    dropout: cfg.dropout,
+                    context_dim,
+                    gated_ff: true,
+                    checkpoint: cfg.use_checkpoint,
+                    disable_self_attn: cfg.disable_self_attn,
+                }
+                .spec()
+            })
+            .collect();
+        // Normalize(in_channels) = GroupNorm(32, in_channels, eps=1e-6).
+        Ok(Self(Spatial::load(
+            vb,
+            block,
+            32,
+            cfg.in_channels,
+            cfg.in_channels,
+            cfg.use_linear,
+            &specs,
+        )?))
+    }
+
+    /// `forward(x, context=None)`: `x` `(B, C, H, W)`; one context serves every block (a list
+    /// of identical contexts in SD2's terms).
+    pub fn forward(&self, x: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        if x.rank() != 4 {
+            return Err(Error::input(
+                Self::BLOCK,
+                "x",
+                format!("expected (B, C, H, W), found {:?}", x.dims()),
+            ));
+        }
+        self.0.forward(x, context, None, None)
+    }
+}

@@ -1,12 +1,69 @@
-use super::{single, BlockInfo};
+use super::{single, BlockInfo, Inputs, Runnable};
+use candle_core::Tensor;
+use unet_attention::ldm::transformer::{BasicTransformerBlock, CrossAttention, SpatialTransformer};
 use unet_attention::ldm::LinearAttention;
+use unet_attention::{config, Result};
+
+impl Runnable for CrossAttention {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![self.forward(
+            inputs.required("x")?,
+            inputs.get("context"),
+            inputs.get("mask"),
+        )?])
+    }
+}
+
+impl Runnable for BasicTransformerBlock {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![self.forward(inputs.required("x")?, inputs.get("context"))?])
+    }
+}
+
+impl Runnable for SpatialTransformer {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![self.forward(inputs.required("x")?, inputs.get("context"))?])
+    }
+}
 
 pub(super) fn entries() -> Vec<BlockInfo> {
-    vec![BlockInfo {
-        id: LinearAttention::BLOCK,
-        pytorch: "ldm.modules.attention.LinearAttention (CompVis latent-diffusion a506df5 = stable-diffusion 1.x; LinAttnBlock)",
-        inputs: &["x"],
-        kwargs: &[],
-        build: |vb, cfg| single(LinearAttention::BLOCK, vb, cfg, &["x"], &[4], LinearAttention::new),
-    }]
+    vec![
+        BlockInfo {
+            id: LinearAttention::BLOCK,
+            pytorch: "ldm.modules.attention.LinearAttention (CompVis latent-diffusion a506df5 = stable-diffusion 1.x)",
+            inputs: &["x"],
+            kwargs: &[],
+            build: |vb, cfg| single(LinearAttention::BLOCK, vb, cfg, &["x"], &[4], LinearAttention::new),
+        },
+        BlockInfo {
+            id: CrossAttention::BLOCK,
+            pytorch: "ldm.modules.attention.CrossAttention (CompVis latent-diffusion a506df5 / SD 1.x; Stability stablediffusion cf1d67a / SD 2.x)",
+            inputs: &["x", "context", "mask"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(CrossAttention::BLOCK, cfg)?;
+                Ok(Box::new(CrossAttention::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: BasicTransformerBlock::BLOCK,
+            pytorch: "ldm.modules.attention.BasicTransformerBlock (SD 1.x a506df5; SD 2.x cf1d67a with disable_self_attn)",
+            inputs: &["x", "context"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(BasicTransformerBlock::BLOCK, cfg)?;
+                Ok(Box::new(BasicTransformerBlock::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: SpatialTransformer::BLOCK,
+            pytorch: "ldm.modules.attention.SpatialTransformer (SD 1.x conv projections a506df5; SD 2.x cf1d67a use_linear, context_dim per depth, disable_self_attn)",
+            inputs: &["x", "context"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(SpatialTransformer::BLOCK, cfg)?;
+                Ok(Box::new(SpatialTransformer::new(vb, &cfg)?))
+            },
+        },
+    ]
 }
