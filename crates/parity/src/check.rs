@@ -62,9 +62,8 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         }
     }
     for (name, value) in &bundle.kwargs {
-        // A tensor input passed as None may be written as a null kwarg.
-        let null_input = value.is_null() && info.inputs.contains(&name.as_str());
-        if !info.kwargs.contains(&name.as_str()) && !null_input {
+        // An argument left at Python's `None` default changes nothing.
+        if !info.kwargs.contains(&name.as_str()) && !value.is_null() {
             let known = if info.kwargs.is_empty() {
                 "none".to_string()
             } else {
