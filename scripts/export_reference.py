@@ -31,27 +31,36 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from parity_bundle import export_bundle, float64_copy, load_bundle, randomize_, run_module  # noqa: E402
-from reference import annotated_diffusion, fastai, ldm, textbook  # noqa: E402
+from reference import annotated_diffusion, fastai, ldm, ldm_sd, openai, textbook  # noqa: E402
 
 REPO = HERE.parent
 WEIGHTS = REPO / "weights"
 # weights/<family>/ folders whose *.safetensors this script owns (stale ones are deleted)
-FAMILIES = ["denoising_diffusion_pytorch", "annotated_diffusion", "ldm", "diffusers", "fastai", "torch", "textbook"]
+FAMILIES = ["denoising_diffusion_pytorch", "annotated_diffusion", "ldm", "diffusers", "fastai", "torch", "textbook",
+            "openai"]
 
 LEGACY_DIFFUSERS_KEYS = [("to_q.", "query."), ("to_k.", "key."), ("to_v.", "value."), ("to_out.0.", "proj_attn.")]
+# diffusers Attention projections that ldm->diffusers converted checkpoints sometimes keep as 1x1 convs
+CONV_SHAPED_DIFFUSERS_KEYS = ("to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight")
+# marker in parity.source telling the SD 2.x re-statements from the SD 1.x ones (same kwargs for
+# ldm.CrossAttention)
+SD2_MARK = "Stability-AI/stablediffusion"
+DIFFUSERS_PROCESSORS = ("AttnProcessor", "AttnProcessor2_0", "AttnAddedKVProcessor", "AttnAddedKVProcessor2_0")
 
 
 # --------------------------------------------------------------------------------------------
 # building a block from (block id, config, state-dict keys) alone
 
 
-def build_module(block: str, config: dict, state_keys=()) -> nn.Module:
+def build_module(block: str, config: dict, state_keys=(), source: str = "") -> nn.Module:
     """Construct the PyTorch block for ``block`` from its stored constructor kwargs.
 
     ``state_keys`` tells apart classes published under one block id (fast.ai SelfAttention
-    GroupNorm vs BatchNorm/fused-qkv variant)."""
+    GroupNorm vs BatchNorm/fused-qkv variant); ``source`` (``parity.source``) tells the SD 2.x
+    ldm classes (Stability-AI/stablediffusion) from the SD 1.x ones."""
     cfg = dict(config)
     keys = set(state_keys)
+    sd2 = SD2_MARK in (source or "")
     if block == "denoising_diffusion_pytorch.Attention":
         from denoising_diffusion_pytorch.denoising_diffusion_pytorch import Attention
 
@@ -67,13 +76,45 @@ def build_module(block: str, config: dict, state_keys=()) -> nn.Module:
     if block == "ldm.LinearAttention":
         return ldm.LinearAttention(**cfg)
     if block == "diffusers.Attention":
-        from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
+        from diffusers.models import attention_processor as ap
 
         processor = cfg.pop("processor", None)
-        m = Attention(**cfg)
+        m = ap.Attention(**cfg)
         if processor is not None:
-            m.set_processor({"AttnProcessor": AttnProcessor, "AttnProcessor2_0": AttnProcessor2_0}[processor]())
+            if processor not in DIFFUSERS_PROCESSORS:
+                raise KeyError(f"diffusers.Attention: unknown processor {processor!r}")
+            m.set_processor(getattr(ap, processor)())
         return m
+    if block == "diffusers.FeedForward":
+        from diffusers.models.attention import FeedForward
+
+        return FeedForward(**cfg)
+    if block == "diffusers.GEGLU":
+        from diffusers.models.activations import GEGLU
+
+        return GEGLU(**cfg)
+    if block == "diffusers.BasicTransformerBlock":
+        from diffusers.models.attention import BasicTransformerBlock
+
+        return BasicTransformerBlock(**cfg)
+    if block == "diffusers.Transformer2DModel":
+        from diffusers.models.transformers.transformer_2d import Transformer2DModel
+
+        return Transformer2DModel(**cfg)
+    if block == "ldm.CrossAttention":
+        return (ldm_sd.CrossAttentionSD2 if sd2 else ldm_sd.CrossAttentionSD1)(**cfg)
+    if block == "ldm.BasicTransformerBlock":
+        return (ldm_sd.BasicTransformerBlockSD2 if sd2 else ldm_sd.BasicTransformerBlockSD1)(**cfg)
+    if block == "ldm.SpatialTransformer":
+        return (ldm_sd.SpatialTransformerSD2 if sd2 else ldm_sd.SpatialTransformerSD1)(**cfg)
+    if block == "ldm.AttnBlock":
+        return ldm_sd.AttnBlock(**cfg)
+    if block == "ldm.SpatialSelfAttention":
+        return ldm_sd.SpatialSelfAttention(**cfg)
+    if block == "ldm.LinAttnBlock":
+        return ldm.LinAttnBlock(**cfg)
+    if block == "openai.AttentionBlock":
+        return openai.AttentionBlock(**cfg)
     if block == "fastai.SelfAttention":
         if "qkv.weight" in keys or "norm.running_mean" in keys:
             return fastai.SelfAttentionFused(**cfg)
@@ -100,6 +141,16 @@ def to_legacy_diffusers_keys(sd):
                 break
         out[k] = v
     return out
+
+
+def to_conv_shaped_diffusers_weights(sd):
+    """The same state dict with the q/k/v/out projection weights as (out, in, 1, 1) conv kernels."""
+    return OrderedDict((k, v[:, :, None, None] if k in CONV_SHAPED_DIFFUSERS_KEYS else v) for k, v in sd.items())
+
+
+def from_conv_shaped_diffusers_weights(sd):
+    return OrderedDict((k, v[:, :, 0, 0].contiguous() if k in CONV_SHAPED_DIFFUSERS_KEYS and v.dim() == 4 else v)
+                       for k, v in sd.items())
 
 
 def from_legacy_diffusers_keys(sd):
@@ -148,6 +199,29 @@ def diffusers_cross_mask():
     return m
 
 
+def diffusers_mask(batch, seq, masked):
+    """Additive float mask (batch, 1, seq): 0.0 kept, -10000.0 at ``masked[b]`` positions."""
+    m = torch.zeros(batch, 1, seq)
+    for b, cols in masked.items():
+        m[b, 0, cols] = -10000.0
+    return m
+
+
+def diffusers_self_mask():
+    """Additive float self-attention mask (B=2, 1, N=9)."""
+    return diffusers_mask(2, 9, {0: [3], 1: [0, 7, 8]})
+
+
+def keep_mask_bool(batch, seq, lengths):
+    """bool (batch, seq), True = keep: the first lengths[b] tokens, the rest padding."""
+    return torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def keep_mask_float(batch, seq, lengths):
+    """float (batch, seq), 1.0 = keep, 0.0 = discard (trailing padding)."""
+    return keep_mask_bool(batch, seq, lengths).float()
+
+
 def mha_float_mask(gen):
     """Additive float attn_mask (L=5, S=6): a random bias with a few -10000 entries."""
     m = 0.5 * randn(gen, 5, 6)
@@ -165,6 +239,17 @@ LDM_SRC = ("re-statement scripts/reference/ldm.py of CompVis/latent-diffusion ld
 FASTAI_SRC = "re-statement scripts/reference/fastai.py of fastai/course22p2 nbs/27_attention.ipynb (commit df9323235bc3) {}"
 TEXTBOOK_SRC = "re-statement scripts/reference/textbook.py of the seed-003 textbook notes {}"
 DIFF_SRC = "real library class diffusers.models.attention_processor.Attention"
+DIFF_FF_SRC = "real library class diffusers.models.attention.{}"
+DIFF_ACT_SRC = "real library class diffusers.models.activations.{}"
+DIFF_T2D_SRC = "real library class diffusers.models.transformers.transformer_2d.Transformer2DModel"
+SD1_SRC = ("re-statement scripts/reference/ldm_sd.py of CompVis/latent-diffusion ldm/modules/attention.py "
+           "(commit a506df575647 = CompVis/stable-diffusion 21f890f9da3c, SD 1.x) {}")
+SD2_SRC = ("re-statement scripts/reference/ldm_sd.py of " + SD2_MARK + " ldm/modules/attention.py "
+           "(commit cf1d67a6fd5e, SD 2.x) {}")
+LDM_MODEL_SRC = ("re-statement scripts/reference/ldm_sd.py of CompVis/latent-diffusion "
+                 "ldm/modules/diffusionmodules/model.py (commit a506df575647) {}")
+OPENAI_SRC = ("re-statement scripts/reference/openai.py of openai/guided-diffusion guided_diffusion/unet.py + nn.py "
+              "(commit 22e0df818350) AttentionBlock{}")
 
 VAE_MID = dict(query_dim=32, heads=1, dim_head=32, rescale_output_factor=1.0, eps=1e-6, norm_num_groups=8,
                spatial_norm_dim=None, residual_connection=True, bias=True, upcast_softmax=True,
@@ -323,6 +408,204 @@ def bundle_specs():
                    "key_padding_mask": torch.tensor([[0.0, 0.0, float("-inf"), 0.0, 0.0], [0.0] * 5])},
         kwargs=dict(need_weights=True, average_attn_weights=True),
         source="torch.nn.MultiheadAttention self-attention, even head count, additive float key_padding_mask")
+
+    # ---------------------------------------------------------------------------------------
+    # Stable Diffusion family: diffusers 0.42.1 (real library), ldm SD 1.x / SD 2.x and OpenAI
+    # guided-diffusion (re-stated in reference/ldm_sd.py and reference/openai.py).
+
+    # diffusers.Attention: more configurations
+    add("diffusers/attention_spatial_norm_movq.safetensors", "diffusers.Attention",
+        dict(query_dim=32, heads=2, dim_head=16, norm_num_groups=None, spatial_norm_dim=6, residual_connection=True,
+             bias=True, upcast_softmax=True, _from_deprecated_attn_block=True), 610,
+        lambda g: {"hidden_states": randn(g, 2, 32, 6, 4), "temb": randn(g, 2, 6, 3, 2)},
+        source=DIFF_SRC + " (AttnProcessor2_0 default), MoVQ-style VAE-decoder mid attention with SpatialNorm: "
+        "temb is the zq map, forwarded by Attention.forward(**cross_attention_kwargs) to the processor, "
+        "interpolated (nearest) to the (H, W) of hidden_states inside SpatialNorm")
+    add("diffusers/attention_cross_norm_layer_norm.safetensors", "diffusers.Attention",
+        dict(query_dim=40, cross_attention_dim=20, heads=2, dim_head=20, cross_attention_norm="layer_norm"), 611,
+        lambda g: {"hidden_states": randn(g, 2, 9, 40), "encoder_hidden_states": randn(g, 2, 6, 20)},
+        source=DIFF_SRC + ' (AttnProcessor2_0 default), cross_attention_norm="layer_norm" on encoder_hidden_states')
+    add("diffusers/attention_cross_norm_group_norm.safetensors", "diffusers.Attention",
+        dict(query_dim=30, cross_attention_dim=20, heads=3, dim_head=10, bias=True, cross_attention_norm="group_norm",
+             cross_attention_norm_num_groups=4), 612,
+        lambda g: {"hidden_states": randn(g, 3, 7, 30), "encoder_hidden_states": randn(g, 3, 5, 20)},
+        source=DIFF_SRC + ' (AttnProcessor2_0 default), cross_attention_norm="group_norm" (GroupNorm(4, 20, eps 1e-5) '
+        "over the feature axis of encoder_hidden_states)")
+    add("diffusers/attention_qk_norm_layer_norm.safetensors", "diffusers.Attention",
+        dict(query_dim=36, heads=3, dim_head=12, qk_norm="layer_norm", eps=1e-6), 613,
+        lambda g: {"hidden_states": randn(g, 2, 7, 36)},
+        source=DIFF_SRC + ' (AttnProcessor2_0 default, which applies norm_q/norm_k per head), qk_norm="layer_norm"')
+    add("diffusers/attention_qk_norm_rms_norm.safetensors", "diffusers.Attention",
+        dict(query_dim=36, cross_attention_dim=14, heads=3, dim_head=12, bias=True, qk_norm="rms_norm"), 614,
+        lambda g: {"hidden_states": randn(g, 2, 7, 36), "encoder_hidden_states": randn(g, 2, 5, 14)},
+        source=DIFF_SRC + ' (AttnProcessor2_0 default), qk_norm="rms_norm" (diffusers RMSNorm, eps 1e-5; its '
+        "float32 variance cast is switched off in the float64 copy), cross-attention")
+    add("diffusers/attention_qk_norm_l2.safetensors", "diffusers.Attention",
+        dict(query_dim=30, heads=2, dim_head=15, qk_norm="l2"), 615,
+        lambda g: {"hidden_states": randn(g, 3, 6, 30)},
+        source=DIFF_SRC + ' (AttnProcessor2_0 default), qk_norm="l2" (LpNorm = F.normalize(p=2, dim=-1, eps=1e-5))')
+    for i, (proc, extra, short) in enumerate((
+            ("AttnAddedKVProcessor2_0", {}, "attn_added_kv_2_0"),
+            ("AttnAddedKVProcessor2_0", {"only_cross_attention": True}, "attn_added_kv_2_0_only_cross"),
+            ("AttnAddedKVProcessor", {}, "attn_added_kv"),
+            ("AttnAddedKVProcessor2_0", {"cross_attention_norm": "group_norm", "cross_attention_norm_num_groups": 4},
+             "attn_added_kv_2_0_cross_group_norm"))):
+        cfg = dict(query_dim=24, cross_attention_dim=24, heads=2, dim_head=12, added_kv_proj_dim=12,
+                   norm_num_groups=8, bias=True, upcast_softmax=True, only_cross_attention=False,
+                   cross_attention_norm=None)
+        cfg.update(extra)
+        cfg["processor"] = proc
+        add(f"diffusers/attention_{short}.safetensors", "diffusers.Attention", cfg, 616 + i,
+            lambda g: {"hidden_states": randn(g, 2, 24, 5, 3), "encoder_hidden_states": randn(g, 2, 7, 12)},
+            source=DIFF_SRC + f' built without "processor", then set_processor({proc}()); '
+            "UNetMidBlock2DSimpleCrossAttn-style kwargs (added_kv_proj_dim: text keys/values prepended to the "
+            "image keys/values)")
+    add("diffusers/attention_vae_mid_conv_weights.safetensors", "diffusers.Attention", dict(VAE_MID), 620,
+        lambda g: {"hidden_states": randn(g, 3, 32, 3, 5)},
+        source=DIFF_SRC + " (AttnProcessor2_0 default), VAE-style kwargs; to_q/to_k/to_v/to_out.0 weights stored "
+        "as (C, C, 1, 1) conv kernels (as in some ldm->diffusers converted checkpoints); squeeze them to (C, C)",
+        conv_weights=True)
+    add("diffusers/attention_attnprocessor_upcast_cross_mask.safetensors", "diffusers.Attention",
+        dict(query_dim=80, cross_attention_dim=24, heads=2, dim_head=40, upcast_attention=True, upcast_softmax=True,
+             processor="AttnProcessor"), 621,
+        lambda g: {"hidden_states": randn(g, 2, 9, 80), "encoder_hidden_states": randn(g, 2, 7, 24),
+                   "attention_mask": diffusers_cross_mask()},
+        source=DIFF_SRC + ' built without "processor", then set_processor(AttnProcessor()); upcast_attention and '
+        "upcast_softmax (switched off in the float64 copy), additive (B, 1, S) mask")
+
+    # diffusers FeedForward / GEGLU / BasicTransformerBlock / Transformer2DModel
+    for i, (act, dim, dim_out, mult, final_dropout, inner_dim, bias, shape) in enumerate((
+            ("geglu", 20, None, 4, False, None, True, (2, 7, 20)),
+            ("gelu", 24, 10, 2, False, None, False, (3, 5, 24)),
+            ("gelu-approximate", 20, None, 4, True, 36, True, (2, 9, 20)),
+            ("geglu-approximate", 18, 14, 3, False, None, True, (2, 5, 18)))):
+        add(f"diffusers/feed_forward_{act.replace('-', '_')}.safetensors", "diffusers.FeedForward",
+            dict(dim=dim, dim_out=dim_out, mult=mult, dropout=0.0, activation_fn=act, final_dropout=final_dropout,
+                 inner_dim=inner_dim, bias=bias), 630 + i,
+            lambda g, shape=shape: {"hidden_states": randn(g, *shape)},
+            source=DIFF_FF_SRC.format("FeedForward") + f' activation_fn="{act}"')
+    add("diffusers/geglu_in20_out24.safetensors", "diffusers.GEGLU", dict(dim_in=20, dim_out=24, bias=True), 640,
+        lambda g: {"hidden_states": randn(g, 2, 7, 20)}, source=DIFF_ACT_SRC.format("GEGLU"))
+    add("diffusers/geglu_in14_out10_nobias.safetensors", "diffusers.GEGLU", dict(dim_in=14, dim_out=10, bias=False),
+        641, lambda g: {"hidden_states": randn(g, 3, 5, 14)}, source=DIFF_ACT_SRC.format("GEGLU") + ", bias=False")
+    add("diffusers/basic_transformer_block_sd.safetensors", "diffusers.BasicTransformerBlock",
+        dict(dim=24, num_attention_heads=2, attention_head_dim=12, dropout=0.0, cross_attention_dim=20,
+             activation_fn="geglu", attention_bias=True, norm_type="layer_norm"), 650,
+        lambda g: {"hidden_states": randn(g, 2, 9, 24), "encoder_hidden_states": randn(g, 2, 7, 20),
+                   "attention_mask": diffusers_self_mask(), "encoder_attention_mask": diffusers_cross_mask()},
+        source=DIFF_FF_SRC.format("BasicTransformerBlock") + " SD-style (self-attn, cross-attn, GEGLU FF); masks "
+        "are additive (B, 1, S) biases passed through unchanged to attn1 / attn2")
+    add("diffusers/basic_transformer_block_only_cross.safetensors", "diffusers.BasicTransformerBlock",
+        dict(dim=20, num_attention_heads=2, attention_head_dim=10, cross_attention_dim=12, attention_bias=False,
+             only_cross_attention=True, upcast_attention=True), 651,
+        lambda g: {"hidden_states": randn(g, 3, 5, 20), "encoder_hidden_states": randn(g, 3, 6, 12),
+                   "attention_mask": diffusers_mask(3, 6, {0: [5], 2: [0, 4]})},
+        source=DIFF_FF_SRC.format("BasicTransformerBlock") + " only_cross_attention=True (attn1 attends to "
+        "encoder_hidden_states with attention_mask; attn2 too, without a mask)")
+    add("diffusers/basic_transformer_block_double_self.safetensors", "diffusers.BasicTransformerBlock",
+        dict(dim=20, num_attention_heads=2, attention_head_dim=10, double_self_attention=True, attention_bias=True), 652,
+        lambda g: {"hidden_states": randn(g, 2, 7, 20)},
+        source=DIFF_FF_SRC.format("BasicTransformerBlock") + " double_self_attention=True, no cross_attention_dim "
+        "(attn2 is a second self-attention)")
+    add("diffusers/transformer_2d_conv_sd1.safetensors", "diffusers.Transformer2DModel",
+        dict(num_attention_heads=2, attention_head_dim=12, in_channels=16, num_layers=1, cross_attention_dim=20,
+             norm_num_groups=4, use_linear_projection=False, attention_bias=False, upcast_attention=False,
+             only_cross_attention=False), 660,
+        lambda g: {"hidden_states": randn(g, 2, 16, 5, 3), "encoder_hidden_states": randn(g, 2, 7, 20),
+                   "encoder_attention_mask": keep_mask_float(2, 7, [5, 7])},
+        kwargs={"return_dict": False},
+        source=DIFF_T2D_SRC + " SD1-style (conv proj_in/proj_out, in_channels != inner_dim); 2-D "
+        "encoder_attention_mask (1 = keep, 0 = discard) converted to a (1 - m) * -10000 bias")
+    add("diffusers/transformer_2d_linear_2layers.safetensors", "diffusers.Transformer2DModel",
+        dict(num_attention_heads=2, attention_head_dim=10, in_channels=20, num_layers=2, cross_attention_dim=12,
+             norm_num_groups=5, use_linear_projection=True, attention_bias=True, upcast_attention=True,
+             only_cross_attention=False), 661,
+        lambda g: {"hidden_states": randn(g, 2, 20, 3, 5), "encoder_hidden_states": randn(g, 2, 6, 12),
+                   "encoder_attention_mask": keep_mask_float(2, 6, [6, 3])},
+        kwargs={"return_dict": False},
+        source=DIFF_T2D_SRC + " SD2/XL-style (linear proj_in/proj_out), 2 layers, upcast_attention (ignored by "
+        "AttnProcessor2_0)")
+
+    # ldm (SD 1.x / SD 2.x) attention.py
+    add("ldm/cross_attention_sd1_mask.safetensors", "ldm.CrossAttention",
+        dict(query_dim=40, context_dim=24, heads=2, dim_head=20, dropout=0.0), 510,
+        lambda g: {"x": randn(g, 2, 9, 40), "context": randn(g, 2, 7, 24), "mask": keep_mask_bool(2, 7, [5, 7])},
+        source=SD1_SRC.format("CrossAttention (class CrossAttentionSD1 here)") + "; bool mask (B, S), True = keep, "
+        "masked logits filled with -finfo(float32).max")
+    add("ldm/cross_attention_sd1_self.safetensors", "ldm.CrossAttention",
+        dict(query_dim=24, context_dim=None, heads=3, dim_head=10, dropout=0.0), 511,
+        lambda g: {"x": randn(g, 2, 7, 24)},
+        source=SD1_SRC.format("CrossAttention (class CrossAttentionSD1 here)") + "; self-attention (context None)")
+    add("ldm/cross_attention_sd2_mask.safetensors", "ldm.CrossAttention",
+        dict(query_dim=36, context_dim=20, heads=3, dim_head=12, dropout=0.0), 512,
+        lambda g: {"x": randn(g, 3, 5, 36), "context": randn(g, 3, 6, 20), "mask": keep_mask_bool(3, 6, [4, 6, 2])},
+        source=SD2_SRC.format("CrossAttention (class CrossAttentionSD2 here)") + '; ATTN_PRECISION "fp32" (q, k '
+        "upcast; switched off in the float64 copy); bool mask (B, S), True = keep")
+    add("ldm/basic_transformer_block_sd1.safetensors", "ldm.BasicTransformerBlock",
+        dict(dim=24, n_heads=2, d_head=12, dropout=0.0, context_dim=20, gated_ff=True, checkpoint=True), 520,
+        lambda g: {"x": randn(g, 2, 9, 24), "context": randn(g, 2, 7, 20)},
+        source=SD1_SRC.format("BasicTransformerBlock (class BasicTransformerBlockSD1 here)"))
+    add("ldm/basic_transformer_block_sd1_plain_ff_self.safetensors", "ldm.BasicTransformerBlock",
+        dict(dim=20, n_heads=2, d_head=10, dropout=0.0, context_dim=None, gated_ff=False, checkpoint=False), 521,
+        lambda g: {"x": randn(g, 2, 7, 20)},
+        source=SD1_SRC.format("BasicTransformerBlock (class BasicTransformerBlockSD1 here)") + "; gated_ff=False "
+        "(Linear + GELU feed-forward, keys ff.net.0.0.*), no context (attn2 is a self-attention)")
+    add("ldm/basic_transformer_block_sd2_disable_self_attn.safetensors", "ldm.BasicTransformerBlock",
+        dict(dim=20, n_heads=2, d_head=10, dropout=0.0, context_dim=12, gated_ff=True, checkpoint=True,
+             disable_self_attn=True), 522,
+        lambda g: {"x": randn(g, 3, 5, 20), "context": randn(g, 3, 6, 12)},
+        source=SD2_SRC.format("BasicTransformerBlock (class BasicTransformerBlockSD2 here)") + "; disable_self_attn "
+        "(attn1 is a cross-attention over context too)")
+    add("ldm/spatial_transformer_sd1.safetensors", "ldm.SpatialTransformer",
+        dict(in_channels=32, n_heads=2, d_head=12, depth=1, dropout=0.0, context_dim=20), 530,
+        lambda g: {"x": randn(g, 2, 32, 5, 3), "context": randn(g, 2, 7, 20)},
+        source=SD1_SRC.format("SpatialTransformer (class SpatialTransformerSD1 here)") + "; conv proj_in/proj_out, "
+        "in_channels != inner_dim")
+    add("ldm/spatial_transformer_sd2_linear_depth2.safetensors", "ldm.SpatialTransformer",
+        dict(in_channels=32, n_heads=2, d_head=16, depth=2, dropout=0.0, context_dim=[20, 12],
+             disable_self_attn=False, use_linear=True, use_checkpoint=True), 531,
+        lambda g: {"x": randn(g, 2, 32, 3, 5), "context": [randn(g, 2, 7, 20), randn(g, 2, 5, 12)]},
+        source=SD2_SRC.format("SpatialTransformer (class SpatialTransformerSD2 here)") + "; use_linear (proj_out = "
+        "Linear(in_channels, inner_dim), in == inner), depth 2 with one context per block: the forward takes a "
+        "list, stored as inputs context.0 / context.1 (block i gets context.i)")
+    add("ldm/spatial_transformer_sd2_disable_self_attn.safetensors", "ldm.SpatialTransformer",
+        dict(in_channels=32, n_heads=2, d_head=10, depth=1, dropout=0.0, context_dim=12,
+             disable_self_attn=True, use_linear=False, use_checkpoint=True), 532,
+        lambda g: {"x": randn(g, 2, 32, 3, 5), "context": randn(g, 2, 6, 12)},
+        source=SD2_SRC.format("SpatialTransformer (class SpatialTransformerSD2 here)") + "; conv proj_in/proj_out, "
+        "disable_self_attn, int context_dim (wrapped into a list), single context tensor")
+    add("ldm/spatial_self_attention_c32.safetensors", "ldm.SpatialSelfAttention", dict(in_channels=32), 540,
+        lambda g: {"x": randn(g, 2, 32, 3, 5)}, source=SD1_SRC.format("SpatialSelfAttention"))
+    add("ldm/spatial_self_attention_c64.safetensors", "ldm.SpatialSelfAttention", dict(in_channels=64), 541,
+        lambda g: {"x": randn(g, 2, 64, 3, 3)}, source=SD1_SRC.format("SpatialSelfAttention"))
+
+    # ldm diffusionmodules/model.py
+    add("ldm/attn_block_c32.safetensors", "ldm.AttnBlock", dict(in_channels=32), 550,
+        lambda g: {"x": randn(g, 2, 32, 5, 3)}, source=LDM_MODEL_SRC.format("AttnBlock"))
+    add("ldm/attn_block_c64.safetensors", "ldm.AttnBlock", dict(in_channels=64), 551,
+        lambda g: {"x": randn(g, 3, 64, 3, 3)}, source=LDM_MODEL_SRC.format("AttnBlock"))
+    add("ldm/lin_attn_block_c12.safetensors", "ldm.LinAttnBlock", dict(in_channels=12), 552,
+        lambda g: {"x": randn(g, 2, 12, 5, 7)},
+        source=LDM_MODEL_SRC.format("LinAttnBlock (= LinearAttention(dim=C, heads=1, dim_head=C); re-stated in "
+                                    "scripts/reference/ldm.py)"))
+    add("ldm/lin_attn_block_c20.safetensors", "ldm.LinAttnBlock", dict(in_channels=20), 553,
+        lambda g: {"x": randn(g, 3, 20, 6, 3)},
+        source=LDM_MODEL_SRC.format("LinAttnBlock (= LinearAttention(dim=C, heads=1, dim_head=C); re-stated in "
+                                    "scripts/reference/ldm.py)"))
+
+    # OpenAI guided-diffusion AttentionBlock
+    add("openai/attention_block_legacy_c32_h2.safetensors", "openai.AttentionBlock",
+        dict(channels=32, num_heads=2, num_head_channels=-1, use_checkpoint=False, use_new_attention_order=False),
+        560, lambda g: {"x": randn(g, 2, 32, 5, 3)},
+        source=OPENAI_SRC.format(" with QKVAttentionLegacy (split heads before q/k/v)"))
+    add("openai/attention_block_new_order_c32_hc16.safetensors", "openai.AttentionBlock",
+        dict(channels=32, num_heads=1, num_head_channels=16, use_checkpoint=False, use_new_attention_order=True),
+        561, lambda g: {"x": randn(g, 3, 32, 3, 5)},
+        source=OPENAI_SRC.format(" with QKVAttention (split q/k/v before heads); num_head_channels=16 -> 2 heads"))
+    add("openai/attention_block_legacy_1d_c64_hc8.safetensors", "openai.AttentionBlock",
+        dict(channels=64, num_heads=1, num_head_channels=8, use_checkpoint=True, use_new_attention_order=False),
+        562, lambda g: {"x": randn(g, 2, 64, 7)},
+        source=OPENAI_SRC.format(" with QKVAttentionLegacy on a 1-D (B, C, T) input; num_head_channels=8 -> 8 heads"))
     return S
 
 
@@ -338,16 +621,22 @@ def export_all(specs):
     results = []
     for spec in specs:
         keys = ("qkv.weight",) if spec.get("fused") else ()
-        module = build_module(spec["block"], spec["config"], keys)
+        module = build_module(spec["block"], spec["config"], keys, spec["source"])
         randomize_(module, spec["seed"])
         gen = torch.Generator().manual_seed(spec["seed"] + 100_000)
         inputs = spec["make_inputs"](gen)
         sd = to_legacy_diffusers_keys(module.state_dict()) if spec.get("legacy_keys") else None
+        if spec.get("conv_weights"):
+            sd = to_conv_shaped_diffusers_weights(module.state_dict())
         info = export_bundle(module, spec["block"], spec["config"], inputs, WEIGHTS / spec["path"],
                              kwargs=spec["kwargs"], source=spec["source"], state_dict=sd)
         diffs = ", ".join(f"{k} {v:.3e}" for k, v in info["max_abs_diff_f64"].items())
+        flat = OrderedDict()
+        for k, v in inputs.items():
+            for i, item in enumerate(v) if isinstance(v, (list, tuple)) else [(None, v)]:
+                flat[k if i is None else f"{k}.{i}"] = item
         ins = ", ".join(f"{k}{tuple(v.shape)}{'' if v.dtype == torch.float32 else ':' + str(v.dtype).replace('torch.', '')}"
-                        for k, v in inputs.items())
+                        for k, v in flat.items() if v is not None)
         print(f"wrote weights/{spec['path']} ({info['bytes']} B) {spec['block']} {json.dumps(spec['config'])} "
               f"inputs [{ins}] max|f32-f64| {diffs}")
         results.append(info)
@@ -365,7 +654,9 @@ def verify_file(path: Path) -> str:
     sd = b["state_dict"]
     if b["block"] == "diffusers.Attention" and any(k.startswith("query.") for k in sd):
         sd = from_legacy_diffusers_keys(sd)
-    module = build_module(b["block"], b["config"], sd.keys())
+    if b["block"] == "diffusers.Attention" and any(k in CONV_SHAPED_DIFFUSERS_KEYS and v.dim() == 4 for k, v in sd.items()):
+        sd = from_conv_shaped_diffusers_weights(sd)
+    module = build_module(b["block"], b["config"], sd.keys(), meta["parity.source"])
     missing, unexpected = module.load_state_dict(sd, strict=True)
     module.eval()
     want_dtype = getattr(torch, meta["parity.dtype"])

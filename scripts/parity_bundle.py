@@ -38,8 +38,9 @@ Usage::
                   kwargs={"need_weights": True, "average_attn_weights": True})
 
 The module is called as ``module(**inputs, **kwargs)``, so the input names must be the
-forward's parameter names. ``config`` must be exactly the keyword arguments the module was
-constructed with (the Rust side rebuilds the block from it).
+forward's parameter names (a list argument is stored as ``<name>.0``, ``<name>.1``, ...).
+``config`` must be exactly the keyword arguments the module was constructed with (the Rust side
+rebuilds the block from it).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import copy
 import json
 import math
 import os
+import re
 import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
@@ -83,6 +85,44 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+_LIST_ITEM = re.compile(r"^(.+)\.(\d+)$")
+
+
+def _flatten_list_inputs(inputs: Mapping[str, Any]) -> "OrderedDict[str, Any]":
+    """A list/tuple of tensors passed as input ``name`` becomes ``name.0``, ``name.1``, ..."""
+    out = OrderedDict()
+    for name, value in inputs.items():
+        if isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                out[f"{name}.{i}"] = item
+        else:
+            out[name] = value
+    return out
+
+
+def _group_list_inputs(inputs: Mapping[str, Any]) -> "OrderedDict[str, Any]":
+    """Inverse of ``_flatten_list_inputs``: inputs named ``name.0`` ... ``name.{n-1}`` are passed
+    to the forward as one list argument ``name`` (at the position of ``name.0``)."""
+    groups: dict[str, list[tuple[int, Any]]] = {}
+    for key, value in inputs.items():
+        m = _LIST_ITEM.match(key)
+        if m:
+            groups.setdefault(m.group(1), []).append((int(m.group(2)), value))
+    out = OrderedDict()
+    for key, value in inputs.items():
+        m = _LIST_ITEM.match(key)
+        if not m:
+            out[key] = value
+            continue
+        base = m.group(1)
+        items = sorted(groups[base], key=lambda t: t[0])
+        if [i for i, _ in items] != list(range(len(items))) or base in inputs:
+            raise ValueError(f"list input {base!r}: items {[i for i, _ in items]} are not 0..n-1")
+        if base not in out:
+            out[base] = [v for _, v in items]
+    return out
+
+
 def _with_forward_defaults(module: nn.Module, inputs: Mapping[str, Any]) -> "OrderedDict[str, Any]":
     """Inputs the forward would otherwise need, filled from others (same tensor object).
 
@@ -90,7 +130,7 @@ def _with_forward_defaults(module: nn.Module, inputs: Mapping[str, Any]) -> "Ord
     is the ``key`` (self-attention), passed as the same object so torch's ``query is key``
     self-attention path is taken.
     """
-    call = OrderedDict(inputs)
+    call = _group_list_inputs(inputs)
     if isinstance(module, nn.MultiheadAttention) and "query" in call:
         if "key" not in call:
             call["key"] = call["query"]
@@ -114,12 +154,38 @@ def _cast_inputs(inputs: Mapping[str, Any], dtype: torch.dtype) -> "OrderedDict[
     return out
 
 
+def _rms_norm_forward_keep_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """diffusers ``RMSNorm.forward`` without its ``.to(torch.float32)`` of the variance."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.eps)
+    if self.weight is not None:
+        hidden_states = hidden_states * self.weight
+        if self.bias is not None:
+            hidden_states = hidden_states + self.bias
+    return hidden_states
+
+
 def _disable_upcasts(module: nn.Module) -> None:
-    """Switch off in-block float32 upcasts (they would downcast a float64 run)."""
+    """Switch off in-block float32 upcasts (they would downcast a float64 run).
+
+    * any boolean ``upcast_softmax`` / ``upcast_attention`` attribute is set to False (diffusers
+      ``Attention``; the re-stated SD2 ``CrossAttention`` and OpenAI ``QKVAttention*``);
+    * a ``GroupNorm32`` (OpenAI / ldm ``openaimodel``: ``super().forward(x.float())``) runs as a
+      plain ``nn.GroupNorm``;
+    * a diffusers ``RMSNorm`` (variance computed ``.to(torch.float32)``) keeps the input dtype.
+    """
+    import types
+
     for sub in module.modules():
         for attr in ("upcast_softmax", "upcast_attention"):
-            if isinstance(getattr(sub, attr, None), bool):
+            # instance attributes only (diffusers ModelMixin forwards unknown attributes to its config)
+            if isinstance(vars(sub).get(attr), bool):
                 setattr(sub, attr, False)
+        cls = type(sub)
+        if cls.__name__ == "GroupNorm32" and isinstance(sub, nn.GroupNorm):
+            sub.forward = types.MethodType(nn.GroupNorm.forward, sub)
+        elif cls.__name__ == "RMSNorm" and cls.__module__.startswith("diffusers."):
+            sub.forward = types.MethodType(_rms_norm_forward_keep_dtype, sub)
 
 
 def float64_copy(module: nn.Module, prepare: Callable[[nn.Module], None] | None = None) -> nn.Module:
@@ -218,6 +284,9 @@ def export_bundle(
         config: the constructor keyword arguments, by their Python names (JSON-serialisable).
         inputs: ordered mapping forward-parameter name -> tensor; ``None`` values are skipped.
             Floating inputs are cast to the module's dtype; other dtypes (bool masks) are kept.
+            A list/tuple of tensors (e.g. the SD2 ``SpatialTransformer`` per-block ``context``)
+            is stored as inputs ``<name>.0``, ``<name>.1``, ... and passed back to the forward as
+            one list argument ``<name>``.
         path: output ``.safetensors`` file (parent folders are created).
         kwargs: non-tensor forward arguments (e.g. ``{"need_weights": False}``), stored as
             ``parity.kwargs``.
@@ -237,7 +306,7 @@ def export_bundle(
     module.eval()
     kwargs = dict(kwargs or {})
     dtype = _module_dtype(module)
-    clean = OrderedDict((k, v) for k, v in inputs.items() if v is not None)
+    clean = OrderedDict((k, v) for k, v in _flatten_list_inputs(inputs).items() if v is not None)
     for name, value in clean.items():
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"input {name!r} is not a tensor; pass non-tensor arguments via kwargs")

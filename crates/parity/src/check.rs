@@ -50,7 +50,7 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         known: registry::all().iter().map(|b| b.id).collect::<Vec<_>>().join(", "),
     })?;
     for name in &bundle.inputs {
-        if !info.inputs.contains(&name.as_str()) {
+        if !info.accepts_input(name) {
             return Err(ParityError::bundle(
                 path,
                 format!(

@@ -162,11 +162,45 @@ impl SpatialTransformer {
         })
     }
 
-    /// `x` `(B, C, H, W)` → `(B, out_channels, H, W)`.
+    /// `x` `(B, C, H, W)` → `(B, out_channels, H, W)`; every block attends to `context`.
     pub fn forward(
         &self,
         x: &Tensor,
         context: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+        encoder_attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let contexts = vec![context; self.blocks.len()];
+        self.run(x, &contexts, attention_mask, encoder_attention_mask)
+    }
+
+    /// Like [`Self::forward`], with block `i` attending to `contexts[i]`.
+    pub fn forward_per_block(
+        &self,
+        x: &Tensor,
+        contexts: &[&Tensor],
+        attention_mask: Option<&Tensor>,
+        encoder_attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        if contexts.len() < self.blocks.len() {
+            return Err(Error::input(
+                "SpatialTransformer",
+                "context",
+                format!(
+                    "{} contexts for {} transformer blocks",
+                    contexts.len(),
+                    self.blocks.len()
+                ),
+            ));
+        }
+        let contexts: Vec<Option<&Tensor>> = contexts.iter().map(|c| Some(*c)).collect();
+        self.run(x, &contexts, attention_mask, encoder_attention_mask)
+    }
+
+    fn run(
+        &self,
+        x: &Tensor,
+        contexts: &[Option<&Tensor>],
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
@@ -177,8 +211,8 @@ impl SpatialTransformer {
         } else {
             image_to_tokens(&self.proj_in.forward_channels(&normed)?)?
         };
-        for block in &self.blocks {
-            tokens = block.forward(&tokens, context, attention_mask, encoder_attention_mask)?;
+        for (block, context) in self.blocks.iter().zip(contexts) {
+            tokens = block.forward(&tokens, *context, attention_mask, encoder_attention_mask)?;
         }
         let out = if self.linear {
             tokens_to_image(&self.proj_out.forward_tokens(&tokens)?, h, w)?

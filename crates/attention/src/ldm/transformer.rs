@@ -281,4 +281,16 @@ impl SpatialTransformer {
         }
         self.0.forward(x, context, None, None)
     }
+
+    /// SD2's `forward(x, context=[c0, c1, ...])`: block `i` attends to `contexts[i]`.
+    pub fn forward_per_block(&self, x: &Tensor, contexts: &[&Tensor]) -> Result<Tensor> {
+        if x.rank() != 4 {
+            return Err(Error::input(
+                Self::BLOCK,
+                "x",
+                format!("expected (B, C, H, W), found {:?}", x.dims()),
+            ));
+        }
+        self.0.forward_per_block(x, contexts, None, None)
+    }
 }

@@ -22,7 +22,13 @@ impl Runnable for BasicTransformerBlock {
 
 impl Runnable for SpatialTransformer {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
-        Ok(vec![self.forward(inputs.required("x")?, inputs.get("context"))?])
+        let x = inputs.required("x")?;
+        let list = inputs.list("context");
+        if list.is_empty() {
+            Ok(vec![self.forward(x, inputs.get("context"))?])
+        } else {
+            Ok(vec![self.forward_per_block(x, &list)?])
+        }
     }
 }
 
@@ -58,7 +64,7 @@ pub(super) fn entries() -> Vec<BlockInfo> {
         BlockInfo {
             id: SpatialTransformer::BLOCK,
             pytorch: "ldm.modules.attention.SpatialTransformer (SD 1.x conv projections a506df5; SD 2.x cf1d67a use_linear, context_dim per depth, disable_self_attn)",
-            inputs: &["x", "context"],
+            inputs: &["x", "context", "context.*"],
             kwargs: &[],
             build: |vb, cfg| {
                 let cfg = config::from_json(SpatialTransformer::BLOCK, cfg)?;

@@ -40,6 +40,20 @@ pub struct BlockInfo {
     pub build: BuildFn,
 }
 
+impl BlockInfo {
+    /// Whether `name` is one of the forward's inputs. An entry `name.*` stands for a Python
+    /// list input stored element by element as `name.0`, `name.1`, ...
+    pub fn accepts_input(&self, name: &str) -> bool {
+        self.inputs.iter().any(|i| match i.strip_suffix(".*") {
+            Some(list) => name
+                .strip_prefix(list)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit())),
+            None => *i == name,
+        })
+    }
+}
+
 /// Every registered block.
 pub fn all() -> Vec<BlockInfo> {
     [
@@ -92,6 +106,11 @@ impl Inputs {
                 "required input is missing from the bundle",
             )
         })
+    }
+
+    /// A list input stored as `name.0`, `name.1`, ... (empty when absent).
+    pub fn list(&self, name: &str) -> Vec<&Tensor> {
+        (0..).map_while(|i| self.get(&format!("{name}.{i}"))).collect()
     }
 
     /// A boolean forward argument, `default` when absent.

@@ -1,0 +1,223 @@
+"""Re-statement of the OpenAI U-Net ``AttentionBlock``.
+
+Published source: openai/guided-diffusion (HEAD 22e0df818350) ``guided_diffusion/unet.py``
+(``AttentionBlock``, ``QKVAttentionLegacy``, ``QKVAttention``) and ``guided_diffusion/nn.py``
+(``GroupNorm32``, ``normalization``, ``conv_nd``, ``zero_module``, ``checkpoint``). The same
+classes are in CompVis/latent-diffusion and Stability-AI/stablediffusion
+``ldm/modules/diffusionmodules/openaimodel.py`` / ``util.py`` (SD U-Nets with
+``use_spatial_transformer=False``).
+
+Semantics kept exactly:
+
+* ``normalization(C) = GroupNorm32(32, C)`` (eps 1e-5), computed in float32 whatever the input
+  dtype: ``super().forward(x.float()).type(x.dtype)``.
+* ``AttentionBlock(channels, num_heads=1, num_head_channels=-1, use_checkpoint=False,
+  use_new_attention_order=False)``: ``num_heads = channels // num_head_channels`` unless
+  ``num_head_channels == -1``; ``forward`` always calls ``checkpoint(self._forward, (x,),
+  self.parameters(), True)`` (``use_checkpoint`` is ignored; numerically irrelevant);
+  ``x`` of shape ``(b, c, *spatial)`` (1-D, 2-D or 3-D) is flattened to ``(b, c, T)``;
+  ``qkv = Conv1d(C, 3C, 1)`` (keys ``qkv.weight (3C, C, 1)``, ``qkv.bias``), ``proj_out =
+  Conv1d(C, C, 1)``; returns ``(x + proj_out(attention(qkv(norm(x))))).reshape(b, c, *spatial)``.
+* ``QKVAttentionLegacy`` ("split heads before split qkv"): ``qkv.reshape(bs * H, 3 * ch, T)
+  .split(ch, dim=1)``, i.e. channel ``h*3*ch + {0, ch, 2ch} + c`` is q/k/v of head h.
+* ``QKVAttention`` ("split qkv before split heads"): ``qkv.chunk(3, dim=1)`` then
+  ``.view(bs * H, ch, T)``, i.e. channel ``{0, 1, 2}*H*ch + h*ch + c``.
+* Both: ``scale = 1 / sqrt(sqrt(ch))`` applied to q AND k before the matmul;
+  ``softmax(weight.float(), dim=-1).type(weight.dtype)`` (softmax over keys, in float32);
+  output channel ``h*ch + c``.
+
+Parity hooks (not in the published classes, no effect on the published numerics):
+``QKVAttention*.upcast_softmax = True`` guards the ``.float()`` of the softmax, and
+``parity_bundle.float64_copy`` switches it off and runs ``GroupNorm32`` as a plain GroupNorm in
+the float64 copy, so the float64 reference is not downcast to float32.
+"""
+
+import math
+
+import torch as th
+import torch.nn as nn
+
+
+# guided_diffusion/nn.py
+
+
+class GroupNorm32(nn.GroupNorm):
+    def forward(self, x):
+        return super().forward(x.float()).type(x.dtype)
+
+
+def conv_nd(dims, *args, **kwargs):
+    """Create a 1D, 2D, or 3D convolution module."""
+    if dims == 1:
+        return nn.Conv1d(*args, **kwargs)
+    elif dims == 2:
+        return nn.Conv2d(*args, **kwargs)
+    elif dims == 3:
+        return nn.Conv3d(*args, **kwargs)
+    raise ValueError(f"unsupported dimensions: {dims}")
+
+
+def zero_module(module):
+    """Zero out the parameters of a module and return it."""
+    for p in module.parameters():
+        p.detach().zero_()
+    return module
+
+
+def normalization(channels):
+    """Make a standard normalization layer."""
+    return GroupNorm32(32, channels)
+
+
+def checkpoint(func, inputs, params, flag):
+    """Evaluate a function without caching intermediate activations (gradient checkpointing)."""
+    if flag:
+        args = tuple(inputs) + tuple(params)
+        return CheckpointFunction.apply(func, len(inputs), *args)
+    else:
+        return func(*inputs)
+
+
+class CheckpointFunction(th.autograd.Function):
+    @staticmethod
+    def forward(ctx, run_function, length, *args):
+        ctx.run_function = run_function
+        ctx.input_tensors = list(args[:length])
+        ctx.input_params = list(args[length:])
+        with th.no_grad():
+            output_tensors = ctx.run_function(*ctx.input_tensors)
+        return output_tensors
+
+    @staticmethod
+    def backward(ctx, *output_grads):
+        ctx.input_tensors = [x.detach().requires_grad_(True) for x in ctx.input_tensors]
+        with th.enable_grad():
+            # Fixes a bug where the first op in run_function modifies the
+            # Tensor storage in place, which is not allowed for detach()'d
+            # Tensors.
+            shallow_copies = [x.view_as(x) for x in ctx.input_tensors]
+            output_tensors = ctx.run_function(*shallow_copies)
+        input_grads = th.autograd.grad(
+            output_tensors,
+            ctx.input_tensors + ctx.input_params,
+            output_grads,
+            allow_unused=True,
+        )
+        del ctx.input_tensors
+        del ctx.input_params
+        del output_tensors
+        return (None, None) + input_grads
+
+
+# guided_diffusion/unet.py
+
+
+class AttentionBlock(nn.Module):
+    """
+    An attention block that allows spatial positions to attend to each other.
+
+    Originally ported from here, but adapted to the N-d case.
+    https://github.com/hojonathanho/diffusion/blob/1e0dceb3b3495bbe19116a5e1b3596cd0706c543/diffusion_tf/models/unet.py#L66.
+    """
+
+    def __init__(
+        self,
+        channels,
+        num_heads=1,
+        num_head_channels=-1,
+        use_checkpoint=False,
+        use_new_attention_order=False,
+    ):
+        super().__init__()
+        self.channels = channels
+        if num_head_channels == -1:
+            self.num_heads = num_heads
+        else:
+            assert (
+                channels % num_head_channels == 0
+            ), f"q,k,v channels {channels} is not divisible by num_head_channels {num_head_channels}"
+            self.num_heads = channels // num_head_channels
+        self.use_checkpoint = use_checkpoint
+        self.norm = normalization(channels)
+        self.qkv = conv_nd(1, channels, channels * 3, 1)
+        if use_new_attention_order:
+            # split qkv before split heads
+            self.attention = QKVAttention(self.num_heads)
+        else:
+            # split heads before split qkv
+            self.attention = QKVAttentionLegacy(self.num_heads)
+
+        self.proj_out = zero_module(conv_nd(1, channels, channels, 1))
+
+    def forward(self, x):
+        return checkpoint(self._forward, (x,), self.parameters(), True)
+
+    def _forward(self, x):
+        b, c, *spatial = x.shape
+        x = x.reshape(b, c, -1)
+        qkv = self.qkv(self.norm(x))
+        h = self.attention(qkv)
+        h = self.proj_out(h)
+        return (x + h).reshape(b, c, *spatial)
+
+
+class QKVAttentionLegacy(nn.Module):
+    """
+    A module which performs QKV attention. Matches legacy QKVAttention + input/ouput heads shaping
+    """
+
+    def __init__(self, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.upcast_softmax = True  # parity hook (module docstring)
+
+    def forward(self, qkv):
+        """
+        Apply QKV attention.
+
+        :param qkv: an [N x (H * 3 * C) x T] tensor of Qs, Ks, and Vs.
+        :return: an [N x (H * C) x T] tensor after attention.
+        """
+        bs, width, length = qkv.shape
+        assert width % (3 * self.n_heads) == 0
+        ch = width // (3 * self.n_heads)
+        q, k, v = qkv.reshape(bs * self.n_heads, ch * 3, length).split(ch, dim=1)
+        scale = 1 / math.sqrt(math.sqrt(ch))
+        weight = th.einsum(
+            "bct,bcs->bts", q * scale, k * scale
+        )  # More stable with f16 than dividing afterwards
+        weight = th.softmax(weight.float() if self.upcast_softmax else weight, dim=-1).type(weight.dtype)
+        a = th.einsum("bts,bcs->bct", weight, v)
+        return a.reshape(bs, -1, length)
+
+
+class QKVAttention(nn.Module):
+    """
+    A module which performs QKV attention and splits in a different order.
+    """
+
+    def __init__(self, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.upcast_softmax = True  # parity hook (module docstring)
+
+    def forward(self, qkv):
+        """
+        Apply QKV attention.
+
+        :param qkv: an [N x (3 * H * C) x T] tensor of Qs, Ks, and Vs.
+        :return: an [N x (H * C) x T] tensor after attention.
+        """
+        bs, width, length = qkv.shape
+        assert width % (3 * self.n_heads) == 0
+        ch = width // (3 * self.n_heads)
+        q, k, v = qkv.chunk(3, dim=1)
+        scale = 1 / math.sqrt(math.sqrt(ch))
+        weight = th.einsum(
+            "bct,bcs->bts",
+            (q * scale).view(bs * self.n_heads, ch, length),
+            (k * scale).view(bs * self.n_heads, ch, length),
+        )  # More stable with f16 than dividing afterwards
+        weight = th.softmax(weight.float() if self.upcast_softmax else weight, dim=-1).type(weight.dtype)
+        a = th.einsum("bts,bcs->bct", weight, v.reshape(bs * self.n_heads, ch, length))
+        return a.reshape(bs, -1, length)
