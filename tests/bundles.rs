@@ -34,7 +34,7 @@ fn every_registered_block_has_at_least_two_bundles() {
 #[test]
 fn json_report_is_machine_readable() {
     let dir = weights().join("textbook");
-    let n = unet_parity::bundle::collect(&[dir.clone()]).unwrap().len();
+    let n = unet_parity::bundle::collect(std::slice::from_ref(&dir)).unwrap().len();
     let (code, out, _) = cli(&["check", "--json", dir.to_str().unwrap()]);
     assert_eq!(code, 0);
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();

@@ -260,6 +260,124 @@ impl Module for UpcastGroupNorm {
     }
 }
 
+/// diffusers' `RMSNorm(dim, eps, elementwise_affine)` (`models/normalization.py`) over the last
+/// dimension: `x · rsqrt(mean(x.float()², -1) + eps)`, then `· weight`. The mean square, `rsqrt`
+/// and product are in at least f32 (f64 input stays f64, as in a float64 reference run); a
+/// half-precision `weight` casts the product back to the weight's dtype before multiplying, and
+/// without a weight it is cast back to the input dtype, as in PyTorch. Key `weight` `(dim,)`
+/// when `affine`.
+#[derive(Debug, Clone)]
+pub struct LastDimRmsNorm {
+    weight: Option<Tensor>,
+    dim: usize,
+    eps: f64,
+}
+
+impl LastDimRmsNorm {
+    pub fn load(vb: VarBuilder, dim: usize, eps: f64, affine: bool) -> Result<Self> {
+        let weight = if affine { Some(vb.get(dim, "weight")?) } else { None };
+        Ok(Self { weight, dim, eps })
+    }
+
+    /// The normalised (last-dimension) size.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+}
+
+impl Module for LastDimRmsNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dtype = x.dtype();
+        let compute = crate::sdpa::compute_dtype(dtype);
+        let x = x.to_dtype(compute)?;
+        let variance = x.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+        let y = x.broadcast_mul(&(variance + self.eps)?.sqrt()?.recip()?)?;
+        match &self.weight {
+            Some(w) if matches!(w.dtype(), DType::F16 | DType::BF16) => y.to_dtype(w.dtype())?.broadcast_mul(w),
+            Some(w) => y.broadcast_mul(&w.to_dtype(compute)?),
+            None => y.to_dtype(dtype),
+        }
+    }
+}
+
+/// `F.normalize(x, p=2, dim=-1, eps)`: `x / max(‖x‖₂, eps)` over the last dimension (diffusers'
+/// `LpNorm(p=2, dim=-1)`), accumulated in at least f32 and cast back.
+pub fn l2_normalize_last_dim(x: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let dtype = x.dtype();
+    let xc = x.to_dtype(crate::sdpa::compute_dtype(dtype))?;
+    let norm = xc
+        .sqr()?
+        .sum_keepdim(candle_core::D::Minus1)?
+        .sqrt()?
+        .clamp(eps, f64::INFINITY)?;
+    xc.broadcast_div(&norm)?.to_dtype(dtype)
+}
+
+/// The source indices of PyTorch's `mode="nearest"` resampling of `input` samples to `output`:
+/// `i` when the sizes match, `i >> 1` when doubling, else `min(floor(i · (in / out)), in − 1)`
+/// with the scale and product in f32 (`nearest_idx` in ATen's `UpSample.h`).
+pub fn nearest_source_indices(input: usize, output: usize) -> Vec<u32> {
+    (0..output)
+        .map(|i| {
+            let src = if output == input {
+                i
+            } else if output == 2 * input {
+                i >> 1
+            } else {
+                let scale = input as f32 / output as f32;
+                ((i as f32 * scale).floor() as usize).min(input.saturating_sub(1))
+            };
+            src as u32
+        })
+        .collect()
+}
+
+/// `F.interpolate(x, size=(h, w), mode="nearest")` on `(B, C, H, W)`, with PyTorch's index map
+/// ([`nearest_source_indices`]) for any ratio, integer or not, up or down.
+pub fn interpolate_nearest2d(x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
+    let (_, _, in_h, in_w) = x.dims4()?;
+    let select = |x: &Tensor, dim: usize, input: usize, output: usize| -> candle_core::Result<Tensor> {
+        if input == output {
+            return Ok(x.clone());
+        }
+        let idx = Tensor::new(nearest_source_indices(input, output), x.device())?;
+        x.contiguous()?.index_select(&idx, dim)
+    };
+    let x = select(x, 2, in_h, h)?;
+    select(&x, 3, in_w, w)
+}
+
+/// diffusers' `SpatialNorm(f_channels, zq_channels)` (`attention_processor.py`, MoVQ):
+/// `zq = F.interpolate(zq, size=f.shape[-2:], mode="nearest")`;
+/// `GroupNorm(32, f_channels, eps=1e-6)(f) · conv_y(zq) + conv_b(zq)` with 1×1 convs (bias).
+/// Keys `norm_layer.{weight,bias}`, `conv_y.{weight,bias}`, `conv_b.{weight,bias}`.
+#[derive(Debug, Clone)]
+pub struct SpatialNorm {
+    norm_layer: candle_nn::GroupNorm,
+    conv_y: Projection,
+    conv_b: Projection,
+}
+
+impl SpatialNorm {
+    pub fn load(vb: VarBuilder, block: &'static str, f_channels: usize, zq_channels: usize) -> Result<Self> {
+        Ok(Self {
+            norm_layer: group_norm(vb.pp("norm_layer"), block, 32, f_channels, 1e-6)?,
+            conv_y: Projection::load(vb.pp("conv_y"), block, zq_channels, f_channels, true)?,
+            conv_b: Projection::load(vb.pp("conv_b"), block, zq_channels, f_channels, true)?,
+        })
+    }
+
+    /// `f`: `(B, f_channels, H, W)`; `zq`: `(B or 1, zq_channels, h, w)` → `(B, f_channels, H, W)`.
+    pub fn forward(&self, f: &Tensor, zq: &Tensor) -> candle_core::Result<Tensor> {
+        let (_, _, h, w) = f.dims4()?;
+        let zq = interpolate_nearest2d(zq, h, w)?;
+        let norm_f = self.norm_layer.forward(f)?;
+        norm_f
+            .broadcast_mul(&self.conv_y.forward_channels(&zq)?)?
+            .broadcast_add(&self.conv_b.forward_channels(&zq)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
