@@ -70,6 +70,20 @@ pub fn chunk_qkv_tokens_per_head(qkv: &Tensor, heads: usize) -> Result<[Tensor; 
     Ok([chunk(0)?, chunk(1)?, chunk(2)?])
 }
 
+/// A fused channels-first projection `(B, 3·H·D, ...)` in the legacy **per-head** layout
+/// `[q_0 | k_0 | v_0 | q_1 | k_1 | v_1 | ...]` (each `D` wide): heads split first,
+/// `'b (h d3) ... -> b h d3 (...)'`, then each head's `3·D` channels chunked `[q_h | k_h | v_h]`.
+/// Returns three `(B, H, D, N)` tensors, channels first. This is OpenAI's
+/// `QKVAttentionLegacy` (`qkv.reshape(bs * H, 3 * ch, T).split(ch, dim=1)`), whose batch-head
+/// index `b·H + h` is the `(B, H)` pair here.
+pub fn chunk_qkv_channels_per_head(qkv: &Tensor, heads: usize) -> Result<[Tensor; 3]> {
+    let b = qkv.dim(0)?;
+    let per_head = qkv.reshape((b, heads, qkv.dim(1)? / heads, ()))?;
+    let d = per_head.dim(2)? / 3;
+    let chunk = |i: usize| per_head.narrow(2, i * d, d);
+    Ok([chunk(0)?, chunk(1)?, chunk(2)?])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

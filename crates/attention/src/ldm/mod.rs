@@ -9,3 +9,5 @@ pub mod transformer;
 pub mod vae;
 
 pub use linear::{LinearAttention, LinearAttentionConfig};
+pub use transformer::{BasicTransformerBlock, CrossAttention, SpatialTransformer};
+pub use vae::{AttnBlock, LinAttnBlock, SpatialSelfAttention};
