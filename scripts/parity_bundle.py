@@ -37,6 +37,11 @@ Usage::
                   {"query": torch.randn(2, 9, 24)}, "weights/mine/mha.safetensors",
                   kwargs={"need_weights": True, "average_attn_weights": True})
 
+Half precision: cast the module first (``attn.to(torch.float16)`` / ``torch.bfloat16``); the
+float inputs are cast to the module's dtype, the outputs are PyTorch's run in that dtype, and the
+``.float64`` outputs come from the float64 copy of the cast module, i.e. from the half-rounded
+weights and inputs upcast exactly to float64.
+
 The module is called as ``module(**inputs, **kwargs)``, so the input names must be the
 forward's parameter names (a list argument is stored as ``<name>.0``, ``<name>.1``, ...).
 ``config`` must be exactly the keyword arguments the module was constructed with (the Rust side
@@ -298,6 +303,10 @@ def export_bundle(
             under legacy key names).
         prepare_float64: called on the float64 copy before it runs (to switch off other
             in-block upcasts).
+
+    The module's dtype (of its first floating parameter or buffer) is the bundle's
+    ``parity.dtype``: for a float16 / bfloat16 bundle pass a module cast with ``.to(dtype)``; its
+    float64 copy then starts from the half-rounded weights.
 
     Returns:
         dict with ``path``, ``bytes``, ``outputs`` (name -> shape) and ``max_abs_diff_f64``
