@@ -4,7 +4,8 @@ mod common;
 use common::*;
 use std::path::Path;
 
-/// Check `path` and expect exit code 2 with an error line containing every `needle`.
+/// Check `path` and expect exit code 2 with an error line containing every `needle`: one line
+/// per bundle on stderr (no panic message, no backtrace), an ERROR row and no result rows.
 fn expect_unusable(path: &Path, needles: &[&str]) {
     let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
     assert_eq!(code, 2, "stdout:\n{out}\nstderr:\n{err}");
@@ -15,6 +16,31 @@ fn expect_unusable(path: &Path, needles: &[&str]) {
     for needle in needles {
         assert!(line.contains(needle), "{needle:?} not in {line:?}");
     }
+    assert!(
+        err.lines().all(|l| l.starts_with("error:") || l.starts_with("note:")),
+        "stray stderr lines: {err:?}"
+    );
+    assert!(!out.contains("PASS") && !out.contains("FAIL"), "partial output: {out}");
+}
+
+/// A safetensors file from a header (JSON text) and a data section, with the correct length prefix.
+fn raw_file(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    bytes
+}
+
+/// The committed bundle `rel` with its JSON header edited by `edit` (data section unchanged),
+/// written to `dir/name`.
+fn edit_header(rel: &str, dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
+    let bytes = std::fs::read(weights().join(rel)).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut header);
+    let path = dir.join(name);
+    std::fs::write(&path, raw_file(&header.to_string(), &bytes[8 + n..])).unwrap();
+    path
 }
 
 const VAE: &str = "diffusers/attention_vae_mid.safetensors";
@@ -213,4 +239,253 @@ fn one_bad_bundle_among_good_ones_still_exits_2_and_reports_the_rest() {
         out.contains("PASS") && out.contains("ERROR") && out.contains("1 passed, 0 failed, 1 unusable"),
         "{out}"
     );
+}
+
+#[test]
+fn broken_safetensors_headers_are_rejected() {
+    let dir = scratch("headers");
+    let good = std::fs::read(weights().join(VAE)).unwrap();
+    let n = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let with_prefix = |len: u64| {
+        let mut b = len.to_le_bytes().to_vec();
+        b.extend_from_slice(&good[8..]);
+        b
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        // The length prefix is whole but the header stops halfway.
+        (
+            "truncated-header.safetensors",
+            good[..8 + n / 2].to_vec(),
+            "invalid header length",
+        ),
+        // The prefix claims more bytes than the file has.
+        (
+            "beyond-file.safetensors",
+            with_prefix(good.len() as u64),
+            "invalid header length",
+        ),
+        ("huge-length.safetensors", with_prefix(u64::MAX), "header too large"),
+        (
+            "not-json.safetensors",
+            raw_file("hello, world", b""),
+            "invalid JSON in header",
+        ),
+        (
+            "not-utf8.safetensors",
+            [&1u64.to_le_bytes()[..], &[0xff]].concat(),
+            "invalid UTF-8",
+        ),
+        (
+            "json-array.safetensors",
+            raw_file("[1, 2, 3]", b""),
+            "invalid JSON in header",
+        ),
+        ("header-too-small.safetensors", good[..7].to_vec(), "header too small"),
+    ];
+    for (name, bytes, why) in cases {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        expect_unusable(&p, &[name, "not a valid safetensors file", why]);
+    }
+}
+
+#[test]
+fn tensor_offsets_out_of_range_or_overlapping_are_rejected() {
+    let dir = scratch("offsets");
+    let two = |a: [u64; 2], b: [u64; 2], data: usize| {
+        let header = format!(
+            r#"{{"a":{{"dtype":"F32","shape":[2],"data_offsets":{a:?}}},"b":{{"dtype":"F32","shape":[2],"data_offsets":{b:?}}}}}"#
+        );
+        raw_file(&header, &vec![0u8; data])
+    };
+    let cases = [
+        (
+            "beyond-data.safetensors",
+            two([0, 8], [8, 16], 12),
+            "incomplete metadata",
+        ),
+        ("end-far-out.safetensors", two([0, 8], [8, u64::MAX], 16), "invalid"),
+        (
+            "overlapping.safetensors",
+            two([0, 8], [4, 12], 12),
+            "invalid offset for tensor",
+        ),
+        (
+            "size-mismatch.safetensors",
+            two([0, 8], [8, 20], 20),
+            "invalid shape, data type, or offset",
+        ),
+    ];
+    for (name, bytes, why) in cases {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        expect_unusable(&p, &[name, "not a valid safetensors file", why]);
+    }
+}
+
+#[test]
+fn shape_product_overflow_is_rejected() {
+    let dir = scratch("overflow");
+    let header = r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296,2],"data_offsets":[0,8]}}"#;
+    let p = dir.join("overflow.safetensors");
+    std::fs::write(&p, raw_file(header, &[0; 8])).unwrap();
+    expect_unusable(&p, &["overflow.safetensors", "overflow computing buffer size"]);
+    // In a real bundle, too: a weight whose dims multiply past usize.
+    let p = edit_header(VAE, &dir, "overflow-weight.safetensors", |h| {
+        h["to_q.weight"]["shape"] = serde_json::json!([u64::MAX, 2]);
+    });
+    expect_unusable(&p, &["overflow computing buffer size"]);
+}
+
+#[test]
+fn unsupported_and_wrong_dtypes_are_rejected() {
+    let dir = scratch("dtypes");
+    // F8 parses as safetensors but no block takes it (same bytes: 4096 f32 bytes = 4096 f8).
+    let p = edit_header(VAE, &dir, "f8.safetensors", |h| {
+        h["to_q.weight"]["dtype"] = "F8_E4M3".into();
+        h["to_q.weight"]["shape"] = serde_json::json!([128, 32]);
+    });
+    expect_unusable(&p, &["to_q.weight", "F8_E4M3", "cannot read"]);
+    // A dtype name safetensors does not know at all.
+    let p = edit_header(VAE, &dir, "string.safetensors", |h| {
+        h["to_q.weight"]["dtype"] = "STRING".into();
+    });
+    expect_unusable(&p, &["not a valid safetensors file", "STRING"]);
+    // An integer weight where the block needs a float one.
+    let p = RawBundle::edited(VAE, &dir, |b| {
+        let w = b.tensors["to_q.weight"].to_dtype(candle_core::DType::I32).unwrap();
+        b.tensors.insert("to_q.weight".into(), w);
+    });
+    expect_unusable(&p, &["to_q.weight", "i32", "floating-point"]);
+    // An integer input that is not a mask.
+    let p = RawBundle::edited(VAE, &dir, |b| {
+        let x = b.tensors["parity.input.hidden_states"]
+            .to_dtype(candle_core::DType::I64)
+            .unwrap();
+        b.tensors.insert("parity.input.hidden_states".into(), x);
+    });
+    expect_unusable(&p, &["hidden_states", "i64", "only masks"]);
+}
+
+#[test]
+fn non_finite_weights_and_inputs_are_named_with_counts() {
+    let dir = scratch("non-finite");
+    let p = RawBundle::edited(VAE, &dir, |b| {
+        let w = b.tensors["to_k.weight"].clone();
+        let mut v = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v[0] = f32::NAN;
+        v[5] = f32::NAN;
+        v[7] = f32::INFINITY;
+        let w = candle_core::Tensor::from_vec(v, w.dims(), w.device()).unwrap();
+        b.tensors.insert("to_k.weight".into(), w);
+    });
+    expect_unusable(&p, &["non-finite", "weight `to_k.weight` has 2 NaN, 1 +inf"]);
+    let p = RawBundle::edited(VAE, &dir, |b| {
+        let x = &b.tensors["parity.input.hidden_states"];
+        let x = (x / 0.0).unwrap(); // every element ±inf (or NaN for zeros)
+        b.tensors.insert("parity.input.hidden_states".into(), x);
+    });
+    expect_unusable(&p, &["non-finite", "input `parity.input.hidden_states` has"]);
+}
+
+#[test]
+fn minus_inf_in_a_float_mask_is_accepted() {
+    // An additive float mask uses -inf for "never attend": not an unusable input.
+    let dir = scratch("mask-inf");
+    let rel = "torch/mha_bias_kv_zero_attn_float_mask.safetensors";
+    let p = RawBundle::edited(rel, &dir, |b| {
+        let m = &b.tensors["parity.input.attn_mask"];
+        let mut v = m.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v[0] = f32::NEG_INFINITY;
+        let m = candle_core::Tensor::from_vec(v, m.dims(), m.device()).unwrap();
+        b.tensors.insert("parity.input.attn_mask".into(), m);
+    });
+    let (code, out, err) = cli(&["check", p.to_str().unwrap()]);
+    assert!(code == 0 || code == 1, "{out}{err}");
+}
+
+#[test]
+fn folders_special_files_and_unreadable_files() {
+    let dir = scratch("special");
+    // A folder where a file is expected.
+    let sub = dir.join("folder.safetensors");
+    std::fs::create_dir_all(&sub).unwrap();
+    let (code, _, err) = cli(&["inspect", sub.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.starts_with("error:") && err.contains("a folder") && err.lines().count() == 1,
+        "{err}"
+    );
+    // A FIFO must be refused, not read (reading one would block forever).
+    let fifo = dir.join("pipe.safetensors");
+    if std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        expect_unusable(&fifo, &["pipe.safetensors", "not a regular file"]);
+    } else {
+        println!("note: mkfifo is not available; the FIFO case was skipped");
+    }
+    // chmod 000: root reads it anyway, so the case only runs where permissions are enforced.
+    let locked = dir.join("locked.safetensors");
+    std::fs::copy(weights().join(VAE), &locked).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+        if std::fs::read(&locked).is_ok() {
+            println!(
+                "note: running with permission to read a chmod 000 file (root?); the unreadable-file case was skipped"
+            );
+        } else {
+            expect_unusable(&locked, &["locked.safetensors", "cannot read", "ermission denied"]);
+        }
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+}
+
+#[test]
+fn pytorch_pickle_checkpoints_are_named_as_such() {
+    let dir = scratch("pickle");
+    // `torch.save` writes a zip archive since 1.6; older ones and `pickle.dump` start with 0x80 <protocol>.
+    let cases: [(&str, &[u8]); 3] = [
+        ("model.pt", b"PK\x03\x04\x00\x00\x08\x08archive/data.pkl"),
+        ("model.ckpt", b"\x80\x02\x8a\x0alz\xfc\x9cF\xf9 j\xa8P\x19."),
+        ("state.pth", b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94."),
+    ];
+    for (name, bytes) in cases {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        expect_unusable(&p, &[name, "not safetensors", "torch.save", "never unpickles"]);
+    }
+}
+
+#[test]
+fn control_characters_never_break_the_one_line_error() {
+    let dir = scratch("control");
+    let p = RawBundle::edited(VAE, &dir, |b| {
+        b.metadata.insert("parity.block".into(), "evil\nblock\r\x1b[31m".into());
+    });
+    expect_unusable(&p, &["evil\\nblock\\r\\u{1b}[31m", "unknown block id"]);
+    let (_, _, err) = cli(&["check", p.to_str().unwrap()]);
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+}
+
+#[test]
+fn huge_config_integers_are_refused_before_anything_is_allocated() {
+    // A depth of 2^33 once made SpatialTransformer::new allocate 128 GiB and abort.
+    let dir = scratch("huge-config");
+    let p = RawBundle::edited("ldm/spatial_transformer_sd1.safetensors", &dir, |b| {
+        let mut cfg: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+        cfg["depth"] = (1u64 << 33).into();
+        b.metadata.insert("parity.config".into(), cfg.to_string());
+    });
+    expect_unusable(&p, &["ldm.SpatialTransformer", "`depth` is 8589934592", "not accepted"]);
+    let p = RawBundle::edited(VAE, &dir, |b| {
+        let mut cfg: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+        cfg["heads"] = u64::MAX.into();
+        b.metadata.insert("parity.config".into(), cfg.to_string());
+    });
+    expect_unusable(&p, &["`heads` is 18446744073709551615"]);
 }

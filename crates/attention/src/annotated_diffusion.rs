@@ -9,9 +9,9 @@
 
 use crate::heads::merge_channels;
 use crate::layers::{group_norm, FusedQkvConv, Projection};
-use crate::sdpa::{default_scale, linear_attention, sdpa};
+use crate::sdpa::{default_scale, linear_attention, matmul, mul, softmax};
 use crate::Result;
-use candle_core::{Module, Tensor};
+use candle_core::{Module, Tensor, D};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
@@ -60,9 +60,15 @@ impl Module for Attention {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, _, h, w) = x.dims4()?;
         let [q, k, v] = self.to_qkv.forward(x)?;
-        let q = (q * self.scale)?;
-        // sim = einsum('b h d i, b h d j -> b h i j', q, k); attn @ v^T
-        let out = sdpa(&q.transpose(2, 3)?, &k.transpose(2, 3)?, &v.transpose(2, 3)?, None, 1.0)?;
+        // q = q * self.scale
+        let q = mul(&q, self.scale)?;
+        // sim = einsum('b h d i, b h d j -> b h i j', q, k)
+        let sim = matmul(&q.t()?, &k)?;
+        // sim = sim - sim.amax(dim=-1, keepdim=True).detach(); attn = sim.softmax(dim=-1)
+        let sim = sim.broadcast_sub(&sim.max_keepdim(D::Minus1)?)?;
+        let attn = softmax(&sim, D::Minus1)?;
+        // out = einsum('b h i j, b h d j -> b h i d', attn, v)
+        let out = matmul(&attn, &v.t()?)?;
         // 'b h (x y) d -> b (h d) x y'
         let out = merge_channels(&out)?.reshape((b, (), h, w))?;
         self.to_out.forward_channels(&out)
@@ -74,7 +80,7 @@ impl Module for Attention {
 pub struct LinearAttention {
     to_qkv: FusedQkvConv,
     to_out: Projection,
-    out_norm: candle_nn::GroupNorm,
+    out_norm: crate::layers::GroupNorm,
     scale: f64,
 }
 

@@ -14,7 +14,41 @@ pub fn from_json<T: DeserializeOwned>(block: &'static str, config: &serde_json::
             format!("expected a JSON object of constructor kwargs, found {config}"),
         ));
     }
+    check_integers(block, config, "")?;
     serde_json::from_value(config.clone()).map_err(|e| Error::config(block, e.to_string()))
+}
+
+/// The largest magnitude an integer in a config may have. Channels, heads and layer counts of
+/// real models are far below it; refusing larger values up front keeps size arithmetic such as
+/// `3 * heads * dim_head` far from overflow, and a `depth` of 2^40 from allocating.
+pub const MAX_CONFIG_INT: u64 = 1 << 20;
+
+fn check_integers(block: &'static str, value: &serde_json::Value, key: &str) -> Result<()> {
+    match value {
+        serde_json::Value::Number(n) => {
+            let magnitude = n.as_u64().or_else(|| n.as_i64().map(|i| i.unsigned_abs()));
+            if magnitude.is_some_and(|m| m > MAX_CONFIG_INT) {
+                return Err(Error::config(
+                    block,
+                    format!("`{key}` is {n}; integers beyond ±{MAX_CONFIG_INT} (2^20) are not accepted"),
+                ));
+            }
+            Ok(())
+        }
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| check_integers(block, v, &format!("{key}[{i}]"))),
+        serde_json::Value::Object(map) => map.iter().try_for_each(|(k, v)| {
+            let key = if key.is_empty() {
+                k.clone()
+            } else {
+                format!("{key}.{k}")
+            };
+            check_integers(block, v, &key)
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Parse a block config from a JSON string.

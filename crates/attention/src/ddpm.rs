@@ -7,7 +7,7 @@
 
 use crate::heads::merge_channels;
 use crate::layers::{FusedQkvConv, Projection, RmsNorm};
-use crate::sdpa::{default_scale, linear_attention, sdpa};
+use crate::sdpa::{default_scale, eager_attention, linear_attention, sdpa, Scale};
 use crate::Result;
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -24,7 +24,9 @@ pub struct AttentionConfig {
     pub dim_head: usize,
     #[serde(default = "four")]
     pub num_mem_kv: usize,
-    /// Selects PyTorch's SDPA kernel; the same math, so it changes nothing here.
+    /// `Attend(flash=True)`: `F.scaled_dot_product_attention` instead of the einsum/softmax
+    /// code. The same math; in f16/bf16 it rounds at other points ([`sdpa`] vs
+    /// [`eager_attention`]).
     #[serde(default)]
     pub flash: bool,
 }
@@ -63,6 +65,7 @@ pub struct Attention {
     to_qkv: FusedQkvConv,
     to_out: Projection,
     scale: f64,
+    flash: bool,
 }
 
 impl Attention {
@@ -76,6 +79,7 @@ impl Attention {
             to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,
             to_out: Projection::load(vb.pp("to_out"), Self::BLOCK, hidden, cfg.dim, true)?,
             scale: default_scale(cfg.dim_head),
+            flash: cfg.flash,
         })
     }
 }
@@ -91,8 +95,13 @@ impl Module for Attention {
         let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
         let k = Tensor::cat(&[&mk, &k], 2)?;
         let v = Tensor::cat(&[&mv, &v], 2)?;
-        // Attend (non-flash): einsum(q, k) * scale, softmax, einsum(attn, v).
-        let out = sdpa(&q, &k, &v, None, self.scale)?;
+        let out = if self.flash {
+            // Attend.flash_attn: F.scaled_dot_product_attention(q, k, v)
+            sdpa(&q, &k, &v, None, self.scale)?
+        } else {
+            // Attend (non-flash): einsum(q, k) * scale, softmax, einsum(attn, v).
+            eager_attention(&q, &k, &v, None, Scale::Mul(self.scale))?
+        };
         let out = merge_channels(&out)?.reshape((b, (), h, w))?;
         self.to_out.forward_channels(&out)
     }

@@ -20,7 +20,7 @@
 use crate::config::check_divides;
 use crate::heads::{chunk_qkv_tokens_per_head, image_to_tokens, merge_tokens, tokens_to_image};
 use crate::layers::{group_norm, BatchNorm2d, Projection};
-use crate::sdpa::sdpa;
+use crate::sdpa::{eager_attention, Scale};
 use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -48,7 +48,7 @@ const EPS: f64 = 1e-5;
 enum Variant {
     /// Cell 9: GroupNorm(1, ni), separate q/k/v.
     GroupNorm {
-        norm: candle_nn::GroupNorm,
+        norm: crate::layers::GroupNorm,
         q: Projection,
         k: Projection,
         v: Projection,
@@ -63,7 +63,8 @@ pub struct SelfAttention {
     variant: Variant,
     proj: Projection,
     ni: usize,
-    scale: f64,
+    /// The scores are divided by this (`self.scale` in the Python).
+    divisor: f64,
 }
 
 fn check_ni(block: &'static str, ni: usize) -> Result<()> {
@@ -98,7 +99,7 @@ impl SelfAttention {
             proj: Projection::load(vb.pp("proj"), block, ni, ni, true)?,
             ni,
             // s = (q @ k.transpose(1, 2)) / math.sqrt(ni)
-            scale: 1.0 / (ni as f64).sqrt(),
+            divisor: (ni as f64).sqrt(),
         })
     }
 
@@ -112,19 +113,27 @@ impl Module for SelfAttention {
     /// `x` / `inp`: `(n, ni, h, w)` → `(n, ni, h, w)`.
     fn forward(&self, inp: &Tensor) -> candle_core::Result<Tensor> {
         let (_, _, h, w) = inp.dims4()?;
+        // x.view(n, c, -1).transpose(1, 2) is a transposed view: PyTorch's Linear rounds twice
+        // on it in half precision (`forward_tokens_strided`).
         let (q, k, v) = match &self.variant {
             Variant::GroupNorm { norm, q, k, v } => {
                 let x = image_to_tokens(&norm.forward(inp)?)?; // (n, hw, c)
-                (q.forward_tokens(&x)?, k.forward_tokens(&x)?, v.forward_tokens(&x)?)
+                (
+                    q.forward_tokens_strided(&x)?,
+                    k.forward_tokens_strided(&x)?,
+                    v.forward_tokens_strided(&x)?,
+                )
             }
             Variant::Fused { norm, qkv } => {
-                let x = qkv.forward_tokens(&image_to_tokens(&norm.forward(inp)?)?)?;
+                let x = qkv.forward_tokens_strided(&image_to_tokens(&norm.forward(inp)?)?)?;
                 let ni = self.ni;
                 (x.narrow(2, 0, ni)?, x.narrow(2, ni, ni)?, x.narrow(2, 2 * ni, ni)?)
             }
         };
         // One head: (n, 1, hw, c).
-        let out = sdpa(&q.unsqueeze(1)?, &k.unsqueeze(1)?, &v.unsqueeze(1)?, None, self.scale)?.squeeze(1)?;
+        // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
+        let (q, k, v) = (q.unsqueeze(1)?, k.unsqueeze(1)?, v.unsqueeze(1)?);
+        let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?.squeeze(1)?;
         let out = tokens_to_image(&self.proj.forward_tokens(&out)?, h, w)?;
         out + inp
     }
@@ -137,7 +146,8 @@ pub struct SelfAttentionMultiHead {
     qkv: Projection,
     proj: Projection,
     nheads: usize,
-    scale: f64,
+    /// The scores are divided by this (`self.scale` in the Python).
+    divisor: f64,
 }
 
 impl SelfAttentionMultiHead {
@@ -153,7 +163,7 @@ impl SelfAttentionMultiHead {
             proj: Projection::load(vb.pp("proj"), block, ni, ni, true)?,
             nheads: cfg.nheads,
             // math.sqrt(ni / nheads), float division
-            scale: 1.0 / (ni as f64 / cfg.nheads as f64).sqrt(),
+            divisor: (ni as f64 / cfg.nheads as f64).sqrt(),
         })
     }
 }
@@ -163,9 +173,10 @@ impl Module for SelfAttentionMultiHead {
     fn forward(&self, inp: &Tensor) -> candle_core::Result<Tensor> {
         let (_, _, h, w) = inp.dims4()?;
         let x = image_to_tokens(&self.norm.forward(inp)?)?; // (n, s, ni)
-        let x = self.qkv.forward_tokens(&x)?; // (n, s, 3ni)
+        let x = self.qkv.forward_tokens_strided(&x)?; // (n, s, 3ni)
         let [q, k, v] = chunk_qkv_tokens_per_head(&x, self.nheads)?; // (n, h, s, d) each
-        let out = sdpa(&q, &k, &v, None, self.scale)?;
+                                                                     // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
+        let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?;
         let out = tokens_to_image(&self.proj.forward_tokens(&merge_tokens(&out)?)?, h, w)?;
         out + inp
     }

@@ -1,6 +1,7 @@
 //! Layers shared by the blocks: projections that load `nn.Linear` or 1×1 conv weights, and the
 //! norms the PyTorch blocks use (GroupNorm, lucidrains' RMSNorm, BatchNorm2d in eval mode).
 
+use crate::sdpa::{is_half, mul, upcast};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder};
@@ -43,25 +44,51 @@ impl Projection {
     }
 
     /// Apply to the last dimension, like `nn.Linear`: `(.., in)` → `(.., out)`.
+    ///
+    /// f16/bf16: product and bias in f32, rounded once, as PyTorch's `addmm` does (Candle's
+    /// half-precision `Linear` rounds the product and then the sum).
     pub fn forward_tokens(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if is_half(x.dtype()) {
+            let linear = candle_nn::Linear::new(upcast(&self.weight)?, self.bias.as_ref().map(upcast).transpose()?);
+            return linear.forward(&upcast(x)?.contiguous()?)?.to_dtype(x.dtype());
+        }
         // Candle's batched matmul mishandles some transposed (B, N, C) views of (B, C, N)
         // tensors; a contiguous copy is also what the GEMM wants.
         self.linear.forward(&x.contiguous()?)
     }
 
-    /// Apply to dimension 1, like a 1×1 conv: `(B, in, ...)` → `(B, out, ...)`.
+    /// `nn.Linear` on an input PyTorch holds as a non-contiguous view (a `transpose`d image, a
+    /// `batch_first` query): there `F.linear` runs `matmul` and then adds the bias, so in
+    /// f16/bf16 the product and the sum are each rounded (two roundings; on a contiguous input
+    /// it is one fused `addmm`, [`Self::forward_tokens`]). Same values as
+    /// [`Self::forward_tokens`] in f32/f64.
+    pub fn forward_tokens_strided(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if !is_half(x.dtype()) {
+            return self.forward_tokens(x);
+        }
+        let product = candle_nn::Linear::new(upcast(&self.weight)?, None)
+            .forward(&upcast(x)?.contiguous()?)?
+            .to_dtype(x.dtype())?;
+        match &self.bias {
+            Some(bias) => product.broadcast_add(&bias.to_dtype(x.dtype())?),
+            None => Ok(product),
+        }
+    }
+
+    /// Apply to dimension 1, like a 1×1 conv: `(B, in, ...)` → `(B, out, ...)`; f16/bf16 in f32
+    /// and rounded once, as PyTorch's convolution does.
     pub fn forward_channels(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let dims = x.dims().to_vec();
         let (b, c) = (dims[0], dims[1]);
         let n: usize = dims[2..].iter().product();
-        let y = self.weight.broadcast_matmul(&x.reshape((b, c, n))?)?;
+        let y = upcast(&self.weight)?.broadcast_matmul(&upcast(x)?.reshape((b, c, n))?)?;
         let y = match &self.bias {
-            Some(bias) => y.broadcast_add(&bias.reshape((self.out_dim(), 1))?)?,
+            Some(bias) => y.broadcast_add(&upcast(bias)?.reshape((self.out_dim(), 1))?)?,
             None => y,
         };
         let mut out = dims;
         out[1] = self.out_dim();
-        y.reshape(out)
+        y.reshape(out)?.to_dtype(x.dtype())
     }
 }
 
@@ -95,21 +122,10 @@ impl FusedQkvConv {
     }
 }
 
-/// `nn.GroupNorm(num_groups, channels, eps, affine=True)` over dimension 1 of `(B, C, ...)`.
-pub fn group_norm(
-    vb: VarBuilder,
-    block: &'static str,
-    groups: usize,
-    channels: usize,
-    eps: f64,
-) -> Result<candle_nn::GroupNorm> {
-    if groups == 0 || !channels.is_multiple_of(groups) {
-        return Err(Error::config(
-            block,
-            format!("{groups} norm groups do not divide {channels} channels"),
-        ));
-    }
-    Ok(candle_nn::group_norm(groups, channels, eps, vb)?)
+/// `nn.GroupNorm(num_groups, channels, eps, affine=True)` over dimension 1 of `(B, C, ...)`
+/// (see [`GroupNorm`]).
+pub fn group_norm(vb: VarBuilder, block: &'static str, groups: usize, channels: usize, eps: f64) -> Result<GroupNorm> {
+    GroupNorm::load(vb, block, groups, channels, eps)
 }
 
 /// `nn.LayerNorm(dim, eps, elementwise_affine)` over the last dimension: two-pass mean and
@@ -168,10 +184,16 @@ impl RmsNorm {
 
 impl Module for RmsNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        // F.normalize: x / max(||x||_2 over dim 1, 1e-12)
-        let norm = x.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::INFINITY)?;
+        // F.normalize: x / max(||x||_2 over dim 1, 1e-12), the norm accumulated in at least f32
+        // and rounded to x's dtype before the division (as PyTorch does); then `* g`, `* scale`.
+        let norm = upcast(x)?
+            .sqr()?
+            .sum_keepdim(1)?
+            .sqrt()?
+            .clamp(1e-12, f64::INFINITY)?
+            .to_dtype(x.dtype())?;
         let normalized = x.broadcast_div(&norm)?;
-        normalized.broadcast_mul(&self.g)? * self.scale
+        mul(&normalized.broadcast_mul(&self.g)?, self.scale)
     }
 }
 
@@ -204,22 +226,27 @@ impl BatchNorm2d {
 }
 
 impl Module for BatchNorm2d {
+    /// In at least f32 and rounded once, as PyTorch's CPU kernel computes it in half precision.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let denom = (&self.running_var + self.eps)?.sqrt()?;
-        x.broadcast_sub(&self.running_mean)?
+        let denom = (upcast(&self.running_var)? + self.eps)?.sqrt()?;
+        upcast(x)?
+            .broadcast_sub(&upcast(&self.running_mean)?)?
             .broadcast_div(&denom)?
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)
+            .broadcast_mul(&upcast(&self.weight)?)?
+            .broadcast_add(&upcast(&self.bias)?)?
+            .to_dtype(x.dtype())
     }
 }
 
-/// `nn.GroupNorm(num_groups, channels, eps, affine=True)` computed in at least f32, affine
-/// included, and cast back to the input dtype: OpenAI's / ldm `openaimodel`'s `GroupNorm32`
+/// `nn.GroupNorm(num_groups, channels, eps, affine=True)` as PyTorch's CPU kernel computes it in
+/// every dtype: statistics, normalisation and affine in at least f32, rounded once to the input
+/// dtype. That is also OpenAI's / ldm `openaimodel`'s `GroupNorm32`
 /// (`super().forward(x.float()).type(x.dtype)`). f16/bf16 inputs and weights are upcast to f32;
 /// f32 and f64 stay as they are (a float64 reference run keeps the whole block in float64).
-/// Candle's own `GroupNorm` normalises in f32 but applies the affine in the input dtype.
+/// Candle's own `GroupNorm` normalises in f32 but applies the affine in the input dtype (three
+/// roundings instead of one).
 #[derive(Debug, Clone)]
-pub struct UpcastGroupNorm {
+pub struct GroupNorm {
     weight: Tensor,
     bias: Tensor,
     groups: usize,
@@ -227,7 +254,7 @@ pub struct UpcastGroupNorm {
     eps: f64,
 }
 
-impl UpcastGroupNorm {
+impl GroupNorm {
     /// Load `<vb>.weight` and `<vb>.bias`, both `(channels,)`.
     pub fn load(vb: VarBuilder, block: &'static str, groups: usize, channels: usize, eps: f64) -> Result<Self> {
         if groups == 0 || !channels.is_multiple_of(groups) {
@@ -246,7 +273,7 @@ impl UpcastGroupNorm {
     }
 }
 
-impl Module for UpcastGroupNorm {
+impl Module for GroupNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let dtype = crate::sdpa::compute_dtype(x.dtype());
         let norm = candle_nn::GroupNorm::new(
@@ -301,16 +328,16 @@ impl Module for LastDimRmsNorm {
 }
 
 /// `F.normalize(x, p=2, dim=-1, eps)`: `x / max(‖x‖₂, eps)` over the last dimension (diffusers'
-/// `LpNorm(p=2, dim=-1)`), accumulated in at least f32 and cast back.
+/// `LpNorm(p=2, dim=-1)`): the norm accumulated in at least f32 and rounded to `x`'s dtype,
+/// then the division (rounded), as PyTorch computes it.
 pub fn l2_normalize_last_dim(x: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let dtype = x.dtype();
-    let xc = x.to_dtype(crate::sdpa::compute_dtype(dtype))?;
-    let norm = xc
+    let norm = upcast(x)?
         .sqr()?
         .sum_keepdim(candle_core::D::Minus1)?
         .sqrt()?
-        .clamp(eps, f64::INFINITY)?;
-    xc.broadcast_div(&norm)?.to_dtype(dtype)
+        .clamp(eps, f64::INFINITY)?
+        .to_dtype(x.dtype())?;
+    x.broadcast_div(&norm)
 }
 
 /// The source indices of PyTorch's `mode="nearest"` resampling of `input` samples to `output`:
@@ -353,7 +380,7 @@ pub fn interpolate_nearest2d(x: &Tensor, h: usize, w: usize) -> candle_core::Res
 /// Keys `norm_layer.{weight,bias}`, `conv_y.{weight,bias}`, `conv_b.{weight,bias}`.
 #[derive(Debug, Clone)]
 pub struct SpatialNorm {
-    norm_layer: candle_nn::GroupNorm,
+    norm_layer: GroupNorm,
     conv_y: Projection,
     conv_b: Projection,
 }

@@ -21,8 +21,8 @@
 //! checkpointing) does not change the forward.
 
 use crate::heads::{chunk_qkv_channels, chunk_qkv_channels_per_head, merge_channels};
-use crate::layers::{Projection, UpcastGroupNorm};
-use crate::sdpa::sdpa;
+use crate::layers::{GroupNorm, Projection};
+use crate::sdpa::{eager_attention, mul, Scale};
 use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -116,9 +116,9 @@ fn qkv_attention(qkv: &Tensor, heads: usize, order: QkvOrder) -> candle_core::Re
     };
     let scale = 1.0 / (ch as f64).sqrt().sqrt();
     // weight = einsum("bct,bcs->bts", q * scale, k * scale)  # More stable with f16 than dividing afterwards
-    let (q, k) = ((q * scale)?, (k * scale)?);
+    let (q, k) = (mul(&q, scale)?, mul(&k, scale)?);
     // weight = softmax(weight.float(), dim=-1).type(weight.dtype); a = einsum("bts,bcs->bct", weight, v)
-    let a = sdpa(&q.t()?, &k.t()?, &v.t()?, None, 1.0)?;
+    let a = eager_attention(&q.t()?, &k.t()?, &v.t()?, None, Scale::Mul(1.0))?;
     // a.reshape(bs, -1, length)
     merge_channels(&a)
 }
@@ -129,7 +129,7 @@ pub struct AttentionBlock {
     channels: usize,
     heads: usize,
     order: QkvOrder,
-    norm: UpcastGroupNorm,
+    norm: GroupNorm,
     qkv: Projection,
     proj_out: Projection,
 }
@@ -149,7 +149,7 @@ impl AttentionBlock {
             } else {
                 QkvOrder::Legacy
             },
-            norm: UpcastGroupNorm::load(vb.pp("norm"), block, NORM_GROUPS, c, NORM_EPS)?,
+            norm: GroupNorm::load(vb.pp("norm"), block, NORM_GROUPS, c, NORM_EPS)?,
             qkv: Projection::load(vb.pp("qkv"), block, c, 3 * c, true)?,
             proj_out: Projection::load(vb.pp("proj_out"), block, c, c, true)?,
         })

@@ -1,12 +1,24 @@
-//! The one scaled-dot-product attention core every block calls.
+//! The attention core every block calls, and the tensor operations it is made of, each with
+//! the rounding PyTorch's CPU kernels give it.
 //!
-//! `softmax(q·kᵀ · scale + mask) · v` over tensors laid out `(batch, heads, tokens, head_dim)`.
-//! Scores and the softmax are always computed in at least f32: f16/bf16 inputs are upcast, so a
-//! long row cannot saturate the half-precision denominator (Candle 0.11.1's CPU
-//! `softmax_last_dim` sums in the input dtype). f64 inputs stay f64.
+//! In f32 and f64 every function here is the plain math. In f16/bf16 the functions mirror where
+//! PyTorch (2.15, CPU) rounds to the half type, because the blocks are checked against PyTorch
+//! runs in those dtypes:
 //!
-//! This is the seam where faster kernels plug in: blocks only ever call [`sdpa`],
-//! [`attention_probs`] and [`softmax`].
+//! * [`matmul`] (`@`, `bmm`, `einsum`), [`mul`] / [`div`] by a Python float, [`softmax`]: computed
+//!   in f32 and rounded once to the input dtype, as PyTorch's kernels do (f32 accumulation).
+//!   Candle's own half-precision ops differ here: `Tensor * f64` rounds the scalar to the half type
+//!   first, and its CPU softmax and sums accumulate in the half type (Candle issue #3727).
+//! * [`sdpa`] is `F.scaled_dot_product_attention`, which on the CPU runs the flash kernel: scores,
+//!   mask and softmax statistics in f32, the unnormalised weights `exp(s − max)` rounded to the
+//!   input dtype before `·v` (f32 accumulation, key blocks of 512), divided by the f32 row sum at
+//!   the end and rounded once.
+//! * [`eager_attention`] is the same attention written as tensor ops the way most blocks' Python
+//!   does it (`einsum`, `* scale`, `softmax`, `einsum`): every step rounded.
+//!
+//! Mirroring these cast points keeps a half-precision run elementwise close to PyTorch's, not
+//! just as accurate. The f32 path materialises the full score matrix; the half path of [`sdpa`]
+//! works on key blocks of 512.
 
 use candle_core::{DType, Result, Tensor, D};
 
@@ -18,16 +30,68 @@ pub fn compute_dtype(dtype: DType) -> DType {
     }
 }
 
-fn upcast(x: &Tensor) -> Result<Tensor> {
+/// Whether `dtype` is f16 or bf16.
+pub fn is_half(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+}
+
+/// `x` in its compute dtype (f32 for half inputs; f32/f64 unchanged).
+pub fn upcast(x: &Tensor) -> Result<Tensor> {
     x.to_dtype(compute_dtype(x.dtype()))
 }
 
-/// Softmax over `dim`, accumulated in at least f32. Returns the compute dtype
-/// ([`compute_dtype`] of the input); cast back where the PyTorch code does.
-pub fn softmax<Dm: candle_core::shape::Dim>(xs: &Tensor, dim: Dm) -> Result<Tensor> {
+/// Round `x` to `dtype` and back to `x`'s dtype: a cast point of the PyTorch code.
+pub fn round_through(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    if dtype == x.dtype() {
+        return Ok(x.clone());
+    }
+    x.to_dtype(dtype)?.to_dtype(x.dtype())
+}
+
+/// `a @ b` (`torch.matmul`/`bmm`/`einsum` on same-rank batched operands): accumulated in at
+/// least f32, rounded once to `a`'s dtype.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let dtype = a.dtype();
+    upcast(a)?
+        .contiguous()?
+        .matmul(&upcast(b)?.contiguous()?)?
+        .to_dtype(dtype)
+}
+
+/// `x * s` for a Python float `s`: the product in at least f32, rounded once (Candle's `x * s`
+/// on a half tensor would first round `s` itself to the half type).
+pub fn mul(x: &Tensor, s: f64) -> Result<Tensor> {
+    if s == 1.0 {
+        return Ok(x.clone());
+    }
+    upcast(x)?.affine(s, 0.0)?.to_dtype(x.dtype())
+}
+
+/// `x / d` for a Python float `d`: a true division in at least f32 (PyTorch divides by `d`
+/// rounded to f32; it does not multiply by `1/d`), rounded once.
+pub fn div(x: &Tensor, d: f64) -> Result<Tensor> {
+    if d == 1.0 {
+        return Ok(x.clone());
+    }
+    let xc = upcast(x)?;
+    // Built in f32 unless the run is f64: Metal has no f64 tensors.
+    let d = match xc.dtype() {
+        DType::F64 => Tensor::full(d, (), x.device())?,
+        dtype => Tensor::full(d as f32, (), x.device())?.to_dtype(dtype)?,
+    };
+    xc.broadcast_div(&d)?.to_dtype(x.dtype())
+}
+
+/// Softmax over `dim` in the compute dtype ([`compute_dtype`]: f32 for half inputs); the
+/// result stays in the compute dtype (a softmax of `x.float()`).
+pub fn softmax_upcast<Dm: candle_core::shape::Dim>(xs: &Tensor, dim: Dm) -> Result<Tensor> {
     let dim = dim.to_index(xs.shape(), "softmax")?;
     let last = xs.rank() - 1;
     let xs = upcast(xs)?;
+    if xs.elem_count() == 0 {
+        // Nothing to normalize (no keys, or no rows); Candle's kernel panics on a zero-length row.
+        return Ok(xs);
+    }
     if dim == last {
         candle_nn::ops::softmax_last_dim(&xs.contiguous()?)
     } else {
@@ -36,8 +100,13 @@ pub fn softmax<Dm: candle_core::shape::Dim>(xs: &Tensor, dim: Dm) -> Result<Tens
     }
 }
 
+/// `x.softmax(dim)`: accumulated in at least f32 (PyTorch's CPU kernel), in `x`'s dtype.
+pub fn softmax<Dm: candle_core::shape::Dim>(xs: &Tensor, dim: Dm) -> Result<Tensor> {
+    softmax_upcast(xs, dim)?.to_dtype(xs.dtype())
+}
+
 /// Attention probabilities `softmax(q·kᵀ · scale + mask)` of shape `(.., q_tokens, k_tokens)`,
-/// in the compute dtype.
+/// all in the compute dtype (f32 for half inputs) and returned in it.
 ///
 /// `q`: `(B, H, Lq, D)`, `k`: `(B, H, Lk, D)`. `mask` is additive and broadcasts to
 /// `(B, H, Lq, Lk)` (use `-inf` for positions that may not be attended). A `scale` of exactly
@@ -52,16 +121,124 @@ pub fn attention_probs(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, scale: f64
     if let Some(mask) = mask {
         scores = scores.broadcast_add(&mask.to_dtype(scores.dtype())?)?;
     }
-    softmax(&scores, D::Minus1)
+    softmax_upcast(&scores, D::Minus1)
 }
 
-/// Scaled dot-product attention: `softmax(q·kᵀ · scale + mask) · v`, returned in `v`'s dtype.
+/// `F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)` as PyTorch computes it
+/// on the CPU, returned in `v`'s dtype.
 ///
-/// Shapes: `q` `(B, H, Lq, D)`, `k` `(B, H, Lk, D)`, `v` `(B, H, Lk, Dv)` → `(B, H, Lq, Dv)`.
+/// Shapes: `q` `(B, H, Lq, D)`, `k` `(B, H, Lk, D)`, `v` `(B, H, Lk, Dv)` → `(B, H, Lq, Dv)`;
+/// `mask` additive, broadcasting to `(B, H, Lq, Lk)`. f32/f64: `softmax(q·kᵀ·scale + mask)·v` in
+/// that dtype. f16/bf16: torch's flash kernel (see the module docs); a row whose keys are all
+/// masked gives 0, as there.
 pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f64) -> Result<Tensor> {
+    if is_half(v.dtype()) {
+        return flash_half(q, k, v, mask, scale);
+    }
     let probs = attention_probs(q, k, mask, scale)?;
     let v_up = upcast(v)?.contiguous()?;
     probs.matmul(&v_up)?.to_dtype(v.dtype())
+}
+
+/// Key block of PyTorch's CPU flash attention (`kv_split_size`).
+const FLASH_KV_BLOCK: usize = 512;
+
+/// torch's `cpu_flash_attention` for a half-precision `v`: per key block of 512, `s = q·kᵀ·scale
+/// + mask` in f32; running row max `m`; `p = exp(s − m)` in f32; the row sum from the f32 `p`;
+/// `acc += round(p)·v` in f32 (previous blocks rescaled by `exp(m_old − m)`); finally
+/// `round(acc · (1/sum))`. Rows with every key masked (`m = −inf`) give 0.
+fn flash_half(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f64) -> Result<Tensor> {
+    let dtype = v.dtype();
+    let q = q.to_dtype(DType::F32)?.contiguous()?;
+    let k = k.to_dtype(DType::F32)?.contiguous()?;
+    let v = v.to_dtype(DType::F32)?.contiguous()?;
+    let lk = k.dim(D::Minus2)?;
+    if lk == 0 {
+        let mut dims = q.dims().to_vec();
+        let last = dims.len() - 1;
+        dims[last] = v.dim(D::Minus1)?;
+        return Tensor::zeros(dims, dtype, q.device());
+    }
+    let mask = match mask {
+        Some(m) => {
+            let mut full = q.dims().to_vec();
+            let last = full.len() - 1;
+            full[last] = lk;
+            Some(m.to_dtype(DType::F32)?.broadcast_as(full)?)
+        }
+        None => None,
+    };
+    // Finite stand-in for a row max of -inf: exp(-inf - MIN) is 0, exp(MIN - MIN) is 1.
+    let finite = |m: &Tensor| m.clamp(f32::MIN, f32::MAX);
+    let mut state: Option<(Tensor, Tensor, Tensor)> = None; // (max, sum, acc)
+    for start in (0..lk).step_by(FLASH_KV_BLOCK) {
+        let len = FLASH_KV_BLOCK.min(lk - start);
+        let kb = k.narrow(D::Minus2, start, len)?;
+        let vb = v.narrow(D::Minus2, start, len)?;
+        let mut s = (q.matmul(&kb.t()?)? * scale)?;
+        if let Some(m) = &mask {
+            s = (s + m.narrow(D::Minus1, start, len)?)?;
+        }
+        let block_max = s.max_keepdim(D::Minus1)?;
+        let m_new = match &state {
+            Some((m_old, _, _)) => m_old.maximum(&block_max)?,
+            None => block_max,
+        };
+        let m_safe = finite(&m_new)?;
+        let p = s.broadcast_sub(&m_safe)?.exp()?;
+        let p_sum = p.sum_keepdim(D::Minus1)?;
+        let pv = p.to_dtype(dtype)?.to_dtype(DType::F32)?.matmul(&vb)?;
+        state = Some(match state {
+            None => (m_new, p_sum, pv),
+            Some((m_old, sum, acc)) => {
+                let alpha = (finite(&m_old)? - &m_safe)?.exp()?;
+                let sum = (p_sum + sum.mul(&alpha)?)?;
+                let acc = (acc.broadcast_mul(&alpha)? + pv)?;
+                (m_new, sum, acc)
+            }
+        });
+    }
+    let Some((_, sum, acc)) = state else {
+        candle_core::bail!("sdpa: no key block")
+    };
+    // Fully masked rows have sum 0: torch divides by 1 instead (their acc is 0).
+    let sum = sum.eq(0f32)?.where_cond(&sum.ones_like()?, &sum)?;
+    acc.broadcast_mul(&sum.recip()?)?.to_dtype(dtype)
+}
+
+/// How a block's Python scales the scores after `q·kᵀ`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scale {
+    /// `scores * s`.
+    Mul(f64),
+    /// `scores / d` (a true division).
+    Div(f64),
+}
+
+impl Scale {
+    /// Apply to scores, rounding as PyTorch does ([`mul`] / [`div`]).
+    pub fn apply(self, scores: &Tensor) -> Result<Tensor> {
+        match self {
+            Scale::Mul(s) => mul(scores, s),
+            Scale::Div(d) => div(scores, d),
+        }
+    }
+}
+
+/// `softmax(q·kᵀ <scale> + mask, dim=-1) · v` written as separate tensor ops in the input dtype,
+/// the way the blocks' Python does it (`sim = einsum(q, k) * scale; attn = sim.softmax(-1);
+/// out = einsum(attn, v)`): each result rounded to the input dtype in f16/bf16 ([`matmul`],
+/// [`Scale::apply`], the mask add, [`softmax`]). The additive `mask` is cast to the input dtype
+/// first. In f32/f64 this equals [`sdpa`] up to summation order.
+///
+/// Shapes as in [`sdpa`].
+pub fn eager_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: Scale) -> Result<Tensor> {
+    let scores = scale.apply(&matmul(q, &k.t()?)?)?;
+    let scores = match mask {
+        Some(m) => scores.broadcast_add(&m.to_dtype(scores.dtype())?)?,
+        None => scores,
+    };
+    matmul(&softmax(&scores, D::Minus1)?, v)
 }
 
 /// The default scale `1 / sqrt(head_dim)`.
@@ -70,20 +247,19 @@ pub fn default_scale(head_dim: usize) -> f64 {
 }
 
 /// Efficient ("linear") attention on channels-first heads `(B, H, d, n)`, merged to
-/// `(B, H·d, n)`:
-/// `k = softmax(k)` over tokens; with `q_scale = Some(s)`, `q = softmax(q)` over features then
-/// `q · s` (lucidrains, Annotated Diffusion); with `None`, `q` is used as it is (ldm);
-/// `context = einsum('b h d n, b h e n -> b h d e', k, v)`,
+/// `(B, H·d, n)`, each step a tensor op in the input dtype as in the Python:
+/// `k = k.softmax(dim=-1)` over tokens; with `q_scale = Some(s)`, `q = q.softmax(dim=-2)` over
+/// features then `q = q * s` (lucidrains, Annotated Diffusion); with `None`, `q` is used as it
+/// is (ldm); `context = einsum('b h d n, b h e n -> b h d e', k, v)`,
 /// `out = einsum('b h d e, b h d n -> b h e n', context, q)`.
 pub fn linear_attention(q: &Tensor, k: &Tensor, v: &Tensor, q_scale: Option<f64>) -> Result<Tensor> {
-    let dtype = v.dtype();
     let q = match q_scale {
-        Some(scale) => (softmax(q, 2)?.to_dtype(dtype)? * scale)?,
+        Some(scale) => mul(&softmax(q, 2)?, scale)?,
         None => q.clone(),
     };
-    let k = softmax(k, 3)?.to_dtype(dtype)?;
-    let context = k.contiguous()?.matmul(&v.t()?.contiguous()?)?; // (b h d e)
-    let out = context.t()?.contiguous()?.matmul(&q.contiguous()?)?; // (b h e n)
+    let k = softmax(k, 3)?;
+    let context = matmul(&k, &v.t()?)?; // (b h d e)
+    let out = matmul(&context.t()?, &q)?; // (b h e n)
     let (b, heads, e, n) = out.dims4()?;
     out.reshape((b, heads * e, n))
 }
@@ -183,6 +359,127 @@ mod tests {
             .to_vec1::<f32>()
             .unwrap();
         assert!(vals.iter().all(|x| (x - 1.0).abs() < 1e-3), "{vals:?}");
+    }
+
+    fn f32s(t: &Tensor) -> Vec<f32> {
+        t.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    }
+
+    #[test]
+    fn half_ops_compute_in_f32_and_round_once() {
+        let dev = Device::Cpu;
+        let x = (Tensor::randn(0f32, 1., (4, 64), &dev).unwrap() * 7.0).unwrap();
+        let s = default_scale(32);
+        for dtype in [DType::F16, DType::BF16] {
+            let xh = x.to_dtype(dtype).unwrap();
+            let want = (xh.to_dtype(DType::F32).unwrap() * s).unwrap().to_dtype(dtype).unwrap();
+            assert_eq!(f32s(&mul(&xh, s).unwrap()), f32s(&want), "{dtype:?}");
+            // Candle's own `x * s` rounds `s` to the half type first: not what PyTorch does.
+            assert_ne!(f32s(&(&xh * s).unwrap()), f32s(&want), "{dtype:?}");
+            let d = (24f64).sqrt();
+            let want = xh
+                .to_dtype(DType::F32)
+                .unwrap()
+                .broadcast_div(&Tensor::new(d as f32, &dev).unwrap())
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            assert_eq!(f32s(&div(&xh, d).unwrap()), f32s(&want), "{dtype:?}");
+            let b = Tensor::randn(0f32, 1., (64, 5), &dev).unwrap().to_dtype(dtype).unwrap();
+            let want = xh
+                .to_dtype(DType::F32)
+                .unwrap()
+                .matmul(&b.to_dtype(DType::F32).unwrap())
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            assert_eq!(f32s(&matmul(&xh, &b).unwrap()), f32s(&want), "{dtype:?}");
+            let sm = softmax(&xh, D::Minus1).unwrap();
+            assert_eq!(sm.dtype(), dtype);
+            let want = softmax_upcast(&xh, D::Minus1).unwrap().to_dtype(dtype).unwrap();
+            assert_eq!(f32s(&sm), f32s(&want));
+        }
+    }
+
+    /// PyTorch's CPU flash kernel on one block: `round(Σ round(exp(s − max))·v / Σ exp(s − max))`.
+    fn flash_one_block(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f64) -> Tensor {
+        let dtype = v.dtype();
+        let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+        let mut s = (f(q).matmul(&f(k).t().unwrap()).unwrap() * scale).unwrap();
+        if let Some(m) = mask {
+            s = s.broadcast_add(&f(m)).unwrap();
+        }
+        let p = s
+            .broadcast_sub(&s.max_keepdim(D::Minus1).unwrap())
+            .unwrap()
+            .exp()
+            .unwrap();
+        let z = p.sum_keepdim(D::Minus1).unwrap();
+        let pv = p
+            .to_dtype(dtype)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .matmul(&f(v))
+            .unwrap();
+        pv.broadcast_mul(&z.recip().unwrap()).unwrap().to_dtype(dtype).unwrap()
+    }
+
+    #[test]
+    fn half_sdpa_rounds_the_unnormalised_weights_like_torchs_flash_kernel() {
+        let dev = Device::Cpu;
+        for dtype in [DType::F16, DType::BF16] {
+            let r = |s: &[usize]| {
+                (Tensor::randn(0f32, 1., s, &dev).unwrap() * 2.0)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            let (q, k, v) = (r(&[2, 3, 7, 16]), r(&[2, 3, 40, 16]), r(&[2, 3, 40, 16]));
+            let mask = r(&[7, 40]);
+            for m in [None, Some(&mask)] {
+                let got = sdpa(&q, &k, &v, m, 0.25).unwrap();
+                let want = flash_one_block(&q, &k, &v, m, 0.25);
+                assert_eq!(f32s(&got), f32s(&want), "{dtype:?} masked={}", m.is_some());
+            }
+        }
+    }
+
+    #[test]
+    fn half_sdpa_across_key_blocks_and_with_fully_masked_rows() {
+        let dev = Device::Cpu;
+        let (lq, lk, d) = (5, 1100, 8);
+        let q = Tensor::randn(0f32, 1., (1, 2, lq, d), &dev).unwrap();
+        let k = Tensor::randn(0f32, 1., (1, 2, lk, d), &dev).unwrap();
+        let v = Tensor::randn(0f32, 1., (1, 2, lk, d), &dev).unwrap();
+        // Row 0 masks every key; row 1 only sees keys of the last block; others see all.
+        let mut m = vec![0f32; lq * lk];
+        for j in 0..lk {
+            m[j] = f32::NEG_INFINITY;
+            if j < 1024 {
+                m[lk + j] = f32::NEG_INFINITY;
+            }
+        }
+        let mask = Tensor::from_vec(m, (lq, lk), &dev).unwrap();
+        let want = sdpa(&q, &k, &v, Some(&mask), 0.3).unwrap(); // f32 math
+        for (dtype, tol) in [(DType::F16, 2e-3), (DType::BF16, 2e-2)] {
+            let c = |t: &Tensor| t.to_dtype(dtype).unwrap();
+            let got = sdpa(&c(&q), &c(&k), &c(&v), Some(&c(&mask)), 0.3).unwrap();
+            let (g, w) = (f32s(&got), f32s(&want));
+            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                if (i / d) % lq == 0 {
+                    // torch's flash kernel gives 0 for a row without keys.
+                    assert_eq!(*a, 0.0, "{dtype:?} element {i}");
+                } else {
+                    assert!((a - b).abs() < tol, "{dtype:?} element {i}: {a} vs {b}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@
 use crate::config::check_divides;
 use crate::heads::{merge_tokens, split_tokens};
 use crate::layers::Projection;
-use crate::sdpa::sdpa;
+use crate::sdpa::{eager_attention, Scale};
 use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -41,7 +41,8 @@ pub struct SelfAttention {
     q: Projection,
     k: Projection,
     v: Projection,
-    scale: f64,
+    /// The scores are divided by this (`self.scale` in the Python).
+    divisor: f64,
 }
 
 impl SelfAttention {
@@ -59,7 +60,7 @@ impl SelfAttention {
             k: Projection::load(vb.pp("k"), Self::BLOCK, cfg.dx, cfg.d, true)?,
             v: Projection::load(vb.pp("v"), Self::BLOCK, cfg.dx, cfg.dv, true)?,
             // attn = (Q @ K^T) / D ** 0.5
-            scale: 1.0 / (cfg.d as f64).sqrt(),
+            divisor: (cfg.d as f64).sqrt(),
         })
     }
 }
@@ -77,7 +78,8 @@ impl Module for SelfAttention {
         let q = self.q.forward_tokens(&x3)?.unsqueeze(1)?;
         let k = self.k.forward_tokens(&x3)?.unsqueeze(1)?;
         let v = self.v.forward_tokens(&x3)?.unsqueeze(1)?;
-        let out = sdpa(&q, &k, &v, None, self.scale)?.squeeze(1)?;
+        // attn = (Q @ K.transpose(-2, -1)) / self.scale; attn.softmax(dim=-1) @ V
+        let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?.squeeze(1)?;
         let mut shape = dims;
         let last = shape.len() - 1;
         shape[last] = out.dim(2)?;
@@ -155,7 +157,8 @@ pub struct MultiHeadAttention {
     v: Projection,
     fc: Projection,
     nh: usize,
-    scale: f64,
+    /// The scores are divided by this (`self.scale` in the Python).
+    divisor: f64,
 }
 
 impl MultiHeadAttention {
@@ -169,7 +172,7 @@ impl MultiHeadAttention {
             v: Projection::load(vb.pp("v"), Self::BLOCK, cfg.input_dim, all, true)?,
             fc: Projection::load(vb.pp("fc"), Self::BLOCK, all, all, true)?,
             nh: cfg.nh,
-            scale: 1.0 / divisor,
+            divisor,
         })
     }
 }
@@ -181,7 +184,8 @@ impl Module for MultiHeadAttention {
         let q = split_tokens(&self.q.forward_tokens(x)?, self.nh)?;
         let k = split_tokens(&self.k.forward_tokens(x)?, self.nh)?;
         let v = split_tokens(&self.v.forward_tokens(x)?, self.nh)?;
-        let out = sdpa(&q, &k, &v, None, self.scale)?;
+        // (Q @ K^T) / self.scale, softmax(dim=-1), @ V
+        let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?;
         // 'b nh nq dh -> b nq (nh dh)'
         self.fc.forward_tokens(&merge_tokens(&out)?)
     }

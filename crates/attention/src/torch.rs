@@ -30,7 +30,7 @@
 use crate::config::{check_divides, yes};
 use crate::heads::{merge_tokens, split_tokens};
 use crate::layers::Projection;
-use crate::sdpa::{attention_probs, compute_dtype, default_scale, sdpa};
+use crate::sdpa::{default_scale, matmul, mul, sdpa, softmax, upcast};
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarBuilder;
@@ -388,10 +388,10 @@ impl MultiheadAttention {
         }
 
         let dtype = q_in.dtype();
-        let cdt = compute_dtype(dtype);
         let (h, d) = (self.num_heads, self.head_dim);
 
-        // Masks, canonical (additive, compute dtype), laid out to broadcast to (N, H, L, S).
+        // Masks, canonical (additive, in the query's dtype as `_canonical_mask` makes them; the
+        // float masks of a bundle are in that dtype already), laid out to broadcast to (N, H, L, S).
         let mut kpm = match args.key_padding_mask {
             Some(m) => {
                 let m = if batched { m.clone() } else { m.unsqueeze(0)? };
@@ -401,7 +401,7 @@ impl MultiheadAttention {
                         format!("expected shape ({n}, {s}) (batch, key length), found {:?}", m.dims()),
                     ));
                 }
-                Some(canonical_mask(&m, "key_padding_mask", cdt)?.reshape((n, 1, 1, s))?)
+                Some(canonical_mask(&m, "key_padding_mask", dtype)?.reshape((n, 1, 1, s))?)
             }
             None => None,
         };
@@ -438,33 +438,34 @@ impl MultiheadAttention {
                     }
                     m.reshape((n, h, l, s))?
                 };
-                Some(canonical_mask(&m4, "attn_mask", cdt)?)
+                Some(canonical_mask(&m4, "attn_mask", dtype)?)
             }
             _ => None,
         };
 
-        // In-projection, on (N, tokens, features).
+        // In-projection, on (N, tokens, features). With batch_first, torch projects
+        // `query.transpose(1, 0)`, a non-contiguous view: its Linear rounds twice in half precision.
+        let strided = self.batch_first && batched;
+        let lin = |p: &Projection, x: &Tensor| {
+            if strided {
+                p.forward_tokens_strided(x)
+            } else {
+                p.forward_tokens(x)
+            }
+        };
         let (q, k, v) = match &self.in_proj {
             InProj::Packed { qkv, kv, q, k, v } => {
                 if self_attention {
-                    let all = qkv.forward_tokens(&q_in)?;
+                    let all = lin(qkv, &q_in)?;
                     (all.narrow(2, 0, e)?, all.narrow(2, e, e)?, all.narrow(2, 2 * e, e)?)
                 } else if key_is_value {
-                    let both = kv.forward_tokens(&k_in)?;
-                    (q.forward_tokens(&q_in)?, both.narrow(2, 0, e)?, both.narrow(2, e, e)?)
+                    let both = lin(kv, &k_in)?;
+                    (lin(q, &q_in)?, both.narrow(2, 0, e)?, both.narrow(2, e, e)?)
                 } else {
-                    (
-                        q.forward_tokens(&q_in)?,
-                        k.forward_tokens(&k_in)?,
-                        v.forward_tokens(&v_in)?,
-                    )
+                    (lin(q, &q_in)?, lin(k, &k_in)?, lin(v, &v_in)?)
                 }
             }
-            InProj::Separate { q, k, v } => (
-                q.forward_tokens(&q_in)?,
-                k.forward_tokens(&k_in)?,
-                v.forward_tokens(&v_in)?,
-            ),
+            InProj::Separate { q, k, v } => (lin(q, &q_in)?, lin(k, &k_in)?, lin(v, &v_in)?),
         };
 
         let pad = |m: Option<Tensor>| -> candle_core::Result<Option<Tensor>> {
@@ -499,21 +500,28 @@ impl MultiheadAttention {
             (a, p) => a.or(p),
         };
         let mask = if sdpa_causal {
-            Some(causal_mask(l, src_len, cdt, q.device())?)
+            Some(causal_mask(l, src_len, dtype, q.device())?)
         } else {
             mask
         };
 
         let (out, weights) = if args.need_weights {
-            let q_scaled = (&q * (1.0 / d as f64).sqrt())?;
-            let probs = attention_probs(&q_scaled, &k, mask.as_ref(), 1.0)?; // (N, H, L, S)
-            let out = probs.matmul(&v.to_dtype(probs.dtype())?)?.to_dtype(v.dtype())?;
+            // q_scaled = q * math.sqrt(1.0 / float(E))
+            let q_scaled = mul(&q, (1.0 / d as f64).sqrt())?;
+            // baddbmm(attn_mask, q_scaled, k.transpose(-2, -1)) (or bmm): one rounding
+            let mut scores = upcast(&q_scaled)?.matmul(&upcast(&k)?.t()?)?;
+            if let Some(m) = &mask {
+                scores = scores.broadcast_add(&upcast(m)?)?;
+            }
+            let probs = softmax(&scores.to_dtype(dtype)?, D::Minus1)?; // (N, H, L, S)
+            let out = matmul(&probs, &v)?;
             let weights = if args.average_attn_weights {
-                probs.mean(1)?
+                // attn_output_weights.mean(dim=1), accumulated in at least f32
+                upcast(&probs)?.mean(1)?.to_dtype(dtype)?
             } else {
                 probs
             };
-            (out, Some(weights.to_dtype(dtype)?))
+            (out, Some(weights))
         } else {
             (sdpa(&q, &k, &v, mask.as_ref(), default_scale(d))?, None)
         };

@@ -59,16 +59,57 @@ pub type RawFile = (BTreeMap<String, String>, Vec<TensorInfo>, BTreeMap<String, 
 
 /// Read the raw metadata and tensor table of any safetensors file (used by `inspect` too).
 pub fn read_file(path: &Path) -> Result<RawFile> {
-    let bytes = std::fs::read(path).map_err(|source| ParityError::Io {
+    parse_file(path, &read_bytes(path)?)
+}
+
+/// The bytes of a regular file. A folder, a FIFO or a device is refused before reading, so a
+/// pipe named `*.safetensors` cannot block the tool.
+fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    let io = |source| ParityError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() {
+            "a folder"
+        } else {
+            "not a regular file"
+        };
+        return Err(ParityError::Format {
+            path: path.to_path_buf(),
+            message: format!("{what}; a parity bundle is one .safetensors file"),
+        });
+    }
+    std::fs::read(path).map_err(io)
+}
+
+/// Why `bytes` is a PyTorch checkpoint rather than safetensors, if it looks like one.
+fn pickle_checkpoint(bytes: &[u8]) -> Option<&'static str> {
+    match bytes {
+        // `torch.save` since 1.6 writes a zip archive holding `data.pkl`.
+        [b'P', b'K', 3, 4, ..] => Some("a zip archive (a `torch.save` checkpoint)"),
+        // The legacy `torch.save` format and plain `pickle.dump`: protocol 2 to 5.
+        [0x80, 2..=5, ..] => Some("a Python pickle (a `torch.save` checkpoint)"),
+        _ => None,
+    }
+}
+
+/// Parse the bytes of a safetensors file; `path` only labels the errors.
+pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<RawFile> {
     let format_err = |message: String| ParityError::Format {
         path: path.to_path_buf(),
         message,
     };
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| format_err(format!("{e:?}")))?;
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| format_err(format!("{e:?}")))?;
+    if let Some(what) = pickle_checkpoint(bytes) {
+        return Err(format_err(format!(
+            "this is {what}, not safetensors; the tool never unpickles files. Load it in Python and \
+             write a parity bundle with scripts/parity_bundle.py `export_bundle` (or save the state dict \
+             with `safetensors.torch.save_file`)"
+        )));
+    }
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| format_err(e.to_string()))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| format_err(e.to_string()))?;
     let metadata: BTreeMap<String, String> = header.metadata().clone().unwrap_or_default().into_iter().collect();
     let mut infos = vec![];
     let mut tensors = BTreeMap::new();
@@ -77,7 +118,7 @@ pub fn read_file(path: &Path) -> Result<RawFile> {
     for name in names {
         let view = st
             .tensor(&name)
-            .map_err(|e| format_err(format!("tensor `{name}`: {e:?}")))?;
+            .map_err(|e| format_err(format!("tensor `{name}`: {e}")))?;
         let shape = view.shape().to_vec();
         infos.push(TensorInfo {
             name: name.clone(),
@@ -86,7 +127,8 @@ pub fn read_file(path: &Path) -> Result<RawFile> {
         });
         let dtype = candle_dtype(view.dtype()).ok_or_else(|| {
             format_err(format!(
-                "tensor `{name}` has dtype {:?}, which this tool cannot read",
+                "tensor `{name}` has dtype {:?}, which this tool cannot read \
+                 (it reads bool, u8, u32, i16, i32, i64, f16, bf16, f32, f64)",
                 view.dtype()
             ))
         })?;
@@ -114,7 +156,16 @@ fn json_field<T: serde::de::DeserializeOwned>(
 impl Bundle {
     /// Read and validate a bundle.
     pub fn read(path: &Path) -> Result<Self> {
-        let (metadata, infos, tensors) = read_file(path)?;
+        Self::from_raw(path, read_file(path)?)
+    }
+
+    /// Parse and validate a bundle held in memory; `path` only labels it (in errors and reports).
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self> {
+        Self::from_raw(path, parse_file(path, bytes)?)
+    }
+
+    /// Validate a parsed file as a bundle.
+    pub fn from_raw(path: &Path, (metadata, infos, tensors): RawFile) -> Result<Self> {
         let require = |key: &str| {
             metadata
                 .get(key)
@@ -231,6 +282,62 @@ impl Bundle {
             }),
             None => Ok(self.output(&self.outputs[0]).map(|t| t.dtype()).unwrap_or(DType::F32)),
         }
+    }
+}
+
+impl Bundle {
+    /// Refuse weights and inputs that hold NaN or ±inf: PyTorch's outputs on them check nothing.
+    /// Mask inputs may hold −inf, the "never attend" of an additive float mask. Outputs may hold
+    /// NaN (PyTorch's fully masked rows); the pass rule deals with those. Also refuse integer
+    /// inputs other than masks (bool masks are stored as u8).
+    pub fn check_values(&self) -> Result<()> {
+        let mut bad = vec![];
+        for (name, t) in &self.tensors {
+            let input = name.strip_prefix(INPUT_PREFIX);
+            if let Some(input) = input.filter(|n| !n.contains("mask") && !t.dtype().is_float()) {
+                return Err(ParityError::bundle(
+                    &self.path,
+                    format!(
+                        "input `{input}` has dtype {}; only masks may be integer or bool, other inputs are floating-point",
+                        format!("{:?}", t.dtype()).to_lowercase()
+                    ),
+                ));
+            }
+            if !t.dtype().is_float() || (name.starts_with("parity.") && input.is_none()) {
+                continue;
+            }
+            let values = t
+                .to_dtype(DType::F64)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1::<f64>())
+                .map_err(|e| ParityError::bundle(&self.path, format!("tensor `{name}`: {e}")))?;
+            let count = |f: fn(&f64) -> bool| values.iter().filter(|v| f(v)).count();
+            let mask = input.is_some_and(|n| n.contains("mask"));
+            let counts = [
+                (count(|v| v.is_nan()), "NaN"),
+                (count(|v| *v == f64::INFINITY), "+inf"),
+                (if mask { 0 } else { count(|v| *v == f64::NEG_INFINITY) }, "-inf"),
+            ];
+            let found: Vec<String> = counts
+                .iter()
+                .filter(|(n, _)| *n > 0)
+                .map(|(n, what)| format!("{n} {what}"))
+                .collect();
+            if !found.is_empty() {
+                let kind = if input.is_some() { "input" } else { "weight" };
+                bad.push(format!("{kind} `{name}` has {}", found.join(", ")));
+            }
+        }
+        if bad.is_empty() {
+            return Ok(());
+        }
+        Err(ParityError::Invalid {
+            path: self.path.clone(),
+            message: format!(
+                "non-finite values: {} (a comparison on them proves nothing; only mask inputs may hold -inf)",
+                bad.join("; ")
+            ),
+        })
     }
 }
 

@@ -1,17 +1,29 @@
 //! Checking one bundle: build the block from its config and weights, run it on the bundle's
 //! inputs, and compare with PyTorch's outputs under the pass rule.
+//!
+//! **Running in another dtype** (`Options::dtype` differing from the bundle's `parity.dtype`):
+//! the weights and float inputs are cast to the run dtype, and our output is compared with the
+//! bundle's float64 output (required), never with PyTorch's output in the bundle's dtype:
+//! * f64: rule (a) at float64 tolerances (`1e-7`/`1e-7`) only: a float64 port must reproduce
+//!   PyTorch's float64 run;
+//! * f32, f16, bf16: rule (a) at the run dtype's tolerances against the float64 output, or rule (b)
+//!   with PyTorch's own error at the *bundle's* dtype (`max|torch − float64|`, the only PyTorch error
+//!   the bundle holds): `max|ours − float64| ≤ 2 × max|torch − float64|`. Running more precisely than
+//!   the bundle (an f16 bundle in f32) must therefore be at least half as accurate as PyTorch in
+//!   the bundle's dtype; running less precisely (an f32 bundle in f16) is held to PyTorch's f32
+//!   error and normally fails: check an f16/bf16 bundle itself for PyTorch's half-precision error.
 
 use crate::bundle::Bundle;
 use crate::compare::{compare, default_tolerance, OutputReport};
 use crate::error::{ParityError, Result};
 use crate::registry::{self, Inputs};
-use crate::weights::{closest, TrackedWeights};
+use crate::weights::{closest, Conversion, TrackedWeights};
 use candle_core::{DType, Device};
 use serde::Serialize;
 use std::path::Path;
 
 /// How to run the checks.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Override the bundle's absolute tolerance.
     pub atol: Option<f64>,
@@ -21,6 +33,20 @@ pub struct Options {
     pub dtype: Option<DType>,
     /// Do not fail on weights the block did not use.
     pub allow_unused: bool,
+    /// Where the blocks run (the CPU by default). Outputs come back to the CPU to be compared.
+    pub device: Device,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            atol: None,
+            rtol: None,
+            dtype: None,
+            allow_unused: false,
+            device: Device::Cpu,
+        }
+    }
 }
 
 /// The result of checking one bundle.
@@ -28,11 +54,21 @@ pub struct Options {
 pub struct Report {
     pub file: String,
     pub block: String,
+    /// The dtype the block ran in.
     pub dtype: String,
+    /// The bundle's dtype (`parity.dtype`).
+    pub bundle_dtype: String,
+    /// The device the block ran on: `cpu`, `cuda:N`, `metal:N`.
+    pub device: String,
+    /// What our outputs were compared with: `pytorch` (the bundle's outputs, rule (a); rule (b)
+    /// with the float64 outputs) or `float64` (a run in another dtype, see the module docs).
+    pub reference: String,
     /// `name shape` of each input.
     pub inputs: Vec<(String, Vec<usize>)>,
     pub outputs: Vec<OutputReport>,
     pub pass: bool,
+    /// Weights and inputs stored in another dtype than the run's, converted for it.
+    pub conversions: Vec<Conversion>,
 }
 
 /// Check one bundle file.
@@ -79,9 +115,10 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         }
     }
 
+    bundle.check_values()?;
     let bundle_dtype = bundle.run_dtype()?;
     let dtype = opts.dtype.unwrap_or(bundle_dtype);
-    let device = Device::Cpu;
+    let device = opts.device.clone();
     let weights = TrackedWeights::new(bundle.weights());
     let vb = weights.var_builder(dtype, &device);
     let block = (info.build)(vb, &bundle.config).map_err(|e| ParityError::block(path, info.id, e))?;
@@ -111,6 +148,7 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
     for name in &bundle.inputs {
         let t = bundle.input(name).expect("validated when the bundle was read");
         let t = if t.dtype().is_float() {
+            weights.record_conversion(&format!("{}{name}", crate::bundle::INPUT_PREFIX), t.dtype(), dtype);
             t.to_dtype(dtype)
         } else {
             Ok(t.clone())
@@ -125,7 +163,15 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         tensors,
         kwargs: bundle.kwargs.clone(),
     };
-    let ours = block.run(&inputs).map_err(|e| ParityError::block(path, info.id, e))?;
+    let ours = block
+        .run(&inputs)
+        .and_then(|outs| {
+            Ok(outs
+                .iter()
+                .map(|t| t.to_device(&Device::Cpu))
+                .collect::<candle_core::Result<Vec<_>>>()?)
+        })
+        .map_err(|e| ParityError::block(path, info.id, e))?;
     if ours.len() != bundle.outputs.len() {
         return Err(ParityError::bundle(
             path,
@@ -153,16 +199,20 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
     for (name, ours) in bundle.outputs.iter().zip(&ours) {
         let torch = bundle.output(name).expect("validated when the bundle was read");
         let torch_f64 = bundle.output_f64(name);
-        let report = if dtype == DType::F64 && bundle_dtype != DType::F64 {
+        let report = if same_dtype {
+            compare(name, ours, torch, torch_f64, rtol, atol)
+        } else {
             let reference = torch_f64.ok_or_else(|| {
                 ParityError::bundle(
                     path,
-                    format!("--dtype f64 needs `parity.output.{name}.float64`, which the bundle lacks"),
+                    format!(
+                        "--dtype {} needs `parity.output.{name}.float64` to compare a run in another dtype than \
+                         the bundle's, and the bundle lacks it",
+                        dtype_name(dtype)
+                    ),
                 )
             })?;
-            compare(name, ours, reference, None, rtol, atol)
-        } else {
-            compare(name, ours, torch, torch_f64, rtol, atol)
+            compare_across_dtypes(name, ours, torch, reference, dtype, rtol, atol)
         }
         .map_err(|e| ParityError::block(path, info.id, e))?;
         outputs.push(report);
@@ -170,7 +220,10 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
     Ok(Report {
         file: path.display().to_string(),
         block: bundle.block.clone(),
-        dtype: format!("{dtype:?}").to_lowercase(),
+        dtype: dtype_name(dtype).into(),
+        bundle_dtype: dtype_name(bundle_dtype).into(),
+        device: device_name(&device),
+        reference: if same_dtype { "pytorch" } else { "float64" }.into(),
         inputs: bundle
             .inputs
             .iter()
@@ -183,5 +236,64 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
             .collect(),
         pass: outputs.iter().all(|o| o.pass),
         outputs,
+        conversions: weights.conversions(),
     })
+}
+
+/// `f32`, `f16`, `bf16`, `f64` (as `--dtype` spells them).
+pub fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        other => other.as_str(),
+    }
+}
+
+/// `cpu`, `cuda:N`, `metal:N`.
+pub fn device_name(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".into(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
+/// The comparison of a run in `dtype`, another dtype than the bundle's (see the module docs):
+/// rule (a) against the float64 output `reference`; rule (b) with PyTorch's own error
+/// `max|torch − reference|` at the bundle's dtype. f64 runs: rule (a) only.
+fn compare_across_dtypes(
+    name: &str,
+    ours: &candle_core::Tensor,
+    torch: &candle_core::Tensor,
+    reference: &candle_core::Tensor,
+    dtype: DType,
+    rtol: f64,
+    atol: f64,
+) -> candle_core::Result<OutputReport> {
+    let mut report = compare(name, ours, reference, None, rtol, atol)?;
+    if dtype == DType::F64 || report.non_finite > 0 || ours.dims() != reference.dims() {
+        return Ok(report);
+    }
+    // PyTorch's error in the bundle's dtype, and ours, both against the float64 output.
+    let errors = compare(name, ours, torch, Some(reference), rtol, atol)?;
+    report.ours_vs_f64 = errors.ours_vs_f64;
+    report.torch_vs_f64 = errors.torch_vs_f64;
+    let within = match (report.ours_vs_f64, report.torch_vs_f64) {
+        (Some(o), Some(t)) => o <= 2.0 * t,
+        _ => false,
+    };
+    report.pass = report.close || within;
+    report.reason = match (report.pass, report.ours_vs_f64, report.torch_vs_f64) {
+        (true, ..) => None,
+        (false, Some(o), Some(t)) => Some(format!(
+            "run in {}: max abs error vs float64 {:.3e} > atol {atol:.1e} + rtol {rtol:.1e}·|float64|, \
+             and {o:.3e} > 2 × PyTorch's error in the bundle's dtype {t:.3e}",
+            dtype_name(dtype),
+            report.max_abs
+        )),
+        (false, ..) => report.reason,
+    };
+    Ok(report)
 }

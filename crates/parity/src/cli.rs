@@ -4,7 +4,8 @@
 use crate::bundle::{self, parse_dtype, Bundle};
 use crate::check::{check_file, Options, Report};
 use crate::error::ParityError;
-use crate::registry;
+use crate::weights::conversion_note;
+use crate::{guard, registry};
 use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
@@ -44,9 +45,15 @@ enum Command {
         /// Relative tolerance (default: torch.testing.assert_close's for the dtype, or the bundle's).
         #[arg(long)]
         rtol: Option<f64>,
-        /// Run in this dtype instead of the bundle's; f64 compares with PyTorch's float64 output.
-        #[arg(long, value_parser = ["f32", "f64"])]
+        /// Run in this dtype instead of the bundle's, and compare with PyTorch's float64 output
+        /// (f64: at float64 tolerances; f32/f16/bf16: also passes within 2× PyTorch's own error
+        /// in the bundle's dtype).
+        #[arg(long, value_parser = ["f32", "f16", "bf16", "f64"])]
         dtype: Option<String>,
+        /// Where the blocks run: cpu, cuda[:N] or metal[:N] (N defaults to 0). CUDA and Metal
+        /// need a build with `--features cuda` / `--features metal` and the device present.
+        #[arg(long, default_value = "cpu", value_parser = parse_device)]
+        device: DeviceSpec,
         /// Do not fail when the bundle holds weights the block does not use.
         #[arg(long)]
         allow_unused: bool,
@@ -85,17 +92,26 @@ where
             atol,
             rtol,
             dtype,
+            device,
             allow_unused,
         } => {
+            let device = match open_device(device) {
+                Ok(device) => device,
+                Err(message) => {
+                    let _ = writeln!(err, "error: {message}");
+                    return EXIT_UNUSABLE;
+                }
+            };
             let opts = Options {
                 atol,
                 rtol,
                 dtype: dtype.as_deref().and_then(parse_dtype),
                 allow_unused,
+                device,
             };
             return check(&paths, &opts, json, out, err);
         }
-        Command::Inspect { file } => inspect(&file, out),
+        Command::Inspect { file } => guard::catch(&file, || inspect(&file, out)),
         Command::Blocks => blocks(out),
     };
     match result {
@@ -107,6 +123,75 @@ where
     }
 }
 
+/// A `--device` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+    Metal(usize),
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Cpu => write!(f, "cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceSpec::Metal(n) => write!(f, "metal:{n}"),
+        }
+    }
+}
+
+/// Parse `cpu`, `cuda`, `cuda:N`, `metal`, `metal:N`.
+pub fn parse_device(s: &str) -> Result<DeviceSpec, String> {
+    let (kind, ordinal) = match s.split_once(':') {
+        Some((kind, n)) => {
+            let n = n
+                .parse::<usize>()
+                .map_err(|_| format!("`{s}`: the device ordinal after `:` must be a number, e.g. cuda:0"))?;
+            (kind, Some(n))
+        }
+        None => (s, None),
+    };
+    match (kind, ordinal) {
+        ("cpu", None) => Ok(DeviceSpec::Cpu),
+        ("cuda", n) => Ok(DeviceSpec::Cuda(n.unwrap_or(0))),
+        ("metal", n) => Ok(DeviceSpec::Metal(n.unwrap_or(0))),
+        _ => Err(format!("`{s}` is not a device; expected cpu, cuda[:N] or metal[:N]")),
+    }
+}
+
+/// Open the device, or say in one line why it cannot be used. The backend is chosen at run
+/// time: `Device::new_cuda`/`new_metal` exist in every build and return an error when Candle
+/// was built without the feature; a panic while initialising a driver is caught too.
+pub fn open_device(spec: DeviceSpec) -> Result<candle_core::Device, String> {
+    use candle_core::utils::{cuda_is_available, metal_is_available};
+    let (compiled, feature) = match spec {
+        DeviceSpec::Cpu => return Ok(candle_core::Device::Cpu),
+        DeviceSpec::Cuda(_) => (cuda_is_available(), "cuda"),
+        DeviceSpec::Metal(_) => (metal_is_available(), "metal"),
+    };
+    if !compiled {
+        return Err(format!(
+            "device {spec}: this unet-parity was built without {} support; rebuild with `--features {feature}` \
+             (e.g. `cargo run --release -p unet-parity --features {feature} -- check --device {spec} ...`)",
+            feature.to_uppercase().replace("METAL", "Metal")
+        ));
+    }
+    let label = std::path::PathBuf::from(format!("device {spec}"));
+    let opened = guard::catch(&label, || {
+        let device = match spec {
+            DeviceSpec::Cuda(n) => candle_core::Device::new_cuda(n),
+            DeviceSpec::Metal(n) => candle_core::Device::new_metal(n),
+            DeviceSpec::Cpu => Ok(candle_core::Device::Cpu),
+        };
+        device.map_err(|e| ParityError::Usage(e.to_string()))
+    });
+    opened.map_err(|e| match e {
+        ParityError::Internal { message, .. } => format!("device {spec} failed to initialise: {message}"),
+        other => format!("device {spec} is not available: {other}"),
+    })
+}
+
 fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let files = match bundle::collect(paths) {
         Ok(files) => files,
@@ -115,8 +200,10 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
             return EXIT_UNUSABLE;
         }
     };
-    let results: Vec<(PathBuf, Result<Report, ParityError>)> =
-        files.iter().map(|f| (f.clone(), check_file(f, opts))).collect();
+    let results: Vec<(PathBuf, Result<Report, ParityError>)> = files
+        .iter()
+        .map(|f| (f.clone(), guard::catch(f, || check_file(f, opts))))
+        .collect();
     let passed = results.iter().filter(|(_, r)| matches!(r, Ok(r) if r.pass)).count();
     let failed = results.iter().filter(|(_, r)| matches!(r, Ok(r) if !r.pass)).count();
     let errors = results.len() - passed - failed;
@@ -145,6 +232,9 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
                     let _ = writeln!(err, "error: {e}");
                 }
                 Ok(report) => {
+                    if let Some(note) = conversion_note(&report.conversions) {
+                        let _ = writeln!(err, "note: {}: {note}", report.file);
+                    }
                     for o in report.outputs.iter().filter(|o| !o.pass) {
                         let _ = writeln!(
                             out,
@@ -249,12 +339,13 @@ fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn
 }
 
 fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {
-    let (metadata, infos, _) = bundle::read_file(file)?;
-    let _ = writeln!(out, "{}", file.display());
+    let (metadata, infos, tensors) = bundle::read_file(file)?;
     if metadata.contains_key("parity.format") {
-        // Validate as a bundle too, so a broken bundle is reported here as well.
-        Bundle::read(file)?;
+        // Validate as a bundle too, so a broken bundle is reported here as well (before any
+        // output: an error leaves no partial listing).
+        Bundle::from_raw(file, (metadata.clone(), infos.clone(), tensors))?;
     }
+    let _ = writeln!(out, "{}", file.display());
     let _ = writeln!(out, "metadata:");
     for (k, v) in &metadata {
         let _ = writeln!(out, "  {k} = {v}");

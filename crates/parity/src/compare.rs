@@ -6,7 +6,9 @@
 //! (b) the bundle carries PyTorch's float64 output and our max abs error against it is at most
 //!     twice PyTorch's own max abs error against it (a port cannot be asked to be more accurate
 //!     than the reference).
-//! A non-finite value on our side where PyTorch's is finite always fails.
+//! A non-finite value on our side always fails unless PyTorch's output holds the very same
+//! non-finite value there (NaN where PyTorch has NaN, +inf where it has +inf): the row's reason
+//! then says how many, so an overflow on our side is never mistaken for a near miss.
 
 use candle_core::{DType, Tensor};
 use serde::Serialize;
@@ -39,6 +41,10 @@ pub struct OutputReport {
     /// Max |torch − torch_f64|: PyTorch's own error.
     pub torch_vs_f64: Option<f64>,
     pub pass: bool,
+    /// Elements where ours is NaN or ±inf and PyTorch's is not that same value.
+    pub non_finite: usize,
+    /// Elements where PyTorch's is NaN or ±inf and ours is finite.
+    pub torch_non_finite: usize,
     /// Why it failed, when it did.
     pub reason: Option<String>,
 }
@@ -76,6 +82,8 @@ pub fn compare(
         ours_vs_f64: None,
         torch_vs_f64: None,
         pass: false,
+        non_finite: 0,
+        torch_non_finite: 0,
         reason: None,
     };
     if ours.dims() != expected.dims() {
@@ -83,10 +91,21 @@ pub fn compare(
         return Ok(report);
     }
     let (a, e) = (values(ours)?, values(expected)?);
-    let non_finite = a
+    // Ours non-finite where PyTorch's is finite, or a different non-finite value.
+    let same = |x: &f64, y: &f64| (x.is_nan() && y.is_nan()) || x == y;
+    let ours_bad: Vec<(&f64, &f64)> = a
         .iter()
         .zip(&e)
-        .filter(|(x, y)| !x.is_finite() && y.is_finite())
+        .filter(|(x, y)| !x.is_finite() && !same(x, y))
+        .collect();
+    let non_finite = ours_bad.len();
+    let where_torch_finite = ours_bad.iter().filter(|(_, y)| y.is_finite()).count();
+    let ours_nan = ours_bad.iter().filter(|(x, _)| x.is_nan()).count();
+    report.non_finite = non_finite;
+    report.torch_non_finite = a
+        .iter()
+        .zip(&e)
+        .filter(|(x, y)| x.is_finite() && !y.is_finite())
         .count();
     report.max_abs = max_abs_diff(&a, &e);
     report.max_rel = a
@@ -112,7 +131,21 @@ pub fn compare(
     };
     report.pass = non_finite == 0 && (report.close || within_reference);
     if non_finite > 0 {
-        report.reason = Some(format!("{non_finite} non-finite values where PyTorch's are finite"));
+        let elsewhere = non_finite - where_torch_finite;
+        let tail = if elsewhere > 0 {
+            format!(" or, for {elsewhere} of them, a different non-finite value")
+        } else {
+            String::new()
+        };
+        report.reason = Some(format!(
+            "non-finite output: {non_finite} of our values are NaN or inf ({ours_nan} NaN, {} inf) where PyTorch's is finite{tail}",
+            non_finite - ours_nan
+        ));
+    } else if report.torch_non_finite > 0 && !report.pass {
+        report.reason = Some(format!(
+            "PyTorch's output has {} NaN or inf values where ours is finite",
+            report.torch_non_finite
+        ));
     } else if !report.pass {
         report.reason = Some(match (report.ours_vs_f64, report.torch_vs_f64) {
             (Some(o), Some(t)) => format!(

@@ -3,27 +3,51 @@
 
 use std::path::PathBuf;
 
-/// Why a bundle could not be checked.
+/// Why a bundle could not be checked. The message is always one line: newlines and other
+/// control characters that a file name, a metadata string or a parser echoes are escaped.
 #[derive(Debug, thiserror::Error)]
 pub enum ParityError {
-    #[error("{path}: cannot read: {source}")]
+    #[error("{}: cannot read: {}", esc(path.display()), esc(source))]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{path}: not a valid safetensors file: {message}")]
+    #[error("{}: not a valid safetensors file: {}", esc(path.display()), esc(message))]
     Format { path: PathBuf, message: String },
-    #[error("{path}: not a parity bundle: {message}")]
+    #[error("{}: not a parity bundle: {}", esc(path.display()), esc(message))]
     Bundle { path: PathBuf, message: String },
-    #[error("{path}: unknown block id `{id}`; known blocks: {known}")]
+    /// A well-formed bundle whose content cannot be checked (non-finite weights or inputs).
+    #[error("{}: {}", esc(path.display()), esc(message))]
+    Invalid { path: PathBuf, message: String },
+    #[error("{}: unknown block id `{}`; known blocks: {known}", esc(path.display()), esc(id))]
     UnknownBlock { path: PathBuf, id: String, known: String },
-    #[error("{path}: {}", with_block(block, source))]
+    #[error("{}: {}", esc(path.display()), esc(with_block(block, source)))]
     Block {
         path: PathBuf,
         block: String,
         source: Box<unet_attention::Error>,
     },
-    #[error("{path}: no parity bundles (*.safetensors) found")]
+    /// A panic caught while checking (a bug in this tool; see `guard`).
+    #[error("{}: internal error (a bug in unet-parity, please report it): {}", esc(path.display()), esc(message))]
+    Internal { path: PathBuf, message: String },
+    #[error("{}: no parity bundles (*.safetensors) found", esc(path.display()))]
     NoBundles { path: PathBuf },
-    #[error("{0}")]
+    #[error("{}", esc(_0))]
     Usage(String),
+}
+
+/// `x` displayed on one line: control characters are written as Rust escapes (`\n`, `\u{1b}`).
+fn esc(x: impl std::fmt::Display) -> String {
+    let s = x.to_string();
+    if !s.chars().any(char::is_control) {
+        return s;
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 impl ParityError {

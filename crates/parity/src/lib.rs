@@ -9,6 +9,7 @@ pub mod check;
 pub mod cli;
 pub mod compare;
 pub mod error;
+pub mod guard;
 pub mod registry;
 pub mod weights;
 

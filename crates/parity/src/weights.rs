@@ -1,10 +1,13 @@
 //! A `VarBuilder` backend over a bundle's state dict that records which tensors a block
 //! loaded, so unused weights are reported instead of silently ignored, and that names the
-//! missing key or the expected and found shapes when a load fails.
+//! missing key or the expected and found shapes when a load fails. It also records every
+//! floating-point weight stored in another dtype than the run's, so conversions are reported
+//! rather than silent, and refuses an integer tensor where the block needs a float one.
 
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::VarBuilder;
+use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
@@ -13,6 +16,42 @@ use std::sync::{Arc, Mutex};
 pub struct TrackedWeights {
     tensors: Arc<BTreeMap<String, Tensor>>,
     used: Arc<Mutex<BTreeSet<String>>>,
+    /// `name -> (stored, converted to)` for tensors loaded in another dtype than the run's.
+    converted: Arc<Mutex<BTreeMap<String, (DType, DType)>>>,
+    /// The dtype of the run (set by [`TrackedWeights::var_builder`]).
+    run_dtype: Option<DType>,
+}
+
+/// Tensors converted from one dtype to another for the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Conversion {
+    pub from: String,
+    pub to: String,
+    /// State-dict names (weights) and `parity.input.<name>` (inputs), sorted.
+    pub tensors: Vec<String>,
+}
+
+fn dtype_name(d: DType) -> String {
+    format!("{d:?}").to_lowercase()
+}
+
+/// One line for the table's note: `converted f16 -> f32: a, b, c (3 tensors)`; `None` when
+/// nothing was converted. Long lists are cut after eight names.
+pub fn conversion_note(conversions: &[Conversion]) -> Option<String> {
+    const SHOWN: usize = 8;
+    let parts: Vec<String> = conversions
+        .iter()
+        .map(|c| {
+            let n = c.tensors.len();
+            let mut names = c.tensors.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+            if n > SHOWN {
+                names.push_str(&format!(", ... {} more", n - SHOWN));
+            }
+            let plural = if n == 1 { "" } else { "s" };
+            format!("converted {} -> {}: {names} ({n} tensor{plural})", c.from, c.to)
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 impl TrackedWeights {
@@ -20,12 +59,41 @@ impl TrackedWeights {
         Self {
             tensors: Arc::new(tensors),
             used: Arc::default(),
+            converted: Arc::default(),
+            run_dtype: None,
         }
     }
 
     /// A `VarBuilder` over these weights converting floating tensors to `dtype` on `device`.
     pub fn var_builder(&self, dtype: DType, device: &Device) -> VarBuilder<'static> {
-        VarBuilder::from_backend(Box::new(self.clone()), dtype, device.clone())
+        let backend = Self {
+            run_dtype: Some(dtype),
+            ..self.clone()
+        };
+        VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
+    }
+
+    /// Record that `name` (a weight or an input) was converted from `from` to `to` for the run;
+    /// nothing when the dtypes are equal.
+    pub fn record_conversion(&self, name: &str, from: DType, to: DType) {
+        if from != to {
+            if let Ok(mut converted) = self.converted.lock() {
+                converted.insert(name.to_string(), (from, to));
+            }
+        }
+    }
+
+    /// The conversions recorded so far, grouped by `(from, to)`.
+    pub fn conversions(&self) -> Vec<Conversion> {
+        let converted = self.converted.lock().map(|c| c.clone()).unwrap_or_default();
+        let mut groups: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        for (name, (from, to)) in converted {
+            groups.entry((dtype_name(from), dtype_name(to))).or_default().push(name);
+        }
+        groups
+            .into_iter()
+            .map(|((from, to), tensors)| Conversion { from, to, tensors })
+            .collect()
     }
 
     /// Names no block read, sorted.
@@ -44,13 +112,18 @@ impl TrackedWeights {
         if let Ok(mut used) = self.used.lock() {
             used.insert(name.to_string());
         }
-        // Integer buffers (BatchNorm's num_batches_tracked) keep their dtype unless asked.
-        let t = if t.dtype().is_float() || !dtype.is_float() {
-            t.to_dtype(dtype)?
-        } else {
-            t.clone()
-        };
-        t.to_device(dev)
+        // Integer buffers (BatchNorm's num_batches_tracked) are read as integers; an integer or
+        // bool tensor where the block needs a float one is an error, not a silent cast.
+        if dtype.is_float() && !t.dtype().is_float() {
+            return Err(candle_core::Error::Msg(format!(
+                "weight `{name}` has dtype {}, the block needs a floating-point tensor",
+                dtype_name(t.dtype())
+            )));
+        }
+        if t.dtype().is_float() && self.run_dtype.is_some_and(|run| run != t.dtype()) {
+            self.record_conversion(name, t.dtype(), dtype);
+        }
+        t.to_dtype(dtype)?.to_device(dev)
     }
 }
 

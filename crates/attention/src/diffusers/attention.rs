@@ -33,9 +33,9 @@
 
 use crate::heads::{image_to_tokens, merge_tokens, split_tokens, tokens_to_image};
 use crate::layers::{group_norm, l2_normalize_last_dim, LastDimRmsNorm, LayerNorm, Projection, SpatialNorm};
-use crate::sdpa::{default_scale, sdpa};
+use crate::sdpa::{default_scale, div, matmul, sdpa, softmax, upcast, Scale};
 use crate::{Error, Result};
-use candle_core::{DType, Module, Tensor};
+use candle_core::{DType, Module, Tensor, D};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
@@ -54,6 +54,15 @@ pub enum Processor {
     AttnAddedKVProcessor,
     /// `AttnAddedKVProcessor2_0`: the same with `F.scaled_dot_product_attention`.
     AttnAddedKVProcessor2_0,
+    /// Not a diffusers processor (and not accepted in a config): the attention of CompVis /
+    /// Stability `ldm.modules.attention.CrossAttention`, which [`crate::ldm`] builds on this
+    /// block: `sim = einsum(q, k) * scale`, `sim.masked_fill_(~mask, -finfo(sim.dtype).max)`,
+    /// softmax, `einsum(attn, v)`, each op rounded to the input dtype in f16/bf16. The mask is
+    /// additive (0 = attend); every non-zero entry is filled. SD 2.x's `ATTN_PRECISION="fp32"`
+    /// branch cannot run in half precision on the CPU (its `einsum` mixes f32 and f16), so the
+    /// SD 1.x arithmetic is the one followed.
+    #[serde(skip)]
+    Ldm,
 }
 
 impl Processor {
@@ -123,10 +132,13 @@ pub struct AttentionConfig {
     pub dropout: f64,
     #[serde(default)]
     pub bias: bool,
-    /// Only affects half precision; attention here always accumulates in f32.
+    /// `AttnProcessor` / `AttnAddedKVProcessor` only, f16/bf16 only: q and k in f32 for the
+    /// scores (and the softmax). The SDPA processors ignore it, as in diffusers.
     #[serde(default)]
     pub upcast_attention: bool,
-    /// Only affects half precision; the softmax here always runs in f32.
+    /// `AttnProcessor` / `AttnAddedKVProcessor` only, f16/bf16 only: the softmax in f32 (the
+    /// probabilities are cast back to the input dtype before `· v`). The SDPA processors ignore
+    /// it, as in diffusers.
     #[serde(default)]
     pub upcast_softmax: bool,
     #[serde(default)]
@@ -266,7 +278,7 @@ impl HeadNorm {
 #[derive(Debug, Clone)]
 enum CrossNorm {
     Layer(LayerNorm),
-    Group(candle_nn::GroupNorm),
+    Group(crate::layers::GroupNorm),
 }
 
 impl CrossNorm {
@@ -283,7 +295,7 @@ impl CrossNorm {
 #[derive(Debug, Clone)]
 pub struct Attention {
     processor: Processor,
-    group_norm: Option<candle_nn::GroupNorm>,
+    group_norm: Option<crate::layers::GroupNorm>,
     /// Only when the processor applies it.
     spatial_norm: Option<SpatialNorm>,
     norm_cross: Option<CrossNorm>,
@@ -304,6 +316,8 @@ pub struct Attention {
     context_dim: usize,
     residual_connection: bool,
     rescale_output_factor: f64,
+    upcast_attention: bool,
+    upcast_softmax: bool,
 }
 
 /// The `(norm_q, norm_k)` of a `qk_norm` kind (diffusers 0.42.1 `Attention.__init__`).
@@ -543,6 +557,8 @@ impl Attention {
             Processor::AttnProcessor2_0 | Processor::AttnAddedKVProcessor2_0 => default_scale(head_dim),
             Processor::AttnProcessor | Processor::AttnAddedKVProcessor if cfg.scale_qk => default_scale(cfg.dim_head),
             Processor::AttnProcessor | Processor::AttnAddedKVProcessor => 1.0,
+            // ldm: self.scale = dim_head ** -0.5
+            Processor::Ldm => default_scale(cfg.dim_head),
         };
         let group_norm = match cfg.norm_num_groups {
             Some(groups) => Some(group_norm(vb.pp("group_norm"), block, groups, cfg.query_dim, cfg.eps)?),
@@ -641,6 +657,8 @@ impl Attention {
             context_dim: cfg.added_kv_proj_dim.unwrap_or(cross_dim),
             residual_connection: cfg.residual_connection,
             rescale_output_factor: cfg.rescale_output_factor,
+            upcast_attention: cfg.upcast_attention,
+            upcast_softmax: cfg.upcast_softmax,
         })
     }
 
@@ -763,18 +781,21 @@ impl Attention {
         if let Some(gn) = &self.group_norm {
             hs = gn.forward(&hs.transpose(1, 2)?.contiguous()?)?.transpose(1, 2)?;
         }
-        let query = self.to_q.forward_tokens(&hs)?;
-        let context = match (encoder_hidden_states, &self.norm_cross) {
-            (None, _) => hs.clone(),
-            (Some(c), Some(norm)) => norm.forward(c)?,
-            (Some(c), None) => c.clone(),
+        // PyTorch holds the tokens as a transposed view after `view(B, C, -1).transpose(1, 2)`
+        // or `group_norm(h.transpose(1, 2)).transpose(1, 2)`: its Linear then rounds twice.
+        let hs_strided = image.is_some() || self.group_norm.is_some();
+        let query = linear(&self.to_q, &hs, hs_strided)?;
+        let (context, context_strided) = match (encoder_hidden_states, &self.norm_cross) {
+            (None, _) => (hs.clone(), hs_strided),
+            (Some(c), Some(norm)) => (norm.forward(c)?, matches!(norm, CrossNorm::Group(_))),
+            (Some(c), None) => (c.clone(), false),
         };
         let (to_k, to_v) = match (&self.to_k, &self.to_v) {
             (Some(k), Some(v)) => (k, v),
             _ => unreachable!("only_cross_attention is rejected without the added-KV processors"),
         };
-        let key = to_k.forward_tokens(&context)?;
-        let value = to_v.forward_tokens(&context)?;
+        let key = linear(to_k, &context, context_strided)?;
+        let value = linear(to_v, &context, context_strided)?;
         let mut q = split_tokens(&query, self.heads)?;
         let mut k = split_tokens(&key, self.heads)?;
         let v = split_tokens(&value, self.heads)?;
@@ -784,7 +805,7 @@ impl Attention {
         if let Some(norm) = &self.norm_k {
             k = norm.forward(&k)?;
         }
-        let out = sdpa(&q, &k, &v, mask.as_ref(), self.scale)?;
+        let out = self.attend(&q, &k, &v, mask.as_ref())?;
         let mut out = self.to_out.forward_tokens(&merge_tokens(&out)?)?;
         if let Some((_, _, h, w)) = image {
             out = tokens_to_image(&out, h, w)?;
@@ -792,10 +813,8 @@ impl Attention {
         if self.residual_connection {
             out = (out + residual)?;
         }
-        if self.rescale_output_factor != 1.0 {
-            out = (out / self.rescale_output_factor)?;
-        }
-        Ok(out)
+        // hidden_states / attn.rescale_output_factor
+        Ok(div(&out, self.rescale_output_factor)?)
     }
 
     /// `AttnAddedKVProcessor2_0` / `AttnAddedKVProcessor`.
@@ -823,7 +842,7 @@ impl Attention {
         let (batch, channels) = (hidden_states.dim(0)?, hidden_states.dim(1)?);
         let hs = hidden_states.reshape((batch, channels, ()))?.transpose(1, 2)?;
         let q_len = hs.dim(1)?;
-        let context = match (encoder_hidden_states, &self.norm_cross) {
+        let (context, context_strided) = match (encoder_hidden_states, &self.norm_cross) {
             (None, _) => {
                 if channels != self.context_dim {
                     return Err(Error::input(
@@ -836,10 +855,10 @@ impl Attention {
                         ),
                     ));
                 }
-                hs.clone()
+                (hs.clone(), true)
             }
-            (Some(c), Some(norm)) => norm.forward(c)?,
-            (Some(c), None) => c.clone(),
+            (Some(c), Some(norm)) => (norm.forward(c)?, matches!(norm, CrossNorm::Group(_))),
+            (Some(c), None) => (c.clone(), false),
         };
         let group_norm = self
             .group_norm
@@ -848,17 +867,18 @@ impl Attention {
         let hs = group_norm
             .forward(&hs.transpose(1, 2)?.contiguous()?)?
             .transpose(1, 2)?;
-        let q = split_tokens(&self.to_q.forward_tokens(&hs)?, self.heads)?;
+        // hidden_states.view(B, C, -1).transpose(1, 2): a transposed view, as after group_norm.
+        let q = split_tokens(&self.to_q.forward_tokens_strided(&hs)?, self.heads)?;
         let (add_k, add_v) = match (&self.add_k_proj, &self.add_v_proj) {
             (Some(k), Some(v)) => (k, v),
             _ => unreachable!("the added-KV processors require added_kv_proj_dim (checked in new)"),
         };
-        let ek = split_tokens(&add_k.forward_tokens(&context)?, self.heads)?;
-        let ev = split_tokens(&add_v.forward_tokens(&context)?, self.heads)?;
+        let ek = split_tokens(&linear(add_k, &context, context_strided)?, self.heads)?;
+        let ev = split_tokens(&linear(add_v, &context, context_strided)?, self.heads)?;
         let (k, v) = match (&self.to_k, &self.to_v) {
             (Some(to_k), Some(to_v)) => {
-                let k = split_tokens(&to_k.forward_tokens(&hs)?, self.heads)?;
-                let v = split_tokens(&to_v.forward_tokens(&hs)?, self.heads)?;
+                let k = split_tokens(&to_k.forward_tokens_strided(&hs)?, self.heads)?;
+                let v = split_tokens(&to_v.forward_tokens_strided(&hs)?, self.heads)?;
                 // [context tokens | self tokens]
                 (Tensor::cat(&[&ek, &k], 2)?, Tensor::cat(&[&ev, &v], 2)?)
             }
@@ -870,10 +890,41 @@ impl Attention {
             Some(m) => Some(self.attention_mask(m, q_len, batch, q_len, kv_len)?),
             None => None,
         };
-        let out = sdpa(&q, &k, &v, mask.as_ref(), self.scale)?;
+        let out = self.attend(&q, &k, &v, mask.as_ref())?;
         let out = self.to_out.forward_tokens(&merge_tokens(&out)?)?;
         let out = out.transpose(1, 2)?.reshape(residual.shape())?;
         Ok((out + residual)?)
+    }
+
+    /// The processor's attention on `(B, heads, tokens, head_dim)` q/k/v with a prepared additive
+    /// mask `(B, heads, Lq, Lk)`, with the processor's rounding in f16/bf16.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        match self.processor {
+            // F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask)
+            Processor::AttnProcessor2_0 | Processor::AttnAddedKVProcessor2_0 => sdpa(q, k, v, mask, self.scale),
+            Processor::AttnProcessor | Processor::AttnAddedKVProcessor => {
+                get_attention_scores_bmm(q, k, v, mask, self.scale, self.upcast_attention, self.upcast_softmax)
+            }
+            Processor::Ldm => {
+                // sim = einsum('b i d, b j d -> b i j', q, k) * self.scale
+                let sim = Scale::Mul(self.scale).apply(&matmul(q, &k.t()?)?)?;
+                // sim.masked_fill_(~mask, -torch.finfo(sim.dtype).max)
+                let sim = match mask {
+                    Some(m) => {
+                        let fill = match sim.dtype() {
+                            DType::F64 => Tensor::full(lowest(DType::F64), (), sim.device())?,
+                            // Exact in f32 for f32/f16/bf16 (and Metal has no f64 tensors).
+                            dtype => Tensor::full(lowest(dtype) as f32, (), sim.device())?.to_dtype(dtype)?,
+                        }
+                        .broadcast_as(sim.shape())?;
+                        m.eq(0f64)?.where_cond(&sim, &fill)?
+                    }
+                    None => sim,
+                };
+                // attn = sim.softmax(dim=-1); out = einsum('b i j, b j d -> b i d', attn, v)
+                matmul(&softmax(&sim, D::Minus1)?, v)
+            }
+        }
     }
 
     /// diffusers' `prepare_attention_mask(mask, target_len, batch)` (with its quirk of padding
@@ -920,16 +971,19 @@ impl Attention {
             ))
         };
         let m = match self.processor {
-            Processor::AttnProcessor | Processor::AttnAddedKVProcessor | Processor::AttnProcessor2_0 => {
+            Processor::AttnProcessor
+            | Processor::AttnAddedKVProcessor
+            | Processor::AttnProcessor2_0
+            | Processor::Ldm => {
                 // out_dim=3: repeat_interleave(heads, dim=0) when shape[0] < batch * heads.
                 if m.dim(0)? < batch * heads {
                     m = repeat_interleave(&m, heads, 0)?;
                 }
-                if self.processor == Processor::AttnProcessor2_0 {
+                if matches!(self.processor, Processor::AttnProcessor2_0 | Processor::Ldm) {
                     // attention_mask.view(batch, heads, -1, attention_mask.shape[-1])
                     let l = m.dim(m.rank() - 1)?;
                     let n = m.elem_count();
-                    if l == 0 || !n.is_multiple_of(batch * heads * l) {
+                    if batch * heads * l == 0 || !n.is_multiple_of(batch * heads * l) {
                         return Err(shape_err(&m, "view(batch, heads, -1, S)"));
                     }
                     m.reshape((batch, heads, n / (batch * heads * l), l))?
@@ -964,6 +1018,59 @@ impl Attention {
         m.broadcast_as(full)
             .map_err(|_| shape_err(&m, "scaled_dot_product_attention"))
     }
+}
+
+/// `proj(x)`, where PyTorch's `x` is a non-contiguous view when `strided`
+/// ([`Projection::forward_tokens_strided`]).
+fn linear(proj: &Projection, x: &Tensor, strided: bool) -> candle_core::Result<Tensor> {
+    if strided {
+        proj.forward_tokens_strided(x)
+    } else {
+        proj.forward_tokens(x)
+    }
+}
+
+/// `-torch.finfo(dtype).max`.
+fn lowest(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => -65504.0,
+        DType::BF16 => -3.389_531_389_251_535_5e38,
+        DType::F32 => -f64::from(f32::MAX),
+        _ => -f64::MAX,
+    }
+}
+
+/// diffusers' `Attention.get_attention_scores` followed by `torch.bmm(attention_probs, value)`
+/// (`AttnProcessor`, `AttnAddedKVProcessor`), with its casts:
+/// `upcast_attention` → q, k `.float()`; scores = `baddbmm(mask, q, kᵀ, beta, alpha=scale)`
+/// (one rounding to q's dtype); `upcast_softmax` → scores `.float()`; softmax; probabilities
+/// `.to(dtype)` **before** the `bmm` with v. "float" is at least f32: a float64 run stays
+/// float64, as the reference's float64 copy (its upcasts switched off) does.
+fn get_attention_scores_bmm(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f64,
+    upcast_attention: bool,
+    upcast_softmax: bool,
+) -> candle_core::Result<Tensor> {
+    let dtype = q.dtype();
+    let (q, k) = if upcast_attention {
+        (upcast(q)?, upcast(k)?)
+    } else {
+        (q.clone(), k.clone())
+    };
+    let scores_dtype = q.dtype();
+    // alpha·(q·kᵀ) + beta·mask in at least f32, rounded once.
+    let mut scores = (upcast(&q)?.contiguous()?.matmul(&upcast(&k)?.t()?.contiguous()?)? * scale)?;
+    if let Some(m) = mask {
+        scores = scores.broadcast_add(&upcast(m)?)?;
+    }
+    let scores = scores.to_dtype(scores_dtype)?;
+    let scores = if upcast_softmax { upcast(&scores)? } else { scores };
+    let probs = softmax(&scores, D::Minus1)?.to_dtype(dtype)?;
+    matmul(&probs, v)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! `glu=True` and is built from here too (see [`crate::ldm::transformer`]).
 
 use crate::layers::Projection;
+use crate::sdpa::{mul, upcast};
 use crate::{Error, Result};
 use candle_core::{Module, Tensor, D};
 use candle_nn::VarBuilder;
@@ -76,19 +77,25 @@ impl Module for ProjectIn {
             let n = h.dim(D::Minus1)? / 2;
             Ok((h.narrow(D::Minus1, 0, n)?, h.narrow(D::Minus1, n, n)?))
         };
+        // Each PyTorch op computes in at least f32 and rounds once to the input dtype.
+        let gelu = |x: &Tensor| upcast(x)?.gelu_erf()?.to_dtype(x.dtype());
+        let gelu_tanh = |x: &Tensor| upcast(x)?.gelu()?.to_dtype(x.dtype());
+        let silu = |x: &Tensor| candle_nn::ops::silu(&upcast(x)?)?.to_dtype(x.dtype());
+        let sigmoid = |x: &Tensor| candle_nn::ops::sigmoid(&upcast(x)?)?.to_dtype(x.dtype());
         match self.activation {
             ActivationFn::Geglu => {
                 let (hidden, gate) = halves()?;
-                hidden * gate.gelu_erf()?
+                hidden * gelu(&gate)?
             }
             ActivationFn::Swiglu => {
                 let (hidden, gate) = halves()?;
-                hidden * candle_nn::ops::silu(&gate)?
+                hidden * silu(&gate)?
             }
-            ActivationFn::Gelu => h.gelu_erf(),
-            ActivationFn::GeluApproximate => h.gelu(),
-            ActivationFn::GegluApproximate => &h * candle_nn::ops::sigmoid(&(&h * 1.702)?)?,
-            ActivationFn::LinearSilu => candle_nn::ops::silu(&h),
+            ActivationFn::Gelu => gelu(&h),
+            ActivationFn::GeluApproximate => gelu_tanh(&h),
+            // x * torch.sigmoid(1.702 * x)
+            ActivationFn::GegluApproximate => &h * sigmoid(&mul(&h, 1.702)?)?,
+            ActivationFn::LinearSilu => silu(&h),
         }
     }
 }

@@ -6,7 +6,7 @@
 //! classes (`BasicTransformerBlock`, `SpatialTransformer`), which have the same state-dict names
 //! and differ only in how they are configured (see [`crate::ldm::transformer`]).
 
-use crate::diffusers::attention::{Attention, AttentionConfig};
+use crate::diffusers::attention::{Attention, AttentionConfig, Processor};
 use crate::diffusers::feed_forward::{ActivationFn, FeedForward, FeedForwardConfig};
 use crate::heads::{image_to_tokens, tokens_to_image};
 use crate::layers::{group_norm, LayerNorm, Projection};
@@ -39,6 +39,9 @@ pub struct TransformerBlockSpec {
     pub attention_bias: bool,
     pub attention_out_bias: bool,
     pub upcast_attention: bool,
+    /// The attention processor: `None` for diffusers' default (`AttnProcessor2_0`), ldm's
+    /// `CrossAttention` arithmetic ([`Processor::Ldm`]) for the ldm blocks.
+    pub processor: Option<Processor>,
     pub norm_eps: f64,
     pub norm_elementwise_affine: bool,
     pub ff: FeedForwardConfig,
@@ -69,7 +72,7 @@ fn attention(
         AttentionSource::SelfTokens => serde_json::Value::Null,
         AttentionSource::Context(d) => d.into(),
     };
-    let cfg: AttentionConfig = config::from_json(
+    let mut cfg: AttentionConfig = config::from_json(
         block,
         &serde_json::json!({
             "query_dim": spec.dim,
@@ -81,6 +84,7 @@ fn attention(
             "out_bias": spec.attention_out_bias,
         }),
     )?;
+    cfg.processor = spec.processor;
     Attention::new(vb, &cfg)
 }
 
@@ -126,7 +130,7 @@ impl TransformerBlock {
 /// projections as 1×1 convs or (`linear`) as linears on the tokens.
 #[derive(Debug, Clone)]
 pub struct SpatialTransformer {
-    norm: candle_nn::GroupNorm,
+    norm: crate::layers::GroupNorm,
     proj_in: Projection,
     blocks: Vec<TransformerBlock>,
     proj_out: Projection,
@@ -333,6 +337,7 @@ impl BasicTransformerBlockConfig {
             attention_bias: self.attention_bias,
             attention_out_bias: self.attention_out_bias,
             upcast_attention: self.upcast_attention,
+            processor: None,
             norm_eps: self.norm_eps,
             norm_elementwise_affine: self.norm_elementwise_affine,
             ff,
@@ -528,7 +533,9 @@ impl Transformer2DModel {
         let dtype = hidden_states.dtype();
         let as_bias = |m: Option<&Tensor>| -> Result<Option<Tensor>> {
             match m {
-                Some(m) if m.rank() == 2 => Ok(Some(((1.0 - m.to_dtype(dtype)?)? * -10000.0)?.unsqueeze(1)?)),
+                Some(m) if m.rank() == 2 => Ok(Some(
+                    crate::sdpa::mul(&(1.0 - m.to_dtype(dtype)?)?, -10000.0)?.unsqueeze(1)?,
+                )),
                 Some(m) => Ok(Some(m.clone())),
                 None => Ok(None),
             }

@@ -15,10 +15,13 @@
 //! * `SpatialTransformer(use_linear=True)` declares `proj_out = Linear(in_channels, inner_dim)`,
 //!   arguments swapped; it only runs when `in_channels == n_heads·d_head`, which is required here.
 //!
-//! SD2's `ATTN_PRECISION == "fp32"` upcast of q and k changes nothing here: attention scores are
-//! always computed in at least f32.
+//! The attention runs as ldm writes it ([`Processor::Ldm`]): `einsum(q, k) * scale`,
+//! `masked_fill`, softmax, `einsum(attn, v)`, each op rounded to the input dtype in f16/bf16
+//! (SD 1.x). SD2's `ATTN_PRECISION == "fp32"` upcast of q and k is the same computation in
+//! f32/f64; in half precision PyTorch cannot run it on the CPU (its `einsum(sim, v)` mixes f32
+//! and f16), so the SD 1.x rounding is followed there too.
 
-use crate::diffusers::attention::{Attention, AttentionConfig};
+use crate::diffusers::attention::{Attention, AttentionConfig, Processor};
 use crate::diffusers::feed_forward::{ActivationFn, FeedForwardConfig};
 use crate::diffusers::transformer::{
     AttentionSource, SpatialTransformer as Spatial, TransformerBlock, TransformerBlockSpec,
@@ -62,7 +65,7 @@ impl CrossAttention {
     pub fn new(vb: VarBuilder, cfg: &CrossAttentionConfig) -> Result<Self> {
         // to_q/to_k/to_v Linear(.., bias=False), to_out = Sequential(Linear(inner, query_dim), Dropout),
         // scale dim_head ** -0.5 after q·kᵀ: diffusers' Attention with bias=False.
-        let attn: AttentionConfig = config::from_json(
+        let mut attn: AttentionConfig = config::from_json(
             Self::BLOCK,
             &serde_json::json!({
                 "query_dim": cfg.query_dim,
@@ -72,6 +75,7 @@ impl CrossAttention {
                 "bias": false,
             }),
         )?;
+        attn.processor = Some(Processor::Ldm);
         Ok(Self(Attention::new(vb, &attn)?))
     }
 
@@ -142,6 +146,7 @@ impl BasicTransformerBlockConfig {
             attention_bias: false,
             attention_out_bias: true,
             upcast_attention: false,
+            processor: Some(Processor::Ldm),
             norm_eps: 1e-5,
             norm_elementwise_affine: true,
             ff,

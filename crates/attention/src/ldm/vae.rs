@@ -18,7 +18,7 @@
 use crate::heads::{merge_channels, split_channels};
 use crate::layers::{group_norm, Projection};
 use crate::ldm::linear::{LinearAttention, LinearAttentionConfig};
-use crate::sdpa::sdpa;
+use crate::sdpa::{eager_attention, Scale};
 use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -74,7 +74,7 @@ fn to_candle(e: Error) -> candle_core::Error {
 struct VanillaAttention {
     block: &'static str,
     in_channels: usize,
-    norm: candle_nn::GroupNorm,
+    norm: crate::layers::GroupNorm,
     q: Projection,
     k: Projection,
     v: Projection,
@@ -114,7 +114,7 @@ impl VanillaAttention {
         let (q, k, v) = (tokens(&q)?, tokens(&k)?, tokens(&v)?);
         // w_ = bmm(q, k) * int(c)**(-0.5); softmax(w_, dim=2);
         // h_ = bmm(v, w_.permute(0, 2, 1)): h_[b, c, i] = Σ_j v[b, c, j] w_[b, i, j]
-        let h_ = sdpa(&q, &k, &v, None, self.scale)?;
+        let h_ = eager_attention(&q, &k, &v, None, Scale::Mul(self.scale))?;
         let h_ = merge_channels(&h_)?.reshape((b, c, h, w))?;
 
         let h_ = self.proj_out.forward_channels(&h_)?;
