@@ -12,11 +12,13 @@ fuzz_target!(|data: &[u8]| {
     let Ok(bundle) = Bundle::from_bytes(Path::new("fuzz.safetensors"), data) else {
         return;
     };
-    // The last byte picks the options, so both dtypes and the unused-weight path are reached.
+    // The last byte picks the options, so that the unused-weight path and runs in another
+    // dtype than the bundle's (against its float64 output) are reached too.
     let flags = data.last().copied().unwrap_or(0);
+    let dtype = ["", "f64", "f32", "f16", "bf16"][(flags >> 1) as usize % 5];
     let opts = Options {
         allow_unused: flags & 1 != 0,
-        dtype: (flags & 2 != 0).then_some(unet_parity::bundle::parse_dtype("f64").unwrap()),
+        dtype: unet_parity::bundle::parse_dtype(dtype),
         ..Options::default()
     };
     let _ = check_bundle(&bundle, &opts);
