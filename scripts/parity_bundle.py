@@ -72,6 +72,8 @@ __all__ = [
     "run_module",
     "float64_copy",
     "library_versions",
+    "load_checkpoint_state_dict",
+    "resolve_weights",
 ]
 
 
@@ -280,6 +282,7 @@ def export_bundle(
     *,
     state_dict: Mapping[str, torch.Tensor] | None = None,
     prepare_float64: Callable[[nn.Module], None] | None = None,
+    weights_ref: Sequence[str] | None = None,
 ) -> dict:
     """Run ``module`` on ``inputs`` and write a format-"1" parity bundle to ``path``.
 
@@ -303,6 +306,14 @@ def export_bundle(
             under legacy key names).
         prepare_float64: called on the float64 copy before it runs (to switch off other
             in-block upcasts).
+        weights_ref: ``(relpath, prefix)`` or ``(relpath, prefix, key)``: write a *referencing*
+            bundle that holds no state dict. The weights live in the checkpoint file ``relpath``
+            (relative to the bundle's folder; safetensors, or a zip-format ``torch.save`` pickle)
+            under the keys ``prefix + <the block's own key>``; ``key`` names the entry of a pickled
+            top-level dict that holds that state dict (e.g. ``"state_dict"`` in an SD ``.ckpt``,
+            ``"model"`` / ``"ema"`` in a lucidrains Trainer checkpoint); without it the file's top
+            level is the state dict. Stored as metadata ``parity.weights``, ``parity.prefix`` and
+            (when given) ``parity.weights_key``. The module must already hold those weights.
 
     The module's dtype (of its first floating parameter or buffer) is the bundle's
     ``parity.dtype``: for a float16 / bfloat16 bundle pass a module cast with ``.to(dtype)``; its
@@ -336,6 +347,10 @@ def export_bundle(
         tensors[key] = t.detach().cpu().clone().contiguous()
 
     sd = module.state_dict() if state_dict is None else state_dict
+    if weights_ref is not None:
+        if state_dict is not None:
+            raise ValueError("weights_ref and state_dict are exclusive")
+        sd = {}
     for key, t in sd.items():
         if key.startswith("parity."):
             raise KeyError(f"state-dict key {key!r} collides with the parity namespace")
@@ -363,6 +378,16 @@ def export_bundle(
     }
     if kwargs:
         metadata["parity.kwargs"] = json.dumps(kwargs)
+    if weights_ref is not None:
+        ref = list(weights_ref)
+        if len(ref) not in (2, 3) or not all(isinstance(x, str) for x in ref):
+            raise ValueError(f"weights_ref must be (relpath, prefix[, key]), got {weights_ref!r}")
+        if os.path.isabs(ref[0]):
+            raise ValueError(f"weights_ref path {ref[0]!r} must be relative to the bundle's folder")
+        metadata["parity.weights"] = ref[0].replace(os.sep, "/")
+        metadata["parity.prefix"] = ref[1]
+        if len(ref) == 3:
+            metadata["parity.weights_key"] = ref[2]
 
     from safetensors.torch import save_file
 
@@ -424,7 +449,43 @@ def load_bundle(path: str | os.PathLike) -> dict:
         "expected": OrderedDict((n, tensors[f"parity.output.{n}"]) for n in out_names),
         "expected_f64": OrderedDict((n, tensors[f"parity.output.{n}.float64"]) for n in out_names),
         "state_dict": OrderedDict((k, v) for k, v in tensors.items() if not k.startswith("parity.")),
+        # referencing bundle: (checkpoint path relative to the bundle's folder, prefix, entry key or None)
+        "weights_ref": ((meta["parity.weights"], meta.get("parity.prefix", ""), meta.get("parity.weights_key"))
+                        if "parity.weights" in meta else None),
     }
+
+
+def load_checkpoint_state_dict(path: str | os.PathLike, key: str | None = None) -> "OrderedDict[str, torch.Tensor]":
+    """The state dict stored in a checkpoint file: a ``.safetensors`` file, or a ``torch.save``
+    pickle (loaded with ``weights_only=True``) whose top level is the state dict, or, with ``key``,
+    a dict whose entry ``key`` is."""
+    path = os.fspath(path)
+    if path.endswith(".safetensors"):
+        if key is not None:
+            raise ValueError(f"{path}: a safetensors file has no entry {key!r}")
+        from safetensors.torch import load_file
+
+        return OrderedDict(load_file(path))
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if key is not None:
+        obj = obj[key]
+    return OrderedDict((k, v) for k, v in obj.items() if isinstance(v, torch.Tensor))
+
+
+def resolve_weights(bundle_path: str | os.PathLike, bundle: dict, keys: Sequence[str]) -> "OrderedDict[str, torch.Tensor]":
+    """The block's state dict for ``bundle`` (from ``load_bundle``): its own tensors, or for a
+    referencing bundle ``checkpoint[prefix + k]`` for every key ``k`` in ``keys`` (the module's
+    own state-dict keys; a missing one is an error, other checkpoint keys are ignored)."""
+    if bundle["weights_ref"] is None:
+        return bundle["state_dict"]
+    if bundle["state_dict"]:
+        raise ValueError(f"{bundle_path}: a referencing bundle must not hold weights")
+    rel, prefix, key = bundle["weights_ref"]
+    ckpt = load_checkpoint_state_dict(os.path.join(os.path.dirname(os.fspath(bundle_path)), rel), key)
+    missing = [prefix + k for k in keys if prefix + k not in ckpt]
+    if missing:
+        raise KeyError(f"{bundle_path}: {rel} lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    return OrderedDict((k, ckpt[prefix + k]) for k in keys)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Re-statement of the OpenAI U-Net ``AttentionBlock``.
+"""Re-statement of the OpenAI U-Net ``AttentionBlock`` (and, at the end of the file, the middle
+block's ``ResBlock``, ``TimestepEmbedSequential`` and ``timestep_embedding``).
 
 Published source: openai/guided-diffusion (HEAD 22e0df818350) ``guided_diffusion/unet.py``
 (``AttentionBlock``, ``QKVAttentionLegacy``, ``QKVAttention``) and ``guided_diffusion/nn.py``
@@ -221,3 +222,194 @@ class QKVAttention(nn.Module):
         weight = th.softmax(weight.float() if self.upcast_softmax else weight, dim=-1).type(weight.dtype)
         a = th.einsum("bts,bcs->bct", weight, v.reshape(bs * self.n_heads, ch, length))
         return a.reshape(bs, -1, length)
+
+
+# --------------------------------------------------------------------------------------------
+# The middle block's other parts: ResBlock, TimestepEmbedSequential, time embedding.
+#
+# Published source: openai/guided-diffusion 22e0df818350 ``guided_diffusion/unet.py``
+# (``TimestepBlock``, ``TimestepEmbedSequential``, ``ResBlock``, ``Upsample``, ``Downsample``) and
+# ``nn.py`` (``linear``, ``avg_pool_nd``, ``timestep_embedding``); the same classes are in
+# CompVis/latent-diffusion a506df575647 / Stability-AI/stablediffusion cf1d67a6fd5e
+# ``ldm/modules/diffusionmodules/openaimodel.py`` + ``util.py``, whose ``TimestepEmbedSequential``
+# also passes ``context`` to a ``SpatialTransformer`` child (re-stated here in that ldm form,
+# a superset of guided-diffusion's: without a SpatialTransformer child both are the same).
+#
+# Semantics kept exactly:
+# * ``ResBlock(channels, emb_channels, dropout, out_channels=None, use_conv=False,
+#   use_scale_shift_norm=False, dims=2, use_checkpoint=False, up=False, down=False)``:
+#   ``in_layers = [normalization(C), SiLU, conv_nd(dims, C, out, 3, padding=1)]``,
+#   ``emb_layers = [SiLU, linear(emb_channels, 2*out if use_scale_shift_norm else out)]``,
+#   ``out_layers = [normalization(out), SiLU, Dropout, zero_module(conv_nd(dims, out, out, 3, padding=1))]``,
+#   ``skip_connection`` = Identity (out == C), 3x3 conv (use_conv) or 1x1 conv.
+#   forward(x, emb): ``h = in_layers(x)`` (up/down: resample between the SiLU and the conv, on h
+#   and x); ``emb_out = emb_layers(emb).type(h.dtype)`` with trailing singleton dims up to h's rank;
+#   scale-shift: ``scale, shift = chunk(emb_out, 2, dim=1)``, ``h = out_norm(h) * (1 + scale) + shift``,
+#   ``h = out_rest(h)``; otherwise ``h = out_layers(h + emb_out)``; ``return skip_connection(x) + h``.
+#   ``nn.SiLU`` here (= F.silu), unlike ldm model.py's ``x * sigmoid(x)``.
+# * ``timestep_embedding(t, dim, max_period=10000)``: ``half = dim // 2``,
+#   ``freqs = exp(-ln(max_period) * arange(0, half, float32) / half)``, ``args = t[:, None].float() * freqs[None]``,
+#   ``cat(cos(args), sin(args))`` (cos first), zero column for an odd ``dim``.
+
+
+def linear(*args, **kwargs):
+    """Create a linear module."""
+    return nn.Linear(*args, **kwargs)
+
+
+def avg_pool_nd(dims, *args, **kwargs):
+    """Create a 1D, 2D, or 3D average pooling module."""
+    if dims == 1:
+        return nn.AvgPool1d(*args, **kwargs)
+    elif dims == 2:
+        return nn.AvgPool2d(*args, **kwargs)
+    elif dims == 3:
+        return nn.AvgPool3d(*args, **kwargs)
+    raise ValueError(f"unsupported dimensions: {dims}")
+
+
+def timestep_embedding(timesteps, dim, max_period=10000):
+    half = dim // 2
+    freqs = th.exp(-math.log(max_period) * th.arange(start=0, end=half, dtype=th.float32) / half).to(
+        device=timesteps.device)
+    args = timesteps[:, None].float() * freqs[None]
+    embedding = th.cat([th.cos(args), th.sin(args)], dim=-1)
+    if dim % 2:
+        embedding = th.cat([embedding, th.zeros_like(embedding[:, :1])], dim=-1)
+    return embedding
+
+
+class TimestepBlock(nn.Module):
+    """A module whose forward takes the timestep embedding as its second argument."""
+
+    def forward(self, x, emb):
+        raise NotImplementedError
+
+
+def _spatial_transformer_classes():
+    from .ldm_sd import SpatialTransformerSD1, SpatialTransformerSD2
+
+    return (SpatialTransformerSD1, SpatialTransformerSD2)
+
+
+class TimestepEmbedSequential(nn.Sequential, TimestepBlock):
+    """Sequential that gives ``emb`` to TimestepBlock children and ``context`` to SpatialTransformers."""
+
+    def forward(self, x, emb, context=None):
+        for layer in self:
+            if isinstance(layer, TimestepBlock):
+                x = layer(x, emb)
+            elif isinstance(layer, _spatial_transformer_classes()):
+                x = layer(x, context)
+            else:
+                x = layer(x)
+        return x
+
+
+class Upsample(nn.Module):
+    def __init__(self, channels, use_conv, dims=2, out_channels=None):
+        super().__init__()
+        self.channels = channels
+        self.out_channels = out_channels or channels
+        self.use_conv = use_conv
+        self.dims = dims
+        if use_conv:
+            self.conv = conv_nd(dims, self.channels, self.out_channels, 3, padding=1)
+
+    def forward(self, x):
+        assert x.shape[1] == self.channels
+        if self.dims == 3:
+            x = nn.functional.interpolate(x, (x.shape[2], x.shape[3] * 2, x.shape[4] * 2), mode="nearest")
+        else:
+            x = nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+        if self.use_conv:
+            x = self.conv(x)
+        return x
+
+
+class Downsample(nn.Module):
+    def __init__(self, channels, use_conv, dims=2, out_channels=None):
+        super().__init__()
+        self.channels = channels
+        self.out_channels = out_channels or channels
+        self.use_conv = use_conv
+        self.dims = dims
+        stride = 2 if dims != 3 else (1, 2, 2)
+        if use_conv:
+            self.op = conv_nd(dims, self.channels, self.out_channels, 3, stride=stride, padding=1)
+        else:
+            assert self.channels == self.out_channels
+            self.op = avg_pool_nd(dims, kernel_size=stride, stride=stride)
+
+    def forward(self, x):
+        assert x.shape[1] == self.channels
+        return self.op(x)
+
+
+class ResBlock(TimestepBlock):
+    def __init__(self, channels, emb_channels, dropout, out_channels=None, use_conv=False,
+                 use_scale_shift_norm=False, dims=2, use_checkpoint=False, up=False, down=False):
+        super().__init__()
+        self.channels = channels
+        self.emb_channels = emb_channels
+        self.dropout = dropout
+        self.out_channels = out_channels or channels
+        self.use_conv = use_conv
+        self.use_checkpoint = use_checkpoint
+        self.use_scale_shift_norm = use_scale_shift_norm
+
+        self.in_layers = nn.Sequential(
+            normalization(channels),
+            nn.SiLU(),
+            conv_nd(dims, channels, self.out_channels, 3, padding=1),
+        )
+        self.updown = up or down
+        if up:
+            self.h_upd = Upsample(channels, False, dims)
+            self.x_upd = Upsample(channels, False, dims)
+        elif down:
+            self.h_upd = Downsample(channels, False, dims)
+            self.x_upd = Downsample(channels, False, dims)
+        else:
+            self.h_upd = self.x_upd = nn.Identity()
+        self.emb_layers = nn.Sequential(
+            nn.SiLU(),
+            linear(emb_channels, 2 * self.out_channels if use_scale_shift_norm else self.out_channels),
+        )
+        self.out_layers = nn.Sequential(
+            normalization(self.out_channels),
+            nn.SiLU(),
+            nn.Dropout(p=dropout),
+            zero_module(conv_nd(dims, self.out_channels, self.out_channels, 3, padding=1)),
+        )
+        if self.out_channels == channels:
+            self.skip_connection = nn.Identity()
+        elif use_conv:
+            self.skip_connection = conv_nd(dims, channels, self.out_channels, 3, padding=1)
+        else:
+            self.skip_connection = conv_nd(dims, channels, self.out_channels, 1)
+
+    def forward(self, x, emb):
+        return checkpoint(self._forward, (x, emb), self.parameters(), self.use_checkpoint)
+
+    def _forward(self, x, emb):
+        if self.updown:
+            in_rest, in_conv = self.in_layers[:-1], self.in_layers[-1]
+            h = in_rest(x)
+            h = self.h_upd(h)
+            x = self.x_upd(x)
+            h = in_conv(h)
+        else:
+            h = self.in_layers(x)
+        emb_out = self.emb_layers(emb).type(h.dtype)
+        while len(emb_out.shape) < len(h.shape):
+            emb_out = emb_out[..., None]
+        if self.use_scale_shift_norm:
+            out_norm, out_rest = self.out_layers[0], self.out_layers[1:]
+            scale, shift = th.chunk(emb_out, 2, dim=1)
+            h = out_norm(h) * (1 + scale) + shift
+            h = out_rest(h)
+        else:
+            h = h + emb_out
+            h = self.out_layers(h)
+        return self.skip_connection(x) + h

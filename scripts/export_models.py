@@ -1,0 +1,951 @@
+#!/usr/bin/env python3
+"""Small whole checkpoints of the real libraries (``weights/models/``) and mid-block ("bottleneck")
+parity bundles checked against them (``weights/mid/``).
+
+    python scripts/export_models.py            # delete weights/mid/*.safetensors and weights/models/, write all
+    python scripts/export_models.py --verify   # export, then reload and re-check every file
+    python scripts/export_models.py --verify-only
+
+Checkpoints: tiny randomly initialised WHOLE models saved as their libraries save them (diffusers
+``save_pretrained``; lucidrains ``Trainer.save``'s dict), plus ``.ckpt`` / ``.pt`` files holding
+re-stated ldm / OpenAI mid blocks under the real key prefixes (these three hold re-stated modules,
+not whole upstream models).
+
+Bundles (format "1", see parity_bundle.py) for the block ids ``diffusers.ResnetBlock2D``,
+``diffusers.UNetMidBlock2D``, ``diffusers.UNetMidBlock2DCrossAttn``,
+``denoising_diffusion_pytorch.MidBlock``, ``ldm.MidBlock``, ``openai.MiddleBlock``. Inputs of
+the blocks inside a whole model are captured with a forward pre-hook while the whole model runs
+on random inputs, and the block rebuilt from its config + weights must reproduce the output the
+whole model's block produced, bit for bit (asserted). A *referencing* bundle holds no weights:
+``parity.weights`` names the checkpoint (relative to the bundle's folder), ``parity.prefix`` the
+key prefix and ``parity.weights_key`` (pickles with a top-level dict only) the entry holding the
+state dict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from parity_bundle import (export_bundle, float64_copy, load_bundle, load_checkpoint_state_dict,  # noqa: E402
+                           randomize_, resolve_weights, run_module)
+from reference import ldm_model, mid_blocks, openai  # noqa: E402
+from reference.ldm_model import nonlinearity  # noqa: E402
+
+REPO = HERE.parent
+WEIGHTS = REPO / "weights"
+MODELS = WEIGHTS / "models"
+MID = WEIGHTS / "mid"
+MAX_WEIGHTS_BYTES = 10 * 1024 * 1024
+
+HALF_DTYPES = (("float16", "f16"), ("bfloat16", "bf16"))
+
+DIFF_BLOCKS = "real library class diffusers.models.unets.unet_2d_blocks.{}"
+DIFF_RESNET = "real library class diffusers.models.resnet.ResnetBlock2D"
+LUCID_MID = ("wrapper scripts/reference/mid_blocks.py LucidrainsMidBlock holding the real "
+             "denoising_diffusion_pytorch.denoising_diffusion_pytorch ResnetBlock / Attention / ResnetBlock "
+             "(Unet.mid_block1, mid_attn, mid_block2; forward = the Unet.forward lines x = mid_block1(x, t); "
+             "x = mid_attn(x) + x; x = mid_block2(x, t))")
+LDM_MID = ("wrapper scripts/reference/mid_blocks.py LdmMidBlock of re-statements scripts/reference/ldm_model.py "
+           "(ResnetBlock, make_attn) + ldm_sd.py AttnBlock / ldm.py LinAttnBlock of CompVis/latent-diffusion "
+           "ldm/modules/diffusionmodules/model.py (commit a506df575647) mid.block_1 -> mid.attn_1 -> mid.block_2")
+OPENAI_MID = ("scripts/reference/mid_blocks.py openai_middle_block: re-statement scripts/reference/openai.py "
+              "TimestepEmbedSequential(ResBlock, {}, ResBlock) of openai/guided-diffusion guided_diffusion/unet.py "
+              "(commit 22e0df818350) = CompVis/latent-diffusion openaimodel.py UNetModel.middle_block")
+SD1_ST = ("SpatialTransformer re-statement scripts/reference/ldm_sd.py SpatialTransformerSD1 of CompVis/latent-diffusion "
+          "ldm/modules/attention.py (commit a506df575647, SD 1.x)")
+SD2_ST = ("SpatialTransformer re-statement scripts/reference/ldm_sd.py SpatialTransformerSD2 of "
+          "Stability-AI/stablediffusion ldm/modules/attention.py (commit cf1d67a6fd5e, SD 2.x)")
+
+
+def _diffusers_quiet():
+    from diffusers.utils import logging as dlogging
+
+    dlogging.set_verbosity_error()
+
+
+# --------------------------------------------------------------------------------------------
+# building a block from (block id, config) alone
+
+
+def build_module(block: str, config: dict) -> nn.Module:
+    cfg = dict(config)
+    if block == "diffusers.ResnetBlock2D":
+        from diffusers.models.resnet import ResnetBlock2D
+
+        return ResnetBlock2D(**cfg)
+    if block == "diffusers.UNetMidBlock2D":
+        from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2D
+
+        return UNetMidBlock2D(**cfg)
+    if block == "diffusers.UNetMidBlock2DCrossAttn":
+        from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2DCrossAttn
+
+        return UNetMidBlock2DCrossAttn(**cfg)
+    if block == "denoising_diffusion_pytorch.MidBlock":
+        return mid_blocks.LucidrainsMidBlock(**cfg)
+    if block == "ldm.MidBlock":
+        return mid_blocks.LdmMidBlock(**cfg)
+    if block == "openai.MiddleBlock":
+        return mid_blocks.openai_middle_block(**cfg)
+    raise KeyError(f"unknown block id {block!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# the kwargs each parent passes to its mid block (transcribed from diffusers 0.42.1)
+
+
+def unet2d_mid_config(model) -> dict:
+    """``UNet2DModel.__init__``: ``UNetMidBlock2D(in_channels=block_out_channels[-1],
+    temb_channels=time_embed_dim, dropout, resnet_eps=norm_eps, resnet_act_fn=act_fn,
+    output_scale_factor=mid_block_scale_factor, resnet_time_scale_shift, attention_head_dim=
+    attention_head_dim if not None else block_out_channels[-1], resnet_groups=norm_num_groups,
+    attn_groups=attn_norm_num_groups, add_attention)``."""
+    c = model.config
+    return dict(in_channels=c.block_out_channels[-1], temb_channels=model.time_embedding.linear_2.out_features,
+                dropout=c.dropout, resnet_eps=c.norm_eps, resnet_act_fn=c.act_fn,
+                output_scale_factor=c.mid_block_scale_factor, resnet_time_scale_shift=c.resnet_time_scale_shift,
+                attention_head_dim=c.attention_head_dim if c.attention_head_dim is not None else c.block_out_channels[-1],
+                resnet_groups=c.norm_num_groups, attn_groups=c.attn_norm_num_groups, add_attention=c.add_attention)
+
+
+def vae_mid_config(model, part: str) -> dict:
+    """``Encoder`` / ``Decoder`` (autoencoders/vae.py) with ``norm_type="group"``:
+    ``UNetMidBlock2D(in_channels=block_out_channels[-1], resnet_eps=1e-6, resnet_act_fn=act_fn,
+    output_scale_factor=1, resnet_time_scale_shift="default", attention_head_dim=block_out_channels[-1],
+    resnet_groups=norm_num_groups, temb_channels=None, add_attention=mid_block_add_attention)``."""
+    c = model.config
+    assert part in ("encoder", "decoder")
+    return dict(in_channels=c.block_out_channels[-1], resnet_eps=1e-6, resnet_act_fn=c.act_fn, output_scale_factor=1,
+                resnet_time_scale_shift="default", attention_head_dim=c.block_out_channels[-1],
+                resnet_groups=c.norm_num_groups, temb_channels=None, add_attention=c.mid_block_add_attention)
+
+
+def _per_block(value, n):
+    return list(value) if isinstance(value, (list, tuple)) else [value] * n
+
+
+def unet2d_condition_mid_config(model) -> dict:
+    """``UNet2DConditionModel.__init__`` -> ``get_mid_block("UNetMidBlock2DCrossAttn", ...)`` ->
+    ``UNetMidBlock2DCrossAttn(transformer_layers_per_block, in_channels, temb_channels, dropout,
+    resnet_eps, resnet_act_fn, output_scale_factor, resnet_time_scale_shift, cross_attention_dim,
+    num_attention_heads, resnet_groups, dual_cross_attention, use_linear_projection,
+    upcast_attention, attention_type)`` with the per-block lists' last entries and
+    ``num_attention_heads = num_attention_heads or attention_head_dim``."""
+    c = model.config
+    assert c.mid_block_type == "UNetMidBlock2DCrossAttn"
+    n = len(c.down_block_types)
+    heads = c.num_attention_heads or c.attention_head_dim
+    return dict(transformer_layers_per_block=_per_block(c.transformer_layers_per_block, n)[-1],
+                in_channels=c.block_out_channels[-1], temb_channels=model.time_embedding.linear_2.out_features,
+                dropout=c.dropout, resnet_eps=c.norm_eps, resnet_act_fn=c.act_fn,
+                output_scale_factor=c.mid_block_scale_factor, resnet_time_scale_shift=c.resnet_time_scale_shift,
+                cross_attention_dim=_per_block(c.cross_attention_dim, n)[-1],
+                num_attention_heads=_per_block(heads, n)[-1], resnet_groups=c.norm_num_groups,
+                dual_cross_attention=c.dual_cross_attention, use_linear_projection=c.use_linear_projection,
+                upcast_attention=c.upcast_attention, attention_type=c.attention_type)
+
+
+def mid2d_resnet_config(mid_cfg: dict) -> dict:
+    """``UNetMidBlock2D.__init__``'s ``ResnetBlock2D(in_channels=in_channels, out_channels=in_channels,
+    temb_channels, eps=resnet_eps, groups=resnet_groups, dropout, time_embedding_norm=
+    resnet_time_scale_shift, non_linearity=resnet_act_fn, output_scale_factor, pre_norm=resnet_pre_norm)``
+    (the same for every resnet; ``resnet_groups`` None -> ``min(in_channels // 4, 32)``)."""
+    c = mid_cfg["in_channels"]
+    groups = mid_cfg.get("resnet_groups", 32)
+    groups = groups if groups is not None else min(c // 4, 32)
+    return dict(in_channels=c, out_channels=c, temb_channels=mid_cfg["temb_channels"],
+                eps=mid_cfg.get("resnet_eps", 1e-6), groups=groups, dropout=mid_cfg.get("dropout", 0.0),
+                time_embedding_norm=mid_cfg.get("resnet_time_scale_shift", "default"),
+                non_linearity=mid_cfg.get("resnet_act_fn", "swish"),
+                output_scale_factor=mid_cfg.get("output_scale_factor", 1.0), pre_norm=mid_cfg.get("resnet_pre_norm", True))
+
+
+def cross_attn_resnet0_config(mid_cfg: dict) -> dict:
+    """``UNetMidBlock2DCrossAttn.__init__``'s first ``ResnetBlock2D(in_channels, out_channels, temb_channels,
+    eps=resnet_eps, groups=resnet_groups, groups_out=resnet_groups_out, dropout, time_embedding_norm,
+    non_linearity, output_scale_factor, pre_norm)`` (``resnet_groups_out = resnet_groups_out or resnet_groups``)."""
+    cfg = mid2d_resnet_config(mid_cfg)
+    cfg["out_channels"] = mid_cfg.get("out_channels") or mid_cfg["in_channels"]
+    cfg["groups_out"] = mid_cfg.get("resnet_groups_out") or cfg["groups"]
+    keys = ["in_channels", "out_channels", "temb_channels", "eps", "groups", "groups_out", "dropout",
+            "time_embedding_norm", "non_linearity", "output_scale_factor", "pre_norm"]
+    return {k: cfg[k] for k in keys}
+
+
+# --------------------------------------------------------------------------------------------
+# capturing a submodule's inputs and output while the whole model runs
+
+
+def capture(module: nn.Module, run, names=None):
+    """Run ``run()`` and return (inputs, output) of the (single) call of ``module`` during it:
+    inputs = OrderedDict forward-parameter name -> value (bound by the forward's signature; cloned)."""
+    rec = []
+
+    def pre(mod, args, kwargs):
+        rec.append([args, kwargs, None])
+
+    def post(mod, args, kwargs, out):
+        rec[-1][2] = out
+
+    h1 = module.register_forward_pre_hook(pre, with_kwargs=True)
+    h2 = module.register_forward_hook(post, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        h1.remove()
+        h2.remove()
+    assert len(rec) == 1, f"{type(module).__name__} called {len(rec)} times"
+    args, kwargs, out = rec[0]
+    bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    ins = OrderedDict()
+    for name, value in bound.arguments.items():
+        if names is not None:
+            name = names.get(name, name)
+        # clone() keeps the strides the whole model gave (e.g. a channels-last-strided hidden_states
+        # after an attention block): the in-model check reruns on exactly these, the bundle stores
+        # contiguous copies (see Ctx.bundle)
+        ins[name] = value.detach().clone() if isinstance(value, torch.Tensor) else value
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    return ins, out.detach().clone()
+
+
+def tensor_inputs(ins, drop=()):
+    """Forward inputs as stored in a bundle: tensors only (None and non-tensor arguments left out)."""
+    return OrderedDict((k, v) for k, v in ins.items() if isinstance(v, torch.Tensor) and k not in drop)
+
+
+def sub_state(state: dict, prefix: str) -> "OrderedDict[str, torch.Tensor]":
+    return OrderedDict((k[len(prefix):], v) for k, v in state.items() if k.startswith(prefix))
+
+
+# --------------------------------------------------------------------------------------------
+# the whole models
+
+
+class Ctx:
+    """Collects checkpoint files and bundle specs."""
+
+    def __init__(self):
+        self.files = []     # written checkpoint files (Path)
+        self.specs = []     # bundle specs
+
+    def bundle(self, name, block, config, inputs, expected, *, state=None, ref=None, source="", module=None,
+               half=False, note="", kwargs=None):
+        """``state``: the block's own weights (self-contained bundle); ``ref``: (checkpoint path
+        relative to weights/, prefix[, key]) (referencing bundle). ``expected``: the output of the
+        block inside the whole model (or of the module that produced the checkpoint)."""
+        assert (state is None) != (ref is None)
+        raw = inputs
+        inputs = OrderedDict((k, v.contiguous()) for k, v in inputs.items())
+        self.specs.append(dict(path=f"mid/{name}.safetensors", block=block, config=config, inputs=inputs,
+                               expected=expected, state=state, ref=ref, source=source, half=half, note=note,
+                               kwargs=kwargs, raw_inputs=raw))
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(g, *shape):
+    return torch.randn(*shape, generator=g)
+
+
+def save_diffusers(model, name, safe=True):
+    folder = MODELS / name
+    model.save_pretrained(folder, safe_serialization=safe)
+    out = [folder / "config.json", folder / ("diffusion_pytorch_model.safetensors" if safe else "diffusion_pytorch_model.bin")]
+    for p in out:
+        assert p.is_file(), p
+    return out
+
+
+def diffusers_unet2d(ctx: Ctx):
+    from diffusers import UNet2DModel
+
+    variants = [
+        # name, extra kwargs, seed, safetensors?
+        ("diffusers_unet2d", dict(attention_head_dim=8), 7001, True),
+        ("diffusers_unet2d_scale_shift", dict(attention_head_dim=8, resnet_time_scale_shift="scale_shift"), 7002, True),
+        ("diffusers_unet2d_bin", dict(attention_head_dim=None, norm_eps=1e-6), 7003, False),
+    ]
+    for name, extra, seed, safe in variants:
+        torch.manual_seed(0)
+        model = UNet2DModel(sample_size=(12, 8), in_channels=3, out_channels=3, layers_per_block=1,
+                            block_out_channels=(8, 16), down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                            up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=4, **extra)
+        randomize_(model, seed)
+        model.eval()
+        files = save_diffusers(model, name, safe)
+        ctx.files += files
+        weights = files[1].relative_to(WEIGHTS).as_posix()
+        g = gen(seed + 1)
+        sample, t = randn(g, 2, 3, 12, 8), torch.tensor([17, 503])
+        ins, out = capture(model.mid_block, lambda: model(sample, t))
+        mid_cfg = unet2d_mid_config(model)
+        src = (DIFF_BLOCKS.format("UNetMidBlock2D") + f"; the mid_block of the whole UNet2DModel weights/{weights}, "
+               "inputs captured by a forward pre-hook while the UNet2DModel ran on random sample (2, 3, 12, 8), "
+               "timesteps [17, 503]")
+        state = sub_state(model.state_dict(), "mid_block.")
+        tag = {"diffusers_unet2d": "unet2d", "diffusers_unet2d_scale_shift": "unet2d_scale_shift",
+               "diffusers_unet2d_bin": "unet2d_bin_one_head"}[name]
+        if name == "diffusers_unet2d":
+            ctx.bundle("unet_mid_block_2d_unet2d", "diffusers.UNetMidBlock2D", mid_cfg, tensor_inputs(ins), out,
+                       state=state, source=src, module=model.mid_block, half=True)
+        note = ""
+        if name == "diffusers_unet2d_scale_shift":
+            note = ("; resnet_time_scale_shift scale_shift with attn_norm_num_groups None: UNetMidBlock2D passes "
+                    "attn_groups=None, so the Attention has no group_norm")
+        if name == "diffusers_unet2d_bin":
+            note = ("; attention_head_dim None -> block_out_channels[-1] (one head); checkpoint saved with "
+                    "save_pretrained(safe_serialization=False) (zip torch.save pickle)")
+        ctx.bundle(f"unet_mid_block_2d_{tag}_ref", "diffusers.UNetMidBlock2D", mid_cfg, tensor_inputs(ins), out,
+                   ref=(weights, "mid_block."), source=src + note)
+
+        # ResnetBlock2D: resnets.0 of the default model, resnets.1 of the scale-shift model
+        if name in ("diffusers_unet2d", "diffusers_unet2d_scale_shift"):
+            i = 0 if name == "diffusers_unet2d" else 1
+            res = model.mid_block.resnets[i]
+            rins, rout = capture(res, lambda: model(sample, t))
+            rcfg = mid2d_resnet_config(mid_cfg)
+            ctx.bundle(f"resnet_block_2d_{tag}", "diffusers.ResnetBlock2D", rcfg, tensor_inputs(rins), rout,
+                       state=sub_state(model.state_dict(), f"mid_block.resnets.{i}."),
+                       source=DIFF_RESNET + f"; mid_block.resnets.{i} of the whole UNet2DModel weights/{weights}, inputs "
+                       "captured by a forward pre-hook while the UNet2DModel ran on random sample (2, 3, 12, 8), "
+                       "timesteps [17, 503]", half=(i == 0))
+
+
+def diffusers_vae(ctx: Ctx):
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    model = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+                          up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(8, 16),
+                          layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=16)
+    randomize_(model, 7101)
+    model.eval()
+    files = save_diffusers(model, "diffusers_vae")
+    ctx.files += files
+    weights = files[1].relative_to(WEIGHTS).as_posix()
+    g = gen(7102)
+    x = randn(g, 2, 3, 16, 12)
+
+    def run():
+        return model(x)  # encode -> posterior mode -> decode
+
+    src = (DIFF_BLOCKS.format("UNetMidBlock2D") + "; the {}.mid_block of the whole AutoencoderKL weights/" + weights
+           + ", inputs captured by a forward pre-hook while AutoencoderKL.forward ran on a random sample (2, 3, 16, 12) "
+           "(encode, posterior mode, decode); the VAE passes temb=None")
+    for part in ("encoder", "decoder"):
+        mid = getattr(model, part).mid_block
+        ins, out = capture(mid, run)
+        cfg = vae_mid_config(model, part)
+        ctx.bundle(f"unet_mid_block_2d_vae_{part}_ref", "diffusers.UNetMidBlock2D", cfg, tensor_inputs(ins), out,
+                   ref=(weights, f"{part}.mid_block."), source=src.format(part))
+        if part == "decoder":
+            ctx.bundle("unet_mid_block_2d_vae_decoder", "diffusers.UNetMidBlock2D", cfg, tensor_inputs(ins), out,
+                       state=sub_state(model.state_dict(), "decoder.mid_block."), source=src.format(part))
+            rins, rout = capture(mid.resnets[1], run)
+            ctx.bundle("resnet_block_2d_vae_decoder_no_temb_ref", "diffusers.ResnetBlock2D", mid2d_resnet_config(cfg),
+                       tensor_inputs(rins), rout, ref=(weights, "decoder.mid_block.resnets.1."), kwargs={"temb": None},
+                       source=DIFF_RESNET + f"; decoder.mid_block.resnets.1 of the whole AutoencoderKL weights/{weights} "
+                       "(temb_channels None: no time_emb_proj, temb=None), inputs captured by a forward pre-hook while "
+                       "AutoencoderKL.forward ran on a random sample (2, 3, 16, 12)")
+
+
+def diffusers_unet2d_condition(ctx: Ctx):
+    from diffusers import UNet2DConditionModel
+
+    common = dict(in_channels=4, out_channels=4, layers_per_block=1, norm_num_groups=4)
+    variants = [
+        # SD 1.x-like: conv proj_in, attention_head_dim int = heads (the historical naming)
+        ("diffusers_sd1", dict(sample_size=8, block_out_channels=(8, 16),
+                               down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                               up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=24,
+                               attention_head_dim=2), 7201,
+         "SD 1.x-like (conv proj_in/proj_out, attention_head_dim 2 = 2 heads)"),
+        # SD 2.x-like: linear projections, attention_head_dim list = heads per level, upcast_attention
+        ("diffusers_sd2", dict(sample_size=8, block_out_channels=(8, 16),
+                               down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                               up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
+                               attention_head_dim=(2, 4), use_linear_projection=True, upcast_attention=True), 7202,
+         "SD 2.x-like (use_linear_projection, attention_head_dim [2, 4] = heads per level -> 4 heads at the mid, "
+         "upcast_attention)"),
+        # SDXL-like: 2 transformer layers at the mid, text_time added embedding
+        ("diffusers_sdxl", dict(sample_size=8, block_out_channels=(8, 16),
+                                down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=24,
+                                attention_head_dim=(1, 2), use_linear_projection=True,
+                                transformer_layers_per_block=(1, 2), addition_embed_type="text_time",
+                                addition_time_embed_dim=4, projection_class_embeddings_input_dim=8 + 6 * 4), 7203,
+         "SDXL-like (use_linear_projection, transformer_layers_per_block [1, 2] -> 2 at the mid, attention_head_dim "
+         "[1, 2] -> 2 heads at the mid, "
+         "addition_embed_type text_time)"),
+    ]
+    for name, kw, seed, what in variants:
+        torch.manual_seed(0)
+        model = UNet2DConditionModel(**common, **kw)
+        randomize_(model, seed)
+        model.eval()
+        files = save_diffusers(model, name)
+        ctx.files += files
+        weights = files[1].relative_to(WEIGHTS).as_posix()
+        g = gen(seed + 1)
+        sample, t = randn(g, 2, 4, 8, 12), torch.tensor([17, 503])
+        ehs = randn(g, 2, 7, model.config.cross_attention_dim)
+        added = None
+        if name == "diffusers_sdxl":
+            added = {"text_embeds": randn(g, 2, 8), "time_ids": torch.tensor([[16., 12., 0., 0., 16., 12.]] * 2)}
+
+        def run(mask=None):
+            return model(sample, t, encoder_hidden_states=ehs, added_cond_kwargs=added, encoder_attention_mask=mask)
+
+        ins, out = capture(model.mid_block, run)
+        cfg = unet2d_condition_mid_config(model)
+        src = (DIFF_BLOCKS.format("UNetMidBlock2DCrossAttn") + f"; {what}: the mid_block of the whole "
+               f"UNet2DConditionModel weights/{weights}, inputs captured by a forward pre-hook while the model ran on "
+               "random sample (2, 4, 8, 12), timesteps [17, 503], encoder_hidden_states (2, 7, "
+               f"{model.config.cross_attention_dim})" + (", text_embeds (2, 8), time_ids" if added else ""))
+        short = name.replace("diffusers_", "")
+        if name in ("diffusers_sd1", "diffusers_sd2"):
+            ctx.bundle(f"unet_mid_block_2d_cross_attn_{short}", "diffusers.UNetMidBlock2DCrossAttn", cfg,
+                       tensor_inputs(ins), out, state=sub_state(model.state_dict(), "mid_block."), source=src,
+                       half=(name == "diffusers_sd1"))
+        ctx.bundle(f"unet_mid_block_2d_cross_attn_{short}_ref", "diffusers.UNetMidBlock2DCrossAttn", cfg,
+                   tensor_inputs(ins), out, ref=(weights, "mid_block."), source=src)
+        if name == "diffusers_sd1":
+            # the UNet turns a (B, S) 1/0 encoder_attention_mask into a (B, 1, S) additive bias
+            # (1 - m) * -10000 before the mid block sees it
+            keep = torch.tensor([[1., 1., 1., 1., 1., 0., 0.], [1., 1., 1., 0., 0., 0., 0.]])
+            mins, mout = capture(model.mid_block, lambda: run(keep))
+            assert mins["encoder_attention_mask"].shape == (2, 1, 7)
+            ctx.bundle("unet_mid_block_2d_cross_attn_sd1_encoder_mask_bias_ref", "diffusers.UNetMidBlock2DCrossAttn",
+                       cfg, tensor_inputs(mins), mout, ref=(weights, "mid_block."),
+                       source=src + "; UNet2DConditionModel called with encoder_attention_mask [[1,1,1,1,1,0,0],"
+                       "[1,1,1,0,0,0,0]] (B, S), which it converts to the additive (B, 1, S) bias (1 - m) * -10000.0 "
+                       "the mid block receives (stored as captured)")
+            # the same 1/0 mask given to the mid block directly as (B, S) floats: Transformer2DModel converts a
+            # 2-D encoder_attention_mask itself, the same way
+            dins = OrderedDict(tensor_inputs(mins))
+            dins["encoder_attention_mask"] = keep
+            standalone = build_module("diffusers.UNetMidBlock2DCrossAttn", cfg)
+            standalone.load_state_dict(sub_state(model.state_dict(), "mid_block."), strict=True)
+            standalone.eval()
+            dout = run_module(standalone, dins)["output"]
+            assert torch.equal(dout, mout), "2-D 1/0 mask and the UNet's bias disagree"
+            ctx.bundle("unet_mid_block_2d_cross_attn_sd1_encoder_mask_2d_ref", "diffusers.UNetMidBlock2DCrossAttn",
+                       cfg, dins, mout, ref=(weights, "mid_block."),
+                       source=src + "; encoder_attention_mask [[1,1,1,1,1,0,0],[1,1,1,0,0,0,0]] (B, S) float 1 = keep, "
+                       "0 = discard, passed straight to the mid block (Transformer2DModel converts a 2-D mask to "
+                       "(1 - m) * -10000.0); output asserted equal to the whole model's mid block given the same mask")
+            rins, rout = capture(model.mid_block.resnets[0], run)
+            ctx.bundle("resnet_block_2d_sd1_groups_out_ref", "diffusers.ResnetBlock2D", cross_attn_resnet0_config(cfg),
+                       tensor_inputs(rins), rout, ref=(weights, "mid_block.resnets.0."),
+                       source=DIFF_RESNET + f"; mid_block.resnets.0 of the whole UNet2DConditionModel weights/{weights} "
+                       "(UNetMidBlock2DCrossAttn passes groups_out), inputs captured by a forward pre-hook while the "
+                       "model ran on random inputs")
+
+
+def lucidrains(ctx: Ctx):
+    from denoising_diffusion_pytorch.version import __version__
+    from denoising_diffusion_pytorch import GaussianDiffusion, Unet
+    from ema_pytorch import EMA
+
+    torch.manual_seed(0)
+    unet = Unet(dim=6, dim_mults=(1, 2), attn_heads=(4, 2), attn_dim_head=(4, 8))
+    diffusion = GaussianDiffusion(unet, image_size=(8, 12), timesteps=100)
+    randomize_(diffusion.model, 7301)
+    # as Trainer.__init__ builds them: Adam over the diffusion parameters, EMA(diffusion, beta=ema_decay,
+    # update_every=ema_update_every) with the Trainer defaults
+    opt = torch.optim.Adam(diffusion.parameters(), lr=1e-4, betas=(0.9, 0.99))
+    ema = EMA(diffusion, beta=0.995, update_every=10)
+    ema.update()  # first call: copies the online weights into the EMA model (initted, step 1)
+    # "training": new online weights, then one moving-average step (decay 0.5) so EMA != online
+    randomize_(diffusion.model, 7302)
+    ema.update_moving_average(ema.ema_model, ema.online_model, current_decay=0.5)
+    diffusion.eval()
+    ema.ema_model.eval()
+    data = {"step": 1, "model": diffusion.state_dict(), "opt": opt.state_dict(), "ema": ema.state_dict(),
+            "scaler": None, "version": __version__}
+    folder = MODELS / "lucidrains_ddpm"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model-1.pt"
+    torch.save(data, path)
+    ctx.files.append(path)
+    weights = path.relative_to(WEIGHTS).as_posix()
+    g = gen(7303)
+    x, time = randn(g, 2, 3, 8, 12), torch.tensor([3, 71])
+    for entry, net, prefix in (("model", diffusion.model, "model."), ("ema", ema.ema_model.model, "ema_model.model.")):
+        wrapper = mid_blocks.LucidrainsMidBlock.of(net)
+        ins, _ = capture(net.mid_block1, lambda: net(x, time), names={"t": "time_emb"})
+        _, out = capture(net.mid_block2, lambda: net(x, time))
+        cfg = mid_blocks.LucidrainsMidBlock.config_of(net)
+        assert torch.equal(run_module(wrapper, tensor_inputs(ins))["output"], out)
+        src = (LUCID_MID + f"; the Unet of the Trainer.save checkpoint weights/{weights}, entry '{entry}' "
+               f"({'GaussianDiffusion.state_dict()' if entry == 'model' else 'ema_pytorch EMA.state_dict(); EMA != online weights'}), "
+               "prefix " + prefix + "; x = the Unet's mid_block1 input and time_emb = time_mlp(time) captured by a "
+               "forward pre-hook while the Unet ran on random x (2, 3, 8, 12), time [3, 71]; expected output = "
+               "mid_block2's output in that run")
+        ctx.bundle(f"lucidrains_mid_block_{entry}", "denoising_diffusion_pytorch.MidBlock", cfg, tensor_inputs(ins), out,
+                   state=wrapper.state_dict(), source=src, half=(entry == "model"))
+        ctx.bundle(f"lucidrains_mid_block_{entry}_ref", "denoising_diffusion_pytorch.MidBlock", cfg, tensor_inputs(ins),
+                   out, ref=(weights, prefix, entry), source=src)
+
+
+# ---- re-stated ldm / OpenAI parts under the real checkpoint prefixes
+
+
+def sd_checkpoint(ctx: Ctx):
+    """SD 1.x-style ``.ckpt``: {'state_dict': {...}, 'global_step': N} with the openai middle block
+    (SpatialTransformer, conv projections) under ``model.diffusion_model.middle_block.``, its time
+    embedding under ``model.diffusion_model.time_embed.``, the first-stage VAE mids under
+    ``first_stage_model.{encoder,decoder}.mid.`` and a few other real-named tensors."""
+    torch.manual_seed(0)
+    model_channels, ch, ctx_dim = 8, 32, 24
+    time_embed_dim = model_channels * 4
+    mid_cfg = dict(channels=ch, emb_channels=time_embed_dim, dropout=0.0, dims=2, use_scale_shift_norm=False,
+                   num_heads=4, num_head_channels=-1, use_new_attention_order=False, use_spatial_transformer=True,
+                   transformer_depth=1, context_dim=ctx_dim, use_linear_in_transformer=False,
+                   disable_middle_self_attn=False, legacy=False)
+    middle = mid_blocks.openai_middle_block(**mid_cfg)
+    time_embed = nn.Sequential(openai.linear(model_channels, time_embed_dim), nn.SiLU(),
+                               openai.linear(time_embed_dim, time_embed_dim))
+    input_conv = openai.conv_nd(2, 4, model_channels, 3, padding=1)
+    vae_cfg = dict(in_channels=ch, temb_channels=0, dropout=0.0, attn_type="vanilla")
+    enc_mid, dec_mid = mid_blocks.LdmMidBlock(**vae_cfg), mid_blocks.LdmMidBlock(**vae_cfg)
+    dec_conv_in = nn.Conv2d(4, ch, kernel_size=3, stride=1, padding=1)  # Decoder.conv_in (z_channels 4 -> block_in)
+    for i, m in enumerate((middle, time_embed, input_conv, enc_mid, dec_mid, dec_conv_in)):
+        randomize_(m, 7401 + i)
+        m.eval()
+    sd = OrderedDict()
+    for prefix, m in (("model.diffusion_model.time_embed.", time_embed),
+                      ("model.diffusion_model.input_blocks.0.0.", input_conv),
+                      ("model.diffusion_model.middle_block.", middle),
+                      ("first_stage_model.encoder.mid.", enc_mid),
+                      ("first_stage_model.decoder.conv_in.", dec_conv_in),
+                      ("first_stage_model.decoder.mid.", dec_mid)):
+        for k, v in m.state_dict().items():
+            sd[prefix + k] = v
+    folder = MODELS / "sd_v1_tiny"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "sd_v1_tiny.ckpt"
+    torch.save({"state_dict": sd, "global_step": 470000}, path)
+    ctx.files.append(path)
+    weights = path.relative_to(WEIGHTS).as_posix()
+
+    g = gen(7410)
+    with torch.no_grad():
+        t = torch.tensor([17, 503])
+        emb = time_embed(openai.timestep_embedding(t, model_channels))
+        x = randn(g, 2, ch, 6, 4)
+        context = randn(g, 2, 7, ctx_dim)
+        out = middle(x, emb, context)
+    ctx.bundle("openai_middle_block_sd1_spatial_transformer_ref", "openai.MiddleBlock", mid_cfg,
+               OrderedDict(x=x, emb=emb, context=context), out, ref=(weights, "model.diffusion_model.middle_block.",
+                                                                       "state_dict"),
+               source=OPENAI_MID.format(SD1_ST) + f"; re-stated modules saved in the SD-style checkpoint weights/{weights} "
+               "(not a whole upstream model); emb = time_embed(timestep_embedding(t=[17, 503], 8)) with the checkpoint's "
+               "model.diffusion_model.time_embed.*, x and context random")
+    with torch.no_grad():
+        z = randn(g, 2, 4, 6, 4)
+        h = dec_conv_in(z)
+        dout = dec_mid(h)
+        xe = randn(g, 2, ch, 4, 6)
+        eout = enc_mid(xe)
+    ctx.bundle("ldm_mid_block_sd_vae_decoder_ref", "ldm.MidBlock", vae_cfg, OrderedDict(x=h), dout,
+               ref=(weights, "first_stage_model.decoder.mid.", "state_dict"),
+               source=LDM_MID + f"; re-stated first-stage Decoder mid saved in the SD-style checkpoint weights/{weights} "
+               "(not a whole upstream model); temb_channels 0 (VAE: no temb_proj, temb None); x = "
+               "Decoder.conv_in(z) with the checkpoint's first_stage_model.decoder.conv_in.*, z random (2, 4, 6, 4) "
+               "(the first line of Decoder.forward)")
+    ctx.bundle("ldm_mid_block_sd_vae_encoder_ref", "ldm.MidBlock", vae_cfg, OrderedDict(x=xe), eout,
+               ref=(weights, "first_stage_model.encoder.mid.", "state_dict"),
+               source=LDM_MID + f"; re-stated first-stage Encoder mid saved in the SD-style checkpoint weights/{weights} "
+               "(not a whole upstream model); temb_channels 0; x random (2, 32, 4, 6)")
+
+
+def guided_diffusion_checkpoint(ctx: Ctx):
+    """guided-diffusion style bare state dict ``.pt``: ``time_embed.*``, ``input_blocks.0.0.*``,
+    ``middle_block.*`` (AttentionBlock, QKVAttentionLegacy, num_heads 4, use_scale_shift_norm)."""
+    torch.manual_seed(0)
+    model_channels, ch = 16, 32
+    cfg = dict(channels=ch, emb_channels=model_channels * 4, dropout=0.0, dims=2, use_scale_shift_norm=True,
+               num_heads=4, num_head_channels=-1, use_new_attention_order=False, use_spatial_transformer=False,
+               transformer_depth=1, context_dim=None, use_linear_in_transformer=False, disable_middle_self_attn=False,
+               legacy=True)
+    middle = mid_blocks.openai_middle_block(**cfg)
+    time_embed = nn.Sequential(openai.linear(model_channels, model_channels * 4), nn.SiLU(),
+                               openai.linear(model_channels * 4, model_channels * 4))
+    input_conv = openai.conv_nd(2, 3, model_channels, 3, padding=1)
+    for i, m in enumerate((middle, time_embed, input_conv)):
+        randomize_(m, 7501 + i)
+        m.eval()
+    sd = OrderedDict()
+    for prefix, m in (("time_embed.", time_embed), ("input_blocks.0.0.", input_conv), ("middle_block.", middle)):
+        for k, v in m.state_dict().items():
+            sd[prefix + k] = v
+    folder = MODELS / "guided_diffusion_tiny"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "guided_diffusion_tiny.pt"
+    torch.save(sd, path)
+    ctx.files.append(path)
+    weights = path.relative_to(WEIGHTS).as_posix()
+    g = gen(7510)
+    with torch.no_grad():
+        emb = time_embed(openai.timestep_embedding(torch.tensor([17, 503]), model_channels))
+        x = randn(g, 2, ch, 5, 3)
+        out = middle(x, emb)
+    ctx.bundle("openai_middle_block_guided_legacy_scale_shift_ref", "openai.MiddleBlock", cfg,
+               OrderedDict(x=x, emb=emb), out, ref=(weights, "middle_block."),
+               source=OPENAI_MID.format("AttentionBlock (QKVAttentionLegacy, 4 heads)") +
+               f"; re-stated modules saved as a bare guided-diffusion-style state dict weights/{weights} (not a whole "
+               "upstream model); use_scale_shift_norm; emb = time_embed(timestep_embedding(t=[17, 503], 16)) with the "
+               "checkpoint's time_embed.*, x random")
+
+
+def ddpm_model_checkpoint(ctx: Ctx):
+    """ldm ``Model`` (DDPM) style bare state dict ``.pt``: ``temb.dense.{0,1}.*``, ``conv_in.*``,
+    ``mid.*`` (ResnetBlock with temb_proj, vanilla AttnBlock)."""
+    torch.manual_seed(0)
+    ch_base, ch = 8, 32
+    temb_ch = ch_base * 4
+    cfg = dict(in_channels=ch, temb_channels=temb_ch, dropout=0.0, attn_type="vanilla")
+    mid = mid_blocks.LdmMidBlock(**cfg)
+    temb = nn.Module()
+    temb.dense = nn.ModuleList([nn.Linear(ch_base, temb_ch), nn.Linear(temb_ch, temb_ch)])
+    conv_in = nn.Conv2d(3, ch_base, kernel_size=3, stride=1, padding=1)
+    for i, m in enumerate((mid, temb, conv_in)):
+        randomize_(m, 7601 + i)
+        m.eval()
+    sd = OrderedDict()
+    for prefix, m in (("temb.", temb), ("conv_in.", conv_in), ("mid.", mid)):
+        for k, v in m.state_dict().items():
+            sd[prefix + k] = v
+    folder = MODELS / "ldm_ddpm_tiny"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "ldm_ddpm_tiny.pt"
+    torch.save(sd, path)
+    ctx.files.append(path)
+    weights = path.relative_to(WEIGHTS).as_posix()
+    g = gen(7610)
+    with torch.no_grad():
+        e = ldm_model.get_timestep_embedding(torch.tensor([17, 503]), ch_base)
+        e = temb.dense[1](nonlinearity(temb.dense[0](e)))
+        x = randn(g, 2, ch, 4, 6)
+        out = mid(x, e)
+    ctx.bundle("ldm_mid_block_ddpm_vanilla_ref", "ldm.MidBlock", cfg, OrderedDict(x=x, temb=e), out,
+               ref=(weights, "mid."),
+               source=LDM_MID + f"; re-stated modules saved as a bare DDPM Model-style state dict weights/{weights} "
+               "(not a whole upstream model); temb = Model.forward's temb.dense[1](nonlinearity(temb.dense[0]("
+               "get_timestep_embedding(t=[17, 503], 8)))) with the checkpoint's temb.dense.*, x random")
+
+
+def standalone_restated(ctx: Ctx):
+    """Self-contained ldm.MidBlock / openai.MiddleBlock bundles (random weights and inputs)."""
+    # ldm: LinAttnBlock mid (DDPM Model with use_linear_attn / attn_type "linear"), with temb
+    for name, cfg, seed, shape, half in (
+            ("ldm_mid_block_linear", dict(in_channels=32, temb_channels=24, dropout=0.0, attn_type="linear"), 7701,
+             (2, 32, 5, 3), True),
+            ("ldm_mid_block_vae_vanilla", dict(in_channels=32, temb_channels=0, dropout=0.0, attn_type="vanilla"),
+             7702, (1, 32, 6, 4), False)):
+        torch.manual_seed(0)
+        m = mid_blocks.LdmMidBlock(**cfg)
+        randomize_(m, seed)
+        m.eval()
+        g = gen(seed + 100)
+        ins = OrderedDict(x=randn(g, *shape))
+        if cfg["temb_channels"]:
+            ins["temb"] = randn(g, shape[0], cfg["temb_channels"])
+        out = run_module(m, ins)["output"]
+        what = {"linear": "LinAttnBlock (no norm, no residual)", "vanilla": "AttnBlock, VAE-style temb_channels 0",
+                "none": "attn_type none (nn.Identity)"}[cfg["attn_type"]]
+        ctx.bundle(name, "ldm.MidBlock", cfg, ins, out, state=m.state_dict(),
+                   source=LDM_MID + f"; {what}; random weights and inputs (x, temb N(0, 1))", half=half)
+    # openai: SD 2.x linear SpatialTransformer middle; AttentionBlock with the new qkv order
+    for name, cfg, seed, shape, what in (
+            ("openai_middle_block_sd2_linear",
+             dict(channels=32, emb_channels=32, dropout=0.0, dims=2, use_scale_shift_norm=False, num_heads=-1,
+                  num_head_channels=8, use_new_attention_order=False, use_spatial_transformer=True, transformer_depth=1,
+                  context_dim=20, use_linear_in_transformer=True, disable_middle_self_attn=False, legacy=False),
+             7711, (2, 32, 4, 5), SD2_ST + " (use_linear; num_head_channels 8 -> 4 heads of 8)"),
+            ("openai_middle_block_new_order",
+             dict(channels=32, emb_channels=24, dropout=0.0, dims=2, use_scale_shift_norm=False, num_heads=-1,
+                  num_head_channels=16, use_new_attention_order=True, use_spatial_transformer=False,
+                  transformer_depth=1, context_dim=None, use_linear_in_transformer=False,
+                  disable_middle_self_attn=False, legacy=False),
+             7712, (2, 32, 3, 5), "AttentionBlock (QKVAttention, new order; num_head_channels 16 -> 2 heads)")):
+        torch.manual_seed(0)
+        m = mid_blocks.openai_middle_block(**cfg)
+        randomize_(m, seed)
+        m.eval()
+        g = gen(seed + 100)
+        ins = OrderedDict(x=randn(g, *shape), emb=randn(g, shape[0], cfg["emb_channels"]))
+        if cfg["use_spatial_transformer"]:
+            ins["context"] = randn(g, shape[0], 6, cfg["context_dim"])
+        out = run_module(m, ins)["output"]
+        ctx.bundle(name, "openai.MiddleBlock", cfg, ins, out, state=m.state_dict(),
+                   source=OPENAI_MID.format(what) + "; random weights and inputs (x, emb, context N(0, 1))",
+                   half=True)
+
+
+MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_unet2d_condition, lucidrains, sd_checkpoint,
+                  guided_diffusion_checkpoint, ddpm_model_checkpoint, standalone_restated)
+
+
+# --------------------------------------------------------------------------------------------
+# export
+
+
+def cast_module(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    if dtype != torch.float32:
+        module.to(dtype)
+    return module
+
+
+def block_module(spec, dtype=torch.float32):
+    """The block rebuilt from block id + config, loaded with the spec's weights (its own state, or
+    the referenced checkpoint file read back from disk), cast to ``dtype``."""
+    module = build_module(spec["block"], spec["config"])
+    if spec["state"] is not None:
+        state = spec["state"]
+    else:
+        rel, prefix, *key = spec["ref"]
+        ckpt = load_checkpoint_state_dict(WEIGHTS / rel, key[0] if key else None)
+        state = OrderedDict((k, ckpt[prefix + k]) for k in module.state_dict())
+    cast_module(module, dtype)
+    module.load_state_dict(state, strict=True)
+    return module.eval()
+
+
+def _short(dtype):
+    return {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+
+
+def half_twin_source(stem, dtype):
+    return (f"{dtype} twin of weights/mid/{stem}.safetensors: same weights and inputs, module.to({dtype}), float "
+            f"inputs cast to {dtype}, run by PyTorch on CPU in {dtype}; .float64 outputs from the float64 copy of the "
+            f"{dtype}-rounded weights and inputs")
+
+
+def export_all(ctx: Ctx):
+    MID.mkdir(parents=True, exist_ok=True)
+    for f in sorted(MID.glob("*.safetensors")):
+        f.unlink()
+    if MODELS.exists():
+        shutil.rmtree(MODELS)
+    MODELS.mkdir(parents=True)
+    _diffusers_quiet()
+    for builder in MODEL_BUILDERS:
+        builder(ctx)
+    for f in ctx.files:
+        print(f"wrote weights/{f.relative_to(WEIGHTS).as_posix()} ({f.stat().st_size} B)")
+    results = []
+    for spec in ctx.specs:
+        module = block_module(spec)
+        # the block rebuilt from block id + config + weights (for a referencing bundle: read back from
+        # the checkpoint file) reproduces the whole model's block exactly on the same input tensors
+        got = run_module(module, spec["raw_inputs"], spec["kwargs"])["output"]
+        assert torch.equal(got, spec["expected"]), \
+            f"{spec['path']}: the block rebuilt from config + weights differs from the whole model's mid block"
+        strided = [k for k, v in spec["raw_inputs"].items() if not v.is_contiguous()]
+        if strided:
+            # the bundle stores contiguous copies; PyTorch's output on them is the bundle's output
+            got_c = run_module(module, spec["inputs"], spec["kwargs"])["output"]
+            d = float((got_c - spec["expected"]).abs().max())
+            spec["source"] += (f"; the whole model passed {', '.join(strided)} non-contiguous (strides "
+                               f"{', '.join(str(spec['raw_inputs'][k].stride()) for k in strided)}); stored contiguous, "
+                               f"and PyTorch's output on the contiguous copy (stored) differs from the in-model output by "
+                               f"max {d:.3e}" + (" (bit-identical)" if d == 0 else " (layout-dependent rounding)"))
+        ref = None
+        if spec["ref"] is not None:
+            rel, prefix, *key = spec["ref"]
+            relp = os.path.relpath(WEIGHTS / rel, (WEIGHTS / spec["path"]).parent)
+            ref = (relp, prefix, *key)
+        info = export_bundle(module, spec["block"], spec["config"], spec["inputs"], WEIGHTS / spec["path"],
+                             kwargs=spec["kwargs"], source=spec["source"], weights_ref=ref)
+        results.append(info)
+        print(describe(spec, info, torch.float32))
+        if spec["half"]:
+            stem = Path(spec["path"]).stem
+            for dname, suffix in HALF_DTYPES:
+                dtype = getattr(torch, dname)
+                hmod = block_module(spec, dtype)
+                hpath = WEIGHTS / f"mid/{stem}_{suffix}.safetensors"
+                try:
+                    hinfo = export_bundle(hmod, spec["block"], spec["config"], spec["inputs"], hpath, kwargs=spec["kwargs"],
+                                          source=f"{spec['source']}; {half_twin_source(stem, dname)}")
+                except RuntimeError as e:
+                    if spec["block"] != "openai.MiddleBlock":
+                        raise
+                    print(f"skipped weights/mid/{stem}_{suffix}.safetensors: PyTorch rejects it "
+                          f"({str(e).splitlines()[0]}): GroupNorm32 runs super().forward(x.float()) with the half "
+                          "GroupNorm weight")
+                    continue
+                results.append(hinfo)
+                print(describe(dict(spec, path=f"mid/{stem}_{suffix}.safetensors"), hinfo, dtype))
+    total = sum(r["bytes"] for r in results) + sum(f.stat().st_size for f in ctx.files)
+    print(f"{len(results)} bundles and {len(ctx.files)} checkpoint files, {total} bytes in total")
+
+
+def describe(spec, info, dtype):
+    ins = ", ".join(f"{k}{tuple(v.shape)}" for k, v in spec["inputs"].items())
+    ref = ""
+    if spec["ref"] is not None:
+        rel, prefix, *key = spec["ref"]
+        ref = f" weights=weights/{rel} prefix={prefix!r}" + (f" key={key[0]!r}" if key else "")
+    diffs = ", ".join(f"{k} {v:.3e}" for k, v in info["max_abs_diff_f64"].items())
+    tag = "" if dtype == torch.float32 else f" [{str(dtype).replace('torch.', '')}]"
+    return (f"wrote weights/{spec['path']} ({info['bytes']} B) {spec['block']}{tag} {json.dumps(spec['config'])} "
+            f"inputs [{ins}]{ref} max|{_short(dtype)}-f64| {diffs}")
+
+
+# --------------------------------------------------------------------------------------------
+# verify
+
+
+def verify_bundle(path: Path) -> str:
+    b = load_bundle(path)
+    meta = b["metadata"]
+    dtype = getattr(torch, meta["parity.dtype"])
+    module = build_module(b["block"], b["config"])
+    state = resolve_weights(path, b, list(module.state_dict()))
+    if b["weights_ref"] is not None:
+        assert dtype == torch.float32 and not b["state_dict"], f"{path}: referencing bundles are float32, weightless"
+        assert (path.parent / b["weights_ref"][0]).resolve().is_relative_to(MODELS.resolve()), path
+    cast_module(module, dtype)
+    module.load_state_dict(state, strict=True)
+    module.eval()
+    names = list(b["expected"])
+    got = run_module(module, b["inputs"], b["kwargs"])
+    assert list(got) == names, f"{path}: outputs {list(got)} != {names}"
+    for n in names:
+        assert got[n].dtype == b["expected"][n].dtype and torch.equal(got[n], b["expected"][n]), \
+            f"{path}: output {n} differs from the stored one"
+    m64 = float64_copy(module)
+    in64 = OrderedDict((k, v.double() if v.is_floating_point() else v) for k, v in b["inputs"].items())
+    got64 = run_module(m64, in64, b["kwargs"])
+    for n in names:
+        assert torch.equal(got64[n], b["expected_f64"][n]), f"{path}: float64 output {n} differs"
+    return ", ".join(f"{n} {float((b['expected'][n].double() - b['expected_f64'][n]).abs().max()):.3e}" for n in names)
+
+
+def verify_half_twin(path: Path, f32_path: Path):
+    h, f = load_bundle(path), load_bundle(f32_path)
+    dtype = getattr(torch, h["metadata"]["parity.dtype"])
+    assert (h["block"], h["config"]) == (f["block"], f["config"]), path
+    assert list(h["state_dict"]) == list(f["state_dict"]) and list(h["inputs"]) == list(f["inputs"]), path
+    for k, v in list(f["state_dict"].items()) + list(f["inputs"].items()):
+        hv = h["state_dict"].get(k, h["inputs"].get(k))
+        want = v.to(dtype) if v.is_floating_point() else v
+        assert hv.dtype == want.dtype and torch.equal(hv, want), f"{path}: {k} is not the f32 twin's cast"
+
+
+def verify_models():
+    """Every checkpoint loads with its library's own loader."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel, UNet2DModel
+
+    _diffusers_quiet()
+    classes = {"diffusers_unet2d": UNet2DModel, "diffusers_unet2d_scale_shift": UNet2DModel,
+               "diffusers_unet2d_bin": UNet2DModel, "diffusers_vae": AutoencoderKL, "diffusers_sd1": UNet2DConditionModel,
+               "diffusers_sd2": UNet2DConditionModel, "diffusers_sdxl": UNet2DConditionModel}
+    for name, cls in classes.items():
+        m = cls.from_pretrained(MODELS / name)
+        files = {p.name for p in (MODELS / name).iterdir()}
+        weights = "diffusion_pytorch_model.bin" if name.endswith("_bin") else "diffusion_pytorch_model.safetensors"
+        assert files == {"config.json", weights}, (name, files)
+        sd = load_checkpoint_state_dict(MODELS / name / weights)
+        msd = m.state_dict()
+        assert list(sd) != [] and set(sd) == set(msd) and all(torch.equal(sd[k], msd[k]) for k in sd), name
+        print(f"verified weights/models/{name}: {cls.__name__}.from_pretrained loads it ({len(sd)} tensors)")
+    # lucidrains: as Trainer.load does
+    from denoising_diffusion_pytorch import GaussianDiffusion, Unet
+    from ema_pytorch import EMA
+
+    data = torch.load(MODELS / "lucidrains_ddpm" / "model-1.pt", map_location="cpu", weights_only=True)
+    assert set(data) == {"step", "model", "opt", "ema", "scaler", "version"}
+    unet = Unet(dim=6, dim_mults=(1, 2), attn_heads=(4, 2), attn_dim_head=(4, 8))
+    diffusion = GaussianDiffusion(unet, image_size=(8, 12), timesteps=100)
+    diffusion.load_state_dict(data["model"])
+    ema = EMA(diffusion, beta=0.995, update_every=10)
+    ema.load_state_dict(data["ema"])
+    assert not torch.equal(ema.ema_model.model.mid_attn.to_qkv.weight, diffusion.model.mid_attn.to_qkv.weight)
+    print("verified weights/models/lucidrains_ddpm/model-1.pt: GaussianDiffusion and EMA load_state_dict "
+          "(as Trainer.load); EMA weights differ from the online ones")
+    for rel, key in (("sd_v1_tiny/sd_v1_tiny.ckpt", "state_dict"), ("guided_diffusion_tiny/guided_diffusion_tiny.pt", None),
+                     ("ldm_ddpm_tiny/ldm_ddpm_tiny.pt", None)):
+        sd = load_checkpoint_state_dict(MODELS / rel, key)
+        print(f"verified weights/models/{rel}: torch.load(weights_only=True) ({len(sd)} tensors)")
+    for p in MODELS.rglob("*"):
+        if p.suffix in (".pt", ".ckpt", ".bin"):
+            import zipfile
+
+            assert zipfile.is_zipfile(p), f"{p}: not a zip-format torch.save file"
+
+
+def verify_all(ctx: Ctx | None):
+    verify_models()
+    paths = sorted(MID.glob("*.safetensors"))
+    if ctx is not None:
+        want = set()
+        for s in ctx.specs:
+            want.add(WEIGHTS / s["path"])
+        twins = {p for p in paths if p.stem.endswith(("_f16", "_bf16"))}
+        assert set(paths) - twins == want, f"stale or missing bundles: {sorted(set(paths) ^ want - twins)}"
+    for p in paths:
+        diffs = verify_bundle(p)
+        twin = ""
+        for suffix in ("_f16", "_bf16"):
+            if p.stem.endswith(suffix):
+                f32 = p.with_name(p.stem[: -len(suffix)] + ".safetensors")
+                verify_half_twin(p, f32)
+                twin = f", same weights and inputs as {f32.relative_to(REPO)} rounded"
+        print(f"verified {p.relative_to(REPO)}: rebuilt from metadata{' + referenced checkpoint' if 'parity.weights' in load_bundle(p)['metadata'] else ''}, "
+              f"outputs bit-identical{twin} (max|out-f64| {diffs})")
+    total = sum(p.stat().st_size for p in WEIGHTS.rglob("*") if p.is_file())
+    print(f"verified {len(paths)} bundles; weights/ holds {total} bytes")
+    assert total < MAX_WEIGHTS_BYTES, "weights/ exceeds 10 MB"
+
+
+def digest():
+    h = hashlib.sha256()
+    for p in sorted(list(MID.rglob("*")) + list(MODELS.rglob("*"))):
+        if p.is_file():
+            h.update(p.relative_to(WEIGHTS).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--verify", action="store_true", help="after exporting, reload and re-check every file")
+    ap.add_argument("--verify-only", action="store_true", help="only re-check the files on disk")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
+    torch.use_deterministic_algorithms(True)
+    ctx = None
+    if not args.verify_only:
+        ctx = Ctx()
+        export_all(ctx)
+    if args.verify or args.verify_only:
+        verify_all(ctx)
+    print(f"sha256 of weights/mid + weights/models: {digest()}")
+
+
+if __name__ == "__main__":
+    main()
