@@ -453,3 +453,86 @@ mod tests {
         assert!(err.contains("p.weight") && err.contains("[5, 4]"), "{err}");
     }
 }
+
+/// `nn.Conv2d(in, out, kernel, stride=1, padding=kernel // 2)` (the 3×3 and 1×1 convs of the
+/// ResNet blocks). Keys `weight (out, in, k, k)`, `bias (out,)` when `bias`. f16/bf16: computed
+/// in f32 and rounded once, as PyTorch's CPU convolution accumulates.
+#[derive(Debug, Clone)]
+pub struct Conv2d {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    padding: usize,
+}
+
+impl Conv2d {
+    pub fn load(vb: VarBuilder, in_channels: usize, out_channels: usize, kernel: usize, bias: bool) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get((out_channels, in_channels, kernel, kernel), "weight")?,
+            bias: if bias {
+                Some(vb.get(out_channels, "bias")?)
+            } else {
+                None
+            },
+            padding: kernel / 2,
+        })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let config = candle_nn::Conv2dConfig {
+            padding: self.padding,
+            ..Default::default()
+        };
+        let conv = candle_nn::Conv2d::new(
+            upcast(&self.weight)?,
+            self.bias.as_ref().map(upcast).transpose()?,
+            config,
+        );
+        conv.forward(&upcast(x)?)?.to_dtype(x.dtype())
+    }
+}
+
+/// The nonlinearities diffusers' `get_activation` names (`swish`/`silu`, `mish`, `gelu`,
+/// `relu`), elementwise in at least f32 and rounded once, as PyTorch's CPU kernels do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    #[serde(alias = "silu")]
+    Swish,
+    Mish,
+    Gelu,
+    Relu,
+}
+
+impl Module for Activation {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = upcast(x)?;
+        let y = match self {
+            Activation::Swish => candle_nn::ops::silu(&y)?,
+            // x · tanh(softplus(x)), softplus = log(1 + exp(x)) (PyTorch switches to x above 20)
+            Activation::Mish => {
+                let softplus = y.exp()?.affine(1.0, 1.0)?.log()?;
+                let big = y.ge(20.0)?;
+                let softplus = big.where_cond(&y, &softplus)?;
+                (&y * softplus.tanh()?)?
+            }
+            Activation::Gelu => y.gelu_erf()?,
+            Activation::Relu => y.relu()?,
+        };
+        y.to_dtype(x.dtype())
+    }
+}
+
+/// `x * (1 + scale) + shift` with `scale`, `shift` `(B, C)` broadcast over the spatial dims:
+/// the FiLM / scale-shift conditioning of the ResNet blocks.
+pub fn scale_shift(x: &Tensor, scale: &Tensor, shift: &Tensor) -> candle_core::Result<Tensor> {
+    let spatial = vec![1; x.rank() - 2];
+    let as_map = |t: &Tensor| -> candle_core::Result<Tensor> {
+        let mut dims = t.dims()[..2].to_vec();
+        dims.extend(&spatial);
+        t.reshape(dims)
+    };
+    x.broadcast_mul(&(as_map(scale)? + 1.0)?)?
+        .broadcast_add(&as_map(shift)?)
+}

@@ -38,7 +38,7 @@ pub struct Bundle {
 }
 
 /// Map a safetensors dtype to Candle's. Bool becomes `U8` (0/1): Candle has no bool.
-fn candle_dtype(dtype: safetensors::Dtype) -> Option<DType> {
+pub(crate) fn candle_dtype(dtype: safetensors::Dtype) -> Option<DType> {
     use safetensors::Dtype as S;
     Some(match dtype {
         S::BOOL | S::U8 => DType::U8,

@@ -17,10 +17,19 @@ use crate::bundle::Bundle;
 use crate::compare::{compare, default_tolerance, OutputReport};
 use crate::error::{ParityError, Result};
 use crate::registry::{self, Inputs};
+use crate::checkpoint::{Checkpoint, PrefixView};
 use crate::weights::{closest, Conversion, TrackedWeights};
 use candle_core::{DType, Device};
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Weights taken from a whole checkpoint instead of the bundle (`--weights FILE --prefix P`).
+#[derive(Debug, Clone)]
+pub struct WeightsFrom {
+    pub file: PathBuf,
+    pub prefix: String,
+}
 
 /// How to run the checks.
 #[derive(Debug, Clone)]
@@ -35,6 +44,14 @@ pub struct Options {
     pub allow_unused: bool,
     /// Where the blocks run (the CPU by default). Outputs come back to the CPU to be compared.
     pub device: Device,
+    /// Load the block's weights from this checkpoint (overrides the bundle's own or referenced
+    /// weights).
+    pub weights: Option<WeightsFrom>,
+    /// A diffusers model `config.json` (UNet2DModel, UNet2DConditionModel, AutoencoderKL): the
+    /// mid block's config comes from it instead of `parity.config`.
+    pub model_config: Option<PathBuf>,
+    /// Accept `config.json` keys the model class does not have.
+    pub allow_unknown_config: bool,
 }
 
 impl Default for Options {
@@ -45,6 +62,9 @@ impl Default for Options {
             dtype: None,
             allow_unused: false,
             device: Device::Cpu,
+            weights: None,
+            model_config: None,
+            allow_unknown_config: false,
         }
     }
 }
@@ -69,6 +89,10 @@ pub struct Report {
     pub pass: bool,
     /// Weights and inputs stored in another dtype than the run's, converted for it.
     pub conversions: Vec<Conversion>,
+    /// Where the weights came from when not from the bundle: `FILE (prefix `P`)`.
+    pub weights: Option<String>,
+    /// The `config.json` the block's config came from, when not from the bundle.
+    pub config_from: Option<String>,
 }
 
 /// Check one bundle file.
@@ -119,12 +143,13 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
     let bundle_dtype = bundle.run_dtype()?;
     let dtype = opts.dtype.unwrap_or(bundle_dtype);
     let device = opts.device.clone();
-    let weights = TrackedWeights::new(bundle.weights());
+    let weights = weight_source(bundle, opts)?;
+    let (config, config_from) = block_config(bundle, opts, info.id, weights.location().as_deref())?;
     let vb = weights.var_builder(dtype, &device);
-    let block = (info.build)(vb, &bundle.config).map_err(|e| ParityError::block(path, info.id, e))?;
-    let unused = weights.unused();
+    let block = (info.build)(vb, &config).map_err(|e| ParityError::block(path, info.id, e))?;
+    let unused = unused_weights(&weights);
     if !unused.is_empty() && !opts.allow_unused {
-        let all = bundle.weights().into_keys().collect::<Vec<_>>();
+        let all = weights.names().cloned().collect::<Vec<_>>();
         let expected: Vec<String> = all.iter().filter(|k| !unused.contains(k)).cloned().collect();
         let hints: Vec<String> = unused
             .iter()
@@ -133,10 +158,11 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
                 None => format!("`{u}`"),
             })
             .collect();
+        let place = weights.location().map(|l| format!(" in {l}")).unwrap_or_default();
         return Err(ParityError::bundle(
             path,
             format!(
-                "{} weights not used by {}: {} (pass --allow-unused to ignore)",
+                "{} weights{place} not used by {}: {} (pass --allow-unused to ignore)",
                 unused.len(),
                 info.id,
                 hints.join(", ")
@@ -237,7 +263,98 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         pass: outputs.iter().all(|o| o.pass),
         outputs,
         conversions: weights.conversions(),
+        weights: weights.location(),
+        config_from,
     })
+}
+
+/// The block's weights: `--weights` (a checkpoint under a prefix), else the checkpoint the bundle
+/// references (`parity.weights`, relative to the bundle's folder, with `parity.prefix`), else the
+/// bundle's own state dict. A bundle may not both hold weights and reference a checkpoint.
+fn weight_source(bundle: &Bundle, opts: &Options) -> Result<TrackedWeights> {
+    let path = bundle.path.as_path();
+    let embedded = bundle.weights();
+    let referenced = bundle.metadata.get("parity.weights");
+    let (file, prefix) = match (&opts.weights, referenced) {
+        (Some(w), _) => (w.file.clone(), w.prefix.clone()),
+        (None, Some(rel)) => {
+            if !embedded.is_empty() {
+                return Err(ParityError::bundle(
+                    path,
+                    format!(
+                        "the bundle holds {} weights and also references `parity.weights` = {rel:?}; keep one",
+                        embedded.len()
+                    ),
+                ));
+            }
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let prefix = bundle.metadata.get("parity.prefix").cloned().unwrap_or_default();
+            // `parity.weights_key`: the top-level pickle entry holding the state dict.
+            let prefix = match bundle.metadata.get("parity.weights_key") {
+                Some(key) => format!("{key}.{prefix}"),
+                None => prefix,
+            };
+            (dir.join(rel), prefix)
+        }
+        (None, None) => return Ok(TrackedWeights::new(embedded)),
+    };
+    let checkpoint = Arc::new(Checkpoint::open(&file)?);
+    Ok(TrackedWeights::from_source(Arc::new(PrefixView::new(checkpoint, &prefix)?)))
+}
+
+/// The block's constructor kwargs: from `--config` (a diffusers `config.json`) when given, else
+/// `parity.config`.
+fn block_config(
+    bundle: &Bundle,
+    opts: &Options,
+    block: &'static str,
+    weights_at: Option<&str>,
+) -> Result<(serde_json::Value, Option<String>)> {
+    let Some(file) = &opts.model_config else {
+        return Ok((bundle.config.clone(), None));
+    };
+    let text = std::fs::read_to_string(file).map_err(|e| ParityError::Io {
+        path: file.clone(),
+        source: e,
+    })?;
+    let bad = |message: String| ParityError::Checkpoint {
+        path: file.clone(),
+        message,
+    };
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let specs = unet_attention::diffusers::model_config::mid_blocks(&json, None, opts.allow_unknown_config)
+        .map_err(|e| bad(e.to_string()))?;
+    let matching: Vec<_> = specs.iter().filter(|s| s.block == block).collect();
+    // The VAE has an encoder and a decoder mid block of the same config: any will do, but prefer
+    // the one the weights come from.
+    let spec = matching
+        .iter()
+        .find(|s| weights_at.is_some_and(|w| w.contains(&format!("`{}", s.prefix)) || w.contains(s.prefix)))
+        .or(matching.first())
+        .ok_or_else(|| {
+            bad(format!(
+                "the model's mid block is {}, not {block}",
+                specs.iter().map(|s| s.block).collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+    Ok((spec.config.clone(), Some(file.display().to_string())))
+}
+
+/// Weights the block did not read. For a bundle's own state dict, all of them; for a checkpoint,
+/// only those under the top-level names the block used (`mid_attn.extra` when it read
+/// `mid_attn.*`), since the rest of the model shares the prefix.
+fn unused_weights(weights: &TrackedWeights) -> Vec<String> {
+    let unused = weights.unused();
+    if weights.location().is_none() {
+        return unused;
+    }
+    let first = |n: &str| n.split('.').next().unwrap_or("").to_string();
+    let used: std::collections::BTreeSet<String> = weights
+        .names()
+        .filter(|n| !unused.contains(n))
+        .map(|n| first(n))
+        .collect();
+    unused.into_iter().filter(|n| used.contains(&first(n))).collect()
 }
 
 /// `f32`, `f16`, `bf16`, `f64` (as `--dtype` spells them).

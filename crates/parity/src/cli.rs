@@ -2,11 +2,13 @@
 //! exact code path the binary runs.
 
 use crate::bundle::{self, parse_dtype, Bundle};
-use crate::check::{check_file, Options, Report};
+use crate::check::{check_file, Options, Report, WeightsFrom};
+use crate::checkpoint::Checkpoint;
+use crate::hub::HubRepo;
 use crate::error::ParityError;
 use crate::weights::conversion_note;
 use crate::{guard, registry};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -57,6 +59,37 @@ enum Command {
         /// Do not fail when the bundle holds weights the block does not use.
         #[arg(long)]
         allow_unused: bool,
+        /// Take the block's weights from this checkpoint (safetensors, sharded
+        /// `*.safetensors.index.json`, or a torch.save `.bin`/`.pt`/`.pth`/`.ckpt`), read lazily.
+        #[arg(long, value_name = "FILE")]
+        weights: Option<PathBuf>,
+        /// The block's key prefix in the checkpoint (`mid_block.`, `model.`, `ema_model.model.`,
+        /// `first_stage_model.decoder.mid.`, `model.diffusion_model.middle_block.` ...); see `detect`.
+        #[arg(long, value_name = "P")]
+        prefix: Option<String>,
+        /// A diffusers `config.json` (UNet2DModel, UNet2DConditionModel, AutoencoderKL): the mid
+        /// block's config comes from it instead of the bundle.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Accept config.json keys the model class does not have.
+        #[arg(long)]
+        allow_unknown_config: bool,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// Find the mid blocks in a checkpoint: family, variant, the config its keys tell and what
+    /// they cannot.
+    Detect {
+        /// A checkpoint file (or use --repo).
+        file: Option<PathBuf>,
+        /// Only blocks under this prefix.
+        #[arg(long, value_name = "P")]
+        prefix: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        hub: HubArgs,
     },
     /// Print a bundle's metadata and tensors.
     Inspect {
@@ -65,6 +98,39 @@ enum Command {
     },
     /// List the blocks this tool knows, with the PyTorch class each matches.
     Blocks,
+}
+
+/// A diffusers model on the Hugging Face Hub (local cache first).
+#[derive(Args, Debug, Clone)]
+struct HubArgs {
+    /// `org/name`: take `config.json` and the weights from this Hub repository (with --subfolder),
+    /// from the local cache when present.
+    #[arg(long, value_name = "ORG/NAME")]
+    repo: Option<String>,
+    /// Branch, tag or commit of --repo.
+    #[arg(long, requires = "repo")]
+    revision: Option<String>,
+    /// Folder inside --repo (`unet`, `vae`).
+    #[arg(long, requires = "repo")]
+    subfolder: Option<String>,
+    /// The Hugging Face cache folder (default: HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub).
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Never use the network (also HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    offline: bool,
+}
+
+impl HubArgs {
+    fn repo(&self) -> Option<HubRepo> {
+        self.repo.as_ref().map(|repo| HubRepo {
+            repo: repo.clone(),
+            revision: self.revision.clone(),
+            subfolder: self.subfolder.clone(),
+            cache_dir: self.cache_dir.clone(),
+            offline: self.offline,
+        })
+    }
 }
 
 /// Run the CLI on `args` (including the program name); returns the exit code.
@@ -94,11 +160,23 @@ where
             dtype,
             device,
             allow_unused,
+            weights,
+            prefix,
+            config,
+            allow_unknown_config,
+            hub,
         } => {
             let device = match open_device(device) {
                 Ok(device) => device,
                 Err(message) => {
                     let _ = writeln!(err, "error: {message}");
+                    return EXIT_UNUSABLE;
+                }
+            };
+            let (weights, config) = match resolve_model(weights, prefix, config, &hub) {
+                Ok(resolved) => resolved,
+                Err(e) => {
+                    let _ = writeln!(err, "error: {e}");
                     return EXIT_UNUSABLE;
                 }
             };
@@ -108,8 +186,20 @@ where
                 dtype: dtype.as_deref().and_then(parse_dtype),
                 allow_unused,
                 device,
+                weights,
+                model_config: config,
+                allow_unknown_config,
             };
             return check(&paths, &opts, json, out, err);
+        }
+        Command::Detect {
+            file,
+            prefix,
+            json,
+            hub,
+        } => {
+            let label = file.clone().unwrap_or_else(|| PathBuf::from(hub.repo.clone().unwrap_or_default()));
+            guard::catch(&label, || detect(file, prefix.as_deref(), json, &hub, out))
         }
         Command::Inspect { file } => guard::catch(&file, || inspect(&file, out)),
         Command::Blocks => blocks(out),
@@ -232,6 +322,12 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
                     let _ = writeln!(err, "error: {e}");
                 }
                 Ok(report) => {
+                    if let Some(w) = &report.weights {
+                        let _ = writeln!(err, "note: {}: weights from {w}", report.file);
+                    }
+                    if let Some(c) = &report.config_from {
+                        let _ = writeln!(err, "note: {}: config from {c}", report.file);
+                    }
                     if let Some(note) = conversion_note(&report.conversions) {
                         let _ = writeln!(err, "note: {}: {note}", report.file);
                     }
@@ -255,6 +351,106 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
         let _ = writeln!(out, "{passed} passed, {failed} failed{tail}");
     }
     code
+}
+
+/// `--weights`/`--prefix`/`--config`, or `--repo` resolving `config.json` and the weights
+/// (with the mid block's prefix from the config unless `--prefix`).
+fn resolve_model(
+    weights: Option<PathBuf>,
+    prefix: Option<String>,
+    config: Option<PathBuf>,
+    hub: &HubArgs,
+) -> Result<(Option<WeightsFrom>, Option<PathBuf>), ParityError> {
+    let Some(repo) = hub.repo() else {
+        if prefix.is_some() && weights.is_none() {
+            return Err(ParityError::Usage("--prefix needs --weights (or --repo)".into()));
+        }
+        let weights = weights.map(|file| WeightsFrom {
+            file,
+            prefix: prefix.unwrap_or_default(),
+        });
+        return Ok((weights, config));
+    };
+    if weights.is_some() || config.is_some() {
+        return Err(ParityError::Usage(
+            "--repo resolves config.json and the weights itself; drop --weights / --config".into(),
+        ));
+    }
+    let (config, file) = repo.model_files()?;
+    let prefix = match prefix {
+        Some(p) => p,
+        None => {
+            let text = std::fs::read_to_string(&config).map_err(|e| ParityError::Io {
+                path: config.clone(),
+                source: e,
+            })?;
+            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ParityError::Checkpoint {
+                path: config.clone(),
+                message: format!("not JSON: {e}"),
+            })?;
+            let specs = unet_attention::diffusers::model_config::mid_blocks(&json, None, true).map_err(|e| {
+                ParityError::Checkpoint {
+                    path: config.clone(),
+                    message: e.to_string(),
+                }
+            })?;
+            match specs.as_slice() {
+                [one] => one.prefix.to_string(),
+                [] => {
+                    return Err(ParityError::Usage(format!(
+                        "{}: the model has no mid block",
+                        config.display()
+                    )))
+                }
+                many => {
+                    return Err(ParityError::Usage(format!(
+                        "the model has several mid blocks ({}); pick one with --prefix",
+                        many.iter().map(|s| s.prefix).collect::<Vec<_>>().join(", ")
+                    )))
+                }
+            }
+        }
+    };
+    Ok((Some(WeightsFrom { file, prefix }), Some(config)))
+}
+
+fn detect(
+    file: Option<PathBuf>,
+    prefix: Option<&str>,
+    json: bool,
+    hub: &HubArgs,
+    out: &mut dyn Write,
+) -> Result<(), ParityError> {
+    let file = match (file, hub.repo()) {
+        (Some(f), None) => f,
+        (None, Some(repo)) => repo.model_files()?.1,
+        _ => return Err(ParityError::Usage("detect takes a checkpoint FILE or --repo, one of them".into())),
+    };
+    let ck = Checkpoint::open(&file)?;
+    let found = crate::detect::detect(&ck, prefix);
+    if json {
+        let doc = serde_json::json!({ "file": file.display().to_string(), "format": ck.format.to_string(), "tensors": ck.len(), "sections": ck.sections, "mid_blocks": found });
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        return Ok(());
+    }
+    let sections = if ck.sections.is_empty() {
+        String::new()
+    } else {
+        format!(", sections: {}", ck.sections.join(", "))
+    };
+    let _ = writeln!(out, "{}: {}, {} tensors{sections}", file.display(), ck.format, ck.len());
+    if found.is_empty() {
+        let _ = writeln!(out, "no mid block found");
+    }
+    for f in &found {
+        let _ = writeln!(out, "prefix `{}`: {}", f.prefix, f.block.unwrap_or("(not implemented)"));
+        let _ = writeln!(out, "  variant: {}", f.variant);
+        let _ = writeln!(out, "  from the keys: {}", serde_json::Value::Object(f.config.clone()));
+        for u in &f.unknown {
+            let _ = writeln!(out, "  not in the keys: {u}");
+        }
+    }
+    Ok(())
 }
 
 fn sci(x: f64) -> String {

@@ -16,6 +16,9 @@ pub enum ParityError {
     /// A well-formed bundle whose content cannot be checked (non-finite weights or inputs).
     #[error("{}: {}", esc(path.display()), esc(message))]
     Invalid { path: PathBuf, message: String },
+    /// A checkpoint (`--weights`, `parity.weights`) that cannot be read or has no such prefix.
+    #[error("{}: {}", esc(path.display()), esc(message))]
+    Checkpoint { path: PathBuf, message: String },
     #[error("{}: unknown block id `{}`; known blocks: {known}", esc(path.display()), esc(id))]
     UnknownBlock { path: PathBuf, id: String, known: String },
     #[error("{}: {}", esc(path.display()), esc(with_block(block, source)))]

@@ -6,10 +6,13 @@
 
 pub mod bundle;
 pub mod check;
+pub mod checkpoint;
 pub mod cli;
 pub mod compare;
+pub mod detect;
 pub mod error;
 pub mod guard;
+pub mod hub;
 pub mod registry;
 pub mod weights;
 

@@ -11,10 +11,35 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+/// Where a block's weights come from: a bundle's own state dict, or a checkpoint under a prefix
+/// ([`crate::checkpoint::PrefixView`]). Tensors are loaded on demand, on the CPU, in their
+/// stored dtype.
+pub trait WeightSource: Send + Sync {
+    /// Every tensor name, as the block addresses them.
+    fn names(&self) -> Vec<String>;
+    /// The tensor `name`, `None` when absent.
+    fn load(&self, name: &str) -> candle_core::Result<Option<Tensor>>;
+    /// Where the weights live, for reports (`None`: inside the bundle).
+    fn location(&self) -> Option<String> {
+        None
+    }
+}
+
+impl WeightSource for BTreeMap<String, Tensor> {
+    fn names(&self) -> Vec<String> {
+        self.keys().cloned().collect()
+    }
+
+    fn load(&self, name: &str) -> candle_core::Result<Option<Tensor>> {
+        Ok(self.get(name).cloned())
+    }
+}
+
 /// A state dict that remembers what was read from it.
 #[derive(Clone)]
 pub struct TrackedWeights {
-    tensors: Arc<BTreeMap<String, Tensor>>,
+    source: Arc<dyn WeightSource>,
+    names: Arc<BTreeSet<String>>,
     used: Arc<Mutex<BTreeSet<String>>>,
     /// `name -> (stored, converted to)` for tensors loaded in another dtype than the run's.
     converted: Arc<Mutex<BTreeMap<String, (DType, DType)>>>,
@@ -56,8 +81,14 @@ pub fn conversion_note(conversions: &[Conversion]) -> Option<String> {
 
 impl TrackedWeights {
     pub fn new(tensors: BTreeMap<String, Tensor>) -> Self {
+        Self::from_source(Arc::new(tensors))
+    }
+
+    /// Track the tensors of any [`WeightSource`].
+    pub fn from_source(source: Arc<dyn WeightSource>) -> Self {
         Self {
-            tensors: Arc::new(tensors),
+            names: Arc::new(source.names().into_iter().collect()),
+            source,
             used: Arc::default(),
             converted: Arc::default(),
             run_dtype: None,
@@ -99,12 +130,22 @@ impl TrackedWeights {
     /// Names no block read, sorted.
     pub fn unused(&self) -> Vec<String> {
         let used = self.used.lock().map(|u| u.clone()).unwrap_or_default();
-        self.tensors.keys().filter(|k| !used.contains(*k)).cloned().collect()
+        self.names.iter().filter(|k| !used.contains(*k)).cloned().collect()
+    }
+
+    /// Every name the source holds, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.names.iter()
+    }
+
+    /// Where the weights live (`None`: in the bundle).
+    pub fn location(&self) -> Option<String> {
+        self.source.location()
     }
 
     fn fetch(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        let t = self.tensors.get(name).ok_or_else(|| {
-            let hint = closest(name, self.tensors.keys())
+        let t = self.source.load(name)?.ok_or_else(|| {
+            let hint = closest(name, self.names.iter())
                 .map(|c| format!(" (closest present: `{c}`)"))
                 .unwrap_or_default();
             candle_core::Error::Msg(format!("missing weight `{name}`{hint}"))
@@ -145,7 +186,7 @@ impl SimpleBackend for TrackedWeights {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.names.contains(name)
     }
 }
 

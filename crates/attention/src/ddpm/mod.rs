@@ -4,6 +4,8 @@
 //! Both normalise with RMSNorm first, project q/k/v with one bias-free 1×1 conv (`to_qkv`,
 //! channel layout `[Q | K | V]`, heads `(h c)`), prepend `num_mem_kv` learned memory
 //! key/values (`mem_kv`) and have **no residual inside** (`Unet.forward` adds `x` itself).
+//!
+//! [`mid_block`]: the whole `Unet` bottleneck (`ResnetBlock`, `MidBlock`).
 
 use crate::heads::merge_channels;
 use crate::layers::{FusedQkvConv, Projection, RmsNorm};
@@ -12,6 +14,9 @@ use crate::Result;
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
+
+pub mod mid_block;
+pub use mid_block::{MidBlock, MidBlockConfig, ResnetBlock, ResnetBlockConfig};
 
 /// Keyword arguments of `Attention(dim, heads=4, dim_head=32, num_mem_kv=4, flash=False)`.
 #[derive(Debug, Clone, Deserialize)]

@@ -1,9 +1,15 @@
 //! Hugging Face diffusers (0.42.1): the `Attention` class with its default processors, and the
 //! Stable Diffusion transformer bottleneck (`FeedForward`/`GEGLU`, `BasicTransformerBlock`,
-//! `Transformer2DModel`).
+//! `Transformer2DModel`), the ResNet block and the U-Net / VAE mid blocks (`ResnetBlock2D`,
+//! `UNetMidBlock2D`, `UNetMidBlock2DCrossAttn`) and their configs from a model's `config.json`.
 
 pub mod attention;
 pub mod feed_forward;
+pub mod mid_block;
+pub mod model_config;
+pub mod resnet;
 pub mod transformer;
 
 pub use attention::{Attention, AttentionConfig, Processor};
+pub use mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+pub use resnet::ResnetBlock2D;

@@ -19,6 +19,8 @@
 //! softmax in float32. Legacy splits heads before q/k/v (per-head `[q_h | k_h | v_h]` channels);
 //! the new order chunks `[Q | K | V]` first, then heads `(h c)`. `use_checkpoint` (gradient
 //! checkpointing) does not change the forward.
+//!
+//! [`middle_block`]: the whole `middle_block` (`ResBlock`, `MiddleBlock`).
 
 use crate::heads::{chunk_qkv_channels, chunk_qkv_channels_per_head, merge_channels};
 use crate::layers::{GroupNorm, Projection};
@@ -27,6 +29,9 @@ use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
+
+pub mod middle_block;
+pub use middle_block::{MiddleBlock, MiddleBlockConfig, ResBlock, ResBlockConfig};
 
 /// Keyword arguments of `AttentionBlock(channels, num_heads=1, num_head_channels=-1,
 /// use_checkpoint=False, use_new_attention_order=False)`.

@@ -1,5 +1,13 @@
-use super::{single, BlockInfo};
-use unet_attention::ddpm::{Attention, LinearAttention};
+use super::{single, BlockInfo, Inputs, Runnable};
+use candle_core::Tensor;
+use unet_attention::ddpm::{Attention, LinearAttention, MidBlock};
+use unet_attention::{config, Result};
+
+impl Runnable for MidBlock {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![self.forward(inputs.required("x")?, inputs.get("time_emb"))?])
+    }
+}
 
 pub(super) fn entries() -> Vec<BlockInfo> {
     vec![
@@ -17,6 +25,17 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             inputs: &["x"],
             kwargs: &[],
             build: |vb, cfg| single(LinearAttention::BLOCK, vb, cfg, &["x"], &[4], LinearAttention::new),
+        },
+        BlockInfo {
+            id: MidBlock::BLOCK,
+            pytorch: "denoising_diffusion_pytorch.Unet bottleneck: mid_block1 (ResnetBlock, RMSNorm + FiLM) → mid_attn (+ x) → \
+                      mid_block2 (lucidrains denoising-diffusion-pytorch 2.0.0 – 2.3.4; keys of the Unet)",
+            inputs: &["x", "time_emb"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(MidBlock::BLOCK, cfg)?;
+                Ok(Box::new(MidBlock::new(vb, &cfg)?))
+            },
         },
     ]
 }

@@ -1,5 +1,14 @@
-use super::{single, BlockInfo};
+use super::{single, BlockInfo, Inputs, Runnable};
+use candle_core::Tensor;
+use unet_attention::ldm::mid_block::MidBlock;
 use unet_attention::ldm::vae::{AttnBlock, LinAttnBlock, SpatialSelfAttention};
+use unet_attention::{config, Result};
+
+impl Runnable for MidBlock {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![self.forward(inputs.required("x")?, inputs.get("temb"))?])
+    }
+}
 
 pub(super) fn entries() -> Vec<BlockInfo> {
     vec![
@@ -26,6 +35,17 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             inputs: &["x"],
             kwargs: &[],
             build: |vb, cfg| single(LinAttnBlock::BLOCK, vb, cfg, &["x"], &[4], LinAttnBlock::new),
+        },
+        BlockInfo {
+            id: MidBlock::BLOCK,
+            pytorch: "ldm.modules.diffusionmodules.model Encoder/Decoder/Model mid: block_1 (ResnetBlock) → attn_1 \
+                      (make_attn vanilla / linear / none) → block_2 (CompVis latent-diffusion a506df5 = stable-diffusion 1.x, SD 2.x cf1d67a)",
+            inputs: &["x", "temb"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(MidBlock::BLOCK, cfg)?;
+                Ok(Box::new(MidBlock::new(vb, &cfg)?))
+            },
         },
     ]
 }

@@ -5,6 +5,7 @@
 mod annotated_diffusion;
 mod ddpm;
 mod diffusers;
+mod diffusers_mid;
 mod diffusers_transformer;
 mod fastai;
 mod ldm;
@@ -64,6 +65,7 @@ pub fn all() -> Vec<BlockInfo> {
         openai::entries(),
         diffusers::entries(),
         diffusers_transformer::entries(),
+        diffusers_mid::entries(),
         fastai::entries(),
         torch::entries(),
         textbook::entries(),

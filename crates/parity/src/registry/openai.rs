@@ -1,8 +1,18 @@
 use super::{BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
-use unet_attention::openai::{AttentionBlock, AttentionBlockConfig};
-use unet_attention::Result;
+use unet_attention::openai::{AttentionBlock, AttentionBlockConfig, MiddleBlock};
+use unet_attention::{config, Result};
+
+impl Runnable for MiddleBlock {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![self.forward(
+            inputs.required("x")?,
+            inputs.required("emb")?,
+            inputs.get("context"),
+        )?])
+    }
+}
 
 /// `AttentionBlock` takes `(B, C, *spatial)` of any spatial rank ≥ 1.
 struct Block(AttentionBlock);
@@ -19,7 +29,8 @@ fn build(vb: VarBuilder, config: &serde_json::Value) -> Result<Box<dyn Runnable>
 }
 
 pub(super) fn entries() -> Vec<BlockInfo> {
-    vec![BlockInfo {
+    vec![
+        BlockInfo {
         id: AttentionBlock::BLOCK,
         pytorch:
             "openai AttentionBlock (guided-diffusion 22e0df8 unet.py = ldm openaimodel.py a506df5 / SD 2.x cf1d67a; \
@@ -27,5 +38,17 @@ pub(super) fn entries() -> Vec<BlockInfo> {
         inputs: &["x"],
         kwargs: &[],
         build,
-    }]
+    },
+        BlockInfo {
+            id: MiddleBlock::BLOCK,
+            pytorch: "openai UNetModel.middle_block = TimestepEmbedSequential(ResBlock, AttentionBlock | SpatialTransformer, \
+                      ResBlock) (guided-diffusion 22e0df8; ldm openaimodel.py a506df5 / SD 2.x cf1d67a)",
+            inputs: &["x", "emb", "context"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(MiddleBlock::BLOCK, cfg)?;
+                Ok(Box::new(MiddleBlock::new(vb, &cfg)?))
+            },
+        },
+    ]
 }

@@ -1,0 +1,340 @@
+//! diffusers' U-Net and VAE mid blocks (`models/unets/unet_2d_blocks.py`, 0.42.1; key names
+//! stable since 0.17):
+//!
+//! * [`UNetMidBlock2D`]: `resnets.0`, then `attentions.i` (an [`Attention`] with a GroupNorm,
+//!   the residual inside and `upcast_softmax`) and `resnets.(i+1)` per layer. The mid block of
+//!   `UNet2DModel` and of `AutoencoderKL`'s encoder and decoder (`temb` None there).
+//! * [`UNetMidBlock2DCrossAttn`]: the same with a [`Transformer2DModel`] per layer, the mid block
+//!   of `UNet2DConditionModel` (SD 1.x, 2.x, XL).
+//!
+//! ```text
+//! forward(h, temb): h = resnets[0](h, temb)
+//!                   for attn, resnet in zip(attentions, resnets[1:]): h = attn(h, ...); h = resnet(h, temb)
+//! ```
+
+use crate::diffusers::attention::{Attention, AttentionConfig};
+use crate::diffusers::resnet::{eps_1e6, one_f, swish, ResnetBlock2D, ResnetBlock2DConfig, TimeEmbeddingNorm};
+use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
+use crate::layers::Activation;
+use crate::{config, Error, Result};
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+
+/// `resnet_time_scale_shift` as the mid blocks take it (`"spatial"` selects
+/// `ResnetBlockCondNorm2D`, which is not implemented).
+fn time_norm(block: &'static str, name: &str) -> Result<TimeEmbeddingNorm> {
+    match name {
+        "default" => Ok(TimeEmbeddingNorm::Default),
+        "scale_shift" => Ok(TimeEmbeddingNorm::ScaleShift),
+        "spatial" | "ada_group" => Err(Error::unsupported(
+            block,
+            format!("resnet_time_scale_shift {name:?} (ResnetBlockCondNorm2D) is not implemented"),
+        )),
+        other => Err(Error::config(
+            block,
+            format!("unknown resnet_time_scale_shift {other:?}; expected \"default\" or \"scale_shift\""),
+        )),
+    }
+}
+
+fn default_shift() -> String {
+    "default".into()
+}
+fn one() -> usize {
+    1
+}
+fn groups_32() -> Option<usize> {
+    Some(32)
+}
+
+/// Keyword arguments of `UNetMidBlock2D(in_channels, temb_channels, dropout=0.0, num_layers=1,
+/// resnet_eps=1e-6, resnet_time_scale_shift="default", resnet_act_fn="swish", resnet_groups=32,
+/// attn_groups=None, resnet_pre_norm=True, add_attention=True, attention_head_dim=1,
+/// output_scale_factor=1.0)`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UNetMidBlock2DConfig {
+    pub in_channels: usize,
+    /// `null` for the VAE (no time embedding).
+    pub temb_channels: Option<usize>,
+    #[serde(default)]
+    pub dropout: f64,
+    #[serde(default = "one")]
+    pub num_layers: usize,
+    #[serde(default = "eps_1e6")]
+    pub resnet_eps: f64,
+    #[serde(default = "default_shift")]
+    pub resnet_time_scale_shift: String,
+    #[serde(default = "swish")]
+    pub resnet_act_fn: Activation,
+    /// `null`: `min(in_channels // 4, 32)`.
+    #[serde(default = "groups_32")]
+    pub resnet_groups: Option<usize>,
+    /// `null`: `resnet_groups` (with the default time norm; no norm otherwise).
+    #[serde(default)]
+    pub attn_groups: Option<usize>,
+    #[serde(default = "config::yes")]
+    pub resnet_pre_norm: bool,
+    #[serde(default = "config::yes")]
+    pub add_attention: bool,
+    /// `null`: one head of `in_channels` (diffusers warns).
+    #[serde(default = "one_opt")]
+    pub attention_head_dim: Option<usize>,
+    #[serde(default = "one_f")]
+    pub output_scale_factor: f64,
+}
+
+fn one_opt() -> Option<usize> {
+    Some(1)
+}
+
+/// `diffusers.models.unets.unet_2d_blocks.UNetMidBlock2D`.
+#[derive(Debug, Clone)]
+pub struct UNetMidBlock2D {
+    resnets: Vec<ResnetBlock2D>,
+    attentions: Vec<Option<Attention>>,
+}
+
+impl UNetMidBlock2D {
+    pub const BLOCK: &'static str = "diffusers.UNetMidBlock2D";
+
+    pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DConfig) -> Result<Self> {
+        let block = Self::BLOCK;
+        let c = cfg.in_channels;
+        let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
+        let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
+        let attn_groups = cfg.attn_groups.or(match norm {
+            TimeEmbeddingNorm::Default => Some(groups),
+            TimeEmbeddingNorm::ScaleShift => None,
+        });
+        let head_dim = cfg.attention_head_dim.unwrap_or(c);
+        let heads = config::check_divides(block, c, head_dim)?;
+        let resnet = ResnetBlock2DConfig {
+            in_channels: c,
+            out_channels: Some(c),
+            conv_shortcut: false,
+            dropout: cfg.dropout,
+            temb_channels: cfg.temb_channels,
+            groups,
+            groups_out: None,
+            pre_norm: cfg.resnet_pre_norm,
+            eps: cfg.resnet_eps,
+            non_linearity: cfg.resnet_act_fn,
+            skip_time_act: false,
+            time_embedding_norm: norm,
+            kernel: None,
+            output_scale_factor: cfg.output_scale_factor,
+            use_in_shortcut: None,
+            up: false,
+            down: false,
+            conv_shortcut_bias: true,
+            conv_2d_out_channels: None,
+        };
+        let mut attn = AttentionConfig::new(c);
+        attn.heads = heads;
+        attn.dim_head = head_dim;
+        attn.rescale_output_factor = cfg.output_scale_factor;
+        attn.eps = cfg.resnet_eps;
+        attn.norm_num_groups = attn_groups;
+        attn.residual_connection = true;
+        attn.bias = true;
+        attn.upcast_softmax = true;
+        attn._from_deprecated_attn_block = true;
+
+        let vb_res = vb.pp("resnets");
+        let vb_attn = vb.pp("attentions");
+        let mut resnets = vec![ResnetBlock2D::new(vb_res.pp(0), &resnet)?];
+        let mut attentions = vec![];
+        for i in 0..cfg.num_layers {
+            attentions.push(if cfg.add_attention {
+                Some(Attention::new(vb_attn.pp(i), &attn)?)
+            } else {
+                None
+            });
+            resnets.push(ResnetBlock2D::new(vb_res.pp(i + 1), &resnet)?);
+        }
+        Ok(Self { resnets, attentions })
+    }
+
+    /// `forward(hidden_states, temb=None)`: `(B, in_channels, H, W)`, `temb` `(B, temb_channels)`.
+    pub fn forward(&self, hidden_states: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        let mut h = self.resnets[0].forward(hidden_states, temb)?;
+        for (attn, resnet) in self.attentions.iter().zip(&self.resnets[1..]) {
+            if let Some(attn) = attn {
+                h = attn.forward_with_temb(&h, None, None, temb)?;
+            }
+            h = resnet.forward(&h, temb)?;
+        }
+        Ok(h)
+    }
+}
+
+/// `transformer_layers_per_block`: one count for every layer, or one per layer.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum LayersPerBlock {
+    One(usize),
+    PerLayer(Vec<usize>),
+}
+
+impl Default for LayersPerBlock {
+    fn default() -> Self {
+        LayersPerBlock::One(1)
+    }
+}
+
+fn cross_1280() -> usize {
+    1280
+}
+
+/// Keyword arguments of `UNetMidBlock2DCrossAttn(in_channels, temb_channels, out_channels=None,
+/// dropout=0.0, num_layers=1, transformer_layers_per_block=1, resnet_eps=1e-6,
+/// resnet_time_scale_shift="default", resnet_act_fn="swish", resnet_groups=32,
+/// resnet_groups_out=None, resnet_pre_norm=True, num_attention_heads=1, output_scale_factor=1.0,
+/// cross_attention_dim=1280, dual_cross_attention=False, use_linear_projection=False,
+/// upcast_attention=False, attention_type="default")`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UNetMidBlock2DCrossAttnConfig {
+    pub in_channels: usize,
+    pub temb_channels: Option<usize>,
+    #[serde(default)]
+    pub out_channels: Option<usize>,
+    #[serde(default)]
+    pub dropout: f64,
+    #[serde(default = "one")]
+    pub num_layers: usize,
+    #[serde(default)]
+    pub transformer_layers_per_block: LayersPerBlock,
+    #[serde(default = "eps_1e6")]
+    pub resnet_eps: f64,
+    #[serde(default = "default_shift")]
+    pub resnet_time_scale_shift: String,
+    #[serde(default = "swish")]
+    pub resnet_act_fn: Activation,
+    #[serde(default = "groups_32")]
+    pub resnet_groups: Option<usize>,
+    #[serde(default)]
+    pub resnet_groups_out: Option<usize>,
+    #[serde(default = "config::yes")]
+    pub resnet_pre_norm: bool,
+    #[serde(default = "one")]
+    pub num_attention_heads: usize,
+    #[serde(default = "one_f")]
+    pub output_scale_factor: f64,
+    #[serde(default = "cross_1280")]
+    pub cross_attention_dim: usize,
+    #[serde(default)]
+    pub dual_cross_attention: bool,
+    #[serde(default)]
+    pub use_linear_projection: bool,
+    #[serde(default)]
+    pub upcast_attention: bool,
+    #[serde(default = "default_shift")]
+    pub attention_type: String,
+}
+
+/// `diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DCrossAttn`.
+#[derive(Debug, Clone)]
+pub struct UNetMidBlock2DCrossAttn {
+    resnets: Vec<ResnetBlock2D>,
+    attentions: Vec<Transformer2DModel>,
+}
+
+impl UNetMidBlock2DCrossAttn {
+    pub const BLOCK: &'static str = "diffusers.UNetMidBlock2DCrossAttn";
+
+    pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DCrossAttnConfig) -> Result<Self> {
+        let block = Self::BLOCK;
+        if cfg.dual_cross_attention {
+            return Err(Error::unsupported(
+                block,
+                "dual_cross_attention (DualTransformer2DModel) is not implemented",
+            ));
+        }
+        let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
+        let (c, out) = (cfg.in_channels, cfg.out_channels.unwrap_or(cfg.in_channels));
+        let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
+        let groups_out = cfg.resnet_groups_out.unwrap_or(groups);
+        let head_dim = config::check_divides(block, out, cfg.num_attention_heads)?;
+        let layers: Vec<usize> = match &cfg.transformer_layers_per_block {
+            LayersPerBlock::One(n) => vec![*n; cfg.num_layers],
+            LayersPerBlock::PerLayer(list) if list.len() >= cfg.num_layers => list.clone(),
+            LayersPerBlock::PerLayer(list) => {
+                return Err(Error::config(
+                    block,
+                    format!(
+                        "transformer_layers_per_block lists {} counts for num_layers {}",
+                        list.len(),
+                        cfg.num_layers
+                    ),
+                ))
+            }
+        };
+        let resnet = |in_channels: usize, groups: usize, groups_out: Option<usize>| ResnetBlock2DConfig {
+            in_channels,
+            out_channels: Some(out),
+            conv_shortcut: false,
+            dropout: cfg.dropout,
+            temb_channels: cfg.temb_channels,
+            groups,
+            groups_out,
+            pre_norm: cfg.resnet_pre_norm,
+            eps: cfg.resnet_eps,
+            non_linearity: cfg.resnet_act_fn,
+            skip_time_act: false,
+            time_embedding_norm: norm,
+            kernel: None,
+            output_scale_factor: cfg.output_scale_factor,
+            use_in_shortcut: None,
+            up: false,
+            down: false,
+            conv_shortcut_bias: true,
+            conv_2d_out_channels: None,
+        };
+        let transformer = |num_layers: usize| -> Result<Transformer2DModelConfig> {
+            config::from_json(
+                block,
+                &serde_json::json!({
+                    "num_attention_heads": cfg.num_attention_heads,
+                    "attention_head_dim": head_dim,
+                    "in_channels": out,
+                    "num_layers": num_layers,
+                    "cross_attention_dim": cfg.cross_attention_dim,
+                    "norm_num_groups": groups_out,
+                    "use_linear_projection": cfg.use_linear_projection,
+                    "upcast_attention": cfg.upcast_attention,
+                    "attention_type": cfg.attention_type,
+                }),
+            )
+        };
+        let vb_res = vb.pp("resnets");
+        let vb_attn = vb.pp("attentions");
+        let mut resnets = vec![ResnetBlock2D::new(vb_res.pp(0), &resnet(c, groups, Some(groups_out)))?];
+        let mut attentions = vec![];
+        for (i, &n) in layers.iter().take(cfg.num_layers).enumerate() {
+            attentions.push(Transformer2DModel::new(vb_attn.pp(i), &transformer(n)?)?);
+            resnets.push(ResnetBlock2D::new(vb_res.pp(i + 1), &resnet(out, groups_out, None))?);
+        }
+        Ok(Self { resnets, attentions })
+    }
+
+    /// `forward(hidden_states, temb=None, encoder_hidden_states=None, attention_mask=None,
+    /// encoder_attention_mask=None)`; masks as [`Transformer2DModel::forward`] takes them.
+    pub fn forward(
+        &self,
+        hidden_states: &Tensor,
+        temb: Option<&Tensor>,
+        encoder_hidden_states: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+        encoder_attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let mut h = self.resnets[0].forward(hidden_states, temb)?;
+        for (attn, resnet) in self.attentions.iter().zip(&self.resnets[1..]) {
+            h = attn.forward(&h, encoder_hidden_states, attention_mask, encoder_attention_mask)?;
+            h = resnet.forward(&h, temb)?;
+        }
+        Ok(h)
+    }
+}

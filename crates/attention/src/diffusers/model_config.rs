@@ -1,0 +1,297 @@
+//! The mid block's constructor kwargs from a whole model's `config.json` (diffusers 0.42.1
+//! `UNet2DModel`, `UNet2DConditionModel`, `AutoencoderKL`), so nobody retypes
+//! `attention_head_dim`. Each function follows the model's `__init__` line for line:
+//!
+//! * `UNet2DModel`: `UNetMidBlock2D(in_channels=block_out_channels[-1], temb_channels=time_embed_dim,
+//!   dropout, resnet_eps=norm_eps, resnet_act_fn=act_fn, output_scale_factor=mid_block_scale_factor,
+//!   resnet_time_scale_shift, attention_head_dim=attention_head_dim or block_out_channels[-1],
+//!   resnet_groups=norm_num_groups, attn_groups=attn_norm_num_groups, add_attention)`;
+//! * `UNet2DConditionModel`: `get_mid_block(mid_block_type, ...)` with the per-block lists'
+//!   last entries (`num_attention_heads = num_attention_heads or attention_head_dim`, the
+//!   historical naming: SD's `attention_head_dim: 8` means 8 heads);
+//! * `AutoencoderKL`: encoder and decoder `UNetMidBlock2D(in_channels=block_out_channels[-1],
+//!   resnet_eps=1e-6, output_scale_factor=1, attention_head_dim=block_out_channels[-1],
+//!   temb_channels=None, add_attention=mid_block_add_attention, ...)`.
+//!
+//! Keys the class does not have are an error (a config from another class or a newer diffusers
+//! may change the block) unless `allow_unknown`; keys starting with `_` (`_class_name`,
+//! `_diffusers_version`, `_name_or_path`) are metadata.
+
+use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+use crate::{Error, Result};
+use serde_json::{json, Map, Value};
+
+/// Which model class a `config.json` describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelClass {
+    UNet2DModel,
+    UNet2DConditionModel,
+    AutoencoderKL,
+}
+
+impl ModelClass {
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelClass::UNet2DModel => "UNet2DModel",
+            ModelClass::UNet2DConditionModel => "UNet2DConditionModel",
+            ModelClass::AutoencoderKL => "AutoencoderKL",
+        }
+    }
+
+    fn keys(self) -> &'static [&'static str] {
+        match self {
+            ModelClass::UNet2DModel => UNET_2D_KEYS,
+            ModelClass::UNet2DConditionModel => UNET_2D_CONDITION_KEYS,
+            ModelClass::AutoencoderKL => AUTOENCODER_KL_KEYS,
+        }
+    }
+}
+
+/// `UNet2DModel.__init__` arguments (0.42.1).
+const UNET_2D_KEYS: &[&str] = &[
+    "sample_size", "in_channels", "out_channels", "center_input_sample", "time_embedding_type",
+    "time_embedding_dim", "freq_shift", "flip_sin_to_cos", "down_block_types", "mid_block_type",
+    "up_block_types", "block_out_channels", "layers_per_block", "mid_block_scale_factor",
+    "downsample_padding", "downsample_type", "upsample_type", "dropout", "act_fn", "attention_head_dim",
+    "norm_num_groups", "attn_norm_num_groups", "norm_eps", "resnet_time_scale_shift", "add_attention",
+    "class_embed_type", "num_class_embeds", "num_train_timesteps",
+];
+
+/// `UNet2DConditionModel.__init__` arguments (0.42.1).
+const UNET_2D_CONDITION_KEYS: &[&str] = &[
+    "sample_size", "in_channels", "out_channels", "center_input_sample", "flip_sin_to_cos", "freq_shift",
+    "down_block_types", "mid_block_type", "up_block_types", "only_cross_attention", "block_out_channels",
+    "layers_per_block", "downsample_padding", "mid_block_scale_factor", "dropout", "act_fn",
+    "norm_num_groups", "norm_eps", "cross_attention_dim", "transformer_layers_per_block",
+    "reverse_transformer_layers_per_block", "encoder_hid_dim", "encoder_hid_dim_type", "attention_head_dim",
+    "num_attention_heads", "dual_cross_attention", "use_linear_projection", "class_embed_type",
+    "addition_embed_type", "addition_time_embed_dim", "num_class_embeds", "upcast_attention",
+    "resnet_time_scale_shift", "resnet_skip_time_act", "resnet_out_scale_factor", "time_embedding_type",
+    "time_embedding_dim", "time_embedding_act_fn", "timestep_post_act", "time_cond_proj_dim",
+    "conv_in_kernel", "conv_out_kernel", "projection_class_embeddings_input_dim", "attention_type",
+    "class_embeddings_concat", "mid_block_only_cross_attention", "cross_attention_norm",
+    "addition_embed_type_num_heads",
+];
+
+/// `AutoencoderKL.__init__` arguments (0.42.1).
+const AUTOENCODER_KL_KEYS: &[&str] = &[
+    "in_channels", "out_channels", "down_block_types", "up_block_types", "block_out_channels",
+    "layers_per_block", "act_fn", "latent_channels", "norm_num_groups", "sample_size", "scaling_factor",
+    "shift_factor", "latents_mean", "latents_std", "force_upcast", "use_quant_conv", "use_post_quant_conv",
+    "mid_block_add_attention",
+];
+
+/// A mid block to build: its block id, constructor kwargs and where it sits in the model's
+/// state dict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MidBlockSpec {
+    /// `diffusers.UNetMidBlock2D` or `diffusers.UNetMidBlock2DCrossAttn`.
+    pub block: &'static str,
+    /// The constructor kwargs (what [`crate::config::from_json`] takes).
+    pub config: Value,
+    /// The state-dict prefix: `mid_block.`, `encoder.mid_block.`, `decoder.mid_block.`.
+    pub prefix: &'static str,
+}
+
+const CONTEXT: &str = "config.json";
+
+fn bad(message: impl Into<String>) -> Error {
+    Error::config(CONTEXT, message)
+}
+
+/// The class a config names (`_class_name`), or `None`.
+pub fn model_class(config: &Value) -> Result<Option<ModelClass>> {
+    match config.get("_class_name").and_then(Value::as_str) {
+        None => Ok(None),
+        Some("UNet2DModel") => Ok(Some(ModelClass::UNet2DModel)),
+        Some("UNet2DConditionModel") => Ok(Some(ModelClass::UNet2DConditionModel)),
+        Some("AutoencoderKL") => Ok(Some(ModelClass::AutoencoderKL)),
+        Some(other) => Err(Error::unsupported(
+            CONTEXT,
+            format!("model class `{other}`; known: UNet2DModel, UNet2DConditionModel, AutoencoderKL"),
+        )),
+    }
+}
+
+/// The mid blocks of the model `config` describes (`_class_name` picks the class; `class` when
+/// the file has none). The VAE has two (encoder and decoder).
+pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool) -> Result<Vec<MidBlockSpec>> {
+    let obj = config.as_object().ok_or_else(|| bad("expected a JSON object"))?;
+    let class = match (model_class(config)?, class) {
+        (Some(c), _) | (None, Some(c)) => c,
+        (None, None) => return Err(bad("no `_class_name`: say which model class the config is for")),
+    };
+    if !allow_unknown {
+        let unknown: Vec<&String> = obj
+            .keys()
+            .filter(|k| !k.starts_with('_') && !class.keys().contains(&k.as_str()))
+            .collect();
+        if !unknown.is_empty() {
+            return Err(bad(format!(
+                "keys that diffusers 0.42.1 {} does not have: {} (a newer diffusers or another class?)",
+                class.name(),
+                unknown.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    let c = Cfg(obj);
+    match class {
+        ModelClass::UNet2DModel => unet_2d(&c).map(|s| s.into_iter().collect()),
+        ModelClass::UNet2DConditionModel => unet_2d_condition(&c).map(|s| s.into_iter().collect()),
+        ModelClass::AutoencoderKL => autoencoder_kl(&c),
+    }
+}
+
+/// Typed access to config keys with the class defaults.
+struct Cfg<'a>(&'a Map<String, Value>);
+
+impl Cfg<'_> {
+    fn value(&self, key: &str, default: Value) -> Value {
+        match self.0.get(key) {
+            Some(v) => v.clone(),
+            None => default,
+        }
+    }
+
+    fn usize_list(&self, key: &str, default: &[usize]) -> Result<Vec<usize>> {
+        match self.0.get(key) {
+            None => Ok(default.to_vec()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_u64().map(|n| n as usize).ok_or_else(|| bad(format!("`{key}` holds {v}, not a count"))))
+                .collect(),
+            Some(v) => Err(bad(format!("`{key}` must be a list, found {v}"))),
+        }
+    }
+
+    fn last_channels(&self, default: &[usize]) -> Result<(usize, usize)> {
+        let channels = self.usize_list("block_out_channels", default)?;
+        match (channels.first(), channels.last()) {
+            (Some(&first), Some(&last)) => Ok((first, last)),
+            _ => Err(bad("`block_out_channels` is empty")),
+        }
+    }
+
+    /// An int-or-list key's last entry (`cross_attention_dim: 768` or `[..., 1280]`).
+    fn last_of(&self, key: &str, default: Value) -> Result<Value> {
+        match self.value(key, default) {
+            Value::Array(items) => items
+                .last()
+                .cloned()
+                .ok_or_else(|| bad(format!("`{key}` is an empty list"))),
+            v => Ok(v),
+        }
+    }
+
+    fn time_embed_dim(&self, first: usize, fourier_factor: usize) -> Result<Value> {
+        match self.0.get("time_embedding_dim") {
+            Some(Value::Null) | None => Ok(json!(first * fourier_factor)),
+            Some(v) => Ok(v.clone()),
+        }
+    }
+}
+
+fn unet_2d(c: &Cfg) -> Result<Option<MidBlockSpec>> {
+    match c.value("mid_block_type", json!("UNetMidBlock2D")) {
+        Value::Null => return Ok(None),
+        Value::String(s) if s == "UNetMidBlock2D" => {}
+        other => return Err(Error::unsupported(CONTEXT, format!("UNet2DModel mid_block_type {other}"))),
+    }
+    let (first, last) = c.last_channels(&[224, 448, 672, 896])?;
+    let head_dim = match c.value("attention_head_dim", json!(8)) {
+        Value::Null => json!(last),
+        v => v,
+    };
+    Ok(Some(MidBlockSpec {
+        block: UNetMidBlock2D::BLOCK,
+        config: json!({
+            "in_channels": last,
+            "temb_channels": c.time_embed_dim(first, 4)?,
+            "dropout": c.value("dropout", json!(0.0)),
+            "resnet_eps": c.value("norm_eps", json!(1e-5)),
+            "resnet_act_fn": c.value("act_fn", json!("silu")),
+            "output_scale_factor": c.value("mid_block_scale_factor", json!(1)),
+            "resnet_time_scale_shift": c.value("resnet_time_scale_shift", json!("default")),
+            "attention_head_dim": head_dim,
+            "resnet_groups": c.value("norm_num_groups", json!(32)),
+            "attn_groups": c.value("attn_norm_num_groups", Value::Null),
+            "add_attention": c.value("add_attention", json!(true)),
+        }),
+        prefix: "mid_block.",
+    }))
+}
+
+fn unet_2d_condition(c: &Cfg) -> Result<Option<MidBlockSpec>> {
+    let (first, last) = c.last_channels(&[320, 640, 1280, 1280])?;
+    let fourier = c.value("time_embedding_type", json!("positional")) == json!("fourier");
+    let mut temb = c.time_embed_dim(first, if fourier { 2 } else { 4 })?;
+    if c.value("class_embeddings_concat", json!(false)) == json!(true) {
+        temb = json!(temb.as_u64().ok_or_else(|| bad("`time_embedding_dim` is not a count"))? * 2);
+    }
+    let heads = match c.value("num_attention_heads", Value::Null) {
+        Value::Null => c.last_of("attention_head_dim", json!(8))?,
+        _ => c.last_of("num_attention_heads", Value::Null)?,
+    };
+    let common = json!({
+        "in_channels": last,
+        "temb_channels": temb,
+        "dropout": c.value("dropout", json!(0.0)),
+        "resnet_eps": c.value("norm_eps", json!(1e-5)),
+        "resnet_act_fn": c.value("act_fn", json!("silu")),
+        "output_scale_factor": c.value("mid_block_scale_factor", json!(1)),
+        "resnet_groups": c.value("norm_num_groups", json!(32)),
+        "resnet_time_scale_shift": c.value("resnet_time_scale_shift", json!("default")),
+    });
+    let mut config = common.as_object().cloned().unwrap_or_default();
+    let block = match c.value("mid_block_type", json!("UNetMidBlock2DCrossAttn")) {
+        Value::Null => return Ok(None),
+        Value::String(s) if s == "UNetMidBlock2DCrossAttn" => {
+            for (k, v) in [
+                ("transformer_layers_per_block", c.last_of("transformer_layers_per_block", json!(1))?),
+                ("num_attention_heads", heads),
+                ("cross_attention_dim", c.last_of("cross_attention_dim", json!(1280))?),
+                ("dual_cross_attention", c.value("dual_cross_attention", json!(false))),
+                ("use_linear_projection", c.value("use_linear_projection", json!(false))),
+                ("upcast_attention", c.value("upcast_attention", json!(false))),
+                ("attention_type", c.value("attention_type", json!("default"))),
+            ] {
+                config.insert(k.into(), v);
+            }
+            UNetMidBlock2DCrossAttn::BLOCK
+        }
+        Value::String(s) if s == "UNetMidBlock2D" => {
+            config.insert("num_layers".into(), json!(0));
+            config.insert("add_attention".into(), json!(false));
+            UNetMidBlock2D::BLOCK
+        }
+        other => return Err(Error::unsupported(CONTEXT, format!("UNet2DConditionModel mid_block_type {other}"))),
+    };
+    Ok(Some(MidBlockSpec {
+        block,
+        config: Value::Object(config),
+        prefix: "mid_block.",
+    }))
+}
+
+fn autoencoder_kl(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
+    let (_, last) = c.last_channels(&[64])?;
+    let config = json!({
+        "in_channels": last,
+        "resnet_eps": 1e-6,
+        "resnet_act_fn": c.value("act_fn", json!("silu")),
+        "output_scale_factor": 1,
+        "resnet_time_scale_shift": "default",
+        "attention_head_dim": last,
+        "resnet_groups": c.value("norm_num_groups", json!(32)),
+        "temb_channels": null,
+        "add_attention": c.value("mid_block_add_attention", json!(true)),
+    });
+    Ok(["encoder.mid_block.", "decoder.mid_block."]
+        .into_iter()
+        .map(|prefix| MidBlockSpec {
+            block: UNetMidBlock2D::BLOCK,
+            config: config.clone(),
+            prefix,
+        })
+        .collect())
+}

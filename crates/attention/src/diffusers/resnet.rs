@@ -1,0 +1,270 @@
+//! diffusers' `ResnetBlock2D` (`models/resnet.py`, 0.42.1; the same forward since 0.17), the
+//! ResNet block of every diffusers U-Net and VAE mid block.
+//!
+//! ```text
+//! norm1 = GroupNorm(groups, in, eps); conv1 = Conv2d(in, out, 3, padding=1)
+//! time_emb_proj = Linear(temb, out) ["default"] | Linear(temb, 2·out) ["scale_shift"] | None
+//! norm2 = GroupNorm(groups_out or groups, out, eps); conv2 = Conv2d(out, conv_2d_out or out, 3, padding=1)
+//! conv_shortcut = Conv2d(in, conv_2d_out, 1, bias=conv_shortcut_bias) when in != conv_2d_out
+//! forward(x, temb): h = conv1(act(norm1(x)))
+//!   temb = time_emb_proj(act(temb))[:, :, None, None]            (no act with skip_time_act)
+//!   "default": h = norm2(h + temb)   "scale_shift": h = norm2(h) * (1 + scale) + shift
+//!   h = conv2(dropout(act(h)));  return (shortcut(x) + h) / output_scale_factor
+//! ```
+//!
+//! `up`/`down` resampling and `kernel` are not used by mid blocks and are rejected.
+
+use crate::layers::{group_norm, scale_shift, Activation, Conv2d, GroupNorm, Projection};
+use crate::sdpa::div;
+use crate::{config, Error, Result};
+use candle_core::{Module, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+
+/// `time_embedding_norm` of `ResnetBlock2D`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeEmbeddingNorm {
+    /// The time embedding is added before `norm2`.
+    Default,
+    /// The time embedding is `(scale, shift)` applied after `norm2`.
+    ScaleShift,
+}
+
+/// Keyword arguments of `ResnetBlock2D(*, in_channels, out_channels=None, conv_shortcut=False,
+/// dropout=0.0, temb_channels=512, groups=32, groups_out=None, pre_norm=True, eps=1e-6,
+/// non_linearity="swish", skip_time_act=False, time_embedding_norm="default", kernel=None,
+/// output_scale_factor=1.0, use_in_shortcut=None, up=False, down=False, conv_shortcut_bias=True,
+/// conv_2d_out_channels=None)`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResnetBlock2DConfig {
+    pub in_channels: usize,
+    #[serde(default)]
+    pub out_channels: Option<usize>,
+    /// Stored by diffusers but not used: the shortcut is always a 1×1 conv.
+    #[serde(default)]
+    pub conv_shortcut: bool,
+    /// Identity in eval mode.
+    #[serde(default)]
+    pub dropout: f64,
+    /// `None` (JSON `null`): no `time_emb_proj`, the block takes no time embedding.
+    #[serde(default = "temb_512")]
+    pub temb_channels: Option<usize>,
+    #[serde(default = "thirty_two")]
+    pub groups: usize,
+    #[serde(default)]
+    pub groups_out: Option<usize>,
+    /// Ignored by diffusers (always pre-norm).
+    #[serde(default = "config::yes")]
+    pub pre_norm: bool,
+    #[serde(default = "eps_1e6")]
+    pub eps: f64,
+    #[serde(default = "swish")]
+    pub non_linearity: Activation,
+    #[serde(default)]
+    pub skip_time_act: bool,
+    #[serde(default = "default_norm")]
+    pub time_embedding_norm: TimeEmbeddingNorm,
+    #[serde(default)]
+    pub kernel: Option<String>,
+    #[serde(default = "one_f")]
+    pub output_scale_factor: f64,
+    #[serde(default)]
+    pub use_in_shortcut: Option<bool>,
+    #[serde(default)]
+    pub up: bool,
+    #[serde(default)]
+    pub down: bool,
+    #[serde(default = "config::yes")]
+    pub conv_shortcut_bias: bool,
+    #[serde(default)]
+    pub conv_2d_out_channels: Option<usize>,
+}
+
+fn temb_512() -> Option<usize> {
+    Some(512)
+}
+pub(crate) fn thirty_two() -> usize {
+    32
+}
+pub(crate) fn eps_1e6() -> f64 {
+    1e-6
+}
+pub(crate) fn swish() -> Activation {
+    Activation::Swish
+}
+pub(crate) fn default_norm() -> TimeEmbeddingNorm {
+    TimeEmbeddingNorm::Default
+}
+pub(crate) fn one_f() -> f64 {
+    1.0
+}
+
+/// `diffusers.models.resnet.ResnetBlock2D`.
+#[derive(Debug, Clone)]
+pub struct ResnetBlock2D {
+    in_channels: usize,
+    norm1: GroupNorm,
+    conv1: Conv2d,
+    time_emb_proj: Option<Projection>,
+    norm2: GroupNorm,
+    conv2: Conv2d,
+    conv_shortcut: Option<Conv2d>,
+    act: Activation,
+    skip_time_act: bool,
+    time_embedding_norm: TimeEmbeddingNorm,
+    output_scale_factor: f64,
+}
+
+impl ResnetBlock2D {
+    pub const BLOCK: &'static str = "diffusers.ResnetBlock2D";
+
+    pub fn new(vb: VarBuilder, cfg: &ResnetBlock2DConfig) -> Result<Self> {
+        let block = Self::BLOCK;
+        if cfg.up || cfg.down || cfg.kernel.is_some() {
+            return Err(Error::unsupported(
+                block,
+                "up/down resampling (and `kernel`) are not implemented; mid blocks do not use them",
+            ));
+        }
+        if cfg.in_channels == 0 {
+            return Err(Error::config(block, "in_channels must be greater than 0"));
+        }
+        if !(cfg.output_scale_factor.is_finite() && cfg.output_scale_factor != 0.0) {
+            return Err(Error::config(
+                block,
+                format!(
+                    "output_scale_factor must be finite and non-zero, found {}",
+                    cfg.output_scale_factor
+                ),
+            ));
+        }
+        let out = cfg.out_channels.unwrap_or(cfg.in_channels);
+        let conv_2d_out = cfg.conv_2d_out_channels.unwrap_or(out);
+        let time_emb_proj = match cfg.temb_channels {
+            Some(t) => {
+                let width = match cfg.time_embedding_norm {
+                    TimeEmbeddingNorm::Default => out,
+                    TimeEmbeddingNorm::ScaleShift => 2 * out,
+                };
+                Some(Projection::load(vb.pp("time_emb_proj"), block, t, width, true)?)
+            }
+            None => None,
+        };
+        let use_in_shortcut = cfg.use_in_shortcut.unwrap_or(cfg.in_channels != conv_2d_out);
+        Ok(Self {
+            in_channels: cfg.in_channels,
+            norm1: group_norm(vb.pp("norm1"), block, cfg.groups, cfg.in_channels, cfg.eps)?,
+            conv1: Conv2d::load(vb.pp("conv1"), cfg.in_channels, out, 3, true)?,
+            time_emb_proj,
+            norm2: group_norm(
+                vb.pp("norm2"),
+                block,
+                cfg.groups_out.unwrap_or(cfg.groups),
+                out,
+                cfg.eps,
+            )?,
+            conv2: Conv2d::load(vb.pp("conv2"), out, conv_2d_out, 3, true)?,
+            conv_shortcut: if use_in_shortcut {
+                Some(Conv2d::load(
+                    vb.pp("conv_shortcut"),
+                    cfg.in_channels,
+                    conv_2d_out,
+                    1,
+                    cfg.conv_shortcut_bias,
+                )?)
+            } else {
+                None
+            },
+            act: cfg.non_linearity,
+            skip_time_act: cfg.skip_time_act,
+            time_embedding_norm: cfg.time_embedding_norm,
+            output_scale_factor: cfg.output_scale_factor,
+        })
+    }
+
+    /// Whether the block has a `time_emb_proj` (and so needs `temb`).
+    pub fn takes_temb(&self) -> bool {
+        self.time_emb_proj.is_some()
+    }
+
+    /// `forward(input_tensor, temb)`: `input_tensor` `(B, in_channels, H, W)`, `temb`
+    /// `(B, temb_channels)`, required when the block has a `time_emb_proj`, ignored otherwise
+    /// (as in diffusers).
+    pub fn forward(&self, input_tensor: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        let block = Self::BLOCK;
+        if input_tensor.rank() != 4 || input_tensor.dim(1)? != self.in_channels {
+            return Err(Error::input(
+                block,
+                "input_tensor",
+                format!(
+                    "expected (B, {}, H, W), found {:?}",
+                    self.in_channels,
+                    input_tensor.dims()
+                ),
+            ));
+        }
+        let h = self
+            .conv1
+            .forward(&self.act.forward(&self.norm1.forward(input_tensor)?)?)?;
+        let temb = match &self.time_emb_proj {
+            Some(proj) => {
+                let temb = temb.ok_or_else(|| {
+                    Error::input(
+                        block,
+                        "temb",
+                        "required: the block has a time_emb_proj (temb_channels is set)",
+                    )
+                })?;
+                if temb.rank() != 2 || temb.dim(0)? != input_tensor.dim(0)? {
+                    return Err(Error::input(
+                        block,
+                        "temb",
+                        format!(
+                            "expected (B={}, temb_channels), found {:?}",
+                            input_tensor.dim(0)?,
+                            temb.dims()
+                        ),
+                    ));
+                }
+                let temb = if self.skip_time_act {
+                    temb.clone()
+                } else {
+                    self.act.forward(temb)?
+                };
+                Some(proj.forward_tokens(&temb)?)
+            }
+            None => None,
+        };
+        let h = match (self.time_embedding_norm, &temb) {
+            (TimeEmbeddingNorm::Default, Some(temb)) => self
+                .norm2
+                .forward(&h.broadcast_add(&temb.unsqueeze(2)?.unsqueeze(3)?)?)?,
+            (TimeEmbeddingNorm::ScaleShift, Some(temb)) => {
+                let half = temb.dim(1)? / 2;
+                let (scale, shift) = (temb.narrow(1, 0, half)?, temb.narrow(1, half, half)?);
+                scale_shift(&self.norm2.forward(&h)?, &scale, &shift)?
+            }
+            (TimeEmbeddingNorm::ScaleShift, None) => {
+                return Err(Error::input(
+                    block,
+                    "temb",
+                    "required when time_embedding_norm is scale_shift",
+                ))
+            }
+            (TimeEmbeddingNorm::Default, None) => self.norm2.forward(&h)?,
+        };
+        let h = self.conv2.forward(&self.act.forward(&h)?)?;
+        let shortcut = match &self.conv_shortcut {
+            Some(conv) => conv.forward(input_tensor)?,
+            None => input_tensor.clone(),
+        };
+        let out = (shortcut + h)?;
+        Ok(if self.output_scale_factor == 1.0 {
+            out
+        } else {
+            div(&out, self.output_scale_factor)?
+        })
+    }
+}

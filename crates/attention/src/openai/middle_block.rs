@@ -1,0 +1,293 @@
+//! The U-Net bottleneck of OpenAI guided-diffusion (`guided_diffusion/unet.py`, 22e0df8) and of
+//! CompVis/Stability ldm `openaimodel.py` (SD 1.x a506df5 / 21f890f, SD 2.x cf1d67a):
+//! `middle_block = TimestepEmbedSequential(ResBlock, AttentionBlock | SpatialTransformer, ResBlock)`,
+//! keys `0.*`, `1.*`, `2.*` under `middle_block.` (`model.diffusion_model.middle_block.` in SD
+//! checkpoints).
+//!
+//! `ResBlock(channels, emb_channels, dropout, out_channels=None, use_conv=False,
+//! use_scale_shift_norm=False, dims=2, use_checkpoint=False, up=False, down=False)`:
+//! ```text
+//! in_layers  = [GroupNorm32(32, C), SiLU, conv(C, out, 3)]          # in_layers.0, in_layers.2
+//! emb_layers = [SiLU, Linear(emb, 2·out if use_scale_shift_norm else out)]   # emb_layers.1
+//! out_layers = [GroupNorm32(32, out), SiLU, Dropout, conv(out, out, 3)]     # out_layers.0, out_layers.3
+//! skip_connection = Identity | conv 3×3 (use_conv) | conv 1×1             # skip_connection
+//! h = in_layers(x); emb_out = emb_layers(emb)[..., None, None]
+//! scale-shift: h = out_rest(out_norm(h) * (1 + scale) + shift)   else: h = out_layers(h + emb_out)
+//! return skip_connection(x) + h
+//! ```
+//! GroupNorm32 computes in float32 (eps 1e-5). Only `dims=2` is implemented.
+
+use super::{AttentionBlock, AttentionBlockConfig};
+use crate::layers::{scale_shift, Activation, Conv2d, GroupNorm, Projection};
+use crate::ldm::transformer::{SpatialTransformer, SpatialTransformerConfig};
+use crate::{config, Error, Result};
+use candle_core::{Module, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+
+const NORM_GROUPS: usize = 32;
+const NORM_EPS: f64 = 1e-5;
+
+fn two() -> usize {
+    2
+}
+
+/// Keyword arguments of `ResBlock(...)` (see the module docs).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResBlockConfig {
+    pub channels: usize,
+    pub emb_channels: usize,
+    /// Identity in eval mode.
+    #[serde(default)]
+    pub dropout: f64,
+    #[serde(default)]
+    pub out_channels: Option<usize>,
+    #[serde(default)]
+    pub use_conv: bool,
+    #[serde(default)]
+    pub use_scale_shift_norm: bool,
+    #[serde(default = "two")]
+    pub dims: usize,
+    /// Gradient checkpointing only.
+    #[serde(default)]
+    pub use_checkpoint: bool,
+    #[serde(default)]
+    pub up: bool,
+    #[serde(default)]
+    pub down: bool,
+}
+
+/// `ResBlock` of guided-diffusion / ldm `openaimodel.py`.
+#[derive(Debug, Clone)]
+pub struct ResBlock {
+    channels: usize,
+    in_norm: GroupNorm,
+    in_conv: Conv2d,
+    emb_proj: Projection,
+    out_norm: GroupNorm,
+    out_conv: Conv2d,
+    skip: Option<Conv2d>,
+    scale_shift: bool,
+}
+
+impl ResBlock {
+    pub const BLOCK: &'static str = "openai.ResBlock";
+
+    pub fn new(vb: VarBuilder, cfg: &ResBlockConfig) -> Result<Self> {
+        let block = Self::BLOCK;
+        if cfg.dims != 2 || cfg.up || cfg.down {
+            return Err(Error::unsupported(
+                block,
+                format!(
+                    "only dims=2 without up/down resampling is implemented (found dims={}, up={}, down={})",
+                    cfg.dims, cfg.up, cfg.down
+                ),
+            ));
+        }
+        let (c, out) = (cfg.channels, cfg.out_channels.unwrap_or(cfg.channels));
+        let emb_out = if cfg.use_scale_shift_norm { 2 * out } else { out };
+        let skip = match (out == c, cfg.use_conv) {
+            (true, _) => None,
+            (false, true) => Some(Conv2d::load(vb.pp("skip_connection"), c, out, 3, true)?),
+            (false, false) => Some(Conv2d::load(vb.pp("skip_connection"), c, out, 1, true)?),
+        };
+        Ok(Self {
+            channels: c,
+            in_norm: GroupNorm::load(vb.pp("in_layers.0"), block, NORM_GROUPS, c, NORM_EPS)?,
+            in_conv: Conv2d::load(vb.pp("in_layers.2"), c, out, 3, true)?,
+            emb_proj: Projection::load(vb.pp("emb_layers.1"), block, cfg.emb_channels, emb_out, true)?,
+            out_norm: GroupNorm::load(vb.pp("out_layers.0"), block, NORM_GROUPS, out, NORM_EPS)?,
+            out_conv: Conv2d::load(vb.pp("out_layers.3"), out, out, 3, true)?,
+            skip,
+            scale_shift: cfg.use_scale_shift_norm,
+        })
+    }
+
+    /// `forward(x, emb)`: `x` `(B, channels, H, W)`, `emb` `(B, emb_channels)`.
+    pub fn forward(&self, x: &Tensor, emb: &Tensor) -> Result<Tensor> {
+        let block = Self::BLOCK;
+        if x.rank() != 4 || x.dim(1)? != self.channels {
+            return Err(Error::input(
+                block,
+                "x",
+                format!("expected (B, {}, H, W), found {:?}", self.channels, x.dims()),
+            ));
+        }
+        if emb.rank() != 2 || emb.dim(0)? != x.dim(0)? {
+            return Err(Error::input(
+                block,
+                "emb",
+                format!("expected (B={}, emb_channels), found {:?}", x.dim(0)?, emb.dims()),
+            ));
+        }
+        let act = Activation::Swish;
+        let h = self.in_conv.forward(&act.forward(&self.in_norm.forward(x)?)?)?;
+        let emb_out = self.emb_proj.forward_tokens(&act.forward(emb)?)?.to_dtype(h.dtype())?;
+        let h = if self.scale_shift {
+            let half = emb_out.dim(1)? / 2;
+            let (scale, shift) = (emb_out.narrow(1, 0, half)?, emb_out.narrow(1, half, half)?);
+            scale_shift(&self.out_norm.forward(&h)?, &scale, &shift)?
+        } else {
+            self.out_norm
+                .forward(&h.broadcast_add(&emb_out.unsqueeze(2)?.unsqueeze(3)?)?)?
+        };
+        let h = self.out_conv.forward(&act.forward(&h)?)?;
+        let x = match &self.skip {
+            Some(conv) => conv.forward(x)?,
+            None => x.clone(),
+        };
+        Ok((x + h)?)
+    }
+}
+
+fn minus_one() -> i64 {
+    -1
+}
+fn one() -> usize {
+    1
+}
+
+/// The `UNetModel` keyword arguments that shape `middle_block`, with `channels` the bottleneck
+/// width (`model_channels · channel_mult[-1]`) and `emb_channels` the time-embedding width
+/// (`4 · model_channels`). Heads follow `UNetModel`'s rule:
+/// ```text
+/// if num_head_channels == -1: dim_head = ch // num_heads
+/// else: num_heads = ch // num_head_channels; dim_head = num_head_channels
+/// if legacy: dim_head = ch // num_heads if use_spatial_transformer else num_head_channels
+/// AttentionBlock(ch, num_heads=num_heads, num_head_channels=dim_head, use_new_attention_order)
+/// SpatialTransformer(ch, num_heads, dim_head, depth=transformer_depth, context_dim, ...)
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MiddleBlockConfig {
+    pub channels: usize,
+    pub emb_channels: usize,
+    #[serde(default)]
+    pub dropout: f64,
+    #[serde(default = "two")]
+    pub dims: usize,
+    #[serde(default)]
+    pub use_scale_shift_norm: bool,
+    #[serde(default = "minus_one_i")]
+    pub num_heads: i64,
+    #[serde(default = "minus_one")]
+    pub num_head_channels: i64,
+    #[serde(default)]
+    pub use_new_attention_order: bool,
+    #[serde(default)]
+    pub use_spatial_transformer: bool,
+    #[serde(default = "one")]
+    pub transformer_depth: usize,
+    #[serde(default)]
+    pub context_dim: Option<serde_json::Value>,
+    #[serde(default)]
+    pub use_linear_in_transformer: bool,
+    #[serde(default)]
+    pub disable_middle_self_attn: bool,
+    #[serde(default = "config::yes")]
+    pub legacy: bool,
+    /// Gradient checkpointing only.
+    #[serde(default)]
+    pub use_checkpoint: bool,
+}
+
+fn minus_one_i() -> i64 {
+    -1
+}
+
+#[derive(Debug, Clone)]
+enum MiddleAttention {
+    Attention(AttentionBlock),
+    Transformer(SpatialTransformer),
+}
+
+/// `UNetModel.middle_block`.
+#[derive(Debug, Clone)]
+pub struct MiddleBlock {
+    res0: ResBlock,
+    attn: MiddleAttention,
+    res2: ResBlock,
+}
+
+impl MiddleBlock {
+    pub const BLOCK: &'static str = "openai.MiddleBlock";
+
+    /// `vb` at `middle_block` (`model.diffusion_model.middle_block` in SD checkpoints).
+    pub fn new(vb: VarBuilder, cfg: &MiddleBlockConfig) -> Result<Self> {
+        let block = Self::BLOCK;
+        let ch = cfg.channels;
+        let positive = |name: &str, v: i64| -> Result<usize> {
+            usize::try_from(v)
+                .ok()
+                .filter(|&v| v > 0)
+                .ok_or_else(|| Error::config(block, format!("{name} must be positive here, found {v}")))
+        };
+        let (num_heads, dim_head) = if cfg.num_head_channels == -1 {
+            let heads = positive("num_heads (with num_head_channels -1)", cfg.num_heads)?;
+            (heads, ch / heads)
+        } else {
+            let d = positive("num_head_channels", cfg.num_head_channels)?;
+            (ch / d, d)
+        };
+        let resnet = ResBlockConfig {
+            channels: ch,
+            emb_channels: cfg.emb_channels,
+            dropout: cfg.dropout,
+            out_channels: None,
+            use_conv: false,
+            use_scale_shift_norm: cfg.use_scale_shift_norm,
+            dims: cfg.dims,
+            use_checkpoint: cfg.use_checkpoint,
+            up: false,
+            down: false,
+        };
+        let attn = if cfg.use_spatial_transformer {
+            let dim_head = if cfg.legacy { ch / num_heads.max(1) } else { dim_head };
+            let st: SpatialTransformerConfig = config::from_json(
+                block,
+                &serde_json::json!({
+                    "in_channels": ch,
+                    "n_heads": num_heads,
+                    "d_head": dim_head,
+                    "depth": cfg.transformer_depth,
+                    "dropout": cfg.dropout,
+                    "context_dim": cfg.context_dim,
+                    "disable_self_attn": cfg.disable_middle_self_attn,
+                    "use_linear": cfg.use_linear_in_transformer,
+                }),
+            )?;
+            MiddleAttention::Transformer(SpatialTransformer::new(vb.pp("1"), &st)?)
+        } else {
+            let num_head_channels = if cfg.legacy {
+                cfg.num_head_channels
+            } else {
+                dim_head as i64
+            };
+            let ab = AttentionBlockConfig {
+                channels: ch,
+                num_heads,
+                num_head_channels,
+                use_checkpoint: cfg.use_checkpoint,
+                use_new_attention_order: cfg.use_new_attention_order,
+            };
+            MiddleAttention::Attention(AttentionBlock::new(vb.pp("1"), &ab)?)
+        };
+        Ok(Self {
+            res0: ResBlock::new(vb.pp("0"), &resnet)?,
+            attn,
+            res2: ResBlock::new(vb.pp("2"), &resnet)?,
+        })
+    }
+
+    /// `forward(x, emb, context=None)` (`TimestepEmbedSequential`): `x` `(B, channels, H, W)`,
+    /// `emb` `(B, emb_channels)`, `context` `(B, S, context_dim)` for the spatial transformer.
+    pub fn forward(&self, x: &Tensor, emb: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        let h = self.res0.forward(x, emb)?;
+        let h = match &self.attn {
+            MiddleAttention::Attention(a) => a.forward_checked(&h)?,
+            MiddleAttention::Transformer(t) => t.forward(&h, context)?,
+        };
+        self.res2.forward(&h, emb)
+    }
+}

@@ -1,0 +1,252 @@
+//! `unet-parity detect`: find the mid blocks in a checkpoint by their key names, name the family
+//! and variant, read what the shapes tell (channels, time-embedding width, context width, layer
+//! counts, memory key/values) and list what they cannot (heads, the qkv order, norm groups, eps).
+
+use crate::checkpoint::Checkpoint;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+/// One mid block found in a checkpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct Found {
+    /// The full prefix of the block's keys (as `--prefix` takes it).
+    pub prefix: String,
+    /// The block id, or `None` for a variant this crate does not implement.
+    pub block: Option<&'static str>,
+    /// Family and variant in words.
+    pub variant: String,
+    /// Config values the keys determine.
+    pub config: Map<String, Value>,
+    /// Config values the keys cannot tell, with what to use.
+    pub unknown: Vec<String>,
+}
+
+fn dim(ck: &Checkpoint, name: &str, i: usize) -> Option<usize> {
+    ck.shape(name).and_then(|s| s.get(i).copied())
+}
+
+fn has(ck: &Checkpoint, name: &str) -> bool {
+    ck.shape(name).is_some()
+}
+
+/// How many `<prefix><i>.` groups exist.
+fn count(ck: &Checkpoint, prefix: &str) -> usize {
+    (0..).take_while(|i| ck.names().any(|n| n.starts_with(&format!("{prefix}{i}.")))).count()
+}
+
+/// Every prefix `P` with a key `P + anchor`.
+fn prefixes(ck: &Checkpoint, anchor: &str) -> Vec<String> {
+    ck.names().filter_map(|n| n.strip_suffix(anchor).map(str::to_string)).collect()
+}
+
+/// The mid blocks in `ck` (under `only` when given), in key order.
+pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
+    let mut found = vec![];
+    for p in prefixes(ck, "resnets.0.conv1.weight") {
+        if p.ends_with("mid_block.") {
+            found.push(diffusers(ck, &p));
+        }
+    }
+    for p in prefixes(ck, "mid_block1.block1.proj.weight") {
+        found.push(lucidrains(ck, &p));
+    }
+    for p in prefixes(ck, "block_1.conv1.weight") {
+        if p.ends_with("mid.") {
+            found.push(ldm(ck, &p));
+        }
+    }
+    for p in prefixes(ck, "0.in_layers.0.weight") {
+        if p.ends_with("middle_block.") {
+            found.push(openai(ck, &p));
+        }
+    }
+    // The prefix as the user passes it: without the section a checkpoint wraps it in.
+    for f in &mut found {
+        if let Some(s) = ck.sections.iter().find(|s| f.prefix.starts_with(&format!("{s}."))) {
+            let inner = f.prefix[s.len() + 1..].to_string();
+            if ck.resolve_prefix(&inner).ok().as_deref() == Some(f.prefix.as_str()) {
+                f.prefix = inner;
+            }
+        }
+    }
+    if let Some(only) = only {
+        found.retain(|f| f.prefix.starts_with(only) || ck.resolve_prefix(only).is_ok_and(|p| p == f.prefix));
+    }
+    found.sort_by(|a, b| a.prefix.cmp(&b.prefix));
+    found
+}
+
+fn diffusers(ck: &Checkpoint, p: &str) -> Found {
+    let c = dim(ck, &format!("{p}resnets.0.conv1.weight"), 1).unwrap_or(0);
+    let temb = dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1);
+    let temb_out = dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 0);
+    let shift = if temb_out == Some(2 * c) { "scale_shift" } else { "default" };
+    let layers = count(ck, &format!("{p}attentions."));
+    let mut config = Map::new();
+    config.insert("in_channels".into(), json!(c));
+    config.insert("temb_channels".into(), json!(temb));
+    config.insert("resnet_time_scale_shift".into(), json!(shift));
+    let mut unknown = vec!["resnet_groups (norm groups: 32 in SD / most configs)".to_string(),
+        "resnet_eps (UNet2DModel norm_eps 1e-5, VAE and SD 1e-6 ... pass the model's config.json)".to_string()];
+    let t0 = format!("{p}attentions.0.transformer_blocks.0.");
+    if has(ck, &format!("{t0}attn1.to_q.weight")) {
+        let inner = dim(ck, &format!("{t0}attn1.to_q.weight"), 0).unwrap_or(0);
+        config.insert("num_layers".into(), json!(layers));
+        config.insert(
+            "transformer_layers_per_block".into(),
+            json!(count(ck, &format!("{p}attentions.0.transformer_blocks."))),
+        );
+        config.insert("cross_attention_dim".into(), json!(dim(ck, &format!("{t0}attn2.to_k.weight"), 1)));
+        let linear = ck.shape(&format!("{p}attentions.0.proj_in.weight")).is_some_and(|s| s.len() == 2);
+        config.insert("use_linear_projection".into(), json!(linear));
+        unknown.insert(
+            0,
+            format!(
+                "num_attention_heads (not in the keys; the config's `attention_head_dim` in SD 1.x = 8 heads of {}, \
+                 SD 2.x / XL: {} heads of 64)",
+                inner / 8,
+                inner / 64
+            ),
+        );
+        Found {
+            prefix: p.to_string(),
+            block: Some(unet_attention::diffusers::UNetMidBlock2DCrossAttn::BLOCK),
+            variant: format!(
+                "diffusers UNetMidBlock2DCrossAttn (UNet2DConditionModel; {} projections)",
+                if linear { "linear (SD 2.x / XL)" } else { "conv (SD 1.x)" }
+            ),
+            config,
+            unknown,
+        }
+    } else {
+        let a0 = format!("{p}attentions.0.");
+        let legacy = has(ck, &format!("{a0}query.weight"));
+        let spatial = ck.names().any(|n| n.starts_with(&format!("{a0}spatial_norm.")));
+        config.insert("num_layers".into(), json!(layers.max(1)));
+        config.insert("add_attention".into(), json!(layers > 0));
+        if layers > 0 {
+            unknown.insert(
+                0,
+                format!(
+                    "attention_head_dim (not in the keys; VAE: {c} = one head, UNet2DModel config default 8)"
+                ),
+            );
+        }
+        let mut variant = "diffusers UNetMidBlock2D (UNet2DModel / AutoencoderKL)".to_string();
+        if legacy {
+            variant.push_str("; legacy attention keys query/key/value/proj_attn (diffusers <= 0.16 files)");
+        }
+        Found {
+            prefix: p.to_string(),
+            block: (!spatial).then_some(unet_attention::diffusers::UNetMidBlock2D::BLOCK),
+            variant: if spatial {
+                format!("{variant}; spatial norm (MoVQ), not implemented")
+            } else {
+                variant
+            },
+            config,
+            unknown,
+        }
+    }
+}
+
+fn lucidrains(ck: &Checkpoint, p: &str) -> Found {
+    let dim_ = dim(ck, &format!("{p}mid_block1.block1.proj.weight"), 0).unwrap_or(0);
+    let mem = ck.shape(&format!("{p}mid_attn.mem_kv"));
+    let rms_blocks = has(ck, &format!("{p}mid_block1.block1.norm.g"));
+    let version = ck
+        .strings
+        .iter()
+        .find(|(k, _)| k.as_str() == "version" || k.ends_with(".version"))
+        .map(|(_, v)| v.clone());
+    let mut config = Map::new();
+    config.insert("dim".into(), json!(dim_));
+    config.insert("time_emb_dim".into(), json!(dim(ck, &format!("{p}mid_block1.mlp.1.weight"), 1)));
+    let mut unknown = vec![];
+    let (block, era) = match (&mem, rms_blocks) {
+        (Some(m), true) if m.len() == 4 => {
+            config.insert("heads".into(), json!(m[1]));
+            config.insert("dim_head".into(), json!(m[3]));
+            config.insert("num_mem_kv".into(), json!(m[2]));
+            unknown.push("flash (Unet flash_attn; the same math, other rounding in half precision)".into());
+            (Some(unet_attention::ddpm::MidBlock::BLOCK), "2.x (RMSNorm ResNet blocks, memory key/values)")
+        }
+        (Some(_), false) => (None, "1.9 – 1.11 (GroupNorm ResNet blocks), not implemented"),
+        (None, _) if has(ck, &format!("{p}mid_attn.norm.g")) => (None, "1.8.x, not implemented"),
+        _ => (None, "before 1.8 (Residual/PreNorm wrappers), not implemented"),
+    };
+    let version = version.map(|v| format!("; checkpoint version {v}")).unwrap_or_default();
+    Found {
+        prefix: p.to_string(),
+        block,
+        variant: format!("lucidrains denoising-diffusion-pytorch Unet bottleneck, {era}{version}"),
+        config,
+        unknown,
+    }
+}
+
+fn ldm(ck: &Checkpoint, p: &str) -> Found {
+    let c = dim(ck, &format!("{p}block_1.conv1.weight"), 1).unwrap_or(0);
+    let temb = dim(ck, &format!("{p}block_1.temb_proj.weight"), 1).unwrap_or(0);
+    let attn = if has(ck, &format!("{p}attn_1.q.weight")) {
+        "vanilla"
+    } else if has(ck, &format!("{p}attn_1.to_qkv.weight")) {
+        "linear"
+    } else {
+        "none"
+    };
+    let mut config = Map::new();
+    config.insert("in_channels".into(), json!(c));
+    config.insert("temb_channels".into(), json!(temb));
+    config.insert("attn_type".into(), json!(attn));
+    let what = if temb == 0 { "first-stage VAE" } else { "DDPM Model" };
+    Found {
+        prefix: p.to_string(),
+        block: Some(unet_attention::ldm::mid_block::MidBlock::BLOCK),
+        variant: format!("ldm {what} mid block (attn_type {attn})"),
+        config,
+        unknown: vec![],
+    }
+}
+
+fn openai(ck: &Checkpoint, p: &str) -> Found {
+    let c = dim(ck, &format!("{p}0.in_layers.0.weight"), 0).unwrap_or(0);
+    let emb = dim(ck, &format!("{p}0.emb_layers.1.weight"), 1).unwrap_or(0);
+    let emb_out = dim(ck, &format!("{p}0.emb_layers.1.weight"), 0).unwrap_or(0);
+    let mut config = Map::new();
+    config.insert("channels".into(), json!(c));
+    config.insert("emb_channels".into(), json!(emb));
+    config.insert("use_scale_shift_norm".into(), json!(emb_out == 2 * c));
+    let mut unknown = vec![];
+    let variant = if has(ck, &format!("{p}1.qkv.weight")) {
+        config.insert("use_spatial_transformer".into(), json!(false));
+        unknown.push("num_heads / num_head_channels (guided-diffusion default 4 heads; 64 channels per head in its released models)".into());
+        unknown.push("use_new_attention_order (guided-diffusion and SD: false = legacy order)".into());
+        "openai middle_block: ResBlock → AttentionBlock → ResBlock"
+    } else {
+        let linear = ck.shape(&format!("{p}1.proj_in.weight")).is_some_and(|s| s.len() == 2);
+        config.insert("use_spatial_transformer".into(), json!(true));
+        config.insert("use_linear_in_transformer".into(), json!(linear));
+        config.insert("transformer_depth".into(), json!(count(ck, &format!("{p}1.transformer_blocks."))));
+        config.insert(
+            "context_dim".into(),
+            json!(dim(ck, &format!("{p}1.transformer_blocks.0.attn2.to_k.weight"), 1)),
+        );
+        unknown.push(format!(
+            "num_heads / num_head_channels (SD 1.x: num_heads 8; SD 2.x: num_head_channels 64 = {} heads)",
+            c / 64
+        ));
+        if linear {
+            "ldm middle_block: ResBlock → SpatialTransformer (linear projections, SD 2.x) → ResBlock"
+        } else {
+            "ldm middle_block: ResBlock → SpatialTransformer (conv projections, SD 1.x) → ResBlock"
+        }
+    };
+    Found {
+        prefix: p.to_string(),
+        block: Some(unet_attention::openai::MiddleBlock::BLOCK),
+        variant: variant.to_string(),
+        config,
+        unknown,
+    }
+}

@@ -1,0 +1,72 @@
+use super::{BlockInfo, Inputs, Runnable};
+use candle_core::Tensor;
+use unet_attention::diffusers::{ResnetBlock2D, UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+use unet_attention::{config, Result};
+
+impl Runnable for ResnetBlock2D {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![self.forward(inputs.required("input_tensor")?, inputs.get("temb"))?])
+    }
+}
+
+impl Runnable for UNetMidBlock2D {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![
+            self.forward(inputs.required("hidden_states")?, inputs.get("temb"))?
+        ])
+    }
+}
+
+impl Runnable for UNetMidBlock2DCrossAttn {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let out = self.forward(
+            inputs.required("hidden_states")?,
+            inputs.get("temb"),
+            inputs.get("encoder_hidden_states"),
+            inputs.get("attention_mask"),
+            inputs.get("encoder_attention_mask"),
+        )?;
+        Ok(vec![out])
+    }
+}
+
+pub(super) fn entries() -> Vec<BlockInfo> {
+    vec![
+        BlockInfo {
+            id: ResnetBlock2D::BLOCK,
+            pytorch: "diffusers.models.resnet.ResnetBlock2D (diffusers 0.17 – 0.42.1; time_embedding_norm default / scale_shift)",
+            inputs: &["input_tensor", "temb"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(ResnetBlock2D::BLOCK, cfg)?;
+                Ok(Box::new(ResnetBlock2D::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: UNetMidBlock2D::BLOCK,
+            pytorch: "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2D (diffusers 0.22 – 0.42.1; UNet2DModel and AutoencoderKL mid blocks)",
+            inputs: &["hidden_states", "temb"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(UNetMidBlock2D::BLOCK, cfg)?;
+                Ok(Box::new(UNetMidBlock2D::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: UNetMidBlock2DCrossAttn::BLOCK,
+            pytorch: "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DCrossAttn (diffusers 0.28 – 0.42.1; UNet2DConditionModel mid block, SD 1.x / 2.x / XL)",
+            inputs: &[
+                "hidden_states",
+                "temb",
+                "encoder_hidden_states",
+                "attention_mask",
+                "encoder_attention_mask",
+            ],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(UNetMidBlock2DCrossAttn::BLOCK, cfg)?;
+                Ok(Box::new(UNetMidBlock2DCrossAttn::new(vb, &cfg)?))
+            },
+        },
+    ]
+}
