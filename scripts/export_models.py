@@ -600,9 +600,9 @@ def guided_diffusion_checkpoint(ctx: Ctx):
     for prefix, m in (("time_embed.", time_embed), ("input_blocks.0.0.", input_conv), ("middle_block.", middle)):
         for k, v in m.state_dict().items():
             sd[prefix + k] = v
-    folder = MODELS / "guided_diffusion_tiny"
+    folder = MODELS / "guided_tiny"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "guided_diffusion_tiny.pt"
+    path = folder / "guided_tiny.pt"
     torch.save(sd, path)
     ctx.files.append(path)
     weights = path.relative_to(WEIGHTS).as_posix()
@@ -887,7 +887,7 @@ def verify_models():
     assert not torch.equal(ema.ema_model.model.mid_attn.to_qkv.weight, diffusion.model.mid_attn.to_qkv.weight)
     print("verified weights/models/lucidrains_ddpm/model-1.pt: GaussianDiffusion and EMA load_state_dict "
           "(as Trainer.load); EMA weights differ from the online ones")
-    for rel, key in (("sd_v1_tiny/sd_v1_tiny.ckpt", "state_dict"), ("guided_diffusion_tiny/guided_diffusion_tiny.pt", None),
+    for rel, key in (("sd_v1_tiny/sd_v1_tiny.ckpt", "state_dict"), ("guided_tiny/guided_tiny.pt", None),
                      ("ldm_ddpm_tiny/ldm_ddpm_tiny.pt", None)):
         sd = load_checkpoint_state_dict(MODELS / rel, key)
         print(f"verified weights/models/{rel}: torch.load(weights_only=True) ({len(sd)} tensors)")

@@ -102,10 +102,9 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
         unknown.insert(
             0,
             format!(
-                "num_attention_heads (not in the keys; the config's `attention_head_dim` in SD 1.x = 8 heads of {}, \
-                 SD 2.x / XL: {} heads of 64)",
-                inner / 8,
-                inner / 64
+                "num_attention_heads (the config's `num_attention_heads`, or `attention_head_dim` in SD configs; \
+                 SD 1.x: 8 heads{})",
+                if inner % 64 == 0 { format!(", SD 2.x / XL: {} heads of 64", inner / 64) } else { String::new() }
             ),
         );
         Found {
@@ -232,10 +231,9 @@ fn openai(ck: &Checkpoint, p: &str) -> Found {
             "context_dim".into(),
             json!(dim(ck, &format!("{p}1.transformer_blocks.0.attn2.to_k.weight"), 1)),
         );
-        unknown.push(format!(
-            "num_heads / num_head_channels (SD 1.x: num_heads 8; SD 2.x: num_head_channels 64 = {} heads)",
-            c / 64
-        ));
+        unknown.push(
+            "num_heads / num_head_channels (the model yaml's; SD 1.x: num_heads 8, SD 2.x: num_head_channels 64)".into(),
+        );
         if linear {
             "ldm middle_block: ResBlock → SpatialTransformer (linear projections, SD 2.x) → ResBlock"
         } else {
