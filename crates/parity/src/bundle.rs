@@ -363,7 +363,15 @@ pub fn parse_dtype(s: &str) -> Option<DType> {
 
 /// All bundles under `paths` (files as given, folders searched recursively), sorted.
 pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    collect_with_skipped(paths).map(|(files, _)| files)
+}
+
+/// [`collect`], also returning the safetensors files found in folders that are not bundles (whole
+/// checkpoints such as `diffusion_pytorch_model.safetensors`: no `parity.*` metadata or tensors).
+/// Files named explicitly are always kept.
+pub fn collect_with_skipped(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     let mut out = vec![];
+    let mut skipped = vec![];
     for path in paths {
         let meta = std::fs::metadata(path).map_err(|source| ParityError::Io {
             path: path.clone(),
@@ -371,7 +379,7 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         })?;
         if meta.is_dir() {
             let before = out.len();
-            walk(path, &mut out)?;
+            walk(path, &mut out, &mut skipped)?;
             if out.len() == before {
                 return Err(ParityError::NoBundles { path: path.clone() });
             }
@@ -379,10 +387,41 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
             out.push(path.clone());
         }
     }
-    Ok(out)
+    Ok((out, skipped))
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+/// Whether a safetensors file is plainly not a bundle: its header parses and names nothing
+/// `parity.*`. Unreadable headers count as bundles, so their errors are reported.
+fn is_plain_checkpoint(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut len = [0u8; 8];
+    if f.read_exact(&mut len).is_err() {
+        return false;
+    }
+    let n = u64::from_le_bytes(len);
+    if n > 100_000_000 {
+        return false;
+    }
+    let mut header = vec![0u8; n as usize];
+    if f.read_exact(&mut header).is_err() {
+        return false;
+    }
+    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&header) {
+        Ok(h) => {
+            let meta_has = h
+                .get("__metadata__")
+                .and_then(|m| m.as_object())
+                .is_some_and(|m| m.keys().any(|k| k.starts_with("parity.")));
+            !meta_has && !h.keys().any(|k| k.starts_with("parity."))
+        }
+        Err(_) => false,
+    }
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>, skipped: &mut Vec<PathBuf>) -> Result<()> {
     let io = |source| ParityError::Io {
         path: dir.to_path_buf(),
         source,
@@ -395,9 +434,13 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     entries.sort();
     for p in entries {
         if p.is_dir() {
-            walk(&p, out)?;
+            walk(&p, out, skipped)?;
         } else if p.extension().is_some_and(|e| e == "safetensors") {
-            out.push(p);
+            if is_plain_checkpoint(&p) {
+                skipped.push(p);
+            } else {
+                out.push(p);
+            }
         }
     }
     Ok(())

@@ -14,10 +14,10 @@
 //!   error and normally fails: check an f16/bf16 bundle itself for PyTorch's half-precision error.
 
 use crate::bundle::Bundle;
+use crate::checkpoint::{Checkpoint, PrefixView};
 use crate::compare::{compare, default_tolerance, OutputReport};
 use crate::error::{ParityError, Result};
 use crate::registry::{self, Inputs};
-use crate::checkpoint::{Checkpoint, PrefixView};
 use crate::weights::{closest, Conversion, TrackedWeights};
 use candle_core::{DType, Device};
 use serde::Serialize;
@@ -299,7 +299,9 @@ fn weight_source(bundle: &Bundle, opts: &Options) -> Result<TrackedWeights> {
         (None, None) => return Ok(TrackedWeights::new(embedded)),
     };
     let checkpoint = Arc::new(Checkpoint::open(&file)?);
-    Ok(TrackedWeights::from_source(Arc::new(PrefixView::new(checkpoint, &prefix)?)))
+    Ok(TrackedWeights::from_source(Arc::new(PrefixView::new(
+        checkpoint, &prefix,
+    )?)))
 }
 
 /// The block's constructor kwargs: from `--config` (a diffusers `config.json`) when given, else

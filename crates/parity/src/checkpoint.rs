@@ -54,7 +54,9 @@ enum Stored {
     },
     Pickle(candle_core::pickle::TensorInfo),
     /// A tensor this tool cannot load (an unsupported dtype); an error only if a block asks for it.
-    Unsupported { why: String },
+    Unsupported {
+        why: String,
+    },
 }
 
 /// An opened checkpoint.
@@ -104,7 +106,10 @@ impl Checkpoint {
         if !meta.is_file() {
             return Err(err(path, "not a regular file"));
         }
-        let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
         if name.ends_with(".index.json") {
             return Self::open_sharded(path);
         }
@@ -261,7 +266,11 @@ impl Checkpoint {
                     if key == "_metadata" {
                         continue;
                     }
-                    let full = if name.is_empty() { key.clone() } else { format!("{name}.{key}") };
+                    let full = if name.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{name}.{key}")
+                    };
                     if depth == 0 && matches!(value, Object::Dict(_)) {
                         let before = self.tensors.len();
                         self.walk(value, &full, dir, depth + 1, sections);
@@ -347,9 +356,15 @@ impl Checkpoint {
         let layout = &info.layout;
         let fortran = layout.is_fortran_contiguous() && !layout.is_contiguous();
         if !layout.is_contiguous() && !fortran {
-            candle_core::bail!("non-contiguous storage layout {:?} (save a .contiguous() copy)", layout.stride())
+            candle_core::bail!(
+                "non-contiguous storage layout {:?} (save a .contiguous() copy)",
+                layout.stride()
+            )
         }
-        let archive = self.archive.as_ref().expect("pickle checkpoints keep their archive path");
+        let archive = self
+            .archive
+            .as_ref()
+            .expect("pickle checkpoints keep their archive path");
         let file = std::fs::File::open(archive)?;
         let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(candle_core::Error::wrap)?;
         let mut entry = zip.by_name(&info.path).map_err(candle_core::Error::wrap)?;
@@ -385,7 +400,12 @@ impl Checkpoint {
     /// Trainer checkpoint is `model.model.`), else the prefix itself. An error when nothing is
     /// under it or when several sections have it.
     pub fn resolve_prefix(&self, prefix: &str) -> Result<String> {
-        let has = |p: &str| self.tensors.range(p.to_string()..).next().is_some_and(|(k, _)| k.starts_with(p));
+        let has = |p: &str| {
+            self.tensors
+                .range(p.to_string()..)
+                .next()
+                .is_some_and(|(k, _)| k.starts_with(p))
+        };
         let hits: Vec<String> = self
             .sections
             .iter()

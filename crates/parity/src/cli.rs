@@ -4,8 +4,8 @@
 use crate::bundle::{self, parse_dtype, Bundle};
 use crate::check::{check_file, Options, Report, WeightsFrom};
 use crate::checkpoint::Checkpoint;
-use crate::hub::HubRepo;
 use crate::error::ParityError;
+use crate::hub::HubRepo;
 use crate::weights::conversion_note;
 use crate::{guard, registry};
 use clap::{Args, Parser, Subcommand};
@@ -198,7 +198,9 @@ where
             json,
             hub,
         } => {
-            let label = file.clone().unwrap_or_else(|| PathBuf::from(hub.repo.clone().unwrap_or_default()));
+            let label = file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(hub.repo.clone().unwrap_or_default()));
             guard::catch(&label, || detect(file, prefix.as_deref(), json, &hub, out))
         }
         Command::Inspect { file } => guard::catch(&file, || inspect(&file, out)),
@@ -283,8 +285,19 @@ pub fn open_device(spec: DeviceSpec) -> Result<candle_core::Device, String> {
 }
 
 fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
-    let files = match bundle::collect(paths) {
-        Ok(files) => files,
+    let files = match bundle::collect_with_skipped(paths) {
+        Ok((files, skipped)) => {
+            if !skipped.is_empty() {
+                let names: Vec<String> = skipped.iter().map(|p| p.display().to_string()).collect();
+                let _ = writeln!(
+                    err,
+                    "note: skipped {} safetensors files without parity.* metadata (model checkpoints, not bundles): {}",
+                    skipped.len(),
+                    names.join(", ")
+                );
+            }
+            files
+        }
         Err(e) => {
             let _ = writeln!(err, "error: {e}");
             return EXIT_UNUSABLE;
@@ -424,7 +437,11 @@ fn detect(
     let file = match (file, hub.repo()) {
         (Some(f), None) => f,
         (None, Some(repo)) => repo.model_files()?.1,
-        _ => return Err(ParityError::Usage("detect takes a checkpoint FILE or --repo, one of them".into())),
+        _ => {
+            return Err(ParityError::Usage(
+                "detect takes a checkpoint FILE or --repo, one of them".into(),
+            ))
+        }
     };
     let ck = Checkpoint::open(&file)?;
     let found = crate::detect::detect(&ck, prefix);

@@ -31,12 +31,16 @@ fn has(ck: &Checkpoint, name: &str) -> bool {
 
 /// How many `<prefix><i>.` groups exist.
 fn count(ck: &Checkpoint, prefix: &str) -> usize {
-    (0..).take_while(|i| ck.names().any(|n| n.starts_with(&format!("{prefix}{i}.")))).count()
+    (0..)
+        .take_while(|i| ck.names().any(|n| n.starts_with(&format!("{prefix}{i}."))))
+        .count()
 }
 
 /// Every prefix `P` with a key `P + anchor`.
 fn prefixes(ck: &Checkpoint, anchor: &str) -> Vec<String> {
-    ck.names().filter_map(|n| n.strip_suffix(anchor).map(str::to_string)).collect()
+    ck.names()
+        .filter_map(|n| n.strip_suffix(anchor).map(str::to_string))
+        .collect()
 }
 
 /// The mid blocks in `ck` (under `only` when given), in key order.
@@ -80,14 +84,20 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
     let c = dim(ck, &format!("{p}resnets.0.conv1.weight"), 1).unwrap_or(0);
     let temb = dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1);
     let temb_out = dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 0);
-    let shift = if temb_out == Some(2 * c) { "scale_shift" } else { "default" };
+    let shift = if temb_out == Some(2 * c) {
+        "scale_shift"
+    } else {
+        "default"
+    };
     let layers = count(ck, &format!("{p}attentions."));
     let mut config = Map::new();
     config.insert("in_channels".into(), json!(c));
     config.insert("temb_channels".into(), json!(temb));
     config.insert("resnet_time_scale_shift".into(), json!(shift));
-    let mut unknown = vec!["resnet_groups (norm groups: 32 in SD / most configs)".to_string(),
-        "resnet_eps (UNet2DModel norm_eps 1e-5, VAE and SD 1e-6 ... pass the model's config.json)".to_string()];
+    let mut unknown = vec![
+        "resnet_groups (norm groups: 32 in SD / most configs)".to_string(),
+        "resnet_eps (UNet2DModel norm_eps 1e-5, VAE and SD 1e-6 ... pass the model's config.json)".to_string(),
+    ];
     let t0 = format!("{p}attentions.0.transformer_blocks.0.");
     if has(ck, &format!("{t0}attn1.to_q.weight")) {
         let inner = dim(ck, &format!("{t0}attn1.to_q.weight"), 0).unwrap_or(0);
@@ -96,15 +106,24 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
             "transformer_layers_per_block".into(),
             json!(count(ck, &format!("{p}attentions.0.transformer_blocks."))),
         );
-        config.insert("cross_attention_dim".into(), json!(dim(ck, &format!("{t0}attn2.to_k.weight"), 1)));
-        let linear = ck.shape(&format!("{p}attentions.0.proj_in.weight")).is_some_and(|s| s.len() == 2);
+        config.insert(
+            "cross_attention_dim".into(),
+            json!(dim(ck, &format!("{t0}attn2.to_k.weight"), 1)),
+        );
+        let linear = ck
+            .shape(&format!("{p}attentions.0.proj_in.weight"))
+            .is_some_and(|s| s.len() == 2);
         config.insert("use_linear_projection".into(), json!(linear));
         unknown.insert(
             0,
             format!(
                 "num_attention_heads (the config's `num_attention_heads`, or `attention_head_dim` in SD configs; \
                  SD 1.x: 8 heads{})",
-                if inner % 64 == 0 { format!(", SD 2.x / XL: {} heads of 64", inner / 64) } else { String::new() }
+                if inner % 64 == 0 {
+                    format!(", SD 2.x / XL: {} heads of 64", inner / 64)
+                } else {
+                    String::new()
+                }
             ),
         );
         Found {
@@ -112,7 +131,11 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
             block: Some(unet_attention::diffusers::UNetMidBlock2DCrossAttn::BLOCK),
             variant: format!(
                 "diffusers UNetMidBlock2DCrossAttn (UNet2DConditionModel; {} projections)",
-                if linear { "linear (SD 2.x / XL)" } else { "conv (SD 1.x)" }
+                if linear {
+                    "linear (SD 2.x / XL)"
+                } else {
+                    "conv (SD 1.x)"
+                }
             ),
             config,
             unknown,
@@ -126,9 +149,7 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
         if layers > 0 {
             unknown.insert(
                 0,
-                format!(
-                    "attention_head_dim (not in the keys; VAE: {c} = one head, UNet2DModel config default 8)"
-                ),
+                format!("attention_head_dim (not in the keys; VAE: {c} = one head, UNet2DModel config default 8)"),
             );
         }
         let mut variant = "diffusers UNetMidBlock2D (UNet2DModel / AutoencoderKL)".to_string();
@@ -160,7 +181,10 @@ fn lucidrains(ck: &Checkpoint, p: &str) -> Found {
         .map(|(_, v)| v.clone());
     let mut config = Map::new();
     config.insert("dim".into(), json!(dim_));
-    config.insert("time_emb_dim".into(), json!(dim(ck, &format!("{p}mid_block1.mlp.1.weight"), 1)));
+    config.insert(
+        "time_emb_dim".into(),
+        json!(dim(ck, &format!("{p}mid_block1.mlp.1.weight"), 1)),
+    );
     let mut unknown = vec![];
     let (block, era) = match (&mem, rms_blocks) {
         (Some(m), true) if m.len() == 4 => {
@@ -168,7 +192,10 @@ fn lucidrains(ck: &Checkpoint, p: &str) -> Found {
             config.insert("dim_head".into(), json!(m[3]));
             config.insert("num_mem_kv".into(), json!(m[2]));
             unknown.push("flash (Unet flash_attn; the same math, other rounding in half precision)".into());
-            (Some(unet_attention::ddpm::MidBlock::BLOCK), "2.x (RMSNorm ResNet blocks, memory key/values)")
+            (
+                Some(unet_attention::ddpm::MidBlock::BLOCK),
+                "2.x (RMSNorm ResNet blocks, memory key/values)",
+            )
         }
         (Some(_), false) => (None, "1.9 – 1.11 (GroupNorm ResNet blocks), not implemented"),
         (None, _) if has(ck, &format!("{p}mid_attn.norm.g")) => (None, "1.8.x, not implemented"),
@@ -226,13 +253,17 @@ fn openai(ck: &Checkpoint, p: &str) -> Found {
         let linear = ck.shape(&format!("{p}1.proj_in.weight")).is_some_and(|s| s.len() == 2);
         config.insert("use_spatial_transformer".into(), json!(true));
         config.insert("use_linear_in_transformer".into(), json!(linear));
-        config.insert("transformer_depth".into(), json!(count(ck, &format!("{p}1.transformer_blocks."))));
+        config.insert(
+            "transformer_depth".into(),
+            json!(count(ck, &format!("{p}1.transformer_blocks."))),
+        );
         config.insert(
             "context_dim".into(),
             json!(dim(ck, &format!("{p}1.transformer_blocks.0.attn2.to_k.weight"), 1)),
         );
         unknown.push(
-            "num_heads / num_head_channels (the model yaml's; SD 1.x: num_heads 8, SD 2.x: num_head_channels 64)".into(),
+            "num_heads / num_head_channels (the model yaml's; SD 1.x: num_heads 8, SD 2.x: num_head_channels 64)"
+                .into(),
         );
         if linear {
             "ldm middle_block: ResBlock → SpatialTransformer (linear projections, SD 2.x) → ResBlock"

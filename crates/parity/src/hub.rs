@@ -66,7 +66,12 @@ impl HubRepo {
     }
 
     fn in_repo(&self, file: &str) -> String {
-        match self.subfolder.as_deref().map(|s| s.trim_matches('/')).filter(|s| !s.is_empty()) {
+        match self
+            .subfolder
+            .as_deref()
+            .map(|s| s.trim_matches('/'))
+            .filter(|s| !s.is_empty())
+        {
             Some(sub) => format!("{sub}/{file}"),
             None => file.to_string(),
         }
@@ -107,7 +112,12 @@ impl HubRepo {
             return Ok(path);
         }
         let cache = cache_dir(self.cache_dir.as_deref());
-        let what = format!("{} (revision {}) file `{}`", self.repo, self.revision(), self.in_repo(file));
+        let what = format!(
+            "{} (revision {}) file `{}`",
+            self.repo,
+            self.revision(),
+            self.in_repo(file)
+        );
         if self.offline || offline_from_env() {
             return Err(usage(format!(
                 "{what} is not in the cache {} and the network is off (--offline / HF_HUB_OFFLINE)",
@@ -120,9 +130,12 @@ impl HubRepo {
             .build()
             .map_err(|e| usage(format!("cannot set up the Hub client: {e}")))?;
         let repo = hf_hub::Repo::with_revision(self.repo.clone(), hf_hub::RepoType::Model, self.revision().to_string());
-        api.repo(repo)
-            .get(&self.in_repo(file))
-            .map_err(|e| usage(format!("{what}: not cached in {} and the download failed: {e}", cache.display())))
+        api.repo(repo).get(&self.in_repo(file)).map_err(|e| {
+            usage(format!(
+                "{what}: not cached in {} and the download failed: {e}",
+                cache.display()
+            ))
+        })
     }
 
     /// `config.json` and the first weight file of [`WEIGHT_FILES`] the repository has.

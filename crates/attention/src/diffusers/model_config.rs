@@ -49,35 +49,107 @@ impl ModelClass {
 
 /// `UNet2DModel.__init__` arguments (0.42.1).
 const UNET_2D_KEYS: &[&str] = &[
-    "sample_size", "in_channels", "out_channels", "center_input_sample", "time_embedding_type",
-    "time_embedding_dim", "freq_shift", "flip_sin_to_cos", "down_block_types", "mid_block_type",
-    "up_block_types", "block_out_channels", "layers_per_block", "mid_block_scale_factor",
-    "downsample_padding", "downsample_type", "upsample_type", "dropout", "act_fn", "attention_head_dim",
-    "norm_num_groups", "attn_norm_num_groups", "norm_eps", "resnet_time_scale_shift", "add_attention",
-    "class_embed_type", "num_class_embeds", "num_train_timesteps",
+    "sample_size",
+    "in_channels",
+    "out_channels",
+    "center_input_sample",
+    "time_embedding_type",
+    "time_embedding_dim",
+    "freq_shift",
+    "flip_sin_to_cos",
+    "down_block_types",
+    "mid_block_type",
+    "up_block_types",
+    "block_out_channels",
+    "layers_per_block",
+    "mid_block_scale_factor",
+    "downsample_padding",
+    "downsample_type",
+    "upsample_type",
+    "dropout",
+    "act_fn",
+    "attention_head_dim",
+    "norm_num_groups",
+    "attn_norm_num_groups",
+    "norm_eps",
+    "resnet_time_scale_shift",
+    "add_attention",
+    "class_embed_type",
+    "num_class_embeds",
+    "num_train_timesteps",
 ];
 
 /// `UNet2DConditionModel.__init__` arguments (0.42.1).
 const UNET_2D_CONDITION_KEYS: &[&str] = &[
-    "sample_size", "in_channels", "out_channels", "center_input_sample", "flip_sin_to_cos", "freq_shift",
-    "down_block_types", "mid_block_type", "up_block_types", "only_cross_attention", "block_out_channels",
-    "layers_per_block", "downsample_padding", "mid_block_scale_factor", "dropout", "act_fn",
-    "norm_num_groups", "norm_eps", "cross_attention_dim", "transformer_layers_per_block",
-    "reverse_transformer_layers_per_block", "encoder_hid_dim", "encoder_hid_dim_type", "attention_head_dim",
-    "num_attention_heads", "dual_cross_attention", "use_linear_projection", "class_embed_type",
-    "addition_embed_type", "addition_time_embed_dim", "num_class_embeds", "upcast_attention",
-    "resnet_time_scale_shift", "resnet_skip_time_act", "resnet_out_scale_factor", "time_embedding_type",
-    "time_embedding_dim", "time_embedding_act_fn", "timestep_post_act", "time_cond_proj_dim",
-    "conv_in_kernel", "conv_out_kernel", "projection_class_embeddings_input_dim", "attention_type",
-    "class_embeddings_concat", "mid_block_only_cross_attention", "cross_attention_norm",
+    "sample_size",
+    "in_channels",
+    "out_channels",
+    "center_input_sample",
+    "flip_sin_to_cos",
+    "freq_shift",
+    "down_block_types",
+    "mid_block_type",
+    "up_block_types",
+    "only_cross_attention",
+    "block_out_channels",
+    "layers_per_block",
+    "downsample_padding",
+    "mid_block_scale_factor",
+    "dropout",
+    "act_fn",
+    "norm_num_groups",
+    "norm_eps",
+    "cross_attention_dim",
+    "transformer_layers_per_block",
+    "reverse_transformer_layers_per_block",
+    "encoder_hid_dim",
+    "encoder_hid_dim_type",
+    "attention_head_dim",
+    "num_attention_heads",
+    "dual_cross_attention",
+    "use_linear_projection",
+    "class_embed_type",
+    "addition_embed_type",
+    "addition_time_embed_dim",
+    "num_class_embeds",
+    "upcast_attention",
+    "resnet_time_scale_shift",
+    "resnet_skip_time_act",
+    "resnet_out_scale_factor",
+    "time_embedding_type",
+    "time_embedding_dim",
+    "time_embedding_act_fn",
+    "timestep_post_act",
+    "time_cond_proj_dim",
+    "conv_in_kernel",
+    "conv_out_kernel",
+    "projection_class_embeddings_input_dim",
+    "attention_type",
+    "class_embeddings_concat",
+    "mid_block_only_cross_attention",
+    "cross_attention_norm",
     "addition_embed_type_num_heads",
 ];
 
 /// `AutoencoderKL.__init__` arguments (0.42.1).
 const AUTOENCODER_KL_KEYS: &[&str] = &[
-    "in_channels", "out_channels", "down_block_types", "up_block_types", "block_out_channels",
-    "layers_per_block", "act_fn", "latent_channels", "norm_num_groups", "sample_size", "scaling_factor",
-    "shift_factor", "latents_mean", "latents_std", "force_upcast", "use_quant_conv", "use_post_quant_conv",
+    "in_channels",
+    "out_channels",
+    "down_block_types",
+    "up_block_types",
+    "block_out_channels",
+    "layers_per_block",
+    "act_fn",
+    "latent_channels",
+    "norm_num_groups",
+    "sample_size",
+    "scaling_factor",
+    "shift_factor",
+    "latents_mean",
+    "latents_std",
+    "force_upcast",
+    "use_quant_conv",
+    "use_post_quant_conv",
     "mid_block_add_attention",
 ];
 
@@ -158,7 +230,11 @@ impl Cfg<'_> {
             None => Ok(default.to_vec()),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|v| v.as_u64().map(|n| n as usize).ok_or_else(|| bad(format!("`{key}` holds {v}, not a count"))))
+                .map(|v| {
+                    v.as_u64()
+                        .map(|n| n as usize)
+                        .ok_or_else(|| bad(format!("`{key}` holds {v}, not a count")))
+                })
                 .collect(),
             Some(v) => Err(bad(format!("`{key}` must be a list, found {v}"))),
         }
@@ -195,7 +271,12 @@ fn unet_2d(c: &Cfg) -> Result<Option<MidBlockSpec>> {
     match c.value("mid_block_type", json!("UNetMidBlock2D")) {
         Value::Null => return Ok(None),
         Value::String(s) if s == "UNetMidBlock2D" => {}
-        other => return Err(Error::unsupported(CONTEXT, format!("UNet2DModel mid_block_type {other}"))),
+        other => {
+            return Err(Error::unsupported(
+                CONTEXT,
+                format!("UNet2DModel mid_block_type {other}"),
+            ))
+        }
     }
     let (first, last) = c.last_channels(&[224, 448, 672, 896])?;
     let head_dim = match c.value("attention_head_dim", json!(8)) {
@@ -226,7 +307,11 @@ fn unet_2d_condition(c: &Cfg) -> Result<Option<MidBlockSpec>> {
     let fourier = c.value("time_embedding_type", json!("positional")) == json!("fourier");
     let mut temb = c.time_embed_dim(first, if fourier { 2 } else { 4 })?;
     if c.value("class_embeddings_concat", json!(false)) == json!(true) {
-        temb = json!(temb.as_u64().ok_or_else(|| bad("`time_embedding_dim` is not a count"))? * 2);
+        temb = json!(
+            temb.as_u64()
+                .ok_or_else(|| bad("`time_embedding_dim` is not a count"))?
+                * 2
+        );
     }
     let heads = match c.value("num_attention_heads", Value::Null) {
         Value::Null => c.last_of("attention_head_dim", json!(8))?,
@@ -247,7 +332,10 @@ fn unet_2d_condition(c: &Cfg) -> Result<Option<MidBlockSpec>> {
         Value::Null => return Ok(None),
         Value::String(s) if s == "UNetMidBlock2DCrossAttn" => {
             for (k, v) in [
-                ("transformer_layers_per_block", c.last_of("transformer_layers_per_block", json!(1))?),
+                (
+                    "transformer_layers_per_block",
+                    c.last_of("transformer_layers_per_block", json!(1))?,
+                ),
                 ("num_attention_heads", heads),
                 ("cross_attention_dim", c.last_of("cross_attention_dim", json!(1280))?),
                 ("dual_cross_attention", c.value("dual_cross_attention", json!(false))),
@@ -264,7 +352,12 @@ fn unet_2d_condition(c: &Cfg) -> Result<Option<MidBlockSpec>> {
             config.insert("add_attention".into(), json!(false));
             UNetMidBlock2D::BLOCK
         }
-        other => return Err(Error::unsupported(CONTEXT, format!("UNet2DConditionModel mid_block_type {other}"))),
+        other => {
+            return Err(Error::unsupported(
+                CONTEXT,
+                format!("UNet2DConditionModel mid_block_type {other}"),
+            ))
+        }
     };
     Ok(Some(MidBlockSpec {
         block,

@@ -1,0 +1,372 @@
+//! Mid blocks from whole checkpoints: `--weights`/`--prefix`, bundles that reference a
+//! checkpoint, `--config config.json`, `detect`, and `--repo` through a Hugging Face cache folder
+//! built here (no network).
+
+mod common;
+use common::{cli, scratch, weights};
+use std::path::Path;
+
+fn w(rel: &str) -> String {
+    weights().join(rel).to_str().unwrap().to_string()
+}
+
+fn models(rel: &str) -> String {
+    w(&format!("models/{rel}"))
+}
+
+fn assert_pass(args: &[&str]) -> String {
+    let (code, out, err) = cli(args);
+    assert_eq!(code, 0, "{args:?}\n{out}\n{err}");
+    assert!(out.contains("PASS") && !out.contains("FAIL"), "{out}");
+    err
+}
+
+#[test]
+fn referencing_bundles_load_their_checkpoint_lazily_in_every_format() {
+    // safetensors, torch .bin, lucidrains Trainer .pt (model and ema entries), SD .ckpt
+    // (state_dict entry), a bare guided-diffusion state dict.
+    for bundle in [
+        "mid/unet_mid_block_2d_unet2d_ref.safetensors",
+        "mid/unet_mid_block_2d_unet2d_bin_one_head_ref.safetensors",
+        "mid/lucidrains_mid_block_model_ref.safetensors",
+        "mid/lucidrains_mid_block_ema_ref.safetensors",
+        "mid/openai_middle_block_sd1_spatial_transformer_ref.safetensors",
+        "mid/ldm_mid_block_sd_vae_decoder_ref.safetensors",
+        "mid/openai_middle_block_guided_legacy_scale_shift_ref.safetensors",
+    ] {
+        let err = assert_pass(&["check", &w(bundle)]);
+        assert!(err.contains("weights from"), "{bundle}: {err}");
+    }
+}
+
+#[test]
+fn weights_and_prefix_override_the_bundle_and_pick_the_right_section() {
+    // The EMA bundle passes with the EMA weights of the Trainer checkpoint ...
+    let ema = w("mid/lucidrains_mid_block_ema_ref.safetensors");
+    let ckpt = models("lucidrains_ddpm/model-1.pt");
+    assert_pass(&["check", &ema, "--weights", &ckpt, "--prefix", "ema_model.model."]);
+    // ... and the full flattened name works too.
+    assert_pass(&["check", &ema, "--weights", &ckpt, "--prefix", "ema.ema_model.model."]);
+    // The online weights differ from the EMA ones: a mismatch, exit 1.
+    let (code, out, _) = cli(&["check", &ema, "--weights", &ckpt, "--prefix", "model."]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("FAIL"), "{out}");
+}
+
+#[test]
+fn a_prefix_that_is_not_there_is_a_clear_error() {
+    let bundle = w("mid/unet_mid_block_2d_unet2d_ref.safetensors");
+    let ckpt = models("diffusers_unet2d/diffusion_pytorch_model.safetensors");
+    let (code, _, err) = cli(&["check", &bundle, "--weights", &ckpt, "--prefix", "midblock."]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("no tensor under prefix `midblock.`") && err.contains("detect"),
+        "{err}"
+    );
+    // Another block's weights: the key, expected and found shapes are named.
+    let (code, _, err) = cli(&["check", &bundle, "--weights", &ckpt, "--prefix", "down_blocks.1."]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("resnets.0.norm1.weight") && err.contains("expected [16]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_json_gives_the_mid_block_config() {
+    for (bundle, config) in [
+        (
+            "mid/unet_mid_block_2d_unet2d_ref.safetensors",
+            "diffusers_unet2d/config.json",
+        ),
+        (
+            "mid/unet_mid_block_2d_unet2d_scale_shift_ref.safetensors",
+            "diffusers_unet2d_scale_shift/config.json",
+        ),
+        (
+            "mid/unet_mid_block_2d_vae_decoder_ref.safetensors",
+            "diffusers_vae/config.json",
+        ),
+        (
+            "mid/unet_mid_block_2d_cross_attn_sd1_ref.safetensors",
+            "diffusers_sd1/config.json",
+        ),
+        (
+            "mid/unet_mid_block_2d_cross_attn_sd2_ref.safetensors",
+            "diffusers_sd2/config.json",
+        ),
+        (
+            "mid/unet_mid_block_2d_cross_attn_sdxl_ref.safetensors",
+            "diffusers_sdxl/config.json",
+        ),
+    ] {
+        let err = assert_pass(&["check", &w(bundle), "--config", &models(config)]);
+        assert!(err.contains("config from"), "{bundle}: {err}");
+    }
+}
+
+#[test]
+fn config_json_of_another_model_fails() {
+    // The SD1 config (2 heads) on the SD2 mid block (4 heads, linear projections) cannot load.
+    let (code, _, err) = cli(&[
+        "check",
+        &w("mid/unet_mid_block_2d_cross_attn_sd2_ref.safetensors"),
+        "--config",
+        &models("diffusers_sd1/config.json"),
+    ]);
+    assert_ne!(code, 0, "{err}");
+    // An unknown key is named.
+    let dir = scratch("unknown-config-key");
+    let text = std::fs::read_to_string(models("diffusers_unet2d/config.json")).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["mid_block_flavour"] = serde_json::json!("spicy");
+    let path = dir.join("config.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    let bundle = w("mid/unet_mid_block_2d_unet2d_ref.safetensors");
+    let (code, _, err) = cli(&["check", &bundle, "--config", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("mid_block_flavour"), "{err}");
+    assert_pass(&[
+        "check",
+        &bundle,
+        "--config",
+        path.to_str().unwrap(),
+        "--allow-unknown-config",
+    ]);
+}
+
+fn detect(file: &str) -> String {
+    let (code, out, err) = cli(&["detect", &models(file)]);
+    assert_eq!(code, 0, "{file}: {err}");
+    out
+}
+
+#[test]
+fn detect_names_the_variant_of_every_committed_checkpoint() {
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        (
+            "diffusers_unet2d/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2D")],
+        ),
+        (
+            "diffusers_unet2d_bin/diffusion_pytorch_model.bin",
+            &[("mid_block.", "diffusers.UNetMidBlock2D")],
+        ),
+        (
+            "diffusers_unet2d_scale_shift/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2D")],
+        ),
+        (
+            "diffusers_vae/diffusion_pytorch_model.safetensors",
+            &[
+                ("decoder.mid_block.", "diffusers.UNetMidBlock2D"),
+                ("encoder.mid_block.", "diffusers.UNetMidBlock2D"),
+            ],
+        ),
+        (
+            "diffusers_sd1/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        ),
+        (
+            "diffusers_sd2/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        ),
+        (
+            "diffusers_sdxl/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        ),
+        (
+            "lucidrains_ddpm/model-1.pt",
+            &[
+                ("ema_model.model.", "denoising_diffusion_pytorch.MidBlock"),
+                ("model.", "denoising_diffusion_pytorch.MidBlock"),
+            ],
+        ),
+        (
+            "sd_v1_tiny/sd_v1_tiny.ckpt",
+            &[
+                ("first_stage_model.decoder.mid.", "ldm.MidBlock"),
+                ("first_stage_model.encoder.mid.", "ldm.MidBlock"),
+                ("model.diffusion_model.middle_block.", "openai.MiddleBlock"),
+            ],
+        ),
+        ("guided_tiny/guided_tiny.pt", &[("middle_block.", "openai.MiddleBlock")]),
+        ("ldm_ddpm_tiny/ldm_ddpm_tiny.pt", &[("mid.", "ldm.MidBlock")]),
+    ];
+    for (file, expected) in cases {
+        let out = detect(file);
+        for (prefix, block) in *expected {
+            assert!(out.contains(&format!("prefix `{prefix}`: {block}")), "{file}: {out}");
+        }
+    }
+    // Variants and what the keys tell.
+    assert!(detect("diffusers_sd2/diffusion_pytorch_model.safetensors").contains("\"use_linear_projection\":true"));
+    assert!(detect("diffusers_sd1/diffusion_pytorch_model.safetensors").contains("\"use_linear_projection\":false"));
+    assert!(detect("diffusers_sdxl/diffusion_pytorch_model.safetensors").contains("\"transformer_layers_per_block\":2"));
+    assert!(detect("diffusers_unet2d_scale_shift/diffusion_pytorch_model.safetensors").contains("scale_shift"));
+    let lucid = detect("lucidrains_ddpm/model-1.pt");
+    assert!(
+        lucid.contains("2.x") && lucid.contains("version 2.3.4") && lucid.contains("\"num_mem_kv\":4"),
+        "{lucid}"
+    );
+    let guided = detect("guided_tiny/guided_tiny.pt");
+    assert!(
+        guided.contains("\"use_scale_shift_norm\":true") && guided.contains("use_new_attention_order"),
+        "{guided}"
+    );
+    assert!(detect("ldm_ddpm_tiny/ldm_ddpm_tiny.pt").contains("attn_type vanilla"));
+}
+
+#[test]
+fn detect_json_and_prefix_filter() {
+    let (code, out, err) = cli(&[
+        "detect",
+        &models("sd_v1_tiny/sd_v1_tiny.ckpt"),
+        "--prefix",
+        "model.diffusion_model.",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let found = doc["mid_blocks"].as_array().unwrap();
+    assert_eq!(found.len(), 1, "{out}");
+    assert_eq!(found[0]["block"], "openai.MiddleBlock");
+}
+
+/// A Hugging Face cache folder holding `models--acme--tiny-unet` at one commit, as
+/// huggingface_hub lays it out (`refs/main` without a newline, snapshot files).
+fn hub_cache(name: &str) -> std::path::PathBuf {
+    let cache = scratch(name);
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let repo = cache.join("models--acme--tiny-unet");
+    let snap = repo.join("snapshots").join(commit).join("unet");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let src = weights().join("models/diffusers_unet2d");
+    for f in ["config.json", "diffusion_pytorch_model.safetensors"] {
+        std::fs::copy(src.join(f), snap.join(f)).unwrap();
+    }
+    cache
+}
+
+#[test]
+fn repo_resolves_offline_from_a_hand_built_cache() {
+    let cache = hub_cache("hub-offline");
+    let cache = cache.to_str().unwrap();
+    let bundle = w("mid/unet_mid_block_2d_unet2d_ref.safetensors");
+    let base = [
+        "check",
+        bundle.as_str(),
+        "--repo",
+        "acme/tiny-unet",
+        "--subfolder",
+        "unet",
+        "--cache-dir",
+        cache,
+    ];
+    let err = assert_pass(&[&base[..], &["--offline"]].concat());
+    assert!(
+        err.contains("models--acme--tiny-unet") && err.contains("config from"),
+        "{err}"
+    );
+    // The commit itself as the revision.
+    assert_pass(
+        &[
+            &base[..],
+            &["--offline", "--revision", "0123456789abcdef0123456789abcdef01234567"],
+        ]
+        .concat(),
+    );
+    // A revision that is not cached: offline, never the network.
+    let (code, _, err) = cli(&[&base[..], &["--offline", "--revision", "v2"]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("not in the cache") && err.contains("HF_HUB_OFFLINE"),
+        "{err}"
+    );
+    // detect through the cache too.
+    let (code, out, err) = cli(&[
+        "detect",
+        "--repo",
+        "acme/tiny-unet",
+        "--subfolder",
+        "unet",
+        "--cache-dir",
+        cache,
+        "--offline",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("prefix `mid_block.`: diffusers.UNetMidBlock2D"), "{out}");
+}
+
+#[test]
+fn a_malformed_repo_id_is_a_usage_error() {
+    let cache = hub_cache("hub-bad-id");
+    let bundle = w("mid/unet_mid_block_2d_unet2d_ref.safetensors");
+    for id in ["acme", "acme/../x", "a/b/c"] {
+        let (code, _, err) = cli(&[
+            "check",
+            &bundle,
+            "--repo",
+            id,
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--offline",
+        ]);
+        assert_eq!(code, 2, "{id}: {err}");
+        assert!(err.contains("org/name"), "{id}: {err}");
+    }
+}
+
+#[test]
+fn checking_the_weights_folder_skips_model_checkpoints_with_a_note() {
+    let (code, out, err) = cli(&["check", &w("models")]);
+    // weights/models holds only checkpoints: nothing to check.
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("skipped") || err.contains("no parity bundles"), "{err}");
+}
+
+fn copy_to(dir: &Path, src: &str, name: &str) -> String {
+    let dst = dir.join(name);
+    std::fs::copy(src, &dst).unwrap();
+    dst.to_str().unwrap().to_string()
+}
+
+#[test]
+fn broken_pickles_are_named_not_unpickled_blindly() {
+    let dir = scratch("broken-pickles");
+    let bundle = w("mid/unet_mid_block_2d_unet2d_ref.safetensors");
+    let good = models("diffusers_unet2d_bin/diffusion_pytorch_model.bin");
+    let bytes = std::fs::read(&good).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("truncated.bin", bytes[..bytes.len() / 2].to_vec(), "zip"),
+        ("empty.bin", vec![], "safetensors"),
+        ("legacy.pt", vec![0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc], "legacy"),
+        ("garbage.ckpt", b"PK\x03\x04 this is not really a zip".to_vec(), "zip"),
+    ];
+    for (name, content, needle) in cases {
+        let path = dir.join(name);
+        std::fs::write(&path, content).unwrap();
+        let (code, _, err) = cli(&[
+            "check",
+            &bundle,
+            "--weights",
+            path.to_str().unwrap(),
+            "--prefix",
+            "mid_block.",
+        ]);
+        assert_eq!(code, 2, "{name}: {err}");
+        assert!(
+            err.contains(name) && err.to_lowercase().contains(needle),
+            "{name}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{name}: one error line: {err}");
+        let (code, _, err) = cli(&["detect", path.to_str().unwrap()]);
+        assert_eq!(code, 2, "{name}: {err}");
+    }
+    // A zip that is not a torch.save archive.
+    let copy = copy_to(&dir, &models("diffusers_unet2d/config.json"), "config.json");
+    let (code, _, err) = cli(&["detect", &copy]);
+    assert_eq!(code, 2, "{err}");
+}
