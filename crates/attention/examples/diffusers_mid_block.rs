@@ -1,0 +1,43 @@
+//! Build a diffusers U-Net / VAE mid block from a model folder (`config.json` +
+//! `diffusion_pytorch_model.safetensors`) and run it.
+//!
+//! ```sh
+//! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_sd1
+//! ```
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use unet_attention::diffusers::model_config::mid_blocks;
+use unet_attention::diffusers::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+
+fn main() -> anyhow::Result<()> {
+    let dir = std::env::args().nth(1).unwrap_or_else(|| "weights/models/diffusers_sd1".into());
+    let dir = std::path::Path::new(&dir);
+    let dev = Device::Cpu;
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    // SAFETY: the file is not modified while mapped.
+    let vb = unsafe {
+        VarBuilder::from_mmaped_safetensors(&[dir.join("diffusion_pytorch_model.safetensors")], DType::F32, &dev)?
+    };
+    // The model's own config.json says how the mid block is built (one for a U-Net, two for a VAE).
+    for spec in mid_blocks(&config, None, false)? {
+        let c = spec.config["in_channels"].as_u64().unwrap_or(0) as usize;
+        let x = Tensor::randn(0f32, 1.0, (1, c, 8, 8), &dev)?;
+        let temb = match spec.config["temb_channels"].as_u64() {
+            Some(t) => Some(Tensor::randn(0f32, 1.0, (1, t as usize), &dev)?),
+            None => None,
+        };
+        let vb = vb.pp(spec.prefix.trim_end_matches('.'));
+        let y = if spec.block == UNetMidBlock2DCrossAttn::BLOCK {
+            let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
+            let context_dim = spec.config["cross_attention_dim"].as_u64().unwrap_or(0) as usize;
+            let context = Tensor::randn(0f32, 1.0, (1, 77, context_dim), &dev)?;
+            UNetMidBlock2DCrossAttn::new(vb, &cfg)?.forward(&x, temb.as_ref(), Some(&context), None, None)?
+        } else {
+            let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
+            UNetMidBlock2D::new(vb, &cfg)?.forward(&x, temb.as_ref())?
+        };
+        println!("{} at `{}`: {:?} -> {:?}", spec.block, spec.prefix, x.dims(), y.dims());
+    }
+    Ok(())
+}
