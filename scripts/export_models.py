@@ -41,8 +41,8 @@ from torch import nn
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from parity_bundle import (export_bundle, float64_copy, load_bundle, load_checkpoint_state_dict,  # noqa: E402
-                           randomize_, resolve_weights, run_module)
+from parity_bundle import (CONVERT_TO_FP16_MARK, convert_convs_to_half_, export_bundle, float64_copy,  # noqa: E402
+                           load_bundle, load_checkpoint_state_dict, randomize_, resolve_weights, run_module)
 from reference import ldm_model, mid_blocks, openai  # noqa: E402
 from reference.ldm_model import nonlinearity  # noqa: E402
 
@@ -743,6 +743,33 @@ def half_twin_source(stem, dtype):
             f"{dtype}-rounded weights and inputs")
 
 
+def convert_to_fp16_twin_source(stem, dtype):
+    return (f"{dtype} twin of weights/mid/{stem}.safetensors in the {CONVERT_TO_FP16_MARK}: same weights and inputs; "
+            f"as guided-diffusion's UNetModel.convert_to_fp16() (fp16_util.convert_module_to_f16 applied to "
+            f"middle_block) only the Conv1d/Conv2d weights and biases are cast to {dtype}, the GroupNorm32 weights "
+            f"and biases and the emb_layers Linear stay float32 (stored float32); x cast to {dtype} "
+            f"(UNetModel.forward's h = x.type(self.dtype)), emb float32 (time_embed is not converted); run by PyTorch "
+            f"on CPU; .float64 outputs from the float64 copy of that mixed-dtype module on x and emb upcast"
+            + ("" if dtype == "float16" else "; guided-diffusion has no bfloat16 mode: the same conversion with "
+               "bfloat16"))
+
+
+def half_twin(spec, dtype):
+    """(module, export_bundle keyword arguments) of the spec's half-precision twin: ``module.to(dtype)``;
+    for an ``openai.MiddleBlock`` with an ``AttentionBlock`` guided-diffusion's ``convert_to_fp16`` form
+    (``module.to(dtype)`` fails there: GroupNorm32 with a half weight); ``None`` for an
+    ``openai.MiddleBlock`` with a ``SpatialTransformer``: ldm's ``openaimodel.py`` has no half form of
+    its own (its ``convert_module_to_f16`` is a no-op) and ``module.to(dtype)`` fails the same way."""
+    stem = Path(spec["path"]).stem
+    if spec["block"] != "openai.MiddleBlock":
+        return block_module(spec, dtype), dict(source=f"{spec['source']}; {half_twin_source(stem, str(dtype)[6:])}")
+    if spec["config"].get("use_spatial_transformer"):
+        return None
+    module = convert_convs_to_half_(block_module(spec), dtype)
+    return module, dict(source=f"{spec['source']}; {convert_to_fp16_twin_source(stem, str(dtype)[6:])}",
+                        dtype=dtype, input_dtypes={"emb": torch.float32})
+
+
 def export_all(ctx: Ctx):
     MID.mkdir(parents=True, exist_ok=True)
     for f in sorted(MID.glob("*.safetensors")):
@@ -785,32 +812,39 @@ def export_all(ctx: Ctx):
             stem = Path(spec["path"]).stem
             for dname, suffix in HALF_DTYPES:
                 dtype = getattr(torch, dname)
-                hmod = block_module(spec, dtype)
                 hpath = WEIGHTS / f"mid/{stem}_{suffix}.safetensors"
-                try:
-                    hinfo = export_bundle(hmod, spec["block"], spec["config"], spec["inputs"], hpath, kwargs=spec["kwargs"],
-                                          source=f"{spec['source']}; {half_twin_source(stem, dname)}")
-                except RuntimeError as e:
-                    if spec["block"] != "openai.MiddleBlock":
-                        raise
-                    print(f"skipped weights/mid/{stem}_{suffix}.safetensors: PyTorch rejects it "
-                          f"({str(e).splitlines()[0]}): GroupNorm32 runs super().forward(x.float()) with the half "
-                          "GroupNorm weight")
-                    continue
+                twin = half_twin(spec, dtype)
+                if twin is None:
+                    try:
+                        run_module(block_module(spec, dtype), OrderedDict(
+                            (k, v.to(dtype) if v.is_floating_point() else v) for k, v in spec["inputs"].items()),
+                            spec["kwargs"])
+                    except RuntimeError as e:
+                        print(f"skipped weights/mid/{stem}_{suffix}.safetensors: PyTorch rejects module.to({dname}) "
+                              f"({str(e).splitlines()[0]}): GroupNorm32 runs super().forward(x.float()) with the half "
+                              "GroupNorm weight; ldm openaimodel.py's convert_module_to_f16 is a no-op, so SD's "
+                              "UNetModel has no half-precision form of its own")
+                        continue
+                    raise RuntimeError(f"{hpath}: PyTorch now runs module.to({dname}) of this block")
+                hmod, extra = twin
+                hinfo = export_bundle(hmod, spec["block"], spec["config"], spec["inputs"], hpath,
+                                      kwargs=spec["kwargs"], **extra)
                 results.append(hinfo)
-                print(describe(dict(spec, path=f"mid/{stem}_{suffix}.safetensors"), hinfo, dtype))
+                print(describe(dict(spec, path=f"mid/{stem}_{suffix}.safetensors"), hinfo, dtype,
+                               mixed="input_dtypes" in extra))
     total = sum(r["bytes"] for r in results) + sum(f.stat().st_size for f in ctx.files)
     print(f"{len(results)} bundles and {len(ctx.files)} checkpoint files, {total} bytes in total")
 
 
-def describe(spec, info, dtype):
-    ins = ", ".join(f"{k}{tuple(v.shape)}" for k, v in spec["inputs"].items())
+def describe(spec, info, dtype, mixed=False):
+    ins = ", ".join(f"{k}{tuple(v.shape)}{':float32' if mixed and k == 'emb' else ''}"
+                    for k, v in spec["inputs"].items())
     ref = ""
     if spec["ref"] is not None:
         rel, prefix, *key = spec["ref"]
         ref = f" weights=weights/{rel} prefix={prefix!r}" + (f" key={key[0]!r}" if key else "")
     diffs = ", ".join(f"{k} {v:.3e}" for k, v in info["max_abs_diff_f64"].items())
-    tag = "" if dtype == torch.float32 else f" [{str(dtype).replace('torch.', '')}]"
+    tag = "" if dtype == torch.float32 else f" [{str(dtype).replace('torch.', '')}{', convert_to_fp16 form' if mixed else ''}]"
     return (f"wrote weights/{spec['path']} ({info['bytes']} B) {spec['block']}{tag} {json.dumps(spec['config'])} "
             f"inputs [{ins}]{ref} max|{_short(dtype)}-f64| {diffs}")
 
@@ -828,7 +862,20 @@ def verify_bundle(path: Path) -> str:
     if b["weights_ref"] is not None:
         assert dtype == torch.float32 and not b["state_dict"], f"{path}: referencing bundles are float32, weightless"
         assert (path.parent / b["weights_ref"][0]).resolve().is_relative_to(MODELS.resolve()), path
-    cast_module(module, dtype)
+    mixed = CONVERT_TO_FP16_MARK in meta["parity.source"]
+    if mixed:
+        # guided-diffusion's convert_to_fp16: exactly the dtypes PyTorch held (conv parameters and x
+        # half, norm and emb Linear parameters and emb float32)
+        assert dtype in (torch.float16, torch.bfloat16), path
+        convert_convs_to_half_(module, dtype)
+        held = {k: v.dtype for k, v in module.state_dict().items()}
+        assert set(held.values()) == {dtype, torch.float32}, f"{path}: not a mixed-dtype module"
+        for k, v in state.items():
+            assert v.dtype == held[k], f"{path}: {k} is {v.dtype}, PyTorch holds it in {held[k]}"
+        for k, v in list(b["inputs"].items()) + list(b["expected"].items()):
+            assert v.dtype == (torch.float32 if k == "emb" else dtype), f"{path}: {k} is {v.dtype}"
+    else:
+        cast_module(module, dtype)
     module.load_state_dict(state, strict=True)
     module.eval()
     names = list(b["expected"])
@@ -849,10 +896,18 @@ def verify_half_twin(path: Path, f32_path: Path):
     h, f = load_bundle(path), load_bundle(f32_path)
     dtype = getattr(torch, h["metadata"]["parity.dtype"])
     assert (h["block"], h["config"]) == (f["block"], f["config"]), path
-    assert list(h["state_dict"]) == list(f["state_dict"]) and list(h["inputs"]) == list(f["inputs"]), path
+    # (sorted: safetensors orders the tensors of a mixed-dtype file by dtype first)
+    assert sorted(h["state_dict"]) == sorted(f["state_dict"]) and list(h["inputs"]) == list(f["inputs"]), path
+    held = {}
+    if CONVERT_TO_FP16_MARK in h["metadata"]["parity.source"]:
+        # guided-diffusion's convert_to_fp16 of the float32 block: conv parameters rounded, the rest
+        # (and emb) float32
+        module = convert_convs_to_half_(build_module(f["block"], f["config"]), dtype)
+        held = {k: v.dtype for k, v in module.state_dict().items()}
+        held["emb"] = torch.float32
     for k, v in list(f["state_dict"].items()) + list(f["inputs"].items()):
         hv = h["state_dict"].get(k, h["inputs"].get(k))
-        want = v.to(dtype) if v.is_floating_point() else v
+        want = v.to(held.get(k, dtype)) if v.is_floating_point() else v
         assert hv.dtype == want.dtype and torch.equal(hv, want), f"{path}: {k} is not the f32 twin's cast"
 
 

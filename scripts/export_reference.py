@@ -32,8 +32,8 @@ from torch import nn
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from parity_bundle import (_cast_inputs, _flatten_list_inputs, export_bundle, float64_copy, load_bundle,  # noqa: E402
-                           randomize_, run_module)
+from parity_bundle import (CONVERT_TO_FP16_MARK, _cast_inputs, _flatten_list_inputs, convert_convs_to_half_,  # noqa: E402
+                           export_bundle, float64_copy, load_bundle, randomize_, run_module)
 from reference import annotated_diffusion, fastai, ldm, ldm_sd, openai, textbook  # noqa: E402
 
 REPO = HERE.parent
@@ -658,10 +658,19 @@ HALF_REJECTED = {
         "the half attention_mask as baddbmm's input (torch.baddbmm: 'Input dtypes must be the same'); the same "
         "configuration without the mask is exported as attention_attnprocessor_upcast_cross_nomask_{f16,bf16}",
     "openai/attention_block_legacy_c32_h2":
-        "GroupNorm32 runs super().forward(x.float()) with the half GroupNorm weight (CPU group_norm: 'mixed dtype "
-        "(CPU): expect parameter to have scalar type of Float'); guided-diffusion's own fp16 mode "
-        "(convert_to_fp16) keeps the norms in float32 and casts only the convolutions",
+        "module.to(dtype): GroupNorm32 runs super().forward(x.float()) with the half GroupNorm weight (CPU "
+        "group_norm: 'mixed dtype (CPU): expect parameter to have scalar type of Float'); this twin is exported in "
+        "guided-diffusion's own half-precision form instead (HALF_CONVERT_TO_FP16)",
 }
+
+# float32 bundles whose twins are made the way guided-diffusion runs in half precision
+# (UNetModel.convert_to_fp16 -> fp16_util.convert_module_to_f16): only the Conv1d/2d/3d weights and
+# biases are cast (parity_bundle.convert_convs_to_half_), the GroupNorm32 parameters stay float32;
+# x is given in the half dtype. bfloat16: the same conversion with bfloat16 (guided-diffusion has no
+# bf16 mode). Same paths as the module.to(dtype) twins HALF_REJECTED lists for them.
+HALF_CONVERT_TO_FP16 = (
+    "openai/attention_block_legacy_c32_h2",
+)
 
 
 def half_source(f32_path, dtype):
@@ -670,9 +679,24 @@ def half_source(f32_path, dtype):
             f"outputs from the float64 copy of the {dtype}-rounded weights and inputs")
 
 
+def convert_to_fp16_source(f32_path, dtype):
+    return (f"{dtype} twin of weights/{f32_path}.safetensors in the {CONVERT_TO_FP16_MARK}: same seed, weights and "
+            f"inputs; as guided-diffusion's UNetModel.convert_to_fp16() (fp16_util.convert_module_to_f16) only the "
+            f"Conv1d weights and biases are cast to {dtype}, the GroupNorm32 weight and bias stay float32 (stored "
+            f"float32); x cast to {dtype} (UNetModel.forward's h = x.type(self.dtype)); run by PyTorch on CPU; "
+            f".float64 outputs from the float64 copy of that mixed-dtype module on x upcast"
+            + ("" if dtype == "float16" else "; guided-diffusion has no bfloat16 mode: the same conversion with "
+               "bfloat16"))
+
+
 def add_half_precision_specs(S):
     by_path = {s["path"]: s for s in S}
     new = []
+    for stem in HALF_CONVERT_TO_FP16:
+        base = by_path[f"{stem}.safetensors"]
+        for dtype, suffix in HALF_DTYPES:
+            new.append(dict(base, path=f"{stem}_{suffix}.safetensors", dtype=dtype, f32_twin=base["path"],
+                            convert_to_fp16=True, source=f"{base['source']}; {convert_to_fp16_source(stem, dtype)}"))
     for stem in HALF_FROM:
         base = by_path[f"{stem}.safetensors"]
         for dtype, suffix in HALF_DTYPES:
@@ -757,7 +781,10 @@ def make_module_and_inputs(spec):
     randomize_(module, spec["seed"])
     gen = torch.Generator().manual_seed(spec["seed"] + 100_000)
     inputs = spec["make_inputs"](gen)
-    cast_module(module, getattr(torch, spec.get("dtype", "float32")))
+    if spec.get("convert_to_fp16"):
+        convert_convs_to_half_(module, getattr(torch, spec["dtype"]))
+    else:
+        cast_module(module, getattr(torch, spec.get("dtype", "float32")))
     return module, inputs
 
 
@@ -779,7 +806,8 @@ def export_all(specs):
             try:
                 run_module(module, _cast_inputs(_flatten_list_inputs(inputs), dtype), spec["kwargs"])
             except RuntimeError as e:
-                print(f"skipped weights/{spec['path']}: PyTorch rejects it ({str(e).splitlines()[0]}): "
+                print(f"skipped weights/{spec['path']} as module.to({spec['dtype']}): PyTorch rejects it "
+                      f"({str(e).splitlines()[0]}): "
                       f"{spec['rejected']}")
                 continue
             raise RuntimeError(f"{spec['path']}: PyTorch now runs this half-precision twin; move it from "
@@ -801,7 +829,7 @@ def export_all(specs):
         if spec.get("conv_weights"):
             sd = to_conv_shaped_diffusers_weights(module.state_dict())
         info = export_bundle(module, spec["block"], spec["config"], inputs, WEIGHTS / spec["path"],
-                             kwargs=spec["kwargs"], source=source, state_dict=sd)
+                             kwargs=spec["kwargs"], source=source, state_dict=sd, dtype=dtype)
         diffs = ", ".join(f"{k} {v:.3e}" for k, v in info["max_abs_diff_f64"].items())
         flat = OrderedDict()
         for k, v in inputs.items():
@@ -810,7 +838,7 @@ def export_all(specs):
         stored = _cast_inputs(OrderedDict((k, v) for k, v in flat.items() if v is not None), dtype)
         ins = ", ".join(f"{k}{tuple(v.shape)}{'' if v.dtype == dtype else ':' + str(v.dtype).replace('torch.', '')}"
                         for k, v in stored.items())
-        tag = "" if dtype == torch.float32 else f" [{spec['dtype']}]"
+        tag = "" if dtype == torch.float32 else f" [{spec['dtype']}{', convert_to_fp16 form' if spec.get('convert_to_fp16') else ''}]"
         print(f"wrote weights/{spec['path']} ({info['bytes']} B) {spec['block']}{tag} {json.dumps(spec['config'])} "
               f"inputs [{ins}] max|{_short_dtype(dtype)}-f64| {diffs}")
         results.append(info)
@@ -835,11 +863,25 @@ def verify_file(path: Path) -> str:
     want_dtype = getattr(torch, meta["parity.dtype"])
     module = build_module(b["block"], b["config"], sd.keys(), meta["parity.source"])
     # a half-precision bundle: cast first, so load_state_dict copies the stored values unchanged
-    cast_module(module, want_dtype)
+    mixed = CONVERT_TO_FP16_MARK in meta["parity.source"]
+    if mixed:
+        assert want_dtype in (torch.float16, torch.bfloat16), f"{path}: {CONVERT_TO_FP16_MARK} of {want_dtype}"
+        convert_convs_to_half_(module, want_dtype)
+    else:
+        cast_module(module, want_dtype)
+    held = {k: v.dtype for k, v in module.state_dict().items()}
     missing, unexpected = module.load_state_dict(sd, strict=True)
     module.eval()
-    assert all(p.dtype == want_dtype for p in module.parameters()), f"{path}: dtype mismatch"
-    if want_dtype != torch.float32:
+    if mixed:
+        # exactly the dtypes PyTorch held: conv parameters half, the rest float32, x half
+        for name, t in sd.items():
+            assert t.dtype == held[name], f"{path}: {name} is {t.dtype}, PyTorch holds it in {held[name]}"
+        assert {held[k] for k in held} == {want_dtype, torch.float32}, f"{path}: not a mixed-dtype module"
+        for name, t in list(b["inputs"].items()) + list(b["expected"].items()):
+            assert t.dtype == want_dtype, f"{path}: {name} is {t.dtype}, not {want_dtype}"
+    else:
+        assert all(p.dtype == want_dtype for p in module.parameters()), f"{path}: dtype mismatch"
+    if want_dtype != torch.float32 and not mixed:
         for name, t in list(sd.items()) + list(b["inputs"].items()) + list(b["expected"].items()):
             assert not t.is_floating_point() or t.dtype == want_dtype, f"{path}: {name} is {t.dtype}, not {want_dtype}"
     for name, t in list(b["inputs"].items()) + list(b["expected"].items()) + list(sd.items()):
@@ -882,12 +924,19 @@ def verify_half_twin(path: Path, f32_path: Path) -> None:
     assert f["metadata"]["parity.dtype"] == "float32", f"{f32_path}: not a float32 bundle"
     assert (h["block"], h["config"], h["kwargs"]) == (f["block"], f["config"], f["kwargs"]), \
         f"{path}: block/config/kwargs differ from {f32_path}"
-    assert list(h["state_dict"]) == list(f["state_dict"]), f"{path}: state-dict keys differ from {f32_path}"
+    # (sorted: safetensors orders the tensors of a mixed-dtype file by dtype first)
+    assert sorted(h["state_dict"]) == sorted(f["state_dict"]), f"{path}: state-dict keys differ from {f32_path}"
     assert set(h["inputs"]) <= set(f["inputs"]), f"{path}: inputs not a subset of {f32_path}'s"
+    mixed = CONVERT_TO_FP16_MARK in h["metadata"]["parity.source"]
+    if mixed:
+        # the dtype each weight has after guided-diffusion's conversion of the float32 block
+        module = build_module(f["block"], f["config"], f["state_dict"].keys(), f["metadata"]["parity.source"])
+        held = {k: v.dtype for k, v in convert_convs_to_half_(module, dtype).state_dict().items()}
     pairs = [(k, h["state_dict"][k], v) for k, v in f["state_dict"].items()]
     pairs += [(k, v, f["inputs"][k]) for k, v in h["inputs"].items()]
     for k, half, full in pairs:
-        want = full.to(dtype) if full.is_floating_point() else full
+        to = held.get(k, dtype) if mixed else dtype
+        want = full.to(to) if full.is_floating_point() else full
         assert half.dtype == want.dtype and torch.equal(half, want), f"{path}: {k} is not {f32_path}'s cast to {dtype}"
 
 
@@ -902,7 +951,8 @@ def verify_all(specs):
         twin = ""
         if spec.get("f32_twin"):
             verify_half_twin(p, WEIGHTS / spec["f32_twin"])
-            twin = f", same weights and inputs as weights/{spec['f32_twin']} rounded to {spec['dtype']}"
+            what = "Conv1d weights/biases and x" if spec.get("convert_to_fp16") else "weights and inputs"
+            twin = f", same weights and inputs as weights/{spec['f32_twin']}, {what} rounded to {spec['dtype']}"
         short = _short_dtype(getattr(torch, spec.get("dtype", "float32")))
         print(f"verified {p.relative_to(REPO)}: rebuilt from metadata, outputs bit-identical{twin} "
               f"(max|{short}-f64| {diffs})")

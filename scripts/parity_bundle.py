@@ -42,6 +42,15 @@ float inputs are cast to the module's dtype, the outputs are PyTorch's run in th
 ``.float64`` outputs come from the float64 copy of the cast module, i.e. from the half-rounded
 weights and inputs upcast exactly to float64.
 
+Mixed precision (guided-diffusion's ``convert_to_fp16``: convolutions in float16, norms and the
+time-embedding ``Linear`` in float32, ``x`` float16 and ``emb`` float32)::
+
+    convert_convs_to_half_(middle_block, torch.float16)
+    export_bundle(middle_block, "openai.MiddleBlock", config, {"x": x, "emb": emb}, path,
+                  dtype=torch.float16, input_dtypes={"emb": torch.float32})
+
+Each tensor is stored in the dtype PyTorch held it in; the float64 copy upcasts all of them.
+
 The module is called as ``module(**inputs, **kwargs)``, so the input names must be the
 forward's parameter names (a list argument is stored as ``<name>.0``, ``<name>.1``, ...).
 ``config`` must be exactly the keyword arguments the module was constructed with (the Rust side
@@ -71,6 +80,8 @@ __all__ = [
     "load_bundle",
     "run_module",
     "float64_copy",
+    "convert_convs_to_half_",
+    "CONVERT_TO_FP16_MARK",
     "library_versions",
     "load_checkpoint_state_dict",
     "resolve_weights",
@@ -146,19 +157,45 @@ def _with_forward_defaults(module: nn.Module, inputs: Mapping[str, Any]) -> "Ord
     return call
 
 
-def _cast_inputs(inputs: Mapping[str, Any], dtype: torch.dtype) -> "OrderedDict[str, Any]":
-    """Cast floating tensors to ``dtype``; other values unchanged. Aliasing is preserved
-    (an input that is the same object as another stays the same object)."""
-    memo: dict[int, Any] = {}
+def _cast_inputs(inputs: Mapping[str, Any], dtype: torch.dtype,
+                 input_dtypes: Mapping[str, torch.dtype] | None = None) -> "OrderedDict[str, Any]":
+    """Cast floating tensors to ``dtype`` (or to ``input_dtypes[name]`` where given); other values
+    unchanged. Aliasing is preserved (an input that is the same object as another, cast to the same
+    dtype, stays the same object)."""
+    memo: dict[tuple[int, torch.dtype], Any] = {}
     out = OrderedDict()
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor):
-            if id(value) not in memo:
-                memo[id(value)] = value.to(dtype) if value.is_floating_point() else value
-            out[name] = memo[id(value)]
+            want = (input_dtypes or {}).get(name, dtype)
+            if (id(value), want) not in memo:
+                memo[(id(value), want)] = value.to(want) if value.is_floating_point() else value
+            out[name] = memo[(id(value), want)]
         else:
             out[name] = value
     return out
+
+
+# the phrase a bundle's ``parity.source`` contains when it was made with ``convert_convs_to_half_``
+# (the export scripts' --verify rebuild the mixed-dtype module from it)
+CONVERT_TO_FP16_MARK = "guided-diffusion convert_to_fp16 form"
+
+
+def convert_convs_to_half_(module: nn.Module, dtype: torch.dtype = torch.float16) -> nn.Module:
+    """guided-diffusion's half-precision mode, in place: ``UNetModel.convert_to_fp16()`` applies
+    ``fp16_util.convert_module_to_f16`` to ``input_blocks``, ``middle_block`` and ``output_blocks``,
+    which converts the weight and bias of every ``nn.Conv1d`` / ``nn.Conv2d`` / ``nn.Conv3d`` to
+    float16 (``l.weight.data = l.weight.data.half()``) and nothing else: the ``GroupNorm32``
+    parameters and the ``nn.Linear`` of ``ResBlock.emb_layers`` stay float32. (openai/guided-diffusion
+    22e0df818350 ``guided_diffusion/fp16_util.py``, same in improved-diffusion; ldm's
+    ``openaimodel.py`` replaces ``convert_module_to_f16`` by a no-op.) ``dtype=torch.bfloat16``
+    applies the same conversion with bfloat16, which guided-diffusion itself does not offer.
+    Returns ``module``."""
+    for m in module.modules():
+        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            m.weight.data = m.weight.data.to(dtype)
+            if m.bias is not None:
+                m.bias.data = m.bias.data.to(dtype)
+    return module
 
 
 def _rms_norm_forward_keep_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -283,6 +320,8 @@ def export_bundle(
     state_dict: Mapping[str, torch.Tensor] | None = None,
     prepare_float64: Callable[[nn.Module], None] | None = None,
     weights_ref: Sequence[str] | None = None,
+    dtype: torch.dtype | None = None,
+    input_dtypes: Mapping[str, torch.dtype] | None = None,
 ) -> dict:
     """Run ``module`` on ``inputs`` and write a format-"1" parity bundle to ``path``.
 
@@ -314,6 +353,13 @@ def export_bundle(
             ``"model"`` / ``"ema"`` in a lucidrains Trainer checkpoint); without it the file's top
             level is the state dict. Stored as metadata ``parity.weights``, ``parity.prefix`` and
             (when given) ``parity.weights_key``. The module must already hold those weights.
+        dtype: the bundle's ``parity.dtype``, the dtype PyTorch runs the block in; default the
+            module's dtype (of its first floating parameter or buffer). Give it for a module holding
+            mixed dtypes, e.g. ``torch.float16`` after ``convert_convs_to_half_`` (whose first
+            parameter, a GroupNorm32 weight, stays float32).
+        input_dtypes: input name -> dtype for floating inputs PyTorch is given in another dtype
+            than ``dtype`` (guided-diffusion's half mode: ``{"emb": torch.float32}``); stored in
+            that dtype.
 
     The module's dtype (of its first floating parameter or buffer) is the bundle's
     ``parity.dtype``: for a float16 / bfloat16 bundle pass a module cast with ``.to(dtype)``; its
@@ -325,12 +371,15 @@ def export_bundle(
     """
     module.eval()
     kwargs = dict(kwargs or {})
-    dtype = _module_dtype(module)
+    dtype = _module_dtype(module) if dtype is None else dtype
     clean = OrderedDict((k, v) for k, v in _flatten_list_inputs(inputs).items() if v is not None)
     for name, value in clean.items():
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"input {name!r} is not a tensor; pass non-tensor arguments via kwargs")
-    ins = _cast_inputs(clean, dtype)
+    unknown = sorted(set(input_dtypes or {}) - set(clean))
+    if unknown:
+        raise KeyError(f"input_dtypes names inputs {unknown} that are not among {list(clean)}")
+    ins = _cast_inputs(clean, dtype, input_dtypes)
     outs = run_module(module, ins, kwargs, output_names)
 
     m64 = float64_copy(module, prepare_float64)

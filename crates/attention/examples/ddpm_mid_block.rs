@@ -10,7 +10,9 @@ use candle_nn::VarBuilder;
 use unet_attention::ddpm::{MidBlock, MidBlockConfig};
 
 fn main() -> anyhow::Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "weights/models/lucidrains_ddpm/model-1.pt".into());
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "weights/models/lucidrains_ddpm/model-1.pt".into());
     let dev = Device::Cpu;
     // `Trainer.save` writes {'model': ..., 'ema': ..., 'version': ...}; the EMA's Unet is under
     // `ema_model.model.` (the online one: entry "model", prefix "model.").
@@ -33,6 +35,11 @@ fn main() -> anyhow::Result<()> {
     let x = Tensor::randn(0f32, 1.0, (2, dim, 8, 8), &dev)?;
     let t = Tensor::randn(0f32, 1.0, (2, time_emb_dim), &dev)?; // Unet.time_mlp(time)
     let y = mid.forward(&x, Some(&t))?;
-    println!("{} ({heads} heads of {dim_head}): {:?} -> {:?}", MidBlock::BLOCK, x.dims(), y.dims());
+    println!(
+        "{} ({heads} heads of {dim_head}): {:?} -> {:?}",
+        MidBlock::BLOCK,
+        x.dims(),
+        y.dims()
+    );
     Ok(())
 }

@@ -11,7 +11,9 @@ use unet_attention::diffusers::model_config::mid_blocks;
 use unet_attention::diffusers::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
 
 fn main() -> anyhow::Result<()> {
-    let dir = std::env::args().nth(1).unwrap_or_else(|| "weights/models/diffusers_sd1".into());
+    let dir = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "weights/models/diffusers_sd1".into());
     let dir = std::path::Path::new(&dir);
     let dev = Device::Cpu;
     let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;

@@ -9,10 +9,13 @@ use candle_nn::VarBuilder;
 use unet_attention::ldm::mid_block::{AttnType, MidBlock, MidBlockConfig};
 
 fn main() -> anyhow::Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "weights/models/sd_v1_tiny/sd_v1_tiny.ckpt".into());
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "weights/models/sd_v1_tiny/sd_v1_tiny.ckpt".into());
     let dev = Device::Cpu;
     // SD checkpoints keep the weights in their `state_dict` entry.
-    let vb = VarBuilder::from_pth_with_state(&path, DType::F32, "state_dict", &dev)?.pp("first_stage_model.decoder.mid");
+    let vb =
+        VarBuilder::from_pth_with_state(&path, DType::F32, "state_dict", &dev)?.pp("first_stage_model.decoder.mid");
     let in_channels = vb.get_unchecked("block_1.conv1.weight")?.dim(1)?;
     let cfg = MidBlockConfig {
         in_channels,

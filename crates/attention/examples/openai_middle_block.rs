@@ -10,7 +10,9 @@ use candle_nn::VarBuilder;
 use unet_attention::openai::{MiddleBlock, MiddleBlockConfig};
 
 fn main() -> anyhow::Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "weights/models/guided_tiny/guided_tiny.pt".into());
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "weights/models/guided_tiny/guided_tiny.pt".into());
     let dev = Device::Cpu;
     let vb = VarBuilder::from_pth(&path, DType::F32, &dev)?.pp("middle_block");
     let channels = vb.get_unchecked("0.in_layers.0.weight")?.dim(0)?;

@@ -18,7 +18,8 @@ pub struct Projection {
 impl Projection {
     /// Load `<vb>.weight` (and `<vb>.bias` when `bias`) mapping `in_dim` to `out_dim` features.
     pub fn load(vb: VarBuilder, block: &'static str, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
-        let weight = vb.get_unchecked("weight")?;
+        // `vb.dtype()`, not `get_unchecked`'s dtype of the backend: a `vb.to_dtype(..)` is honoured.
+        let weight = vb.get_unchecked_dtype("weight", vb.dtype())?;
         let dims = weight.dims().to_vec();
         let ok = dims.len() >= 2 && dims[0] == out_dim && dims[1] == in_dim && dims[2..].iter().all(|&d| d == 1);
         if !ok || dims.len() > 4 {
@@ -245,6 +246,11 @@ impl Module for BatchNorm2d {
 /// f32 and f64 stay as they are (a float64 reference run keeps the whole block in float64).
 /// Candle's own `GroupNorm` normalises in f32 but applies the affine in the input dtype (three
 /// roundings instead of one).
+///
+/// The weight and bias are loaded in the compute dtype of the run (f32 for f16/bf16 runs, else
+/// the run's dtype), never rounded to the half type: guided-diffusion's half-precision mode
+/// (`convert_to_fp16`) keeps the `GroupNorm32` parameters in f32, and a half-precision weight
+/// upcasts exactly.
 #[derive(Debug, Clone)]
 pub struct GroupNorm {
     weight: Tensor,
@@ -263,6 +269,7 @@ impl GroupNorm {
                 format!("{groups} norm groups do not divide {channels} channels"),
             ));
         }
+        let vb = vb.to_dtype(crate::sdpa::compute_dtype(vb.dtype()));
         Ok(Self {
             weight: vb.get(channels, "weight")?,
             bias: vb.get(channels, "bias")?,

@@ -12,6 +12,12 @@
 //!   the bundle (an f16 bundle in f32) must therefore be at least half as accurate as PyTorch in
 //!   the bundle's dtype; running less precisely (an f32 bundle in f16) is held to PyTorch's f32
 //!   error and normally fails: check an f16/bf16 bundle itself for PyTorch's half-precision error.
+//!
+//! **Mixed-dtype bundles**: an f16/bf16 bundle may store some inputs in f32 (PyTorch was given them
+//! in f32, e.g. guided-diffusion's `emb` under `convert_to_fp16`). Run in the bundle's own dtype,
+//! those inputs reach the block in f32, unconverted; the weights are loaded in the run dtype (an f32
+//! conv weight of such a bundle would be reported as converted), except where a block loads them
+//! in its compute dtype (GroupNorm, the openai `ResBlock`'s `emb_layers`).
 
 use crate::bundle::Bundle;
 use crate::checkpoint::{Checkpoint, PrefixView};
@@ -173,7 +179,11 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
     let mut tensors = std::collections::BTreeMap::new();
     for name in &bundle.inputs {
         let t = bundle.input(name).expect("validated when the bundle was read");
-        let t = if t.dtype().is_float() {
+        // A half-precision bundle that stores an input in f32 was run by PyTorch with that input
+        // in f32 (guided-diffusion's `convert_to_fp16`: `x` half, `emb` f32): in a run in the
+        // bundle's own dtype it is given to the block as stored. Otherwise floats go to the run dtype.
+        let as_stored = dtype == bundle_dtype && is_half(bundle_dtype) && t.dtype() == DType::F32;
+        let t = if t.dtype().is_float() && !as_stored {
             weights.record_conversion(&format!("{}{name}", crate::bundle::INPUT_PREFIX), t.dtype(), dtype);
             t.to_dtype(dtype)
         } else {
@@ -357,6 +367,10 @@ fn unused_weights(weights: &TrackedWeights) -> Vec<String> {
         .map(|n| first(n))
         .collect();
     unused.into_iter().filter(|n| used.contains(&first(n))).collect()
+}
+
+fn is_half(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
 }
 
 /// `f32`, `f16`, `bf16`, `f64` (as `--dtype` spells them).

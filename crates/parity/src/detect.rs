@@ -119,7 +119,7 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
             format!(
                 "num_attention_heads (the config's `num_attention_heads`, or `attention_head_dim` in SD configs; \
                  SD 1.x: 8 heads{})",
-                if inner % 64 == 0 {
+                if inner.is_multiple_of(64) {
                     format!(", SD 2.x / XL: {} heads of 64", inner / 64)
                 } else {
                     String::new()

@@ -16,6 +16,12 @@
 //! return skip_connection(x) + h
 //! ```
 //! GroupNorm32 computes in float32 (eps 1e-5). Only `dims=2` is implemented.
+//!
+//! Half precision as guided-diffusion runs it (`UNetModel.convert_to_fp16()`): only the convs are
+//! half, `x` is half, while `emb` (the un-converted `time_embed`'s output), the `GroupNorm32`
+//! parameters and the `emb_layers` `Linear` stay f32. So `emb_layers` runs in `emb`'s dtype with its
+//! weights loaded in the compute dtype (f32 for half runs, never rounded to the half type), and
+//! `.type(h.dtype)` casts its output to `h`'s dtype.
 
 use super::{AttentionBlock, AttentionBlockConfig};
 use crate::layers::{scale_shift, Activation, Conv2d, GroupNorm, Projection};
@@ -96,7 +102,15 @@ impl ResBlock {
             channels: c,
             in_norm: GroupNorm::load(vb.pp("in_layers.0"), block, NORM_GROUPS, c, NORM_EPS)?,
             in_conv: Conv2d::load(vb.pp("in_layers.2"), c, out, 3, true)?,
-            emb_proj: Projection::load(vb.pp("emb_layers.1"), block, cfg.emb_channels, emb_out, true)?,
+            // `emb_layers` is not converted by `convert_to_fp16`: its Linear keeps f32 weights (a
+            // half-precision weight upcasts exactly); it runs in `emb`'s dtype (see `forward`).
+            emb_proj: Projection::load(
+                vb.pp("emb_layers.1").to_dtype(crate::sdpa::compute_dtype(vb.dtype())),
+                block,
+                cfg.emb_channels,
+                emb_out,
+                true,
+            )?,
             out_norm: GroupNorm::load(vb.pp("out_layers.0"), block, NORM_GROUPS, out, NORM_EPS)?,
             out_conv: Conv2d::load(vb.pp("out_layers.3"), out, out, 3, true)?,
             skip,
@@ -123,6 +137,8 @@ impl ResBlock {
         }
         let act = Activation::Swish;
         let h = self.in_conv.forward(&act.forward(&self.in_norm.forward(x)?)?)?;
+        // emb_out = self.emb_layers(emb).type(h.dtype): SiLU and Linear in emb's dtype (f32 in
+        // guided-diffusion's half mode; a half emb: f32 accumulation rounded once, as `addmm`).
         let emb_out = self.emb_proj.forward_tokens(&act.forward(emb)?)?.to_dtype(h.dtype())?;
         let h = if self.scale_shift {
             let half = emb_out.dim(1)? / 2;
