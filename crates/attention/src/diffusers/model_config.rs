@@ -388,3 +388,87 @@ fn autoencoder_kl(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(config: Value) -> MidBlockSpec {
+        let mut specs = mid_blocks(&config, None, false).unwrap();
+        assert_eq!(specs.len(), 1);
+        specs.remove(0)
+    }
+
+    #[test]
+    fn sd_configs_mean_heads_by_attention_head_dim() {
+        // SD 1.5's unet/config.json essentials: `attention_head_dim: 8` is 8 heads.
+        let spec = one(
+            json!({"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.6.0",
+            "block_out_channels": [320, 640, 1280, 1280], "attention_head_dim": 8, "cross_attention_dim": 768,
+            "norm_eps": 1e-5, "norm_num_groups": 32}),
+        );
+        assert_eq!(spec.block, UNetMidBlock2DCrossAttn::BLOCK);
+        assert_eq!(spec.prefix, "mid_block.");
+        assert_eq!(spec.config["in_channels"], 1280);
+        assert_eq!(spec.config["temb_channels"], 1280);
+        assert_eq!(spec.config["num_attention_heads"], 8);
+        assert_eq!(spec.config["cross_attention_dim"], 768);
+        // SD 2.x: a per-block list, the last entry counts; SDXL: num_attention_heads wins.
+        let spec = one(
+            json!({"_class_name": "UNet2DConditionModel", "attention_head_dim": [5, 10, 20, 20],
+            "use_linear_projection": true, "cross_attention_dim": 1024}),
+        );
+        assert_eq!(spec.config["num_attention_heads"], 20);
+        assert_eq!(spec.config["use_linear_projection"], true);
+        let spec = one(
+            json!({"_class_name": "UNet2DConditionModel", "block_out_channels": [320, 640, 1280],
+            "attention_head_dim": [5, 10, 20], "num_attention_heads": null, "transformer_layers_per_block": [1, 2, 10],
+            "class_embeddings_concat": true}),
+        );
+        assert_eq!(spec.config["transformer_layers_per_block"], 10);
+        assert_eq!(spec.config["temb_channels"], 2560);
+    }
+
+    #[test]
+    fn unet_2d_and_vae_configs() {
+        let spec =
+            one(json!({"_class_name": "UNet2DModel", "block_out_channels": [128, 256], "attention_head_dim": null}));
+        assert_eq!(spec.block, UNetMidBlock2D::BLOCK);
+        assert_eq!(spec.config["attention_head_dim"], 256);
+        assert_eq!(spec.config["temb_channels"], 512);
+        assert_eq!(spec.config["resnet_eps"], 1e-5);
+        let specs = mid_blocks(
+            &json!({"_class_name": "AutoencoderKL", "block_out_channels": [128, 512]}),
+            None,
+            false,
+        )
+        .unwrap();
+        let prefixes: Vec<_> = specs.iter().map(|s| s.prefix).collect();
+        assert_eq!(prefixes, ["encoder.mid_block.", "decoder.mid_block."]);
+        assert_eq!(specs[0].config["attention_head_dim"], 512);
+        assert_eq!(specs[0].config["temb_channels"], Value::Null);
+    }
+
+    #[test]
+    fn unknown_keys_and_classes_are_errors() {
+        let cfg = json!({"_class_name": "UNet2DModel", "mid_block_flavour": 1});
+        let e = mid_blocks(&cfg, None, false).unwrap_err().to_string();
+        assert!(e.contains("mid_block_flavour"), "{e}");
+        assert!(mid_blocks(&cfg, None, true).is_ok());
+        let e = mid_blocks(&json!({"_class_name": "UNet3DConditionModel"}), None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("UNet3DConditionModel"), "{e}");
+        let e = mid_blocks(&json!({"block_out_channels": [4]}), None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("_class_name"), "{e}");
+        let spec = mid_blocks(
+            &json!({"block_out_channels": [8]}),
+            Some(ModelClass::UNet2DModel),
+            false,
+        )
+        .unwrap();
+        assert_eq!(spec[0].config["in_channels"], 8);
+    }
+}
