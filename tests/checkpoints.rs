@@ -370,3 +370,17 @@ fn broken_pickles_are_named_not_unpickled_blindly() {
     let (code, _, err) = cli(&["detect", &copy]);
     assert_eq!(code, 2, "{err}");
 }
+
+#[test]
+fn inspect_lists_a_pickle_checkpoint() {
+    let (code, out, err) = cli(&["inspect", &models("lucidrains_ddpm/model-1.pt")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("sections: ema, model") && out.contains("version = \"2.3.4\""),
+        "{out}"
+    );
+    assert!(
+        out.contains("model.model.mid_attn.mem_kv") && out.contains("[2, 2, 4, 8]"),
+        "{out}"
+    );
+}

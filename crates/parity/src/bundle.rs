@@ -103,9 +103,9 @@ pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<RawFile> {
     };
     if let Some(what) = pickle_checkpoint(bytes) {
         return Err(format_err(format!(
-            "this is {what}, not safetensors; the tool never unpickles files. Load it in Python and \
-             write a parity bundle with scripts/parity_bundle.py `export_bundle` (or save the state dict \
-             with `safetensors.torch.save_file`)"
+            "this is {what}, not safetensors: a bundle is never unpickled. Use the checkpoint as weights \
+             (`check BUNDLE --weights FILE --prefix P`, `detect FILE`), or write a parity bundle with \
+             scripts/parity_bundle.py `export_bundle`"
         )));
     }
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| format_err(e.to_string()))?;

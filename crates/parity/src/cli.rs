@@ -91,9 +91,9 @@ enum Command {
         #[command(flatten)]
         hub: HubArgs,
     },
-    /// Print a bundle's metadata and tensors.
+    /// Print a bundle's metadata and tensors (or a torch.save checkpoint's sections and tensors).
     Inspect {
-        /// A safetensors file.
+        /// A safetensors file or a torch.save zip checkpoint.
         file: PathBuf,
     },
     /// List the blocks this tool knows, with the PyTorch class each matches.
@@ -552,6 +552,15 @@ fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn
 }
 
 fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {
+    let is_pickle = std::fs::File::open(file).ok().and_then(|mut f| {
+        let mut magic = [0u8; 4];
+        std::io::Read::read_exact(&mut f, &mut magic)
+            .ok()
+            .map(|_| magic == *b"PK\x03\x04")
+    });
+    if is_pickle == Some(true) {
+        return inspect_checkpoint(file, out);
+    }
     let (metadata, infos, tensors) = bundle::read_file(file)?;
     if metadata.contains_key("parity.format") {
         // Validate as a bundle too, so a broken bundle is reported here as well (before any
@@ -567,6 +576,26 @@ fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityErro
     let width = infos.iter().map(|i| i.name.len()).max().unwrap_or(0);
     for i in &infos {
         let _ = writeln!(out, "  {:<width$}  {:<5}  {:?}", i.name, i.dtype, i.shape);
+    }
+    Ok(())
+}
+
+/// A `torch.save` checkpoint: sections, string entries, every tensor's flattened name, dtype, shape.
+fn inspect_checkpoint(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {
+    let ck = Checkpoint::open(file)?;
+    let _ = writeln!(out, "{}: {}", file.display(), ck.format);
+    if !ck.sections.is_empty() {
+        let _ = writeln!(out, "sections: {}", ck.sections.join(", "));
+    }
+    for (k, v) in &ck.strings {
+        let _ = writeln!(out, "  {k} = {v:?}");
+    }
+    let _ = writeln!(out, "tensors ({}):", ck.len());
+    let width = ck.names().map(|n| n.len()).max().unwrap_or(0);
+    for name in ck.names() {
+        let dtype = ck.dtype(name).map(crate::check::dtype_name).unwrap_or("unsupported");
+        let shape = ck.shape(name).map(|s| format!("{s:?}")).unwrap_or_default();
+        let _ = writeln!(out, "  {name:<width$}  {dtype:<5}  {shape}");
     }
     Ok(())
 }
