@@ -1,8 +1,10 @@
 //! The OpenAI half-precision bundles made the way guided-diffusion runs in half precision
 //! (`UNetModel.convert_to_fp16()`: conv weights and `x` in f16/bf16, the `GroupNorm32` parameters,
 //! the `ResBlock`'s `emb_layers` Linear and `emb` in f32) pass against PyTorch with every tensor in
-//! the dtype PyTorch held it in, and a port that rounds the f32 parts to the half type is
-//! measurably further from PyTorch and from the float64 reference.
+//! the dtype PyTorch held it in (bit-identical here), and a port that rounds the f32 parts to the
+//! half type no longer reproduces PyTorch (and, for the norm weights, is on average further from
+//! the float64 reference). Such a port still passes the pass rule (within PyTorch's half-precision
+//! error); the first test's `≤ atol from PyTorch` is what catches it.
 
 mod common;
 use candle_core::DType;
@@ -103,7 +105,7 @@ fn mean_errors(path: &std::path::Path) -> (f64, f64) {
 }
 
 #[test]
-fn rounding_the_norm_weights_or_emb_to_half_is_measurably_worse() {
+fn rounding_the_norm_weights_or_emb_to_half_departs_from_pytorch() {
     let is_norm = |k: &str| k.contains("norm.") || k.contains("in_layers.0.") || k.contains("out_layers.0.");
     let is_emb = |k: &str| k == "parity.input.emb" || k.contains("emb_layers.1.");
     for rel in TWINS {
@@ -137,18 +139,24 @@ fn rounding_the_norm_weights_or_emb_to_half_is_measurably_worse() {
                 "{rel}, {tag} rounded: max {vs_torch:.3e} from PyTorch; mean |out - float64| {rounded_mean:.3e} \
                  (faithful {faithful_mean:.3e}, PyTorch {torch_mean:.3e})"
             );
-            // No longer PyTorch's numbers ...
+            // No longer PyTorch's numbers (the faithful run is bit-identical to them) ...
             let (_, atol) = unet_parity::compare::default_tolerance(half);
             assert!(
                 vs_torch > atol,
                 "{rel} with {tag} rounded: only {vs_torch:.3e} from PyTorch"
             );
-            // ... and on average further from the float64 reference than PyTorch (the maximum
-            // is dominated by the rounding of the largest outputs and does not show it).
-            assert!(
-                rounded_mean > 1.0 * torch_mean || std::env::var("SHOW").is_ok(),
-                "{rel} with {tag} rounded: mean error vs float64 {rounded_mean:.3e}, PyTorch's {torch_mean:.3e}"
-            );
+            // ... and, for the norm weights, on average further from the float64 reference than
+            // PyTorch (measured: 12% and 6% in f16, 1% and 9% in bf16; the maximum is dominated
+            // by the rounding of the largest outputs and does not show it). Rounding `emb` and the
+            // emb Linear perturbs `emb_out` by less than the half-precision noise of the block: its
+            // mean error is not reliably worse (measured 3% lower in f16, 2% higher in bf16), so
+            // only its departure from PyTorch is asserted.
+            if tag == "norm" {
+                assert!(
+                    rounded_mean > torch_mean,
+                    "{rel} with {tag} rounded: mean error vs float64 {rounded_mean:.3e}, PyTorch's {torch_mean:.3e}"
+                );
+            }
         }
         assert!(
             faithful_mean <= torch_mean * 1.001,
