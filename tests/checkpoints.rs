@@ -384,3 +384,17 @@ fn inspect_lists_a_pickle_checkpoint() {
         "{out}"
     );
 }
+
+#[test]
+fn a_pickle_that_trips_candles_reader_is_a_clean_error() {
+    // Found by fuzz/checkpoint: a LONG1 opcode of 9 bytes overflows a shift in Candle 0.11.1's
+    // pickle reader (a panic where overflow checks are on, as in this test build).
+    let file = common::root().join("tests/data/long1_overflow.pt");
+    let (code, _, err) = cli(&["detect", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("malformed pickle") && err.contains("long1_overflow.pt"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

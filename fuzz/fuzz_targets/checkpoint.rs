@@ -34,7 +34,11 @@ fuzz_target!(|data: &[u8]| {
     if std::fs::write(&path, bytes).is_err() {
         return;
     }
-    if let Ok(ck) = Checkpoint::open(&path) {
+    let opened = unet_parity::guard::catch(&path, || Checkpoint::open(&path));
+    if let Err(unet_parity::ParityError::Internal { message, .. }) = &opened {
+        panic!("panic outside Candle's pickle reader: {message}");
+    }
+    if let Ok(ck) = opened {
         let names: Vec<String> = ck.names().cloned().collect();
         for n in &names {
             let _ = ck.load(n);

@@ -231,13 +231,24 @@ impl Checkpoint {
             zip.by_name(&pkl)
                 .map_err(|e| err(path, format!("cannot open `{pkl}`: {e}")))?,
         );
-        let mut stack = Stack::empty();
-        stack
-            .read_loop(&mut reader)
-            .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
-        let obj = stack
-            .finalize()
-            .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
+        // Candle's reader panics on a few malformed opcodes (a LONG1 wider than 8 bytes overflows
+        // a shift in builds with overflow checks): those become this file's error too.
+        let obj = crate::guard::catch(path, || {
+            let mut stack = Stack::empty();
+            stack
+                .read_loop(&mut reader)
+                .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
+            stack
+                .finalize()
+                .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))
+        })
+        .map_err(|e| match e {
+            ParityError::Internal { message, .. } => err(
+                path,
+                format!("malformed pickle `{pkl}`: Candle's pickle reader failed ({message})"),
+            ),
+            other => other,
+        })?;
         let mut ck = Self::empty(path, Format::TorchZip);
         ck.archive = Some(path.to_path_buf());
         let mut sections = BTreeSet::new();
