@@ -231,16 +231,22 @@ impl Checkpoint {
             zip.by_name(&pkl)
                 .map_err(|e| err(path, format!("cannot open `{pkl}`: {e}")))?,
         );
-        // Candle's reader panics on a few malformed opcodes (a LONG1 wider than 8 bytes overflows
-        // a shift in builds with overflow checks): those become this file's error too.
-        let obj = crate::guard::catch(path, || {
+        // Candle's reader panics on some malformed input (a LONG1 wider than 8 bytes overflows a
+        // shift in builds with overflow checks; a tensor rebuild with too few arguments indexes
+        // out of bounds): those become this file's error too.
+        let mut ck = Self::empty(path, Format::TorchZip);
+        ck.archive = Some(path.to_path_buf());
+        let mut sections = BTreeSet::new();
+        crate::guard::catch(path, || {
             let mut stack = Stack::empty();
             stack
                 .read_loop(&mut reader)
                 .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
-            stack
+            let obj = stack
                 .finalize()
-                .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))
+                .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
+            ck.walk(obj, "", &dir, 0, &mut sections);
+            Ok(())
         })
         .map_err(|e| match e {
             ParityError::Internal { message, .. } => err(
@@ -249,10 +255,6 @@ impl Checkpoint {
             ),
             other => other,
         })?;
-        let mut ck = Self::empty(path, Format::TorchZip);
-        ck.archive = Some(path.to_path_buf());
-        let mut sections = BTreeSet::new();
-        ck.walk(obj, "", &dir, 0, &mut sections);
         ck.sections = sections.into_iter().collect();
         if ck.tensors.is_empty() {
             return Err(err(path, "the pickle holds no tensors"));
@@ -359,7 +361,13 @@ impl Checkpoint {
                 let bytes = &self.maps[*file][*start..*end];
                 Tensor::from_raw_buffer(bytes, *dtype, shape, &Device::Cpu).map(Some)
             }
-            Stored::Pickle(info) => self.load_pickled(info).map_err(|e| fail(e.to_string())).map(Some),
+            Stored::Pickle(info) => {
+                // A hostile shape can overflow Candle's element count: an error, not a panic.
+                let loaded = crate::guard::catch(&self.path, || {
+                    self.load_pickled(info).map_err(|e| ParityError::Usage(e.to_string()))
+                });
+                loaded.map_err(|e| fail(e.to_string())).map(Some)
+            }
         }
     }
 
