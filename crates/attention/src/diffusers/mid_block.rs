@@ -38,6 +38,45 @@ fn time_norm(block: &'static str, name: &str) -> Result<TimeEmbeddingNorm> {
     }
 }
 
+/// The `ResnetBlock2D(...)` both mid blocks construct: `in_channels → out_channels`, the
+/// block-wide time embedding, eps, activation, time norm, dropout and output scale.
+#[allow(clippy::too_many_arguments)]
+fn resnet_config(
+    in_channels: usize,
+    out_channels: usize,
+    groups: usize,
+    groups_out: Option<usize>,
+    temb_channels: Option<usize>,
+    eps: f64,
+    act: Activation,
+    norm: TimeEmbeddingNorm,
+    dropout: f64,
+    output_scale_factor: f64,
+    pre_norm: bool,
+) -> ResnetBlock2DConfig {
+    ResnetBlock2DConfig {
+        in_channels,
+        out_channels: Some(out_channels),
+        conv_shortcut: false,
+        dropout,
+        temb_channels,
+        groups,
+        groups_out,
+        pre_norm,
+        eps,
+        non_linearity: act,
+        skip_time_act: false,
+        time_embedding_norm: norm,
+        kernel: None,
+        output_scale_factor,
+        use_in_shortcut: None,
+        up: false,
+        down: false,
+        conv_shortcut_bias: true,
+        conv_2d_out_channels: None,
+    }
+}
+
 fn default_shift() -> String {
     "default".into()
 }
@@ -110,27 +149,19 @@ impl UNetMidBlock2D {
         });
         let head_dim = cfg.attention_head_dim.unwrap_or(c);
         let heads = config::check_divides(block, c, head_dim)?;
-        let resnet = ResnetBlock2DConfig {
-            in_channels: c,
-            out_channels: Some(c),
-            conv_shortcut: false,
-            dropout: cfg.dropout,
-            temb_channels: cfg.temb_channels,
+        let resnet = resnet_config(
+            c,
+            c,
             groups,
-            groups_out: None,
-            pre_norm: cfg.resnet_pre_norm,
-            eps: cfg.resnet_eps,
-            non_linearity: cfg.resnet_act_fn,
-            skip_time_act: false,
-            time_embedding_norm: norm,
-            kernel: None,
-            output_scale_factor: cfg.output_scale_factor,
-            use_in_shortcut: None,
-            up: false,
-            down: false,
-            conv_shortcut_bias: true,
-            conv_2d_out_channels: None,
-        };
+            None,
+            cfg.temb_channels,
+            cfg.resnet_eps,
+            cfg.resnet_act_fn,
+            norm,
+            cfg.dropout,
+            cfg.output_scale_factor,
+            cfg.resnet_pre_norm,
+        );
         let mut attn = AttentionConfig::new(c);
         attn.heads = heads;
         attn.dim_head = head_dim;
@@ -272,26 +303,20 @@ impl UNetMidBlock2DCrossAttn {
                 ))
             }
         };
-        let resnet = |in_channels: usize, groups: usize, groups_out: Option<usize>| ResnetBlock2DConfig {
-            in_channels,
-            out_channels: Some(out),
-            conv_shortcut: false,
-            dropout: cfg.dropout,
-            temb_channels: cfg.temb_channels,
-            groups,
-            groups_out,
-            pre_norm: cfg.resnet_pre_norm,
-            eps: cfg.resnet_eps,
-            non_linearity: cfg.resnet_act_fn,
-            skip_time_act: false,
-            time_embedding_norm: norm,
-            kernel: None,
-            output_scale_factor: cfg.output_scale_factor,
-            use_in_shortcut: None,
-            up: false,
-            down: false,
-            conv_shortcut_bias: true,
-            conv_2d_out_channels: None,
+        let resnet = |in_channels: usize, groups: usize, groups_out: Option<usize>| {
+            resnet_config(
+                in_channels,
+                out,
+                groups,
+                groups_out,
+                cfg.temb_channels,
+                cfg.resnet_eps,
+                cfg.resnet_act_fn,
+                norm,
+                cfg.dropout,
+                cfg.output_scale_factor,
+                cfg.resnet_pre_norm,
+            )
         };
         let transformer = |num_layers: usize| -> Result<Transformer2DModelConfig> {
             config::from_json(
