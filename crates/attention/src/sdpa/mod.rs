@@ -17,8 +17,27 @@
 //!   does it (`einsum`, `* scale`, `softmax`, `einsum`): every step rounded.
 //!
 //! Mirroring these cast points keeps a half-precision run elementwise close to PyTorch's, not
-//! just as accurate. The f32 path materialises the full score matrix; the half path of [`sdpa`]
-//! works on key blocks of 512.
+//! just as accurate.
+//!
+//! **Implementations.** [`sdpa`] and [`eager_attention`] dispatch on [`SdpaPath`] (override with
+//! [`set_sdpa_path`] or `UNET_ATTENTION_SDPA=auto|reference|chunked|flash`; [`sdpa_with`] and
+//! [`eager_attention_with`] take the path as an argument):
+//!
+//! * the tiled online-softmax CPU kernel ([`SdpaPath::Flash`], the CPU choice of
+//!   [`SdpaPath::Auto`] for f32/f16/bf16): never forms the score matrix; same rounding points as
+//!   torch's CPU flash kernel in f16/bf16; memory O(tokens × head_dim). [`eager_attention`]
+//!   takes it in f32 only (its half-precision rounding is per op);
+//! * [`SdpaPath::Chunked`]: the reference ops on query blocks, one block of scores in memory at a
+//!   time, any device and dtype (f64, GPUs without a fused kernel);
+//! * fused GPU kernels under [`SdpaPath::Auto`]: CUDA FlashAttention-2 (feature `flash-attn`)
+//!   and Metal's `candle_nn::ops::sdpa`, where their dtype, head-dim and mask limits allow;
+//! * [`SdpaPath::Reference`]: the plain ops with the full score matrix, what the others are
+//!   tested against (`tests/sdpa_paths.rs`).
+
+mod cpu;
+mod path;
+
+pub use path::{sdpa_path, set_sdpa_path, SdpaPath};
 
 use candle_core::{DType, Result, Tensor, D};
 
@@ -131,7 +150,47 @@ pub fn attention_probs(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, scale: f64
 /// `mask` additive, broadcasting to `(B, H, Lq, Lk)`. f32/f64: `softmax(q·kᵀ·scale + mask)·v` in
 /// that dtype. f16/bf16: torch's flash kernel (see the module docs); a row whose keys are all
 /// masked gives 0, as there.
+///
+/// The implementation is [`sdpa_path`]'s (see the module docs); all give these semantics, except
+/// that a row whose keys are all masked gives 0 on the tiled CPU kernel in every dtype (as
+/// torch's kernels do) and NaN on the reference and chunked paths in f32/f64.
 pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f64) -> Result<Tensor> {
+    sdpa_with(sdpa_path()?, q, k, v, mask, scale)
+}
+
+/// [`sdpa`] on the given path.
+pub fn sdpa_with(
+    path: SdpaPath,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f64,
+) -> Result<Tensor> {
+    let fast_cpu = || cpu::supports(q, k, v, mask);
+    match path {
+        SdpaPath::Reference => return sdpa_reference(q, k, v, mask, scale),
+        SdpaPath::Chunked => return path::chunked(q, k, mask, |q, m| sdpa_reference(q, k, v, m, scale)),
+        SdpaPath::Flash | SdpaPath::Auto if fast_cpu() => {
+            return cpu::attention(q, k, v, mask, cpu::ScoreScale::Mul(scale as f32), cpu::Empty::Zero)
+        }
+        SdpaPath::Flash | SdpaPath::Auto => {}
+    }
+    if path == SdpaPath::Auto {
+        #[cfg(feature = "flash-attn")]
+        if let Some(out) = path::cuda_flash(q, k, v, mask, scale)? {
+            return Ok(out);
+        }
+        if let Some(out) = path::metal_sdpa(q, k, v, mask, scale)? {
+            return Ok(out);
+        }
+    }
+    path::chunked(q, k, mask, |q, m| sdpa_reference(q, k, v, m, scale))
+}
+
+/// The reference [`sdpa`]: f32/f64 with the full score matrix ([`attention_probs`] then `·v`),
+/// f16/bf16 with torch's flash-kernel rounding in tensor ops on key blocks of 512.
+fn sdpa_reference(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f64) -> Result<Tensor> {
     if is_half(v.dtype()) {
         return flash_half(q, k, v, mask, scale);
     }
@@ -141,7 +200,7 @@ pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f6
 }
 
 /// Key block of PyTorch's CPU flash attention (`kv_split_size`).
-const FLASH_KV_BLOCK: usize = 512;
+const FLASH_KV_BLOCK: usize = cpu::HALF_KV_BLOCK;
 
 /// torch's `cpu_flash_attention` for a half-precision `v`: per key block of 512, `s = q·kᵀ·scale
 /// + mask` in f32; running row max `m`; `p = exp(s − m)` in f32; the row sum from the f32 `p`;
@@ -232,7 +291,47 @@ impl Scale {
 /// first. In f32/f64 this equals [`sdpa`] up to summation order.
 ///
 /// Shapes as in [`sdpa`].
+///
+/// In f32 on the CPU, [`SdpaPath::Auto`] and [`SdpaPath::Flash`] run the tiled CPU kernel with
+/// the same scale operation (`· s` or `/ d` in f32, then the mask); every other case, and every
+/// f16/bf16 run (whose per-op rounding the kernel does not mirror), runs the ops below (chunked
+/// over queries on [`SdpaPath::Chunked`]).
 pub fn eager_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: Scale) -> Result<Tensor> {
+    eager_attention_with(sdpa_path()?, q, k, v, mask, scale)
+}
+
+/// [`eager_attention`] on the given path.
+pub fn eager_attention_with(
+    path: SdpaPath,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: Scale,
+) -> Result<Tensor> {
+    match path {
+        SdpaPath::Reference => eager_reference(q, k, v, mask, scale),
+        SdpaPath::Flash | SdpaPath::Auto if q.dtype() == DType::F32 && cpu::supports(q, k, v, mask) => {
+            let s = match scale {
+                Scale::Mul(s) => cpu::ScoreScale::Mul(s as f32),
+                Scale::Div(d) => cpu::ScoreScale::Div(d as f32),
+            };
+            cpu::attention(q, k, v, mask, s, cpu::Empty::Nan)
+        }
+        SdpaPath::Chunked => path::chunked(q, k, mask, |q, m| eager_reference(q, k, v, m, scale)),
+        SdpaPath::Flash | SdpaPath::Auto => {
+            let rows = path::chunk_rows(q.dims()[..q.rank() - 2].iter().product(), k.dim(D::Minus2)?);
+            if rows >= q.dim(D::Minus2)? {
+                eager_reference(q, k, v, mask, scale)
+            } else {
+                path::chunked(q, k, mask, |q, m| eager_reference(q, k, v, m, scale))
+            }
+        }
+    }
+}
+
+/// The reference [`eager_attention`]: the ops as the Python writes them.
+fn eager_reference(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: Scale) -> Result<Tensor> {
     let scores = scale.apply(&matmul(q, &k.t()?)?)?;
     let scores = match mask {
         Some(m) => scores.broadcast_add(&m.to_dtype(scores.dtype())?)?,

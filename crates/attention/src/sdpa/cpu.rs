@@ -1,0 +1,609 @@
+//! Tiled online-softmax ("flash") attention on the CPU: the score matrix is never formed whole.
+//!
+//! Work is split into tasks of one (batch·head, query block); rayon runs them in parallel. A task
+//! walks the keys in blocks: `S = Q_blk·K_blkᵀ` into a `(query block × key block)` tile (one
+//! `gemm` call), then per row scale, mask, running max, `exp` and row sum (SIMD, [`simd`]), then
+//! `O += P·V_blk` straight into the task's rows of the output (a second `gemm` call), after
+//! rescaling those rows where their max grew. Memory beyond inputs and output: one score tile per
+//! running task plus f32 copies of non-f32 or non-contiguous inputs, O(tokens × head_dim).
+//!
+//! Rounding follows PyTorch's `cpu_flash_attention` (2.15): scores, mask, max and row sums in
+//! f32; for f16/bf16 inputs the unnormalised weights `exp(s − max)` are rounded to the input dtype
+//! before `·v` (the row sum uses the unrounded ones), with key blocks of 512 (its
+//! `kv_split_size`) so the running max changes where torch's does; the result is
+//! `acc · (1/sum)`, rounded once. A row whose keys are all masked gives 0 (torch's kernel), or
+//! NaN with [`Empty::Nan`] (the eager `softmax` then `·v` semantics).
+
+use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor, WithDType};
+use rayon::prelude::*;
+
+/// Key block length for f16/bf16 inputs: PyTorch's `kv_split_size`, which fixes where the
+/// rounded weights are formed relative to the running max.
+pub(crate) const HALF_KV_BLOCK: usize = 512;
+/// Key block length for f32 (no rounding point depends on it; sized for the L2 cache).
+const F32_KV_BLOCK: usize = 512;
+
+/// How the raw dot products become scores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ScoreScale {
+    /// `s · c` (an f32 multiply; `c` = 1 is skipped).
+    Mul(f32),
+    /// `s / c` (an f32 true division).
+    Div(f32),
+}
+
+/// What a row whose every score is `-inf` gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Empty {
+    /// 0, as torch's SDPA kernels give.
+    Zero,
+    /// NaN, as `softmax` of an all `-inf` row followed by `·v` gives.
+    Nan,
+}
+
+/// Whether [`attention`] takes these inputs: CPU tensors of rank 3 or 4, one dtype among
+/// f32/f16/bf16 for q, k and v, equal leading dims, matching head dims, and a float mask (if any)
+/// that broadcasts to the score shape.
+pub(crate) fn supports(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> bool {
+    let dtype = q.dtype();
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || k.dtype() != dtype || v.dtype() != dtype {
+        return false;
+    }
+    if !(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu()) {
+        return false;
+    }
+    let r = q.rank();
+    if !(r == 3 || r == 4) || k.rank() != r || v.rank() != r {
+        return false;
+    }
+    let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+    if qd[..r - 2] != kd[..r - 2] || qd[..r - 2] != vd[..r - 2] || qd[r - 1] != kd[r - 1] || kd[r - 2] != vd[r - 2] {
+        return false;
+    }
+    match mask {
+        None => true,
+        Some(m) => {
+            let mut full = qd.to_vec();
+            full[r - 1] = kd[r - 2];
+            m.device().is_cpu()
+                && matches!(m.dtype(), DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+                && m.broadcast_as(full).is_ok()
+        }
+    }
+}
+
+/// The f32 slice of a contiguous f32 CPU tensor's storage.
+fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
+    let Storage::Cpu(CpuStorage::F32(data)) = storage else {
+        candle_core::bail!("sdpa cpu kernel: expected f32 CPU storage")
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("sdpa cpu kernel: expected a contiguous tensor")
+    };
+    Ok(&data[start..end])
+}
+
+/// An additive float mask as stored, read through the strides of its broadcast
+/// `(batch, head, query, key)` view (0 where broadcast), so it is never materialised.
+#[derive(Clone, Copy)]
+struct Mask<'a> {
+    data: &'a CpuStorage,
+    offset: usize,
+    stride: [usize; 4],
+}
+
+fn load<T: WithDType>(src: &[T], start: usize, stride: usize, dst: &mut [f32]) {
+    if stride == 1 {
+        let n = dst.len();
+        for (d, s) in dst.iter_mut().zip(&src[start..start + n]) {
+            *d = s.to_f64() as f32;
+        }
+    } else {
+        for (j, d) in dst.iter_mut().enumerate() {
+            *d = src[start + j * stride].to_f64() as f32;
+        }
+    }
+}
+
+impl Mask<'_> {
+    /// The mask of row `(b, h, i)` for keys `k0..k0 + dst.len()`, in f32, into `dst`.
+    fn row(&self, b: usize, h: usize, i: usize, k0: usize, dst: &mut [f32]) {
+        let s = self.stride;
+        let start = self.offset + b * s[0] + h * s[1] + i * s[2] + k0 * s[3];
+        match self.data {
+            CpuStorage::F32(x) if s[3] == 1 => dst.copy_from_slice(&x[start..start + dst.len()]),
+            CpuStorage::F32(x) => load(x, start, s[3], dst),
+            CpuStorage::F16(x) => load(x, start, s[3], dst),
+            CpuStorage::BF16(x) => load(x, start, s[3], dst),
+            CpuStorage::F64(x) => load(x, start, s[3], dst),
+            // `supports` admits float masks only.
+            _ => dst.fill(f32::NAN),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    heads: usize,
+    lq: usize,
+    lk: usize,
+    d: usize,
+    dv: usize,
+    kv_block: usize,
+    q_block: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    mask: Option<Mask<'a>>,
+    scale: ScoreScale,
+    empty: Empty,
+    round: Option<simd::Round>,
+}
+
+/// Query rows per task: 128, halved (down to 16) until there are at least four tasks per thread.
+fn query_block(bh: usize, lq: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let mut qb = 128;
+    while qb > 16 && bh * lq.div_ceil(qb) < 4 * threads {
+        qb /= 2;
+    }
+    qb
+}
+
+/// `softmax(q·kᵀ <scale> + mask)·v` with the rounding described in the module docs. `q`
+/// `(B, H, Lq, D)` (or `(B, Lq, D)`), `k` `(.., Lk, D)`, `v` `(.., Lk, Dv)`, `mask` additive and
+/// broadcasting to `(.., Lq, Lk)`. Returns `v`'s dtype. Callers check [`supports`] first.
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: ScoreScale,
+    empty: Empty,
+) -> Result<Tensor> {
+    let dtype = v.dtype();
+    let rank = q.rank();
+    let four = |t: &Tensor| if rank == 3 { t.unsqueeze(1) } else { Ok(t.clone()) };
+    let (q4, k4, v4) = (four(q)?, four(k)?, four(v)?);
+    let (b, heads, lq, d) = q4.dims4()?;
+    let lk = k4.dim(2)?;
+    let dv = v4.dim(3)?;
+    let mut out_dims = q.dims().to_vec();
+    out_dims[rank - 1] = dv;
+    if lk == 0 || b * heads * lq * dv == 0 {
+        return Tensor::zeros(out_dims, dtype, &Device::Cpu);
+    }
+    let mask4 = match mask {
+        Some(m) => {
+            // A rank-3 run broadcasts its mask against (B, Lq, Lk); add the head axis after B.
+            let m = if rank == 3 && m.rank() == 3 {
+                m.unsqueeze(1)?
+            } else {
+                m.clone()
+            };
+            Some(m.broadcast_as((b, heads, lq, lk))?)
+        }
+        None => None,
+    };
+    let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+    let (q4, k4, v4) = (f32c(&q4)?, f32c(&k4)?, f32c(&v4)?);
+    let round = match dtype {
+        DType::F16 => Some(simd::Round::F16),
+        DType::BF16 => Some(simd::Round::BF16),
+        _ => None,
+    };
+    let kv_block = if round.is_some() { HALF_KV_BLOCK } else { F32_KV_BLOCK };
+    let dims = Dims {
+        heads,
+        lq,
+        lk,
+        d,
+        dv,
+        kv_block,
+        q_block: query_block(b * heads, lq),
+    };
+
+    let (qg, ql) = q4.storage_and_layout();
+    let (kg, kl) = k4.storage_and_layout();
+    let (vg, vl) = v4.storage_and_layout();
+    let mg = mask4.as_ref().map(|m| m.storage_and_layout());
+    let mask = match &mg {
+        None => None,
+        Some((g, l)) => {
+            let Storage::Cpu(data) = &**g else {
+                candle_core::bail!("sdpa cpu kernel: the mask is not on the CPU")
+            };
+            let st = l.stride();
+            Some(Mask {
+                data,
+                offset: l.start_offset(),
+                stride: [st[0], st[1], st[2], st[3]],
+            })
+        }
+    };
+    let inputs = Inputs {
+        q: f32_slice(&qg, ql)?,
+        k: f32_slice(&kg, kl)?,
+        v: f32_slice(&vg, vl)?,
+        mask,
+        scale,
+        empty,
+        round,
+    };
+    let mut out = vec![0f32; b * heads * lq * dv];
+    out.par_chunks_mut(lq * dv).enumerate().for_each(|(bh, head_out)| {
+        head_out
+            .par_chunks_mut(dims.q_block * dv)
+            .enumerate()
+            .for_each(|(blk, o)| task(&inputs, &dims, bh, blk * dims.q_block, o));
+    });
+    Tensor::from_vec(out, out_dims, &Device::Cpu)?.to_dtype(dtype)
+}
+
+/// `C (+)= A·B` for f32 row-major-or-strided operands (`rs`/`cs`: row/column strides), one thread.
+#[allow(clippy::too_many_arguments)]
+fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: &mut [f32],
+    c_rs: usize,
+    accumulate: bool,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+    b_cs: usize,
+) {
+    // Bounds of every element each operand's strides reach.
+    assert!(m > 0 && n > 0 && k > 0);
+    assert!(c.len() > (m - 1) * c_rs + (n - 1));
+    assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs);
+    assert!(b.len() > (k - 1) * b_rs + (n - 1) * b_cs);
+    // SAFETY: the asserts above keep every access within the slices; `c` is exclusively borrowed.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            c_rs as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// One task: query rows `q0 .. q0 + o.len() / dv` of batch·head `bh`, written into `o`.
+fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [f32]) {
+    let Dims {
+        heads,
+        lq,
+        lk,
+        d,
+        dv,
+        kv_block,
+        ..
+    } = *dims;
+    let rows = o.len() / dv;
+    let (b, h) = (bh / heads, bh % heads);
+    let q = &inp.q[(bh * lq + q0) * d..][..rows * d];
+    let k = &inp.k[bh * lk * d..][..lk * d];
+    let v = &inp.v[bh * lk * dv..][..lk * dv];
+    let kb = kv_block.min(lk);
+    let mut s = vec![0f32; rows * kb];
+    let mut mask_row = vec![0f32; if inp.mask.is_some() { kb } else { 0 }];
+    let mut max = vec![f32::NEG_INFINITY; rows];
+    let mut sum = vec![0f32; rows];
+    let k_ops = simd::ops();
+    for k0 in (0..lk).step_by(kb) {
+        let n = kb.min(lk - k0);
+        let first = k0 == 0;
+        let s = &mut s[..rows * n];
+        // S = Q_blk · K_blkᵀ: K's rows are Kᵀ's columns.
+        gemm_f32(rows, n, d, s, n, false, q, d, 1, &k[k0 * d..], 1, d);
+        for i in 0..rows {
+            let srow = &mut s[i * n..(i + 1) * n];
+            let m = match &inp.mask {
+                Some(mask) => {
+                    let mr = &mut mask_row[..n];
+                    mask.row(b, h, q0 + i, k0, mr);
+                    (k_ops.scale_mask_max)(srow, Some(mr), inp.scale)
+                }
+                None => (k_ops.scale_mask_max)(srow, None, inp.scale),
+            };
+            let m_old = max[i];
+            let m_new = if m > m_old { m } else { m_old };
+            // A finite stand-in for a max of -inf: exp(-inf - MIN) = 0, exp(MIN - MIN) = 1.
+            let m_safe = m_new.clamp(f32::MIN, f32::MAX);
+            let p_sum = (k_ops.exp_sum)(srow, m_safe, inp.round);
+            if first {
+                sum[i] = p_sum;
+            } else {
+                let alpha = (m_old.clamp(f32::MIN, f32::MAX) - m_safe).exp();
+                sum[i] = p_sum + sum[i] * alpha;
+                if alpha != 1.0 {
+                    (k_ops.scale)(&mut o[i * dv..(i + 1) * dv], alpha);
+                }
+            }
+            max[i] = m_new;
+        }
+        // O (+)= P · V_blk
+        gemm_f32(rows, dv, n, o, dv, !first, s, n, 1, &v[k0 * dv..], dv, 1);
+    }
+    for (i, row) in o.chunks_exact_mut(dv).enumerate() {
+        if sum[i] == 0.0 {
+            // Every key masked: torch's kernel divides by 1 (the row is 0); softmax gives NaN.
+            if inp.empty == Empty::Nan {
+                row.fill(f32::NAN);
+            }
+        } else {
+            (k_ops.scale)(row, 1.0 / sum[i]);
+        }
+    }
+}
+
+/// Row kernels, written once as plain loops that auto-vectorise and compiled three times: for
+/// AVX-512 and for AVX2+FMA (`#[target_feature]`, chosen at run time with
+/// `is_x86_feature_detected!`), and for the baseline target (any architecture).
+pub(crate) mod simd {
+    use super::ScoreScale;
+
+    /// Rounding of the unnormalised weights to a half type (as f32 values).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Round {
+        F16,
+        BF16,
+    }
+
+    const LANES: usize = 16;
+
+    /// `exp(x)` for f32: Cephes' `expf` range reduction and polynomial (about 1 ulp), as
+    /// branch-free selects so that it vectorises; 0 below -87.3 (where `expf` is subnormal),
+    /// +inf above 88, NaN for NaN.
+    #[inline(always)]
+    pub(crate) fn exp(x: f32) -> f32 {
+        const HI: f32 = 88.0;
+        const LO: f32 = -87.33654;
+        let xc = if x > HI { HI } else { x };
+        let xc = if xc < LO { LO } else { xc };
+        // n = round(x · log2 e), by the 1.5 · 2^23 trick (ties to even; |n| < 2^22).
+        let n = (xc * std::f32::consts::LOG2_E + 12582912.0) - 12582912.0;
+        let r = xc - n * 0.693_359_4 + n * 2.121_944_4e-4;
+        let r2 = r * r;
+        let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+            + 1.666_666_5e-1)
+            * r
+            + 5.000_000_1e-1;
+        let y = p * r2 + r + 1.0;
+        let pow2 = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        let res = y * pow2;
+        if x < LO {
+            0.0
+        } else if x > HI {
+            f32::INFINITY
+        } else {
+            res
+        }
+    }
+
+    /// `x` rounded to the nearest bf16 (ties to even), as f32.
+    #[inline(always)]
+    pub(crate) fn round_bf16(x: f32) -> f32 {
+        let b = x.to_bits();
+        let r = f32::from_bits(b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000);
+        if x.is_nan() {
+            x
+        } else {
+            r
+        }
+    }
+
+    /// `x` rounded to the nearest f16 (ties to even; subnormals and overflow to ±inf), as f32.
+    #[inline(always)]
+    pub(crate) fn round_f16(x: f32) -> f32 {
+        let a = x.abs();
+        let b = a.to_bits();
+        // Normal f16 range: keep 10 mantissa bits.
+        let normal = f32::from_bits(b.wrapping_add(0x0FFF + ((b >> 13) & 1)) & 0xFFFF_E000);
+        // Subnormal f16 range (below 2^-14): a multiple of 2^-24, the ulp of 0.75 in f32.
+        let sub = (a + 0.75) - 0.75;
+        let r = if a < 6.103_515_6e-5 { sub } else { normal };
+        let r = if a >= 65520.0 { f32::INFINITY } else { r };
+        let r = if x.is_sign_negative() { -r } else { r };
+        if x.is_nan() {
+            x
+        } else {
+            r
+        }
+    }
+
+    #[inline(always)]
+    fn max_lanes(x: &[f32]) -> f32 {
+        let mut acc = [f32::NEG_INFINITY; LANES];
+        let chunks = x.chunks_exact(LANES);
+        let rest = chunks.remainder();
+        for c in chunks {
+            for l in 0..LANES {
+                acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
+            }
+        }
+        let mut m = f32::NEG_INFINITY;
+        for &a in acc.iter().chain(rest) {
+            m = if a > m { a } else { m };
+        }
+        m
+    }
+
+    /// Scores in place: `s · c` or `s / c`, plus the mask row; returns the row max.
+    #[inline(always)]
+    fn scale_mask_max_body(s: &mut [f32], mask: Option<&[f32]>, scale: ScoreScale) -> f32 {
+        match (scale, mask) {
+            (ScoreScale::Mul(c), None) if c == 1.0 => {}
+            (ScoreScale::Mul(c), None) => s.iter_mut().for_each(|x| *x *= c),
+            (ScoreScale::Div(c), None) => s.iter_mut().for_each(|x| *x /= c),
+            (ScoreScale::Mul(c), Some(m)) if c == 1.0 => s.iter_mut().zip(m).for_each(|(x, m)| *x += m),
+            (ScoreScale::Mul(c), Some(m)) => s.iter_mut().zip(m).for_each(|(x, m)| *x = *x * c + m),
+            (ScoreScale::Div(c), Some(m)) => s.iter_mut().zip(m).for_each(|(x, m)| *x = *x / c + m),
+        }
+        max_lanes(s)
+    }
+
+    /// `s ← exp(s − m)` (then rounded to `round`'s type, if any); returns the sum of the
+    /// unrounded values.
+    #[inline(always)]
+    fn exp_sum_body(s: &mut [f32], m: f32, round: Option<Round>) -> f32 {
+        #[inline(always)]
+        fn go(s: &mut [f32], m: f32, rnd: impl Fn(f32) -> f32) -> f32 {
+            let mut acc = [0f32; LANES];
+            let mut chunks = s.chunks_exact_mut(LANES);
+            for c in &mut chunks {
+                for l in 0..LANES {
+                    let p = exp(c[l] - m);
+                    acc[l] += p;
+                    c[l] = rnd(p);
+                }
+            }
+            let mut total = 0f32;
+            for x in chunks.into_remainder() {
+                let p = exp(*x - m);
+                total += p;
+                *x = rnd(p);
+            }
+            acc.iter().sum::<f32>() + total
+        }
+        match round {
+            None => go(s, m, |p| p),
+            Some(Round::F16) => go(s, m, round_f16),
+            Some(Round::BF16) => go(s, m, round_bf16),
+        }
+    }
+
+    #[inline(always)]
+    fn scale_body(x: &mut [f32], a: f32) {
+        x.iter_mut().for_each(|v| *v *= a);
+    }
+
+    /// The row kernels of one instruction set.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Ops {
+        pub(crate) scale_mask_max: fn(&mut [f32], Option<&[f32]>, ScoreScale) -> f32,
+        pub(crate) exp_sum: fn(&mut [f32], f32, Option<Round>) -> f32,
+        pub(crate) scale: fn(&mut [f32], f32),
+        pub(crate) name: &'static str,
+    }
+
+    macro_rules! isa {
+        ($name:ident, $feat:literal) => {
+            #[cfg(target_arch = "x86_64")]
+            mod $name {
+                use super::*;
+                #[target_feature(enable = $feat)]
+                unsafe fn scale_mask_max_tf(s: &mut [f32], m: Option<&[f32]>, c: ScoreScale) -> f32 {
+                    scale_mask_max_body(s, m, c)
+                }
+                #[target_feature(enable = $feat)]
+                unsafe fn exp_sum_tf(s: &mut [f32], m: f32, r: Option<Round>) -> f32 {
+                    exp_sum_body(s, m, r)
+                }
+                #[target_feature(enable = $feat)]
+                unsafe fn scale_tf(x: &mut [f32], a: f32) {
+                    scale_body(x, a)
+                }
+                // SAFETY (all three): `ops()` hands these out only after detecting the features.
+                fn scale_mask_max(s: &mut [f32], m: Option<&[f32]>, c: ScoreScale) -> f32 {
+                    unsafe { scale_mask_max_tf(s, m, c) }
+                }
+                fn exp_sum(s: &mut [f32], m: f32, r: Option<Round>) -> f32 {
+                    unsafe { exp_sum_tf(s, m, r) }
+                }
+                fn scale(x: &mut [f32], a: f32) {
+                    unsafe { scale_tf(x, a) }
+                }
+                pub(super) const OPS: Ops = Ops {
+                    scale_mask_max,
+                    exp_sum,
+                    scale,
+                    name: stringify!($name),
+                };
+            }
+        };
+    }
+    isa!(avx512, "avx512f,avx2,fma");
+    isa!(avx2, "avx2,fma");
+
+    mod portable {
+        use super::*;
+        fn scale_mask_max(s: &mut [f32], m: Option<&[f32]>, c: ScoreScale) -> f32 {
+            scale_mask_max_body(s, m, c)
+        }
+        fn exp_sum(s: &mut [f32], m: f32, r: Option<Round>) -> f32 {
+            exp_sum_body(s, m, r)
+        }
+        fn scale(x: &mut [f32], a: f32) {
+            scale_body(x, a)
+        }
+        pub(super) const OPS: Ops = Ops {
+            scale_mask_max,
+            exp_sum,
+            scale,
+            name: "portable",
+        };
+    }
+
+    /// The best row kernels this CPU runs (detected once).
+    pub(crate) fn ops() -> Ops {
+        static OPS: std::sync::OnceLock<Ops> = std::sync::OnceLock::new();
+        *OPS.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    return avx512::OPS;
+                }
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    return avx2::OPS;
+                }
+            }
+            portable::OPS
+        })
+    }
+
+    /// Every row-kernel set this CPU can run, best first (for tests).
+    pub(crate) fn all_ops() -> Vec<Ops> {
+        let mut v = vec![];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                v.push(avx512::OPS);
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                v.push(avx2::OPS);
+            }
+        }
+        v.push(portable::OPS);
+        v
+    }
+}
