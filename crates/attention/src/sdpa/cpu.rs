@@ -10,7 +10,8 @@
 //! Rounding follows PyTorch's `cpu_flash_attention` (2.15): scores, mask, max and row sums in
 //! f32; for f16/bf16 inputs the unnormalised weights `exp(s − max)` are rounded to the input dtype
 //! before `·v` (the row sum uses the unrounded ones), with key blocks of 512 (its
-//! `kv_split_size`) so the running max changes where torch's does; the result is
+//! `kv_split_size`) so the running max changes where torch's does, and libm's `exp` as the
+//! reference path (not the faster polynomial of the f32 path); the result is
 //! `acc · (1/sum)`, rounded once. A row whose keys are all masked gives 0 (torch's kernel), or
 //! NaN with [`Empty::Nan`] (the eager `softmax` then `·v` semantics).
 
@@ -136,6 +137,7 @@ struct Dims {
 #[derive(Clone, Copy)]
 struct Inputs<'a> {
     q: &'a [f32],
+    /// Kᵀ per batch·head: `(D, Lk)`.
     k: &'a [f32],
     v: &'a [f32],
     mask: Option<Mask<'a>>,
@@ -225,9 +227,12 @@ pub(crate) fn attention(
             })
         }
     };
+    // K transposed once per batch·head, (D, Lk): the score GEMM then reads Kᵀ row-major, which
+    // `gemm` packs as a plain copy instead of a gather for every query block.
+    let kt = transpose_heads(f32_slice(&kg, kl)?, lk, d);
     let inputs = Inputs {
         q: f32_slice(&qg, ql)?,
-        k: f32_slice(&kg, kl)?,
+        k: &kt,
         v: f32_slice(&vg, vl)?,
         mask,
         scale,
@@ -242,6 +247,26 @@ pub(crate) fn attention(
             .for_each(|(blk, o)| task(&inputs, &dims, bh, blk * dims.q_block, o));
     });
     Tensor::from_vec(out, out_dims, &Device::Cpu)?.to_dtype(dtype)
+}
+
+/// Each `(rows, cols)` matrix of `x` transposed, in parallel over matrices, in 16×16 tiles.
+fn transpose_heads(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    const T: usize = 16;
+    out.par_chunks_mut(rows * cols)
+        .zip(x.par_chunks(rows * cols))
+        .for_each(|(dst, src)| {
+            for r0 in (0..rows).step_by(T) {
+                for c0 in (0..cols).step_by(T) {
+                    for r in r0..(r0 + T).min(rows) {
+                        for c in c0..(c0 + T).min(cols) {
+                            dst[c * rows + r] = src[r * cols + c];
+                        }
+                    }
+                }
+            }
+        });
+    out
 }
 
 /// `C (+)= A·B` for f32 row-major-or-strided operands (`rs`/`cs`: row/column strides), one thread.
@@ -305,7 +330,7 @@ fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [f32]) {
     let rows = o.len() / dv;
     let (b, h) = (bh / heads, bh % heads);
     let q = &inp.q[(bh * lq + q0) * d..][..rows * d];
-    let k = &inp.k[bh * lk * d..][..lk * d];
+    let kt = &inp.k[bh * lk * d..][..lk * d]; // (D, Lk)
     let v = &inp.v[bh * lk * dv..][..lk * dv];
     let kb = kv_block.min(lk);
     let mut s = vec![0f32; rows * kb];
@@ -317,8 +342,8 @@ fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [f32]) {
         let n = kb.min(lk - k0);
         let first = k0 == 0;
         let s = &mut s[..rows * n];
-        // S = Q_blk · K_blkᵀ: K's rows are Kᵀ's columns.
-        gemm_f32(rows, n, d, s, n, false, q, d, 1, &k[k0 * d..], 1, d);
+        // S = Q_blk · K_blkᵀ, with Kᵀ stored (D, Lk).
+        gemm_f32(rows, n, d, s, n, false, q, d, 1, &kt[k0..], lk, 1);
         for i in 0..rows {
             let srow = &mut s[i * n..(i + 1) * n];
             let m = match &inp.mask {
@@ -384,8 +409,12 @@ pub(crate) mod simd {
         const LO: f32 = -87.33654;
         let xc = if x > HI { HI } else { x };
         let xc = if xc < LO { LO } else { xc };
-        // n = round(x · log2 e), by the 1.5 · 2^23 trick (ties to even; |n| < 2^22).
-        let n = (xc * std::f32::consts::LOG2_E + 12582912.0) - 12582912.0;
+        // n = round(x · log2 e) by the 1.5 · 2^23 trick (ties to even; |n| < 2^22): the sum's
+        // low mantissa bits hold n, so 2^n needs no float-to-int conversion (which does not
+        // vectorise).
+        let big = xc * std::f32::consts::LOG2_E + 12582912.0;
+        let n = big - 12582912.0;
+        let n_int = (big.to_bits() as i32).wrapping_sub(0x4B40_0000);
         let r = xc - n * 0.693_359_4 + n * 2.121_944_4e-4;
         let r2 = r * r;
         let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
@@ -393,7 +422,7 @@ pub(crate) mod simd {
             * r
             + 5.000_000_1e-1;
         let y = p * r2 + r + 1.0;
-        let pow2 = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        let pow2 = f32::from_bits((n_int.wrapping_add(127) as u32) << 23);
         let res = y * pow2;
         if x < LO {
             0.0
@@ -471,7 +500,7 @@ pub(crate) mod simd {
     #[inline(always)]
     fn exp_sum_body(s: &mut [f32], m: f32, round: Option<Round>) -> f32 {
         #[inline(always)]
-        fn go(s: &mut [f32], m: f32, rnd: impl Fn(f32) -> f32) -> f32 {
+        fn go(s: &mut [f32], m: f32, exp: impl Fn(f32) -> f32, rnd: impl Fn(f32) -> f32) -> f32 {
             let mut acc = [0f32; LANES];
             let mut chunks = s.chunks_exact_mut(LANES);
             for c in &mut chunks {
@@ -489,10 +518,13 @@ pub(crate) mod simd {
             }
             acc.iter().sum::<f32>() + total
         }
+        // Half precision rounds each weight: there the weights use the exact (libm) `exp` of
+        // the reference path, so the rounded weights are the reference's (a last-bit
+        // difference of the polynomial would move some by a whole half-precision step).
         match round {
-            None => go(s, m, |p| p),
-            Some(Round::F16) => go(s, m, round_f16),
-            Some(Round::BF16) => go(s, m, round_bf16),
+            None => go(s, m, exp, |p| p),
+            Some(Round::F16) => go(s, m, f32::exp, round_f16),
+            Some(Round::BF16) => go(s, m, f32::exp, round_bf16),
         }
     }
 
@@ -589,6 +621,7 @@ pub(crate) mod simd {
     }
 
     /// Every row-kernel set this CPU can run, best first (for tests).
+    #[cfg(test)]
     pub(crate) fn all_ops() -> Vec<Ops> {
         let mut v = vec![];
         #[cfg(target_arch = "x86_64")]
@@ -605,5 +638,116 @@ pub(crate) mod simd {
         }
         v.push(portable::OPS);
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::simd::{all_ops, exp, round_bf16, round_f16, Round};
+    use super::ScoreScale;
+    use candle_core::{DType, Device, Tensor};
+
+    /// Values spread over every binade of f32 that matters here, plus edge cases.
+    fn samples() -> Vec<f32> {
+        let mut v = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            65504.0,
+            65519.99,
+            65520.0,
+            1e-8,
+            6.0e-5,
+            6.1035156e-5,
+            3.0e-8,
+        ];
+        let mut x = 1.0e-9f32;
+        while x < 1.0e6 {
+            for m in [
+                1.0f32,
+                1.000_061,
+                1.000_488_3,
+                1.3,
+                1.5,
+                1.999_9,
+                1.000_976_6,
+                1.001_953_1,
+            ] {
+                v.push(x * m);
+                v.push(-x * m);
+            }
+            x *= 1.37;
+        }
+        v
+    }
+
+    #[test]
+    fn half_rounding_matches_candle_conversions() {
+        let xs = samples();
+        let t = Tensor::new(xs.as_slice(), &Device::Cpu).unwrap();
+        for (dtype, f) in [(DType::F16, round_f16 as fn(f32) -> f32), (DType::BF16, round_bf16)] {
+            let want = t
+                .to_dtype(dtype)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            for (x, w) in xs.iter().zip(&want) {
+                assert_eq!(f(*x).to_bits(), w.to_bits(), "{dtype:?} {x:e}: {} vs {w}", f(*x));
+            }
+        }
+        assert!(round_f16(f32::NAN).is_nan() && round_bf16(f32::NAN).is_nan());
+        assert_eq!(round_f16(f32::INFINITY), f32::INFINITY);
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_of_the_exact_value() {
+        let mut x = -87.3f32;
+        while x < 0.0 {
+            let got = exp(x) as f64;
+            let want = (x as f64).exp();
+            let ulp = (want as f32).abs() * f32::EPSILON;
+            assert!((got - want).abs() <= 2.0 * ulp as f64, "exp({x}) = {got} vs {want}");
+            x += 0.0137;
+        }
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-100.0), 0.0);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_same_bits() {
+        let n = 1000;
+        let s: Vec<f32> = Tensor::randn(0f32, 3., n, &Device::Cpu).unwrap().to_vec1().unwrap();
+        let mask: Vec<f32> = (0..n)
+            .map(|i| if i % 7 == 0 { f32::NEG_INFINITY } else { 0.5 })
+            .collect();
+        let mut results = vec![];
+        for ops in all_ops() {
+            let mut r = vec![];
+            for len in [n, 37, 16, 3] {
+                for round in [None, Some(Round::F16), Some(Round::BF16)] {
+                    for scale in [ScoreScale::Mul(0.3), ScoreScale::Div(1.7)] {
+                        let mut x = s[..len].to_vec();
+                        let m = (ops.scale_mask_max)(&mut x, Some(&mask[..len]), scale);
+                        let sum = (ops.exp_sum)(&mut x, m, round);
+                        (ops.scale)(&mut x, 1.0 / sum);
+                        r.push((
+                            m.to_bits(),
+                            sum.to_bits(),
+                            x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        ));
+                    }
+                }
+            }
+            results.push((ops.name, r));
+        }
+        for (name, r) in &results[1..] {
+            assert!(r == &results[0].1, "{name} differs from {}", results[0].0);
+        }
     }
 }
