@@ -149,7 +149,7 @@ struct Inputs<'a> {
 /// Query rows per task: 128, halved (down to 16) until there are at least four tasks per thread.
 fn query_block(bh: usize, lq: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
-    let mut qb = 128;
+    let mut qb = 256;
     while qb > 16 && bh * lq.div_ceil(qb) < 4 * threads {
         qb /= 2;
     }
