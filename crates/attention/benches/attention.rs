@@ -9,7 +9,6 @@
 
 mod common;
 
-use candle_core::Module;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use std::time::Duration;
 use unet_attention::sdpa::{default_scale, sdpa_with, SdpaPath};

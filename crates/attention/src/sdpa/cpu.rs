@@ -420,7 +420,7 @@ pub(crate) mod simd {
         let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
             + 1.666_666_5e-1)
             * r
-            + 5.000_000_1e-1;
+            + 0.5; // Cephes: 5.0000001e-1, which is 0.5 in f32
         let y = p * r2 + r + 1.0;
         let pow2 = f32::from_bits((n_int.wrapping_add(127) as u32) << 23);
         let res = y * pow2;
@@ -485,10 +485,10 @@ pub(crate) mod simd {
     #[inline(always)]
     fn scale_mask_max_body(s: &mut [f32], mask: Option<&[f32]>, scale: ScoreScale) -> f32 {
         match (scale, mask) {
-            (ScoreScale::Mul(c), None) if c == 1.0 => {}
+            (ScoreScale::Mul(1.0), None) => {}
             (ScoreScale::Mul(c), None) => s.iter_mut().for_each(|x| *x *= c),
             (ScoreScale::Div(c), None) => s.iter_mut().for_each(|x| *x /= c),
-            (ScoreScale::Mul(c), Some(m)) if c == 1.0 => s.iter_mut().zip(m).for_each(|(x, m)| *x += m),
+            (ScoreScale::Mul(1.0), Some(m)) => s.iter_mut().zip(m).for_each(|(x, m)| *x += m),
             (ScoreScale::Mul(c), Some(m)) => s.iter_mut().zip(m).for_each(|(x, m)| *x = *x * c + m),
             (ScoreScale::Div(c), Some(m)) => s.iter_mut().zip(m).for_each(|(x, m)| *x = *x / c + m),
         }

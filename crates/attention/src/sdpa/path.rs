@@ -24,8 +24,8 @@ pub enum SdpaPath {
     /// block at a time are in memory: the same arithmetic as the reference row by row, on every
     /// device and dtype.
     Chunked,
-    /// The tiled online-softmax CPU kernel where it applies (CPU, f32/f16/bf16), else what
-    /// [`SdpaPath::Auto`] picks. Never the GPU kernels.
+    /// The tiled online-softmax CPU kernel where it applies (CPU, f32/f16/bf16), else
+    /// [`SdpaPath::Chunked`] (never the fused GPU kernels).
     Flash,
 }
 
