@@ -24,8 +24,9 @@
 //!   unbatched `(L, E)` inputs.
 //!
 //! Not mirrored: torch's fused fast path (`_native_multi_head_attention`, same math, other
-//! rounding) and SDPA's "safe softmax" for rows whose keys are all masked (torch's math SDPA
-//! outputs 0 there; this port, like torch's `need_weights=True` path, gives NaN).
+//! rounding). Rows whose keys are all masked: the `need_weights=True` path gives NaN, like
+//! torch's; with `need_weights=False` the CPU fast path of [`crate::sdpa`] gives 0 like torch's
+//! SDPA, the reference and chunked paths NaN.
 
 use crate::config::{check_divides, yes};
 use crate::heads::{merge_tokens, split_tokens};
