@@ -24,6 +24,7 @@ use crate::checkpoint::{Checkpoint, PrefixView};
 use crate::compare::{compare, default_tolerance, OutputReport};
 use crate::error::{ParityError, Result};
 use crate::registry::{self, Inputs};
+use crate::trace::{self, TraceReport};
 use crate::weights::{closest, Conversion, TrackedWeights};
 use candle_core::{DType, Device};
 use serde::Serialize;
@@ -58,6 +59,8 @@ pub struct Options {
     pub model_config: Option<PathBuf>,
     /// Accept `config.json` keys the model class does not have.
     pub allow_unknown_config: bool,
+    /// Record our stages and compare them with the bundle's `parity.trace.*` ([`crate::trace`]).
+    pub trace: bool,
 }
 
 impl Default for Options {
@@ -71,6 +74,7 @@ impl Default for Options {
             weights: None,
             model_config: None,
             allow_unknown_config: false,
+            trace: false,
         }
     }
 }
@@ -99,6 +103,9 @@ pub struct Report {
     pub weights: Option<String>,
     /// The `config.json` the block's config came from, when not from the bundle.
     pub config_from: Option<String>,
+    /// The stage-by-stage comparison (`--trace`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceReport>,
 }
 
 /// Check one bundle file.
@@ -199,8 +206,12 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         tensors,
         kwargs: bundle.kwargs.clone(),
     };
-    let ours = block
-        .run(&inputs)
+    let (ours, stages) = if opts.trace {
+        unet_attention::trace::with_trace(|| block.run(&inputs))
+    } else {
+        (block.run(&inputs), vec![])
+    };
+    let ours = ours
         .and_then(|outs| {
             Ok(outs
                 .iter()
@@ -253,6 +264,17 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         .map_err(|e| ParityError::block(path, info.id, e))?;
         outputs.push(report);
     }
+    let trace = if !opts.trace {
+        None
+    } else if !same_dtype {
+        Some(trace::without_table(format!(
+            "stages are compared only in the bundle's dtype ({}), not in {}",
+            dtype_name(bundle_dtype),
+            dtype_name(dtype)
+        )))
+    } else {
+        Some(trace::compare_stages(bundle, &stages, rtol, atol)?)
+    };
     Ok(Report {
         file: path.display().to_string(),
         block: bundle.block.clone(),
@@ -275,6 +297,7 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         conversions: weights.conversions(),
         weights: weights.location(),
         config_from,
+        trace,
     })
 }
 

@@ -74,6 +74,10 @@ enum Command {
         /// Accept config.json keys the model class does not have.
         #[arg(long)]
         allow_unknown_config: bool,
+        /// Also compare the intermediate stages (`parity.trace.*`: norm, q, k, v, probs, attn,
+        /// proj, output) and name the first stage that diverges, with its usual causes.
+        #[arg(long)]
+        trace: bool,
         #[command(flatten)]
         hub: HubArgs,
     },
@@ -164,6 +168,7 @@ where
             prefix,
             config,
             allow_unknown_config,
+            trace,
             hub,
         } => {
             let device = match open_device(device) {
@@ -189,6 +194,7 @@ where
                 weights,
                 model_config: config,
                 allow_unknown_config,
+                trace,
             };
             return check(&paths, &opts, json, out, err);
         }
@@ -343,6 +349,9 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
                     }
                     if let Some(note) = conversion_note(&report.conversions) {
                         let _ = writeln!(err, "note: {}: {note}", report.file);
+                    }
+                    if let Some(t) = &report.trace {
+                        print_trace(&report.file, t, out);
                     }
                     for o in report.outputs.iter().filter(|o| !o.pass) {
                         let _ = writeln!(
@@ -548,6 +557,49 @@ fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn
     for row in rows {
         let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+}
+
+/// The `--trace` table of one bundle.
+fn print_trace(file: &str, t: &crate::trace::TraceReport, out: &mut dyn Write) {
+    let _ = writeln!(out, "trace {file}:");
+    if let Some(note) = &t.note {
+        let _ = writeln!(out, "  ({note})");
+    }
+    if !t.stages.is_empty() {
+        let mut rows: Vec<[String; 6]> =
+            vec![["STAGE", "SHAPE(torch)", "SHAPE(ours)", "MAX_ABS", "MAX_REL", "RESULT"].map(String::from)];
+        for s in &t.stages {
+            let (abs, rel) = s
+                .compare
+                .as_ref()
+                .map_or(("-".into(), "-".into()), |c| (sci(c.max_abs), sci(c.max_rel)));
+            let shape = |d: &[usize]| format!("{d:?}").replace(' ', "");
+            rows.push([
+                s.stage.clone(),
+                shape(&s.shape),
+                s.ours_shape.as_deref().map_or("-".into(), shape),
+                abs,
+                rel,
+                s.status.clone(),
+            ]);
+        }
+        let widths: Vec<usize> = (0..6)
+            .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+            .collect();
+        for row in rows {
+            let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+            let _ = writeln!(out, "  {}", line.join("  ").trim_end());
+        }
+    }
+    match (&t.first_divergence, &t.hint) {
+        (Some(stage), Some(hint)) => {
+            let _ = writeln!(out, "  first divergence: `{stage}` — usual causes: {hint}");
+        }
+        _ if !t.stages.is_empty() => {
+            let _ = writeln!(out, "  no stage diverges");
+        }
+        _ => {}
     }
 }
 

@@ -14,6 +14,7 @@ pub mod error;
 pub mod guard;
 pub mod hub;
 pub mod registry;
+pub mod trace;
 pub mod weights;
 
 pub use check::{check_file, Options, Report};
