@@ -47,7 +47,11 @@ fn committed_traced_bundles_have_no_divergence() {
             ["norm", "q", "k", "v", "probs", "attn", "proj", "output"],
             "{rel}"
         );
-        assert!(t.stages.iter().all(|s| s.status == "match"), "{rel}: {:?}", statuses(&t));
+        assert!(
+            t.stages.iter().all(|s| s.status == "match"),
+            "{rel}: {:?}",
+            statuses(&t)
+        );
         assert_eq!(t.first_divergence, None, "{rel}");
     }
 }
@@ -72,7 +76,11 @@ fn wrong_head_layout_diverges_at_q() {
     let (code, out, _) = cli(&["check", "--trace", path.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("first divergence: `q`"), "{out}");
-    assert!(out.lines().any(|l| l.trim_start().starts_with("norm") && l.ends_with("match")), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("norm") && l.ends_with("match")),
+        "{out}"
+    );
 }
 
 /// The q projection rows permuted from `(h d)` to `(d h)` order: a loader that reads the heads

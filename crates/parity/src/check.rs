@@ -116,6 +116,19 @@ pub fn check_file(path: &Path, opts: &Options) -> Result<Report> {
 
 /// Check a parsed bundle.
 pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
+    Ok(run_bundle(bundle, opts)?.report)
+}
+
+/// A checked bundle with our tensors: outputs (on the CPU, in the bundle's output order) and,
+/// with `Options::trace`, the stages we recorded.
+pub struct Run {
+    pub report: Report,
+    pub ours: Vec<candle_core::Tensor>,
+    pub stages: Vec<(String, candle_core::Tensor)>,
+}
+
+/// [`check_bundle`], keeping our outputs and stages (for `show`).
+pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
     let path = bundle.path.as_path();
     let info = registry::find(&bundle.block).ok_or_else(|| ParityError::UnknownBlock {
         path: path.to_path_buf(),
@@ -275,7 +288,7 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
     } else {
         Some(trace::compare_stages(bundle, &stages, rtol, atol)?)
     };
-    Ok(Report {
+    let report = Report {
         file: path.display().to_string(),
         block: bundle.block.clone(),
         dtype: dtype_name(dtype).into(),
@@ -298,7 +311,8 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         weights: weights.location(),
         config_from,
         trace,
-    })
+    };
+    Ok(Run { report, ours, stages })
 }
 
 /// The block's weights: `--weights` (a checkpoint under a prefix), else the checkpoint the bundle

@@ -102,6 +102,31 @@ enum Command {
     },
     /// List the blocks this tool knows, with the PyTorch class each matches.
     Blocks,
+    /// Write PNG pictures of the error: over (H, W) per batch item and for the worst channels of
+    /// an image-shaped output, and the attention map of one query pixel (PyTorch | ours | diff).
+    Show {
+        /// A bundle file.
+        bundle: PathBuf,
+        /// Folder for the PNGs (created).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The query pixel `y,x` of the attention map (default: the image centre).
+        #[arg(long, value_name = "Y,X", value_parser = parse_query)]
+        query: Option<(usize, usize)>,
+        /// The batch item of the attention map.
+        #[arg(long, default_value_t = 0)]
+        batch: usize,
+    },
+}
+
+fn parse_query(s: &str) -> Result<(usize, usize), String> {
+    let (y, x) = s.split_once(',').ok_or_else(|| format!("expected Y,X, found {s:?}"))?;
+    let num = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("expected Y,X, found {s:?}"))
+    };
+    Ok((num(y)?, num(x)?))
 }
 
 /// A diffusers model on the Hugging Face Hub (local cache first).
@@ -211,6 +236,18 @@ where
         }
         Command::Inspect { file } => guard::catch(&file, || inspect(&file, out)),
         Command::Blocks => blocks(out),
+        Command::Show {
+            bundle,
+            out: dir,
+            query,
+            batch,
+        } => guard::catch(&bundle, || {
+            let b = Bundle::read(&bundle)?;
+            for p in crate::show::show(&b, &dir, query, batch)? {
+                let _ = writeln!(out, "wrote {}: {}", p.path.display(), p.caption);
+            }
+            Ok(())
+        }),
     };
     match result {
         Ok(()) => EXIT_PASS,
