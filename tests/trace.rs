@@ -195,3 +195,95 @@ fn tracing_is_off_outside_with_trace() {
     assert_eq!(stages.len(), 1);
     assert!(!unet_attention::trace::enabled());
 }
+
+/// Decode an RGB PNG: (width, height, pixels).
+fn read_png(path: &Path) -> (usize, usize, Vec<u8>) {
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!(info.color_type, png::ColorType::Rgb);
+    buf.truncate(info.buffer_size());
+    (info.width as usize, info.height as usize, buf)
+}
+
+/// The PyTorch and ours panels of the attention picture (columns `[4, 4 + panel)` and
+/// `[8 + panel, 8 + 2·panel)`, panel = (width − 16) / 3): equal for a correct port, not for a
+/// broken one.
+fn probs_panels_equal(path: &Path) -> bool {
+    let (w, h, px) = read_png(path);
+    let panel = (w - 16) / 3;
+    (0..h).all(|y| {
+        (0..panel).all(|x| {
+            let a = (y * w + 4 + x) * 3;
+            let b = (y * w + 8 + panel + x) * 3;
+            px[a..a + 3] == px[b..b + 3]
+        })
+    })
+}
+
+#[test]
+fn show_writes_error_maps_and_attention_pictures() {
+    let dir = scratch("show-ok");
+    let bundle = weights().join("denoising_diffusion_pytorch/attention_dim24_h3_d8_mem4.safetensors");
+    let (code, out, err) = cli(&[
+        "show",
+        bundle.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+        "--query",
+        "2,3",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    // x (2, 24, 5, 7): cells of 160/7 = 22 px, two panels with 4-px gaps.
+    let (w, h, _) = read_png(&dir.join("output_error.png"));
+    assert_eq!((w, h), (2 * (7 * 22 + 4) + 4, 5 * 22 + 8));
+    let (w, h, _) = read_png(&dir.join("output_worst_channels.png"));
+    assert_eq!((w, h), (2 * (7 * 22 + 4) + 4, 4 * (5 * 22 + 4) + 4));
+    let probs = dir.join("probs_query_2_3.png");
+    let (w, h, px) = read_png(&probs);
+    assert_eq!(
+        (w, h),
+        (3 * (7 * 22 + 4) + 4, 3 * (5 * 22 + 4) + 4),
+        "three heads, three panels"
+    );
+    assert!(
+        probs_panels_equal(&probs),
+        "a correct port draws the same map as PyTorch"
+    );
+    // the query pixel is outlined in cyan in the first panel: (x 3, y 2) at 22 px per cell
+    let at = |x: usize, y: usize| &px[(y * w + x) * 3..(y * w + x) * 3 + 3];
+    assert_eq!(at(4 + 3 * 22, 4 + 2 * 22), &[0, 255, 255]);
+    assert!(out.contains("the 4 memory keys are not drawn"), "{out}");
+
+    let (code, _, err) = cli(&[
+        "show",
+        bundle.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+        "--query",
+        "5,0",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--query 5,0"), "{err}");
+}
+
+#[test]
+fn show_draws_different_maps_for_a_wrong_head_layout() {
+    let dir = scratch("show-broken");
+    let path = RawBundle::edited("openai/attention_block_legacy_c32_h2.safetensors", &dir, |b| {
+        edit_config(b, |c| {
+            c.insert("use_new_attention_order".into(), true.into());
+        })
+    });
+    let pics = dir.join("pics");
+    let (code, out, err) = cli(&["show", path.to_str().unwrap(), "--out", pics.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!probs_panels_equal(&pics.join("probs_query_2_1.png")));
+    // the correct bundle draws equal panels at the same query
+    let ok = dir.join("ok");
+    let committed = weights().join("openai/attention_block_legacy_c32_h2.safetensors");
+    let (code, ..) = cli(&["show", committed.to_str().unwrap(), "--out", ok.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(probs_panels_equal(&ok.join("probs_query_2_1.png")));
+}
