@@ -47,9 +47,9 @@ impl Canvas {
         Self { w, h, rgb }
     }
 
-    /// Draw `values` (`rows × cols`, row-major) at `(x0, y0)`, each value a `scale`-pixel square,
+    /// Draw `values` (`rows × cols`, row-major) with its top left corner at `(x0, y0)`, each value a `scale`-pixel square,
     /// coloured on `[0, vmax]`.
-    fn map(&mut self, x0: usize, y0: usize, values: &[f64], rows: usize, cols: usize, scale: usize, vmax: f64) {
+    fn map(&mut self, (x0, y0): (usize, usize), values: &[f64], (rows, cols): (usize, usize), scale: usize, vmax: f64) {
         for r in 0..rows {
             for c in 0..cols {
                 let v = values[r * cols + c];
@@ -172,7 +172,7 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
             let map: Vec<f64> = (0..h * w)
                 .map(|p| (0..c).map(|ci| at(bi, ci, p)).fold(0.0, f64::max))
                 .collect();
-            canvas.map(GAP + bi * (w * s + GAP), GAP, &map, h, w, s, vmax);
+            canvas.map((GAP + bi * (w * s + GAP), GAP), &map, (h, w), s, vmax);
         }
         let file = out.join("output_error.png");
         canvas.write(&file)?;
@@ -199,7 +199,13 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
         for (row, (ci, _)) in worst.iter().enumerate() {
             for bi in 0..b {
                 let map: Vec<f64> = (0..h * w).map(|p| at(bi, *ci, p)).collect();
-                canvas.map(GAP + bi * (w * s + GAP), GAP + row * (h * s + GAP), &map, h, w, s, vmax);
+                canvas.map(
+                    (GAP + bi * (w * s + GAP), GAP + row * (h * s + GAP)),
+                    &map,
+                    (h, w),
+                    s,
+                    vmax,
+                );
             }
         }
         let file = out.join("output_worst_channels.png");
@@ -260,9 +266,9 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
             }
             for (hd, (a, o, d)) in rows.iter().enumerate() {
                 let y0 = GAP + hd * (h * s + GAP);
-                canvas.map(GAP, y0, a, h, w, s, vmax);
-                canvas.map(GAP + pw, y0, o, h, w, s, vmax);
-                canvas.map(GAP + 2 * pw, y0, d, h, w, s, dmax);
+                canvas.map((GAP, y0), a, (h, w), s, vmax);
+                canvas.map((GAP + pw, y0), o, (h, w), s, vmax);
+                canvas.map((GAP + 2 * pw, y0), d, (h, w), s, dmax);
                 for p in 0..3 {
                     canvas.mark(GAP + p * pw + qx * s, y0 + qy * s, s);
                 }
