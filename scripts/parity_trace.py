@@ -183,10 +183,57 @@ def _openai(m, h, inputs):
     return finish
 
 
+def _annotated(m, h, inputs):
+    h.out(m.to_qkv, "_qkv")
+    h.inp(m.to_out, "_attn")
+    h.out(m.to_out, "proj")
+
+    def finish(got):
+        qkv = got["_qkv"]
+        b, _, hh, ww = qkv.shape
+        # 'b (h c) x y -> b h c (x y)', then (B, H, N, D); q before `q * self.scale`
+        q, k, v = (t.reshape(b, m.heads, -1, hh * ww).transpose(2, 3) for t in qkv.chunk(3, dim=1))
+        st = OrderedDict(q=q, k=k, v=v)
+        p = _probs(q, k, scale_q=m.scale)
+        if p is not None:
+            st["probs"] = p
+        st["attn"] = got["_attn"][0]
+        st["proj"] = got["proj"]
+        return st
+
+    return finish
+
+
+def _ldm_cross(m, h, inputs):
+    h.out(m.to_q, "_q")
+    h.out(m.to_k, "_k")
+    h.out(m.to_v, "_v")
+    h.inp(m.to_out[0], "_attn")
+    h.out(m.to_out[0], "proj")
+
+    def finish(got):
+        # rearrange(t, 'b n (h d) -> (b h) n d') = (B, H, N, D) with the batch and head axes merged
+        split = lambda t: t.reshape(t.shape[0], t.shape[1], m.heads, -1).transpose(1, 2)
+        q, k, v = split(got["_q"]), split(got["_k"]), split(got["_v"])
+        st = OrderedDict(q=q, k=k, v=v)
+        if inputs.get("mask") is None:
+            p = _probs(q, k, scale=m.scale)
+            if p is not None:
+                st["probs"] = p
+        st["attn"] = got["_attn"][0]
+        st["proj"] = got["proj"]
+        return st
+
+    return finish
+
+
 TRACERS = {
     "diffusers.Attention": _diffusers,
     "denoising_diffusion_pytorch.Attention": _ddpm,
     "ldm.AttnBlock": _ldm_attn_block,
+    "ldm.SpatialSelfAttention": _ldm_attn_block,
+    "annotated_diffusion.Attention": _annotated,
+    "ldm.CrossAttention": _ldm_cross,
     "openai.AttentionBlock": _openai,
 }
 

@@ -287,3 +287,34 @@ fn show_draws_different_maps_for_a_wrong_head_layout() {
     assert_eq!(code, 0);
     assert!(probs_panels_equal(&ok.join("probs_query_2_1.png")));
 }
+
+/// Every block with an exporter tracer has traces in its float32 bundles, and they all match.
+#[test]
+fn every_traced_block_matches_stage_by_stage() {
+    let mut traced = std::collections::BTreeMap::<String, usize>::new();
+    for path in common::committed_bundles() {
+        let b = unet_parity::bundle::Bundle::read(&path).unwrap();
+        if !b.metadata.contains_key("parity.trace") {
+            continue;
+        }
+        let (pass, t) = trace_of(&path);
+        assert!(pass, "{}", path.display());
+        assert_eq!(t.first_divergence, None, "{}: {:?}", path.display(), statuses(&t));
+        assert!(t.stages.iter().all(|s| s.status == "match"), "{}", path.display());
+        *traced.entry(b.block.clone()).or_default() += 1;
+    }
+    let blocks: Vec<&str> = traced.keys().map(String::as_str).collect();
+    assert_eq!(
+        blocks,
+        [
+            "annotated_diffusion.Attention",
+            "denoising_diffusion_pytorch.Attention",
+            "diffusers.Attention",
+            "ldm.AttnBlock",
+            "ldm.CrossAttention",
+            "ldm.SpatialSelfAttention",
+            "openai.AttentionBlock"
+        ]
+    );
+    assert_eq!(traced.values().sum::<usize>(), 32);
+}

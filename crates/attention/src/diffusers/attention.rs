@@ -920,6 +920,9 @@ impl Attention {
                 get_attention_scores_bmm(q, k, v, mask, self.scale, self.upcast_attention, self.upcast_softmax)
             }
             Processor::Ldm => {
+                if mask.is_none() {
+                    trace_probs(q, k, None, Scale::Mul(self.scale));
+                }
                 // sim = einsum('b i d, b j d -> b i j', q, k) * self.scale
                 let sim = Scale::Mul(self.scale).apply(&matmul(q, &k.t()?)?)?;
                 // sim.masked_fill_(~mask, -torch.finfo(sim.dtype).max)
