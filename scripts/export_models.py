@@ -50,7 +50,9 @@ REPO = HERE.parent
 WEIGHTS = REPO / "weights"
 MODELS = WEIGHTS / "models"
 MID = WEIGHTS / "mid"
-MAX_WEIGHTS_BYTES = 10 * 1024 * 1024
+# 11 MiB: 10 MiB before stage traces (issue 8); the float32 traces of 32 attention bundles add
+# 0.92 MB (weights/ 9,847,595 -> 10,769,551 bytes of files).
+MAX_WEIGHTS_BYTES = 11 * 1024 * 1024
 
 HALF_DTYPES = (("float16", "f16"), ("bfloat16", "bf16"))
 
@@ -974,7 +976,7 @@ def verify_all(ctx: Ctx | None):
               f"outputs bit-identical{twin} (max|out-f64| {diffs})")
     total = sum(p.stat().st_size for p in WEIGHTS.rglob("*") if p.is_file())
     print(f"verified {len(paths)} bundles; weights/ holds {total} bytes")
-    assert total < MAX_WEIGHTS_BYTES, "weights/ exceeds 10 MB"
+    assert total < MAX_WEIGHTS_BYTES, f"weights/ exceeds {MAX_WEIGHTS_BYTES} bytes"
 
 
 def digest():

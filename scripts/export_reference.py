@@ -34,6 +34,8 @@ sys.path.insert(0, str(HERE))
 
 from parity_bundle import (CONVERT_TO_FP16_MARK, _cast_inputs, _flatten_list_inputs, convert_convs_to_half_,  # noqa: E402
                            export_bundle, float64_copy, load_bundle, randomize_, run_module)
+from parity_trace import TRACERS, trace_module  # noqa: E402
+from export_models import MAX_WEIGHTS_BYTES  # noqa: E402
 from reference import annotated_diffusion, fastai, ldm, ldm_sd, openai, textbook  # noqa: E402
 
 REPO = HERE.parent
@@ -792,6 +794,14 @@ def exported_specs(specs):
     return [s for s in specs if not s.get("rejected")]
 
 
+def traced_spec(spec) -> bool:
+    """Which bundles carry stage traces (``parity.trace.*``): the float32 bundles of the blocks
+    ``parity_trace`` has hooks for (diffusers.Attention only with AttnProcessor2_0 /
+    AttnProcessor). Half-precision twins carry none (their intermediate stages have no float64
+    reference to judge them by)."""
+    return spec.get("dtype", "float32") == "float32" and spec["block"] in TRACERS
+
+
 def export_all(specs):
     for fam in FAMILIES:
         d = WEIGHTS / fam
@@ -829,7 +839,8 @@ def export_all(specs):
         if spec.get("conv_weights"):
             sd = to_conv_shaped_diffusers_weights(module.state_dict())
         info = export_bundle(module, spec["block"], spec["config"], inputs, WEIGHTS / spec["path"],
-                             kwargs=spec["kwargs"], source=source, state_dict=sd, dtype=dtype)
+                             kwargs=spec["kwargs"], source=source, state_dict=sd, dtype=dtype,
+                             trace=traced_spec(spec))
         diffs = ", ".join(f"{k} {v:.3e}" for k, v in info["max_abs_diff_f64"].items())
         flat = OrderedDict()
         for k, v in inputs.items():
@@ -897,6 +908,15 @@ def verify_file(path: Path) -> str:
     for n in names:
         assert got[n].dtype == b["expected"][n].dtype and torch.equal(got[n], b["expected"][n]), \
             f"{path}: output {n} differs from the stored one"
+    # stage traces: re-recorded with the hooks, bit-identical; every traceable float32 bundle has them
+    _, stages = trace_module(b["block"], module, inputs, b["kwargs"], out_names)
+    if want_dtype == torch.float32 and stages is not None:
+        want = json.loads(meta.get("parity.trace", "null"))
+        assert want == list(stages) + ["output"], f"{path}: parity.trace {want}, hooks give {list(stages)}"
+        for n, t in stages.items():
+            assert t.dtype == b["trace"][n].dtype and torch.equal(t, b["trace"][n]), f"{path}: trace {n} differs"
+    else:
+        assert "parity.trace" not in meta and not b["trace"], f"{path}: unexpected traces"
     m64 = float64_copy(module)
     in64 = OrderedDict()
     memo = {}
@@ -958,7 +978,7 @@ def verify_all(specs):
               f"(max|{short}-f64| {diffs})")
     total = sum(p.stat().st_size for p in WEIGHTS.rglob("*") if p.is_file())
     print(f"verified {len(paths)} bundles; weights/ holds {total} bytes")
-    assert total < 10 * 1024 * 1024, "weights/ exceeds 10 MB"
+    assert total < MAX_WEIGHTS_BYTES, f"weights/ exceeds {MAX_WEIGHTS_BYTES} bytes"
 
 
 def main(argv=None):

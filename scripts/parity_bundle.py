@@ -322,6 +322,7 @@ def export_bundle(
     weights_ref: Sequence[str] | None = None,
     dtype: torch.dtype | None = None,
     input_dtypes: Mapping[str, torch.dtype] | None = None,
+    trace: bool = False,
 ) -> dict:
     """Run ``module`` on ``inputs`` and write a format-"1" parity bundle to ``path``.
 
@@ -360,6 +361,10 @@ def export_bundle(
         input_dtypes: input name -> dtype for floating inputs PyTorch is given in another dtype
             than ``dtype`` (guided-diffusion's half mode: ``{"emb": torch.float32}``); stored in
             that dtype.
+        trace: also run the block with the stage hooks of ``parity_trace`` (blocks it knows) and
+            store the stages as ``parity.trace.<stage>`` with metadata ``parity.trace`` (the stage
+            names in order, ``output`` last = the first output). The traced run must give outputs
+            bit-identical to the untraced one; the other tensors of the bundle are unchanged.
 
     The module's dtype (of its first floating parameter or buffer) is the bundle's
     ``parity.dtype``: for a float16 / bfloat16 bundle pass a module cast with ``.to(dtype)``; its
@@ -413,6 +418,19 @@ def export_bundle(
         d = (t.double() - outs64[name]).abs()
         diffs[name] = float(d.max()) if d.numel() else 0.0
 
+    trace_names = None
+    if trace:
+        from parity_trace import trace_module
+
+        traced, stages = trace_module(block, module, ins, kwargs, output_names)
+        for name, t in outs.items():
+            if not torch.equal(traced[name], t):
+                raise RuntimeError(f"{path}: the traced run changed output {name!r}")
+        if stages is not None:
+            for name, t in stages.items():
+                put(f"parity.trace.{name}", t)
+            trace_names = list(stages) + ["output"]
+
     src = library_versions(module)
     if source:
         src = f"{src}; {source}"
@@ -427,6 +445,8 @@ def export_bundle(
     }
     if kwargs:
         metadata["parity.kwargs"] = json.dumps(kwargs)
+    if trace_names is not None:
+        metadata["parity.trace"] = json.dumps(trace_names)
     if weights_ref is not None:
         ref = list(weights_ref)
         if len(ref) not in (2, 3) or not all(isinstance(x, str) for x in ref):
@@ -498,6 +518,9 @@ def load_bundle(path: str | os.PathLike) -> dict:
         "expected": OrderedDict((n, tensors[f"parity.output.{n}"]) for n in out_names),
         "expected_f64": OrderedDict((n, tensors[f"parity.output.{n}.float64"]) for n in out_names),
         "state_dict": OrderedDict((k, v) for k, v in tensors.items() if not k.startswith("parity.")),
+        # stage name -> tensor (``output`` excluded: it is the first expected output), in order
+        "trace": OrderedDict((n, tensors[f"parity.trace.{n}"]) for n in json.loads(meta.get("parity.trace", "[]"))
+                             if n != "output"),
         # referencing bundle: (checkpoint path relative to the bundle's folder, prefix, entry key or None)
         "weights_ref": ((meta["parity.weights"], meta.get("parity.prefix", ""), meta.get("parity.weights_key"))
                         if "parity.weights" in meta else None),

@@ -60,6 +60,11 @@ impl Module for Attention {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, _, h, w) = x.dims4()?;
         let [q, k, v] = self.to_qkv.forward(x)?;
+        // Stages q, k, v: (B, H, N, D), q before its scale.
+        crate::trace::record("q", &q.t()?);
+        crate::trace::record("k", &k.t()?);
+        crate::trace::record("v", &v.t()?);
+        crate::sdpa::trace_probs(&q.t()?, &k.t()?, None, crate::sdpa::Scale::Mul(self.scale));
         // q = q * self.scale
         let q = mul(&q, self.scale)?;
         // sim = einsum('b h d i, b h d j -> b h i j', q, k)
@@ -71,7 +76,11 @@ impl Module for Attention {
         let out = matmul(&attn, &v.t()?)?;
         // 'b h (x y) d -> b (h d) x y'
         let out = merge_channels(&out)?.reshape((b, (), h, w))?;
-        self.to_out.forward_channels(&out)
+        crate::trace::record("attn", &out);
+        let out = self.to_out.forward_channels(&out)?;
+        crate::trace::record("proj", &out);
+        crate::trace::record("output", &out);
+        Ok(out)
     }
 }
 

@@ -56,5 +56,6 @@ pub mod openai;
 pub mod sdpa;
 pub mod textbook;
 pub mod torch;
+pub mod trace;
 
 pub use error::{Error, Result};

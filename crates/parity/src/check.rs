@@ -24,6 +24,7 @@ use crate::checkpoint::{Checkpoint, PrefixView};
 use crate::compare::{compare, default_tolerance, OutputReport};
 use crate::error::{ParityError, Result};
 use crate::registry::{self, Inputs};
+use crate::trace::{self, TraceReport};
 use crate::weights::{closest, Conversion, TrackedWeights};
 use candle_core::{DType, Device};
 use serde::Serialize;
@@ -58,6 +59,8 @@ pub struct Options {
     pub model_config: Option<PathBuf>,
     /// Accept `config.json` keys the model class does not have.
     pub allow_unknown_config: bool,
+    /// Record our stages and compare them with the bundle's `parity.trace.*` ([`crate::trace`]).
+    pub trace: bool,
 }
 
 impl Default for Options {
@@ -71,6 +74,7 @@ impl Default for Options {
             weights: None,
             model_config: None,
             allow_unknown_config: false,
+            trace: false,
         }
     }
 }
@@ -99,6 +103,9 @@ pub struct Report {
     pub weights: Option<String>,
     /// The `config.json` the block's config came from, when not from the bundle.
     pub config_from: Option<String>,
+    /// The stage-by-stage comparison (`--trace`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceReport>,
 }
 
 /// Check one bundle file.
@@ -109,6 +116,19 @@ pub fn check_file(path: &Path, opts: &Options) -> Result<Report> {
 
 /// Check a parsed bundle.
 pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
+    Ok(run_bundle(bundle, opts)?.report)
+}
+
+/// A checked bundle with our tensors: outputs (on the CPU, in the bundle's output order) and,
+/// with `Options::trace`, the stages we recorded.
+pub struct Run {
+    pub report: Report,
+    pub ours: Vec<candle_core::Tensor>,
+    pub stages: Vec<(String, candle_core::Tensor)>,
+}
+
+/// [`check_bundle`], keeping our outputs and stages (for `show`).
+pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
     let path = bundle.path.as_path();
     let info = registry::find(&bundle.block).ok_or_else(|| ParityError::UnknownBlock {
         path: path.to_path_buf(),
@@ -199,8 +219,12 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         tensors,
         kwargs: bundle.kwargs.clone(),
     };
-    let ours = block
-        .run(&inputs)
+    let (ours, stages) = if opts.trace {
+        unet_attention::trace::with_trace(|| block.run(&inputs))
+    } else {
+        (block.run(&inputs), vec![])
+    };
+    let ours = ours
         .and_then(|outs| {
             Ok(outs
                 .iter()
@@ -253,7 +277,18 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         .map_err(|e| ParityError::block(path, info.id, e))?;
         outputs.push(report);
     }
-    Ok(Report {
+    let trace = if !opts.trace {
+        None
+    } else if !same_dtype {
+        Some(trace::without_table(format!(
+            "stages are compared only in the bundle's dtype ({}), not in {}",
+            dtype_name(bundle_dtype),
+            dtype_name(dtype)
+        )))
+    } else {
+        Some(trace::compare_stages(bundle, &stages, rtol, atol)?)
+    };
+    let report = Report {
         file: path.display().to_string(),
         block: bundle.block.clone(),
         dtype: dtype_name(dtype).into(),
@@ -275,7 +310,9 @@ pub fn check_bundle(bundle: &Bundle, opts: &Options) -> Result<Report> {
         conversions: weights.conversions(),
         weights: weights.location(),
         config_from,
-    })
+        trace,
+    };
+    Ok(Run { report, ours, stages })
 }
 
 /// The block's weights: `--weights` (a checkpoint under a prefix), else the checkpoint the bundle

@@ -74,6 +74,10 @@ enum Command {
         /// Accept config.json keys the model class does not have.
         #[arg(long)]
         allow_unknown_config: bool,
+        /// Also compare the intermediate stages (`parity.trace.*`: norm, q, k, v, probs, attn,
+        /// proj, output) and name the first stage that diverges, with its usual causes.
+        #[arg(long)]
+        trace: bool,
         #[command(flatten)]
         hub: HubArgs,
     },
@@ -98,6 +102,31 @@ enum Command {
     },
     /// List the blocks this tool knows, with the PyTorch class each matches.
     Blocks,
+    /// Write PNG pictures of the error: over (H, W) per batch item and for the worst channels of
+    /// an image-shaped output, and the attention map of one query pixel (PyTorch | ours | diff).
+    Show {
+        /// A bundle file.
+        bundle: PathBuf,
+        /// Folder for the PNGs (created).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The query pixel `y,x` of the attention map (default: the image centre).
+        #[arg(long, value_name = "Y,X", value_parser = parse_query)]
+        query: Option<(usize, usize)>,
+        /// The batch item of the attention map.
+        #[arg(long, default_value_t = 0)]
+        batch: usize,
+    },
+}
+
+fn parse_query(s: &str) -> Result<(usize, usize), String> {
+    let (y, x) = s.split_once(',').ok_or_else(|| format!("expected Y,X, found {s:?}"))?;
+    let num = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("expected Y,X, found {s:?}"))
+    };
+    Ok((num(y)?, num(x)?))
 }
 
 /// A diffusers model on the Hugging Face Hub (local cache first).
@@ -164,6 +193,7 @@ where
             prefix,
             config,
             allow_unknown_config,
+            trace,
             hub,
         } => {
             let device = match open_device(device) {
@@ -189,6 +219,7 @@ where
                 weights,
                 model_config: config,
                 allow_unknown_config,
+                trace,
             };
             return check(&paths, &opts, json, out, err);
         }
@@ -205,6 +236,18 @@ where
         }
         Command::Inspect { file } => guard::catch(&file, || inspect(&file, out)),
         Command::Blocks => blocks(out),
+        Command::Show {
+            bundle,
+            out: dir,
+            query,
+            batch,
+        } => guard::catch(&bundle, || {
+            let b = Bundle::read(&bundle)?;
+            for p in crate::show::show(&b, &dir, query, batch)? {
+                let _ = writeln!(out, "wrote {}: {}", p.path.display(), p.caption);
+            }
+            Ok(())
+        }),
     };
     match result {
         Ok(()) => EXIT_PASS,
@@ -343,6 +386,9 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
                     }
                     if let Some(note) = conversion_note(&report.conversions) {
                         let _ = writeln!(err, "note: {}: {note}", report.file);
+                    }
+                    if let Some(t) = &report.trace {
+                        print_trace(&report.file, t, out);
                     }
                     for o in report.outputs.iter().filter(|o| !o.pass) {
                         let _ = writeln!(
@@ -548,6 +594,49 @@ fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn
     for row in rows {
         let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+}
+
+/// The `--trace` table of one bundle.
+fn print_trace(file: &str, t: &crate::trace::TraceReport, out: &mut dyn Write) {
+    let _ = writeln!(out, "trace {file}:");
+    if let Some(note) = &t.note {
+        let _ = writeln!(out, "  ({note})");
+    }
+    if !t.stages.is_empty() {
+        let mut rows: Vec<[String; 6]> =
+            vec![["STAGE", "SHAPE(torch)", "SHAPE(ours)", "MAX_ABS", "MAX_REL", "RESULT"].map(String::from)];
+        for s in &t.stages {
+            let (abs, rel) = s
+                .compare
+                .as_ref()
+                .map_or(("-".into(), "-".into()), |c| (sci(c.max_abs), sci(c.max_rel)));
+            let shape = |d: &[usize]| format!("{d:?}").replace(' ', "");
+            rows.push([
+                s.stage.clone(),
+                shape(&s.shape),
+                s.ours_shape.as_deref().map_or("-".into(), shape),
+                abs,
+                rel,
+                s.status.clone(),
+            ]);
+        }
+        let widths: Vec<usize> = (0..6)
+            .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+            .collect();
+        for row in rows {
+            let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+            let _ = writeln!(out, "  {}", line.join("  ").trim_end());
+        }
+    }
+    match (&t.first_divergence, &t.hint) {
+        (Some(stage), Some(hint)) => {
+            let _ = writeln!(out, "  first divergence: `{stage}` — usual causes: {hint}");
+        }
+        _ if !t.stages.is_empty() => {
+            let _ = writeln!(out, "  no stage diverges");
+        }
+        _ => {}
     }
 }
 

@@ -14,6 +14,8 @@ pub mod error;
 pub mod guard;
 pub mod hub;
 pub mod registry;
+pub mod show;
+pub mod trace;
 pub mod weights;
 
 pub use check::{check_file, Options, Report};

@@ -10,6 +10,7 @@
 use crate::heads::merge_channels;
 use crate::layers::{FusedQkvConv, Projection, RmsNorm};
 use crate::sdpa::{default_scale, eager_attention, linear_attention, sdpa, Scale};
+use crate::trace;
 use crate::Result;
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -93,13 +94,18 @@ impl Module for Attention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, _, h, w) = x.dims4()?;
-        let [q, k, v] = self.to_qkv.forward(&self.norm.forward(x)?)?;
+        let normed = self.norm.forward(x)?;
+        trace::record("norm", &normed);
+        let [q, k, v] = self.to_qkv.forward(&normed)?;
         // 'b h c n -> b h n c'
         let (q, k, v) = (q.transpose(2, 3)?, k.transpose(2, 3)?, v.transpose(2, 3)?);
         let mk = repeat_batch(&self.mem_kv.get(0)?, b)?;
         let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
         let k = Tensor::cat(&[&mk, &k], 2)?;
         let v = Tensor::cat(&[&mv, &v], 2)?;
+        trace::record("q", &q);
+        trace::record("k", &k);
+        trace::record("v", &v);
         let out = if self.flash {
             // Attend.flash_attn: F.scaled_dot_product_attention(q, k, v)
             sdpa(&q, &k, &v, None, self.scale)?
@@ -108,7 +114,11 @@ impl Module for Attention {
             eager_attention(&q, &k, &v, None, Scale::Mul(self.scale))?
         };
         let out = merge_channels(&out)?.reshape((b, (), h, w))?;
-        self.to_out.forward_channels(&out)
+        trace::record("attn", &out);
+        let out = self.to_out.forward_channels(&out)?;
+        trace::record("proj", &out);
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 

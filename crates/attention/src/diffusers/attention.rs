@@ -33,7 +33,8 @@
 
 use crate::heads::{image_to_tokens, merge_tokens, split_tokens, tokens_to_image};
 use crate::layers::{group_norm, l2_normalize_last_dim, LastDimRmsNorm, LayerNorm, Projection, SpatialNorm};
-use crate::sdpa::{default_scale, div, matmul, sdpa, softmax, upcast, Scale};
+use crate::sdpa::{default_scale, div, matmul, sdpa, softmax, trace_probs, upcast, Scale};
+use crate::trace;
 use crate::{Error, Result};
 use candle_core::{DType, Module, Tensor, D};
 use candle_nn::VarBuilder;
@@ -762,6 +763,7 @@ impl Attention {
                 ));
             }
             normed = spatial_norm.forward(x, zq)?;
+            trace::record("spatial_norm", &normed);
             x = &normed;
         }
         let image = match x.rank() {
@@ -779,7 +781,10 @@ impl Attention {
             None => None,
         };
         if let Some(gn) = &self.group_norm {
-            hs = gn.forward(&hs.transpose(1, 2)?.contiguous()?)?.transpose(1, 2)?;
+            // group_norm(hidden_states.transpose(1, 2)): stage `norm` is (B, C, N).
+            let normed = gn.forward(&hs.transpose(1, 2)?.contiguous()?)?;
+            trace::record("norm", &normed);
+            hs = normed.transpose(1, 2)?;
         }
         // PyTorch holds the tokens as a transposed view after `view(B, C, -1).transpose(1, 2)`
         // or `group_norm(h.transpose(1, 2)).transpose(1, 2)`: its Linear then rounds twice.
@@ -805,8 +810,14 @@ impl Attention {
         if let Some(norm) = &self.norm_k {
             k = norm.forward(&k)?;
         }
+        trace::record("q", &q);
+        trace::record("k", &k);
+        trace::record("v", &v);
         let out = self.attend(&q, &k, &v, mask.as_ref())?;
-        let mut out = self.to_out.forward_tokens(&merge_tokens(&out)?)?;
+        let merged = merge_tokens(&out)?;
+        trace::record("attn", &merged);
+        let mut out = self.to_out.forward_tokens(&merged)?;
+        trace::record("proj", &out);
         if let Some((_, _, h, w)) = image {
             out = tokens_to_image(&out, h, w)?;
         }
@@ -814,7 +825,9 @@ impl Attention {
             out = (out + residual)?;
         }
         // hidden_states / attn.rescale_output_factor
-        Ok(div(&out, self.rescale_output_factor)?)
+        let out = div(&out, self.rescale_output_factor)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 
     /// `AttnAddedKVProcessor2_0` / `AttnAddedKVProcessor`.
@@ -903,9 +916,13 @@ impl Attention {
             // F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask)
             Processor::AttnProcessor2_0 | Processor::AttnAddedKVProcessor2_0 => sdpa(q, k, v, mask, self.scale),
             Processor::AttnProcessor | Processor::AttnAddedKVProcessor => {
+                trace_probs(q, k, mask, Scale::Mul(self.scale));
                 get_attention_scores_bmm(q, k, v, mask, self.scale, self.upcast_attention, self.upcast_softmax)
             }
             Processor::Ldm => {
+                if mask.is_none() {
+                    trace_probs(q, k, None, Scale::Mul(self.scale));
+                }
                 // sim = einsum('b i d, b j d -> b i j', q, k) * self.scale
                 let sim = Scale::Mul(self.scale).apply(&matmul(q, &k.t()?)?)?;
                 // sim.masked_fill_(~mask, -torch.finfo(sim.dtype).max)

@@ -19,6 +19,7 @@ use crate::heads::{merge_channels, split_channels};
 use crate::layers::{group_norm, Projection};
 use crate::ldm::linear::{LinearAttention, LinearAttentionConfig};
 use crate::sdpa::{eager_attention, Scale};
+use crate::trace;
 use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -103,6 +104,7 @@ impl VanillaAttention {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         check_image(self.block, x, self.in_channels)?;
         let h_ = self.norm.forward(x)?;
+        trace::record("norm", &h_);
         let q = self.q.forward_channels(&h_)?;
         let k = self.k.forward_channels(&h_)?;
         let v = self.v.forward_channels(&h_)?;
@@ -112,13 +114,20 @@ impl VanillaAttention {
         // q: 'b c h w -> b (h w) c', k and v: 'b c h w -> b c (h w)'; one head: (b, 1, hw, c).
         let tokens = |t: &Tensor| split_channels(&t.reshape((b, c, h * w))?, 1);
         let (q, k, v) = (tokens(&q)?, tokens(&k)?, tokens(&v)?);
+        trace::record("q", &q);
+        trace::record("k", &k);
+        trace::record("v", &v);
         // w_ = bmm(q, k) * int(c)**(-0.5); softmax(w_, dim=2);
         // h_ = bmm(v, w_.permute(0, 2, 1)): h_[b, c, i] = Σ_j v[b, c, j] w_[b, i, j]
         let h_ = eager_attention(&q, &k, &v, None, Scale::Mul(self.scale))?;
         let h_ = merge_channels(&h_)?.reshape((b, c, h, w))?;
+        trace::record("attn", &h_);
 
         let h_ = self.proj_out.forward_channels(&h_)?;
-        Ok((x + h_)?)
+        trace::record("proj", &h_);
+        let out = (x + h_)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 

@@ -25,6 +25,7 @@
 use crate::heads::{chunk_qkv_channels, chunk_qkv_channels_per_head, merge_channels};
 use crate::layers::{GroupNorm, Projection};
 use crate::sdpa::{eager_attention, mul, Scale};
+use crate::trace;
 use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -119,6 +120,10 @@ fn qkv_attention(qkv: &Tensor, heads: usize, order: QkvOrder) -> candle_core::Re
         QkvOrder::Legacy => chunk_qkv_channels_per_head(qkv, heads)?,
         QkvOrder::New => chunk_qkv_channels(qkv, heads)?,
     };
+    // Stages q, k, v: (B, H, T, ch), before the d^-1/4 scale.
+    trace::record("q", &q.t()?);
+    trace::record("k", &k.t()?);
+    trace::record("v", &v.t()?);
     let scale = 1.0 / (ch as f64).sqrt().sqrt();
     // weight = einsum("bct,bcs->bts", q * scale, k * scale)  # More stable with f16 than dividing afterwards
     let (q, k) = (mul(&q, scale)?, mul(&k, scale)?);
@@ -187,10 +192,16 @@ impl AttentionBlock {
         // b, c, *spatial = x.shape; x = x.reshape(b, c, -1)
         let (b, c) = (dims[0], dims[1]);
         let x = x.reshape((b, c, ()))?;
-        let qkv = self.qkv.forward_channels(&self.norm.forward(&x)?)?;
+        let normed = self.norm.forward(&x)?;
+        trace::record("norm", &normed);
+        let qkv = self.qkv.forward_channels(&normed)?;
         let h = qkv_attention(&qkv, self.heads, self.order)?;
+        trace::record("attn", &h);
         let h = self.proj_out.forward_channels(&h)?;
-        Ok((x + h)?.reshape(dims)?)
+        trace::record("proj", &h);
+        let out = (x + h)?.reshape(dims)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 

@@ -174,6 +174,7 @@ pub fn sdpa_with(
     mask: Option<&Tensor>,
     scale: f64,
 ) -> Result<Tensor> {
+    trace_probs(q, k, mask, Scale::Mul(scale));
     let fast_cpu = || cpu::supports(q, k, v, mask);
     match path {
         SdpaPath::Reference => return sdpa_reference(q, k, v, mask, scale),
@@ -316,6 +317,7 @@ pub fn eager_attention_with(
     mask: Option<&Tensor>,
     scale: Scale,
 ) -> Result<Tensor> {
+    trace_probs(q, k, mask, scale);
     match path {
         SdpaPath::Reference => eager_reference(q, k, v, mask, scale),
         SdpaPath::Flash | SdpaPath::Auto if q.dtype() == DType::F32 && cpu::supports(q, k, v, mask) => {
@@ -345,6 +347,26 @@ fn eager_reference(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, sc
         None => scores,
     };
     matmul(&softmax(&scores, D::Minus1)?, v)
+}
+
+/// Record the attention weights `softmax(q·kᵀ <scale> + mask)` as the trace stage `probs`
+/// (`(B, heads, Lq, Lk)`, compute dtype), only while tracing ([`crate::trace`]) and only when
+/// they have at most [`crate::trace::PROBS_MAX_ELEMENTS`] elements. The attention core calls it;
+/// a block with its own softmax calls it with the same q, k, mask and scale.
+pub fn trace_probs(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, scale: Scale) {
+    crate::trace::record_with("probs", || {
+        let rows: usize = q.dims()[..q.rank().saturating_sub(1)].iter().product();
+        if rows * k.dim(D::Minus2)? > crate::trace::PROBS_MAX_ELEMENTS {
+            candle_core::bail!("too large to trace")
+        }
+        let (q, k) = (upcast(q)?.contiguous()?, upcast(k)?.contiguous()?);
+        let scores = scale.apply(&q.matmul(&k.t()?)?)?;
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(&m.to_dtype(scores.dtype())?)?,
+            None => scores,
+        };
+        softmax_upcast(&scores, D::Minus1)
+    });
 }
 
 /// The default scale `1 / sqrt(head_dim)`.

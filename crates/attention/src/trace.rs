@@ -1,0 +1,140 @@
+//! Stage tracing: the one seam through which a block exposes its intermediate tensors.
+//!
+//! A block calls [`record`] at its stage points (`norm`, `q`, `k`, `v`, `probs`, `attn`, `proj`,
+//! `output`); outside [`with_trace`] that is one thread-local flag test and nothing else. Inside
+//! [`with_trace`], every recorded tensor is kept (a cheap handle clone: candle tensors share
+//! their storage) and returned in recording order. The PyTorch exporter
+//! (`scripts/parity_trace.py`) stores the same stages, laid out the same way, as
+//! `parity.trace.<stage>` in a bundle; `unet-parity check --trace` compares them stage by stage.
+//!
+//! Stage layouts (row-major; the comparison reshapes when the element counts agree, so
+//! `(B, C, H, W)` and `(B, C, H·W)` are the same stage):
+//!
+//! | stage | layout |
+//! |---|---|
+//! | `norm` | the block's input norm output, in the layout the norm ran on (`(B, C, H, W)`, `(B, C, N)`) |
+//! | `spatial_norm` | diffusers `spatial_norm` output `(B, C, H, W)` |
+//! | `q`, `k`, `v` | `(B, heads, tokens, head_dim)` after the head split, before any scale; `k`/`v` include memory key/values; after `qk_norm` where the block has one |
+//! | `probs` | `(B, heads, q_tokens, k_tokens)` attention weights, softmax over the last axis, in the compute dtype; recorded by the attention core only when at most [`PROBS_MAX_ELEMENTS`] |
+//! | `attn` | the input of the output projection (heads merged), in the block's layout |
+//! | `proj` | the output of the output projection, before any residual |
+//! | `output` | the block's output (the bundle's first output) |
+//!
+//! Nested blocks (a mid block's attention) can prefix their stages with [`scope`]:
+//! `attentions.0/q`. A stage recorded twice under one name gets `#2`, `#3`, ... appended.
+
+use candle_core::Tensor;
+use std::cell::{Cell, RefCell};
+
+/// The attention core records `probs` only when `B·heads·Lq·Lk` is at most this.
+pub const PROBS_MAX_ELEMENTS: usize = 1 << 16;
+
+thread_local! {
+    static ACTIVE: Cell<bool> = const { Cell::new(false) };
+    static STAGES: RefCell<Vec<(String, Tensor)>> = const { RefCell::new(Vec::new()) };
+    static PREFIX: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether a trace is being recorded on this thread.
+#[inline]
+pub fn enabled() -> bool {
+    ACTIVE.with(|a| a.get())
+}
+
+/// Record `tensor` as stage `name` (no-op unless inside [`with_trace`]).
+#[inline]
+pub fn record(name: &str, tensor: &Tensor) {
+    if enabled() {
+        record_slow(name, tensor.clone());
+    }
+}
+
+/// Record the tensor `make` computes, computing it only while tracing (for stages that cost
+/// something to form, e.g. the attention weights). Errors in `make` are ignored: a stage that
+/// cannot be formed is simply absent.
+#[inline]
+pub fn record_with(name: &str, make: impl FnOnce() -> candle_core::Result<Tensor>) {
+    if enabled() {
+        if let Ok(t) = make() {
+            record_slow(name, t);
+        }
+    }
+}
+
+#[cold]
+fn record_slow(name: &str, tensor: Tensor) {
+    let mut full = PREFIX.with(|p| p.borrow().iter().map(|s| format!("{s}/")).collect::<String>());
+    full.push_str(name);
+    STAGES.with(|s| {
+        let mut s = s.borrow_mut();
+        let n = s
+            .iter()
+            .filter(|(k, _)| k == &full || k.strip_prefix(full.as_str()).is_some_and(|r| r.starts_with('#')))
+            .count();
+        if n > 0 {
+            full = format!("{full}#{}", n + 1);
+        }
+        s.push((full, tensor));
+    });
+}
+
+/// Run `f` with stage names prefixed by `name/` (only while tracing).
+pub fn scope<R>(name: &str, f: impl FnOnce() -> R) -> R {
+    if !enabled() {
+        return f();
+    }
+    PREFIX.with(|p| p.borrow_mut().push(name.to_string()));
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            PREFIX.with(|p| {
+                p.borrow_mut().pop();
+            });
+        }
+    }
+    let _pop = Pop;
+    f()
+}
+
+/// Run `f` recording every stage; returns its result and the stages in recording order.
+/// Nested calls are not supported: an inner `with_trace` takes the stages recorded so far with it.
+pub fn with_trace<R>(f: impl FnOnce() -> R) -> (R, Vec<(String, Tensor)>) {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            ACTIVE.with(|a| a.set(self.0));
+        }
+    }
+    let before = ACTIVE.with(|a| a.replace(true));
+    let saved = STAGES.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let result = {
+        let _reset = Reset(before);
+        f()
+    };
+    let stages = STAGES.with(|s| std::mem::replace(&mut *s.borrow_mut(), saved));
+    (result, stages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn records_only_inside_with_trace() {
+        let t = Tensor::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap();
+        record("q", &t);
+        let ((), stages) = with_trace(|| {
+            record("q", &t);
+            scope("attn1", || record("k", &t));
+            record("q", &t);
+            record_with("probs", || Ok(t.clone()));
+        });
+        let names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["q", "attn1/k", "q#2", "probs"]);
+        assert!(!enabled());
+        record("v", &t);
+        let ((), again) = with_trace(|| ());
+        assert!(again.is_empty());
+    }
+}

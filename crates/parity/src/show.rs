@@ -1,0 +1,294 @@
+//! `unet-parity show BUNDLE --out DIR`: pictures of where and how much our block differs from
+//! PyTorch.
+//!
+//! * `output_error.png` (image-shaped `(B, C, H, W)` first output): one panel per batch item,
+//!   `max over channels |ours − torch|` at each pixel;
+//! * `output_worst_channels.png`: rows = the (up to) four channels with the largest error, columns
+//!   = batch items, `|ours − torch|` of that channel;
+//! * `probs_query_Y_X.png` (bundles with a `probs` stage over the image's tokens): for the chosen
+//!   query pixel, one row per head of batch item `--batch`: PyTorch's attention map over the key
+//!   pixels, ours, and `|ours − torch|` (memory keys that are not pixels are left out).
+//!
+//! Colours: black → purple → red → yellow → white. The output panels share one scale (0 to the
+//! largest error); in the attention rows PyTorch's and our maps share one scale (0 to the largest
+//! weight) and the difference panel has its own. Every file's scale is printed.
+
+use crate::bundle::Bundle;
+use crate::check::{run_bundle, Options};
+use crate::error::{ParityError, Result};
+use crate::trace::torch_stage;
+use candle_core::{DType, Tensor};
+use std::path::{Path, PathBuf};
+
+/// What `show` wrote.
+#[derive(Debug, Clone)]
+pub struct Picture {
+    pub path: PathBuf,
+    /// What the picture shows, with its colour scale.
+    pub caption: String,
+}
+
+/// An RGB canvas.
+struct Canvas {
+    w: usize,
+    h: usize,
+    rgb: Vec<u8>,
+}
+
+const GAP: usize = 4;
+const BACKGROUND: [u8; 3] = [96, 96, 96];
+
+impl Canvas {
+    fn new(w: usize, h: usize) -> Self {
+        let mut rgb = Vec::with_capacity(w * h * 3);
+        for _ in 0..w * h {
+            rgb.extend_from_slice(&BACKGROUND);
+        }
+        Self { w, h, rgb }
+    }
+
+    /// Draw `values` (`rows × cols`, row-major) with its top left corner at `(x0, y0)`, each value a `scale`-pixel square,
+    /// coloured on `[0, vmax]`.
+    fn map(&mut self, (x0, y0): (usize, usize), values: &[f64], (rows, cols): (usize, usize), scale: usize, vmax: f64) {
+        for r in 0..rows {
+            for c in 0..cols {
+                let v = values[r * cols + c];
+                let t = if vmax > 0.0 && v.is_finite() { v / vmax } else { 0.0 };
+                let colour = if v.is_finite() { heat(t) } else { [0, 255, 0] };
+                for dy in 0..scale {
+                    for dx in 0..scale {
+                        let (x, y) = (x0 + c * scale + dx, y0 + r * scale + dy);
+                        if x < self.w && y < self.h {
+                            let i = (y * self.w + x) * 3;
+                            self.rgb[i..i + 3].copy_from_slice(&colour);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Outline one cell (the chosen query pixel) in cyan.
+    fn mark(&mut self, x0: usize, y0: usize, scale: usize) {
+        for d in 0..scale {
+            for (x, y) in [
+                (x0 + d, y0),
+                (x0 + d, y0 + scale - 1),
+                (x0, y0 + d),
+                (x0 + scale - 1, y0 + d),
+            ] {
+                if x < self.w && y < self.h {
+                    let i = (y * self.w + x) * 3;
+                    self.rgb[i..i + 3].copy_from_slice(&[0, 255, 255]);
+                }
+            }
+        }
+    }
+
+    fn write(&self, path: &Path) -> Result<()> {
+        let io = |e: std::io::Error| ParityError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        };
+        let file = std::fs::File::create(path).map_err(io)?;
+        let mut enc = png::Encoder::new(std::io::BufWriter::new(file), self.w as u32, self.h as u32);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let png_err = |e: png::EncodingError| ParityError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        };
+        let mut writer = enc.write_header().map_err(png_err)?;
+        writer.write_image_data(&self.rgb).map_err(png_err)?;
+        writer.finish().map_err(png_err)
+    }
+}
+
+/// `t ∈ [0, 1]` → black, purple, red, yellow, white.
+fn heat(t: f64) -> [u8; 3] {
+    const STOPS: [[f64; 3]; 5] = [
+        [0., 0., 0.],
+        [90., 20., 140.],
+        [220., 40., 40.],
+        [250., 210., 40.],
+        [255., 255., 255.],
+    ];
+    let t = t.clamp(0.0, 1.0) * (STOPS.len() - 1) as f64;
+    let i = (t.floor() as usize).min(STOPS.len() - 2);
+    let f = t - i as f64;
+    let mut out = [0u8; 3];
+    for (k, o) in out.iter_mut().enumerate() {
+        *o = (STOPS[i][k] + f * (STOPS[i + 1][k] - STOPS[i][k])).round() as u8;
+    }
+    out
+}
+
+fn values(t: &Tensor) -> candle_core::Result<Vec<f64>> {
+    t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
+}
+
+/// Pixels per cell so that a `rows × cols` map is about 160 px on its long side.
+fn cell(rows: usize, cols: usize) -> usize {
+    (160 / rows.max(cols).max(1)).clamp(1, 32)
+}
+
+fn max_of(v: &[f64]) -> f64 {
+    v.iter().copied().filter(|x| x.is_finite()).fold(0.0, f64::max)
+}
+
+/// Write the pictures of `bundle` into `out`; `query` is the `(y, x)` query pixel of the
+/// attention map (default: the image centre), `batch` the batch item it is drawn for.
+pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: usize) -> Result<Vec<Picture>> {
+    std::fs::create_dir_all(out).map_err(|e| ParityError::Io {
+        path: out.to_path_buf(),
+        source: e,
+    })?;
+    let opts = Options {
+        trace: true,
+        ..Options::default()
+    };
+    let run = run_bundle(bundle, &opts)?;
+    let path = bundle.path.as_path();
+    let err = |e: candle_core::Error| ParityError::bundle(path, e.to_string());
+    let mut pictures = vec![];
+    let name = bundle.outputs.first().cloned().unwrap_or_default();
+    let (Some(torch), Some(ours)) = (bundle.output(&name), run.ours.first()) else {
+        return Ok(pictures);
+    };
+    if torch.rank() == 4 && torch.dims() == ours.dims() {
+        let (b, c, h, w) = torch.dims4().map_err(err)?;
+        let diff: Vec<f64> = values(ours)
+            .map_err(err)?
+            .iter()
+            .zip(values(torch).map_err(err)?)
+            .map(|(a, t)| (a - t).abs())
+            .collect();
+        let at = |bi: usize, ci: usize, p: usize| diff[(bi * c + ci) * h * w + p];
+        let vmax = max_of(&diff);
+        let s = cell(h, w);
+        // per batch item: max over channels
+        let mut canvas = Canvas::new(b * (w * s + GAP) + GAP, h * s + 2 * GAP);
+        for bi in 0..b {
+            let map: Vec<f64> = (0..h * w)
+                .map(|p| (0..c).map(|ci| at(bi, ci, p)).fold(0.0, f64::max))
+                .collect();
+            canvas.map((GAP + bi * (w * s + GAP), GAP), &map, (h, w), s, vmax);
+        }
+        let file = out.join("output_error.png");
+        canvas.write(&file)?;
+        pictures.push(Picture {
+            path: file,
+            caption: format!(
+                "output `{name}`: max over {c} channels of |ours − torch| at each of the {h}×{w} pixels, one panel per \
+                 batch item (left to right, {b}); scale 0 (black) to {vmax:.3e} (white)"
+            ),
+        });
+        // worst channels
+        let mut worst: Vec<(usize, f64)> = (0..c)
+            .map(|ci| {
+                let m = (0..b)
+                    .flat_map(|bi| (0..h * w).map(move |p| (bi, p)))
+                    .map(|(bi, p)| at(bi, ci, p))
+                    .fold(0.0, f64::max);
+                (ci, m)
+            })
+            .collect();
+        worst.sort_by(|x, y| y.1.total_cmp(&x.1));
+        worst.truncate(4);
+        let mut canvas = Canvas::new(b * (w * s + GAP) + GAP, worst.len() * (h * s + GAP) + GAP);
+        for (row, (ci, _)) in worst.iter().enumerate() {
+            for bi in 0..b {
+                let map: Vec<f64> = (0..h * w).map(|p| at(bi, *ci, p)).collect();
+                canvas.map(
+                    (GAP + bi * (w * s + GAP), GAP + row * (h * s + GAP)),
+                    &map,
+                    (h, w),
+                    s,
+                    vmax,
+                );
+            }
+        }
+        let file = out.join("output_worst_channels.png");
+        canvas.write(&file)?;
+        let list: Vec<String> = worst.iter().map(|(ci, m)| format!("{ci} ({m:.3e})")).collect();
+        pictures.push(Picture {
+            path: file,
+            caption: format!(
+                "output `{name}`: |ours − torch| of the worst channels, one row each: {}; columns = batch items; \
+                 scale 0 to {vmax:.3e}",
+                list.join(", ")
+            ),
+        });
+    }
+    // attention weights of one query pixel
+    let image = bundle
+        .inputs
+        .first()
+        .and_then(|n| bundle.input(n))
+        .filter(|t| t.rank() == 4);
+    let probs_t = torch_stage(bundle, "probs");
+    let probs_o = run.stages.iter().find(|(n, _)| n == "probs").map(|(_, t)| t);
+    if let (Some(img), Some(pt), Some(po)) = (image, probs_t, probs_o) {
+        let (_, _, h, w) = img.dims4().map_err(err)?;
+        let (b, heads, lq, lk) = pt.dims4().map_err(err)?;
+        if lq == h * w && lk >= h * w && po.elem_count() == pt.elem_count() {
+            let (qy, qx) = query.unwrap_or((h / 2, w / 2));
+            if qy >= h || qx >= w || batch >= b {
+                return Err(ParityError::bundle(
+                    path,
+                    format!("--query {qy},{qx} / --batch {batch} outside the {h}×{w} image of {b} items"),
+                ));
+            }
+            let n = qy * w + qx;
+            let mem = lk - h * w;
+            let po = po.reshape(pt.dims()).map_err(err)?;
+            let row = |t: &Tensor, hd: usize| -> Result<Vec<f64>> {
+                let r = t
+                    .get(batch)
+                    .and_then(|t| t.get(hd))
+                    .and_then(|t| t.get(n))
+                    .and_then(|t| t.narrow(0, mem, h * w))
+                    .map_err(err)?;
+                values(&r).map_err(err)
+            };
+            let s = cell(h, w);
+            let pw = w * s + GAP;
+            let mut canvas = Canvas::new(3 * pw + GAP, heads * (h * s + GAP) + GAP);
+            let mut vmax = 0.0f64;
+            let mut dmax = 0.0f64;
+            let mut rows = vec![];
+            for hd in 0..heads {
+                let (a, o) = (row(pt, hd)?, row(&po, hd)?);
+                let d: Vec<f64> = a.iter().zip(&o).map(|(x, y)| (x - y).abs()).collect();
+                vmax = vmax.max(max_of(&a)).max(max_of(&o));
+                dmax = dmax.max(max_of(&d));
+                rows.push((a, o, d));
+            }
+            for (hd, (a, o, d)) in rows.iter().enumerate() {
+                let y0 = GAP + hd * (h * s + GAP);
+                canvas.map((GAP, y0), a, (h, w), s, vmax);
+                canvas.map((GAP + pw, y0), o, (h, w), s, vmax);
+                canvas.map((GAP + 2 * pw, y0), d, (h, w), s, dmax);
+                for p in 0..3 {
+                    canvas.mark(GAP + p * pw + qx * s, y0 + qy * s, s);
+                }
+            }
+            let file = out.join(format!("probs_query_{qy}_{qx}.png"));
+            canvas.write(&file)?;
+            let mem_note = if mem > 0 {
+                format!("; the {mem} memory keys are not drawn")
+            } else {
+                String::new()
+            };
+            pictures.push(Picture {
+                path: file,
+                caption: format!(
+                    "attention weights of query pixel (y {qy}, x {qx}) (cyan) over the {h}×{w} key pixels, batch item \
+                     {batch}, one row per head ({heads}): PyTorch | ours (shared scale 0 to {vmax:.3e}) | |ours − torch| \
+                     (scale 0 to {dmax:.3e}){mem_note}"
+                ),
+            });
+        }
+    }
+    Ok(pictures)
+}

@@ -1,0 +1,183 @@
+//! Stage-by-stage comparison (`check --trace`): the bundle's `parity.trace.<stage>` tensors,
+//! recorded by the exporter's forward hooks, against the stages our block records through
+//! [`unet_attention::trace`], in the bundle's stage order. The first stage that fails names where
+//! the port diverges, with the usual causes for that stage.
+//!
+//! A stage passes under rule (a) of [`crate::compare`] at the run's tolerances (intermediate
+//! stages have no float64 reference); the `output` stage is the bundle's first output and is
+//! judged exactly as the check judges it. Our stage is reshaped to PyTorch's when the element
+//! counts agree (layouts are documented in `unet_attention::trace`).
+
+use crate::bundle::Bundle;
+use crate::compare::{compare, OutputReport};
+use crate::error::{ParityError, Result};
+use candle_core::{Device, Tensor};
+use serde::Serialize;
+
+/// Metadata key listing a bundle's stages in forward order.
+pub const TRACE_KEY: &str = "parity.trace";
+/// Tensor name prefix of a bundle's stages.
+pub const TRACE_PREFIX: &str = "parity.trace.";
+
+/// One stage of the trace table.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageReport {
+    pub stage: String,
+    /// PyTorch's shape of the stage.
+    pub shape: Vec<usize>,
+    /// Our shape, when we recorded the stage.
+    pub ours_shape: Option<Vec<usize>>,
+    /// The comparison (absent when we did not record the stage).
+    pub compare: Option<OutputReport>,
+    /// `match`, `DIVERGES`, `not recorded`.
+    pub status: String,
+}
+
+/// The stage-by-stage comparison of one bundle.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceReport {
+    pub stages: Vec<StageReport>,
+    /// The first stage that diverges, if any.
+    pub first_divergence: Option<String>,
+    /// The usual causes of a divergence at that stage.
+    pub hint: Option<String>,
+    /// Stages we recorded that the bundle does not hold (not compared).
+    pub ours_only: Vec<String>,
+    /// Why there is no table (no traces in the bundle, a run in another dtype).
+    pub note: Option<String>,
+}
+
+/// The stage names a bundle lists in `parity.trace` (empty when it has none).
+pub fn stage_names(bundle: &Bundle) -> Result<Vec<String>> {
+    let Some(text) = bundle.metadata.get(TRACE_KEY) else {
+        return Ok(vec![]);
+    };
+    let names: Vec<String> = serde_json::from_str(text).map_err(|e| {
+        ParityError::bundle(
+            &bundle.path,
+            format!("metadata `{TRACE_KEY}` must be a JSON array of strings: {e}"),
+        )
+    })?;
+    for n in &names {
+        if n != "output" && !bundle.tensors.contains_key(&format!("{TRACE_PREFIX}{n}")) {
+            return Err(ParityError::bundle(
+                &bundle.path,
+                format!("`{TRACE_KEY}` names `{n}` but tensor `{TRACE_PREFIX}{n}` is missing"),
+            ));
+        }
+    }
+    Ok(names)
+}
+
+/// PyTorch's tensor of stage `name` (`output`: the bundle's first output).
+pub fn torch_stage<'a>(bundle: &'a Bundle, name: &str) -> Option<&'a Tensor> {
+    if name == "output" {
+        bundle.outputs.first().and_then(|o| bundle.output(o))
+    } else {
+        bundle.tensors.get(&format!("{TRACE_PREFIX}{name}"))
+    }
+}
+
+/// The usual causes of a divergence first seen at `stage`.
+pub fn hint(stage: &str) -> &'static str {
+    // `attentions.0/q#2` -> `q`
+    let last = stage.rsplit('/').next().unwrap_or(stage);
+    let base = last.split('#').next().unwrap_or(last);
+    match base {
+        "norm" | "spatial_norm" => {
+            "the input norm: eps (1e-5 vs 1e-6), number of groups, affine weight/bias, GroupNorm vs \
+             RMSNorm/LayerNorm, statistics in f32, channels-first vs channels-last input"
+        }
+        "q" | "k" | "v" => {
+            "the projections and head split: head layout ('(h d)' vs '(d h)'), fused qkv chunk order \
+             ([Q|K|V] vs per-head [q_h|k_h|v_h]), transposed weight, projection bias, memory key/values, \
+             qk_norm"
+        }
+        "probs" => {
+            "the attention weights: scale (1/sqrt(d) missing, applied twice, d^-1/4 on q and k, \
+             scale_qk), softmax axis, mask sign or broadcast, softmax upcast"
+        }
+        "attn" => {
+            "the weighted sum and head merge: probs·v order, v layout, merging heads \
+             ('b h n d -> b n (h d)' vs channels first)"
+        }
+        "proj" => "the output projection: weight/bias, transposed weight, layout fed to it",
+        "output" => {
+            "after the projection: residual (missing, or added twice), rescale_output_factor, \
+             output reshape to (B, C, H, W)"
+        }
+        _ => "no hint for this stage",
+    }
+}
+
+/// Compare our recorded `ours` stages with the bundle's, at `rtol`/`atol`.
+pub fn compare_stages(bundle: &Bundle, ours: &[(String, Tensor)], rtol: f64, atol: f64) -> Result<TraceReport> {
+    let names = stage_names(bundle)?;
+    let mut stages = vec![];
+    for name in &names {
+        let torch = torch_stage(bundle, name).expect("validated by stage_names");
+        let mine = ours.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+        let (ours_shape, report) = match mine {
+            None => (None, None),
+            Some(t) => {
+                let t = t
+                    .to_device(&Device::Cpu)
+                    .map_err(|e| ParityError::bundle(&bundle.path, format!("stage {name}: {e}")))?;
+                let shape = t.dims().to_vec();
+                let t = if t.elem_count() == torch.elem_count() && t.dims() != torch.dims() {
+                    t.reshape(torch.dims())
+                } else {
+                    Ok(t)
+                }
+                .map_err(|e| ParityError::bundle(&bundle.path, format!("stage {name}: {e}")))?;
+                let f64_ref = if name == "output" {
+                    bundle.outputs.first().and_then(|o| bundle.output_f64(o))
+                } else {
+                    None
+                };
+                let r = compare(name, &t, torch, f64_ref, rtol, atol)
+                    .map_err(|e| ParityError::bundle(&bundle.path, format!("stage {name}: {e}")))?;
+                (Some(shape), Some(r))
+            }
+        };
+        let status = match &report {
+            None => "not recorded",
+            Some(r) if r.pass => "match",
+            Some(_) => "DIVERGES",
+        };
+        stages.push(StageReport {
+            stage: name.clone(),
+            shape: torch.dims().to_vec(),
+            ours_shape,
+            compare: report,
+            status: status.into(),
+        });
+    }
+    let first = stages.iter().find(|s| s.status == "DIVERGES").map(|s| s.stage.clone());
+    Ok(TraceReport {
+        hint: first.as_deref().map(|s| hint(s).to_string()),
+        first_divergence: first,
+        ours_only: ours
+            .iter()
+            .map(|(n, _)| n.clone())
+            .filter(|n| !names.contains(n))
+            .collect(),
+        note: if names.is_empty() {
+            Some("the bundle holds no stage traces (`parity.trace`)".into())
+        } else {
+            None
+        },
+        stages,
+    })
+}
+
+/// A trace report without a table.
+pub fn without_table(note: impl Into<String>) -> TraceReport {
+    TraceReport {
+        stages: vec![],
+        first_divergence: None,
+        hint: None,
+        ours_only: vec![],
+        note: Some(note.into()),
+    }
+}

@@ -1,0 +1,320 @@
+//! `check --trace`: deliberately broken ports diverge at the stage where they are broken, and
+//! the trace names it. Each variant is a committed bundle edited so that our block computes
+//! something else than PyTorch did (the bundle's PyTorch stages stay as exported).
+
+mod common;
+
+use candle_core::Tensor;
+use common::{cli, scratch, weights, RawBundle};
+use std::path::Path;
+use unet_parity::trace::TraceReport;
+use unet_parity::{check_file, Options};
+
+fn trace_of(path: &Path) -> (bool, TraceReport) {
+    let opts = Options {
+        trace: true,
+        ..Options::default()
+    };
+    let report = check_file(path, &opts).unwrap();
+    (report.pass, report.trace.expect("--trace gives a trace report"))
+}
+
+fn edit_config(b: &mut RawBundle, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let mut cfg: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+    edit(cfg.as_object_mut().unwrap());
+    b.metadata.insert("parity.config".into(), cfg.to_string());
+}
+
+fn statuses(t: &TraceReport) -> Vec<(String, String)> {
+    t.stages.iter().map(|s| (s.stage.clone(), s.status.clone())).collect()
+}
+
+const VAE_MID: &str = "diffusers/attention_vae_mid.safetensors";
+
+#[test]
+fn committed_traced_bundles_have_no_divergence() {
+    for rel in [
+        VAE_MID,
+        "denoising_diffusion_pytorch/attention_dim24_h3_d8_mem4.safetensors",
+        "ldm/attn_block_c32.safetensors",
+        "openai/attention_block_legacy_c32_h2.safetensors",
+    ] {
+        let (pass, t) = trace_of(&weights().join(rel));
+        assert!(pass, "{rel}");
+        let names: Vec<&str> = t.stages.iter().map(|s| s.stage.as_str()).collect();
+        assert_eq!(
+            names,
+            ["norm", "q", "k", "v", "probs", "attn", "proj", "output"],
+            "{rel}"
+        );
+        assert!(
+            t.stages.iter().all(|s| s.status == "match"),
+            "{rel}: {:?}",
+            statuses(&t)
+        );
+        assert_eq!(t.first_divergence, None, "{rel}");
+    }
+}
+
+/// OpenAI's legacy kernel splits heads before q/k/v (per-head `[q_h|k_h|v_h]`); running the
+/// legacy weights with the new order (`[Q|K|V]`, then heads) is a wrong head layout.
+#[test]
+fn wrong_head_layout_diverges_at_q() {
+    let dir = scratch("trace-heads");
+    let path = RawBundle::edited("openai/attention_block_legacy_c32_h2.safetensors", &dir, |b| {
+        edit_config(b, |c| {
+            c.insert("use_new_attention_order".into(), true.into());
+        })
+    });
+    let (pass, t) = trace_of(&path);
+    assert!(!pass);
+    assert_eq!(statuses(&t)[0], ("norm".into(), "match".into()));
+    assert_eq!(t.first_divergence.as_deref(), Some("q"), "{:?}", statuses(&t));
+    assert!(t.hint.as_deref().unwrap().contains("head layout"));
+
+    // The same through the CLI table.
+    let (code, out, _) = cli(&["check", "--trace", path.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("first divergence: `q`"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("norm") && l.ends_with("match")),
+        "{out}"
+    );
+}
+
+/// The q projection rows permuted from `(h d)` to `(d h)` order: a loader that reads the heads
+/// the wrong way round. q diverges; k and v do not.
+#[test]
+fn permuted_q_rows_diverge_at_q_only() {
+    let dir = scratch("trace-rows");
+    let path = RawBundle::edited("diffusers/attention_unet2d_mid.safetensors", &dir, |b| {
+        let cfg: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+        let heads = cfg["heads"].as_u64().unwrap() as usize;
+        let w = &b.tensors["to_q.weight"];
+        let (rows, cols) = w.dims2().unwrap();
+        let d = rows / heads;
+        let permuted = w
+            .reshape((heads, d, cols))
+            .and_then(|t| t.transpose(0, 1))
+            .and_then(|t| t.reshape((rows, cols)))
+            .unwrap();
+        let bias = b.tensors["to_q.bias"]
+            .reshape((heads, d))
+            .and_then(|t| t.t())
+            .and_then(|t| t.flatten_all())
+            .unwrap();
+        b.tensors.insert("to_q.weight".into(), permuted.contiguous().unwrap());
+        b.tensors.insert("to_q.bias".into(), bias.contiguous().unwrap());
+    });
+    let (pass, t) = trace_of(&path);
+    assert!(!pass);
+    let s = statuses(&t);
+    assert_eq!(t.first_divergence.as_deref(), Some("q"), "{s:?}");
+    let status = |n: &str| s.iter().find(|(k, _)| k == n).unwrap().1.clone();
+    assert_eq!((status("k"), status("v")), ("match".into(), "match".into()));
+}
+
+/// `scale_qk: false`: no `1/sqrt(d)` on the scores. q, k, v match; the attention weights do not.
+#[test]
+fn missing_scale_diverges_at_probs() {
+    let dir = scratch("trace-scale");
+    let path = RawBundle::edited(VAE_MID, &dir, |b| {
+        edit_config(b, |c| {
+            c.insert("scale_qk".into(), false.into());
+        })
+    });
+    let (pass, t) = trace_of(&path);
+    assert!(!pass);
+    assert_eq!(t.first_divergence.as_deref(), Some("probs"), "{:?}", statuses(&t));
+    assert!(t.hint.as_deref().unwrap().contains("scale"));
+}
+
+/// The GroupNorm eps 1e-6 of the VAE mid block read as 1e-2: the very first stage diverges.
+#[test]
+fn wrong_eps_diverges_at_norm() {
+    let dir = scratch("trace-eps");
+    let path = RawBundle::edited(VAE_MID, &dir, |b| {
+        edit_config(b, |c| {
+            assert_eq!(c["eps"], serde_json::json!(1e-6));
+            c.insert("eps".into(), serde_json::json!(1e-2));
+        })
+    });
+    let (pass, t) = trace_of(&path);
+    assert!(!pass);
+    assert_eq!(t.first_divergence.as_deref(), Some("norm"), "{:?}", statuses(&t));
+    assert!(t.hint.as_deref().unwrap().contains("eps"));
+}
+
+/// `residual_connection: false`: everything up to the output projection matches.
+#[test]
+fn missing_residual_diverges_at_output() {
+    let dir = scratch("trace-residual");
+    let path = RawBundle::edited(VAE_MID, &dir, |b| {
+        edit_config(b, |c| {
+            c.insert("residual_connection".into(), false.into());
+        })
+    });
+    let (pass, t) = trace_of(&path);
+    assert!(!pass);
+    let s = statuses(&t);
+    assert!(s[..s.len() - 1].iter().all(|(_, st)| st == "match"), "{s:?}");
+    assert_eq!(t.first_divergence.as_deref(), Some("output"), "{s:?}");
+    assert!(t.hint.as_deref().unwrap().contains("residual"));
+}
+
+/// A bundle without traces says so; a stage tensor listed but missing is a bundle error.
+#[test]
+fn bundles_without_traces_and_broken_trace_metadata() {
+    let (pass, t) = trace_of(&weights().join("torch/mha_bias_kv_zero_attn_float_mask.safetensors"));
+    assert!(pass);
+    assert!(t.stages.is_empty() && t.note.is_some());
+
+    let dir = scratch("trace-missing");
+    let path = RawBundle::edited(VAE_MID, &dir, |b| {
+        b.tensors.remove("parity.trace.q");
+    });
+    let err = check_file(
+        &path,
+        &Options {
+            trace: true,
+            ..Options::default()
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("parity.trace.q"), "{err}");
+    // Not tracing: the stage tensors are not looked at.
+    assert!(check_file(&path, &Options::default()).unwrap().pass);
+}
+
+#[test]
+fn tracing_is_off_outside_with_trace() {
+    assert!(!unet_attention::trace::enabled());
+    let t = Tensor::zeros(2, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    let (_, stages) = unet_attention::trace::with_trace(|| unet_attention::trace::record("x", &t));
+    assert_eq!(stages.len(), 1);
+    assert!(!unet_attention::trace::enabled());
+}
+
+/// Decode an RGB PNG: (width, height, pixels).
+fn read_png(path: &Path) -> (usize, usize, Vec<u8>) {
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!(info.color_type, png::ColorType::Rgb);
+    buf.truncate(info.buffer_size());
+    (info.width as usize, info.height as usize, buf)
+}
+
+/// The PyTorch and ours panels of the attention picture (columns `[4, 4 + panel)` and
+/// `[8 + panel, 8 + 2·panel)`, panel = (width − 16) / 3): equal for a correct port, not for a
+/// broken one.
+fn probs_panels_equal(path: &Path) -> bool {
+    let (w, h, px) = read_png(path);
+    let panel = (w - 16) / 3;
+    (0..h).all(|y| {
+        (0..panel).all(|x| {
+            let a = (y * w + 4 + x) * 3;
+            let b = (y * w + 8 + panel + x) * 3;
+            px[a..a + 3] == px[b..b + 3]
+        })
+    })
+}
+
+#[test]
+fn show_writes_error_maps_and_attention_pictures() {
+    let dir = scratch("show-ok");
+    let bundle = weights().join("denoising_diffusion_pytorch/attention_dim24_h3_d8_mem4.safetensors");
+    let (code, out, err) = cli(&[
+        "show",
+        bundle.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+        "--query",
+        "2,3",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    // x (2, 24, 5, 7): cells of 160/7 = 22 px, two panels with 4-px gaps.
+    let (w, h, _) = read_png(&dir.join("output_error.png"));
+    assert_eq!((w, h), (2 * (7 * 22 + 4) + 4, 5 * 22 + 8));
+    let (w, h, _) = read_png(&dir.join("output_worst_channels.png"));
+    assert_eq!((w, h), (2 * (7 * 22 + 4) + 4, 4 * (5 * 22 + 4) + 4));
+    let probs = dir.join("probs_query_2_3.png");
+    let (w, h, px) = read_png(&probs);
+    assert_eq!(
+        (w, h),
+        (3 * (7 * 22 + 4) + 4, 3 * (5 * 22 + 4) + 4),
+        "three heads, three panels"
+    );
+    assert!(
+        probs_panels_equal(&probs),
+        "a correct port draws the same map as PyTorch"
+    );
+    // the query pixel is outlined in cyan in the first panel: (x 3, y 2) at 22 px per cell
+    let at = |x: usize, y: usize| &px[(y * w + x) * 3..(y * w + x) * 3 + 3];
+    assert_eq!(at(4 + 3 * 22, 4 + 2 * 22), &[0, 255, 255]);
+    assert!(out.contains("the 4 memory keys are not drawn"), "{out}");
+
+    let (code, _, err) = cli(&[
+        "show",
+        bundle.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+        "--query",
+        "5,0",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--query 5,0"), "{err}");
+}
+
+#[test]
+fn show_draws_different_maps_for_a_wrong_head_layout() {
+    let dir = scratch("show-broken");
+    let path = RawBundle::edited("openai/attention_block_legacy_c32_h2.safetensors", &dir, |b| {
+        edit_config(b, |c| {
+            c.insert("use_new_attention_order".into(), true.into());
+        })
+    });
+    let pics = dir.join("pics");
+    let (code, out, err) = cli(&["show", path.to_str().unwrap(), "--out", pics.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!probs_panels_equal(&pics.join("probs_query_2_1.png")));
+    // the correct bundle draws equal panels at the same query
+    let ok = dir.join("ok");
+    let committed = weights().join("openai/attention_block_legacy_c32_h2.safetensors");
+    let (code, ..) = cli(&["show", committed.to_str().unwrap(), "--out", ok.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(probs_panels_equal(&ok.join("probs_query_2_1.png")));
+}
+
+/// Every block with an exporter tracer has traces in its float32 bundles, and they all match.
+#[test]
+fn every_traced_block_matches_stage_by_stage() {
+    let mut traced = std::collections::BTreeMap::<String, usize>::new();
+    for path in common::committed_bundles() {
+        let b = unet_parity::bundle::Bundle::read(&path).unwrap();
+        if !b.metadata.contains_key("parity.trace") {
+            continue;
+        }
+        let (pass, t) = trace_of(&path);
+        assert!(pass, "{}", path.display());
+        assert_eq!(t.first_divergence, None, "{}: {:?}", path.display(), statuses(&t));
+        assert!(t.stages.iter().all(|s| s.status == "match"), "{}", path.display());
+        *traced.entry(b.block.clone()).or_default() += 1;
+    }
+    let blocks: Vec<&str> = traced.keys().map(String::as_str).collect();
+    assert_eq!(
+        blocks,
+        [
+            "annotated_diffusion.Attention",
+            "denoising_diffusion_pytorch.Attention",
+            "diffusers.Attention",
+            "ldm.AttnBlock",
+            "ldm.CrossAttention",
+            "ldm.SpatialSelfAttention",
+            "openai.AttentionBlock"
+        ]
+    );
+    assert_eq!(traced.values().sum::<usize>(), 32);
+}
