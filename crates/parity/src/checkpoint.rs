@@ -59,6 +59,8 @@ enum Stored {
     },
 }
 
+type Archive = zip::ZipArchive<std::io::BufReader<std::fs::File>>;
+
 /// An opened checkpoint.
 pub struct Checkpoint {
     pub path: PathBuf,
@@ -69,8 +71,9 @@ pub struct Checkpoint {
     /// Top-level entries holding nested tensors (`model`, `ema`, `state_dict`, ...).
     pub sections: Vec<String>,
     maps: Vec<memmap2::Mmap>,
-    /// The archive path of a pickle.
-    archive: Option<PathBuf>,
+    /// The open archive of a pickle, its central directory read once; tensors are read from it
+    /// one at a time.
+    archive: Option<std::sync::Mutex<Archive>>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -227,34 +230,36 @@ impl Checkpoint {
             .map(|f| f.to_string())
             .ok_or_else(|| err(path, "the zip archive has no `data.pkl`: not a torch.save checkpoint"))?;
         let dir = PathBuf::from(pkl.strip_suffix(".pkl").unwrap_or(&pkl));
-        let mut reader = std::io::BufReader::new(
-            zip.by_name(&pkl)
-                .map_err(|e| err(path, format!("cannot open `{pkl}`: {e}")))?,
-        );
-        // Candle's reader panics on some malformed input (a LONG1 wider than 8 bytes overflows a
-        // shift in builds with overflow checks; a tensor rebuild with too few arguments indexes
-        // out of bounds): those become this file's error too.
         let mut ck = Self::empty(path, Format::TorchZip);
-        ck.archive = Some(path.to_path_buf());
         let mut sections = BTreeSet::new();
-        crate::guard::catch(path, || {
-            let mut stack = Stack::empty();
-            stack
-                .read_loop(&mut reader)
-                .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
-            let obj = stack
-                .finalize()
-                .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
-            ck.walk(obj, "", &dir, 0, &mut sections);
-            Ok(())
-        })
-        .map_err(|e| match e {
-            ParityError::Internal { message, .. } => err(
-                path,
-                format!("malformed pickle `{pkl}`: Candle's pickle reader failed ({message})"),
-            ),
-            other => other,
-        })?;
+        {
+            let mut reader = std::io::BufReader::new(
+                zip.by_name(&pkl)
+                    .map_err(|e| err(path, format!("cannot open `{pkl}`: {e}")))?,
+            );
+            // Candle's reader panics on some malformed input (a LONG1 wider than 8 bytes overflows a
+            // shift in builds with overflow checks; a tensor rebuild with too few arguments indexes
+            // out of bounds): those become this file's error too.
+            crate::guard::catch(path, || {
+                let mut stack = Stack::empty();
+                stack
+                    .read_loop(&mut reader)
+                    .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
+                let obj = stack
+                    .finalize()
+                    .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
+                ck.walk(obj, "", &dir, 0, &mut sections);
+                Ok(())
+            })
+            .map_err(|e| match e {
+                ParityError::Internal { message, .. } => err(
+                    path,
+                    format!("malformed pickle `{pkl}`: Candle's pickle reader failed ({message})"),
+                ),
+                other => other,
+            })?;
+        }
+        ck.archive = Some(std::sync::Mutex::new(zip));
         ck.sections = sections.into_iter().collect();
         if ck.tensors.is_empty() {
             return Err(err(path, "the pickle holds no tensors"));
@@ -380,12 +385,14 @@ impl Checkpoint {
                 layout.stride()
             )
         }
-        let archive = self
+        let mut zip = self
             .archive
             .as_ref()
-            .expect("pickle checkpoints keep their archive path");
-        let file = std::fs::File::open(archive)?;
-        let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(candle_core::Error::wrap)?;
+            .expect("pickle checkpoints keep their archive")
+            .lock()
+            // A panic during an earlier read (caught by the guard) leaves nothing half-done: each
+            // read seeks to its own entry.
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut entry = zip.by_name(&info.path).map_err(candle_core::Error::wrap)?;
         let elem = info.dtype.size_in_bytes();
         let numel = layout.shape().elem_count();
