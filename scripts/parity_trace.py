@@ -67,6 +67,18 @@ def _probs(q, k, scale_q=1.0, scale_k=1.0, scale=1.0):
         w = w * scale
     return torch.softmax(w, dim=-1)
 
+def _stages(got, q, k, v, first=(), probs=True, **scales):
+    """The stage dict in order: `first` (norms), q, k, v, probs (unless `probs` is False or it is
+    too large), attn (the output projection's input), proj (its output)."""
+    st = OrderedDict(first)
+    st["q"], st["k"], st["v"] = q, k, v
+    p = _probs(q, k, **scales) if probs else None
+    if p is not None:
+        st["probs"] = p
+    st["attn"] = got["_attn"][0]
+    st["proj"] = got["proj"]
+    return st
+
 
 def _diffusers(m, h, inputs):
     if type(m.processor).__name__ not in ("AttnProcessor2_0", "AttnProcessor"):
@@ -88,24 +100,14 @@ def _diffusers(m, h, inputs):
             b = t.shape[0]
             return t.reshape(b, -1, heads, t.shape[-1] // heads).transpose(1, 2)
 
-        st = OrderedDict()
-        for name in ("spatial_norm", "norm"):
-            if name in got:
-                st[name] = got[name]
+        norms = [(name, got[name]) for name in ("spatial_norm", "norm") if name in got]
         q, k, v = split(got["_q"]), split(got["_k"]), split(got["_v"])
         # AttnProcessor2_0 applies norm_q/norm_k to the split (B, heads, N, D) tensors.
         if "_qn" in got and got["_qn"].dim() == 4:
             q = got["_qn"]
         if "_kn" in got and got["_kn"].dim() == 4:
             k = got["_kn"]
-        st["q"], st["k"], st["v"] = q, k, v
-        if inputs.get("attention_mask") is None:
-            p = _probs(q, k, scale=m.scale)
-            if p is not None:
-                st["probs"] = p
-        st["attn"] = got["_attn"][0]
-        st["proj"] = got["proj"]
-        return st
+        return _stages(got, q, k, v, norms, probs=inputs.get("attention_mask") is None, scale=m.scale)
 
     return finish
 
@@ -118,14 +120,8 @@ def _ddpm(m, h, inputs):
 
     def finish(got):
         q, k, v = got["_qkv"][:3]
-        st = OrderedDict(norm=got["norm"], q=q, k=k, v=v)
         scale = m.attend.scale if m.attend.scale is not None else q.shape[-1] ** -0.5
-        p = _probs(q, k, scale=scale)
-        if p is not None:
-            st["probs"] = p
-        st["attn"] = got["_attn"][0]
-        st["proj"] = got["proj"]
-        return st
+        return _stages(got, q, k, v, [("norm", got["norm"])], scale=scale)
 
     return finish
 
@@ -142,13 +138,7 @@ def _ldm_attn_block(m, h, inputs):
         # 'b c h w -> b 1 (h w) c': one head of c channels
         tok = lambda t: t.reshape(b, c, hh * ww).transpose(1, 2).unsqueeze(1)
         q, k, v = tok(got["_q"]), tok(got["_k"]), tok(got["_v"])
-        st = OrderedDict(norm=got["norm"], q=q, k=k, v=v)
-        p = _probs(q, k, scale=int(c) ** (-0.5))
-        if p is not None:
-            st["probs"] = p
-        st["attn"] = got["_attn"][0]
-        st["proj"] = got["proj"]
-        return st
+        return _stages(got, q, k, v, [("norm", got["norm"])], scale=int(c) ** (-0.5))
 
     return finish
 
@@ -171,14 +161,8 @@ def _openai(m, h, inputs):
             # q, k, v = qkv.chunk(3, dim=1); each .view(bs * n_heads, ch, length)
             parts = [t.reshape(bs * heads, ch, length) for t in qkv.chunk(3, dim=1)]
         q, k, v = (t.reshape(bs, heads, ch, length).transpose(2, 3) for t in parts)
-        st = OrderedDict(norm=got["norm"], q=q, k=k, v=v)
         s = 1 / math.sqrt(math.sqrt(ch))
-        p = _probs(q, k, scale_q=s, scale_k=s)
-        if p is not None:
-            st["probs"] = p
-        st["attn"] = got["_attn"][0]
-        st["proj"] = got["proj"]
-        return st
+        return _stages(got, q, k, v, [("norm", got["norm"])], scale_q=s, scale_k=s)
 
     return finish
 
@@ -193,13 +177,7 @@ def _annotated(m, h, inputs):
         b, _, hh, ww = qkv.shape
         # 'b (h c) x y -> b h c (x y)', then (B, H, N, D); q before `q * self.scale`
         q, k, v = (t.reshape(b, m.heads, -1, hh * ww).transpose(2, 3) for t in qkv.chunk(3, dim=1))
-        st = OrderedDict(q=q, k=k, v=v)
-        p = _probs(q, k, scale_q=m.scale)
-        if p is not None:
-            st["probs"] = p
-        st["attn"] = got["_attn"][0]
-        st["proj"] = got["proj"]
-        return st
+        return _stages(got, q, k, v, scale_q=m.scale)
 
     return finish
 
@@ -215,14 +193,7 @@ def _ldm_cross(m, h, inputs):
         # rearrange(t, 'b n (h d) -> (b h) n d') = (B, H, N, D) with the batch and head axes merged
         split = lambda t: t.reshape(t.shape[0], t.shape[1], m.heads, -1).transpose(1, 2)
         q, k, v = split(got["_q"]), split(got["_k"]), split(got["_v"])
-        st = OrderedDict(q=q, k=k, v=v)
-        if inputs.get("mask") is None:
-            p = _probs(q, k, scale=m.scale)
-            if p is not None:
-                st["probs"] = p
-        st["attn"] = got["_attn"][0]
-        st["proj"] = got["proj"]
-        return st
+        return _stages(got, q, k, v, probs=inputs.get("mask") is None, scale=m.scale)
 
     return finish
 
