@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 
 from parity_bundle import (CONVERT_TO_FP16_MARK, _cast_inputs, _flatten_list_inputs, convert_convs_to_half_,  # noqa: E402
                            export_bundle, float64_copy, load_bundle, randomize_, run_module)
-from parity_trace import TRACERS, trace_module  # noqa: E402
+from parity_trace import TRACERS, verify_traces  # noqa: E402
 from export_models import MAX_WEIGHTS_BYTES  # noqa: E402
 from reference import annotated_diffusion, fastai, ldm, ldm_sd, openai, textbook  # noqa: E402
 
@@ -795,11 +795,9 @@ def exported_specs(specs):
 
 
 def traced_spec(spec) -> bool:
-    """Which bundles carry stage traces (``parity.trace.*``): the float32 bundles of the blocks
-    ``parity_trace`` has hooks for (diffusers.Attention only with AttnProcessor2_0 /
-    AttnProcessor). Half-precision twins carry none (their intermediate stages have no float64
-    reference to judge them by)."""
-    return spec.get("dtype", "float32") == "float32" and spec["block"] in TRACERS
+    """Which bundles carry stage traces (``parity.trace.*``): every one whose block ``parity_trace``
+    has a tracer for (all of them; half-precision twins also hold the float64 copy's stages)."""
+    return spec["block"] in TRACERS
 
 
 def export_all(specs):
@@ -908,15 +906,6 @@ def verify_file(path: Path) -> str:
     for n in names:
         assert got[n].dtype == b["expected"][n].dtype and torch.equal(got[n], b["expected"][n]), \
             f"{path}: output {n} differs from the stored one"
-    # stage traces: re-recorded with the hooks, bit-identical; every traceable float32 bundle has them
-    _, stages = trace_module(b["block"], module, inputs, b["kwargs"], out_names)
-    if want_dtype == torch.float32 and stages is not None:
-        want = json.loads(meta.get("parity.trace", "null"))
-        assert want == list(stages) + ["output"], f"{path}: parity.trace {want}, hooks give {list(stages)}"
-        for n, t in stages.items():
-            assert t.dtype == b["trace"][n].dtype and torch.equal(t, b["trace"][n]), f"{path}: trace {n} differs"
-    else:
-        assert "parity.trace" not in meta and not b["trace"], f"{path}: unexpected traces"
     m64 = float64_copy(module)
     in64 = OrderedDict()
     memo = {}
@@ -928,6 +917,8 @@ def verify_file(path: Path) -> str:
     for n in names:
         assert got64[n].dtype == torch.float64 and torch.equal(got64[n], b["expected_f64"][n]), \
             f"{path}: float64 output {n} differs from the stored one"
+    # stage traces: re-recorded with the hooks, bit-identical (and the float64 copy's, half bundles)
+    verify_traces(path, b, module, inputs, m64, in64, b["kwargs"], out_names)
     if "output is finite" in meta["parity.source"]:
         assert all(bool(torch.isfinite(t).all()) for t in b["expected"].values()), f"{path}: output not finite"
     diffs = {n: float((b["expected"][n].double() - b["expected_f64"][n]).abs().max()) for n in names}

@@ -364,7 +364,9 @@ def export_bundle(
         trace: also run the block with the stage hooks of ``parity_trace`` (blocks it knows) and
             store the stages as ``parity.trace.<stage>`` with metadata ``parity.trace`` (the stage
             names in order, ``output`` last = the first output). The traced run must give outputs
-            bit-identical to the untraced one; the other tensors of the bundle are unchanged.
+            bit-identical to the untraced one; the other tensors of the bundle are unchanged. A
+            float16 / bfloat16 bundle also stores the float64 copy's stages as
+            ``parity.trace.<stage>.float64``.
 
     The module's dtype (of its first floating parameter or buffer) is the bundle's
     ``parity.dtype``: for a float16 / bfloat16 bundle pass a module cast with ``.to(dtype)``; its
@@ -430,6 +432,16 @@ def export_bundle(
             for name, t in stages.items():
                 put(f"parity.trace.{name}", t)
             trace_names = list(stages) + ["output"]
+            if dtype in (torch.float16, torch.bfloat16):
+                # the float64 copy's stages: the reference a half-precision stage is judged by
+                traced64, stages64 = trace_module(block, m64, _cast_inputs(ins, torch.float64), kwargs, output_names)
+                for name, t in outs64.items():
+                    if not torch.equal(traced64[name], t):
+                        raise RuntimeError(f"{path}: the traced float64 run changed output {name!r}")
+                if list(stages64) != list(stages):
+                    raise RuntimeError(f"{path}: float64 stages {list(stages64)} differ from {list(stages)}")
+                for name, t in stages64.items():
+                    put(f"parity.trace.{name}.float64", t.double())
 
     src = library_versions(module)
     if source:
@@ -521,6 +533,10 @@ def load_bundle(path: str | os.PathLike) -> dict:
         # stage name -> tensor (``output`` excluded: it is the first expected output), in order
         "trace": OrderedDict((n, tensors[f"parity.trace.{n}"]) for n in json.loads(meta.get("parity.trace", "[]"))
                              if n != "output"),
+        # half-precision bundles: the float64 run's stages
+        "trace_f64": OrderedDict((n, tensors[f"parity.trace.{n}.float64"])
+                                 for n in json.loads(meta.get("parity.trace", "[]"))
+                                 if f"parity.trace.{n}.float64" in tensors),
         # referencing bundle: (checkpoint path relative to the bundle's folder, prefix, entry key or None)
         "weights_ref": ((meta["parity.weights"], meta.get("parity.prefix", ""), meta.get("parity.weights_key"))
                         if "parity.weights" in meta else None),

@@ -3,10 +3,16 @@ edited).
 
 ``trace_module(block, module, inputs, kwargs, output_names)`` runs ``module`` once with hooks on
 its submodules and returns ``(outputs, stages)``: the outputs of that run (the caller asserts they
-equal the untraced run's, bit for bit) and an ordered dict stage name -> tensor, or ``None`` for
-a block (or processor) without a tracer. Stages that are not a submodule's input or output
-(q/k/v after the head split, the attention weights) are computed here from hooked tensors, with
-the block's own reshapes.
+equal the untraced run's, bit for bit) and an ordered dict stage name -> tensor in forward order,
+or ``None`` for a block (or processor) without a tracer. Stages that are not a submodule's input
+or output (q/k/v after the head split, the attention weights) are computed here from hooked
+tensors, with the block's own reshapes. The one exception is ``torch.nn.MultiheadAttention``,
+which applies its projections functionally (no submodule runs): its q/k/v are re-computed with the
+functional helpers its forward calls (``F._in_projection_packed`` / ``F._in_projection``).
+
+Composite blocks (transformer blocks, resnets, mid blocks) nest the tracers of their submodules:
+a nested stage is ``<submodule name>/<stage>`` (``attn1/q``, ``resnets.0/conv1``), and a nested
+block's output is its stage ``<name>/output``.
 
 Stage layouts (the same on the Rust side, ``unet_attention::trace``):
 
@@ -17,40 +23,105 @@ Stage layouts (the same on the Rust side, ``unet_attention::trace``):
   ``qk_norm``) where present;
 * ``probs``: ``(B, heads, Lq, Lk)`` = ``softmax(q·kᵀ·scale)`` in float32 with the block's own
   scale; only without an attention mask and when it has at most ``PROBS_MAX_ELEMENTS`` elements;
+* ``context``: linear attention's ``(B, heads, d_k, d_v)`` context ``softmax(k)·vᵀ``;
 * ``attn``: the input of the output projection; ``proj``: its output (before any residual);
-* ``output``: the block's output; not stored twice (it is ``parity.output.<first output>``).
+* ``proj_in`` / ``act``: a feed-forward's inner projection and its activated output
+  (``(B, N, inner)``); ``proj_in`` / ``proj_out`` of a spatial transformer: its input and output
+  projections;
+* ``norm1``, ``norm2``, ``norm3``: the norms of a transformer block or resnet;
+  ``conv1``, ``conv2``: a resnet's convolutions; ``temb``: its time-embedding projection
+  ``(B, C)`` or ``(B, 2C)``; ``shortcut``: its shortcut branch (1×1 / 3×3 conv or identity);
+* ``output``: the block's output; not stored twice at the top (it is
+  ``parity.output.<first output>``).
 
 Bundles store stage ``s`` as ``parity.trace.<s>`` and the metadata ``parity.trace`` = JSON list of
-the stage names in forward order (``output`` last).
+the stage names in forward order (``output`` last). Half-precision bundles also store the float64
+run's stages as ``parity.trace.<s>.float64`` (the stages of the float64 copy of the module on the
+same inputs), so that an intermediate stage is judged like an output: against PyTorch's own error.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import OrderedDict
 
 import torch
 
 PROBS_MAX_ELEMENTS = 1 << 16
-ORDER = ("spatial_norm", "norm", "q", "k", "v", "probs", "attn", "proj")
+# Stage names (the last path component, without a trailing digit); a tracer may not invent others.
+STAGES = {"spatial_norm", "norm", "q", "k", "v", "probs", "context", "attn", "proj", "proj_in", "act",
+          "proj_out", "conv", "temb", "shortcut", "output"}
 
 
 class _Hooks:
-    def __init__(self):
-        self.handles = []
-        self.got = {}
+    """Forward hooks of one traced run; ``sub(name)`` gives the view a nested tracer registers
+    through (its names prefixed ``name/``)."""
+
+    def __init__(self, handles=None, got=None, prefix=""):
+        self.handles = [] if handles is None else handles
+        self.got = {} if got is None else got
+        self.prefix = prefix
+
+    def sub(self, name):
+        return _Hooks(self.handles, self.got, f"{self.prefix}{name}/")
 
     def out(self, mod, name):
         if mod is not None:
-            self.handles.append(mod.register_forward_hook(lambda m, a, o: self.got.setdefault(name, o)))
+            key = self.prefix + name
+            self.handles.append(mod.register_forward_hook(lambda m, a, o: self.got.setdefault(key, o)))
 
     def inp(self, mod, name):
         if mod is not None:
-            self.handles.append(mod.register_forward_pre_hook(lambda m, a: self.got.setdefault(name, a)))
+            key = self.prefix + name
+            self.handles.append(mod.register_forward_pre_hook(lambda m, a: self.got.setdefault(key, a)))
+
+    def call(self, mod, name):
+        """The positional and keyword arguments ``mod`` is called with: ``(args, kwargs)``."""
+        key = self.prefix + name
+        self.handles.append(mod.register_forward_pre_hook(
+            lambda m, a, kw: self.got.setdefault(key, (a, kw)) and None, with_kwargs=True))
 
     def remove(self):
         for h in self.handles:
             h.remove()
+
+
+def _view(got, prefix):
+    """The entries a nested tracer registered under ``prefix/``, without the prefix."""
+    n = len(prefix) + 1
+    return {k[n:]: v for k, v in got.items() if k.startswith(prefix + "/")}
+
+
+def _nest(h, name, mod, make):
+    """Trace submodule ``mod`` (attribute path ``name``) with tracer ``make``: returns a finish
+    function giving its stages as ``name/<stage>``, ending with ``name/output``."""
+    if mod is None:
+        return lambda got: OrderedDict()
+    sub = h.sub(name)
+    sub.out(mod, "output")
+    inner = make(mod, sub) if make is not None else None
+
+    def finish(got):
+        mine = _view(got, name)
+        st = OrderedDict()
+        if inner is not None:
+            st.update(inner(mine))
+        out = mine["output"]
+        # Transformer2DModel(return_dict=False) returns a 1-tuple, otherwise an output dataclass
+        out = out[0] if isinstance(out, tuple) else getattr(out, "sample", out)
+        st["output"] = out
+        return OrderedDict((f"{name}/{k}", v) for k, v in st.items())
+
+    return finish
+
+
+def _arg(h_got, key, name, pos):
+    """Argument ``name`` (or positional ``pos``) of a call recorded with ``_Hooks.call``."""
+    args, kwargs = h_got[key]
+    if name in kwargs:
+        return kwargs[name]
+    return args[pos] if len(args) > pos else None
 
 
 def _probs(q, k, scale_q=1.0, scale_k=1.0, scale=1.0):
@@ -67,6 +138,7 @@ def _probs(q, k, scale_q=1.0, scale_k=1.0, scale=1.0):
         w = w * scale
     return torch.softmax(w, dim=-1)
 
+
 def _stages(got, q, k, v, first=(), probs=True, **scales):
     """The stage dict in order: `first` (norms), q, k, v, probs (unless `probs` is False or it is
     too large), attn (the output projection's input), proj (its output)."""
@@ -80,14 +152,20 @@ def _stages(got, q, k, v, first=(), probs=True, **scales):
     return st
 
 
-def _diffusers(m, h, inputs):
-    if type(m.processor).__name__ not in ("AttnProcessor2_0", "AttnProcessor"):
+def _diffusers(m, h):
+    proc = type(m.processor).__name__
+    added_kv = proc in ("AttnAddedKVProcessor2_0", "AttnAddedKVProcessor")
+    if proc not in ("AttnProcessor2_0", "AttnProcessor") and not added_kv:
         return None
+    h.call(m, "_call")
     h.out(getattr(m, "spatial_norm", None), "spatial_norm")
     h.out(m.group_norm, "norm")
     h.out(m.to_q, "_q")
     h.out(m.to_k, "_k")
     h.out(m.to_v, "_v")
+    if added_kv:
+        h.out(m.add_k_proj, "_ak")
+        h.out(m.add_v_proj, "_av")
     h.out(getattr(m, "norm_q", None), "_qn")
     h.out(getattr(m, "norm_k", None), "_kn")
     h.inp(m.to_out[0], "_attn")
@@ -101,18 +179,29 @@ def _diffusers(m, h, inputs):
             return t.reshape(b, -1, heads, t.shape[-1] // heads).transpose(1, 2)
 
         norms = [(name, got[name]) for name in ("spatial_norm", "norm") if name in got]
-        q, k, v = split(got["_q"]), split(got["_k"]), split(got["_v"])
+        q = split(got["_q"])
+        if added_kv:
+            # AttnAddedKVProcessor(2_0): key = cat([add_k_proj(encoder), to_k(hidden)], tokens)
+            k, v = split(got["_ak"]), split(got["_av"])
+            if "_k" in got:
+                k, v = torch.cat([k, split(got["_k"])], 2), torch.cat([v, split(got["_v"])], 2)
+            # F.scaled_dot_product_attention with its default scale (attn.scale is ignored there)
+            scale = q.shape[-1] ** -0.5 if proc == "AttnAddedKVProcessor2_0" else m.scale
+        else:
+            k, v = split(got["_k"]), split(got["_v"])
+            scale = m.scale
         # AttnProcessor2_0 applies norm_q/norm_k to the split (B, heads, N, D) tensors.
         if "_qn" in got and got["_qn"].dim() == 4:
             q = got["_qn"]
         if "_kn" in got and got["_kn"].dim() == 4:
             k = got["_kn"]
-        return _stages(got, q, k, v, norms, probs=inputs.get("attention_mask") is None, scale=m.scale)
+        unmasked = _arg(got, "_call", "attention_mask", 2) is None
+        return _stages(got, q, k, v, norms, probs=unmasked, scale=scale)
 
     return finish
 
 
-def _ddpm(m, h, inputs):
+def _ddpm(m, h):
     h.out(m.norm, "norm")
     h.inp(m.attend, "_qkv")
     h.inp(m.to_out, "_attn")
@@ -126,7 +215,39 @@ def _ddpm(m, h, inputs):
     return finish
 
 
-def _ldm_attn_block(m, h, inputs):
+def _linear(m, h):
+    """Linear attention (lucidrains and Annotated Diffusion ``LinearAttention``, ldm
+    ``LinearAttention`` / ``LinAttnBlock``): q, k, v before their softmaxes (memory key/values
+    included), the context, the output projection."""
+    h.out(getattr(m, "norm", None), "norm")
+    h.out(m.to_qkv, "_qkv")
+    h.inp(m.to_out, "_attn")
+    h.out(m.to_out, "proj")
+
+    def finish(got):
+        qkv = got["_qkv"]
+        b, _, hh, ww = qkv.shape
+        # 'b (h c) x y -> b h c (x y)' of chunk(3) = ldm's 'b (qkv heads c) h w -> qkv b heads c (h w)'
+        q, k, v = (t.reshape(b, m.heads, -1, hh * ww) for t in qkv.chunk(3, dim=1))
+        mem = getattr(m, "mem_kv", None)
+        if mem is not None:
+            # lucidrains: repeat(mem_kv, 'h c n -> b h c n'), cat on the token axis
+            mk, mv = (t.unsqueeze(0).expand(b, *t.shape) for t in mem)
+            k, v = torch.cat((mk, k), dim=-1), torch.cat((mv, v), dim=-1)
+        st = OrderedDict()
+        if "norm" in got:
+            st["norm"] = got["norm"]
+        st["q"], st["k"], st["v"] = (t.transpose(2, 3) for t in (q, k, v))
+        # context = einsum('b h d n, b h e n -> b h d e', k.softmax(dim=-1), v)
+        st["context"] = torch.einsum("bhdn,bhen->bhde", k.softmax(dim=-1), v)
+        st["attn"] = got["_attn"][0]
+        st["proj"] = got["proj"]
+        return st
+
+    return finish
+
+
+def _ldm_attn_block(m, h):
     h.out(m.norm, "norm")
     for n in ("q", "k", "v"):
         h.out(getattr(m, n), "_" + n)
@@ -143,7 +264,7 @@ def _ldm_attn_block(m, h, inputs):
     return finish
 
 
-def _openai(m, h, inputs):
+def _openai(m, h):
     h.out(m.norm, "norm")
     h.inp(m.attention, "_qkv")
     h.inp(m.proj_out, "_attn")
@@ -167,7 +288,7 @@ def _openai(m, h, inputs):
     return finish
 
 
-def _annotated(m, h, inputs):
+def _annotated(m, h):
     h.out(m.to_qkv, "_qkv")
     h.inp(m.to_out, "_attn")
     h.out(m.to_out, "proj")
@@ -182,7 +303,8 @@ def _annotated(m, h, inputs):
     return finish
 
 
-def _ldm_cross(m, h, inputs):
+def _ldm_cross(m, h):
+    h.call(m, "_call")
     h.out(m.to_q, "_q")
     h.out(m.to_k, "_k")
     h.out(m.to_v, "_v")
@@ -193,30 +315,332 @@ def _ldm_cross(m, h, inputs):
         # rearrange(t, 'b n (h d) -> (b h) n d') = (B, H, N, D) with the batch and head axes merged
         split = lambda t: t.reshape(t.shape[0], t.shape[1], m.heads, -1).transpose(1, 2)
         q, k, v = split(got["_q"]), split(got["_k"]), split(got["_v"])
-        return _stages(got, q, k, v, probs=inputs.get("mask") is None, scale=m.scale)
+        unmasked = _arg(got, "_call", "mask", 2) is None
+        return _stages(got, q, k, v, probs=unmasked, scale=m.scale)
 
     return finish
 
 
+def _fastai(m, h):
+    """fast.ai ``SelfAttention`` (separate q/k/v or fused qkv) and ``SelfAttentionMultiHead``:
+    scores divided by ``m.scale``."""
+    h.out(m.norm, "norm")
+    if hasattr(m, "qkv"):
+        h.out(m.qkv, "_qkv")
+    else:
+        for n in ("q", "k", "v"):
+            h.out(getattr(m, n), "_" + n)
+    h.inp(m.proj, "_attn")
+    h.out(m.proj, "proj")
+
+    def finish(got):
+        heads = getattr(m, "nheads", 1)
+        if "_qkv" in got:
+            x = got["_qkv"]  # (n, s, 3·ni)
+            n, s, _ = x.shape
+            if heads > 1:
+                # rearrange 'n s (h d) -> (n h) s d', then chunk(3, dim=-1): per-head [q_h|k_h|v_h]
+                q, k, v = x.reshape(n, s, heads, -1).transpose(1, 2).chunk(3, dim=-1)
+            else:
+                q, k, v = (t.unsqueeze(1) for t in x.chunk(3, dim=-1))
+        else:
+            q, k, v = (got[n].unsqueeze(1) for n in ("_q", "_k", "_v"))
+        return _stages(got, q, k, v, [("norm", got["norm"])], scale=1.0 / m.scale)
+
+    return finish
+
+
+def _textbook(m, h):
+    """textbook ``Self_Attention`` (no output projection: its ``attn`` is the output) and
+    ``MultiHead_Attention``: heads ``'b nq (nh dh) -> b nh nq dh'``, scores divided by ``m.scale``."""
+    for n in ("q", "k", "v"):
+        h.out(getattr(m, n), "_" + n)
+    fc = getattr(m, "fc", None)
+    h.inp(fc, "_attn")
+    h.out(fc, "proj")
+
+    def finish(got):
+        heads = getattr(m, "nh", 1)
+        split = lambda t: t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)
+        q, k, v = (split(got[n]) for n in ("_q", "_k", "_v"))
+        if fc is None:
+            st = OrderedDict(q=q, k=k, v=v)
+            p = _probs(q, k, scale=1.0 / m.scale)
+            if p is not None:
+                st["probs"] = p
+            return st
+        return _stages(got, q, k, v, scale=1.0 / m.scale)
+
+    return finish
+
+
+def _torch_mha(m, h):
+    """torch.nn.MultiheadAttention: q/k/v re-computed with the functional in-projection helpers
+    its forward calls (it applies its weights functionally, so no hook sees them), bias_k/bias_v
+    and add_zero_attn appended as ``F.multi_head_attention_forward`` does; ``probs`` only without
+    any mask."""
+    import torch.nn.functional as F
+
+    h.call(m, "_call")
+
+    def finish(got):
+        arg = lambda name, pos: _arg(got, "_call", name, pos)
+        query = arg("query", 0)
+        key = arg("key", 1)
+        value = arg("value", 2)
+        key = query if key is None else key
+        value = key if value is None else value
+        batched = query.dim() == 3
+        # to (L, N, E), as the functional forward sees them
+        lne = lambda t: (t.transpose(0, 1) if m.batch_first else t) if batched else t.unsqueeze(1)
+        qi, ki, vi = lne(query), lne(key), lne(value)
+        if m._qkv_same_embed_dim:
+            q, k, v = F._in_projection_packed(qi, ki, vi, m.in_proj_weight, m.in_proj_bias)
+        else:
+            b = (None,) * 3 if m.in_proj_bias is None else m.in_proj_bias.chunk(3)
+            q, k, v = F._in_projection(qi, ki, vi, m.q_proj_weight, m.k_proj_weight, m.v_proj_weight, *b)
+        n = qi.shape[1]
+        if m.bias_k is not None:
+            k = torch.cat([k, m.bias_k.repeat(1, n, 1)])
+            v = torch.cat([v, m.bias_v.repeat(1, n, 1)])
+        heads, d = m.num_heads, m.head_dim
+        split = lambda t: t.reshape(t.shape[0], n, heads, d).permute(1, 2, 0, 3)  # (N, H, S, d)
+        q, k, v = split(q), split(k), split(v)
+        if m.add_zero_attn:
+            z = torch.zeros(n, heads, 1, d, dtype=k.dtype, device=k.device)
+            k, v = torch.cat([k, z], 2), torch.cat([v, z], 2)
+        st = OrderedDict(q=q, k=k, v=v)
+        unmasked = arg("attn_mask", 4) is None and arg("key_padding_mask", 3) is None
+        p = _probs(q, k, scale=d ** -0.5) if unmasked else None
+        if p is not None:
+            st["probs"] = p
+        return st
+
+    return finish
+
+
+# --- feed-forwards, transformer blocks --------------------------------------------------------
+
+
+def _diffusers_geglu(m, h):
+    h.out(m.proj, "proj_in")
+    return lambda got: OrderedDict(proj_in=got["proj_in"])
+
+
+def _feed_forward(m, h):
+    """diffusers / ldm FeedForward: ``net = [act (its own Linear inside), Dropout, Linear, ...]``;
+    ldm's non-GLU ``act`` is ``Sequential(Linear, GELU)``."""
+    act = m.net[0]
+    h.out(act.proj if hasattr(act, "proj") else act[0], "proj_in")
+    h.out(act, "act")
+    h.out(m.net[2], "proj")
+    return lambda got: OrderedDict((k, got[k]) for k in ("proj_in", "act", "proj"))
+
+
+def _transformer_block(attn):
+    """diffusers (norm_type "layer_norm") / ldm BasicTransformerBlock: norm1, attn1, norm2, attn2,
+    norm3, ff."""
+
+    def make(m, h):
+        h.out(m.norm1, "norm1")
+        a1 = _nest(h, "attn1", m.attn1, attn)
+        h.out(getattr(m, "norm2", None), "norm2")
+        a2 = _nest(h, "attn2", getattr(m, "attn2", None), attn)
+        h.out(m.norm3, "norm3")
+        ff = _nest(h, "ff", m.ff, _feed_forward)
+
+        def finish(got):
+            st = OrderedDict(norm1=got["norm1"])
+            st.update(a1(got))
+            if "norm2" in got:
+                st["norm2"] = got["norm2"]
+            st.update(a2(got))
+            st["norm3"] = got["norm3"]
+            st.update(ff(got))
+            return st
+
+        return finish
+
+    return make
+
+
+def _spatial_transformer(block):
+    """diffusers Transformer2DModel (continuous input) / ldm SpatialTransformer: norm, proj_in,
+    transformer_blocks.<i>, proj_out."""
+
+    def make(m, h):
+        h.out(m.norm, "norm")
+        h.out(m.proj_in, "proj_in")
+        blocks = [_nest(h, f"transformer_blocks.{i}", b, block) for i, b in enumerate(m.transformer_blocks)]
+        h.out(m.proj_out, "proj_out")
+
+        def finish(got):
+            st = OrderedDict(norm=got["norm"], proj_in=got["proj_in"])
+            for f in blocks:
+                st.update(f(got))
+            st["proj_out"] = got["proj_out"]
+            return st
+
+        return finish
+
+    return make
+
+
+# --- resnets and mid blocks -------------------------------------------------------------------
+
+
+def _resnet(**paths):
+    """A resnet's stages from its submodules: stage name -> attribute path, in forward order (a
+    missing submodule is skipped)."""
+
+    def get(m, path):
+        for part in path.split("."):
+            if m is None:
+                return None
+            m = m[int(part)] if part.isdigit() else getattr(m, part, None)
+        return m
+
+    def make(m, h):
+        for name, path in paths.items():
+            h.out(get(m, path), name)
+        return lambda got: OrderedDict((n, got[n]) for n in paths if n in got)
+
+    return make
+
+
+_diffusers_resnet = _resnet(norm1="norm1", conv1="conv1", temb="time_emb_proj", norm2="norm2", conv2="conv2",
+                            shortcut="conv_shortcut")
+# lucidrains: time_emb = mlp(time_emb) first; Block = (proj, norm, FiLM, act)
+_ddpm_resnet = _resnet(temb="mlp", conv1="block1.proj", norm1="block1.norm", conv2="block2.proj",
+                       norm2="block2.norm", shortcut="res_conv")
+_ldm_resnet = _resnet(norm1="norm1", conv1="conv1", temb="temb_proj", norm2="norm2", conv2="conv2",
+                      shortcut="nin_shortcut")
+# guided diffusion ResBlock: in_layers = (norm, SiLU, conv), out_layers = (norm, SiLU, Dropout, conv)
+_openai_resnet = _resnet(norm1="in_layers.0", conv1="in_layers.2", temb="emb_layers", norm2="out_layers.0",
+                         conv2="out_layers.3", shortcut="skip_connection")
+
+
+def _ldm_shortcut_fix(make):
+    """ldm ResnetBlock's shortcut is ``conv_shortcut`` (3×3) or ``nin_shortcut`` (1×1)."""
+
+    def wrapped(m, h):
+        if getattr(m, "conv_shortcut", None) is not None and getattr(m, "nin_shortcut", None) is None:
+            h.out(m.conv_shortcut, "shortcut")
+        return make(m, h)
+
+    return wrapped
+
+
+def _sequence(children):
+    """A block that runs named submodules in order: each child's stages nested under its name.
+    ``children(m)`` lists ``(name, submodule, tracer)``; a ``None`` tracer nests only ``output``."""
+
+    def make(m, h):
+        parts = [_nest(h, name, sub, tracer) for name, sub, tracer in children(m)]
+
+        def finish(got):
+            st = OrderedDict()
+            for f in parts:
+                st.update(f(got))
+            return st
+
+        return finish
+
+    return make
+
+
+def _by_class(m):
+    """The tracer for a submodule of a mid block, by class."""
+    name = type(m).__name__
+    mod = type(m).__module__
+    if name == "Attention" and mod.startswith("diffusers"):
+        return _diffusers
+    if name == "Attention" and mod.startswith("denoising_diffusion_pytorch"):
+        return _ddpm
+    if name.startswith("Transformer2DModel"):
+        return TRACERS["diffusers.Transformer2DModel"]
+    if name.startswith("SpatialTransformer"):
+        return TRACERS["ldm.SpatialTransformer"]
+    if name == "AttnBlock":
+        return _ldm_attn_block
+    if name in ("LinAttnBlock", "LinearAttention"):
+        return _linear
+    if name == "AttentionBlock":
+        return _openai
+    if name == "ResnetBlock2D":
+        return _diffusers_resnet
+    if name == "ResBlock":
+        return _openai_resnet
+    if name == "ResnetBlock" and mod.startswith("denoising_diffusion_pytorch"):
+        return _ddpm_resnet
+    if name == "ResnetBlock":
+        return _ldm_shortcut_fix(_ldm_resnet)
+    if name == "Identity":
+        return None
+    raise KeyError(f"no stage tracer for a mid-block submodule of class {mod}.{name}")
+
+
+def _children(names):
+    return lambda m: [(n, getattr(m, n), _by_class(getattr(m, n))) for n in names]
+
+
+def _diffusers_mid(m):
+    # forward: resnets[0], then (attention, resnet) pairs
+    out = [("resnets.0", m.resnets[0], _by_class(m.resnets[0]))]
+    for i, (a, r) in enumerate(zip(m.attentions, m.resnets[1:])):
+        if a is not None:
+            out.append((f"attentions.{i}", a, _by_class(a)))
+        out.append((f"resnets.{i + 1}", r, _by_class(r)))
+    return out
+
+
+_diffusers_btb = _transformer_block(_diffusers)
+_ldm_btb = _transformer_block(_ldm_cross)
+
 TRACERS = {
     "diffusers.Attention": _diffusers,
+    "diffusers.FeedForward": _feed_forward,
+    "diffusers.GEGLU": _diffusers_geglu,
+    "diffusers.BasicTransformerBlock": _diffusers_btb,
+    "diffusers.Transformer2DModel": _spatial_transformer(_diffusers_btb),
+    "diffusers.ResnetBlock2D": _diffusers_resnet,
+    "diffusers.UNetMidBlock2D": _sequence(_diffusers_mid),
+    "diffusers.UNetMidBlock2DCrossAttn": _sequence(_diffusers_mid),
     "denoising_diffusion_pytorch.Attention": _ddpm,
+    "denoising_diffusion_pytorch.LinearAttention": _linear,
+    "denoising_diffusion_pytorch.MidBlock": _sequence(_children(("mid_block1", "mid_attn", "mid_block2"))),
+    "annotated_diffusion.Attention": _annotated,
+    "annotated_diffusion.LinearAttention": _linear,
+    "ldm.LinearAttention": _linear,
+    "ldm.LinAttnBlock": _linear,
+    "ldm.CrossAttention": _ldm_cross,
+    "ldm.BasicTransformerBlock": _ldm_btb,
+    "ldm.SpatialTransformer": _spatial_transformer(_ldm_btb),
     "ldm.AttnBlock": _ldm_attn_block,
     "ldm.SpatialSelfAttention": _ldm_attn_block,
-    "annotated_diffusion.Attention": _annotated,
-    "ldm.CrossAttention": _ldm_cross,
+    "ldm.MidBlock": _sequence(_children(("block_1", "attn_1", "block_2"))),
     "openai.AttentionBlock": _openai,
+    "openai.MiddleBlock": _sequence(lambda m: [(str(i), c, _by_class(c)) for i, c in enumerate(m)]),
+    "fastai.SelfAttention": _fastai,
+    "fastai.SelfAttentionMultiHead": _fastai,
+    "torch.nn.MultiheadAttention": _torch_mha,
+    "textbook.SelfAttention": _textbook,
+    "textbook.MultiHeadAttention": _textbook,
 }
+
+
+def _base(name):
+    return name.rsplit("/", 1)[-1].rstrip("0123456789")
 
 
 def trace_module(block, module, inputs, kwargs=None, output_names=None):
     """Run ``module`` with stage hooks: ``(outputs, stages)``; ``stages`` is ``None`` when the
-    block has no tracer. ``stages`` holds contiguous copies in :data:`ORDER`."""
+    block has no tracer. ``stages`` holds contiguous copies, in forward order."""
     from parity_bundle import run_module
 
     make = TRACERS.get(block)
     hooks = _Hooks()
-    finish = make(module, hooks, inputs) if make is not None else None
+    finish = make(module, hooks) if make is not None else None
     try:
         outs = run_module(module, inputs, kwargs, output_names)
     finally:
@@ -224,8 +648,30 @@ def trace_module(block, module, inputs, kwargs=None, output_names=None):
     if finish is None:
         return outs, None
     got = finish(hooks.got)
-    stages = OrderedDict((k, got[k].detach().cpu().clone().contiguous()) for k in ORDER if k in got)
-    unknown = set(got) - set(ORDER)
+    unknown = sorted(k for k in got if _base(k) not in STAGES or k == "output")
     if unknown:
-        raise KeyError(f"{block}: stages {sorted(unknown)} not in ORDER")
+        raise KeyError(f"{block}: stages {unknown} are not stage names ({sorted(STAGES)})")
+    stages = OrderedDict((k, v.detach().cpu().clone().contiguous()) for k, v in got.items())
     return outs, stages
+
+
+def verify_traces(path, bundle, module, inputs, module64, inputs64, kwargs=None, output_names=None):
+    """Re-record a loaded bundle's stages (``parity_bundle.load_bundle``) with the hooks and check
+    they are the stored ones bit for bit: the module's stages, and for a half-precision bundle the
+    float64 copy's. Every block with a tracer must carry traces."""
+    meta = bundle["metadata"]
+    _, stages = trace_module(bundle["block"], module, inputs, kwargs, output_names)
+    if stages is None:
+        assert "parity.trace" not in meta and not bundle["trace"], f"{path}: unexpected traces"
+        return
+    want = json.loads(meta.get("parity.trace", "null"))
+    assert want == list(stages) + ["output"], f"{path}: parity.trace {want}, hooks give {list(stages)}"
+    for n, t in stages.items():
+        assert t.dtype == bundle["trace"][n].dtype and torch.equal(t, bundle["trace"][n]), f"{path}: trace {n} differs"
+    if meta["parity.dtype"] in ("float16", "bfloat16"):
+        _, stages64 = trace_module(bundle["block"], module64, inputs64, kwargs, output_names)
+        assert list(bundle["trace_f64"]) == list(stages64), f"{path}: float64 stages {list(bundle['trace_f64'])}"
+        for n, t in stages64.items():
+            assert torch.equal(t.double(), bundle["trace_f64"][n]), f"{path}: float64 trace {n} differs"
+    else:
+        assert not bundle["trace_f64"], f"{path}: float64 stages in a {meta['parity.dtype']} bundle"

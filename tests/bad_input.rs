@@ -492,3 +492,25 @@ fn huge_config_integers_are_refused_before_anything_is_allocated() {
     });
     expect_unusable(&p, &["`heads` is 18446744073709551615"]);
 }
+
+/// A safetensors header of 0x0580 bytes starts the file with `80 05`, a pickle's PROTO opcode
+/// (protocol 5): it is still read as safetensors, by the bundle reader and the checkpoint reader.
+#[test]
+fn a_header_length_that_looks_like_a_pickle_opcode_is_safetensors() {
+    let dir = scratch("pickle-lookalike");
+    let src = weights().join("textbook/self_attention_dx6_d5_dv7.safetensors");
+    let bytes = std::fs::read(&src).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap().trim_end();
+    // pad the JSON header with spaces (allowed by the format) to 0x0580 bytes
+    const WANT: usize = 0x580;
+    assert!(header.len() <= WANT, "pick a bundle with a shorter header");
+    let padded = format!("{header:<WANT$}");
+    let p = dir.join("lookalike.safetensors");
+    std::fs::write(&p, raw_file(&padded, &bytes[8 + n..])).unwrap();
+    assert_eq!(std::fs::read(&p).unwrap()[0], 0x80);
+    let (code, out, err) = cli(&["check", p.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let ck = unet_parity::checkpoint::Checkpoint::open(&p).unwrap();
+    assert!(!ck.names().is_empty());
+}

@@ -288,33 +288,65 @@ fn show_draws_different_maps_for_a_wrong_head_layout() {
     assert!(probs_panels_equal(&ok.join("probs_query_2_1.png")));
 }
 
-/// Every block with an exporter tracer has traces in its float32 bundles, and they all match.
+/// Every committed bundle carries stage traces (every block id, every dtype), and every stage
+/// matches; half-precision bundles carry the float64 copy's stages, the reference their stages are
+/// judged by.
 #[test]
-fn every_traced_block_matches_stage_by_stage() {
+fn every_committed_bundle_matches_stage_by_stage() {
     let mut traced = std::collections::BTreeMap::<String, usize>::new();
+    let mut with_f64 = 0;
+    let mut total = 0;
     for path in common::committed_bundles() {
+        total += 1;
         let b = unet_parity::bundle::Bundle::read(&path).unwrap();
-        if !b.metadata.contains_key("parity.trace") {
-            continue;
-        }
+        assert!(b.metadata.contains_key("parity.trace"), "{}: no traces", path.display());
+        let half = matches!(b.metadata.get("parity.dtype").map(String::as_str), Some("float16" | "bfloat16"));
+        let names = unet_parity::trace::stage_names(&b).unwrap();
+        let refs = names
+            .iter()
+            .filter(|n| b.tensors.contains_key(&format!("parity.trace.{n}.float64")))
+            .count();
+        // every stage but `output` (the bundle's output, with its own .float64) has one in half bundles
+        assert_eq!(refs, if half { names.len() - 1 } else { 0 }, "{}", path.display());
+        with_f64 += usize::from(half);
         let (pass, t) = trace_of(&path);
         assert!(pass, "{}", path.display());
         assert_eq!(t.first_divergence, None, "{}: {:?}", path.display(), statuses(&t));
-        assert!(t.stages.iter().all(|s| s.status == "match"), "{}", path.display());
+        assert!(
+            t.stages.iter().all(|s| s.status == "match"),
+            "{}: {:?}",
+            path.display(),
+            statuses(&t)
+        );
         *traced.entry(b.block.clone()).or_default() += 1;
     }
-    let blocks: Vec<&str> = traced.keys().map(String::as_str).collect();
-    assert_eq!(
-        blocks,
-        [
-            "annotated_diffusion.Attention",
-            "denoising_diffusion_pytorch.Attention",
-            "diffusers.Attention",
-            "ldm.AttnBlock",
-            "ldm.CrossAttention",
-            "ldm.SpatialSelfAttention",
-            "openai.AttentionBlock"
-        ]
-    );
-    assert_eq!(traced.values().sum::<usize>(), 32);
+    assert_eq!(traced.len(), 28, "{:?}", traced.keys());
+    assert!(with_f64 >= 56, "{with_f64} half-precision bundles");
+    assert_eq!(traced.values().sum::<usize>(), total);
+}
+
+/// Composite blocks nest their parts' stages under the PyTorch submodule names.
+#[test]
+fn composite_blocks_nest_their_parts_stages() {
+    for (rel, want) in [
+        (
+            "mid/unet_mid_block_2d_cross_attn_sd1_f16.safetensors",
+            &[
+                "resnets.0/norm1",
+                "attentions.0/transformer_blocks.0/attn1/probs",
+                "attentions.0/transformer_blocks.0/ff/act",
+                "resnets.1/output",
+            ][..],
+        ),
+        (
+            "mid/lucidrains_mid_block_model.safetensors",
+            &["mid_block1/temb", "mid_block1/conv1", "mid_attn/q", "mid_block2/shortcut"][..],
+        ),
+    ] {
+        let (_, t) = trace_of(&weights().join(rel));
+        let names: Vec<&str> = t.stages.iter().map(|s| s.stage.as_str()).collect();
+        for w in want {
+            assert!(names.contains(w), "{rel}: no stage {w} in {names:?}");
+        }
+    }
 }

@@ -113,6 +113,11 @@ impl Module for LinearAttention {
         let (b, _, h, w) = x.dims4()?;
         let [q, k, v] = self.to_qkv.forward(x)?;
         let out = linear_attention(&q, &k, &v, Some(self.scale))?.reshape((b, (), h, w))?;
-        self.out_norm.forward(&self.to_out.forward_channels(&out)?)
+        crate::trace::record("attn", &out);
+        // to_out = Sequential(Conv2d, GroupNorm(1, dim))
+        let out = self.out_norm.forward(&self.to_out.forward_channels(&out)?)?;
+        crate::trace::record("proj", &out);
+        crate::trace::record("output", &out);
+        Ok(out)
     }
 }

@@ -21,6 +21,7 @@ use crate::config::check_divides;
 use crate::heads::{chunk_qkv_tokens_per_head, image_to_tokens, merge_tokens, tokens_to_image};
 use crate::layers::{group_norm, BatchNorm2d, Projection};
 use crate::sdpa::{eager_attention, Scale};
+use crate::trace;
 use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -117,7 +118,9 @@ impl Module for SelfAttention {
         // on it in half precision (`forward_tokens_strided`).
         let (q, k, v) = match &self.variant {
             Variant::GroupNorm { norm, q, k, v } => {
-                let x = image_to_tokens(&norm.forward(inp)?)?; // (n, hw, c)
+                let normed = norm.forward(inp)?;
+                trace::record("norm", &normed);
+                let x = image_to_tokens(&normed)?; // (n, hw, c)
                 (
                     q.forward_tokens_strided(&x)?,
                     k.forward_tokens_strided(&x)?,
@@ -125,7 +128,9 @@ impl Module for SelfAttention {
                 )
             }
             Variant::Fused { norm, qkv } => {
-                let x = qkv.forward_tokens_strided(&image_to_tokens(&norm.forward(inp)?)?)?;
+                let normed = norm.forward(inp)?;
+                trace::record("norm", &normed);
+                let x = qkv.forward_tokens_strided(&image_to_tokens(&normed)?)?;
                 let ni = self.ni;
                 (x.narrow(2, 0, ni)?, x.narrow(2, ni, ni)?, x.narrow(2, 2 * ni, ni)?)
             }
@@ -133,9 +138,16 @@ impl Module for SelfAttention {
         // One head: (n, 1, hw, c).
         // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
         let (q, k, v) = (q.unsqueeze(1)?, k.unsqueeze(1)?, v.unsqueeze(1)?);
+        trace::record("q", &q);
+        trace::record("k", &k);
+        trace::record("v", &v);
         let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?.squeeze(1)?;
-        let out = tokens_to_image(&self.proj.forward_tokens(&out)?, h, w)?;
-        out + inp
+        trace::record("attn", &out);
+        let out = self.proj.forward_tokens(&out)?;
+        trace::record("proj", &out);
+        let out = (tokens_to_image(&out, h, w)? + inp)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -172,13 +184,21 @@ impl Module for SelfAttentionMultiHead {
     /// `inp`: `(n, ni, h, w)` → `(n, ni, h, w)`.
     fn forward(&self, inp: &Tensor) -> candle_core::Result<Tensor> {
         let (_, _, h, w) = inp.dims4()?;
-        let x = image_to_tokens(&self.norm.forward(inp)?)?; // (n, s, ni)
-        let x = self.qkv.forward_tokens_strided(&x)?; // (n, s, 3ni)
+        let normed = self.norm.forward(inp)?;
+        trace::record("norm", &normed);
+        let x = self.qkv.forward_tokens_strided(&image_to_tokens(&normed)?)?; // (n, s, 3ni)
         let [q, k, v] = chunk_qkv_tokens_per_head(&x, self.nheads)?; // (n, h, s, d) each
-                                                                     // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
-        let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?;
-        let out = tokens_to_image(&self.proj.forward_tokens(&merge_tokens(&out)?)?, h, w)?;
-        out + inp
+        trace::record("q", &q);
+        trace::record("k", &k);
+        trace::record("v", &v);
+        // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
+        let out = merge_tokens(&eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?)?;
+        trace::record("attn", &out);
+        let out = self.proj.forward_tokens(&out)?;
+        trace::record("proj", &out);
+        let out = (tokens_to_image(&out, h, w)? + inp)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 

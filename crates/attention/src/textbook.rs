@@ -15,6 +15,7 @@ use crate::config::check_divides;
 use crate::heads::{merge_tokens, split_tokens};
 use crate::layers::Projection;
 use crate::sdpa::{eager_attention, Scale};
+use crate::trace;
 use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -78,12 +79,17 @@ impl Module for SelfAttention {
         let q = self.q.forward_tokens(&x3)?.unsqueeze(1)?;
         let k = self.k.forward_tokens(&x3)?.unsqueeze(1)?;
         let v = self.v.forward_tokens(&x3)?.unsqueeze(1)?;
+        trace::record("q", &q);
+        trace::record("k", &k);
+        trace::record("v", &v);
         // attn = (Q @ K.transpose(-2, -1)) / self.scale; attn.softmax(dim=-1) @ V
         let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?.squeeze(1)?;
         let mut shape = dims;
         let last = shape.len() - 1;
         shape[last] = out.dim(2)?;
-        out.reshape(shape)
+        let out = out.reshape(shape)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -184,10 +190,18 @@ impl Module for MultiHeadAttention {
         let q = split_tokens(&self.q.forward_tokens(x)?, self.nh)?;
         let k = split_tokens(&self.k.forward_tokens(x)?, self.nh)?;
         let v = split_tokens(&self.v.forward_tokens(x)?, self.nh)?;
+        trace::record("q", &q);
+        trace::record("k", &k);
+        trace::record("v", &v);
         // (Q @ K^T) / self.scale, softmax(dim=-1), @ V
         let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?;
         // 'b nh nq dh -> b nq (nh dh)'
-        self.fc.forward_tokens(&merge_tokens(&out)?)
+        let out = merge_tokens(&out)?;
+        trace::record("attn", &out);
+        let out = self.fc.forward_tokens(&out)?;
+        trace::record("proj", &out);
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 

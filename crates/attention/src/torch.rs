@@ -32,6 +32,7 @@ use crate::config::{check_divides, yes};
 use crate::heads::{merge_tokens, split_tokens};
 use crate::layers::Projection;
 use crate::sdpa::{default_scale, matmul, mul, sdpa, softmax, upcast};
+use crate::trace;
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarBuilder;
@@ -494,6 +495,9 @@ impl MultiheadAttention {
             k = Tensor::cat(&[&k, &zk], 2)?;
             v = Tensor::cat(&[&v, &zv], 2)?;
         }
+        trace::record("q", &q);
+        trace::record("k", &k);
+        trace::record("v", &v);
         let src_len = k.dim(2)?;
 
         let mask = match (attn_mask, kpm) {
@@ -515,6 +519,7 @@ impl MultiheadAttention {
                 scores = scores.broadcast_add(&upcast(m)?)?;
             }
             let probs = softmax(&scores.to_dtype(dtype)?, D::Minus1)?; // (N, H, L, S)
+            trace::record("probs", &probs);
             let out = matmul(&probs, &v)?;
             let weights = if args.average_attn_weights {
                 // attn_output_weights.mean(dim=1), accumulated in at least f32
@@ -539,6 +544,7 @@ impl MultiheadAttention {
             Some(w) if !batched => Some(w.squeeze(0)?),
             w => w,
         };
+        trace::record("output", &out);
         Ok((out, weights))
     }
 }

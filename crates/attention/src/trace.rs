@@ -20,8 +20,13 @@
 //! | `proj` | the output of the output projection, before any residual |
 //! | `output` | the block's output (the bundle's first output) |
 //!
-//! Nested blocks (a mid block's attention) can prefix their stages with [`scope`]:
-//! `attentions.0/q`. A stage recorded twice under one name gets `#2`, `#3`, ... appended.
+//! Composite blocks run their parts inside [`scope`] / [`scope_at`], named like the PyTorch
+//! submodule, so a nested stage reads `attentions.0/q`, `transformer_blocks.0/attn1/probs`; each
+//! block records its own `output`, which nested is `<scope>/output`. Composite stages: `norm1`,
+//! `norm2`, `norm3` (transformer blocks, resnets), `conv1`, `conv2`, `temb` (a resnet's
+//! time-embedding projection), `shortcut`, `proj_in` / `act` (feed-forward: inner projection and
+//! its activation; spatial transformer: input projection), `proj_out`, and `context` (linear
+//! attention's `(B, heads, d_k, d_v)` context). A stage recorded twice under one name gets `#2`, `#3`, ... appended.
 
 use candle_core::Tensor;
 use std::cell::{Cell, RefCell};
@@ -94,6 +99,15 @@ pub fn scope<R>(name: &str, f: impl FnOnce() -> R) -> R {
     }
     let _pop = Pop;
     f()
+}
+
+/// [`scope`] under `name.index` (`resnets.0`, `transformer_blocks.1`), the name formatted only
+/// while tracing.
+pub fn scope_at<R>(name: &str, index: usize, f: impl FnOnce() -> R) -> R {
+    if !enabled() {
+        return f();
+    }
+    scope(&format!("{name}.{index}"), f)
 }
 
 /// Run `f` recording every stage; returns its result and the stages in recording order.

@@ -84,8 +84,24 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(io)
 }
 
+/// Whether `bytes` starts like a safetensors file: an 8-byte little-endian header length that
+/// fits the file, then the JSON header's `{`. (A header length such as 0x0580 starts with the
+/// bytes `80 05`, which alone would read as a pickle's PROTO opcode.)
+pub(crate) fn safetensors_prefix(bytes: &[u8], file_len: u64) -> bool {
+    match bytes {
+        [l0, l1, l2, l3, l4, l5, l6, l7, b'{', ..] => {
+            let n = u64::from_le_bytes([*l0, *l1, *l2, *l3, *l4, *l5, *l6, *l7]);
+            n > 0 && n.saturating_add(8) <= file_len
+        }
+        _ => false,
+    }
+}
+
 /// Why `bytes` is a PyTorch checkpoint rather than safetensors, if it looks like one.
 fn pickle_checkpoint(bytes: &[u8]) -> Option<&'static str> {
+    if safetensors_prefix(bytes, bytes.len() as u64) {
+        return None;
+    }
     match bytes {
         // `torch.save` since 1.6 writes a zip archive holding `data.pkl`.
         [b'P', b'K', 3, 4, ..] => Some("a zip archive (a `torch.save` checkpoint)"),

@@ -116,10 +116,13 @@ impl Checkpoint {
         if name.ends_with(".index.json") {
             return Self::open_sharded(path);
         }
-        let mut magic = [0u8; 4];
+        let mut magic = [0u8; 9];
         let n = std::fs::File::open(path).map_err(io)?.read(&mut magic).map_err(io)?;
+        if crate::bundle::safetensors_prefix(&magic[..n], meta.len()) {
+            return Self::open_safetensors(path);
+        }
         match &magic[..n] {
-            [b'P', b'K', 3, 4] => Self::open_pickle(path),
+            [b'P', b'K', 3, 4, ..] => Self::open_pickle(path),
             [0x80, ..] => Err(err(
                 path,
                 "a legacy (pre-1.6, non-zip) torch.save file, which this tool does not read; re-save it with \

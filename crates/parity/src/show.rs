@@ -7,7 +7,9 @@
 //!   = batch items, `|ours − torch|` of that channel;
 //! * `probs_query_Y_X.png` (bundles with a `probs` stage over the image's tokens): for the chosen
 //!   query pixel, one row per head of batch item `--batch`: PyTorch's attention map over the key
-//!   pixels, ours, and `|ours − torch|` (memory keys that are not pixels are left out).
+//!   pixels, ours, and `|ours − torch|` (memory keys that are not pixels are left out). Composite
+//!   blocks get one per attention over the input's pixels, named after the stage
+//!   (`attentions.0__probs_query_Y_X.png`, `mid_attn__probs_query_Y_X.png`).
 //!
 //! Colours: black → purple → red → yellow → white. The output panels share one scale (0 to the
 //! largest error); in the attention rows PyTorch's and our maps share one scale (0 to the largest
@@ -220,18 +222,27 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
             ),
         });
     }
-    // attention weights of one query pixel
+    // attention weights of one query pixel, for every `probs` stage over the image's pixels
+    // (`probs`, or a part's `attentions.0/probs`, `mid_attn/probs`, ... in a composite block)
     let image = bundle
         .inputs
         .first()
         .and_then(|n| bundle.input(n))
         .filter(|t| t.rank() == 4);
-    let probs_t = torch_stage(bundle, "probs");
-    let probs_o = run.stages.iter().find(|(n, _)| n == "probs").map(|(_, t)| t);
-    if let (Some(img), Some(pt), Some(po)) = (image, probs_t, probs_o) {
+    if let Some(img) = image {
         let (_, _, h, w) = img.dims4().map_err(err)?;
-        let (b, heads, lq, lk) = pt.dims4().map_err(err)?;
-        if lq == h * w && lk >= h * w && po.elem_count() == pt.elem_count() {
+        for stage in crate::trace::stage_names(bundle)? {
+            if stage != "probs" && !stage.ends_with("/probs") {
+                continue;
+            }
+            let pt = torch_stage(bundle, &stage).expect("listed stages exist");
+            let Some(po) = run.stages.iter().find(|(n, _)| *n == stage).map(|(_, t)| t) else {
+                continue;
+            };
+            let (b, _, lq, lk) = pt.dims4().map_err(err)?;
+            if lq != h * w || lk < h * w || po.elem_count() != pt.elem_count() {
+                continue;
+            }
             let (qy, qx) = query.unwrap_or((h / 2, w / 2));
             if qy >= h || qx >= w || batch >= b {
                 return Err(ParityError::bundle(
@@ -239,56 +250,72 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
                     format!("--query {qy},{qx} / --batch {batch} outside the {h}×{w} image of {b} items"),
                 ));
             }
-            let n = qy * w + qx;
-            let mem = lk - h * w;
             let po = po.reshape(pt.dims()).map_err(err)?;
-            let row = |t: &Tensor, hd: usize| -> Result<Vec<f64>> {
-                let r = t
-                    .get(batch)
-                    .and_then(|t| t.get(hd))
-                    .and_then(|t| t.get(n))
-                    .and_then(|t| t.narrow(0, mem, h * w))
-                    .map_err(err)?;
-                values(&r).map_err(err)
-            };
-            let s = cell(h, w);
-            let pw = w * s + GAP;
-            let mut canvas = Canvas::new(3 * pw + GAP, heads * (h * s + GAP) + GAP);
-            let mut vmax = 0.0f64;
-            let mut dmax = 0.0f64;
-            let mut rows = vec![];
-            for hd in 0..heads {
-                let (a, o) = (row(pt, hd)?, row(&po, hd)?);
-                let d: Vec<f64> = a.iter().zip(&o).map(|(x, y)| (x - y).abs()).collect();
-                vmax = vmax.max(max_of(&a)).max(max_of(&o));
-                dmax = dmax.max(max_of(&d));
-                rows.push((a, o, d));
-            }
-            for (hd, (a, o, d)) in rows.iter().enumerate() {
-                let y0 = GAP + hd * (h * s + GAP);
-                canvas.map((GAP, y0), a, (h, w), s, vmax);
-                canvas.map((GAP + pw, y0), o, (h, w), s, vmax);
-                canvas.map((GAP + 2 * pw, y0), d, (h, w), s, dmax);
-                for p in 0..3 {
-                    canvas.mark(GAP + p * pw + qx * s, y0 + qy * s, s);
-                }
-            }
-            let file = out.join(format!("probs_query_{qy}_{qx}.png"));
-            canvas.write(&file)?;
-            let mem_note = if mem > 0 {
-                format!("; the {mem} memory keys are not drawn")
-            } else {
-                String::new()
-            };
-            pictures.push(Picture {
-                path: file,
-                caption: format!(
-                    "attention weights of query pixel (y {qy}, x {qx}) (cyan) over the {h}×{w} key pixels, batch item \
-                     {batch}, one row per head ({heads}): PyTorch | ours (shared scale 0 to {vmax:.3e}) | |ours − torch| \
-                     (scale 0 to {dmax:.3e}){mem_note}"
-                ),
-            });
+            pictures.push(probs_picture(&stage, pt, &po, (h, w), (qy, qx), batch, out).map_err(|m| ParityError::bundle(path, m))?);
         }
     }
     Ok(pictures)
+}
+
+/// `<stage>_query_Y_X.png` (`/` in the stage name written `__`): the attention map of query pixel
+/// (Y, X) of batch item `batch`, one row per head: PyTorch | ours | difference.
+fn probs_picture(
+    stage: &str,
+    pt: &Tensor,
+    po: &Tensor,
+    (h, w): (usize, usize),
+    (qy, qx): (usize, usize),
+    batch: usize,
+    out: &Path,
+) -> std::result::Result<Picture, String> {
+    let e = |e: candle_core::Error| e.to_string();
+    let (_, heads, _, lk) = pt.dims4().map_err(e)?;
+    let n = qy * w + qx;
+    let mem = lk - h * w;
+    let row = |t: &Tensor, hd: usize| -> std::result::Result<Vec<f64>, String> {
+        let r = t
+            .get(batch)
+            .and_then(|t| t.get(hd))
+            .and_then(|t| t.get(n))
+            .and_then(|t| t.narrow(0, mem, h * w))
+            .map_err(e)?;
+        values(&r).map_err(e)
+    };
+    let s = cell(h, w);
+    let pw = w * s + GAP;
+    let mut canvas = Canvas::new(3 * pw + GAP, heads * (h * s + GAP) + GAP);
+    let mut vmax = 0.0f64;
+    let mut dmax = 0.0f64;
+    let mut rows = vec![];
+    for hd in 0..heads {
+        let (a, o) = (row(pt, hd)?, row(po, hd)?);
+        let d: Vec<f64> = a.iter().zip(&o).map(|(x, y)| (x - y).abs()).collect();
+        vmax = vmax.max(max_of(&a)).max(max_of(&o));
+        dmax = dmax.max(max_of(&d));
+        rows.push((a, o, d));
+    }
+    for (hd, (a, o, d)) in rows.iter().enumerate() {
+        let y0 = GAP + hd * (h * s + GAP);
+        canvas.map((GAP, y0), a, (h, w), s, vmax);
+        canvas.map((GAP + pw, y0), o, (h, w), s, vmax);
+        canvas.map((GAP + 2 * pw, y0), d, (h, w), s, dmax);
+        for p in 0..3 {
+            canvas.mark(GAP + p * pw + qx * s, y0 + qy * s, s);
+        }
+    }
+    let file = out.join(format!("{}_query_{qy}_{qx}.png", stage.replace('/', "__")));
+    canvas.write(&file).map_err(|e| e.to_string())?;
+    let mem_note = if mem > 0 {
+        format!("; the {mem} memory keys are not drawn")
+    } else {
+        String::new()
+    };
+    Ok(Picture {
+        path: file,
+        caption: format!(
+            "`{stage}`: attention weights of query pixel (y {qy}, x {qx}) (cyan) over the {h}×{w} key pixels, batch \
+             item {batch}, one row per head ({heads}): PyTorch | ours (shared scale 0 to {vmax:.3e}) | |ours − torch| \
+             (scale 0 to {dmax:.3e}){mem_note}"
+        ),
+    })
 }

@@ -3,12 +3,13 @@
 //! [`unet_attention::trace`], in the bundle's stage order. The first stage that fails names where
 //! the port diverges, with the usual causes for that stage.
 //!
-//! A stage passes under rule (a) of [`crate::compare`] at the run's tolerances (intermediate
-//! stages have no float64 reference); the `output` stage is the bundle's first output and is
-//! judged exactly as the check judges it. Our stage is reshaped to PyTorch's when the element
+//! A stage passes under the rules of [`crate::compare`] at the run's tolerances: rule (a) against
+//! PyTorch's stage, or rule (b) against the float64 copy's stage where the bundle holds one
+//! (`parity.trace.<stage>.float64`, stored by half-precision bundles); the `output` stage is the
+//! bundle's first output and is judged exactly as the check judges it. Our stage is reshaped to PyTorch's when the element
 //! counts agree (layouts are documented in `unet_attention::trace`).
 
-use crate::bundle::Bundle;
+use crate::bundle::{Bundle, FLOAT64_SUFFIX};
 use crate::compare::{compare, OutputReport};
 use crate::error::{ParityError, Result};
 use candle_core::{Device, Tensor};
@@ -80,12 +81,12 @@ pub fn torch_stage<'a>(bundle: &'a Bundle, name: &str) -> Option<&'a Tensor> {
 
 /// The usual causes of a divergence first seen at `stage`.
 pub fn hint(stage: &str) -> &'static str {
-    // `attentions.0/q#2` -> `q`
+    // `attentions.0/norm1#2` -> `norm`
     let last = stage.rsplit('/').next().unwrap_or(stage);
-    let base = last.split('#').next().unwrap_or(last);
+    let base = last.split('#').next().unwrap_or(last).trim_end_matches(|c: char| c.is_ascii_digit());
     match base {
         "norm" | "spatial_norm" => {
-            "the input norm: eps (1e-5 vs 1e-6), number of groups, affine weight/bias, GroupNorm vs \
+            "the norm: eps (1e-5 vs 1e-6), number of groups, affine weight/bias, GroupNorm vs \
              RMSNorm/LayerNorm, statistics in f32, channels-first vs channels-last input"
         }
         "q" | "k" | "v" => {
@@ -97,14 +98,32 @@ pub fn hint(stage: &str) -> &'static str {
             "the attention weights: scale (1/sqrt(d) missing, applied twice, d^-1/4 on q and k, \
              scale_qk), softmax axis, mask sign or broadcast, softmax upcast"
         }
+        "context" => {
+            "the linear-attention context: softmax axes (k over tokens, q over features), the q \
+             scale, k·vᵀ order, memory key/values"
+        }
         "attn" => {
             "the weighted sum and head merge: probs·v order, v layout, merging heads \
              ('b h n d -> b n (h d)' vs channels first)"
         }
         "proj" => "the output projection: weight/bias, transposed weight, layout fed to it",
+        "proj_in" | "proj_out" => {
+            "the projection: conv 1×1 vs linear (use_linear_projection), the layout fed to it \
+             ((B, C, H, W) vs (B, H·W, C)), GEGLU/SwiGLU width (2× inner dim)"
+        }
+        "act" => "the activation: GELU exact vs tanh, GEGLU gate half (second chunk), SiLU vs Mish",
+        "conv" => {
+            "the convolution: kernel/padding, the activation before it (SiLU / Mish), dropout left \
+             on, the time embedding added before instead of after"
+        }
+        "temb" => {
+            "the time-embedding projection: the activation before the Linear (SiLU), scale/shift \
+             order of the chunk, skip_time_act"
+        }
+        "shortcut" => "the shortcut: 1×1 (nin) vs 3×3 conv, use_in_shortcut, identity when channels match",
         "output" => {
-            "after the projection: residual (missing, or added twice), rescale_output_factor, \
-             output reshape to (B, C, H, W)"
+            "after the last stage: residual (missing, or added twice), rescale_output_factor / \
+             output_scale_factor, scale-shift (1 + scale), output reshape to (B, C, H, W)"
         }
         _ => "no hint for this stage",
     }
@@ -133,7 +152,7 @@ pub fn compare_stages(bundle: &Bundle, ours: &[(String, Tensor)], rtol: f64, ato
                 let f64_ref = if name == "output" {
                     bundle.outputs.first().and_then(|o| bundle.output_f64(o))
                 } else {
-                    None
+                    bundle.tensors.get(&format!("{TRACE_PREFIX}{name}{FLOAT64_SUFFIX}"))
                 };
                 let r = compare(name, &t, torch, f64_ref, rtol, atol)
                     .map_err(|e| ParityError::bundle(&bundle.path, format!("stage {name}: {e}")))?;

@@ -24,6 +24,7 @@
 use crate::ddpm::{Attention, AttentionConfig};
 use crate::layers::{scale_shift, Activation, Conv2d, Projection, RmsNorm};
 use crate::{Error, Result};
+use crate::trace;
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -43,8 +44,12 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, film: Option<(&Tensor, &Tensor)>) -> candle_core::Result<Tensor> {
-        let x = self.norm.forward(&self.proj.forward(x)?)?;
+    /// `stages`: the trace names of the conv and norm outputs (`conv1`, `norm1`).
+    fn forward(&self, x: &Tensor, film: Option<(&Tensor, &Tensor)>, stages: [&str; 2]) -> candle_core::Result<Tensor> {
+        let x = self.proj.forward(x)?;
+        trace::record(stages[0], &x);
+        let x = self.norm.forward(&x)?;
+        trace::record(stages[1], &x);
         let x = match film {
             Some((scale, shift)) => scale_shift(&x, scale, shift)?,
             None => x,
@@ -119,18 +124,25 @@ impl ResnetBlock {
                     ));
                 }
                 let t = mlp.forward_tokens(&Activation::Swish.forward(t)?)?;
+                trace::record("temb", &t);
                 let half = t.dim(1)? / 2;
                 Some((t.narrow(1, 0, half)?, t.narrow(1, half, half)?))
             }
             _ => None,
         };
-        let h = self.block1.forward(x, film.as_ref().map(|(s, b)| (s, b)))?;
-        let h = self.block2.forward(&h, None)?;
+        let h = self
+            .block1
+            .forward(x, film.as_ref().map(|(s, b)| (s, b)), ["conv1", "norm1"])?;
+        let h = self.block2.forward(&h, None, ["conv2", "norm2"])?;
+        // res_conv: a 1×1 conv, or nn.Identity when dim == dim_out
         let residual = match &self.res_conv {
             Some(conv) => conv.forward(x)?,
             None => x.clone(),
         };
-        Ok((h + residual)?)
+        trace::record("shortcut", &residual);
+        let out = (h + residual)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -201,8 +213,10 @@ impl MidBlock {
 
     /// `x` `(B, dim, H, W)`, `time_emb` `(B, time_emb_dim)` (the output of `Unet.time_mlp`).
     pub fn forward(&self, x: &Tensor, time_emb: Option<&Tensor>) -> Result<Tensor> {
-        let x = self.mid_block1.forward(x, time_emb)?;
-        let x = (self.mid_attn.forward(&x)? + x)?;
-        self.mid_block2.forward(&x, time_emb)
+        let x = trace::scope("mid_block1", || self.mid_block1.forward(x, time_emb))?;
+        let x = (trace::scope("mid_attn", || self.mid_attn.forward(&x))? + x)?;
+        let out = trace::scope("mid_block2", || self.mid_block2.forward(&x, time_emb))?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }

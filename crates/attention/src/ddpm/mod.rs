@@ -154,13 +154,20 @@ impl Module for LinearAttention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, _, h, w) = x.dims4()?;
-        let [q, k, v] = self.to_qkv.forward(&self.norm.forward(x)?)?;
+        let normed = self.norm.forward(x)?;
+        trace::record("norm", &normed);
+        let [q, k, v] = self.to_qkv.forward(&normed)?;
         let mk = repeat_batch(&self.mem_kv.get(0)?, b)?;
         let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
         let k = Tensor::cat(&[&mk, &k], 3)?;
         let v = Tensor::cat(&[&mv, &v], 3)?;
         // q softmax over features, k softmax over tokens (memory included), q * scale.
         let out = linear_attention(&q, &k, &v, Some(self.scale))?.reshape((b, (), h, w))?;
-        self.out_norm.forward(&self.to_out.forward_channels(&out)?)
+        trace::record("attn", &out);
+        // to_out = Sequential(Conv2d, RMSNorm)
+        let out = self.out_norm.forward(&self.to_out.forward_channels(&out)?)?;
+        trace::record("proj", &out);
+        trace::record("output", &out);
+        Ok(out)
     }
 }

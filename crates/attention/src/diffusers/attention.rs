@@ -877,9 +877,9 @@ impl Attention {
             .group_norm
             .as_ref()
             .expect("the added-KV processors require group_norm (checked in new)");
-        let hs = group_norm
-            .forward(&hs.transpose(1, 2)?.contiguous()?)?
-            .transpose(1, 2)?;
+        let normed = group_norm.forward(&hs.transpose(1, 2)?.contiguous()?)?;
+        trace::record("norm", &normed);
+        let hs = normed.transpose(1, 2)?;
         // hidden_states.view(B, C, -1).transpose(1, 2): a transposed view, as after group_norm.
         let q = split_tokens(&self.to_q.forward_tokens_strided(&hs)?, self.heads)?;
         let (add_k, add_v) = match (&self.add_k_proj, &self.add_v_proj) {
@@ -897,16 +897,22 @@ impl Attention {
             }
             _ => (ek, ev),
         };
+        trace::record("q", &q);
+        trace::record("k", &k);
+        trace::record("v", &v);
         let kv_len = k.dim(2)?;
         let mask = match attention_mask {
             // prepare_attention_mask(attention_mask, sequence_length=N, batch_size)
             Some(m) => Some(self.attention_mask(m, q_len, batch, q_len, kv_len)?),
             None => None,
         };
-        let out = self.attend(&q, &k, &v, mask.as_ref())?;
-        let out = self.to_out.forward_tokens(&merge_tokens(&out)?)?;
-        let out = out.transpose(1, 2)?.reshape(residual.shape())?;
-        Ok((out + residual)?)
+        let out = merge_tokens(&self.attend(&q, &k, &v, mask.as_ref())?)?;
+        trace::record("attn", &out);
+        let out = self.to_out.forward_tokens(&out)?;
+        trace::record("proj", &out);
+        let out = (out.transpose(1, 2)?.reshape(residual.shape())? + residual)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 
     /// The processor's attention on `(B, heads, tokens, head_dim)` q/k/v with a prepared additive

@@ -7,6 +7,7 @@
 //! `hidden · GELU(gate)` with the exact erf GELU. ldm's `FeedForward` has the same layout with
 //! `glu=True` and is built from here too (see [`crate::ldm::transformer`]).
 
+use crate::trace;
 use crate::layers::Projection;
 use crate::sdpa::{mul, upcast};
 use crate::{Error, Result};
@@ -73,6 +74,7 @@ impl ProjectIn {
 impl Module for ProjectIn {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let h = self.proj.forward_tokens(x)?;
+        trace::record("proj_in", &h);
         let halves = || -> candle_core::Result<(Tensor, Tensor)> {
             let n = h.dim(D::Minus1)? / 2;
             Ok((h.narrow(D::Minus1, 0, n)?, h.narrow(D::Minus1, n, n)?))
@@ -132,7 +134,9 @@ impl Geglu {
 impl Module for Geglu {
     /// `hidden_states`: `(.., dim_in)` → `(.., dim_out)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.0.forward(x)
+        let out = self.0.forward(x)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -227,6 +231,11 @@ impl FeedForward {
 impl Module for FeedForward {
     /// `hidden_states`: `(.., dim)` → `(.., dim_out)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.project_out.forward_tokens(&self.project_in.forward(x)?)
+        let act = self.project_in.forward(x)?;
+        trace::record("act", &act);
+        let out = self.project_out.forward_tokens(&act)?;
+        trace::record("proj", &out);
+        trace::record("output", &out);
+        Ok(out)
     }
 }

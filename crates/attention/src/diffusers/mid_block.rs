@@ -16,6 +16,7 @@ use crate::diffusers::attention::{Attention, AttentionConfig};
 use crate::diffusers::resnet::{eps_1e6, one_f, swish, ResnetBlock2D, ResnetBlock2DConfig, TimeEmbeddingNorm};
 use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
 use crate::layers::Activation;
+use crate::trace;
 use crate::{config, Error, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
@@ -190,13 +191,14 @@ impl UNetMidBlock2D {
 
     /// `forward(hidden_states, temb=None)`: `(B, in_channels, H, W)`, `temb` `(B, temb_channels)`.
     pub fn forward(&self, hidden_states: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
-        let mut h = self.resnets[0].forward(hidden_states, temb)?;
-        for (attn, resnet) in self.attentions.iter().zip(&self.resnets[1..]) {
+        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
+        for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
             if let Some(attn) = attn {
-                h = attn.forward_with_temb(&h, None, None, temb)?;
+                h = trace::scope_at("attentions", i, || attn.forward_with_temb(&h, None, None, temb))?;
             }
-            h = resnet.forward(&h, temb)?;
+            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
         }
+        trace::record("output", &h);
         Ok(h)
     }
 }
@@ -355,11 +357,14 @@ impl UNetMidBlock2DCrossAttn {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let mut h = self.resnets[0].forward(hidden_states, temb)?;
-        for (attn, resnet) in self.attentions.iter().zip(&self.resnets[1..]) {
-            h = attn.forward(&h, encoder_hidden_states, attention_mask, encoder_attention_mask)?;
-            h = resnet.forward(&h, temb)?;
+        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
+        for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
+            h = trace::scope_at("attentions", i, || {
+                attn.forward(&h, encoder_hidden_states, attention_mask, encoder_attention_mask)
+            })?;
+            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
         }
+        trace::record("output", &h);
         Ok(h)
     }
 }

@@ -16,6 +16,7 @@
 
 use crate::layers::{group_norm, scale_shift, Activation, Conv2d, GroupNorm, Projection};
 use crate::sdpa::div;
+use crate::trace;
 use crate::{config, Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -205,9 +206,10 @@ impl ResnetBlock2D {
                 ),
             ));
         }
-        let h = self
-            .conv1
-            .forward(&self.act.forward(&self.norm1.forward(input_tensor)?)?)?;
+        let normed = self.norm1.forward(input_tensor)?;
+        trace::record("norm1", &normed);
+        let h = self.conv1.forward(&self.act.forward(&normed)?)?;
+        trace::record("conv1", &h);
         let temb = match &self.time_emb_proj {
             Some(proj) => {
                 let temb = temb.ok_or_else(|| {
@@ -233,18 +235,23 @@ impl ResnetBlock2D {
                 } else {
                     self.act.forward(temb)?
                 };
-                Some(proj.forward_tokens(&temb)?)
+                let temb = proj.forward_tokens(&temb)?;
+                trace::record("temb", &temb);
+                Some(temb)
             }
             None => None,
         };
+        let norm2 = |h: &Tensor| -> Result<Tensor> {
+            let normed = self.norm2.forward(h)?;
+            trace::record("norm2", &normed);
+            Ok(normed)
+        };
         let h = match (self.time_embedding_norm, &temb) {
-            (TimeEmbeddingNorm::Default, Some(temb)) => self
-                .norm2
-                .forward(&h.broadcast_add(&temb.unsqueeze(2)?.unsqueeze(3)?)?)?,
+            (TimeEmbeddingNorm::Default, Some(temb)) => norm2(&h.broadcast_add(&temb.unsqueeze(2)?.unsqueeze(3)?)?)?,
             (TimeEmbeddingNorm::ScaleShift, Some(temb)) => {
                 let half = temb.dim(1)? / 2;
                 let (scale, shift) = (temb.narrow(1, 0, half)?, temb.narrow(1, half, half)?);
-                scale_shift(&self.norm2.forward(&h)?, &scale, &shift)?
+                scale_shift(&norm2(&h)?, &scale, &shift)?
             }
             (TimeEmbeddingNorm::ScaleShift, None) => {
                 return Err(Error::input(
@@ -253,18 +260,25 @@ impl ResnetBlock2D {
                     "required when time_embedding_norm is scale_shift",
                 ))
             }
-            (TimeEmbeddingNorm::Default, None) => self.norm2.forward(&h)?,
+            (TimeEmbeddingNorm::Default, None) => norm2(&h)?,
         };
         let h = self.conv2.forward(&self.act.forward(&h)?)?;
+        trace::record("conv2", &h);
         let shortcut = match &self.conv_shortcut {
-            Some(conv) => conv.forward(input_tensor)?,
+            Some(conv) => {
+                let s = conv.forward(input_tensor)?;
+                trace::record("shortcut", &s);
+                s
+            }
             None => input_tensor.clone(),
         };
         let out = (shortcut + h)?;
-        Ok(if self.output_scale_factor == 1.0 {
+        let out = if self.output_scale_factor == 1.0 {
             out
         } else {
             div(&out, self.output_scale_factor)?
-        })
+        };
+        trace::record("output", &out);
+        Ok(out)
     }
 }

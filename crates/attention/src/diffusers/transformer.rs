@@ -11,6 +11,7 @@ use crate::diffusers::feed_forward::{ActivationFn, FeedForward, FeedForwardConfi
 use crate::heads::{image_to_tokens, tokens_to_image};
 use crate::layers::{group_norm, LayerNorm, Projection};
 use crate::{config, Error, Result};
+use crate::trace;
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -115,14 +116,21 @@ impl TransformerBlock {
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
         let attn1_context = if self.attn1_cross { context } else { None };
-        let mut h = (self
-            .attn1
-            .forward(&self.norm1.forward(hidden_states)?, attn1_context, attention_mask)?
-            + hidden_states)?;
+        let normed = self.norm1.forward(hidden_states)?;
+        trace::record("norm1", &normed);
+        let attn = trace::scope("attn1", || self.attn1.forward(&normed, attn1_context, attention_mask))?;
+        let mut h = (attn + hidden_states)?;
         if let Some((norm2, attn2)) = &self.attn2 {
-            h = (attn2.forward(&norm2.forward(&h)?, context, encoder_attention_mask)? + h)?;
+            let normed = norm2.forward(&h)?;
+            trace::record("norm2", &normed);
+            let attn = trace::scope("attn2", || attn2.forward(&normed, context, encoder_attention_mask))?;
+            h = (attn + h)?;
         }
-        Ok((self.ff.forward(&self.norm3.forward(&h)?)? + h)?)
+        let normed = self.norm3.forward(&h)?;
+        trace::record("norm3", &normed);
+        let out = (trace::scope("ff", || self.ff.forward(&normed))? + h)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -210,20 +218,33 @@ impl SpatialTransformer {
     ) -> Result<Tensor> {
         let (_, _, h, w) = x.dims4()?;
         let normed = self.norm.forward(x)?;
+        trace::record("norm", &normed);
         let mut tokens = if self.linear {
-            self.proj_in.forward_tokens(&image_to_tokens(&normed)?)?
+            let t = self.proj_in.forward_tokens(&image_to_tokens(&normed)?)?;
+            trace::record("proj_in", &t);
+            t
         } else {
-            image_to_tokens(&self.proj_in.forward_channels(&normed)?)?
+            let t = self.proj_in.forward_channels(&normed)?;
+            trace::record("proj_in", &t);
+            image_to_tokens(&t)?
         };
-        for (block, context) in self.blocks.iter().zip(contexts) {
-            tokens = block.forward(&tokens, *context, attention_mask, encoder_attention_mask)?;
+        for (i, (block, context)) in self.blocks.iter().zip(contexts).enumerate() {
+            tokens = trace::scope_at("transformer_blocks", i, || {
+                block.forward(&tokens, *context, attention_mask, encoder_attention_mask)
+            })?;
         }
         let out = if self.linear {
-            tokens_to_image(&self.proj_out.forward_tokens(&tokens)?, h, w)?
+            let t = self.proj_out.forward_tokens(&tokens)?;
+            trace::record("proj_out", &t);
+            tokens_to_image(&t, h, w)?
         } else {
-            self.proj_out.forward_channels(&tokens_to_image(&tokens, h, w)?)?
+            let t = self.proj_out.forward_channels(&tokens_to_image(&tokens, h, w)?)?;
+            trace::record("proj_out", &t);
+            t
         };
-        Ok((out + x)?)
+        let out = (out + x)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 

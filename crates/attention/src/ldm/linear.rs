@@ -41,6 +41,10 @@ impl Module for LinearAttention {
         let [q, k, v] = self.to_qkv.forward(x)?;
         // k softmax over tokens only: no q softmax, no scale.
         let out = linear_attention(&q, &k, &v, None)?.reshape((b, (), h, w))?;
-        self.to_out.forward_channels(&out)
+        crate::trace::record("attn", &out);
+        let out = self.to_out.forward_channels(&out)?;
+        crate::trace::record("proj", &out);
+        crate::trace::record("output", &out);
+        Ok(out)
     }
 }

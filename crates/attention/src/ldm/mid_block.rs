@@ -22,6 +22,7 @@
 
 use crate::layers::{group_norm, Conv2d, GroupNorm, Projection};
 use crate::ldm::vae::{AttnBlock, AttnBlockConfig, LinAttnBlock};
+use crate::trace;
 use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -111,7 +112,10 @@ impl ResnetBlock {
                 format!("expected (B, {}, H, W), found {:?}", self.in_channels, x.dims()),
             ));
         }
-        let h = self.conv1.forward(&nonlinearity(&self.norm1.forward(x)?)?)?;
+        let normed = self.norm1.forward(x)?;
+        trace::record("norm1", &normed);
+        let h = self.conv1.forward(&nonlinearity(&normed)?)?;
+        trace::record("conv1", &h);
         let h = match (temb, &self.temb_proj) {
             (None, _) => h,
             (Some(t), Some(proj)) => {
@@ -123,6 +127,7 @@ impl ResnetBlock {
                     ));
                 }
                 let t = proj.forward_tokens(&nonlinearity(t)?)?;
+                trace::record("temb", &t);
                 h.broadcast_add(&t.unsqueeze(2)?.unsqueeze(3)?)?
             }
             (Some(_), None) => {
@@ -133,12 +138,21 @@ impl ResnetBlock {
                 ))
             }
         };
-        let h = self.conv2.forward(&nonlinearity(&self.norm2.forward(&h)?)?)?;
+        let normed = self.norm2.forward(&h)?;
+        trace::record("norm2", &normed);
+        let h = self.conv2.forward(&nonlinearity(&normed)?)?;
+        trace::record("conv2", &h);
         let x = match &self.shortcut {
-            Some(conv) => conv.forward(x)?,
+            Some(conv) => {
+                let s = conv.forward(x)?;
+                trace::record("shortcut", &s);
+                s
+            }
             None => x.clone(),
         };
-        Ok((x + h)?)
+        let out = (x + h)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -213,12 +227,20 @@ impl MidBlock {
 
     /// `x` `(B, in_channels, H, W)`; `temb` `(B, temb_channels)`, `None` for the VAE.
     pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
-        let h = self.block_1.forward(x, temb)?;
-        let h = match &self.attn_1 {
-            MidAttention::Vanilla(a) => a.forward_checked(&h)?,
-            MidAttention::Linear(a) => a.forward_checked(&h)?,
-            MidAttention::Identity => h,
-        };
-        self.block_2.forward(&h, temb)
+        let h = trace::scope("block_1", || self.block_1.forward(x, temb))?;
+        let h = trace::scope("attn_1", || -> Result<Tensor> {
+            let h = match &self.attn_1 {
+                MidAttention::Vanilla(a) => a.forward_checked(&h)?,
+                MidAttention::Linear(a) => a.forward_checked(&h)?,
+                MidAttention::Identity => {
+                    trace::record("output", &h);
+                    h
+                }
+            };
+            Ok(h)
+        })?;
+        let out = trace::scope("block_2", || self.block_2.forward(&h, temb))?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }

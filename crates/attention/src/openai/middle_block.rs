@@ -26,6 +26,7 @@
 use super::{AttentionBlock, AttentionBlockConfig};
 use crate::layers::{scale_shift, Activation, Conv2d, GroupNorm, Projection};
 use crate::ldm::transformer::{SpatialTransformer, SpatialTransformerConfig};
+use crate::trace;
 use crate::{config, Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -136,24 +137,38 @@ impl ResBlock {
             ));
         }
         let act = Activation::Swish;
-        let h = self.in_conv.forward(&act.forward(&self.in_norm.forward(x)?)?)?;
+        let normed = self.in_norm.forward(x)?;
+        trace::record("norm1", &normed);
+        let h = self.in_conv.forward(&act.forward(&normed)?)?;
+        trace::record("conv1", &h);
         // emb_out = self.emb_layers(emb).type(h.dtype): SiLU and Linear in emb's dtype (f32 in
         // guided-diffusion's half mode; a half emb: f32 accumulation rounded once, as `addmm`).
-        let emb_out = self.emb_proj.forward_tokens(&act.forward(emb)?)?.to_dtype(h.dtype())?;
+        let emb_out = self.emb_proj.forward_tokens(&act.forward(emb)?)?;
+        trace::record("temb", &emb_out);
+        let emb_out = emb_out.to_dtype(h.dtype())?;
+        let out_norm = |h: &Tensor| -> candle_core::Result<Tensor> {
+            let normed = self.out_norm.forward(h)?;
+            trace::record("norm2", &normed);
+            Ok(normed)
+        };
         let h = if self.scale_shift {
             let half = emb_out.dim(1)? / 2;
             let (scale, shift) = (emb_out.narrow(1, 0, half)?, emb_out.narrow(1, half, half)?);
-            scale_shift(&self.out_norm.forward(&h)?, &scale, &shift)?
+            scale_shift(&out_norm(&h)?, &scale, &shift)?
         } else {
-            self.out_norm
-                .forward(&h.broadcast_add(&emb_out.unsqueeze(2)?.unsqueeze(3)?)?)?
+            out_norm(&h.broadcast_add(&emb_out.unsqueeze(2)?.unsqueeze(3)?)?)?
         };
         let h = self.out_conv.forward(&act.forward(&h)?)?;
+        trace::record("conv2", &h);
+        // skip_connection: a conv, or nn.Identity when the channels match
         let x = match &self.skip {
             Some(conv) => conv.forward(x)?,
             None => x.clone(),
         };
-        Ok((x + h)?)
+        trace::record("shortcut", &x);
+        let out = (x + h)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -299,11 +314,13 @@ impl MiddleBlock {
     /// `forward(x, emb, context=None)` (`TimestepEmbedSequential`): `x` `(B, channels, H, W)`,
     /// `emb` `(B, emb_channels)`, `context` `(B, S, context_dim)` for the spatial transformer.
     pub fn forward(&self, x: &Tensor, emb: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
-        let h = self.res0.forward(x, emb)?;
-        let h = match &self.attn {
-            MiddleAttention::Attention(a) => a.forward_checked(&h)?,
-            MiddleAttention::Transformer(t) => t.forward(&h, context)?,
-        };
-        self.res2.forward(&h, emb)
+        let h = trace::scope("0", || self.res0.forward(x, emb))?;
+        let h = trace::scope("1", || match &self.attn {
+            MiddleAttention::Attention(a) => a.forward_checked(&h),
+            MiddleAttention::Transformer(t) => t.forward(&h, context),
+        })?;
+        let out = trace::scope("2", || self.res2.forward(&h, emb))?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }

@@ -380,13 +380,22 @@ pub fn default_scale(head_dim: usize) -> f64 {
 /// features then `q = q * s` (lucidrains, Annotated Diffusion); with `None`, `q` is used as it
 /// is (ldm); `context = einsum('b h d n, b h e n -> b h d e', k, v)`,
 /// `out = einsum('b h d e, b h d n -> b h e n', context, q)`.
+///
+/// Records the trace stages `q`, `k`, `v` (token layout `(B, H, n, d)`, before the softmaxes) and
+/// `context` ([`crate::trace`]).
 pub fn linear_attention(q: &Tensor, k: &Tensor, v: &Tensor, q_scale: Option<f64>) -> Result<Tensor> {
+    if crate::trace::enabled() {
+        crate::trace::record("q", &q.t()?);
+        crate::trace::record("k", &k.t()?);
+        crate::trace::record("v", &v.t()?);
+    }
     let q = match q_scale {
         Some(scale) => mul(&softmax(q, 2)?, scale)?,
         None => q.clone(),
     };
     let k = softmax(k, 3)?;
     let context = matmul(&k, &v.t()?)?; // (b h d e)
+    crate::trace::record("context", &context);
     let out = matmul(&context.t()?, &q)?; // (b h e n)
     let (b, heads, e, n) = out.dims4()?;
     out.reshape((b, heads * e, n))
