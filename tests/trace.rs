@@ -166,11 +166,15 @@ fn missing_residual_diverges_at_output() {
 /// A bundle without traces says so; a stage tensor listed but missing is a bundle error.
 #[test]
 fn bundles_without_traces_and_broken_trace_metadata() {
-    let (pass, t) = trace_of(&weights().join("torch/mha_bias_kv_zero_attn_float_mask.safetensors"));
+    let dir = scratch("trace-missing");
+    let untraced = RawBundle::edited("torch/mha_bias_kv_zero_attn_float_mask.safetensors", &dir, |b| {
+        b.metadata.remove("parity.trace");
+        b.tensors.retain(|k, _| !k.starts_with("parity.trace."));
+    });
+    let (pass, t) = trace_of(&untraced);
     assert!(pass);
     assert!(t.stages.is_empty() && t.note.is_some());
 
-    let dir = scratch("trace-missing");
     let path = RawBundle::edited(VAE_MID, &dir, |b| {
         b.tensors.remove("parity.trace.q");
     });
@@ -222,19 +226,25 @@ fn probs_panels_equal(path: &Path) -> bool {
     })
 }
 
-#[test]
-fn show_writes_error_maps_and_attention_pictures() {
-    let dir = scratch("show-ok");
-    let bundle = weights().join("denoising_diffusion_pytorch/attention_dim24_h3_d8_mem4.safetensors");
+/// `show BUNDLE --out DIR --query Y,X`, which must succeed; its standard output.
+fn show_query(bundle: &Path, dir: &Path, query: &str) -> String {
     let (code, out, err) = cli(&[
         "show",
         bundle.to_str().unwrap(),
         "--out",
         dir.to_str().unwrap(),
         "--query",
-        "2,3",
+        query,
     ]);
     assert_eq!(code, 0, "{out}{err}");
+    out
+}
+
+#[test]
+fn show_writes_error_maps_and_attention_pictures() {
+    let dir = scratch("show-ok");
+    let bundle = weights().join("denoising_diffusion_pytorch/attention_dim24_h3_d8_mem4.safetensors");
+    show_query(&bundle, &dir, "2,3");
     // x (2, 24, 5, 7): cells of 160/7 = 22 px, two panels with 4-px gaps.
     let (w, h, _) = read_png(&dir.join("output_error.png"));
     assert_eq!((w, h), (2 * (7 * 22 + 4) + 4, 5 * 22 + 8));
@@ -300,7 +310,10 @@ fn every_committed_bundle_matches_stage_by_stage() {
         total += 1;
         let b = unet_parity::bundle::Bundle::read(&path).unwrap();
         assert!(b.metadata.contains_key("parity.trace"), "{}: no traces", path.display());
-        let half = matches!(b.metadata.get("parity.dtype").map(String::as_str), Some("float16" | "bfloat16"));
+        let half = matches!(
+            b.metadata.get("parity.dtype").map(String::as_str),
+            Some("float16" | "bfloat16")
+        );
         let names = unet_parity::trace::stage_names(&b).unwrap();
         let refs = names
             .iter()
@@ -340,7 +353,12 @@ fn composite_blocks_nest_their_parts_stages() {
         ),
         (
             "mid/lucidrains_mid_block_model.safetensors",
-            &["mid_block1/temb", "mid_block1/conv1", "mid_attn/q", "mid_block2/shortcut"][..],
+            &[
+                "mid_block1/temb",
+                "mid_block1/conv1",
+                "mid_attn/q",
+                "mid_block2/shortcut",
+            ][..],
         ),
     ] {
         let (_, t) = trace_of(&weights().join(rel));
@@ -348,5 +366,26 @@ fn composite_blocks_nest_their_parts_stages() {
         for w in want {
             assert!(names.contains(w), "{rel}: no stage {w} in {names:?}");
         }
+    }
+}
+
+/// A composite block gets one attention picture per attention over its input's pixels, named
+/// after the nested stage; for a correct port PyTorch's and our panels are the same picture.
+#[test]
+fn show_draws_the_attention_of_a_composite_block() {
+    for (rel, file) in [
+        (
+            "mid/lucidrains_mid_block_model.safetensors",
+            "mid_attn__probs_query_1_2.png",
+        ),
+        (
+            "mid/unet_mid_block_2d_cross_attn_sd1.safetensors",
+            "attentions.0__transformer_blocks.0__attn1__probs_query_1_2.png",
+        ),
+    ] {
+        let dir = scratch(&format!("show-{}", rel.replace('/', "-")));
+        let out = show_query(&weights().join(rel), &dir, "1,2");
+        assert!(out.contains(file), "{out}");
+        assert!(probs_panels_equal(&dir.join(file)), "{rel}");
     }
 }

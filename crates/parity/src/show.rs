@@ -251,7 +251,10 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
                 ));
             }
             let po = po.reshape(pt.dims()).map_err(err)?;
-            pictures.push(probs_picture(&stage, pt, &po, (h, w), (qy, qx), batch, out).map_err(|m| ParityError::bundle(path, m))?);
+            pictures.push(
+                probs_picture(&stage, pt, &po, (h, w), (qy, qx), batch, out)
+                    .map_err(|m| ParityError::bundle(path, m))?,
+            );
         }
     }
     Ok(pictures)

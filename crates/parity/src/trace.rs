@@ -83,7 +83,11 @@ pub fn torch_stage<'a>(bundle: &'a Bundle, name: &str) -> Option<&'a Tensor> {
 pub fn hint(stage: &str) -> &'static str {
     // `attentions.0/norm1#2` -> `norm`
     let last = stage.rsplit('/').next().unwrap_or(stage);
-    let base = last.split('#').next().unwrap_or(last).trim_end_matches(|c: char| c.is_ascii_digit());
+    let base = last
+        .split('#')
+        .next()
+        .unwrap_or(last)
+        .trim_end_matches(|c: char| c.is_ascii_digit());
     match base {
         "norm" | "spatial_norm" => {
             "the norm: eps (1e-5 vs 1e-6), number of groups, affine weight/bias, GroupNorm vs \

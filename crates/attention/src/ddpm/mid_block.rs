@@ -23,8 +23,8 @@
 
 use crate::ddpm::{Attention, AttentionConfig};
 use crate::layers::{scale_shift, Activation, Conv2d, Projection, RmsNorm};
-use crate::{Error, Result};
 use crate::trace;
+use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

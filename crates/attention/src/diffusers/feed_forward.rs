@@ -7,9 +7,9 @@
 //! `hidden · GELU(gate)` with the exact erf GELU. ldm's `FeedForward` has the same layout with
 //! `glu=True` and is built from here too (see [`crate::ldm::transformer`]).
 
-use crate::trace;
 use crate::layers::Projection;
 use crate::sdpa::{mul, upcast};
+use crate::trace;
 use crate::{Error, Result};
 use candle_core::{Module, Tensor, D};
 use candle_nn::VarBuilder;
