@@ -244,7 +244,7 @@ fn show_query(bundle: &Path, dir: &Path, query: &str) -> String {
 fn show_writes_error_maps_and_attention_pictures() {
     let dir = scratch("show-ok");
     let bundle = weights().join("denoising_diffusion_pytorch/attention_dim24_h3_d8_mem4.safetensors");
-    show_query(&bundle, &dir, "2,3");
+    let out = show_query(&bundle, &dir, "2,3");
     // x (2, 24, 5, 7): cells of 160/7 = 22 px, two panels with 4-px gaps.
     let (w, h, _) = read_png(&dir.join("output_error.png"));
     assert_eq!((w, h), (2 * (7 * 22 + 4) + 4, 5 * 22 + 8));
