@@ -333,11 +333,41 @@ fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [f32]) {
     let kt = &inp.k[bh * lk * d..][..lk * d]; // (D, Lk)
     let v = &inp.v[bh * lk * dv..][..lk * dv];
     let kb = kv_block.min(lk);
-    let mut s = vec![0f32; rows * kb];
-    let mut mask_row = vec![0f32; if inp.mask.is_some() { kb } else { 0 }];
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        let need = rows * kb + if inp.mask.is_some() { kb } else { 0 };
+        if scratch.len() < need {
+            scratch.resize(need, 0.0);
+        }
+        let (s, mask_row) = scratch[..need].split_at_mut(rows * kb);
+        task_in(inp, dims, (b, h), (q0, rows), (q, kt, v), kb, s, mask_row, o);
+    });
+}
+
+thread_local! {
+    /// A worker's score tile and mask row, kept between tasks (no allocation and zeroing per
+    /// task; every element a task reads it has written first).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`task`] with its scratch: `s` (`rows × kb`), `mask_row` (`kb`, or empty without a mask).
+#[allow(clippy::too_many_arguments)]
+fn task_in(
+    inp: &Inputs,
+    dims: &Dims,
+    (b, h): (usize, usize),
+    (q0, rows): (usize, usize),
+    (q, kt, v): (&[f32], &[f32], &[f32]),
+    kb: usize,
+    s: &mut [f32],
+    mask_row: &mut [f32],
+    o: &mut [f32],
+) {
+    let Dims { lk, d, dv, .. } = *dims;
     let mut max = vec![f32::NEG_INFINITY; rows];
     let mut sum = vec![0f32; rows];
     let k_ops = simd::ops();
+    let pre = simd::deferred_scale(inp.scale, inp.mask.is_some());
     for k0 in (0..lk).step_by(kb) {
         let n = kb.min(lk - k0);
         let first = k0 == 0;
@@ -358,7 +388,7 @@ fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [f32]) {
             let m_new = if m > m_old { m } else { m_old };
             // A finite stand-in for a max of -inf: exp(-inf - MIN) = 0, exp(MIN - MIN) = 1.
             let m_safe = m_new.clamp(f32::MIN, f32::MAX);
-            let p_sum = (k_ops.exp_sum)(srow, m_safe, inp.round);
+            let p_sum = (k_ops.exp_sum)(srow, pre, m_safe, inp.round);
             if first {
                 sum[i] = p_sum;
             } else {
@@ -481,9 +511,26 @@ pub(crate) mod simd {
         m
     }
 
-    /// Scores in place: `s · c` or `s / c`, plus the mask row; returns the row max.
+    /// The factor the exp pass applies to the raw scores: `c` for `Mul(c)` with `c > 0` and no
+    /// mask, whose scaling pass is skipped, 1 otherwise. The weights are the same bits either way:
+    /// the exp pass computes `s · c − m` with the same two roundings, and for `c > 0` the max of
+    /// the scaled row is `max(s) · c`.
+    #[inline(always)]
+    pub(crate) fn deferred_scale(scale: ScoreScale, masked: bool) -> f32 {
+        match scale {
+            ScoreScale::Mul(c) if !masked && c > 0.0 && c.is_finite() => c,
+            _ => 1.0,
+        }
+    }
+
+    /// Scores in place: `s · c` or `s / c`, plus the mask row; returns the row max of the scaled
+    /// scores. A scale [`deferred_scale`] defers is not applied here (the row is only read).
     #[inline(always)]
     fn scale_mask_max_body(s: &mut [f32], mask: Option<&[f32]>, scale: ScoreScale) -> f32 {
+        let pre = deferred_scale(scale, mask.is_some());
+        if pre != 1.0 {
+            return max_lanes(s) * pre;
+        }
         match (scale, mask) {
             (ScoreScale::Mul(1.0), None) => {}
             (ScoreScale::Mul(c), None) => s.iter_mut().for_each(|x| *x *= c),
@@ -495,24 +542,25 @@ pub(crate) mod simd {
         max_lanes(s)
     }
 
-    /// `s ← exp(s − m)` (then rounded to `round`'s type, if any); returns the sum of the
-    /// unrounded values.
+    /// `s ← exp(s · pre − m)` (then rounded to `round`'s type, if any; `pre` is the
+    /// [`deferred_scale`], 1 when the scores are scaled already: `s · 1` is `s`); returns the sum
+    /// of the unrounded values.
     #[inline(always)]
-    fn exp_sum_body(s: &mut [f32], m: f32, round: Option<Round>) -> f32 {
+    fn exp_sum_body(s: &mut [f32], pre: f32, m: f32, round: Option<Round>) -> f32 {
         #[inline(always)]
-        fn go(s: &mut [f32], m: f32, exp: impl Fn(f32) -> f32, rnd: impl Fn(f32) -> f32) -> f32 {
+        fn go(s: &mut [f32], pre: f32, m: f32, exp: impl Fn(f32) -> f32, rnd: impl Fn(f32) -> f32) -> f32 {
             let mut acc = [0f32; LANES];
             let mut chunks = s.chunks_exact_mut(LANES);
             for c in &mut chunks {
                 for l in 0..LANES {
-                    let p = exp(c[l] - m);
+                    let p = exp(c[l] * pre - m);
                     acc[l] += p;
                     c[l] = rnd(p);
                 }
             }
             let mut total = 0f32;
             for x in chunks.into_remainder() {
-                let p = exp(*x - m);
+                let p = exp(*x * pre - m);
                 total += p;
                 *x = rnd(p);
             }
@@ -522,9 +570,9 @@ pub(crate) mod simd {
         // the reference path, so the rounded weights are the reference's (a last-bit
         // difference of the polynomial would move some by a whole half-precision step).
         match round {
-            None => go(s, m, exp, |p| p),
-            Some(Round::F16) => go(s, m, f32::exp, round_f16),
-            Some(Round::BF16) => go(s, m, f32::exp, round_bf16),
+            None => go(s, pre, m, exp, |p| p),
+            Some(Round::F16) => go(s, pre, m, f32::exp, round_f16),
+            Some(Round::BF16) => go(s, pre, m, f32::exp, round_bf16),
         }
     }
 
@@ -537,7 +585,7 @@ pub(crate) mod simd {
     #[derive(Clone, Copy)]
     pub(crate) struct Ops {
         pub(crate) scale_mask_max: fn(&mut [f32], Option<&[f32]>, ScoreScale) -> f32,
-        pub(crate) exp_sum: fn(&mut [f32], f32, Option<Round>) -> f32,
+        pub(crate) exp_sum: fn(&mut [f32], f32, f32, Option<Round>) -> f32,
         pub(crate) scale: fn(&mut [f32], f32),
         pub(crate) name: &'static str,
     }
@@ -552,8 +600,8 @@ pub(crate) mod simd {
                     scale_mask_max_body(s, m, c)
                 }
                 #[target_feature(enable = $feat)]
-                unsafe fn exp_sum_tf(s: &mut [f32], m: f32, r: Option<Round>) -> f32 {
-                    exp_sum_body(s, m, r)
+                unsafe fn exp_sum_tf(s: &mut [f32], pre: f32, m: f32, r: Option<Round>) -> f32 {
+                    exp_sum_body(s, pre, m, r)
                 }
                 #[target_feature(enable = $feat)]
                 unsafe fn scale_tf(x: &mut [f32], a: f32) {
@@ -563,8 +611,8 @@ pub(crate) mod simd {
                 fn scale_mask_max(s: &mut [f32], m: Option<&[f32]>, c: ScoreScale) -> f32 {
                     unsafe { scale_mask_max_tf(s, m, c) }
                 }
-                fn exp_sum(s: &mut [f32], m: f32, r: Option<Round>) -> f32 {
-                    unsafe { exp_sum_tf(s, m, r) }
+                fn exp_sum(s: &mut [f32], pre: f32, m: f32, r: Option<Round>) -> f32 {
+                    unsafe { exp_sum_tf(s, pre, m, r) }
                 }
                 fn scale(x: &mut [f32], a: f32) {
                     unsafe { scale_tf(x, a) }
@@ -586,8 +634,8 @@ pub(crate) mod simd {
         fn scale_mask_max(s: &mut [f32], m: Option<&[f32]>, c: ScoreScale) -> f32 {
             scale_mask_max_body(s, m, c)
         }
-        fn exp_sum(s: &mut [f32], m: f32, r: Option<Round>) -> f32 {
-            exp_sum_body(s, m, r)
+        fn exp_sum(s: &mut [f32], pre: f32, m: f32, r: Option<Round>) -> f32 {
+            exp_sum_body(s, pre, m, r)
         }
         fn scale(x: &mut [f32], a: f32) {
             scale_body(x, a)
@@ -719,6 +767,35 @@ mod tests {
         assert!(exp(f32::NAN).is_nan());
     }
 
+    /// Without a mask, `Mul(c)` is applied in the exp pass instead of a pass of its own: the
+    /// weights, their sum and the row max are the same bits as scaling first.
+    #[test]
+    fn a_deferred_scale_gives_the_same_bits() {
+        let s: Vec<f32> = Tensor::randn(0f32, 3., 999, &Device::Cpu).unwrap().to_vec1().unwrap();
+        for ops in all_ops() {
+            for c in [0.125f32, 0.3, 1.7] {
+                for round in [None, Some(Round::F16), Some(Round::BF16)] {
+                    let mut eager: Vec<f32> = s.iter().map(|x| x * c).collect();
+                    let m_eager = (ops.scale_mask_max)(&mut eager, None, ScoreScale::Mul(1.0));
+                    let sum_eager = (ops.exp_sum)(&mut eager, 1.0, m_eager, round);
+                    let mut deferred = s.clone();
+                    let m = (ops.scale_mask_max)(&mut deferred, None, ScoreScale::Mul(c));
+                    assert_eq!(deferred, s, "{}: the scores were rewritten", ops.name);
+                    let pre = super::simd::deferred_scale(ScoreScale::Mul(c), false);
+                    assert_eq!(pre, c);
+                    let sum = (ops.exp_sum)(&mut deferred, pre, m, round);
+                    assert_eq!(m.to_bits(), m_eager.to_bits(), "{}", ops.name);
+                    assert_eq!(sum.to_bits(), sum_eager.to_bits(), "{}", ops.name);
+                    assert!(
+                        deferred.iter().zip(&eager).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{}",
+                        ops.name
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_instruction_set_gives_the_same_bits() {
         let n = 1000;
@@ -734,7 +811,7 @@ mod tests {
                     for scale in [ScoreScale::Mul(0.3), ScoreScale::Div(1.7)] {
                         let mut x = s[..len].to_vec();
                         let m = (ops.scale_mask_max)(&mut x, Some(&mask[..len]), scale);
-                        let sum = (ops.exp_sum)(&mut x, m, round);
+                        let sum = (ops.exp_sum)(&mut x, 1.0, m, round);
                         (ops.scale)(&mut x, 1.0 / sum);
                         r.push((
                             m.to_bits(),
