@@ -139,16 +139,25 @@ def _probs(q, k, scale_q=1.0, scale_k=1.0, scale=1.0):
     return torch.softmax(w, dim=-1)
 
 
-def _stages(got, q, k, v, first=(), probs=True, **scales):
+def _out_proj(h, mod):
+    """Hook a block's output projection: its input is the stage ``attn``, its output ``proj``."""
+    h.inp(mod, "_attn")
+    h.out(mod, "proj")
+
+
+def _stages(got, q, k, v, first=(), probs=True, extra=(), **scales):
     """The stage dict in order: `first` (norms), q, k, v, probs (unless `probs` is False or it is
-    too large), attn (the output projection's input), proj (its output)."""
+    too large), `extra` (linear attention's context), attn and proj (from ``_out_proj``, when the
+    block has an output projection)."""
     st = OrderedDict(first)
     st["q"], st["k"], st["v"] = q, k, v
     p = _probs(q, k, **scales) if probs else None
     if p is not None:
         st["probs"] = p
-    st["attn"] = got["_attn"][0]
-    st["proj"] = got["proj"]
+    st.update(extra)
+    if "_attn" in got:
+        st["attn"] = got["_attn"][0]
+        st["proj"] = got["proj"]
     return st
 
 
@@ -168,8 +177,7 @@ def _diffusers(m, h):
         h.out(m.add_v_proj, "_av")
     h.out(getattr(m, "norm_q", None), "_qn")
     h.out(getattr(m, "norm_k", None), "_kn")
-    h.inp(m.to_out[0], "_attn")
-    h.out(m.to_out[0], "proj")
+    _out_proj(h, m.to_out[0])
 
     def finish(got):
         heads = m.heads
@@ -204,8 +212,7 @@ def _diffusers(m, h):
 def _ddpm(m, h):
     h.out(m.norm, "norm")
     h.inp(m.attend, "_qkv")
-    h.inp(m.to_out, "_attn")
-    h.out(m.to_out, "proj")
+    _out_proj(h, m.to_out)
 
     def finish(got):
         q, k, v = got["_qkv"][:3]
@@ -221,8 +228,7 @@ def _linear(m, h):
     included), the context, the output projection."""
     h.out(getattr(m, "norm", None), "norm")
     h.out(m.to_qkv, "_qkv")
-    h.inp(m.to_out, "_attn")
-    h.out(m.to_out, "proj")
+    _out_proj(h, m.to_out)
 
     def finish(got):
         qkv = got["_qkv"]
@@ -234,15 +240,11 @@ def _linear(m, h):
             # lucidrains: repeat(mem_kv, 'h c n -> b h c n'), cat on the token axis
             mk, mv = (t.unsqueeze(0).expand(b, *t.shape) for t in mem)
             k, v = torch.cat((mk, k), dim=-1), torch.cat((mv, v), dim=-1)
-        st = OrderedDict()
-        if "norm" in got:
-            st["norm"] = got["norm"]
-        st["q"], st["k"], st["v"] = (t.transpose(2, 3) for t in (q, k, v))
+        norms = [("norm", got["norm"])] if "norm" in got else []
         # context = einsum('b h d n, b h e n -> b h d e', k.softmax(dim=-1), v)
-        st["context"] = torch.einsum("bhdn,bhen->bhde", k.softmax(dim=-1), v)
-        st["attn"] = got["_attn"][0]
-        st["proj"] = got["proj"]
-        return st
+        context = torch.einsum("bhdn,bhen->bhde", k.softmax(dim=-1), v)
+        return _stages(got, *(t.transpose(2, 3) for t in (q, k, v)), norms, probs=False,
+                       extra=[("context", context)])
 
     return finish
 
@@ -251,8 +253,7 @@ def _ldm_attn_block(m, h):
     h.out(m.norm, "norm")
     for n in ("q", "k", "v"):
         h.out(getattr(m, n), "_" + n)
-    h.inp(m.proj_out, "_attn")
-    h.out(m.proj_out, "proj")
+    _out_proj(h, m.proj_out)
 
     def finish(got):
         b, c, hh, ww = got["_q"].shape
@@ -267,8 +268,7 @@ def _ldm_attn_block(m, h):
 def _openai(m, h):
     h.out(m.norm, "norm")
     h.inp(m.attention, "_qkv")
-    h.inp(m.proj_out, "_attn")
-    h.out(m.proj_out, "proj")
+    _out_proj(h, m.proj_out)
 
     def finish(got):
         qkv = got["_qkv"][0]
@@ -290,8 +290,7 @@ def _openai(m, h):
 
 def _annotated(m, h):
     h.out(m.to_qkv, "_qkv")
-    h.inp(m.to_out, "_attn")
-    h.out(m.to_out, "proj")
+    _out_proj(h, m.to_out)
 
     def finish(got):
         qkv = got["_qkv"]
@@ -308,8 +307,7 @@ def _ldm_cross(m, h):
     h.out(m.to_q, "_q")
     h.out(m.to_k, "_k")
     h.out(m.to_v, "_v")
-    h.inp(m.to_out[0], "_attn")
-    h.out(m.to_out[0], "proj")
+    _out_proj(h, m.to_out[0])
 
     def finish(got):
         # rearrange(t, 'b n (h d) -> (b h) n d') = (B, H, N, D) with the batch and head axes merged
@@ -330,8 +328,7 @@ def _fastai(m, h):
     else:
         for n in ("q", "k", "v"):
             h.out(getattr(m, n), "_" + n)
-    h.inp(m.proj, "_attn")
-    h.out(m.proj, "proj")
+    _out_proj(h, m.proj)
 
     def finish(got):
         heads = getattr(m, "nheads", 1)
@@ -356,19 +353,12 @@ def _textbook(m, h):
     for n in ("q", "k", "v"):
         h.out(getattr(m, n), "_" + n)
     fc = getattr(m, "fc", None)
-    h.inp(fc, "_attn")
-    h.out(fc, "proj")
+    _out_proj(h, fc)
 
     def finish(got):
         heads = getattr(m, "nh", 1)
         split = lambda t: t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)
         q, k, v = (split(got[n]) for n in ("_q", "_k", "_v"))
-        if fc is None:
-            st = OrderedDict(q=q, k=k, v=v)
-            p = _probs(q, k, scale=1.0 / m.scale)
-            if p is not None:
-                st["probs"] = p
-            return st
         return _stages(got, q, k, v, scale=1.0 / m.scale)
 
     return finish
@@ -409,12 +399,8 @@ def _torch_mha(m, h):
         if m.add_zero_attn:
             z = torch.zeros(n, heads, 1, d, dtype=k.dtype, device=k.device)
             k, v = torch.cat([k, z], 2), torch.cat([v, z], 2)
-        st = OrderedDict(q=q, k=k, v=v)
         unmasked = arg("attn_mask", 4) is None and arg("key_padding_mask", 3) is None
-        p = _probs(q, k, scale=d ** -0.5) if unmasked else None
-        if p is not None:
-            st["probs"] = p
-        return st
+        return _stages(got, q, k, v, probs=unmasked, scale=d ** -0.5)
 
     return finish
 

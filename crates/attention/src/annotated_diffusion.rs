@@ -61,9 +61,7 @@ impl Module for Attention {
         let (b, _, h, w) = x.dims4()?;
         let [q, k, v] = self.to_qkv.forward(x)?;
         // Stages q, k, v: (B, H, N, D), q before its scale.
-        crate::trace::record("q", &q.t()?);
-        crate::trace::record("k", &k.t()?);
-        crate::trace::record("v", &v.t()?);
+        crate::trace::record_qkv_channels(&q, &k, &v);
         crate::sdpa::trace_probs(&q.t()?, &k.t()?, None, crate::sdpa::Scale::Mul(self.scale));
         // q = q * self.scale
         let q = mul(&q, self.scale)?;

@@ -138,9 +138,7 @@ impl Module for SelfAttention {
         // One head: (n, 1, hw, c).
         // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
         let (q, k, v) = (q.unsqueeze(1)?, k.unsqueeze(1)?, v.unsqueeze(1)?);
-        trace::record("q", &q);
-        trace::record("k", &k);
-        trace::record("v", &v);
+        trace::record_qkv(&q, &k, &v);
         let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?.squeeze(1)?;
         trace::record("attn", &out);
         let out = self.proj.forward_tokens(&out)?;
@@ -188,9 +186,7 @@ impl Module for SelfAttentionMultiHead {
         trace::record("norm", &normed);
         let x = self.qkv.forward_tokens_strided(&image_to_tokens(&normed)?)?; // (n, s, 3ni)
         let [q, k, v] = chunk_qkv_tokens_per_head(&x, self.nheads)?; // (n, h, s, d) each
-        trace::record("q", &q);
-        trace::record("k", &k);
-        trace::record("v", &v);
+        trace::record_qkv(&q, &k, &v);
         // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
         let out = merge_tokens(&eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?)?;
         trace::record("attn", &out);

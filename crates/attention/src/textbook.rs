@@ -79,9 +79,7 @@ impl Module for SelfAttention {
         let q = self.q.forward_tokens(&x3)?.unsqueeze(1)?;
         let k = self.k.forward_tokens(&x3)?.unsqueeze(1)?;
         let v = self.v.forward_tokens(&x3)?.unsqueeze(1)?;
-        trace::record("q", &q);
-        trace::record("k", &k);
-        trace::record("v", &v);
+        trace::record_qkv(&q, &k, &v);
         // attn = (Q @ K.transpose(-2, -1)) / self.scale; attn.softmax(dim=-1) @ V
         let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?.squeeze(1)?;
         let mut shape = dims;
@@ -190,9 +188,7 @@ impl Module for MultiHeadAttention {
         let q = split_tokens(&self.q.forward_tokens(x)?, self.nh)?;
         let k = split_tokens(&self.k.forward_tokens(x)?, self.nh)?;
         let v = split_tokens(&self.v.forward_tokens(x)?, self.nh)?;
-        trace::record("q", &q);
-        trace::record("k", &k);
-        trace::record("v", &v);
+        trace::record_qkv(&q, &k, &v);
         // (Q @ K^T) / self.scale, softmax(dim=-1), @ V
         let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?;
         // 'b nh nq dh -> b nq (nh dh)'

@@ -495,9 +495,7 @@ impl MultiheadAttention {
             k = Tensor::cat(&[&k, &zk], 2)?;
             v = Tensor::cat(&[&v, &zv], 2)?;
         }
-        trace::record("q", &q);
-        trace::record("k", &k);
-        trace::record("v", &v);
+        trace::record_qkv(&q, &k, &v);
         let src_len = k.dim(2)?;
 
         let mask = match (attn_mask, kpm) {

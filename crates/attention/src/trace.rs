@@ -66,6 +66,29 @@ pub fn record_with(name: &str, make: impl FnOnce() -> candle_core::Result<Tensor
     }
 }
 
+/// Record the stages `q`, `k`, `v`, each `(B, heads, tokens, head_dim)`.
+#[inline]
+pub fn record_qkv(q: &Tensor, k: &Tensor, v: &Tensor) {
+    if enabled() {
+        for (name, t) in [("q", q), ("k", k), ("v", v)] {
+            record_slow(name, t.clone());
+        }
+    }
+}
+
+/// Record channels-first heads `(B, heads, head_dim, tokens)` as the stages `q`, `k`, `v` in
+/// the token layout (transposed only while tracing).
+#[inline]
+pub fn record_qkv_channels(q: &Tensor, k: &Tensor, v: &Tensor) {
+    if enabled() {
+        for (name, t) in [("q", q), ("k", k), ("v", v)] {
+            if let Ok(t) = t.t() {
+                record_slow(name, t);
+            }
+        }
+    }
+}
+
 #[cold]
 fn record_slow(name: &str, tensor: Tensor) {
     let mut full = PREFIX.with(|p| p.borrow().iter().map(|s| format!("{s}/")).collect::<String>());

@@ -103,9 +103,7 @@ impl Module for Attention {
         let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
         let k = Tensor::cat(&[&mk, &k], 2)?;
         let v = Tensor::cat(&[&mv, &v], 2)?;
-        trace::record("q", &q);
-        trace::record("k", &k);
-        trace::record("v", &v);
+        trace::record_qkv(&q, &k, &v);
         let out = if self.flash {
             // Attend.flash_attn: F.scaled_dot_product_attention(q, k, v)
             sdpa(&q, &k, &v, None, self.scale)?

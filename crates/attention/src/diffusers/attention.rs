@@ -810,9 +810,7 @@ impl Attention {
         if let Some(norm) = &self.norm_k {
             k = norm.forward(&k)?;
         }
-        trace::record("q", &q);
-        trace::record("k", &k);
-        trace::record("v", &v);
+        trace::record_qkv(&q, &k, &v);
         let out = self.attend(&q, &k, &v, mask.as_ref())?;
         let merged = merge_tokens(&out)?;
         trace::record("attn", &merged);
@@ -897,9 +895,7 @@ impl Attention {
             }
             _ => (ek, ev),
         };
-        trace::record("q", &q);
-        trace::record("k", &k);
-        trace::record("v", &v);
+        trace::record_qkv(&q, &k, &v);
         let kv_len = k.dim(2)?;
         let mask = match attention_mask {
             // prepare_attention_mask(attention_mask, sequence_length=N, batch_size)

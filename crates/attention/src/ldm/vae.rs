@@ -114,9 +114,7 @@ impl VanillaAttention {
         // q: 'b c h w -> b (h w) c', k and v: 'b c h w -> b c (h w)'; one head: (b, 1, hw, c).
         let tokens = |t: &Tensor| split_channels(&t.reshape((b, c, h * w))?, 1);
         let (q, k, v) = (tokens(&q)?, tokens(&k)?, tokens(&v)?);
-        trace::record("q", &q);
-        trace::record("k", &k);
-        trace::record("v", &v);
+        trace::record_qkv(&q, &k, &v);
         // w_ = bmm(q, k) * int(c)**(-0.5); softmax(w_, dim=2);
         // h_ = bmm(v, w_.permute(0, 2, 1)): h_[b, c, i] = Σ_j v[b, c, j] w_[b, i, j]
         let h_ = eager_attention(&q, &k, &v, None, Scale::Mul(self.scale))?;

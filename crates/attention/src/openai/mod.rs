@@ -121,9 +121,7 @@ fn qkv_attention(qkv: &Tensor, heads: usize, order: QkvOrder) -> candle_core::Re
         QkvOrder::New => chunk_qkv_channels(qkv, heads)?,
     };
     // Stages q, k, v: (B, H, T, ch), before the d^-1/4 scale.
-    trace::record("q", &q.t()?);
-    trace::record("k", &k.t()?);
-    trace::record("v", &v.t()?);
+    trace::record_qkv_channels(&q, &k, &v);
     let scale = 1.0 / (ch as f64).sqrt().sqrt();
     // weight = einsum("bct,bcs->bts", q * scale, k * scale)  # More stable with f16 than dividing afterwards
     let (q, k) = (mul(&q, scale)?, mul(&k, scale)?);

@@ -333,37 +333,13 @@ fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [f32]) {
     let kt = &inp.k[bh * lk * d..][..lk * d]; // (D, Lk)
     let v = &inp.v[bh * lk * dv..][..lk * dv];
     let kb = kv_block.min(lk);
-    SCRATCH.with(|scratch| {
-        let mut scratch = scratch.borrow_mut();
-        let need = rows * kb + if inp.mask.is_some() { kb } else { 0 };
-        if scratch.len() < need {
-            scratch.resize(need, 0.0);
-        }
-        let (s, mask_row) = scratch[..need].split_at_mut(rows * kb);
-        task_in(inp, dims, (b, h), (q0, rows), (q, kt, v), kb, s, mask_row, o);
-    });
-}
-
-thread_local! {
-    /// A worker's score tile and mask row, kept between tasks (no allocation and zeroing per
-    /// task; every element a task reads it has written first).
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// [`task`] with its scratch: `s` (`rows × kb`), `mask_row` (`kb`, or empty without a mask).
-#[allow(clippy::too_many_arguments)]
-fn task_in(
-    inp: &Inputs,
-    dims: &Dims,
-    (b, h): (usize, usize),
-    (q0, rows): (usize, usize),
-    (q, kt, v): (&[f32], &[f32], &[f32]),
-    kb: usize,
-    s: &mut [f32],
-    mask_row: &mut [f32],
-    o: &mut [f32],
-) {
-    let Dims { lk, d, dv, .. } = *dims;
+    // The worker's score tile and mask row, taken out for this task and put back after it.
+    let mut scratch = SCRATCH.take();
+    let need = rows * kb + if inp.mask.is_some() { kb } else { 0 };
+    if scratch.len() < need {
+        scratch.resize(need, 0.0);
+    }
+    let (s, mask_row) = scratch[..need].split_at_mut(rows * kb);
     let mut max = vec![f32::NEG_INFINITY; rows];
     let mut sum = vec![0f32; rows];
     let k_ops = simd::ops();
@@ -413,6 +389,13 @@ fn task_in(
             (k_ops.scale)(row, 1.0 / sum[i]);
         }
     }
+    SCRATCH.set(scratch);
+}
+
+thread_local! {
+    /// A worker's score tile and mask row, kept between tasks (no allocation and zeroing per
+    /// task; every element a task reads it has written first).
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Row kernels, written once as plain loops that auto-vectorise and compiled three times: for

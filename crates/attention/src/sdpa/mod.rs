@@ -384,11 +384,7 @@ pub fn default_scale(head_dim: usize) -> f64 {
 /// Records the trace stages `q`, `k`, `v` (token layout `(B, H, n, d)`, before the softmaxes) and
 /// `context` ([`crate::trace`]).
 pub fn linear_attention(q: &Tensor, k: &Tensor, v: &Tensor, q_scale: Option<f64>) -> Result<Tensor> {
-    if crate::trace::enabled() {
-        crate::trace::record("q", &q.t()?);
-        crate::trace::record("k", &k.t()?);
-        crate::trace::record("v", &v.t()?);
-    }
+    crate::trace::record_qkv_channels(q, k, v);
     let q = match q_scale {
         Some(scale) => mul(&softmax(q, 2)?, scale)?,
         None => q.clone(),
