@@ -17,6 +17,9 @@
 
 use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor, WithDType};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
+
+mod tiles;
 
 /// Key block length for f16/bf16 inputs: PyTorch's `kv_split_size`, which fixes where the
 /// rounded weights are formed relative to the running max.
@@ -123,6 +126,26 @@ impl Mask<'_> {
     }
 }
 
+/// How the two tile products run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Engine {
+    /// The AVX-512 microkernels of [`tiles`] on K and V packed once per batch·head.
+    Tiles,
+    /// One `gemm` call per tile product (any CPU).
+    Gemm,
+}
+
+impl Engine {
+    /// [`Engine::Tiles`] where the CPU has AVX-512, else [`Engine::Gemm`].
+    pub(crate) fn best() -> Engine {
+        if tiles::available() {
+            Engine::Tiles
+        } else {
+            Engine::Gemm
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Dims {
     heads: usize,
@@ -134,19 +157,34 @@ struct Dims {
     q_block: usize,
 }
 
+impl Dims {
+    /// Keys rounded up to whole K panels.
+    fn lk_panels(&self) -> usize {
+        self.lk.div_ceil(tiles::NR) * tiles::NR
+    }
+    /// Value channels rounded up to whole V panels.
+    fn dv_panels(&self) -> usize {
+        self.dv.div_ceil(tiles::NR) * tiles::NR
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Inputs<'a> {
     q: &'a [f32],
-    /// Kᵀ per batch·head: `(D, Lk)`.
+    /// Per batch·head: Kᵀ `(D, Lk)` for [`Engine::Gemm`]; for [`Engine::Tiles`] K panels if
+    /// `packed`, else K `(Lk, D)`.
     k: &'a [f32],
+    /// Per batch·head: for [`Engine::Tiles`] V panels if `packed`, else V `(Lk, Dv)`.
     v: &'a [f32],
+    /// Whether K and V are packed for the microkernels already (else each task packs its own).
+    packed: bool,
     mask: Option<Mask<'a>>,
     scale: ScoreScale,
     empty: Empty,
     round: Option<simd::Round>,
 }
 
-/// Query rows per task: 128, halved (down to 16) until there are at least four tasks per thread.
+/// Query rows per task: 256, halved (down to 16) until there are at least four tasks per thread.
 fn query_block(bh: usize, lq: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let mut qb = 256;
@@ -156,10 +194,33 @@ fn query_block(bh: usize, lq: usize) -> usize {
     qb
 }
 
+/// Key block length for f32 on [`Engine::Tiles`]: the longest of 512, 256, 128 whose K and V
+/// blocks fit in 1 MiB (half of this machine's L2), so they stay cached across micro-panels.
+fn f32_tiles_kv_block(d: usize, dv: usize) -> usize {
+    let mut kb = F32_KV_BLOCK;
+    while kb > 128 && kb * (d + dv) * 4 > 1 << 20 {
+        kb /= 2;
+    }
+    kb
+}
+
 /// `softmax(q·kᵀ <scale> + mask)·v` with the rounding described in the module docs. `q`
 /// `(B, H, Lq, D)` (or `(B, Lq, D)`), `k` `(.., Lk, D)`, `v` `(.., Lk, Dv)`, `mask` additive and
 /// broadcasting to `(.., Lq, Lk)`. Returns `v`'s dtype. Callers check [`supports`] first.
 pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: ScoreScale,
+    empty: Empty,
+) -> Result<Tensor> {
+    attention_on(Engine::best(), q, k, v, mask, scale, empty)
+}
+
+/// [`attention`] with the tile products of `engine` ([`Engine::Tiles`] needs AVX-512).
+pub(crate) fn attention_on(
+    engine: Engine,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -179,6 +240,7 @@ pub(crate) fn attention(
     if lk == 0 || b * heads * lq * dv == 0 {
         return Tensor::zeros(out_dims, dtype, &Device::Cpu);
     }
+    let engine = if tiles::available() { engine } else { Engine::Gemm };
     let mask4 = match mask {
         Some(m) => {
             // A rank-3 run broadcasts its mask against (B, Lq, Lk); add the head axis after B.
@@ -198,7 +260,14 @@ pub(crate) fn attention(
         DType::BF16 => Some(simd::Round::BF16),
         _ => None,
     };
-    let kv_block = if round.is_some() { HALF_KV_BLOCK } else { F32_KV_BLOCK };
+    let kv_block = match (round, engine) {
+        (Some(_), _) => HALF_KV_BLOCK,
+        (None, Engine::Tiles) => std::env::var("XKB")
+            .ok()
+            .and_then(|x| x.parse().ok())
+            .unwrap_or(f32_tiles_kv_block(d, dv)),
+        (None, Engine::Gemm) => F32_KV_BLOCK,
+    };
     let dims = Dims {
         heads,
         lq,
@@ -206,7 +275,10 @@ pub(crate) fn attention(
         d,
         dv,
         kv_block,
-        q_block: query_block(b * heads, lq),
+        q_block: std::env::var("XQB")
+            .ok()
+            .and_then(|x| x.parse().ok())
+            .unwrap_or(query_block(b * heads, lq)),
     };
 
     let (qg, ql) = q4.storage_and_layout();
@@ -227,31 +299,76 @@ pub(crate) fn attention(
             })
         }
     };
-    // K transposed once per batch·head, (D, Lk): the score GEMM then reads Kᵀ row-major, which
-    // `gemm` packs as a plain copy instead of a gather for every query block.
-    let kt = transpose_heads(f32_slice(&kg, kl)?, lk, d);
+    let (k_in, v_in) = (f32_slice(&kg, kl)?, f32_slice(&vg, vl)?);
+    // The K (and V) operands as the engine reads them, made once per batch·head and shared by
+    // every query block: K transposed to (D, Lk) for `gemm` (it then packs Kᵀ as a plain copy,
+    // not a gather), K panels then V panels for the microkernels. Where a head is one task,
+    // that task packs its own K and V into its scratch instead.
+    let packed = engine == Engine::Tiles && lq > dims.q_block;
+    let (lk_p, dv_p) = (dims.lk_panels(), dims.dv_panels());
+    let mut store = match (engine, packed) {
+        (Engine::Gemm, _) => packing_buffer::take(k_in.len()),
+        (Engine::Tiles, true) => packing_buffer::take(b * heads * (lk_p * d + lk * dv_p)),
+        (Engine::Tiles, false) => Vec::new(),
+    };
+    match (engine, packed) {
+        (Engine::Gemm, _) => transpose_heads(k_in, lk, d, &mut store),
+        (Engine::Tiles, true) => {
+            let (kp, vp) = store.split_at_mut(b * heads * lk_p * d);
+            rayon::join(
+                || {
+                    kp.par_chunks_mut(lk_p * d)
+                        .zip(k_in.par_chunks(lk * d))
+                        .for_each(|(dst, src)| tiles::pack_keys(src, lk, d, dst))
+                },
+                || {
+                    vp.par_chunks_mut(lk * dv_p)
+                        .zip(v_in.par_chunks(lk * dv))
+                        .for_each(|(dst, src)| tiles::pack_values(src, lk, dv, dst))
+                },
+            );
+        }
+        (Engine::Tiles, false) => {}
+    }
+    let (k_op, v_op) = match (engine, packed) {
+        (Engine::Gemm, _) => (&store[..], v_in),
+        (Engine::Tiles, true) => store.split_at(b * heads * lk_p * d),
+        (Engine::Tiles, false) => (k_in, v_in),
+    };
     let inputs = Inputs {
         q: f32_slice(&qg, ql)?,
-        k: &kt,
-        v: f32_slice(&vg, vl)?,
+        k: k_op,
+        v: v_op,
+        packed,
         mask,
         scale,
         empty,
         round,
     };
-    let mut out = vec![0f32; b * heads * lq * dv];
-    out.par_chunks_mut(lq * dv).enumerate().for_each(|(bh, head_out)| {
-        head_out
-            .par_chunks_mut(dims.q_block * dv)
-            .enumerate()
-            .for_each(|(blk, o)| task(&inputs, &dims, bh, blk * dims.q_block, o));
-    });
+    // Every element is written by exactly one task (no zeroing pass).
+    let len = b * heads * lq * dv;
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut(lq * dv)
+        .enumerate()
+        .for_each(|(bh, head_out)| {
+            head_out
+                .par_chunks_mut(dims.q_block * dv)
+                .enumerate()
+                .for_each(|(blk, o)| match engine {
+                    Engine::Tiles => task_tiles(&inputs, &dims, bh, blk * dims.q_block, o),
+                    Engine::Gemm => task_gemm(&inputs, &dims, bh, blk * dims.q_block, o),
+                });
+        });
+    // SAFETY: the tasks above initialised all `len` elements (their chunks cover the range).
+    unsafe { out.set_len(len) };
+    packing_buffer::give_back(store);
     Tensor::from_vec(out, out_dims, &Device::Cpu)?.to_dtype(dtype)
 }
 
-/// Each `(rows, cols)` matrix of `x` transposed, in parallel over matrices, in 16×16 tiles.
-fn transpose_heads(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
+/// Each `(rows, cols)` matrix of `x` transposed into `out`, in parallel over matrices, in 16×16
+/// tiles.
+fn transpose_heads(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
     const T: usize = 16;
     out.par_chunks_mut(rows * cols)
         .zip(x.par_chunks(rows * cols))
@@ -266,7 +383,34 @@ fn transpose_heads(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
                 }
             }
         });
-    out
+}
+
+/// One buffer for the packed (or transposed) K and V of a call, kept for the next call: a
+/// denoising loop calls the same shapes over and over, and a fresh buffer of that size costs a
+/// page fault per 4 KiB each time. At most [`KEEP`](packing_buffer::KEEP) floats are kept.
+mod packing_buffer {
+    use std::sync::Mutex;
+
+    /// 64 MiB of f32.
+    pub(super) const KEEP: usize = 16 << 20;
+    static KEPT: Mutex<Vec<f32>> = Mutex::new(Vec::new());
+
+    /// A buffer of exactly `len` floats (the kept one if it is large enough; contents arbitrary).
+    pub(super) fn take(len: usize) -> Vec<f32> {
+        let mut v = std::mem::take(&mut *KEPT.lock().unwrap_or_else(|e| e.into_inner()));
+        v.resize(len, 0.0);
+        v
+    }
+
+    /// Keep `v` for the next call, unless it is larger than [`KEEP`] or a larger one is kept.
+    pub(super) fn give_back(v: Vec<f32>) {
+        if v.capacity() <= KEEP {
+            let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+            if kept.capacity() < v.capacity() {
+                *kept = v;
+            }
+        }
+    }
 }
 
 /// `C (+)= A·B` for f32 row-major-or-strided operands (`rs`/`cs`: row/column strides), one thread.
@@ -316,10 +460,78 @@ fn gemm_f32(
     }
 }
 
-/// One task: query rows `q0 .. q0 + o.len() / dv` of batch·head `bh`, written into `o`.
-fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [f32]) {
+/// The online softmax of one task's query rows: their running max and sum, and how score rows
+/// become weights.
+struct Softmax<'a> {
+    inp: &'a Inputs<'a>,
+    ops: simd::Ops,
+    /// The factor the exp pass applies ([`simd::deferred_scale`]).
+    pre: f32,
+    /// Batch and head of the task.
+    b: usize,
+    h: usize,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+impl<'a> Softmax<'a> {
+    fn new(inp: &'a Inputs<'a>, dims: &Dims, bh: usize, rows: usize) -> Self {
+        Softmax {
+            inp,
+            ops: simd::ops(),
+            pre: simd::deferred_scale(inp.scale, inp.mask.is_some()),
+            b: bh / dims.heads,
+            h: bh % dims.heads,
+            max: vec![f32::NEG_INFINITY; rows],
+            sum: vec![0f32; rows],
+        }
+    }
+
+    /// Scores `s` of task row `r` (query `i`) against keys `k0..k0 + s.len()` become their
+    /// weights; returns the factor the row's earlier output is to be multiplied by (`α`, 1 on
+    /// the first key block). `mask_row` is scratch of at least `s.len()`.
+    fn update(&mut self, r: usize, i: usize, k0: usize, s: &mut [f32], mask_row: &mut [f32]) -> f32 {
+        let inp = self.inp;
+        let m = match &inp.mask {
+            Some(mask) => {
+                let mr = &mut mask_row[..s.len()];
+                mask.row(self.b, self.h, i, k0, mr);
+                (self.ops.scale_mask_max)(s, Some(mr), inp.scale)
+            }
+            None => (self.ops.scale_mask_max)(s, None, inp.scale),
+        };
+        let m_old = self.max[r];
+        let m_new = if m > m_old { m } else { m_old };
+        // A finite stand-in for a max of -inf: exp(-inf - MIN) = 0, exp(MIN - MIN) = 1.
+        let m_safe = m_new.clamp(f32::MIN, f32::MAX);
+        let p_sum = (self.ops.exp_sum)(s, self.pre, m_safe, inp.round);
+        self.max[r] = m_new;
+        if k0 == 0 {
+            self.sum[r] = p_sum;
+            1.0
+        } else {
+            let alpha = (m_old.clamp(f32::MIN, f32::MAX) - m_safe).exp();
+            self.sum[r] = p_sum + self.sum[r] * alpha;
+            alpha
+        }
+    }
+
+    /// What the accumulated `Σ p·v` of task row `r` is multiplied by: `1 / sum`; for a row
+    /// whose keys are all masked (sum 0, accumulator 0) 1 as torch's kernel (the row is 0), or
+    /// NaN as softmax gives.
+    fn factor(&self, r: usize) -> f32 {
+        match (self.sum[r] == 0.0, self.inp.empty) {
+            (false, _) => 1.0 / self.sum[r],
+            (true, Empty::Zero) => 1.0,
+            (true, Empty::Nan) => f32::NAN,
+        }
+    }
+}
+
+/// One task on [`Engine::Gemm`]: query rows `q0 .. q0 + o.len() / dv` of batch·head `bh`,
+/// written into `o`.
+fn task_gemm(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUninit<f32>]) {
     let Dims {
-        heads,
         lq,
         lk,
         d,
@@ -327,67 +539,145 @@ fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [f32]) {
         kv_block,
         ..
     } = *dims;
+    o.fill(MaybeUninit::new(0.0));
+    // SAFETY: every element was just initialised, and f32 and MaybeUninit<f32> share a layout.
+    let o = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
     let rows = o.len() / dv;
-    let (b, h) = (bh / heads, bh % heads);
     let q = &inp.q[(bh * lq + q0) * d..][..rows * d];
     let kt = &inp.k[bh * lk * d..][..lk * d]; // (D, Lk)
     let v = &inp.v[bh * lk * dv..][..lk * dv];
     let kb = kv_block.min(lk);
     // The worker's score tile and mask row, taken out for this task and put back after it.
     let mut scratch = SCRATCH.take();
-    let need = rows * kb + if inp.mask.is_some() { kb } else { 0 };
+    let need = rows * kb + kb;
     if scratch.len() < need {
         scratch.resize(need, 0.0);
     }
     let (s, mask_row) = scratch[..need].split_at_mut(rows * kb);
-    let mut max = vec![f32::NEG_INFINITY; rows];
-    let mut sum = vec![0f32; rows];
-    let k_ops = simd::ops();
-    let pre = simd::deferred_scale(inp.scale, inp.mask.is_some());
+    let mut softmax = Softmax::new(inp, dims, bh, rows);
     for k0 in (0..lk).step_by(kb) {
         let n = kb.min(lk - k0);
         let first = k0 == 0;
         let s = &mut s[..rows * n];
         // S = Q_blk · K_blkᵀ, with Kᵀ stored (D, Lk).
         gemm_f32(rows, n, d, s, n, false, q, d, 1, &kt[k0..], lk, 1);
-        for i in 0..rows {
-            let srow = &mut s[i * n..(i + 1) * n];
-            let m = match &inp.mask {
-                Some(mask) => {
-                    let mr = &mut mask_row[..n];
-                    mask.row(b, h, q0 + i, k0, mr);
-                    (k_ops.scale_mask_max)(srow, Some(mr), inp.scale)
-                }
-                None => (k_ops.scale_mask_max)(srow, None, inp.scale),
-            };
-            let m_old = max[i];
-            let m_new = if m > m_old { m } else { m_old };
-            // A finite stand-in for a max of -inf: exp(-inf - MIN) = 0, exp(MIN - MIN) = 1.
-            let m_safe = m_new.clamp(f32::MIN, f32::MAX);
-            let p_sum = (k_ops.exp_sum)(srow, pre, m_safe, inp.round);
-            if first {
-                sum[i] = p_sum;
-            } else {
-                let alpha = (m_old.clamp(f32::MIN, f32::MAX) - m_safe).exp();
-                sum[i] = p_sum + sum[i] * alpha;
-                if alpha != 1.0 {
-                    (k_ops.scale)(&mut o[i * dv..(i + 1) * dv], alpha);
-                }
+        for (r, srow) in s.chunks_exact_mut(n).enumerate() {
+            let alpha = softmax.update(r, q0 + r, k0, srow, mask_row);
+            if !first && alpha != 1.0 {
+                (softmax.ops.scale)(&mut o[r * dv..(r + 1) * dv], alpha);
             }
-            max[i] = m_new;
         }
         // O (+)= P · V_blk
         gemm_f32(rows, dv, n, o, dv, !first, s, n, 1, &v[k0 * dv..], dv, 1);
     }
-    for (i, row) in o.chunks_exact_mut(dv).enumerate() {
-        if sum[i] == 0.0 {
-            // Every key masked: torch's kernel divides by 1 (the row is 0); softmax gives NaN.
-            if inp.empty == Empty::Nan {
-                row.fill(f32::NAN);
+    for (r, row) in o.chunks_exact_mut(dv).enumerate() {
+        (softmax.ops.scale)(row, softmax.factor(r));
+    }
+    SCRATCH.set(scratch);
+}
+
+/// One task on [`Engine::Tiles`]: query rows `q0 .. q0 + o.len() / dv` of batch·head `bh`,
+/// written into `o`. Per key block: the score tiles (each K panel slice stays in L1 while the
+/// task's query micro-panels pass it), the softmax update of every row, then the output tiles
+/// (each V panel slice in L1 while the weight micro-panels pass it), into the task's padded
+/// output rows.
+fn task_tiles(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUninit<f32>]) {
+    use tiles::{KC, MR, NR};
+    let Dims {
+        lq,
+        lk,
+        d,
+        dv,
+        kv_block,
+        ..
+    } = *dims;
+    let (lk_p, dv_p) = (dims.lk_panels(), dims.dv_panels());
+    let rows = o.len() / dv;
+    let panels = rows.div_ceil(MR);
+    let q = &inp.q[(bh * lq + q0) * d..][..rows * d];
+    let kb = kv_block.min(lk);
+    // Score rows padded past a multiple of 16 lanes so the rows of a micro-panel do not share
+    // cache sets.
+    let ld = kb.div_ceil(NR) * NR + 16;
+    let mut scratch = SCRATCH.take();
+    let own = if inp.packed { 0 } else { lk_p * d + lk * dv_p };
+    let sizes = [
+        own,
+        panels * d * MR,
+        panels * MR * ld,
+        panels * MR * dv_p,
+        panels * MR,
+        kb,
+    ];
+    let need: usize = sizes.iter().sum();
+    if scratch.len() < need {
+        scratch.resize(need, 0.0);
+    }
+    let (own, rest) = scratch[..need].split_at_mut(sizes[0]);
+    let (kp, vp): (&[f32], &[f32]) = if inp.packed {
+        (
+            &inp.k[bh * lk_p * d..][..lk_p * d],
+            &inp.v[bh * lk * dv_p..][..lk * dv_p],
+        )
+    } else {
+        let (kp, vp) = own.split_at_mut(lk_p * d);
+        tiles::pack_keys(&inp.k[bh * lk * d..][..lk * d], lk, d, kp);
+        tiles::pack_values(&inp.v[bh * lk * dv..][..lk * dv], lk, dv, vp);
+        (kp, vp)
+    };
+    let (qp, rest) = rest.split_at_mut(sizes[1]);
+    let (s, rest) = rest.split_at_mut(sizes[2]);
+    let (acc, rest) = rest.split_at_mut(sizes[3]);
+    let (alpha, mask_row) = rest.split_at_mut(sizes[4]);
+    for (mp, dst) in qp.chunks_exact_mut(d * MR).enumerate() {
+        let r0 = mp * MR;
+        let mr = MR.min(rows - r0);
+        tiles::pack_queries(&q[r0 * d..(r0 + mr) * d], mr, d, dst);
+    }
+    alpha.fill(1.0);
+    let ones = [1f32; MR];
+    let mut softmax = Softmax::new(inp, dims, bh, rows);
+    for k0 in (0..lk).step_by(kb) {
+        let n = kb.min(lk - k0);
+        // S = Q · K_blkᵀ, KC channels at a time.
+        for p0 in (0..d).step_by(KC) {
+            let kc = KC.min(d - p0);
+            for jp in 0..n.div_ceil(NR) {
+                let k_pan = &kp[((k0 / NR + jp) * d + p0) * NR..][..kc * NR];
+                // The next panel slice, fetched a part per micro-panel while this one runs.
+                let next = kp.get(((k0 / NR + jp + 1) * d + p0) * NR..).unwrap_or(&[]);
+                for mp in 0..panels {
+                    tiles::prefetch(next, mp, panels, kc * NR);
+                    let s_tile = &mut s[mp * MR * ld + jp * NR..];
+                    tiles::score_tile(&qp[(mp * d + p0) * MR..], k_pan, kc, s_tile, ld, p0 > 0);
+                }
             }
-        } else {
-            (k_ops.scale)(row, 1.0 / sum[i]);
         }
+        for (r, srow) in s.chunks_exact_mut(ld).take(rows).enumerate() {
+            alpha[r] = softmax.update(r, q0 + r, k0, &mut srow[..n], mask_row);
+        }
+        // O = α·O + P · V_blk, KC keys at a time.
+        for j0 in (0..n).step_by(KC) {
+            let nc = KC.min(n - j0);
+            for cp in 0..dv_p / NR {
+                let v_pan = &vp[(cp * lk + k0 + j0) * NR..][..nc * NR];
+                let next = vp.get(((cp + 1) * lk + k0 + j0) * NR..).unwrap_or(&[]);
+                for mp in 0..panels {
+                    tiles::prefetch(next, mp, panels, nc * NR);
+                    let init = match (k0, j0) {
+                        (0, 0) => None,
+                        (_, 0) => Some(&alpha[mp * MR..]),
+                        _ => Some(&ones[..]),
+                    };
+                    let p_tile = &s[mp * MR * ld + j0..];
+                    let o_tile = &mut acc[mp * MR * dv_p + cp * NR..];
+                    tiles::value_tile(p_tile, ld, nc, v_pan, o_tile, dv_p, init);
+                }
+            }
+        }
+    }
+    for (r, row) in o.chunks_exact_mut(dv).enumerate() {
+        tiles::store_scaled(&acc[r * dv_p..r * dv_p + dv], softmax.factor(r), row);
     }
     SCRATCH.set(scratch);
 }
@@ -542,10 +832,18 @@ pub(crate) mod simd {
                 }
             }
             let mut total = 0f32;
-            for x in chunks.into_remainder() {
-                let p = exp(*x * pre - m);
-                total += p;
-                *x = rnd(p);
+            let rest = chunks.into_remainder();
+            if !rest.is_empty() {
+                // The tail as one padded chunk (vectorised like the others), summed in order.
+                let mut p = [f32::NEG_INFINITY; LANES];
+                p[..rest.len()].copy_from_slice(rest);
+                for x in &mut p {
+                    *x = exp(*x * pre - m);
+                }
+                for (x, &p) in rest.iter_mut().zip(&p) {
+                    total += p;
+                    *x = rnd(p);
+                }
             }
             acc.iter().sum::<f32>() + total
         }

@@ -1,0 +1,343 @@
+//! The tile products of the CPU kernel as AVX-512 microkernels, on operands packed once.
+//!
+//! Both products of a key block run per *micro-panel* of [`MR`] query rows, so its scores
+//! (`MR × key block`) stay in L1 while the key and value blocks stream from L2:
+//!
+//! * scores: `S = Q·Kᵀ`, from `Q` packed per micro-panel (`(D, MR)`: the `MR` values of one
+//!   channel adjacent, broadcast one by one) and `K` packed once per batch·head in panels of
+//!   [`NR`] keys (`(D, NR)` each, zero keys past `Lk`), one `MR × NR` register tile at a time;
+//! * values: `O = α·O + P·V`, from the weights `P` (rows of the score tile) and `V` packed once
+//!   per batch·head in panels of [`NR`] channels (`(Lk, NR)` each, zero channels past `Dv`); the
+//!   online-softmax rescaling `α` of each row is applied as the output tile is loaded.
+//!
+//! Packing K and V once per batch·head (not per query block, as a general GEMM does) is what the
+//! kernel gains over calling `gemm` per tile; the register tile is 8 rows × 32 columns (16 of
+//! the 32 vector registers accumulate).
+
+/// Query rows per micro-panel (register tile rows).
+pub(super) const MR: usize = 12;
+/// Keys per K panel and channels per V panel (register tile columns: two 16-lane vectors).
+pub(super) const NR: usize = 32;
+/// Longest inner dimension of one tile product (channels of a score tile, keys of an output
+/// tile): a `KC × NR` panel slice is 32 KiB, which stays in L1 while the micro-panels pass it.
+pub(super) const KC: usize = 256;
+
+/// Whether this CPU runs the microkernels (AVX-512F, detected once).
+pub(super) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVX512.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `K` of one batch·head, `(Lk, D)` row-major, into NR-key panels `(D, NR)`: `dst` holds
+/// `⌈Lk/NR⌉·D·NR` values, keys past `Lk` zero.
+pub(super) fn pack_keys(k: &[f32], lk: usize, d: usize, dst: &mut [f32]) {
+    assert!(k.len() >= lk * d && dst.len() == lk.div_ceil(NR) * d * NR && d < i32::MAX as usize / NR);
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: AVX-512F detected; the assert bounds every access.
+        unsafe { avx512::pack_keys(k.as_ptr(), lk, d, dst.as_mut_ptr()) };
+        return;
+    }
+    unreachable!("tiles::pack_keys without AVX-512 (callers check `available`)")
+}
+
+/// `V` of one batch·head, `(Lk, Dv)` row-major, into NR-channel panels `(Lk, NR)`: `dst` holds
+/// `⌈Dv/NR⌉·Lk·NR` values, channels past `Dv` zero.
+pub(super) fn pack_values(v: &[f32], lk: usize, dv: usize, dst: &mut [f32]) {
+    assert!(v.len() >= lk * dv && dst.len() == dv.div_ceil(NR) * lk * NR);
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: AVX-512F detected (the body is safe code compiled for it).
+        unsafe { avx512::pack_values(v, lk, dv, dst) };
+        return;
+    }
+    unreachable!("tiles::pack_values without AVX-512 (callers check `available`)")
+}
+
+/// Query rows `rows` (at most [`MR`], `(rows, D)` row-major) into one micro-panel `(D, MR)`,
+/// missing rows zero.
+pub(super) fn pack_queries(q: &[f32], rows: usize, d: usize, dst: &mut [f32]) {
+    assert!(rows <= MR && q.len() >= rows * d && dst.len() >= d * MR && d < i32::MAX as usize / MR);
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: AVX-512F detected; the assert bounds every access.
+        unsafe { avx512::pack_queries(q.as_ptr(), rows, d, dst.as_mut_ptr()) };
+        return;
+    }
+    unreachable!("tiles::pack_queries without AVX-512 (callers check `available`)")
+}
+
+/// `dst = src · f` (an output row from its accumulator).
+pub(super) fn store_scaled(src: &[f32], f: f32, dst: &mut [std::mem::MaybeUninit<f32>]) {
+    assert!(src.len() == dst.len());
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: AVX-512F detected (the body is safe code compiled for it).
+        unsafe { avx512::store_scaled(src, f, dst) };
+        return;
+    }
+    for (d, &x) in dst.iter_mut().zip(src) {
+        d.write(x * f);
+    }
+}
+
+/// One score tile: `s[r·ld + c] (+)= Σ_p qp[p·MR + r] · kp[p·NR + c]` for the `MR` rows of a
+/// query micro-panel slice and the `NR` keys of a K panel slice, over `kc` channels (added to
+/// the tile when `accumulate`).
+pub(super) fn score_tile(qp: &[f32], kp: &[f32], kc: usize, s: &mut [f32], ld: usize, accumulate: bool) {
+    assert!(kc > 0 && qp.len() >= kc * MR && kp.len() >= kc * NR);
+    assert!(ld >= NR && s.len() >= (MR - 1) * ld + NR);
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: AVX-512F detected; the asserts bound every access.
+        unsafe { avx512::score_tile(qp.as_ptr(), kp.as_ptr(), kc, s.as_mut_ptr(), ld, accumulate) };
+        return;
+    }
+    unreachable!("tiles::score_tile without AVX-512 (callers check `available`)")
+}
+
+/// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·NR + c]` for
+/// the `MR` rows of a weight micro-panel and the `NR` channels of a V panel slice, over `n`
+/// keys (`init` `None`: the `o` term left out).
+pub(super) fn value_tile(p: &[f32], ld: usize, n: usize, vp: &[f32], o: &mut [f32], ldo: usize, init: Option<&[f32]>) {
+    assert!(n > 0 && ld >= n && p.len() >= (MR - 1) * ld + n && vp.len() >= n * NR);
+    assert!(ldo >= NR && o.len() >= (MR - 1) * ldo + NR);
+    let init = init.map(|a| <&[f32; MR]>::try_from(&a[..MR]).expect("MR factors"));
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: AVX-512F detected; the asserts bound every access.
+        unsafe { avx512::value_tile(p.as_ptr(), ld, n, vp.as_ptr(), o.as_mut_ptr(), ldo, init) };
+        return;
+    }
+    unreachable!("tiles::value_tile without AVX-512 (callers check `available`)")
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
+
+    /// Offsets `0, step, 2·step, ..` of 16 lanes.
+    #[target_feature(enable = "avx512f")]
+    fn strides(step: usize) -> __m512i {
+        let s = step as i32;
+        _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(s),
+        )
+    }
+
+    /// Lanes `0..n` (n ≤ 16) set.
+    fn lanes(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_keys(k: *const f32, lk: usize, d: usize, dst: *mut f32) {
+        let idx = strides(d);
+        for jp in 0..lk.div_ceil(NR) {
+            let j0 = jp * NR;
+            let valid = NR.min(lk - j0);
+            let (m0, m1) = (lanes(valid), lanes(valid.saturating_sub(16)));
+            let panel = dst.add(jp * d * NR);
+            for p in 0..d {
+                // Masked-off lanes are not read; the base of the upper half may lie past `k`.
+                let lo = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m0, idx, k.wrapping_add(j0 * d + p));
+                let hi = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m1, idx, k.wrapping_add((j0 + 16) * d + p));
+                _mm512_storeu_ps(panel.add(p * NR), lo);
+                _mm512_storeu_ps(panel.add(p * NR + 16), hi);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn pack_values(v: &[f32], lk: usize, dv: usize, dst: &mut [f32]) {
+        for (cp, panel) in dst.chunks_exact_mut(lk * NR).enumerate() {
+            let c0 = cp * NR;
+            let w = NR.min(dv - c0);
+            for (j, out) in panel.chunks_exact_mut(NR).enumerate() {
+                let src = &v[j * dv + c0..j * dv + c0 + w];
+                match (<&mut [f32; NR]>::try_from(out), <&[f32; NR]>::try_from(src)) {
+                    (Ok(out), Ok(src)) => *out = *src,
+                    (Err(_), _) => unreachable!("chunks of NR"),
+                    (Ok(out), Err(_)) => {
+                        out[..w].copy_from_slice(src);
+                        out[w..].fill(0.0);
+                    }
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_queries(q: *const f32, rows: usize, d: usize, dst: *mut f32) {
+        let idx = strides(d);
+        let m = lanes(rows);
+        for p in 0..d {
+            let x = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m, idx, q.add(p));
+            _mm512_mask_storeu_ps(dst.add(p * MR), lanes(MR), x);
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn store_scaled(src: &[f32], f: f32, dst: &mut [MaybeUninit<f32>]) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            d.write(x * f);
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn score_tile(
+        qp: *const f32,
+        kp: *const f32,
+        kc: usize,
+        s: *mut f32,
+        ld: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        if accumulate {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[0] = _mm512_loadu_ps(s.add(r * ld));
+                acc[1] = _mm512_loadu_ps(s.add(r * ld + 16));
+            }
+        }
+        for p in 0..kc {
+            let b0 = _mm512_loadu_ps(kp.add(p * NR));
+            let b1 = _mm512_loadu_ps(kp.add(p * NR + 16));
+            let a = qp.add(p * MR);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*a.add(r));
+                acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(s.add(r * ld), acc[0]);
+            _mm512_storeu_ps(s.add(r * ld + 16), acc[1]);
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn value_tile(
+        p: *const f32,
+        ld: usize,
+        n: usize,
+        vp: *const f32,
+        o: *mut f32,
+        ldo: usize,
+        init: Option<&[f32; MR]>,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        if let Some(alpha) = init {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a = _mm512_set1_ps(alpha[r]);
+                acc[0] = _mm512_mul_ps(_mm512_loadu_ps(o.add(r * ldo)), a);
+                acc[1] = _mm512_mul_ps(_mm512_loadu_ps(o.add(r * ldo + 16)), a);
+            }
+        }
+        for j in 0..n {
+            let b0 = _mm512_loadu_ps(vp.add(j * NR));
+            let b1 = _mm512_loadu_ps(vp.add(j * NR + 16));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*p.add(r * ld + j));
+                acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(o.add(r * ldo), acc[0]);
+            _mm512_storeu_ps(o.add(r * ldo + 16), acc[1]);
+        }
+    }
+}
+
+/// Part `i` of `parts` of the first `len` values of `x` fetched towards L2.
+pub(super) fn prefetch(x: &[f32], i: usize, parts: usize, len: usize) {
+    let len = len.min(x.len());
+    let lines = len.div_ceil(16);
+    let (a, b) = (lines * i / parts, lines * (i + 1) / parts);
+    #[cfg(target_arch = "x86_64")]
+    for l in a..b {
+        // SAFETY: a prefetch never faults; the address is within `x`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(x.as_ptr().add(l * 16) as *const i8)
+        };
+    }
+}
+
+#[cfg(test)]
+mod xbench {
+    use super::*;
+    #[test]
+    #[ignore]
+    fn xbench_tiles() {
+        let (d, lk, panels, kb) = (512usize, 4096usize, 22usize, 512usize);
+        let qp: Vec<f32> = (0..panels * d * MR).map(|i| (i % 7) as f32 * 0.01).collect();
+        let kp: Vec<f32> = (0..lk * d).map(|i| (i % 5) as f32 * 0.01).collect();
+        let vp: Vec<f32> = (0..lk * d).map(|i| (i % 3) as f32 * 0.01).collect();
+        let ld = kb + 16;
+        let mut s = vec![0f32; panels * MR * ld];
+        let mut acc = vec![0f32; panels * MR * d];
+        let ones = [1f32; MR];
+        for small in [true, false] {
+            for pf in [false, true] {
+                let (mut best_s, mut best_v) = (0f64, 0f64);
+                for _round in 0..6 {
+                    let (mut ts, mut tv) = (0f64, 0f64);
+                    let mut flops = 0f64;
+                    for rep in 0..2 * lk / kb {
+                        let k0 = if small { 0 } else { (rep * kb) % lk };
+                        let t = std::time::Instant::now();
+                        for p0 in (0..d).step_by(KC) {
+                            for jp in 0..kb / NR {
+                                let k_pan = &kp[((k0 / NR + jp) * d + p0) * NR..][..KC * NR];
+                                let next = &kp[((k0 / NR + jp + 1) * d + p0) * NR % (lk * d)..];
+                                for mp in 0..panels {
+                                    if pf {
+                                        prefetch(next, mp, panels, KC * NR);
+                                    }
+                                    let st = &mut s[mp * MR * ld + jp * NR..];
+                                    score_tile(&qp[(mp * d + p0) * MR..], k_pan, KC, st, ld, p0 > 0);
+                                }
+                            }
+                        }
+                        ts += t.elapsed().as_secs_f64();
+                        let t = std::time::Instant::now();
+                        for j0 in (0..kb).step_by(KC) {
+                            for cp in 0..d / NR {
+                                let v_pan = &vp[(cp * lk + k0 + j0) * NR..][..KC * NR];
+                                let next = &vp[((cp + 1) * lk + k0 + j0) * NR % (lk * d)..];
+                                for mp in 0..panels {
+                                    if pf {
+                                        prefetch(next, mp, panels, KC * NR);
+                                    }
+                                    let ot = &mut acc[mp * MR * d + cp * NR..];
+                                    value_tile(&s[mp * MR * ld + j0..], ld, KC, v_pan, ot, d, Some(&ones));
+                                }
+                            }
+                        }
+                        tv += t.elapsed().as_secs_f64();
+                        flops += 2.0 * (panels * MR * kb * d) as f64;
+                    }
+                    best_s = best_s.max(flops / ts / 1e9);
+                    best_v = best_v.max(flops / tv / 1e9);
+                }
+                println!(
+                    "pf={pf} small={small}: score {:.1} GFLOP/s, value {:.1} GFLOP/s",
+                    best_s, best_v
+                );
+            }
+        }
+    }
+}
