@@ -703,11 +703,25 @@ pub(crate) mod simd {
 
     const LANES: usize = 16;
 
-    /// `exp(x)` for f32: Cephes' `expf` range reduction and polynomial (about 1 ulp), as
-    /// branch-free selects so that it vectorises; 0 below -87.3 (where `expf` is subnormal),
-    /// +inf above 88, NaN for NaN.
+    /// `a · b + c`, one rounding (a fused multiply-add) when `FUSED`, two otherwise.
     #[inline(always)]
-    pub(crate) fn exp(x: f32) -> f32 {
+    fn mad<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+        if FUSED {
+            a.mul_add(b, c)
+        } else {
+            a * b + c
+        }
+    }
+
+    /// Whether the portable row kernels use fused multiply-adds: where the target has them in
+    /// hardware (elsewhere `mul_add` is a slow library call).
+    const PORTABLE_FUSED: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
+
+    /// `exp(x)` for f32: Cephes' `expf` range reduction and polynomial (about 1 ulp), as
+    /// branch-free selects so that it vectorises, with fused multiply-adds when `FUSED`; 0 below
+    /// -87.3 (where `expf` is subnormal), +inf above 88, NaN for NaN.
+    #[inline(always)]
+    pub(crate) fn exp<const FUSED: bool>(x: f32) -> f32 {
         const HI: f32 = 88.0;
         const LO: f32 = -87.33654;
         let xc = if x > HI { HI } else { x };
@@ -715,16 +729,17 @@ pub(crate) mod simd {
         // n = round(x · log2 e) by the 1.5 · 2^23 trick (ties to even; |n| < 2^22): the sum's
         // low mantissa bits hold n, so 2^n needs no float-to-int conversion (which does not
         // vectorise).
-        let big = xc * std::f32::consts::LOG2_E + 12582912.0;
+        let big = mad::<FUSED>(xc, std::f32::consts::LOG2_E, 12582912.0);
         let n = big - 12582912.0;
         let n_int = (big.to_bits() as i32).wrapping_sub(0x4B40_0000);
-        let r = xc - n * 0.693_359_4 + n * 2.121_944_4e-4;
+        let r = mad::<FUSED>(n, 2.121_944_4e-4, mad::<FUSED>(n, -0.693_359_4, xc));
         let r2 = r * r;
-        let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-            + 1.666_666_5e-1)
-            * r
-            + 0.5; // Cephes: 5.0000001e-1, which is 0.5 in f32
-        let y = p * r2 + r + 1.0;
+        let p = mad::<FUSED>(1.987_569_1e-4, r, 1.398_199_9e-3);
+        let p = mad::<FUSED>(p, r, 8.333_452e-3);
+        let p = mad::<FUSED>(p, r, 4.166_579_6e-2);
+        let p = mad::<FUSED>(p, r, 1.666_666_5e-1);
+        let p = mad::<FUSED>(p, r, 0.5); // Cephes: 5.0000001e-1, which is 0.5 in f32
+        let y = mad::<FUSED>(p, r2, r) + 1.0;
         let pow2 = f32::from_bits((n_int.wrapping_add(127) as u32) << 23);
         let res = y * pow2;
         if x < LO {
@@ -819,7 +834,7 @@ pub(crate) mod simd {
     /// [`deferred_scale`], 1 when the scores are scaled already: `s · 1` is `s`); returns the sum
     /// of the unrounded values.
     #[inline(always)]
-    fn exp_sum_body(s: &mut [f32], pre: f32, m: f32, round: Option<Round>) -> f32 {
+    fn exp_sum_body<const FUSED: bool>(s: &mut [f32], pre: f32, m: f32, round: Option<Round>) -> f32 {
         #[inline(always)]
         fn go(s: &mut [f32], pre: f32, m: f32, exp: impl Fn(f32) -> f32, rnd: impl Fn(f32) -> f32) -> f32 {
             let mut acc = [0f32; LANES];
@@ -851,7 +866,7 @@ pub(crate) mod simd {
         // the reference path, so the rounded weights are the reference's (a last-bit
         // difference of the polynomial would move some by a whole half-precision step).
         match round {
-            None => go(s, pre, m, exp, |p| p),
+            None => go(s, pre, m, exp::<FUSED>, |p| p),
             Some(Round::F16) => go(s, pre, m, f32::exp, round_f16),
             Some(Round::BF16) => go(s, pre, m, f32::exp, round_bf16),
         }
@@ -869,6 +884,9 @@ pub(crate) mod simd {
         pub(crate) exp_sum: fn(&mut [f32], f32, f32, Option<Round>) -> f32,
         pub(crate) scale: fn(&mut [f32], f32),
         pub(crate) name: &'static str,
+        /// Whether its `exp` uses fused multiply-adds (kernels that agree here give the same bits).
+        #[cfg_attr(not(test), allow(dead_code))]
+        pub(crate) fused: bool,
     }
 
     macro_rules! isa {
@@ -882,7 +900,7 @@ pub(crate) mod simd {
                 }
                 #[target_feature(enable = $feat)]
                 unsafe fn exp_sum_tf(s: &mut [f32], pre: f32, m: f32, r: Option<Round>) -> f32 {
-                    exp_sum_body(s, pre, m, r)
+                    exp_sum_body::<true>(s, pre, m, r)
                 }
                 #[target_feature(enable = $feat)]
                 unsafe fn scale_tf(x: &mut [f32], a: f32) {
@@ -903,6 +921,7 @@ pub(crate) mod simd {
                     exp_sum,
                     scale,
                     name: stringify!($name),
+                    fused: true,
                 };
             }
         };
@@ -916,7 +935,7 @@ pub(crate) mod simd {
             scale_mask_max_body(s, m, c)
         }
         fn exp_sum(s: &mut [f32], pre: f32, m: f32, r: Option<Round>) -> f32 {
-            exp_sum_body(s, pre, m, r)
+            exp_sum_body::<PORTABLE_FUSED>(s, pre, m, r)
         }
         fn scale(x: &mut [f32], a: f32) {
             scale_body(x, a)
@@ -926,6 +945,7 @@ pub(crate) mod simd {
             exp_sum,
             scale,
             name: "portable",
+            fused: PORTABLE_FUSED,
         };
     }
 
@@ -1033,19 +1053,21 @@ mod tests {
 
     #[test]
     fn exp_is_within_two_ulp_of_the_exact_value() {
-        let mut x = -87.3f32;
-        while x < 0.0 {
-            let got = exp(x) as f64;
-            let want = (x as f64).exp();
-            let ulp = (want as f32).abs() * f32::EPSILON;
-            assert!((got - want).abs() <= 2.0 * ulp as f64, "exp({x}) = {got} vs {want}");
-            x += 0.0137;
+        for exp in [exp::<true>, exp::<false>] {
+            let mut x = -87.3f32;
+            while x < 0.0 {
+                let got = exp(x) as f64;
+                let want = (x as f64).exp();
+                let ulp = (want as f32).abs() * f32::EPSILON;
+                assert!((got - want).abs() <= 2.0 * ulp as f64, "exp({x}) = {got} vs {want}");
+                x += 0.0137;
+            }
+            assert_eq!(exp(0.0), 1.0);
+            assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+            assert_eq!(exp(-100.0), 0.0);
+            assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+            assert!(exp(f32::NAN).is_nan());
         }
-        assert_eq!(exp(0.0), 1.0);
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp(-100.0), 0.0);
-        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
-        assert!(exp(f32::NAN).is_nan());
     }
 
     /// Without a mask, `Mul(c)` is applied in the exp pass instead of a pass of its own: the
@@ -1102,10 +1124,13 @@ mod tests {
                     }
                 }
             }
-            results.push((ops.name, r));
+            results.push((ops.name, ops.fused, r));
         }
-        for (name, r) in &results[1..] {
-            assert!(r == &results[0].1, "{name} differs from {}", results[0].0);
+        // Kernels whose `exp` is fused alike give the same bits (the portable one is unfused on
+        // x86 without FMA: its exp is within 2 ulp either way, tested above).
+        for (name, fused, r) in &results[1..] {
+            let same = results.iter().find(|(_, f, _)| f == fused).unwrap();
+            assert!(r == &same.2, "{name} differs from {}", same.0);
         }
     }
 }
