@@ -601,9 +601,12 @@ fn task_tiles(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUni
     let ld = kb.div_ceil(NR) * NR + 16;
     let mut scratch = SCRATCH.take();
     let own = if inp.packed { 0 } else { lk_p * d + lk * dv_p };
+    // Query rows copied with a padded stride (rows 2 KiB apart would share L1 sets), the rows of
+    // the last micro-panel past `rows` zero.
+    let ldq = d.div_ceil(16) * 16 + 16;
     let sizes = [
         own,
-        panels * d * MR,
+        panels * MR * ldq,
         panels * MR * ld,
         panels * MR * dv_p,
         panels * MR,
@@ -629,10 +632,11 @@ fn task_tiles(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUni
     let (s, rest) = rest.split_at_mut(sizes[2]);
     let (acc, rest) = rest.split_at_mut(sizes[3]);
     let (alpha, mask_row) = rest.split_at_mut(sizes[4]);
-    for (mp, dst) in qp.chunks_exact_mut(d * MR).enumerate() {
-        let r0 = mp * MR;
-        let mr = MR.min(rows - r0);
-        tiles::pack_queries(&q[r0 * d..(r0 + mr) * d], mr, d, dst);
+    for (r, dst) in qp.chunks_exact_mut(ldq).enumerate() {
+        match q.get(r * d..(r + 1) * d) {
+            Some(src) => dst[..d].copy_from_slice(src),
+            None => dst[..d].fill(0.0),
+        }
     }
     alpha.fill(1.0);
     let ones = [1f32; MR];
@@ -649,7 +653,8 @@ fn task_tiles(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUni
                 for mp in 0..panels {
                     tiles::prefetch(next, mp, panels, kc * NR);
                     let s_tile = &mut s[mp * MR * ld + jp * NR..];
-                    tiles::score_tile(&qp[(mp * d + p0) * MR..], k_pan, kc, s_tile, ld, p0 > 0);
+                    let mr = MR.min(rows - mp * MR);
+                    tiles::score_tile(mr, &qp[mp * MR * ldq + p0..], ldq, k_pan, kc, s_tile, ld, p0 > 0);
                 }
             }
         }
@@ -671,7 +676,7 @@ fn task_tiles(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUni
                     };
                     let p_tile = &s[mp * MR * ld + j0..];
                     let o_tile = &mut acc[mp * MR * dv_p + cp * NR..];
-                    tiles::value_tile(p_tile, ld, nc, v_pan, o_tile, dv_p, init);
+                    tiles::value_tile(MR.min(rows - mp * MR), p_tile, ld, nc, v_pan, o_tile, dv_p, init);
                 }
             }
         }
@@ -993,8 +998,141 @@ pub(crate) mod simd {
 #[cfg(test)]
 mod tests {
     use super::simd::{all_ops, exp, round_bf16, round_f16, Round};
-    use super::ScoreScale;
+    use super::{attention_on, tiles, Empty, Engine, ScoreScale};
     use candle_core::{DType, Device, Tensor};
+
+    /// `softmax(q·kᵀ <scale> + mask)·v` in f64, row by row (an all-masked row: `empty`).
+    fn naive(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: ScoreScale, empty: Empty) -> Vec<f64> {
+        let f = |t: &Tensor| t.to_dtype(DType::F64).unwrap().to_vec3::<f64>().unwrap();
+        let (q, k, v) = (f(q), f(k), f(v));
+        let mask = mask.map(|m| m.to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap());
+        let mut out = vec![];
+        for h in 0..q.len() {
+            for (i, qi) in q[h].iter().enumerate() {
+                let s: Vec<f64> = k[h]
+                    .iter()
+                    .enumerate()
+                    .map(|(j, kj)| {
+                        let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+                        let dot = match scale {
+                            ScoreScale::Mul(c) => dot * c as f64,
+                            ScoreScale::Div(c) => dot / c as f64,
+                        };
+                        dot + mask.as_ref().map_or(0.0, |m| m[i][j])
+                    })
+                    .collect();
+                let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+                let sum: f64 = w.iter().sum();
+                for c in 0..v[h][0].len() {
+                    out.push(if max == f64::NEG_INFINITY {
+                        if empty == Empty::Nan {
+                            f64::NAN
+                        } else {
+                            0.0
+                        }
+                    } else {
+                        w.iter().zip(&v[h]).map(|(w, vj)| w * vj[c]).sum::<f64>() / sum
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Both engines (the microkernels where this CPU has AVX-512) against the f64 reference, on
+    /// shapes that reach every edge: short last micro-panels, key and channel counts that are
+    /// not whole panels, several key blocks, head dims above the channel split, query blocks
+    /// sharing packed K/V, masks with fully masked rows, both scale kinds.
+    #[test]
+    fn both_engines_match_an_f64_reference_at_every_edge() {
+        let dev = Device::Cpu;
+        // (heads, Lq, Lk, D, Dv)
+        let shapes = [
+            (2, 1, 1, 8, 3),
+            (3, 37, 77, 40, 24),
+            (2, 13, 600, 300, 70),
+            (1, 300, 1100, 16, 33),
+            (2, 520, 64, 64, 64),
+        ];
+        let mut engines = vec![Engine::Gemm];
+        if tiles::available() {
+            engines.push(Engine::Tiles);
+        }
+        for (h, lq, lk, d, dv) in shapes {
+            let q = Tensor::randn(0f32, 1., (h, lq, d), &dev).unwrap();
+            let k = Tensor::randn(0f32, 1., (h, lk, d), &dev).unwrap();
+            let v = Tensor::randn(0f32, 1., (h, lk, dv), &dev).unwrap();
+            // Row 0 fully masked, every 5th key masked, the rest random.
+            let m: Vec<f32> = (0..lq * lk)
+                .map(|x| match (x / lk, x % lk) {
+                    (0, _) => f32::NEG_INFINITY,
+                    (_, j) if j % 5 == 4 => f32::NEG_INFINITY,
+                    _ => ((x * 7919) % 13) as f32 * 0.3 - 2.0,
+                })
+                .collect();
+            let mask = Tensor::from_vec(m, (lq, lk), &dev).unwrap();
+            let c = 1.0 / (d as f32).sqrt();
+            for (mask, scale, empty) in [
+                (None, ScoreScale::Mul(c), Empty::Zero),
+                (Some(&mask), ScoreScale::Div(1.0 / c), Empty::Nan),
+                (Some(&mask), ScoreScale::Mul(c), Empty::Zero),
+            ] {
+                let want = naive(&q, &k, &v, mask, scale, empty);
+                for &engine in &engines {
+                    let got = attention_on(engine, &q, &k, &v, mask, scale, empty).unwrap();
+                    assert_eq!(got.dims(), &[h, lq, dv]);
+                    let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let ok = if w.is_nan() {
+                            g.is_nan()
+                        } else {
+                            (*g as f64 - w).abs() <= 1e-5 + 1e-5 * w.abs()
+                        };
+                        assert!(ok, "{engine:?} {:?} element {i}: {g} vs {w}", (h, lq, lk, d, dv));
+                    }
+                }
+            }
+        }
+    }
+
+    /// f16 and bf16 round the same weights on both engines (only the f32 summation order of
+    /// the value products differs).
+    #[test]
+    fn both_engines_agree_in_half_precision() {
+        if !tiles::available() {
+            return;
+        }
+        let dev = Device::Cpu;
+        for dtype in [DType::F16, DType::BF16] {
+            let r = |n: usize, c: usize| {
+                Tensor::randn(0f32, 1., (2, 3, n, c), &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            let (q, k, v) = (r(300, 64), r(1030, 64), r(1030, 40));
+            let run = |e| {
+                attention_on(e, &q, &k, &v, None, ScoreScale::Mul(0.125), Empty::Zero)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            };
+            let (a, b) = (run(Engine::Gemm), run(Engine::Tiles));
+            let step = if dtype == DType::F16 { 1e-3 } else { 8e-3 };
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs() / (x.abs() + 1e-2))
+                .fold(0f32, f32::max);
+            // At most one rounding step of the output apart.
+            assert!(worst <= step, "{dtype:?}: {worst}");
+        }
+    }
 
     /// Values spread over every binade of f32 that matters here, plus edge cases.
     fn samples() -> Vec<f32> {

@@ -59,19 +59,6 @@ pub(super) fn pack_values(v: &[f32], lk: usize, dv: usize, dst: &mut [f32]) {
     unreachable!("tiles::pack_values without AVX-512 (callers check `available`)")
 }
 
-/// Query rows `rows` (at most [`MR`], `(rows, D)` row-major) into one micro-panel `(D, MR)`,
-/// missing rows zero.
-pub(super) fn pack_queries(q: &[f32], rows: usize, d: usize, dst: &mut [f32]) {
-    assert!(rows <= MR && q.len() >= rows * d && dst.len() >= d * MR && d < i32::MAX as usize / MR);
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        // SAFETY: AVX-512F detected; the assert bounds every access.
-        unsafe { avx512::pack_queries(q.as_ptr(), rows, d, dst.as_mut_ptr()) };
-        return;
-    }
-    unreachable!("tiles::pack_queries without AVX-512 (callers check `available`)")
-}
-
 /// `dst = src · f` (an output row from its accumulator).
 pub(super) fn store_scaled(src: &[f32], f: f32, dst: &mut [std::mem::MaybeUninit<f32>]) {
     assert!(src.len() == dst.len());
@@ -86,32 +73,74 @@ pub(super) fn store_scaled(src: &[f32], f: f32, dst: &mut [std::mem::MaybeUninit
     }
 }
 
-/// One score tile: `s[r·ld + c] (+)= Σ_p qp[p·MR + r] · kp[p·NR + c]` for the `MR` rows of a
-/// query micro-panel slice and the `NR` keys of a K panel slice, over `kc` channels (added to
-/// the tile when `accumulate`).
-pub(super) fn score_tile(qp: &[f32], kp: &[f32], kc: usize, s: &mut [f32], ld: usize, accumulate: bool) {
-    assert!(kc > 0 && qp.len() >= kc * MR && kp.len() >= kc * NR);
-    assert!(ld >= NR && s.len() >= (MR - 1) * ld + NR);
+/// Register-tile rows for a micro-panel of `rows` (1 ..= [`MR`]) query rows: 4, 8 or 12, so a
+/// short last micro-panel costs a third or two thirds of a full one.
+pub(super) fn tile_rows(rows: usize) -> usize {
+    assert!((1..=MR).contains(&rows));
+    rows.div_ceil(4) * 4
+}
+
+/// One score tile: `s[r·ld + c] (+)= Σ_p q[r·ldq + p] · kp[p·NR + c]` for the
+/// [`tile_rows`]`(rows)` query rows of a micro-panel and the `NR` keys of a K panel slice, over
+/// `kc` channels (added to the tile when `accumulate`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn score_tile(
+    rows: usize,
+    q: &[f32],
+    ldq: usize,
+    kp: &[f32],
+    kc: usize,
+    s: &mut [f32],
+    ld: usize,
+    accumulate: bool,
+) {
+    let r = tile_rows(rows);
+    assert!(kc > 0 && ldq >= kc && q.len() >= (r - 1) * ldq + kc && kp.len() >= kc * NR);
+    assert!(ld >= NR && s.len() >= (r - 1) * ld + NR);
     #[cfg(target_arch = "x86_64")]
     if available() {
+        let (q, kp, s) = (q.as_ptr(), kp.as_ptr(), s.as_mut_ptr());
         // SAFETY: AVX-512F detected; the asserts bound every access.
-        unsafe { avx512::score_tile(qp.as_ptr(), kp.as_ptr(), kc, s.as_mut_ptr(), ld, accumulate) };
+        unsafe {
+            match r {
+                4 => avx512::score_tile::<4>(q, ldq, kp, kc, s, ld, accumulate),
+                8 => avx512::score_tile::<8>(q, ldq, kp, kc, s, ld, accumulate),
+                _ => avx512::score_tile::<MR>(q, ldq, kp, kc, s, ld, accumulate),
+            }
+        }
         return;
     }
     unreachable!("tiles::score_tile without AVX-512 (callers check `available`)")
 }
 
 /// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·NR + c]` for
-/// the `MR` rows of a weight micro-panel and the `NR` channels of a V panel slice, over `n`
-/// keys (`init` `None`: the `o` term left out).
-pub(super) fn value_tile(p: &[f32], ld: usize, n: usize, vp: &[f32], o: &mut [f32], ldo: usize, init: Option<&[f32]>) {
-    assert!(n > 0 && ld >= n && p.len() >= (MR - 1) * ld + n && vp.len() >= n * NR);
-    assert!(ldo >= NR && o.len() >= (MR - 1) * ldo + NR);
-    let init = init.map(|a| <&[f32; MR]>::try_from(&a[..MR]).expect("MR factors"));
+/// the [`tile_rows`]`(rows)` rows of a weight micro-panel and the `NR` channels of a V panel
+/// slice, over `n` keys (`init` `None`: the `o` term left out).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn value_tile(
+    rows: usize,
+    p: &[f32],
+    ld: usize,
+    n: usize,
+    vp: &[f32],
+    o: &mut [f32],
+    ldo: usize,
+    init: Option<&[f32]>,
+) {
+    let r = tile_rows(rows);
+    assert!(n > 0 && ld >= n && p.len() >= (r - 1) * ld + n && vp.len() >= n * NR);
+    assert!(ldo >= NR && o.len() >= (r - 1) * ldo + NR && init.is_none_or(|a| a.len() >= r));
     #[cfg(target_arch = "x86_64")]
     if available() {
+        let (p, vp, o, init) = (p.as_ptr(), vp.as_ptr(), o.as_mut_ptr(), init.map(|a| a.as_ptr()));
         // SAFETY: AVX-512F detected; the asserts bound every access.
-        unsafe { avx512::value_tile(p.as_ptr(), ld, n, vp.as_ptr(), o.as_mut_ptr(), ldo, init) };
+        unsafe {
+            match r {
+                4 => avx512::value_tile::<4>(p, ld, n, vp, o, ldo, init),
+                8 => avx512::value_tile::<8>(p, ld, n, vp, o, ldo, init),
+                _ => avx512::value_tile::<MR>(p, ld, n, vp, o, ldo, init),
+            }
+        }
         return;
     }
     unreachable!("tiles::value_tile without AVX-512 (callers check `available`)")
@@ -119,7 +148,7 @@ pub(super) fn value_tile(p: &[f32], ld: usize, n: usize, vp: &[f32], o: &mut [f3
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{MR, NR};
+    use super::NR;
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
@@ -180,16 +209,6 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pack_queries(q: *const f32, rows: usize, d: usize, dst: *mut f32) {
-        let idx = strides(d);
-        let m = lanes(rows);
-        for p in 0..d {
-            let x = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m, idx, q.add(p));
-            _mm512_mask_storeu_ps(dst.add(p * MR), lanes(MR), x);
-        }
-    }
-
-    #[target_feature(enable = "avx512f")]
     pub(super) fn store_scaled(src: &[f32], f: f32, dst: &mut [MaybeUninit<f32>]) {
         for (d, &x) in dst.iter_mut().zip(src) {
             d.write(x * f);
@@ -197,15 +216,16 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn score_tile(
-        qp: *const f32,
+    pub(super) unsafe fn score_tile<const R: usize>(
+        q: *const f32,
+        ldq: usize,
         kp: *const f32,
         kc: usize,
         s: *mut f32,
         ld: usize,
         accumulate: bool,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
         if accumulate {
             for (r, acc) in acc.iter_mut().enumerate() {
                 acc[0] = _mm512_loadu_ps(s.add(r * ld));
@@ -215,9 +235,8 @@ mod avx512 {
         for p in 0..kc {
             let b0 = _mm512_loadu_ps(kp.add(p * NR));
             let b1 = _mm512_loadu_ps(kp.add(p * NR + 16));
-            let a = qp.add(p * MR);
             for (r, acc) in acc.iter_mut().enumerate() {
-                let x = _mm512_set1_ps(*a.add(r));
+                let x = _mm512_set1_ps(*q.add(r * ldq + p));
                 acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
                 acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
             }
@@ -229,19 +248,19 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn value_tile(
+    pub(super) unsafe fn value_tile<const R: usize>(
         p: *const f32,
         ld: usize,
         n: usize,
         vp: *const f32,
         o: *mut f32,
         ldo: usize,
-        init: Option<&[f32; MR]>,
+        init: Option<*const f32>,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
         if let Some(alpha) = init {
             for (r, acc) in acc.iter_mut().enumerate() {
-                let a = _mm512_set1_ps(alpha[r]);
+                let a = _mm512_set1_ps(*alpha.add(r));
                 acc[0] = _mm512_mul_ps(_mm512_loadu_ps(o.add(r * ldo)), a);
                 acc[1] = _mm512_mul_ps(_mm512_loadu_ps(o.add(r * ldo + 16)), a);
             }
@@ -273,71 +292,5 @@ pub(super) fn prefetch(x: &[f32], i: usize, parts: usize, len: usize) {
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(x.as_ptr().add(l * 16) as *const i8)
         };
-    }
-}
-
-#[cfg(test)]
-mod xbench {
-    use super::*;
-    #[test]
-    #[ignore]
-    fn xbench_tiles() {
-        let (d, lk, panels, kb) = (512usize, 4096usize, 22usize, 512usize);
-        let qp: Vec<f32> = (0..panels * d * MR).map(|i| (i % 7) as f32 * 0.01).collect();
-        let kp: Vec<f32> = (0..lk * d).map(|i| (i % 5) as f32 * 0.01).collect();
-        let vp: Vec<f32> = (0..lk * d).map(|i| (i % 3) as f32 * 0.01).collect();
-        let ld = kb + 16;
-        let mut s = vec![0f32; panels * MR * ld];
-        let mut acc = vec![0f32; panels * MR * d];
-        let ones = [1f32; MR];
-        for small in [true, false] {
-            for pf in [false, true] {
-                let (mut best_s, mut best_v) = (0f64, 0f64);
-                for _round in 0..6 {
-                    let (mut ts, mut tv) = (0f64, 0f64);
-                    let mut flops = 0f64;
-                    for rep in 0..2 * lk / kb {
-                        let k0 = if small { 0 } else { (rep * kb) % lk };
-                        let t = std::time::Instant::now();
-                        for p0 in (0..d).step_by(KC) {
-                            for jp in 0..kb / NR {
-                                let k_pan = &kp[((k0 / NR + jp) * d + p0) * NR..][..KC * NR];
-                                let next = &kp[((k0 / NR + jp + 1) * d + p0) * NR % (lk * d)..];
-                                for mp in 0..panels {
-                                    if pf {
-                                        prefetch(next, mp, panels, KC * NR);
-                                    }
-                                    let st = &mut s[mp * MR * ld + jp * NR..];
-                                    score_tile(&qp[(mp * d + p0) * MR..], k_pan, KC, st, ld, p0 > 0);
-                                }
-                            }
-                        }
-                        ts += t.elapsed().as_secs_f64();
-                        let t = std::time::Instant::now();
-                        for j0 in (0..kb).step_by(KC) {
-                            for cp in 0..d / NR {
-                                let v_pan = &vp[(cp * lk + k0 + j0) * NR..][..KC * NR];
-                                let next = &vp[((cp + 1) * lk + k0 + j0) * NR % (lk * d)..];
-                                for mp in 0..panels {
-                                    if pf {
-                                        prefetch(next, mp, panels, KC * NR);
-                                    }
-                                    let ot = &mut acc[mp * MR * d + cp * NR..];
-                                    value_tile(&s[mp * MR * ld + j0..], ld, KC, v_pan, ot, d, Some(&ones));
-                                }
-                            }
-                        }
-                        tv += t.elapsed().as_secs_f64();
-                        flops += 2.0 * (panels * MR * kb * d) as f64;
-                    }
-                    best_s = best_s.max(flops / ts / 1e9);
-                    best_v = best_v.max(flops / tv / 1e9);
-                }
-                println!(
-                    "pf={pf} small={small}: score {:.1} GFLOP/s, value {:.1} GFLOP/s",
-                    best_s, best_v
-                );
-            }
-        }
     }
 }
