@@ -194,14 +194,12 @@ fn query_block(bh: usize, lq: usize) -> usize {
     qb
 }
 
-/// Key block length for f32 on [`Engine::Tiles`]: the longest of 512, 256, 128 whose K and V
-/// blocks fit in 1 MiB (half of this machine's L2), so they stay cached across micro-panels.
-fn f32_tiles_kv_block(d: usize, dv: usize) -> usize {
-    let mut kb = F32_KV_BLOCK;
-    while kb > 128 && kb * (d + dv) * 4 > 1 << 20 {
-        kb /= 2;
-    }
-    kb
+/// Key block length for f32 on [`Engine::Tiles`]: the `Lk` keys split into as few blocks of at
+/// most [`F32_KV_BLOCK`] as they need, of about equal length in whole K panels (1028 keys: three
+/// blocks of 352, 352, 324 instead of 512, 512 and a 4-key block that costs a whole pass).
+fn f32_tiles_kv_block(lk: usize) -> usize {
+    let blocks = lk.div_ceil(F32_KV_BLOCK);
+    lk.div_ceil(blocks).div_ceil(tiles::NR) * tiles::NR
 }
 
 /// `softmax(q·kᵀ <scale> + mask)·v` with the rounding described in the module docs. `q`
@@ -262,10 +260,7 @@ pub(crate) fn attention_on(
     };
     let kv_block = match (round, engine) {
         (Some(_), _) => HALF_KV_BLOCK,
-        (None, Engine::Tiles) => std::env::var("XKB")
-            .ok()
-            .and_then(|x| x.parse().ok())
-            .unwrap_or(f32_tiles_kv_block(d, dv)),
+        (None, Engine::Tiles) => f32_tiles_kv_block(lk),
         (None, Engine::Gemm) => F32_KV_BLOCK,
     };
     let dims = Dims {
@@ -275,10 +270,7 @@ pub(crate) fn attention_on(
         d,
         dv,
         kv_block,
-        q_block: std::env::var("XQB")
-            .ok()
-            .and_then(|x| x.parse().ok())
-            .unwrap_or(query_block(b * heads, lq)),
+        q_block: query_block(b * heads, lq),
     };
 
     let (qg, ql) = q4.storage_and_layout();
@@ -582,7 +574,7 @@ fn task_gemm(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUnin
 /// (each V panel slice in L1 while the weight micro-panels pass it), into the task's padded
 /// output rows.
 fn task_tiles(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUninit<f32>]) {
-    use tiles::{KC, MR, NR};
+    use tiles::{MR, NR};
     let Dims {
         lq,
         lk,
@@ -644,8 +636,7 @@ fn task_tiles(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUni
     for k0 in (0..lk).step_by(kb) {
         let n = kb.min(lk - k0);
         // S = Q · K_blkᵀ, KC channels at a time.
-        for p0 in (0..d).step_by(KC) {
-            let kc = KC.min(d - p0);
+        for (p0, kc) in tiles::chunks(d) {
             for jp in 0..n.div_ceil(NR) {
                 let k_pan = &kp[((k0 / NR + jp) * d + p0) * NR..][..kc * NR];
                 // The next panel slice, fetched a part per micro-panel while this one runs.
@@ -662,8 +653,7 @@ fn task_tiles(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUni
             alpha[r] = softmax.update(r, q0 + r, k0, &mut srow[..n], mask_row);
         }
         // O = α·O + P · V_blk, KC keys at a time.
-        for j0 in (0..n).step_by(KC) {
-            let nc = KC.min(n - j0);
+        for (j0, nc) in tiles::chunks(n) {
             for cp in 0..dv_p / NR {
                 let v_pan = &vp[(cp * lk + k0 + j0) * NR..][..nc * NR];
                 let next = vp.get(((cp + 1) * lk + k0 + j0) * NR..).unwrap_or(&[]);
@@ -787,6 +777,19 @@ pub(crate) mod simd {
         }
     }
 
+    /// `x[0] ∘ x[1] ∘ ..` as a tree of pairs (vector shuffles, not a chain of 16 scalar steps).
+    #[inline(always)]
+    fn tree(mut x: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
+        let mut w = LANES / 2;
+        while w > 0 {
+            for i in 0..w {
+                x[i] = op(x[i], x[i + w]);
+            }
+            w /= 2;
+        }
+        x[0]
+    }
+
     #[inline(always)]
     fn max_lanes(x: &[f32]) -> f32 {
         let mut acc = [f32::NEG_INFINITY; LANES];
@@ -797,11 +800,10 @@ pub(crate) mod simd {
                 acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
             }
         }
-        let mut m = f32::NEG_INFINITY;
-        for &a in acc.iter().chain(rest) {
-            m = if a > m { a } else { m };
+        for (l, &r) in rest.iter().enumerate() {
+            acc[l] = if r > acc[l] { r } else { acc[l] };
         }
-        m
+        tree(acc, |a, b| if b > a { b } else { a })
     }
 
     /// The factor the exp pass applies to the raw scores: `c` for `Mul(c)` with `c > 0` and no
@@ -851,21 +853,20 @@ pub(crate) mod simd {
                     c[l] = rnd(p);
                 }
             }
-            let mut total = 0f32;
             let rest = chunks.into_remainder();
             if !rest.is_empty() {
-                // The tail as one padded chunk (vectorised like the others), summed in order.
+                // The tail as one chunk padded with -inf (weights 0), vectorised like the others.
                 let mut p = [f32::NEG_INFINITY; LANES];
                 p[..rest.len()].copy_from_slice(rest);
-                for x in &mut p {
-                    *x = exp(*x * pre - m);
+                for l in 0..LANES {
+                    p[l] = exp(p[l] * pre - m);
+                    acc[l] += p[l];
                 }
                 for (x, &p) in rest.iter_mut().zip(&p) {
-                    total += p;
                     *x = rnd(p);
                 }
             }
-            acc.iter().sum::<f32>() + total
+            tree(acc, |a, b| a + b)
         }
         // Half precision rounds each weight: there the weights use the exact (libm) `exp` of
         // the reference path, so the rounded weights are the reference's (a last-bit

@@ -22,6 +22,20 @@ pub(super) const NR: usize = 32;
 /// tile): a `KC × NR` panel slice is 32 KiB, which stays in L1 while the micro-panels pass it.
 pub(super) const KC: usize = 256;
 
+/// `0..n` as `(start, len)` chunks of [`KC`], the last one taking a remainder of up to `KC / 4`
+/// (no tile pass over a handful of channels or keys).
+pub(super) fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        let left = n - start;
+        let len = if left <= KC + KC / 4 { left } else { KC };
+        (len > 0).then(|| {
+            start += len;
+            (start - len, len)
+        })
+    })
+}
+
 /// Whether this CPU runs the microkernels (AVX-512F, detected once).
 pub(super) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
