@@ -1,18 +1,27 @@
-//! The tile products of the CPU kernel as AVX-512 microkernels, on operands packed once.
+//! [`Engine::Tiles`](super::Engine::Tiles): the tile products of a task as AVX-512
+//! microkernels of our own, on K and V packed once per batch·head.
 //!
-//! Both products of a key block run per *micro-panel* of [`MR`] query rows, so its scores
-//! (`MR × key block`) stay in L1 while the key and value blocks stream from L2:
+//! A general GEMM packs its operands per call, so calling one per (query block, key block)
+//! repacks every K and V block for every query block; here K is packed once per batch·head into
+//! panels of [`NR`] keys (`(D, NR)` each, zero past `Lk`) and V into panels of [`NR`] channels
+//! (`(Lk, NR)` each, zero past `Dv`), shared by all the query blocks of that head (a head that is
+//! a single task packs its own into the worker's scratch). Per key block, a task:
 //!
-//! * scores: `S = Q·Kᵀ`, from `Q` packed per micro-panel (`(D, MR)`: the `MR` values of one
-//!   channel adjacent, broadcast one by one) and `K` packed once per batch·head in panels of
-//!   [`NR`] keys (`(D, NR)` each, zero keys past `Lk`), one `MR × NR` register tile at a time;
-//! * values: `O = α·O + P·V`, from the weights `P` (rows of the score tile) and `V` packed once
-//!   per batch·head in panels of [`NR`] channels (`(Lk, NR)` each, zero channels past `Dv`); the
-//!   online-softmax rescaling `α` of each row is applied as the output tile is loaded.
+//! * forms the scores `S = Q·Kᵀ` one `12 × 32` register tile at a time (24 of the 32 vector
+//!   registers accumulate; the 12 query values of a channel are broadcast, the 32 keys are two
+//!   vector loads), each `KC × NR` K panel slice staying in L1 while the task's micro-panels of
+//!   [`MR`] query rows pass it;
+//! * turns each score row into weights (scale, mask, running max, `exp`, row sum: the row
+//!   kernels of [`super::simd`], shared with the other engine);
+//! * accumulates `O = α·O + P·V` one `12 × 32` tile at a time the same way, `α` being the
+//!   online-softmax rescaling of the row, applied as the output tile is loaded.
 //!
-//! Packing K and V once per batch·head (not per query block, as a general GEMM does) is what the
-//! kernel gains over calling `gemm` per tile; the register tile is 8 rows × 32 columns (16 of
-//! the 32 vector registers accumulate).
+//! A short last micro-panel uses a 4- or 8-row tile. The next panel slice is prefetched towards
+//! L2 a part per micro-panel. The output rows are accumulated in the worker's scratch with a
+//! padded width and written to the output once, divided by their sums.
+
+use super::{Dims, Inputs, Softmax, SCRATCH};
+use std::mem::MaybeUninit;
 
 /// Query rows per micro-panel (register tile rows).
 pub(super) const MR: usize = 12;
@@ -34,6 +43,114 @@ pub(super) fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
             (start - len, len)
         })
     })
+}
+
+/// One task: query rows `q0 .. q0 + o.len() / dv` of batch·head `bh`,
+/// written into `o`. Per key block: the score tiles (each K panel slice stays in L1 while the
+/// task's query micro-panels pass it), the softmax update of every row, then the output tiles
+/// (each V panel slice in L1 while the weight micro-panels pass it), into the task's padded
+/// output rows.
+pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUninit<f32>]) {
+    let Dims {
+        lq,
+        lk,
+        d,
+        dv,
+        kv_block,
+        ..
+    } = *dims;
+    let (lk_p, dv_p) = (dims.lk_panels(), dims.dv_panels());
+    let rows = o.len() / dv;
+    let panels = rows.div_ceil(MR);
+    let q = &inp.q[(bh * lq + q0) * d..][..rows * d];
+    let kb = kv_block.min(lk);
+    // Score rows padded past a multiple of 16 lanes so the rows of a micro-panel do not share
+    // cache sets.
+    let ld = kb.div_ceil(NR) * NR + 16;
+    let mut scratch = SCRATCH.take();
+    let own = if inp.packed { 0 } else { lk_p * d + lk * dv_p };
+    // Query rows copied with a padded stride (rows 2 KiB apart would share L1 sets), the rows of
+    // the last micro-panel past `rows` zero.
+    let ldq = d.div_ceil(16) * 16 + 16;
+    let sizes = [
+        own,
+        panels * MR * ldq,
+        panels * MR * ld,
+        panels * MR * dv_p,
+        panels * MR,
+        kb,
+    ];
+    let need: usize = sizes.iter().sum();
+    if scratch.len() < need {
+        scratch.resize(need, 0.0);
+    }
+    let (own, rest) = scratch[..need].split_at_mut(sizes[0]);
+    let (kp, vp): (&[f32], &[f32]) = if inp.packed {
+        (
+            &inp.k[bh * lk_p * d..][..lk_p * d],
+            &inp.v[bh * lk * dv_p..][..lk * dv_p],
+        )
+    } else {
+        let (kp, vp) = own.split_at_mut(lk_p * d);
+        pack_keys(&inp.k[bh * lk * d..][..lk * d], lk, d, kp);
+        pack_values(&inp.v[bh * lk * dv..][..lk * dv], lk, dv, vp);
+        (kp, vp)
+    };
+    let (qp, rest) = rest.split_at_mut(sizes[1]);
+    let (s, rest) = rest.split_at_mut(sizes[2]);
+    let (acc, rest) = rest.split_at_mut(sizes[3]);
+    let (alpha, mask_row) = rest.split_at_mut(sizes[4]);
+    for (r, dst) in qp.chunks_exact_mut(ldq).enumerate() {
+        match q.get(r * d..(r + 1) * d) {
+            Some(src) => dst[..d].copy_from_slice(src),
+            None => dst[..d].fill(0.0),
+        }
+    }
+    alpha.fill(1.0);
+    let ones = [1f32; MR];
+    let mut softmax = Softmax::new(inp, dims, bh, rows);
+    for k0 in (0..lk).step_by(kb) {
+        let n = kb.min(lk - k0);
+        // S = Q · K_blkᵀ, KC channels at a time.
+        for (p0, kc) in chunks(d) {
+            for jp in 0..n.div_ceil(NR) {
+                let k_pan = &kp[((k0 / NR + jp) * d + p0) * NR..][..kc * NR];
+                // The next panel slice, fetched a part per micro-panel while this one runs.
+                let next = kp.get(((k0 / NR + jp + 1) * d + p0) * NR..).unwrap_or(&[]);
+                for mp in 0..panels {
+                    prefetch(next, mp, panels, kc * NR);
+                    let s_tile = &mut s[mp * MR * ld + jp * NR..];
+                    let mr = MR.min(rows - mp * MR);
+                    score_tile(mr, &qp[mp * MR * ldq + p0..], ldq, k_pan, kc, s_tile, ld, p0 > 0);
+                }
+            }
+        }
+        for (r, srow) in s.chunks_exact_mut(ld).take(rows).enumerate() {
+            alpha[r] = softmax.update(r, q0 + r, k0, &mut srow[..n], mask_row);
+        }
+        // O = α·O + P · V_blk, KC keys at a time.
+        for (j0, nc) in chunks(n) {
+            for cp in 0..dv_p / NR {
+                let v_pan = &vp[(cp * lk + k0 + j0) * NR..][..nc * NR];
+                let next = vp.get(((cp + 1) * lk + k0 + j0) * NR..).unwrap_or(&[]);
+                for mp in 0..panels {
+                    prefetch(next, mp, panels, nc * NR);
+                    let init = match (k0, j0) {
+                        (0, 0) => None,
+                        (_, 0) => Some(&alpha[mp * MR..]),
+                        _ => Some(&ones[..]),
+                    };
+                    let p_tile = &s[mp * MR * ld + j0..];
+                    let o_tile = &mut acc[mp * MR * dv_p + cp * NR..];
+                    value_tile(MR.min(rows - mp * MR), p_tile, ld, nc, v_pan, o_tile, dv_p, init);
+                }
+            }
+        }
+    }
+    for (r, row) in o.chunks_exact_mut(dv).enumerate() {
+        store_scaled(&acc[r * dv_p..r * dv_p + dv], softmax.factor(r), row);
+    }
+    SCRATCH.set(scratch);
 }
 
 /// Whether this CPU runs the microkernels (AVX-512F, detected once).
