@@ -420,14 +420,38 @@ impl<'a> Softmax<'a> {
     /// weights; returns the factor the row's earlier output is to be multiplied by (`α`, 1 on
     /// the first key block). `mask_row` is scratch of at least `s.len()`.
     fn update(&mut self, r: usize, i: usize, k0: usize, s: &mut [f32], mask_row: &mut [f32]) -> f32 {
+        self.update_with_max(r, i, k0, s, mask_row, None)
+    }
+
+    /// Whether the scores need no pass of their own before the exp pass (no mask, a positive
+    /// `Mul` scale that the exp pass applies): their row max is then all [`update_with_max`]
+    /// needs, and a tile product can find it as it stores the scores.
+    ///
+    /// [`update_with_max`]: Softmax::update_with_max
+    fn max_is_enough(&self) -> bool {
+        self.inp.mask.is_none() && matches!(self.inp.scale, ScoreScale::Mul(c) if c > 0.0 && c.is_finite())
+    }
+
+    /// [`update`](Softmax::update), given the row max of the raw scores `s` where
+    /// [`max_is_enough`](Softmax::max_is_enough) (the same bits as finding it here).
+    fn update_with_max(
+        &mut self,
+        r: usize,
+        i: usize,
+        k0: usize,
+        s: &mut [f32],
+        mask_row: &mut [f32],
+        raw_max: Option<f32>,
+    ) -> f32 {
         let inp = self.inp;
-        let m = match &inp.mask {
-            Some(mask) => {
+        let m = match (&inp.mask, raw_max) {
+            (None, Some(m)) if self.max_is_enough() => m * self.pre,
+            (Some(mask), _) => {
                 let mr = &mut mask_row[..s.len()];
                 mask.row(self.b, self.h, i, k0, mr);
                 (self.ops.scale_mask_max)(s, Some(mr), inp.scale)
             }
-            None => (self.ops.scale_mask_max)(s, None, inp.scale),
+            (None, _) => (self.ops.scale_mask_max)(s, None, inp.scale),
         };
         let m_old = self.max[r];
         let m_new = if m > m_old { m } else { m_old };

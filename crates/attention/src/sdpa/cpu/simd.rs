@@ -105,6 +105,12 @@ fn tree(mut x: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
     x[0]
 }
 
+/// The max of 16 lanes (NaN lanes ignored, as in the row kernels).
+pub(crate) fn max_of(x: &[f32]) -> f32 {
+    let lanes: [f32; LANES] = x.try_into().expect("16 lanes");
+    tree(lanes, |a, b| if b > a { b } else { a })
+}
+
 #[inline(always)]
 fn max_lanes(x: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];

@@ -20,7 +20,7 @@
 //! L2 a part per micro-panel. The output rows are accumulated in the worker's scratch with a
 //! padded width and written to the output once, divided by their sums.
 
-use super::{Dims, Inputs, Softmax, SCRATCH};
+use super::{simd, Dims, Inputs, Softmax, SCRATCH};
 use std::mem::MaybeUninit;
 
 /// Query rows per micro-panel (register tile rows).
@@ -74,6 +74,7 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     let ldq = d.div_ceil(16) * 16 + 16;
     let sizes = [
         own,
+        panels * MR * 16,
         panels * MR * ldq,
         panels * MR * ld,
         panels * MR * dv_p,
@@ -96,10 +97,11 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
         pack_values(&inp.v[bh * lk * dv..][..lk * dv], lk, dv, vp);
         (kp, vp)
     };
-    let (qp, rest) = rest.split_at_mut(sizes[1]);
-    let (s, rest) = rest.split_at_mut(sizes[2]);
-    let (acc, rest) = rest.split_at_mut(sizes[3]);
-    let (alpha, mask_row) = rest.split_at_mut(sizes[4]);
+    let (row_max, rest) = rest.split_at_mut(sizes[1]);
+    let (qp, rest) = rest.split_at_mut(sizes[2]);
+    let (s, rest) = rest.split_at_mut(sizes[3]);
+    let (acc, rest) = rest.split_at_mut(sizes[4]);
+    let (alpha, mask_row) = rest.split_at_mut(sizes[5]);
     for (r, dst) in qp.chunks_exact_mut(ldq).enumerate() {
         match q.get(r * d..(r + 1) * d) {
             Some(src) => dst[..d].copy_from_slice(src),
@@ -109,10 +111,14 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     alpha.fill(1.0);
     let ones = [1f32; MR];
     let mut softmax = Softmax::new(inp, dims, bh, rows);
+    // Where a row max is all the softmax needs first, the score tiles find it (16 lanes a row).
+    let fuse_max = softmax.max_is_enough();
     for k0 in (0..lk).step_by(kb) {
         let n = kb.min(lk - k0);
+        row_max.fill(f32::NEG_INFINITY);
         // S = Q · K_blkᵀ, KC channels at a time.
         for (p0, kc) in chunks(d) {
+            let last = p0 + kc == d;
             for jp in 0..n.div_ceil(NR) {
                 let k_pan = &kp[((k0 / NR + jp) * d + p0) * NR..][..kc * NR];
                 // The next panel slice, fetched a part per micro-panel while this one runs.
@@ -121,12 +127,17 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
                     prefetch(next, mp, panels, kc * NR);
                     let s_tile = &mut s[mp * MR * ld + jp * NR..];
                     let mr = MR.min(rows - mp * MR);
-                    score_tile(mr, &qp[mp * MR * ldq + p0..], ldq, k_pan, kc, s_tile, ld, p0 > 0);
+                    let max = (fuse_max && last).then(|| RowMax {
+                        lanes: &mut row_max[mp * MR * 16..],
+                        keys: NR.min(n - jp * NR),
+                    });
+                    score_tile(mr, &qp[mp * MR * ldq + p0..], ldq, k_pan, kc, s_tile, ld, p0 > 0, max);
                 }
             }
         }
         for (r, srow) in s.chunks_exact_mut(ld).take(rows).enumerate() {
-            alpha[r] = softmax.update(r, q0 + r, k0, &mut srow[..n], mask_row);
+            let raw_max = fuse_max.then(|| simd::max_of(&row_max[r * 16..(r + 1) * 16]));
+            alpha[r] = softmax.update_with_max(r, q0 + r, k0, &mut srow[..n], mask_row, raw_max);
         }
         // O = α·O + P · V_blk, KC keys at a time.
         for (j0, nc) in chunks(n) {
@@ -211,9 +222,17 @@ pub(super) fn tile_rows(rows: usize) -> usize {
     rows.div_ceil(4) * 4
 }
 
+/// Running row maxima of score tiles: 16 lanes per tile row (`lanes[r·16 ..]`, folded by
+/// [`simd::max_of`]), over the first `keys` columns of the tile (the rest are padding).
+pub(super) struct RowMax<'a> {
+    pub(super) lanes: &'a mut [f32],
+    pub(super) keys: usize,
+}
+
 /// One score tile: `s[r·ld + c] (+)= Σ_p q[r·ldq + p] · kp[p·NR + c]` for the
 /// [`tile_rows`]`(rows)` query rows of a micro-panel and the `NR` keys of a K panel slice, over
-/// `kc` channels (added to the tile when `accumulate`).
+/// `kc` channels (added to the tile when `accumulate`); with `max`, the tile's rows are also
+/// folded into those running maxima as they are stored.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn score_tile(
     rows: usize,
@@ -224,19 +243,22 @@ pub(super) fn score_tile(
     s: &mut [f32],
     ld: usize,
     accumulate: bool,
+    max: Option<RowMax>,
 ) {
     let r = tile_rows(rows);
     assert!(kc > 0 && ldq >= kc && q.len() >= (r - 1) * ldq + kc && kp.len() >= kc * NR);
     assert!(ld >= NR && s.len() >= (r - 1) * ld + NR);
+    assert!(max.as_ref().is_none_or(|m| m.lanes.len() >= r * 16 && (1..=NR).contains(&m.keys)));
     #[cfg(target_arch = "x86_64")]
     if available() {
         let (q, kp, s) = (q.as_ptr(), kp.as_ptr(), s.as_mut_ptr());
+        let max = max.map(|m| (m.lanes.as_mut_ptr(), m.keys));
         // SAFETY: AVX-512F detected; the asserts bound every access.
         unsafe {
             match r {
-                4 => avx512::score_tile::<4>(q, ldq, kp, kc, s, ld, accumulate),
-                8 => avx512::score_tile::<8>(q, ldq, kp, kc, s, ld, accumulate),
-                _ => avx512::score_tile::<MR>(q, ldq, kp, kc, s, ld, accumulate),
+                4 => avx512::score_tile::<4>(q, ldq, kp, kc, s, ld, accumulate, max),
+                8 => avx512::score_tile::<8>(q, ldq, kp, kc, s, ld, accumulate, max),
+                _ => avx512::score_tile::<MR>(q, ldq, kp, kc, s, ld, accumulate, max),
             }
         }
         return;
@@ -347,6 +369,7 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn score_tile<const R: usize>(
         q: *const f32,
         ldq: usize,
@@ -355,6 +378,7 @@ mod avx512 {
         s: *mut f32,
         ld: usize,
         accumulate: bool,
+        max: Option<(*mut f32, usize)>,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         if accumulate {
@@ -375,6 +399,18 @@ mod avx512 {
         for (r, acc) in acc.iter().enumerate() {
             _mm512_storeu_ps(s.add(r * ld), acc[0]);
             _mm512_storeu_ps(s.add(r * ld + 16), acc[1]);
+        }
+        if let Some((lanes, keys)) = max {
+            // max(new, running) keeps the running value where the new score is NaN, as the
+            // row kernels' max does; padding columns are left out.
+            let (k0, k1) = (self::lanes(keys), self::lanes(keys.saturating_sub(16)));
+            for (r, acc) in acc.iter().enumerate() {
+                let m = lanes.add(r * 16);
+                let run = _mm512_loadu_ps(m);
+                let run = _mm512_mask_max_ps(run, k0, acc[0], run);
+                let run = _mm512_mask_max_ps(run, k1, acc[1], run);
+                _mm512_storeu_ps(m, run);
+            }
         }
     }
 
