@@ -545,6 +545,7 @@ mod tests {
             (2, 13, 600, 300, 70),
             (1, 300, 1100, 16, 33),
             (2, 520, 64, 64, 64),
+            (1, 29, 45, 512, 32),
         ];
         let mut engines = vec![Engine::Gemm];
         if tiles::available() {

@@ -71,11 +71,16 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     let own = if inp.packed { 0 } else { lk_p * d + lk * dv_p };
     // Query rows copied with a padded stride (rows 2 KiB apart would share L1 sets), the rows of
     // the last micro-panel past `rows` zero.
-    let ldq = d.div_ceil(16) * 16 + 16;
+    // Query rows are read in place where they are under 2 KiB apart; further apart (D ≥ 512) the
+    // rows of a micro-panel would crowd a few L1 sets, so they are copied with a padded stride.
+    // A short last micro-panel is copied either way, zero-padded to whole tile rows.
+    let copy_all = d >= 512;
+    let ldq = if copy_all { d.div_ceil(16) * 16 + 16 } else { d };
+    let copied = if copy_all { panels * MR } else { MR };
     let sizes = [
         own,
         panels * MR * 16,
-        panels * MR * ldq,
+        copied * ldq,
         panels * MR * ld,
         panels * MR * dv_p,
         panels * MR,
@@ -102,12 +107,21 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     let (s, rest) = rest.split_at_mut(sizes[3]);
     let (acc, rest) = rest.split_at_mut(sizes[4]);
     let (alpha, mask_row) = rest.split_at_mut(sizes[5]);
+    let first_copied = if copy_all { 0 } else { (panels - 1) * MR };
     for (r, dst) in qp.chunks_exact_mut(ldq).enumerate() {
-        match q.get(r * d..(r + 1) * d) {
+        match q.get((first_copied + r) * d..(first_copied + r + 1) * d) {
             Some(src) => dst[..d].copy_from_slice(src),
             None => dst[..d].fill(0.0),
         }
     }
+    // The query rows of micro-panel `mp`, `ldq` apart.
+    let q_rows = |mp: usize| -> &[f32] {
+        if mp * MR >= first_copied {
+            &qp[(mp * MR - first_copied) * ldq..]
+        } else {
+            &q[mp * MR * d..]
+        }
+    };
     alpha.fill(1.0);
     let ones = [1f32; MR];
     let mut softmax = Softmax::new(inp, dims, bh, rows);
@@ -131,7 +145,7 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
                         lanes: &mut row_max[mp * MR * 16..],
                         keys: NR.min(n - jp * NR),
                     });
-                    score_tile(mr, &qp[mp * MR * ldq + p0..], ldq, k_pan, kc, s_tile, ld, p0 > 0, max);
+                    score_tile(mr, &q_rows(mp)[p0..], ldq, k_pan, kc, s_tile, ld, p0 > 0, max);
                 }
             }
         }
@@ -248,7 +262,9 @@ pub(super) fn score_tile(
     let r = tile_rows(rows);
     assert!(kc > 0 && ldq >= kc && q.len() >= (r - 1) * ldq + kc && kp.len() >= kc * NR);
     assert!(ld >= NR && s.len() >= (r - 1) * ld + NR);
-    assert!(max.as_ref().is_none_or(|m| m.lanes.len() >= r * 16 && (1..=NR).contains(&m.keys)));
+    assert!(max
+        .as_ref()
+        .is_none_or(|m| m.lanes.len() >= r * 16 && (1..=NR).contains(&m.keys)));
     #[cfg(target_arch = "x86_64")]
     if available() {
         let (q, kp, s) = (q.as_ptr(), kp.as_ptr(), s.as_mut_ptr());
