@@ -169,6 +169,13 @@ impl Dims {
     fn dv_panels(&self) -> usize {
         self.dv.div_ceil(tiles::NR) * tiles::NR
     }
+    /// Whether [`Engine::Tiles`] reads V as it is, `(Lk, Dv)` row-major, instead of packing it:
+    /// where its rows are whole panels already (`Dv` = 32), or split into whole panels with at
+    /// most 128 keys under 2 KiB apart (a panel slice then fits L1 however its rows fall).
+    fn values_in_place(&self) -> bool {
+        let nr = tiles::NR;
+        self.dv % nr == 0 && (self.dv == nr || (self.lk <= 128 && self.dv < 512))
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -177,7 +184,8 @@ struct Inputs<'a> {
     /// Per batch·head: Kᵀ `(D, Lk)` for [`Engine::Gemm`]; for [`Engine::Tiles`] K panels if
     /// `packed`, else K `(Lk, D)`.
     k: &'a [f32],
-    /// Per batch·head: for [`Engine::Tiles`] V panels if `packed`, else V `(Lk, Dv)`.
+    /// Per batch·head: V `(Lk, Dv)`; for [`Engine::Tiles`] V panels instead if `packed` and not
+    /// [`Dims::values_in_place`].
     v: &'a [f32],
     /// Whether K and V are packed for the microkernels already (else each task packs its own).
     packed: bool,
@@ -301,9 +309,10 @@ pub(crate) fn attention_on(
     // that task packs its own K and V into its scratch instead.
     let packed = engine == Engine::Tiles && lq > dims.q_block;
     let (lk_p, dv_p) = (dims.lk_panels(), dims.dv_panels());
+    let packed_v = if dims.values_in_place() { 0 } else { lk * dv_p };
     let mut store = match (engine, packed) {
         (Engine::Gemm, _) => packing_buffer::take(k_in.len()),
-        (Engine::Tiles, true) => packing_buffer::take(b * heads * (lk_p * d + lk * dv_p)),
+        (Engine::Tiles, true) => packing_buffer::take(b * heads * (lk_p * d + packed_v)),
         (Engine::Tiles, false) => Vec::new(),
     };
     match (engine, packed) {
@@ -317,9 +326,11 @@ pub(crate) fn attention_on(
                         .for_each(|(dst, src)| tiles::pack_keys(src, lk, d, dst))
                 },
                 || {
-                    vp.par_chunks_mut(lk * dv_p)
-                        .zip(v_in.par_chunks(lk * dv))
-                        .for_each(|(dst, src)| tiles::pack_values(src, lk, dv, dst))
+                    if packed_v > 0 {
+                        vp.par_chunks_mut(packed_v)
+                            .zip(v_in.par_chunks(lk * dv))
+                            .for_each(|(dst, src)| tiles::pack_values(src, lk, dv, dst))
+                    }
                 },
             );
         }
@@ -327,6 +338,7 @@ pub(crate) fn attention_on(
     }
     let (k_op, v_op) = match (engine, packed) {
         (Engine::Gemm, _) => (&store[..], v_in),
+        (Engine::Tiles, true) if packed_v == 0 => (&store[..], v_in),
         (Engine::Tiles, true) => store.split_at(b * heads * lk_p * d),
         (Engine::Tiles, false) => (k_in, v_in),
     };
@@ -546,6 +558,11 @@ mod tests {
             (1, 300, 1100, 16, 33),
             (2, 520, 64, 64, 64),
             (1, 29, 45, 512, 32),
+            // V read in place: Dv = 32 (one task per head, and shared by query blocks), and
+            // whole panels with few keys.
+            (2, 40, 100, 24, 32),
+            (1, 700, 300, 20, 32),
+            (2, 9, 90, 48, 96),
         ];
         let mut engines = vec![Engine::Gemm];
         if tiles::available() {

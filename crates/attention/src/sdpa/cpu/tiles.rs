@@ -68,9 +68,9 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     // cache sets.
     let ld = kb.div_ceil(NR) * NR + 16;
     let mut scratch = SCRATCH.take();
-    let own = if inp.packed { 0 } else { lk_p * d + lk * dv_p };
-    // Query rows copied with a padded stride (rows 2 KiB apart would share L1 sets), the rows of
-    // the last micro-panel past `rows` zero.
+    let in_place = dims.values_in_place();
+    let packed_v = if in_place { 0 } else { lk * dv_p };
+    let own = if inp.packed { 0 } else { lk_p * d + packed_v };
     // Query rows are read in place where they are under 2 KiB apart; further apart (D ≥ 512) the
     // rows of a micro-panel would crowd a few L1 sets, so they are copied with a padded stride.
     // A short last micro-panel is copied either way, zero-padded to whole tile rows.
@@ -91,17 +91,23 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
         scratch.resize(need, 0.0);
     }
     let (own, rest) = scratch[..need].split_at_mut(sizes[0]);
-    let (kp, vp): (&[f32], &[f32]) = if inp.packed {
-        (
-            &inp.k[bh * lk_p * d..][..lk_p * d],
-            &inp.v[bh * lk * dv_p..][..lk * dv_p],
-        )
-    } else {
-        let (kp, vp) = own.split_at_mut(lk_p * d);
-        pack_keys(&inp.k[bh * lk * d..][..lk * d], lk, d, kp);
-        pack_values(&inp.v[bh * lk * dv..][..lk * dv], lk, dv, vp);
-        (kp, vp)
+    let v_raw = &inp.v[bh * lk * dv..][..lk * dv];
+    let (kp, vp): (&[f32], &[f32]) = match (inp.packed, in_place) {
+        (true, true) => (&inp.k[bh * lk_p * d..][..lk_p * d], v_raw),
+        (true, false) => (&inp.k[bh * lk_p * d..][..lk_p * d], &inp.v[bh * packed_v..][..packed_v]),
+        (false, _) => {
+            let (kp, vp) = own.split_at_mut(lk_p * d);
+            pack_keys(&inp.k[bh * lk * d..][..lk * d], lk, d, kp);
+            if in_place {
+                (kp, v_raw)
+            } else {
+                pack_values(v_raw, lk, dv, vp);
+                (kp, vp)
+            }
+        }
     };
+    // Key `j` of V panel `cp` starts at `cp · panel + j · ldv`.
+    let (ldv, panel) = if in_place { (dv, NR) } else { (NR, lk * NR) };
     let (row_max, rest) = rest.split_at_mut(sizes[1]);
     let (qp, rest) = rest.split_at_mut(sizes[2]);
     let (s, rest) = rest.split_at_mut(sizes[3]);
@@ -156,10 +162,12 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
         // O = α·O + P · V_blk, KC keys at a time.
         for (j0, nc) in chunks(n) {
             for cp in 0..dv_p / NR {
-                let v_pan = &vp[(cp * lk + k0 + j0) * NR..][..nc * NR];
-                let next = vp.get(((cp + 1) * lk + k0 + j0) * NR..).unwrap_or(&[]);
+                let v_pan = &vp[cp * panel + (k0 + j0) * ldv..][..(nc - 1) * ldv + NR];
+                let next = vp.get((cp + 1) * panel + (k0 + j0) * ldv..).unwrap_or(&[]);
                 for mp in 0..panels {
-                    prefetch(next, mp, panels, nc * NR);
+                    if !in_place {
+                        prefetch(next, mp, panels, nc * NR);
+                    }
                     let init = match (k0, j0) {
                         (0, 0) => None,
                         (_, 0) => Some(&alpha[mp * MR..]),
@@ -167,7 +175,8 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
                     };
                     let p_tile = &s[mp * MR * ld + j0..];
                     let o_tile = &mut acc[mp * MR * dv_p + cp * NR..];
-                    value_tile(MR.min(rows - mp * MR), p_tile, ld, nc, v_pan, o_tile, dv_p, init);
+                    let tile = (MR.min(rows - mp * MR), p_tile, ld, nc);
+                    value_tile(tile, v_pan, ldv, o_tile, dv_p, init);
                 }
             }
         }
@@ -282,22 +291,20 @@ pub(super) fn score_tile(
     unreachable!("tiles::score_tile without AVX-512 (callers check `available`)")
 }
 
-/// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·NR + c]` for
-/// the [`tile_rows`]`(rows)` rows of a weight micro-panel and the `NR` channels of a V panel
-/// slice, over `n` keys (`init` `None`: the `o` term left out).
-#[allow(clippy::too_many_arguments)]
+/// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·ldv + c]` for
+/// the [`tile_rows`]`(rows)` rows of a weight micro-panel `(rows, p, ld, n)` and the `NR`
+/// channels of a V panel slice, over `n` keys (`init` `None`: the `o` term left out).
 pub(super) fn value_tile(
-    rows: usize,
-    p: &[f32],
-    ld: usize,
-    n: usize,
+    (rows, p, ld, n): (usize, &[f32], usize, usize),
     vp: &[f32],
+    ldv: usize,
     o: &mut [f32],
     ldo: usize,
     init: Option<&[f32]>,
 ) {
     let r = tile_rows(rows);
-    assert!(n > 0 && ld >= n && p.len() >= (r - 1) * ld + n && vp.len() >= n * NR);
+    assert!(n > 0 && ld >= n && p.len() >= (r - 1) * ld + n);
+    assert!(ldv >= NR && vp.len() >= (n - 1) * ldv + NR);
     assert!(ldo >= NR && o.len() >= (r - 1) * ldo + NR && init.is_none_or(|a| a.len() >= r));
     #[cfg(target_arch = "x86_64")]
     if available() {
@@ -305,9 +312,9 @@ pub(super) fn value_tile(
         // SAFETY: AVX-512F detected; the asserts bound every access.
         unsafe {
             match r {
-                4 => avx512::value_tile::<4>(p, ld, n, vp, o, ldo, init),
-                8 => avx512::value_tile::<8>(p, ld, n, vp, o, ldo, init),
-                _ => avx512::value_tile::<MR>(p, ld, n, vp, o, ldo, init),
+                4 => avx512::value_tile::<4>(p, ld, n, vp, ldv, o, ldo, init),
+                8 => avx512::value_tile::<8>(p, ld, n, vp, ldv, o, ldo, init),
+                _ => avx512::value_tile::<MR>(p, ld, n, vp, ldv, o, ldo, init),
             }
         }
         return;
@@ -430,12 +437,14 @@ mod avx512 {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn value_tile<const R: usize>(
         p: *const f32,
         ld: usize,
         n: usize,
         vp: *const f32,
+        ldv: usize,
         o: *mut f32,
         ldo: usize,
         init: Option<*const f32>,
@@ -449,8 +458,8 @@ mod avx512 {
             }
         }
         for j in 0..n {
-            let b0 = _mm512_loadu_ps(vp.add(j * NR));
-            let b1 = _mm512_loadu_ps(vp.add(j * NR + 16));
+            let b0 = _mm512_loadu_ps(vp.add(j * ldv));
+            let b1 = _mm512_loadu_ps(vp.add(j * ldv + 16));
             for (r, acc) in acc.iter_mut().enumerate() {
                 let x = _mm512_set1_ps(*p.add(r * ld + j));
                 acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
