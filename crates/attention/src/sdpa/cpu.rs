@@ -174,7 +174,7 @@ impl Dims {
     /// most 128 keys under 2 KiB apart (a panel slice then fits L1 however its rows fall).
     fn values_in_place(&self) -> bool {
         let nr = tiles::NR;
-        self.dv % nr == 0 && (self.dv == nr || (self.lk <= 128 && self.dv < 512))
+        self.dv.is_multiple_of(nr) && (self.dv == nr || (self.lk <= 128 && self.dv < 512))
     }
 }
 
