@@ -201,7 +201,7 @@ pub(super) fn available() -> bool {
 /// `K` of one batch·head, `(Lk, D)` row-major, into NR-key panels `(D, NR)`: `dst` holds
 /// `⌈Lk/NR⌉·D·NR` values, keys past `Lk` zero.
 pub(super) fn pack_keys(k: &[f32], lk: usize, d: usize, dst: &mut [f32]) {
-    assert!(k.len() >= lk * d && dst.len() == lk.div_ceil(NR) * d * NR && d < i32::MAX as usize / NR);
+    assert!(k.len() >= lk * d && dst.len() == lk.div_ceil(NR) * d * NR);
     #[cfg(target_arch = "x86_64")]
     if available() {
         // SAFETY: AVX-512F detected; the assert bounds every access.
@@ -328,16 +328,6 @@ mod avx512 {
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
-    /// Offsets `0, step, 2·step, ..` of 16 lanes.
-    #[target_feature(enable = "avx512f")]
-    fn strides(step: usize) -> __m512i {
-        let s = step as i32;
-        _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(s),
-        )
-    }
-
     /// Lanes `0..n` (n ≤ 16) set.
     fn lanes(n: usize) -> __mmask16 {
         if n >= 16 {
@@ -347,20 +337,62 @@ mod avx512 {
         }
     }
 
+    /// `r[i][c]` → `r[c][i]` for a 16 × 16 block in registers (unpack pairs, then quads, then
+    /// 128-bit lanes).
+    #[target_feature(enable = "avx512f")]
+    fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+        let pd = _mm512_castps_pd;
+        let ps = _mm512_castpd_ps;
+        // t[2g], t[2g + 1]: rows 2g, 2g + 1 interleaved (columns 4k, 4k + 1 / 4k + 2, 4k + 3).
+        let mut t = [_mm512_setzero_ps(); 16];
+        for g in 0..8 {
+            t[2 * g] = _mm512_unpacklo_ps(r[2 * g], r[2 * g + 1]);
+            t[2 * g + 1] = _mm512_unpackhi_ps(r[2 * g], r[2 * g + 1]);
+        }
+        // u[4g + m]: column 4k + m of rows 4g .. 4g + 4, in 128-bit lane k.
+        let mut u = [_mm512_setzero_ps(); 16];
+        for g in 0..4 {
+            let (a, b, c, d) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+            u[4 * g] = ps(_mm512_unpacklo_pd(pd(a), pd(c)));
+            u[4 * g + 1] = ps(_mm512_unpackhi_pd(pd(a), pd(c)));
+            u[4 * g + 2] = ps(_mm512_unpacklo_pd(pd(b), pd(d)));
+            u[4 * g + 3] = ps(_mm512_unpackhi_pd(pd(b), pd(d)));
+        }
+        // Column 4k + m gathers lane k of u[m], u[4 + m], u[8 + m], u[12 + m].
+        let mut out = [_mm512_setzero_ps(); 16];
+        for m in 0..4 {
+            let v0 = _mm512_shuffle_f32x4::<0x44>(u[m], u[4 + m]);
+            let v1 = _mm512_shuffle_f32x4::<0xEE>(u[m], u[4 + m]);
+            let w0 = _mm512_shuffle_f32x4::<0x44>(u[8 + m], u[12 + m]);
+            let w1 = _mm512_shuffle_f32x4::<0xEE>(u[8 + m], u[12 + m]);
+            out[m] = _mm512_shuffle_f32x4::<0x88>(v0, w0);
+            out[4 + m] = _mm512_shuffle_f32x4::<0xDD>(v0, w0);
+            out[8 + m] = _mm512_shuffle_f32x4::<0x88>(v1, w1);
+            out[12 + m] = _mm512_shuffle_f32x4::<0xDD>(v1, w1);
+        }
+        out
+    }
+
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn pack_keys(k: *const f32, lk: usize, d: usize, dst: *mut f32) {
-        let idx = strides(d);
+        // 16 keys × 16 channels at a time, transposed in registers; keys past `lk` and channels
+        // past `d` are not read (zero).
         for jp in 0..lk.div_ceil(NR) {
-            let j0 = jp * NR;
-            let valid = NR.min(lk - j0);
-            let (m0, m1) = (lanes(valid), lanes(valid.saturating_sub(16)));
             let panel = dst.add(jp * d * NR);
-            for p in 0..d {
-                // Masked-off lanes are not read; the base of the upper half may lie past `k`.
-                let lo = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m0, idx, k.wrapping_add(j0 * d + p));
-                let hi = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m1, idx, k.wrapping_add((j0 + 16) * d + p));
-                _mm512_storeu_ps(panel.add(p * NR), lo);
-                _mm512_storeu_ps(panel.add(p * NR + 16), hi);
+            for half in 0..2 {
+                let j0 = jp * NR + half * 16;
+                let keys = lk.saturating_sub(j0).min(16);
+                for p0 in (0..d).step_by(16) {
+                    let m = lanes(d - p0);
+                    let mut rows = [_mm512_setzero_ps(); 16];
+                    for (i, row) in rows.iter_mut().enumerate().take(keys) {
+                        *row = _mm512_maskz_loadu_ps(m, k.add((j0 + i) * d + p0));
+                    }
+                    let cols = transpose16(rows);
+                    for (c, col) in cols.iter().enumerate().take(16.min(d - p0)) {
+                        _mm512_storeu_ps(panel.add((p0 + c) * NR + half * 16), *col);
+                    }
+                }
             }
         }
     }
