@@ -5,12 +5,14 @@
     python scripts/bench_torch.py block vae 128
     python scripts/bench_torch.py block ddpm 32
     python scripts/bench_torch.py all [--reps 5]      # every case, one subprocess each
-    python scripts/bench_torch.py compare RUST_EXAMPLE [--rounds 3] [--reps 5] [--only SUBSTR] [--out FILE]
+    python scripts/bench_torch.py compare RUST_EXAMPLE [--rounds 5] [--reps N] [--only SUBSTR] [--out FILE]
 
 ``compare`` runs each case alternately here and with the Rust example binary
 (``target/release/examples/bench_sdpa``), ``--rounds`` times each, so both see the same machine
 load; it appends every JSON line to ``--out`` (default ``bench_results.jsonl``) and prints a
-Markdown table of the medians over all repetitions of all rounds.
+Markdown table of the medians (and minima) over all repetitions of all rounds. Without
+``--reps``, each case gets enough repetitions for about half a second per run (sub-millisecond
+cases swing by tens of percent over a handful of calls on a shared machine).
 
 One case per process, so ``ru_maxrss`` is that case's peak resident set. Prints one JSON line per
 case, the same fields as the Rust example: times per repetition after the warm-up, median, RSS
@@ -113,21 +115,33 @@ def case_args():
     return [["core", *map(str, s)] for s in CORE_SHAPES] + [["block", k, str(s)] for k, s in BLOCKS]
 
 
+# Repetitions per run when ``compare`` is not given ``--reps``: about half a second of calls.
+DEFAULT_REPS = {
+    "core 1 1 4096 4096 512": 5,
+    "core 1 1 16384 16384 512": 2,
+    "core 2 20 1024 1024 64": 10,
+    "core 2 8 64 64 160": 400,
+    "core 2 8 64 77 160": 400,
+    "core 4 4 256 260 32": 150,
+    "core 1 4 1024 1028 32": 50,
+    "block vae 64": 5,
+    "block vae 128": 2,
+    "block ddpm 16": 50,
+    "block ddpm 32": 10,
+}
+
+
 def compare(args):
     binary = args[0]
-    rounds = opt(args, "--rounds", 3)
-    reps = str(opt(args, "--reps", 5))
+    rounds = opt(args, "--rounds", 5)
+    reps = opt(args, "--reps", 0)
     only = args[args.index("--only") + 1] if "--only" in args else None
     out = args[args.index("--out") + 1] if "--out" in args else "bench_results.jsonl"
     rows = {}
     for c in case_args():
         if only and only not in " ".join(c):
             continue
-        if c[:2] == ["core", "1"] and c[4] == "16384":
-            # Seconds per call: fewer repetitions.
-            extra = ["--reps", "2"]
-        else:
-            extra = ["--reps", reps]
+        extra = ["--reps", str(reps or DEFAULT_REPS.get(" ".join(c), 5))]
         for _ in range(rounds):
             for cmd in ([sys.executable, __file__, *c, *extra], [binary, *c, *extra]):
                 line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
@@ -136,8 +150,8 @@ def compare(args):
                     f.write(line + "\n")
                 rows.setdefault(" ".join(c), {}).setdefault(rec["impl"], []).append(rec)
                 print(line, file=sys.stderr, flush=True)
-    print("| case | PyTorch ms | ours ms | ours/PyTorch speed | PyTorch peak RSS − before (MiB) | ours peak RSS − before (MiB) | inputs+output (MiB) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| case | PyTorch ms | ours ms | speed ours/PyTorch | fastest call PyTorch / ours (ms) | PyTorch peak RSS − before (MiB) | ours peak RSS − before (MiB) | inputs+output (MiB) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for key, by in rows.items():
         def med(recs, f):
             xs = sorted(f(r) for r in recs)
@@ -147,7 +161,8 @@ def compare(args):
         tm, om = t_ms[len(t_ms) // 2], o_ms[len(o_ms) // 2]
         tmem = med(by["torch"], lambda r: r["peak_rss_mib"] - r["rss_before_mib"])
         omem = med(by["candle"], lambda r: r["peak_rss_mib"] - r["rss_before_mib"])
-        print(f"| {by['torch'][0]['case']} | {tm:.2f} | {om:.2f} | {tm / om:.2f} | {tmem:.0f} | {omem:.0f} | {by['torch'][0]['io_mib']:.1f} |")
+        fastest = f"{t_ms[0]:.2f} / {o_ms[0]:.2f}"
+        print(f"| {by['torch'][0]['case']} | {tm:.2f} | {om:.2f} | {tm / om:.2f} | {fastest} | {tmem:.0f} | {omem:.0f} | {by['torch'][0]['io_mib']:.1f} |")
 
 
 def main():

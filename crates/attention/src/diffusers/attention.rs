@@ -789,6 +789,11 @@ impl Attention {
         // PyTorch holds the tokens as a transposed view after `view(B, C, -1).transpose(1, 2)`
         // or `group_norm(h.transpose(1, 2)).transpose(1, 2)`: its Linear then rounds twice.
         let hs_strided = image.is_some() || self.group_norm.is_some();
+        // One contiguous copy of a strided view for the three projections (each would make its
+        // own); the rounding the flag selects does not depend on the layout.
+        if hs_strided {
+            hs = hs.contiguous()?;
+        }
         let query = linear(&self.to_q, &hs, hs_strided)?;
         let (context, context_strided) = match (encoder_hidden_states, &self.norm_cross) {
             (None, _) => (hs.clone(), hs_strided),

@@ -25,8 +25,9 @@
 //!
 //! * the tiled online-softmax CPU kernel ([`SdpaPath::Flash`], the CPU choice of
 //!   [`SdpaPath::Auto`] for f32/f16/bf16): never forms the score matrix; same rounding points as
-//!   torch's CPU flash kernel in f16/bf16; memory O(tokens × head_dim). [`eager_attention`]
-//!   takes it in f32 only (its half-precision rounding is per op);
+//!   torch's CPU flash kernel in f16/bf16; memory O(tokens × head_dim); AVX-512 microkernels of
+//!   its own where the CPU has AVX-512, `gemm` calls elsewhere ([`cpu_kernel_isa`]).
+//!   [`eager_attention`] takes it in f32 only (its half-precision rounding is per op);
 //! * [`SdpaPath::Chunked`]: the reference ops on query blocks, one block of scores in memory at a
 //!   time, any device and dtype (f64, GPUs without a fused kernel);
 //! * fused GPU kernels under [`SdpaPath::Auto`]: CUDA FlashAttention-2 (feature `flash-attn`)
@@ -39,9 +40,10 @@ mod path;
 
 pub use path::{sdpa_path, set_sdpa_path, SdpaPath};
 
-/// The instruction set the tiled CPU kernel's row operations run with on this machine:
-/// `"avx512"`, `"avx2"` or `"portable"` (detected at run time). Its tile GEMMs are the `gemm`
-/// crate's, which makes the same choice for itself.
+/// The instruction set the tiled CPU kernel runs with on this machine (detected at run time):
+/// `"avx512"`, where its tile products are AVX-512 microkernels of this crate on K and V packed
+/// once per head, or `"avx2"` / `"portable"`, where they are `gemm` crate calls (which pick
+/// their own kernels) and only the row operations (scale, mask, max, `exp`, sums) are this ISA's.
 pub fn cpu_kernel_isa() -> &'static str {
     cpu::simd::ops().name
 }
