@@ -494,9 +494,21 @@ impl<'a> Softmax<'a> {
 }
 
 thread_local! {
-    /// A worker's score tile and mask row, kept between tasks (no allocation and zeroing per
-    /// task; every element a task reads it has written first).
+    /// A worker's scratch (score tile, mask row, and for the tile engine its packed operands and
+    /// output tile), kept between tasks: no allocation and zeroing per task.
     static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `f` on `need` floats of this worker's scratch (contents arbitrary: a task writes every
+/// element before it reads it).
+fn with_scratch<R>(need: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut scratch = SCRATCH.take();
+    if scratch.len() < need {
+        scratch.resize(need, 0.0);
+    }
+    let out = f(&mut scratch[..need]);
+    SCRATCH.set(scratch);
+    out
 }
 
 #[cfg(test)]

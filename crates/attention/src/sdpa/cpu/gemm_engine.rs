@@ -1,7 +1,7 @@
 //! [`Engine::Gemm`](super::Engine::Gemm): both tile products of a task as `gemm` calls, on any
 //! CPU. K is transposed once per batch·head to `(D, Lk)`, so `gemm` packs Kᵀ as a plain copy.
 
-use super::{Dims, Inputs, Softmax, SCRATCH};
+use super::{with_scratch, Dims, Inputs, Softmax};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -90,31 +90,27 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     let kt = &inp.k[bh * lk * d..][..lk * d]; // (D, Lk)
     let v = &inp.v[bh * lk * dv..][..lk * dv];
     let kb = kv_block.min(lk);
-    // The worker's score tile and mask row, taken out for this task and put back after it.
-    let mut scratch = SCRATCH.take();
-    let need = rows * kb + kb;
-    if scratch.len() < need {
-        scratch.resize(need, 0.0);
-    }
-    let (s, mask_row) = scratch[..need].split_at_mut(rows * kb);
-    let mut softmax = Softmax::new(inp, dims, bh, rows);
-    for k0 in (0..lk).step_by(kb) {
-        let n = kb.min(lk - k0);
-        let first = k0 == 0;
-        let s = &mut s[..rows * n];
-        // S = Q_blk · K_blkᵀ, with Kᵀ stored (D, Lk).
-        gemm_f32(rows, n, d, s, n, false, q, d, 1, &kt[k0..], lk, 1);
-        for (r, srow) in s.chunks_exact_mut(n).enumerate() {
-            let alpha = softmax.update(r, q0 + r, k0, srow, mask_row);
-            if !first && alpha != 1.0 {
-                (softmax.ops.scale)(&mut o[r * dv..(r + 1) * dv], alpha);
+    // The worker's score tile and mask row.
+    with_scratch(rows * kb + kb, |scratch| {
+        let (s, mask_row) = scratch.split_at_mut(rows * kb);
+        let mut softmax = Softmax::new(inp, dims, bh, rows);
+        for k0 in (0..lk).step_by(kb) {
+            let n = kb.min(lk - k0);
+            let first = k0 == 0;
+            let s = &mut s[..rows * n];
+            // S = Q_blk · K_blkᵀ, with Kᵀ stored (D, Lk).
+            gemm_f32(rows, n, d, s, n, false, q, d, 1, &kt[k0..], lk, 1);
+            for (r, srow) in s.chunks_exact_mut(n).enumerate() {
+                let alpha = softmax.update(r, q0 + r, k0, srow, mask_row);
+                if !first && alpha != 1.0 {
+                    (softmax.ops.scale)(&mut o[r * dv..(r + 1) * dv], alpha);
+                }
             }
+            // O (+)= P · V_blk
+            gemm_f32(rows, dv, n, o, dv, !first, s, n, 1, &v[k0 * dv..], dv, 1);
         }
-        // O (+)= P · V_blk
-        gemm_f32(rows, dv, n, o, dv, !first, s, n, 1, &v[k0 * dv..], dv, 1);
-    }
-    for (r, row) in o.chunks_exact_mut(dv).enumerate() {
-        (softmax.ops.scale)(row, softmax.factor(r));
-    }
-    SCRATCH.set(scratch);
+        for (r, row) in o.chunks_exact_mut(dv).enumerate() {
+            (softmax.ops.scale)(row, softmax.factor(r));
+        }
+    })
 }

@@ -20,7 +20,7 @@
 //! L2 a part per micro-panel. The output rows are accumulated in the worker's scratch with a
 //! padded width and written to the output once, divided by their sums.
 
-use super::{simd, Dims, Inputs, Softmax, SCRATCH};
+use super::{simd, with_scratch, Dims, Inputs, Softmax};
 use std::mem::MaybeUninit;
 
 /// Query rows per micro-panel (register tile rows).
@@ -67,7 +67,6 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     // Score rows padded past a multiple of 16 lanes so the rows of a micro-panel do not share
     // cache sets.
     let ld = kb.div_ceil(NR) * NR + 16;
-    let mut scratch = SCRATCH.take();
     let in_place = dims.values_in_place();
     let packed_v = if in_place { 0 } else { lk * dv_p };
     let own = if inp.packed { 0 } else { lk_p * d + packed_v };
@@ -86,105 +85,102 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
         panels * MR,
         kb,
     ];
-    let need: usize = sizes.iter().sum();
-    if scratch.len() < need {
-        scratch.resize(need, 0.0);
-    }
-    let (own, rest) = scratch[..need].split_at_mut(sizes[0]);
-    let v_raw = &inp.v[bh * lk * dv..][..lk * dv];
-    let (kp, vp): (&[f32], &[f32]) = match (inp.packed, in_place) {
-        (true, true) => (&inp.k[bh * lk_p * d..][..lk_p * d], v_raw),
-        (true, false) => (&inp.k[bh * lk_p * d..][..lk_p * d], &inp.v[bh * packed_v..][..packed_v]),
-        (false, _) => {
-            let (kp, vp) = own.split_at_mut(lk_p * d);
-            pack_keys(&inp.k[bh * lk * d..][..lk * d], lk, d, kp);
-            if in_place {
-                (kp, v_raw)
+    with_scratch(sizes.iter().sum(), |scratch| {
+        let (own, rest) = scratch.split_at_mut(sizes[0]);
+        let v_raw = &inp.v[bh * lk * dv..][..lk * dv];
+        let (kp, vp): (&[f32], &[f32]) = match (inp.packed, in_place) {
+            (true, true) => (&inp.k[bh * lk_p * d..][..lk_p * d], v_raw),
+            (true, false) => (&inp.k[bh * lk_p * d..][..lk_p * d], &inp.v[bh * packed_v..][..packed_v]),
+            (false, _) => {
+                let (kp, vp) = own.split_at_mut(lk_p * d);
+                pack_keys(&inp.k[bh * lk * d..][..lk * d], lk, d, kp);
+                if in_place {
+                    (kp, v_raw)
+                } else {
+                    pack_values(v_raw, lk, dv, vp);
+                    (kp, vp)
+                }
+            }
+        };
+        // Key `j` of V panel `cp` starts at `cp · panel + j · ldv`.
+        let (ldv, panel) = if in_place { (dv, NR) } else { (NR, lk * NR) };
+        let (row_max, rest) = rest.split_at_mut(sizes[1]);
+        let (qp, rest) = rest.split_at_mut(sizes[2]);
+        let (s, rest) = rest.split_at_mut(sizes[3]);
+        let (acc, rest) = rest.split_at_mut(sizes[4]);
+        let (alpha, mask_row) = rest.split_at_mut(sizes[5]);
+        let first_copied = if copy_all { 0 } else { (panels - 1) * MR };
+        for (r, dst) in qp.chunks_exact_mut(ldq).enumerate() {
+            match q.get((first_copied + r) * d..(first_copied + r + 1) * d) {
+                Some(src) => dst[..d].copy_from_slice(src),
+                None => dst[..d].fill(0.0),
+            }
+        }
+        // The query rows of micro-panel `mp`, `ldq` apart.
+        let q_rows = |mp: usize| -> &[f32] {
+            if mp * MR >= first_copied {
+                &qp[(mp * MR - first_copied) * ldq..]
             } else {
-                pack_values(v_raw, lk, dv, vp);
-                (kp, vp)
+                &q[mp * MR * d..]
             }
-        }
-    };
-    // Key `j` of V panel `cp` starts at `cp · panel + j · ldv`.
-    let (ldv, panel) = if in_place { (dv, NR) } else { (NR, lk * NR) };
-    let (row_max, rest) = rest.split_at_mut(sizes[1]);
-    let (qp, rest) = rest.split_at_mut(sizes[2]);
-    let (s, rest) = rest.split_at_mut(sizes[3]);
-    let (acc, rest) = rest.split_at_mut(sizes[4]);
-    let (alpha, mask_row) = rest.split_at_mut(sizes[5]);
-    let first_copied = if copy_all { 0 } else { (panels - 1) * MR };
-    for (r, dst) in qp.chunks_exact_mut(ldq).enumerate() {
-        match q.get((first_copied + r) * d..(first_copied + r + 1) * d) {
-            Some(src) => dst[..d].copy_from_slice(src),
-            None => dst[..d].fill(0.0),
-        }
-    }
-    // The query rows of micro-panel `mp`, `ldq` apart.
-    let q_rows = |mp: usize| -> &[f32] {
-        if mp * MR >= first_copied {
-            &qp[(mp * MR - first_copied) * ldq..]
-        } else {
-            &q[mp * MR * d..]
-        }
-    };
-    alpha.fill(1.0);
-    let ones = [1f32; MR];
-    let mut softmax = Softmax::new(inp, dims, bh, rows);
-    // Where a row max is all the softmax needs first, the score tiles find it (16 lanes a row).
-    let fuse_max = softmax.max_is_enough();
-    for k0 in (0..lk).step_by(kb) {
-        let n = kb.min(lk - k0);
-        row_max.fill(f32::NEG_INFINITY);
-        // S = Q · K_blkᵀ, KC channels at a time.
-        for (p0, kc) in chunks(d) {
-            let last = p0 + kc == d;
-            for jp in 0..n.div_ceil(NR) {
-                let k_pan = &kp[((k0 / NR + jp) * d + p0) * NR..][..kc * NR];
-                // The next panel slice, fetched a part per micro-panel while this one runs.
-                let next = kp.get(((k0 / NR + jp + 1) * d + p0) * NR..).unwrap_or(&[]);
-                for mp in 0..panels {
-                    prefetch(next, mp, panels, kc * NR);
-                    let s_tile = &mut s[mp * MR * ld + jp * NR..];
-                    let mr = MR.min(rows - mp * MR);
-                    let max = (fuse_max && last).then(|| RowMax {
-                        lanes: &mut row_max[mp * MR * 16..],
-                        keys: NR.min(n - jp * NR),
-                    });
-                    score_tile(mr, &q_rows(mp)[p0..], ldq, k_pan, kc, s_tile, ld, p0 > 0, max);
-                }
-            }
-        }
-        for (r, srow) in s.chunks_exact_mut(ld).take(rows).enumerate() {
-            let raw_max = fuse_max.then(|| simd::max_of(&row_max[r * 16..(r + 1) * 16]));
-            alpha[r] = softmax.update_with_max(r, q0 + r, k0, &mut srow[..n], mask_row, raw_max);
-        }
-        // O = α·O + P · V_blk, KC keys at a time.
-        for (j0, nc) in chunks(n) {
-            for cp in 0..dv_p / NR {
-                let v_pan = &vp[cp * panel + (k0 + j0) * ldv..][..(nc - 1) * ldv + NR];
-                let next = vp.get((cp + 1) * panel + (k0 + j0) * ldv..).unwrap_or(&[]);
-                for mp in 0..panels {
-                    if !in_place {
-                        prefetch(next, mp, panels, nc * NR);
+        };
+        alpha.fill(1.0);
+        let ones = [1f32; MR];
+        let mut softmax = Softmax::new(inp, dims, bh, rows);
+        // Where a row max is all the softmax needs first, the score tiles find it (16 lanes a row).
+        let fuse_max = softmax.max_is_enough();
+        for k0 in (0..lk).step_by(kb) {
+            let n = kb.min(lk - k0);
+            row_max.fill(f32::NEG_INFINITY);
+            // S = Q · K_blkᵀ, KC channels at a time.
+            for (p0, kc) in chunks(d) {
+                let last = p0 + kc == d;
+                for jp in 0..n.div_ceil(NR) {
+                    let k_pan = &kp[((k0 / NR + jp) * d + p0) * NR..][..kc * NR];
+                    // The next panel slice, fetched a part per micro-panel while this one runs.
+                    let next = kp.get(((k0 / NR + jp + 1) * d + p0) * NR..).unwrap_or(&[]);
+                    for mp in 0..panels {
+                        prefetch(next, mp, panels, kc * NR);
+                        let s_tile = &mut s[mp * MR * ld + jp * NR..];
+                        let mr = MR.min(rows - mp * MR);
+                        let max = (fuse_max && last).then(|| RowMax {
+                            lanes: &mut row_max[mp * MR * 16..],
+                            keys: NR.min(n - jp * NR),
+                        });
+                        score_tile(mr, &q_rows(mp)[p0..], ldq, k_pan, kc, s_tile, ld, p0 > 0, max);
                     }
-                    let init = match (k0, j0) {
-                        (0, 0) => None,
-                        (_, 0) => Some(&alpha[mp * MR..]),
-                        _ => Some(&ones[..]),
-                    };
-                    let p_tile = &s[mp * MR * ld + j0..];
-                    let o_tile = &mut acc[mp * MR * dv_p + cp * NR..];
-                    let tile = (MR.min(rows - mp * MR), p_tile, ld, nc);
-                    value_tile(tile, v_pan, ldv, o_tile, dv_p, init);
+                }
+            }
+            for (r, srow) in s.chunks_exact_mut(ld).take(rows).enumerate() {
+                let raw_max = fuse_max.then(|| simd::max_of(&row_max[r * 16..(r + 1) * 16]));
+                alpha[r] = softmax.update_with_max(r, q0 + r, k0, &mut srow[..n], mask_row, raw_max);
+            }
+            // O = α·O + P · V_blk, KC keys at a time.
+            for (j0, nc) in chunks(n) {
+                for cp in 0..dv_p / NR {
+                    let v_pan = &vp[cp * panel + (k0 + j0) * ldv..][..(nc - 1) * ldv + NR];
+                    let next = vp.get((cp + 1) * panel + (k0 + j0) * ldv..).unwrap_or(&[]);
+                    for mp in 0..panels {
+                        if !in_place {
+                            prefetch(next, mp, panels, nc * NR);
+                        }
+                        let init = match (k0, j0) {
+                            (0, 0) => None,
+                            (_, 0) => Some(&alpha[mp * MR..]),
+                            _ => Some(&ones[..]),
+                        };
+                        let p_tile = &s[mp * MR * ld + j0..];
+                        let o_tile = &mut acc[mp * MR * dv_p + cp * NR..];
+                        let tile = (MR.min(rows - mp * MR), p_tile, ld, nc);
+                        value_tile(tile, v_pan, ldv, o_tile, dv_p, init);
+                    }
                 }
             }
         }
-    }
-    for (r, row) in o.chunks_exact_mut(dv).enumerate() {
-        store_scaled(&acc[r * dv_p..r * dv_p + dv], softmax.factor(r), row);
-    }
-    SCRATCH.set(scratch);
+        for (r, row) in o.chunks_exact_mut(dv).enumerate() {
+            store_scaled(&acc[r * dv_p..r * dv_p + dv], softmax.factor(r), row);
+        }
+    })
 }
 
 /// Whether this CPU runs the microkernels (AVX-512F, detected once).
