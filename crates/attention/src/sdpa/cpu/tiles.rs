@@ -284,6 +284,8 @@ pub(super) fn score_tile(
         }
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = accumulate;
     unreachable!("tiles::score_tile without AVX-512 (callers check `available`)")
 }
 
@@ -503,14 +505,18 @@ mod avx512 {
 
 /// Part `i` of `parts` of the first `len` values of `x` fetched towards L2.
 pub(super) fn prefetch(x: &[f32], i: usize, parts: usize, len: usize) {
-    let len = len.min(x.len());
-    let lines = len.div_ceil(16);
-    let (a, b) = (lines * i / parts, lines * (i + 1) / parts);
     #[cfg(target_arch = "x86_64")]
-    for l in a..b {
-        // SAFETY: a prefetch never faults; the address is within `x`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(x.as_ptr().add(l * 16) as *const i8)
-        };
+    {
+        let lines = len.min(x.len()).div_ceil(16);
+        for l in lines * i / parts..lines * (i + 1) / parts {
+            // SAFETY: a prefetch never faults; the address is within `x` (l · 16 < len).
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                    x.as_ptr().add(l * 16) as *const i8
+                )
+            };
+        }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (x, i, parts, len);
 }
