@@ -161,6 +161,20 @@ struct Dims {
 }
 
 impl Dims {
+    /// Whether [`Engine::Tiles`] packs each head's K and V once for all its query blocks (more
+    /// than one task per head), instead of each task packing its own into its scratch.
+    fn shares_packing(&self) -> bool {
+        self.lq > self.q_block
+    }
+    /// Floats of one head's operands as [`tiles::pack_head`] lays them out.
+    fn packed_len(&self) -> usize {
+        let v = if self.values_in_place() {
+            0
+        } else {
+            self.lk * self.dv_panels()
+        };
+        self.lk_panels() * self.d + v
+    }
     /// Keys rounded up to whole K panels.
     fn lk_panels(&self) -> usize {
         self.lk.div_ceil(tiles::NR) * tiles::NR
@@ -181,14 +195,11 @@ impl Dims {
 #[derive(Clone, Copy)]
 struct Inputs<'a> {
     q: &'a [f32],
-    /// Per batch·head: Kᵀ `(D, Lk)` for [`Engine::Gemm`]; for [`Engine::Tiles`] K panels if
-    /// `packed`, else K `(Lk, D)`.
+    /// Per batch·head: Kᵀ `(D, Lk)` for [`Engine::Gemm`]; for [`Engine::Tiles`] its packed
+    /// operands ([`tiles::pack_head`]) where [`Dims::shares_packing`], else K `(Lk, D)`.
     k: &'a [f32],
-    /// Per batch·head: V `(Lk, Dv)`; for [`Engine::Tiles`] V panels instead if `packed` and not
-    /// [`Dims::values_in_place`].
+    /// Per batch·head: V `(Lk, Dv)`.
     v: &'a [f32],
-    /// Whether K and V are packed for the microkernels already (else each task packs its own).
-    packed: bool,
     mask: Option<Mask<'a>>,
     scale: ScoreScale,
     empty: Empty,
@@ -303,50 +314,29 @@ pub(crate) fn attention_on(
         }
     };
     let (k_in, v_in) = (f32_slice(&kg, kl)?, f32_slice(&vg, vl)?);
-    // The K (and V) operands as the engine reads them, made once per batch·head and shared by
-    // every query block: K transposed to (D, Lk) for `gemm` (it then packs Kᵀ as a plain copy,
-    // not a gather), K panels then V panels for the microkernels. Where a head is one task,
-    // that task packs its own K and V into its scratch instead.
-    let packed = engine == Engine::Tiles && lq > dims.q_block;
-    let (lk_p, dv_p) = (dims.lk_panels(), dims.dv_panels());
-    let packed_v = if dims.values_in_place() { 0 } else { lk * dv_p };
-    let mut store = match (engine, packed) {
-        (Engine::Gemm, _) => packing_buffer::take(k_in.len()),
-        (Engine::Tiles, true) => packing_buffer::take(b * heads * (lk_p * d + packed_v)),
-        (Engine::Tiles, false) => Vec::new(),
-    };
-    match (engine, packed) {
-        (Engine::Gemm, _) => gemm_engine::transpose_heads(k_in, lk, d, &mut store),
-        (Engine::Tiles, true) => {
-            let (kp, vp) = store.split_at_mut(b * heads * lk_p * d);
-            rayon::join(
-                || {
-                    kp.par_chunks_mut(lk_p * d)
-                        .zip(k_in.par_chunks(lk * d))
-                        .for_each(|(dst, src)| tiles::pack_keys(src, lk, d, dst))
-                },
-                || {
-                    if packed_v > 0 {
-                        vp.par_chunks_mut(packed_v)
-                            .zip(v_in.par_chunks(lk * dv))
-                            .for_each(|(dst, src)| tiles::pack_values(src, lk, dv, dst))
-                    }
-                },
-            );
+    // K as the engine reads it, made once per batch·head and shared by every query block: Kᵀ
+    // (D, Lk) for `gemm` (it then packs Kᵀ as a plain copy, not a gather), each head's packed
+    // operands for the microkernels. Where a head is one task, that task packs its own instead.
+    let store = match engine {
+        Engine::Gemm => {
+            let mut kt = packing_buffer::take(k_in.len());
+            gemm_engine::transpose_heads(k_in, lk, d, &mut kt);
+            kt
         }
-        (Engine::Tiles, false) => {}
-    }
-    let (k_op, v_op) = match (engine, packed) {
-        (Engine::Gemm, _) => (&store[..], v_in),
-        (Engine::Tiles, true) if packed_v == 0 => (&store[..], v_in),
-        (Engine::Tiles, true) => store.split_at(b * heads * lk_p * d),
-        (Engine::Tiles, false) => (k_in, v_in),
+        Engine::Tiles if dims.shares_packing() => {
+            let mut packed = packing_buffer::take(b * heads * dims.packed_len());
+            packed
+                .par_chunks_mut(dims.packed_len())
+                .zip(k_in.par_chunks(lk * d).zip(v_in.par_chunks(lk * dv)))
+                .for_each(|(dst, (k, v))| tiles::pack_head(k, v, &dims, dst));
+            packed
+        }
+        Engine::Tiles => Vec::new(),
     };
     let inputs = Inputs {
         q: f32_slice(&qg, ql)?,
-        k: k_op,
-        v: v_op,
-        packed,
+        k: if store.is_empty() { k_in } else { &store },
+        v: v_in,
         mask,
         scale,
         empty,

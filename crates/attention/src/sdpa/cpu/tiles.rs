@@ -68,8 +68,7 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     // cache sets.
     let ld = kb.div_ceil(NR) * NR + 16;
     let in_place = dims.values_in_place();
-    let packed_v = if in_place { 0 } else { lk * dv_p };
-    let own = if inp.packed { 0 } else { lk_p * d + packed_v };
+    let own = if dims.shares_packing() { 0 } else { dims.packed_len() };
     // Query rows are read in place where they are under 2 KiB apart; further apart (D ≥ 512) the
     // rows of a micro-panel would crowd a few L1 sets, so they are copied with a padded stride.
     // A short last micro-panel is copied either way, zero-padded to whole tile rows.
@@ -88,20 +87,14 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     with_scratch(sizes.iter().sum(), |scratch| {
         let (own, rest) = scratch.split_at_mut(sizes[0]);
         let v_raw = &inp.v[bh * lk * dv..][..lk * dv];
-        let (kp, vp): (&[f32], &[f32]) = match (inp.packed, in_place) {
-            (true, true) => (&inp.k[bh * lk_p * d..][..lk_p * d], v_raw),
-            (true, false) => (&inp.k[bh * lk_p * d..][..lk_p * d], &inp.v[bh * packed_v..][..packed_v]),
-            (false, _) => {
-                let (kp, vp) = own.split_at_mut(lk_p * d);
-                pack_keys(&inp.k[bh * lk * d..][..lk * d], lk, d, kp);
-                if in_place {
-                    (kp, v_raw)
-                } else {
-                    pack_values(v_raw, lk, dv, vp);
-                    (kp, vp)
-                }
-            }
+        let packed: &[f32] = if dims.shares_packing() {
+            &inp.k[bh * dims.packed_len()..][..dims.packed_len()]
+        } else {
+            pack_head(&inp.k[bh * lk * d..][..lk * d], v_raw, dims, own);
+            own
         };
+        let (kp, vp) = packed.split_at(lk_p * d);
+        let vp = if in_place { v_raw } else { vp };
         // Key `j` of V panel `cp` starts at `cp · panel + j · ldv`.
         let (ldv, panel) = if in_place { (dv, NR) } else { (NR, lk * NR) };
         let (row_max, rest) = rest.split_at_mut(sizes[1]);
@@ -181,6 +174,16 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
             store_scaled(&acc[r * dv_p..r * dv_p + dv], softmax.factor(r), row);
         }
     })
+}
+
+/// One head's operands for the microkernels into `dst` ([`Dims::packed_len`] floats): K panels
+/// (`⌈Lk/NR⌉·D·NR`), then V panels (`⌈Dv/NR⌉·Lk·NR`) unless [`Dims::values_in_place`].
+pub(super) fn pack_head(k: &[f32], v: &[f32], dims: &Dims, dst: &mut [f32]) {
+    let (kp, vp) = dst.split_at_mut(dims.lk_panels() * dims.d);
+    pack_keys(k, dims.lk, dims.d, kp);
+    if !dims.values_in_place() {
+        pack_values(v, dims.lk, dims.dv, vp);
+    }
 }
 
 /// Whether this CPU runs the microkernels (AVX-512F, detected once).
