@@ -882,8 +882,9 @@ impl Attention {
             .expect("the added-KV processors require group_norm (checked in new)");
         let normed = group_norm.forward(&hs.transpose(1, 2)?.contiguous()?)?;
         trace::record("norm", &normed);
-        let hs = normed.transpose(1, 2)?;
-        // hidden_states.view(B, C, -1).transpose(1, 2): a transposed view, as after group_norm.
+        // hidden_states.view(B, C, -1).transpose(1, 2): a transposed view, as after group_norm
+        // (the strided projections keep its rounding); copied once for its three projections.
+        let hs = normed.transpose(1, 2)?.contiguous()?;
         let q = split_tokens(&self.to_q.forward_tokens_strided(&hs)?, self.heads)?;
         let (add_k, add_v) = match (&self.add_k_proj, &self.add_v_proj) {
             (Some(k), Some(v)) => (k, v),
