@@ -325,10 +325,7 @@ pub(crate) fn attention_on(
         }
         Engine::Tiles if dims.shares_packing() => {
             let mut packed = packing_buffer::take(b * heads * dims.packed_len());
-            packed
-                .par_chunks_mut(dims.packed_len())
-                .zip(k_in.par_chunks(lk * d).zip(v_in.par_chunks(lk * dv)))
-                .for_each(|(dst, (k, v))| tiles::pack_head(k, v, &dims, dst));
+            tiles::pack_heads(k_in, v_in, &dims, &mut packed);
             packed
         }
         Engine::Tiles => Vec::new(),
@@ -565,6 +562,9 @@ mod tests {
             (2, 40, 100, 24, 32),
             (1, 700, 300, 20, 32),
             (2, 9, 90, 48, 96),
+            // Shared packing split into several groups of K panels (the last one short) and of
+            // V panels (the last one with channels past Dv).
+            (1, 600, 700, 96, 80),
         ];
         let mut engines = vec![Engine::Gemm];
         if tiles::available() {

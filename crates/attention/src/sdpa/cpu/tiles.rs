@@ -28,8 +28,10 @@ pub(super) const MR: usize = 12;
 /// Keys per K panel and channels per V panel (register tile columns: two 16-lane vectors).
 pub(super) const NR: usize = 32;
 /// Longest inner dimension of one tile product (channels of a score tile, keys of an output
-/// tile): a `KC × NR` panel slice is 32 KiB, which stays in L1 while the micro-panels pass it.
-pub(super) const KC: usize = 256;
+/// tile): a `KC × NR` panel slice is 16 KiB, which stays in L1 (48 KiB) with the query or weight
+/// rows of the micro-panels passing it. 256 (32 KiB) left too little room: measured on Zen 5 at
+/// D = 512, each tile phase ran at 87 % of the microkernel's in-L1 speed, at 128 at 93 %.
+pub(super) const KC: usize = 128;
 
 /// `0..n` as `(start, len)` chunks of [`KC`], the last one taking a remainder of up to `KC / 4`
 /// (no tile pass over a handful of channels or keys).
@@ -60,6 +62,9 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
         ..
     } = *dims;
     let (lk_p, dv_p) = (dims.lk_panels(), dims.dv_panels());
+    // Output rows padded past a multiple of 16 lanes: at Dv = 512 unpadded rows 2 KiB apart
+    // would put a whole column of output tiles into four L1 sets.
+    let ldo = dv_p + 16;
     let rows = o.len() / dv;
     let panels = rows.div_ceil(MR);
     let q = &inp.q[(bh * lq + q0) * d..][..rows * d];
@@ -80,7 +85,7 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
         panels * MR * 16,
         copied * ldq,
         panels * MR * ld,
-        panels * MR * dv_p,
+        panels * MR * ldo,
         panels * MR,
         kb,
     ];
@@ -163,15 +168,15 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
                             _ => Some(&ones[..]),
                         };
                         let p_tile = &s[mp * MR * ld + j0..];
-                        let o_tile = &mut acc[mp * MR * dv_p + cp * NR..];
+                        let o_tile = &mut acc[mp * MR * ldo + cp * NR..];
                         let tile = (MR.min(rows - mp * MR), p_tile, ld, nc);
-                        value_tile(tile, v_pan, ldv, o_tile, dv_p, init);
+                        value_tile(tile, v_pan, ldv, o_tile, ldo, init);
                     }
                 }
             }
         }
         for (r, row) in o.chunks_exact_mut(dv).enumerate() {
-            store_scaled(&acc[r * dv_p..r * dv_p + dv], softmax.factor(r), row);
+            store_scaled(&acc[r * ldo..r * ldo + dv], softmax.factor(r), row);
         }
     })
 }
@@ -182,8 +187,38 @@ pub(super) fn pack_head(k: &[f32], v: &[f32], dims: &Dims, dst: &mut [f32]) {
     let (kp, vp) = dst.split_at_mut(dims.lk_panels() * dims.d);
     pack_keys(k, dims.lk, dims.d, kp);
     if !dims.values_in_place() {
-        pack_values(v, dims.lk, dims.dv, vp);
+        pack_values(v, dims.lk, dims.dv, 0, vp);
     }
+}
+
+/// [`pack_head`] for every batch·head (`k`, `v` and `dst` hold them one after the other), in
+/// parallel over heads and over groups of panels within a head, so that a call with fewer
+/// heads than threads (the single-head VAE attention) does not pack on one thread.
+pub(super) fn pack_heads(k: &[f32], v: &[f32], dims: &Dims, dst: &mut [f32]) {
+    use rayon::prelude::*;
+    let Dims { lk, d, dv, .. } = *dims;
+    // About 64 KiB of packed output per job.
+    let group = |panel: usize| (16384 / panel.max(1)).max(1);
+    let kg = group(d * NR);
+    let vg = group(lk * NR);
+    dst.par_chunks_mut(dims.packed_len())
+        .zip(k.par_chunks(lk * d).zip(v.par_chunks(lk * dv)))
+        .for_each(|(dst, (k, v))| {
+            let (kp, vp) = dst.split_at_mut(dims.lk_panels() * d);
+            let keys = || {
+                kp.par_chunks_mut(kg * d * NR).enumerate().for_each(|(g, out)| {
+                    let j0 = g * kg * NR;
+                    pack_keys(&k[j0 * d..], (kg * NR).min(lk - j0), d, out);
+                })
+            };
+            let values = || {
+                if !dims.values_in_place() {
+                    let groups = vp.par_chunks_mut(vg * lk * NR).enumerate();
+                    groups.for_each(|(g, out)| pack_values(v, lk, dv, g * vg, out));
+                }
+            };
+            rayon::join(keys, values);
+        });
 }
 
 /// Whether this CPU runs the microkernels (AVX-512F, detected once).
@@ -210,14 +245,16 @@ pub(super) fn pack_keys(k: &[f32], lk: usize, d: usize, dst: &mut [f32]) {
     unreachable!("tiles::pack_keys without AVX-512 (callers check `available`)")
 }
 
-/// `V` of one batch·head, `(Lk, Dv)` row-major, into NR-channel panels `(Lk, NR)`: `dst` holds
-/// `⌈Dv/NR⌉·Lk·NR` values, channels past `Dv` zero.
-pub(super) fn pack_values(v: &[f32], lk: usize, dv: usize, dst: &mut [f32]) {
-    assert!(v.len() >= lk * dv && dst.len() == dv.div_ceil(NR) * lk * NR);
+/// `V` of one batch·head, `(Lk, Dv)` row-major, into NR-channel panels `(Lk, NR)` from panel
+/// `first` on: `dst` holds whole panels (`Lk·NR` values each), at most up to the last,
+/// channels past `Dv` zero.
+pub(super) fn pack_values(v: &[f32], lk: usize, dv: usize, first: usize, dst: &mut [f32]) {
+    let panels = dst.len() / (lk * NR);
+    assert!(v.len() >= lk * dv && dst.len() == panels * lk * NR && first + panels <= dv.div_ceil(NR));
     #[cfg(target_arch = "x86_64")]
     if available() {
         // SAFETY: AVX-512F detected (the body is safe code compiled for it).
-        unsafe { avx512::pack_values(v, lk, dv, dst) };
+        unsafe { avx512::pack_values(v, lk, dv, first, dst) };
         return;
     }
     unreachable!("tiles::pack_values without AVX-512 (callers check `available`)")
@@ -399,9 +436,9 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub(super) fn pack_values(v: &[f32], lk: usize, dv: usize, dst: &mut [f32]) {
+    pub(super) fn pack_values(v: &[f32], lk: usize, dv: usize, first: usize, dst: &mut [f32]) {
         for (cp, panel) in dst.chunks_exact_mut(lk * NR).enumerate() {
-            let c0 = cp * NR;
+            let c0 = (first + cp) * NR;
             let w = NR.min(dv - c0);
             for (j, out) in panel.chunks_exact_mut(NR).enumerate() {
                 let src = &v[j * dv + c0..j * dv + c0 + w];
