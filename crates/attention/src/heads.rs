@@ -6,6 +6,7 @@
 //!
 //! Both use the "(h d)" order: head `h` owns channels `h·D .. (h+1)·D`.
 
+use crate::cpu_kernels::contiguous;
 use candle_core::{Result, Tensor};
 
 /// `(B, N, H·D)` → `(B, H, N, D)`.
@@ -17,7 +18,7 @@ pub fn split_tokens(x: &Tensor, heads: usize) -> Result<Tensor> {
 /// `(B, H, N, D)` → `(B, N, H·D)`.
 pub fn merge_tokens(x: &Tensor) -> Result<Tensor> {
     let (b, h, n, d) = x.dims4()?;
-    x.transpose(1, 2)?.reshape((b, n, h * d))
+    contiguous(&x.transpose(1, 2)?)?.reshape((b, n, h * d))
 }
 
 /// `(B, H·D, N)` → `(B, H, N, D)`.
@@ -29,7 +30,7 @@ pub fn split_channels(x: &Tensor, heads: usize) -> Result<Tensor> {
 /// `(B, H, N, D)` → `(B, H·D, N)`.
 pub fn merge_channels(x: &Tensor) -> Result<Tensor> {
     let (b, h, n, d) = x.dims4()?;
-    x.transpose(2, 3)?.reshape((b, h * d, n))
+    contiguous(&x.transpose(2, 3)?)?.reshape((b, h * d, n))
 }
 
 /// Image `(B, C, H, W)` → tokens `(B, H·W, C)`; token `n = row·W + col`.
@@ -41,7 +42,7 @@ pub fn image_to_tokens(x: &Tensor) -> Result<Tensor> {
 /// Tokens `(B, H·W, C)` → image `(B, C, H, W)`.
 pub fn tokens_to_image(x: &Tensor, h: usize, w: usize) -> Result<Tensor> {
     let (b, _, c) = x.dims3()?;
-    x.transpose(1, 2)?.reshape((b, c, h, w))
+    contiguous(&x.transpose(1, 2)?)?.reshape((b, c, h, w))
 }
 
 /// A fused q/k/v projection `(B, 3·H·D, ...)` chunked `[Q | K | V]` along dimension 1, each

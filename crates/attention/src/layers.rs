@@ -1,6 +1,7 @@
 //! Layers shared by the blocks: projections that load `nn.Linear` or 1×1 conv weights, and the
 //! norms the PyTorch blocks use (GroupNorm, lucidrains' RMSNorm, BatchNorm2d in eval mode).
 
+use crate::cpu_kernels::contiguous;
 use crate::sdpa::{is_half, mul, upcast};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
@@ -51,11 +52,11 @@ impl Projection {
     pub fn forward_tokens(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         if is_half(x.dtype()) {
             let linear = candle_nn::Linear::new(upcast(&self.weight)?, self.bias.as_ref().map(upcast).transpose()?);
-            return linear.forward(&upcast(x)?.contiguous()?)?.to_dtype(x.dtype());
+            return linear.forward(&contiguous(&upcast(x)?)?)?.to_dtype(x.dtype());
         }
         // Candle's batched matmul mishandles some transposed (B, N, C) views of (B, C, N)
         // tensors; a contiguous copy is also what the GEMM wants.
-        self.linear.forward(&x.contiguous()?)
+        self.linear.forward(&contiguous(x)?)
     }
 
     /// `nn.Linear` on an input PyTorch holds as a non-contiguous view (a `transpose`d image, a
@@ -68,7 +69,7 @@ impl Projection {
             return self.forward_tokens(x);
         }
         let product = candle_nn::Linear::new(upcast(&self.weight)?, None)
-            .forward(&upcast(x)?.contiguous()?)?
+            .forward(&contiguous(&upcast(x)?)?)?
             .to_dtype(x.dtype())?;
         match &self.bias {
             Some(bias) => product.broadcast_add(&bias.to_dtype(x.dtype())?),
@@ -187,12 +188,12 @@ impl Module for RmsNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         // F.normalize: x / max(||x||_2 over dim 1, 1e-12), the norm accumulated in at least f32
         // and rounded to x's dtype before the division (as PyTorch does); then `* g`, `* scale`.
-        let norm = upcast(x)?
-            .sqr()?
-            .sum_keepdim(1)?
-            .sqrt()?
-            .clamp(1e-12, f64::INFINITY)?
-            .to_dtype(x.dtype())?;
+        let up = upcast(x)?;
+        let squares = match crate::cpu_kernels::channel_sum_squares(&up)? {
+            Some(s) => s,
+            None => up.sqr()?.sum_keepdim(1)?,
+        };
+        let norm = squares.sqrt()?.clamp(1e-12, f64::INFINITY)?.to_dtype(x.dtype())?;
         let normalized = x.broadcast_div(&norm)?;
         mul(&normalized.broadcast_mul(&self.g)?, self.scale)
     }
@@ -245,7 +246,8 @@ impl Module for BatchNorm2d {
 /// (`super().forward(x.float()).type(x.dtype)`). f16/bf16 inputs and weights are upcast to f32;
 /// f32 and f64 stay as they are (a float64 reference run keeps the whole block in float64).
 /// Candle's own `GroupNorm` normalises in f32 but applies the affine in the input dtype (three
-/// roundings instead of one).
+/// roundings instead of one). On the CPU the f32 computation is [`crate::cpu_kernels::group_norm`]
+/// (PyTorch's per-channel scale and shift, one pass), elsewhere Candle's ops.
 ///
 /// The weight and bias are loaded in the compute dtype of the run (f32 for f16/bf16 runs, else
 /// the run's dtype), never rounded to the half type: guided-diffusion's half-precision mode
@@ -283,14 +285,13 @@ impl GroupNorm {
 impl Module for GroupNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let dtype = crate::sdpa::compute_dtype(x.dtype());
-        let norm = candle_nn::GroupNorm::new(
-            self.weight.to_dtype(dtype)?,
-            self.bias.to_dtype(dtype)?,
-            self.channels,
-            self.groups,
-            self.eps,
-        )?;
-        norm.forward(&x.to_dtype(dtype)?)?.to_dtype(x.dtype())
+        let xc = x.to_dtype(dtype)?;
+        let (w, b) = (self.weight.to_dtype(dtype)?, self.bias.to_dtype(dtype)?);
+        if let Some(y) = crate::cpu_kernels::group_norm(&xc, &w, &b, self.groups, self.eps)? {
+            return y.to_dtype(x.dtype());
+        }
+        let norm = candle_nn::GroupNorm::new(w, b, self.channels, self.groups, self.eps)?;
+        norm.forward(&xc)?.to_dtype(x.dtype())
     }
 }
 

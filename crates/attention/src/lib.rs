@@ -45,6 +45,7 @@
 
 pub mod annotated_diffusion;
 pub mod config;
+pub mod cpu_kernels;
 pub mod ddpm;
 pub mod diffusers;
 pub mod error;

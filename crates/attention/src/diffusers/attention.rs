@@ -31,6 +31,7 @@
 //! processors that would ignore it, and the joint-attention options `out_context_dim`,
 //! `context_pre_only` and `pre_only`.
 
+use crate::cpu_kernels::contiguous;
 use crate::heads::{image_to_tokens, merge_tokens, split_tokens, tokens_to_image};
 use crate::layers::{group_norm, l2_normalize_last_dim, LastDimRmsNorm, LayerNorm, Projection, SpatialNorm};
 use crate::sdpa::{default_scale, div, matmul, sdpa, softmax, trace_probs, upcast, Scale};
@@ -287,7 +288,7 @@ impl CrossNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             CrossNorm::Layer(n) => n.forward(x),
-            CrossNorm::Group(n) => n.forward(&x.transpose(1, 2)?.contiguous()?)?.transpose(1, 2),
+            CrossNorm::Group(n) => n.forward(&contiguous(&x.transpose(1, 2)?)?)?.transpose(1, 2),
         }
     }
 }
@@ -792,7 +793,7 @@ impl Attention {
         // One contiguous copy of a strided view for the three projections (each would make its
         // own); the rounding the flag selects does not depend on the layout.
         if hs_strided {
-            hs = hs.contiguous()?;
+            hs = contiguous(&hs)?;
         }
         let query = linear(&self.to_q, &hs, hs_strided)?;
         let (context, context_strided) = match (encoder_hidden_states, &self.norm_cross) {
@@ -884,7 +885,7 @@ impl Attention {
         trace::record("norm", &normed);
         // hidden_states.view(B, C, -1).transpose(1, 2): a transposed view, as after group_norm
         // (the strided projections keep its rounding); copied once for its three projections.
-        let hs = normed.transpose(1, 2)?.contiguous()?;
+        let hs = contiguous(&normed.transpose(1, 2)?)?;
         let q = split_tokens(&self.to_q.forward_tokens_strided(&hs)?, self.heads)?;
         let (add_k, add_v) = match (&self.add_k_proj, &self.add_v_proj) {
             (Some(k), Some(v)) => (k, v),

@@ -273,7 +273,7 @@ pub(crate) fn attention_on(
         }
         None => None,
     };
-    let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+    let f32c = |t: &Tensor| crate::cpu_kernels::contiguous(&t.to_dtype(DType::F32)?);
     let (q4, k4, v4) = (f32c(&q4)?, f32c(&k4)?, f32c(&v4)?);
     let round = match dtype {
         DType::F16 => Some(simd::Round::F16),
