@@ -48,6 +48,7 @@ pub fn cpu_kernel_isa() -> &'static str {
     cpu::simd::ops().name
 }
 
+use crate::cpu_kernels::contiguous;
 use candle_core::{DType, Result, Tensor, D};
 
 /// The dtype attention arithmetic runs in for inputs of `dtype`: f32 for half types.
@@ -80,9 +81,8 @@ pub fn round_through(x: &Tensor, dtype: DType) -> Result<Tensor> {
 /// least f32, rounded once to `a`'s dtype.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let dtype = a.dtype();
-    upcast(a)?
-        .contiguous()?
-        .matmul(&upcast(b)?.contiguous()?)?
+    contiguous(&upcast(a)?)?
+        .matmul(&contiguous(&upcast(b)?)?)?
         .to_dtype(dtype)
 }
 
@@ -121,9 +121,9 @@ pub fn softmax_upcast<Dm: candle_core::shape::Dim>(xs: &Tensor, dim: Dm) -> Resu
         return Ok(xs);
     }
     if dim == last {
-        candle_nn::ops::softmax_last_dim(&xs.contiguous()?)
+        candle_nn::ops::softmax_last_dim(&contiguous(&xs)?)
     } else {
-        let moved = xs.transpose(dim, last)?.contiguous()?;
+        let moved = contiguous(&xs.transpose(dim, last)?)?;
         candle_nn::ops::softmax_last_dim(&moved)?.transpose(dim, last)
     }
 }
