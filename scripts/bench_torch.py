@@ -45,17 +45,23 @@ int mkl_serv_intel_cpu(void) { return 1; }
 MKL_MARK = "UNET_BENCH_MKL_AVX512"
 
 
-def mkl_avx512_reexec(args):
-    """Re-run this script with the MKL vendor-check shim preloaded (once)."""
+def mkl_avx512_env():
+    """The environment with the MKL vendor-check shim preloaded (compiled into a temporary
+    folder; the caller's environment if it already has it)."""
     if os.environ.get(MKL_MARK) == "1":
-        return
+        return dict(os.environ)
     tmp = tempfile.mkdtemp(prefix="mkl_shim_")
     src, lib = os.path.join(tmp, "shim.c"), os.path.join(tmp, "libmkl_intel_cpu.so")
     with open(src, "w") as f:
         f.write(MKL_SHIM)
     subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", lib, src], check=True)
-    env = dict(os.environ, LD_PRELOAD=lib, **{MKL_MARK: "1"})
-    os.execve(sys.executable, [sys.executable, __file__, *args], env)
+    return dict(os.environ, LD_PRELOAD=lib, **{MKL_MARK: "1"})
+
+
+def mkl_avx512_reexec(args):
+    """Re-run this script with the shim preloaded, unless it already is."""
+    if os.environ.get(MKL_MARK) != "1":
+        os.execve(sys.executable, [sys.executable, __file__, *args], mkl_avx512_env())
 
 
 def cpu_model():
@@ -178,16 +184,17 @@ def compare(args):
     reps = opt(args, "--reps", 0)
     only = args[args.index("--only") + 1] if "--only" in args else None
     out = args[args.index("--out") + 1] if "--out" in args else "bench_results.jsonl"
-    # PyTorch's runs re-exec themselves with the shim; ours are unaffected.
-    mkl = ["--mkl-avx512"] if "--mkl-avx512" in args else []
+    # The shim is built once; only PyTorch's runs get it.
+    torch_env = mkl_avx512_env() if "--mkl-avx512" in args else None
     rows = {}
     for c in case_args():
         if only and only not in " ".join(c):
             continue
         extra = ["--reps", str(reps or DEFAULT_REPS.get(" ".join(c), 5))]
         for _ in range(rounds):
-            for cmd in ([sys.executable, __file__, *c, *extra, *mkl], [binary, *c, *extra]):
-                line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            for cmd, env in (([sys.executable, __file__, *c, *extra], torch_env), ([binary, *c, *extra], None)):
+                run = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+                line = run.stdout.strip().splitlines()[-1]
                 rec = json.loads(line)
                 with open(out, "a") as f:
                     f.write(line + "\n")

@@ -120,7 +120,7 @@ pub fn group_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, groups: usize, eps
                 let m32 = mean as f32;
                 let var = sum_f64(xs, |v| (v - m32) * (v - m32)) / n;
                 // Σ(x − m32)² measures the spread about m32, not the exact mean: correct it.
-                let var = (var - (mean - m32 as f64).powi(2)).max(0.0);
+                let var = var - (mean - m32 as f64).powi(2);
                 let (mean, var) = (mean as f32, var as f32);
                 let rstd = 1.0 / (var.max(0.0) + eps as f32).sqrt();
                 let c0 = (bg % groups) * (c / groups);

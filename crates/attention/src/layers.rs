@@ -285,7 +285,8 @@ impl GroupNorm {
 impl Module for GroupNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let dtype = crate::sdpa::compute_dtype(x.dtype());
-        let xc = x.to_dtype(dtype)?;
+        // Any layout: the transposed token views of the diffusers blocks are copied once here.
+        let xc = contiguous(&x.to_dtype(dtype)?)?;
         let (w, b) = (self.weight.to_dtype(dtype)?, self.bias.to_dtype(dtype)?);
         if let Some(y) = crate::cpu_kernels::group_norm(&xc, &w, &b, self.groups, self.eps)? {
             return y.to_dtype(x.dtype());

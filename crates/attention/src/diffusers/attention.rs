@@ -288,7 +288,7 @@ impl CrossNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             CrossNorm::Layer(n) => n.forward(x),
-            CrossNorm::Group(n) => n.forward(&contiguous(&x.transpose(1, 2)?)?)?.transpose(1, 2),
+            CrossNorm::Group(n) => n.forward(&x.transpose(1, 2)?)?.transpose(1, 2),
         }
     }
 }
@@ -783,7 +783,7 @@ impl Attention {
         };
         if let Some(gn) = &self.group_norm {
             // group_norm(hidden_states.transpose(1, 2)): stage `norm` is (B, C, N).
-            let normed = gn.forward(&hs.transpose(1, 2)?.contiguous()?)?;
+            let normed = gn.forward(&hs.transpose(1, 2)?)?;
             trace::record("norm", &normed);
             hs = normed.transpose(1, 2)?;
         }
@@ -881,7 +881,7 @@ impl Attention {
             .group_norm
             .as_ref()
             .expect("the added-KV processors require group_norm (checked in new)");
-        let normed = group_norm.forward(&hs.transpose(1, 2)?.contiguous()?)?;
+        let normed = group_norm.forward(&hs.transpose(1, 2)?)?;
         trace::record("norm", &normed);
         // hidden_states.view(B, C, -1).transpose(1, 2): a transposed view, as after group_norm
         // (the strided projections keep its rounding); copied once for its three projections.
