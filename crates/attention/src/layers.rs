@@ -1,19 +1,24 @@
 //! Layers shared by the blocks: projections that load `nn.Linear` or 1×1 conv weights, and the
 //! norms the PyTorch blocks use (GroupNorm, lucidrains' RMSNorm, BatchNorm2d in eval mode).
 
-use crate::cpu_kernels::contiguous;
+use crate::cpu_kernels::{contiguous, ConvExtras, PackedConv, PackedLinear};
 use crate::sdpa::{is_half, mul, upcast};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder};
 
 /// A learned projection `y = W·x + b` whose weight may be stored as an `nn.Linear` `(out, in)`,
-/// a `Conv1d` with kernel 1 `(out, in, 1)` or a `Conv2d` 1×1 `(out, in, 1, 1)`.
+/// a `Conv1d` with kernel 1 `(out, in, 1)` or a `Conv2d` 1×1 `(out, in, 1, 1)`. An f32 weight on
+/// a CPU with AVX2+FMA or AVX-512 is packed once, here, for the CPU GEMM
+/// ([`crate::cpu_kernels::PackedLinear`]; the unpacked copy is dropped); everything else runs
+/// Candle's ops.
 #[derive(Debug, Clone)]
 pub struct Projection {
-    linear: candle_nn::Linear,
-    weight: Tensor,
+    /// The weight `(out, in)`, where it is not packed.
+    weight: Option<Tensor>,
+    packed: Option<PackedLinear>,
     bias: Option<Tensor>,
+    out_dim: usize,
 }
 
 impl Projection {
@@ -33,16 +38,42 @@ impl Projection {
         }
         let weight = weight.reshape((out_dim, in_dim))?;
         let bias = if bias { Some(vb.get(out_dim, "bias")?) } else { None };
+        let packed = PackedLinear::new(&weight)?;
         Ok(Self {
-            linear: candle_nn::Linear::new(weight.clone(), bias.clone()),
-            weight,
+            weight: if packed.is_some() { None } else { Some(weight) },
+            packed,
             bias,
+            out_dim,
         })
     }
 
     /// Output features.
     pub fn out_dim(&self) -> usize {
-        self.weight.dim(0).unwrap_or(0)
+        self.out_dim
+    }
+
+    /// The weight `(out, in)` (unpacked again where it is packed).
+    fn weight(&self) -> candle_core::Result<Tensor> {
+        match (&self.weight, &self.packed) {
+            (Some(w), _) => Ok(w.clone()),
+            (None, Some(p)) => p.weight(),
+            (None, None) => unreachable!("a Projection holds its weight one way or the other"),
+        }
+    }
+
+    /// `x · Wᵀ (+ b)` on the last dimension, in the dtype of `x` (f32 or f64): the packed GEMM
+    /// where it applies, else Candle's `Linear`.
+    fn product(&self, x: &Tensor, with_bias: bool) -> candle_core::Result<Tensor> {
+        let bias = if with_bias { self.bias.as_ref() } else { None };
+        if let Some(p) = &self.packed {
+            if let Some(y) = p.forward(x, bias)? {
+                return Ok(y);
+            }
+        }
+        let linear = candle_nn::Linear::new(upcast(&self.weight()?)?, bias.map(upcast).transpose()?);
+        // Candle's batched matmul mishandles some transposed (B, N, C) views of (B, C, N)
+        // tensors; a contiguous copy is also what the GEMM wants.
+        linear.forward(&contiguous(x)?)
     }
 
     /// Apply to the last dimension, like `nn.Linear`: `(.., in)` → `(.., out)`.
@@ -51,12 +82,9 @@ impl Projection {
     /// half-precision `Linear` rounds the product and then the sum).
     pub fn forward_tokens(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         if is_half(x.dtype()) {
-            let linear = candle_nn::Linear::new(upcast(&self.weight)?, self.bias.as_ref().map(upcast).transpose()?);
-            return linear.forward(&contiguous(&upcast(x)?)?)?.to_dtype(x.dtype());
+            return self.product(&upcast(x)?, true)?.to_dtype(x.dtype());
         }
-        // Candle's batched matmul mishandles some transposed (B, N, C) views of (B, C, N)
-        // tensors; a contiguous copy is also what the GEMM wants.
-        self.linear.forward(&contiguous(x)?)
+        self.product(x, true)
     }
 
     /// `nn.Linear` on an input PyTorch holds as a non-contiguous view (a `transpose`d image, a
@@ -68,9 +96,7 @@ impl Projection {
         if !is_half(x.dtype()) {
             return self.forward_tokens(x);
         }
-        let product = candle_nn::Linear::new(upcast(&self.weight)?, None)
-            .forward(&contiguous(&upcast(x)?)?)?
-            .to_dtype(x.dtype())?;
+        let product = self.product(&upcast(x)?, false)?.to_dtype(x.dtype())?;
         match &self.bias {
             Some(bias) => product.broadcast_add(&bias.to_dtype(x.dtype())?),
             None => Ok(product),
@@ -83,13 +109,20 @@ impl Projection {
         let dims = x.dims().to_vec();
         let (b, c) = (dims[0], dims[1]);
         let n: usize = dims[2..].iter().product();
-        let y = upcast(&self.weight)?.broadcast_matmul(&upcast(x)?.reshape((b, c, n))?)?;
+        let mut out = dims;
+        out[1] = self.out_dim;
+        let x32 = upcast(x)?.reshape((b, c, n))?;
+        if let Some(p) = &self.packed {
+            // The GEMM runs on token rows: (B, in, N) → (B, N, in) and back, fast copies.
+            if let Some(y) = p.forward(&contiguous(&x32.transpose(1, 2)?)?, self.bias.as_ref())? {
+                return contiguous(&y.transpose(1, 2)?)?.reshape(out)?.to_dtype(x.dtype());
+            }
+        }
+        let y = upcast(&self.weight()?)?.broadcast_matmul(&x32)?;
         let y = match &self.bias {
-            Some(bias) => y.broadcast_add(&upcast(bias)?.reshape((self.out_dim(), 1))?)?,
+            Some(bias) => y.broadcast_add(&upcast(bias)?.reshape((self.out_dim, 1))?)?,
             None => y,
         };
-        let mut out = dims;
-        out[1] = self.out_dim();
         y.reshape(out)?.to_dtype(x.dtype())
     }
 }
@@ -465,18 +498,25 @@ mod tests {
 
 /// `nn.Conv2d(in, out, kernel, stride=1, padding=kernel // 2)` (the 3×3 and 1×1 convs of the
 /// ResNet blocks). Keys `weight (out, in, k, k)`, `bias (out,)` when `bias`. f16/bf16: computed
-/// in f32 and rounded once, as PyTorch's CPU convolution accumulates.
+/// in f32 and rounded once, as PyTorch's CPU convolution accumulates. An f32 weight on a CPU
+/// with AVX2+FMA or AVX-512 is packed once, here, for the CPU GEMM
+/// ([`crate::cpu_kernels::PackedConv`]: no im2col matrix, the unpacked copy dropped).
 #[derive(Debug, Clone)]
 pub struct Conv2d {
-    weight: Tensor,
+    /// The weight, where it is not packed.
+    weight: Option<Tensor>,
+    packed: Option<PackedConv>,
     bias: Option<Tensor>,
     padding: usize,
 }
 
 impl Conv2d {
     pub fn load(vb: VarBuilder, in_channels: usize, out_channels: usize, kernel: usize, bias: bool) -> Result<Self> {
+        let weight = vb.get((out_channels, in_channels, kernel, kernel), "weight")?;
+        let packed = PackedConv::new(&weight)?;
         Ok(Self {
-            weight: vb.get((out_channels, in_channels, kernel, kernel), "weight")?,
+            weight: if packed.is_some() { None } else { Some(weight) },
+            packed,
             bias: if bias {
                 Some(vb.get(out_channels, "bias")?)
             } else {
@@ -485,20 +525,56 @@ impl Conv2d {
             padding: kernel / 2,
         })
     }
-}
 
-impl Module for Conv2d {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    /// `conv(x)`, then `+ channel_add[:, :, None, None]`, `residual +` and `/ div`, each as
+    /// PyTorch's separate op rounds it (fused into the GEMM's write-out for f32 on the CPU).
+    pub fn forward_with(&self, x: &Tensor, extras: ConvExtras) -> candle_core::Result<Tensor> {
+        let div = extras.div.filter(|&d| d != 1.0);
+        if let Some(p) = self.packed.as_ref().filter(|_| x.dtype() == DType::F32) {
+            if let Some(y) = p.forward(x, self.bias.as_ref(), ConvExtras { div, ..extras })? {
+                return Ok(y);
+            }
+        }
+        let h = self.conv(x)?;
+        let h = match extras.channel_add {
+            Some(t) => h.broadcast_add(&t.unsqueeze(2)?.unsqueeze(3)?)?,
+            None => h,
+        };
+        let h = match extras.residual {
+            Some(r) => (r + h)?,
+            None => h,
+        };
+        match div {
+            Some(d) => crate::sdpa::div(&h, d),
+            None => Ok(h),
+        }
+    }
+
+    /// The convolution alone, in at least f32, rounded once to the dtype of `x`.
+    fn conv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let x32 = upcast(x)?;
+        if let Some(p) = &self.packed {
+            if let Some(y) = p.forward(&x32, self.bias.as_ref(), ConvExtras::default())? {
+                return y.to_dtype(x.dtype());
+            }
+        }
+        let weight = match (&self.weight, &self.packed) {
+            (Some(w), _) => w.clone(),
+            (None, Some(p)) => p.weight()?,
+            (None, None) => unreachable!("a Conv2d holds its weight one way or the other"),
+        };
         let config = candle_nn::Conv2dConfig {
             padding: self.padding,
             ..Default::default()
         };
-        let conv = candle_nn::Conv2d::new(
-            upcast(&self.weight)?,
-            self.bias.as_ref().map(upcast).transpose()?,
-            config,
-        );
-        conv.forward(&upcast(x)?)?.to_dtype(x.dtype())
+        let conv = candle_nn::Conv2d::new(upcast(&weight)?, self.bias.as_ref().map(upcast).transpose()?, config);
+        conv.forward(&x32)?.to_dtype(x.dtype())
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.forward_with(x, ConvExtras::default())
     }
 }
 

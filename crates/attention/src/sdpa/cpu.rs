@@ -22,7 +22,7 @@ use rayon::prelude::*;
 
 mod gemm_engine;
 pub(crate) mod simd;
-mod tiles;
+pub(crate) mod tiles;
 
 /// Key block length for f16/bf16 inputs: PyTorch's `kv_split_size`, which fixes where the
 /// rounded weights are formed relative to the running max.
@@ -495,7 +495,7 @@ thread_local! {
 
 /// `f` on `need` floats of this worker's scratch (contents arbitrary: a task writes every
 /// element before it reads it).
-fn with_scratch<R>(need: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+pub(crate) fn with_scratch<R>(need: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     let mut scratch = SCRATCH.take();
     if scratch.len() < need {
         scratch.resize(need, 0.0);

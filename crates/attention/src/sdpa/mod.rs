@@ -48,6 +48,33 @@ pub fn cpu_kernel_isa() -> &'static str {
     cpu::simd::ops().name
 }
 
+/// Whether the CPU runs the attention kernel's AVX-512 microkernels (the register tile the
+/// layer GEMM of [`crate::cpu_kernels`] reuses).
+pub(crate) fn cpu_tiles_available() -> bool {
+    cpu::tiles::available()
+}
+
+/// The attention kernel's AVX-512 score tile as a GEMM tile (see `cpu::tiles::score_tile`):
+/// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · b[p·32 + j]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cpu_score_tile(
+    rows: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    kc: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    cpu::tiles::score_tile(rows, a, lda, b, kc, c, ldc, accumulate, None)
+}
+
+/// `f` on `need` floats of this worker's scratch, shared with the attention kernel's tasks.
+pub(crate) fn with_cpu_scratch<R>(need: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    cpu::with_scratch(need, f)
+}
+
 use crate::cpu_kernels::contiguous;
 use candle_core::{DType, Result, Tensor, D};
 

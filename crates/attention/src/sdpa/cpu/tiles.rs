@@ -222,7 +222,7 @@ pub(super) fn pack_heads(k: &[f32], v: &[f32], dims: &Dims, dst: &mut [f32]) {
 }
 
 /// Whether this CPU runs the microkernels (AVX-512F, detected once).
-pub(super) fn available() -> bool {
+pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -283,7 +283,7 @@ pub(super) fn tile_rows(rows: usize) -> usize {
 
 /// Running row maxima of score tiles: 16 lanes per tile row (`lanes[r·16 ..]`, folded by
 /// [`simd::max_of`]), over the first `keys` columns of the tile (the rest are padding).
-pub(super) struct RowMax<'a> {
+pub(crate) struct RowMax<'a> {
     pub(super) lanes: &'a mut [f32],
     pub(super) keys: usize,
 }
@@ -293,7 +293,7 @@ pub(super) struct RowMax<'a> {
 /// `kc` channels (added to the tile when `accumulate`); with `max`, the tile's rows are also
 /// folded into those running maxima as they are stored.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn score_tile(
+pub(crate) fn score_tile(
     rows: usize,
     q: &[f32],
     ldq: usize,

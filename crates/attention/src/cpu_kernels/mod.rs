@@ -11,6 +11,12 @@
 use candle_core::{DType, Device, Layout, Result, Storage, Tensor};
 use rayon::prelude::*;
 
+mod dense;
+mod gemm;
+mod im2col;
+
+pub use dense::{layer_kernel_isa, layer_path, set_layer_path, ConvExtras, LayerPath, PackedConv, PackedLinear};
+
 /// The elements of a CPU tensor as its layout places them, from the start offset on.
 fn cpu_slice<'a, T: candle_core::WithDType>(storage: &'a Storage, layout: &Layout) -> Option<&'a [T]> {
     match storage {

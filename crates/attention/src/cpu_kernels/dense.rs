@@ -1,0 +1,346 @@
+//! The linear layers and convolutions of the blocks on the CPU: weights packed once when a layer
+//! is built ([`PackedLinear`], [`PackedConv`]), each call one [`gemm`](super::gemm) with the
+//! bias (and a conv's time-embedding add, residual and output divisor) applied as the output is
+//! written. f32 only; the layers in `crate::layers` keep Candle's ops for every other dtype and
+//! device, and for every call while [`LayerPath::Candle`] is chosen.
+//!
+//! [`LayerPath`] picks the implementation per call: the programmatic override
+//! ([`set_layer_path`]), else the environment variable `UNET_ATTENTION_LAYERS` (`auto` or
+//! `candle`, read once), else [`LayerPath::Auto`].
+
+use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, Isa, PackedCols, PackedRows, RowsOf};
+use super::{contiguous, cpu_slice};
+use candle_core::{DType, Device, Result, Tensor};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Which implementation the linear layers and convolutions run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerPath {
+    /// The packed-weight CPU GEMM for f32 layers on CPUs with AVX2+FMA or AVX-512, Candle's ops
+    /// everywhere else.
+    Auto,
+    /// Candle's ops everywhere (for parity debugging; packed weights are unpacked per call).
+    Candle,
+}
+
+static OVERRIDE: AtomicU8 = AtomicU8::new(0);
+
+/// Force a path for every later call in this process (`None`: back to `UNET_ATTENTION_LAYERS`
+/// or [`LayerPath::Auto`]).
+pub fn set_layer_path(path: Option<LayerPath>) {
+    let code = match path {
+        None => 0,
+        Some(LayerPath::Auto) => 1,
+        Some(LayerPath::Candle) => 2,
+    };
+    OVERRIDE.store(code, Ordering::Relaxed);
+}
+
+/// The path calls take now. An unparsable `UNET_ATTENTION_LAYERS` is an error on every call.
+pub fn layer_path() -> Result<LayerPath> {
+    match OVERRIDE.load(Ordering::Relaxed) {
+        1 => return Ok(LayerPath::Auto),
+        2 => return Ok(LayerPath::Candle),
+        _ => {}
+    }
+    static ENV: OnceLock<std::result::Result<LayerPath, String>> = OnceLock::new();
+    ENV.get_or_init(|| match std::env::var("UNET_ATTENTION_LAYERS") {
+        Ok(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(LayerPath::Auto),
+            "candle" => Ok(LayerPath::Candle),
+            _ => Err(format!("UNET_ATTENTION_LAYERS={s:?}: expected auto or candle")),
+        },
+        Err(_) => Ok(LayerPath::Auto),
+    })
+    .clone()
+    .map_err(candle_core::Error::msg)
+}
+
+/// The register tile the layer GEMM runs on this CPU: `"avx512"`, `"avx2"`, or `"none"` (Candle's
+/// ops for every layer).
+pub fn layer_kernel_isa() -> &'static str {
+    match Isa::detect() {
+        Some(Isa::Avx512) => "avx512",
+        Some(Isa::Avx2) => "avx2",
+        None => "none",
+    }
+}
+
+/// Whether a weight is packed: an f32 CPU tensor on a CPU the GEMM runs on.
+fn packable(w: &Tensor) -> Option<(Isa, Blocking)> {
+    let isa = Isa::detect()?;
+    (w.dtype() == DType::F32 && w.device().is_cpu()).then(|| (isa, Blocking::for_isa(isa)))
+}
+
+/// The elements of a contiguous f32 CPU tensor, copied.
+fn f32_vec(t: &Tensor) -> Result<Vec<f32>> {
+    t.flatten_all()?.to_vec1::<f32>()
+}
+
+/// An `nn.Linear` weight `(out, in)` packed for the GEMM.
+#[derive(Debug, Clone)]
+pub struct PackedLinear {
+    packed: Arc<PackedCols>,
+    isa: Isa,
+    blocking: Blocking,
+}
+
+impl PackedLinear {
+    /// `None` where the weight is not packed (not f32, not on the CPU, or a CPU without the
+    /// GEMM's instructions).
+    pub fn new(weight: &Tensor) -> Result<Option<Self>> {
+        let Some((isa, blocking)) = packable(weight) else {
+            return Ok(None);
+        };
+        let (out, inp) = weight.dims2()?;
+        let packed = PackedCols::new(&f32_vec(weight)?, out, inp, isa, blocking);
+        Ok(Some(Self {
+            packed: Arc::new(packed),
+            isa,
+            blocking,
+        }))
+    }
+
+    /// The weight as a tensor again `(out, in)`.
+    pub fn weight(&self) -> Result<Tensor> {
+        Tensor::from_vec(self.packed.unpack(), (self.packed.cols, self.packed.k), &Device::Cpu)
+    }
+
+    /// `x · Wᵀ (+ bias)` over the last dimension of an f32 CPU tensor `(.., in)`; `None` where
+    /// the call does not apply (another dtype or device, [`LayerPath::Candle`]).
+    pub fn forward(&self, x: &Tensor, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+        let in_dim = self.packed.k;
+        let applies = x.dtype() == DType::F32 && x.device().is_cpu() && x.rank() >= 1;
+        if !applies || x.dims()[x.rank() - 1] != in_dim || layer_path()? == LayerPath::Candle {
+            return Ok(None);
+        }
+        let x = contiguous(x)?;
+        let bias = bias.map(f32_vec).transpose()?;
+        let (storage, layout) = x.storage_and_layout();
+        let src = &cpu_slice::<f32>(&storage, layout).expect("a CPU tensor")[..x.elem_count()];
+        let tokens = x.elem_count() / in_dim.max(1);
+        let mut out = vec![0f32; tokens * self.packed.cols];
+        let epi = Epilogue {
+            bias: bias.as_deref().map_or(Bias::None, Bias::PerCol),
+            ..Epilogue::NONE
+        };
+        let (a, b) = (RowsOf::Matrix(src), ColsOf::Packed(&self.packed));
+        gemm::gemm(self.isa, self.blocking, a, b, epi, &mut out);
+        drop(storage);
+        let mut dims = x.dims().to_vec();
+        *dims.last_mut().expect("rank >= 1") = self.packed.cols;
+        Ok(Some(Tensor::from_vec(out, dims, &Device::Cpu)?))
+    }
+}
+
+/// A `Conv2d` weight `(out, in, k, k)` packed for the GEMM.
+#[derive(Debug, Clone)]
+pub struct PackedConv {
+    packed: Arc<PackedRows>,
+    ksize: usize,
+    isa: Isa,
+    blocking: Blocking,
+}
+
+/// What a convolution adds to its output after the bias, in this order (f32 operations).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConvExtras<'a> {
+    /// `(B, out)`: added per batch item and channel (`h + temb[:, :, None, None]`).
+    pub channel_add: Option<&'a Tensor>,
+    /// Added elementwise (`residual + h`), the output's shape.
+    pub residual: Option<&'a Tensor>,
+    /// The sum divided by this (`/ output_scale_factor`).
+    pub div: Option<f64>,
+}
+
+impl PackedConv {
+    /// `None` where the weight is not packed (as [`PackedLinear::new`]) or the kernel is even.
+    pub fn new(weight: &Tensor) -> Result<Option<Self>> {
+        let Some((isa, blocking)) = packable(weight) else {
+            return Ok(None);
+        };
+        let (out, inp, kh, kw) = weight.dims4()?;
+        if kh != kw || kh % 2 == 0 {
+            return Ok(None);
+        }
+        let packed = PackedRows::new(&f32_vec(weight)?, out, inp * kh * kw, blocking);
+        Ok(Some(Self {
+            packed: Arc::new(packed),
+            ksize: kh,
+            isa,
+            blocking,
+        }))
+    }
+
+    /// The weight as a tensor again `(out, in, k, k)`.
+    pub fn weight(&self) -> Result<Tensor> {
+        let (out, k) = (self.packed.rows, self.ksize);
+        let inp = self.packed.k / (k * k);
+        Tensor::from_vec(self.packed.unpack(), (out, inp, k, k), &Device::Cpu)
+    }
+
+    /// The stride-1, `k / 2`-padded convolution of an f32 CPU `(B, in, H, W)` with `extras`
+    /// applied; `None` where the call does not apply (as [`PackedLinear::forward`]).
+    pub fn forward(&self, x: &Tensor, bias: Option<&Tensor>, extras: ConvExtras) -> Result<Option<Tensor>> {
+        let taps = self.ksize * self.ksize;
+        let f32_cpu = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu();
+        let extras_ok = extras.channel_add.is_none_or(f32_cpu) && extras.residual.is_none_or(f32_cpu);
+        if !f32_cpu(x) || !extras_ok || x.rank() != 4 || layer_path()? == LayerPath::Candle {
+            return Ok(None);
+        }
+        let (batch, channels, h, w) = x.dims4()?;
+        if channels * taps != self.packed.k {
+            return Ok(None);
+        }
+        let out_c = self.packed.rows;
+        let out_dims = (batch, out_c, h, w);
+        let bias = bias.map(f32_vec).transpose()?;
+        let add = match extras.channel_add {
+            Some(t) if t.dims() == [batch, out_c] => Some(f32_vec(t)?),
+            Some(_) => return Ok(None),
+            None => None,
+        };
+        let residual = match extras.residual {
+            Some(r) if r.dims() == [batch, out_c, h, w] => Some(contiguous(r)?),
+            Some(_) => return Ok(None),
+            None => None,
+        };
+        let x = contiguous(x)?;
+        let (xs, xl) = x.storage_and_layout();
+        let src = &cpu_slice::<f32>(&xs, xl).expect("a CPU tensor")[..x.elem_count()];
+        let res_guard = residual.as_ref().map(|r| r.storage_and_layout());
+        let res = res_guard
+            .as_ref()
+            .map(|(s, l)| &cpu_slice::<f32>(s, l).expect("a CPU tensor")[..batch * out_c * h * w]);
+        let mut out = vec![0f32; batch * out_c * h * w];
+        let epi = Epilogue {
+            bias: bias.as_deref().map_or(Bias::None, Bias::PerRow),
+            item_row: add.as_deref(),
+            residual: res,
+            div: extras.div.map(|d| d as f32),
+        };
+        let image = super::im2col::Image {
+            x: src,
+            batch,
+            channels,
+            h,
+            w,
+            ksize: self.ksize,
+        };
+        let (a, b) = (RowsOf::Packed(&self.packed), ColsOf::Image(image));
+        gemm::gemm(self.isa, self.blocking, a, b, epi, &mut out);
+        drop(res_guard);
+        drop(xs);
+        Ok(Some(Tensor::from_vec(out, out_dims, &Device::Cpu)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn randn(shape: &[usize]) -> Tensor {
+        Tensor::randn(0f32, 1., shape, &Device::Cpu).unwrap()
+    }
+
+    /// Largest `|a − b|` over `max(1, |b|)`, in f64.
+    fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
+        let f = |t: &Tensor| {
+            t.to_dtype(DType::F64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+        };
+        f(a).iter()
+            .zip(f(b))
+            .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
+            .fold(0.0, f64::max)
+    }
+
+    /// The packed linear layer against an f64 matmul and against Candle's f32 `Linear`, on
+    /// shapes with partial tiles, partial panels and several reduction blocks.
+    #[test]
+    fn packed_linear_matches_the_candle_ops() {
+        if Isa::detect().is_none() {
+            return;
+        }
+        for (lead, inp, out) in [
+            (vec![1usize, 1], 3usize, 1usize),
+            (vec![2, 77], 768, 320),
+            (vec![13], 1100, 45),
+        ] {
+            let w = randn(&[out, inp]);
+            let b = randn(&[out]);
+            let mut dims = lead.clone();
+            dims.push(inp);
+            let x = randn(&dims);
+            let p = PackedLinear::new(&w).unwrap().unwrap();
+            assert_eq!(rel_err(&p.weight().unwrap(), &w), 0.0);
+            let got = p.forward(&x, Some(&b)).unwrap().unwrap();
+            let f = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+            let want = candle_nn::Module::forward(&candle_nn::Linear::new(f(&w), Some(f(&b))), &f(&x)).unwrap();
+            let candle = candle_nn::Module::forward(&candle_nn::Linear::new(w.clone(), Some(b.clone())), &x).unwrap();
+            let (ours, theirs) = (rel_err(&got, &want), rel_err(&candle, &want));
+            assert_eq!(got.dims(), want.dims());
+            assert!(
+                ours < 1e-4 && ours <= 2.0 * theirs.max(1e-6),
+                "{dims:?}→{out}: {ours} vs Candle {theirs}"
+            );
+        }
+    }
+
+    /// The packed convolution (1×1 and 3×3, odd sizes, batch > 1, every extra) against Candle's
+    /// convolution and ops in f64, and against Candle in f32.
+    #[test]
+    fn packed_conv_matches_the_candle_ops() {
+        if Isa::detect().is_none() {
+            return;
+        }
+        for (b, c, h, w, out, k) in [
+            (2, 5, 7, 9, 3, 3),
+            (1, 64, 16, 16, 40, 3),
+            (3, 40, 5, 33, 17, 1),
+            (1, 3, 1, 1, 2, 3),
+        ] {
+            let wt = randn(&[out, c, k, k]);
+            let bias = randn(&[out]);
+            let x = randn(&[b, c, h, w]);
+            let add = randn(&[b, out]);
+            let res = randn(&[b, out, h, w]);
+            let p = PackedConv::new(&wt).unwrap().unwrap();
+            assert_eq!(rel_err(&p.weight().unwrap(), &wt), 0.0);
+            let extras = ConvExtras {
+                channel_add: Some(&add),
+                residual: Some(&res),
+                div: Some(1.5),
+            };
+            let got = p.forward(&x, Some(&bias), extras).unwrap().unwrap();
+            let reference = |dt: DType| {
+                let f = |t: &Tensor| t.to_dtype(dt).unwrap();
+                let cfg = candle_nn::Conv2dConfig {
+                    padding: k / 2,
+                    ..Default::default()
+                };
+                let conv = candle_nn::Conv2d::new(f(&wt), Some(f(&bias)), cfg);
+                let y = candle_nn::Module::forward(&conv, &f(&x)).unwrap();
+                let y = y
+                    .broadcast_add(&f(&add).unsqueeze(2).unwrap().unsqueeze(3).unwrap())
+                    .unwrap();
+                ((f(&res) + y).unwrap() / 1.5).unwrap()
+            };
+            let (want, candle) = (reference(DType::F64), reference(DType::F32));
+            let (ours, theirs) = (rel_err(&got, &want), rel_err(&candle, &want));
+            assert!(
+                ours < 1e-4 && ours <= 2.0 * theirs.max(1e-6),
+                "{:?}: {ours} vs Candle {theirs}",
+                (b, c, h, w, out, k)
+            );
+            // Without extras, and the switch back to Candle's ops.
+            let plain = p.forward(&x, None, ConvExtras::default()).unwrap().unwrap();
+            assert_eq!(plain.dims(), [b, out, h, w]);
+        }
+    }
+}

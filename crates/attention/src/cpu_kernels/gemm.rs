@@ -1,0 +1,615 @@
+//! The GEMM behind the CPU linear layers and convolutions: `C (M × N) = A (M × K) · B (K × N)`
+//! in f32, one operand a weight packed once when the layer is built, the other packed per call a
+//! cache block at a time, the bias, a per-(item, row) term, a residual and a divisor applied as
+//! the result is written out.
+//!
+//! * Convolutions: `A` is the weight `(C_out, C_in·k·k)` ([`PackedRows`]), `B` the image read
+//!   as its im2col matrix `(C_in·k·k, H·W)` without forming it ([`super::im2col`]: each task
+//!   packs only the `KC × NC` block it is about to use), `C` the output `(C_out, H·W)` of each
+//!   batch item.
+//! * Linear layers: `A` is the token rows `(tokens, in)`, `B` the weight transposed
+//!   `(in, out)` ([`PackedCols`]), `C` the output tokens `(tokens, out)`.
+//!
+//! The loops are the usual cache blocking of a GEMM. The reduction is cut into `KC`-deep blocks
+//! (a `KC × NR` panel of `B` stays in L1 while the task's `A` micro-panels pass it); a task owns
+//! an `MC × NC` block of `C` and walks the `K` blocks, adding each block's products into its own
+//! accumulator (rows padded off large power-of-two strides), so every output is a sum of
+//! `K / KC` partial sums of `KC` products each: blocked accumulation, as oneDNN's convolutions
+//! and MKL's GEMMs do, with an f32 error that grows with `KC + K / KC` rather than with `K`.
+//! `KC`, `MC` and `NC` come from the L1 and L2 sizes the CPU reports ([`Blocking`]).
+//!
+//! The register tiles: 6 × 16 with AVX2 and FMA (12 of the 16 `ymm` registers accumulate), the
+//! attention kernel's 12 × 32 AVX-512 tile (`sdpa::cpu::tiles::score_tile`) where the CPU has
+//! AVX-512F. Other CPUs take Candle's ops ([`Isa::detect`] gives `None`).
+
+use rayon::prelude::*;
+
+/// The register tile the CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// 6 × 16 tiles, AVX2 + FMA.
+    Avx2,
+    /// 12 × 32 tiles, AVX-512F.
+    Avx512,
+}
+
+impl Isa {
+    /// The best tile this CPU runs, detected once; `None` where it has neither.
+    pub(crate) fn detect() -> Option<Isa> {
+        static ISA: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if crate::sdpa::cpu_tiles_available() {
+                    return Some(Isa::Avx512);
+                }
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                    return Some(Isa::Avx2);
+                }
+            }
+            None
+        })
+    }
+
+    /// Rows of a register tile.
+    pub(crate) fn mr(self) -> usize {
+        match self {
+            Isa::Avx2 => 6,
+            Isa::Avx512 => 12,
+        }
+    }
+
+    /// Columns of a register tile (the width of a `B` panel).
+    pub(crate) fn nr(self) -> usize {
+        match self {
+            Isa::Avx2 => 16,
+            Isa::Avx512 => 32,
+        }
+    }
+
+    /// `A` rows are padded to a multiple of this in packed weights (every tile height reads
+    /// whole rows).
+    const ROW_PAD: usize = 12;
+}
+
+/// Block sizes from the cache sizes the CPU reports (Linux sysfs; 32 KiB L1d and 512 KiB L2
+/// where it reports none).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Blocking {
+    /// Depth of a reduction block: a `KC × NR` panel of `B` fills about a third of L1d.
+    pub(crate) kc: usize,
+    /// Rows of `A` per task: an `MC × KC` block of `A` fills about a quarter of L2.
+    pub(crate) mc: usize,
+    /// Columns of `B` per task: the task's `MC × NC` accumulator fills about a quarter of L2.
+    pub(crate) nc: usize,
+}
+
+impl Blocking {
+    pub(crate) fn for_isa(isa: Isa) -> Blocking {
+        let (l1, l2) = cache_sizes();
+        let (mr, nr) = (isa.mr(), isa.nr());
+        let kc = (l1 / 3 / (4 * nr)).clamp(64, 512) / 8 * 8;
+        let mc = ((l2 / 4 / (4 * kc)).clamp(4 * mr, 1024) / mr * mr).max(mr);
+        let nc = ((l2 / 4 / (4 * mc)).clamp(4 * nr, 1024) / nr * nr).max(nr);
+        Blocking { kc, mc, nc }
+    }
+}
+
+/// L1d and L2 bytes of CPU 0, as Linux reports them.
+fn cache_sizes() -> (usize, usize) {
+    static SIZES: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *SIZES.get_or_init(|| {
+        let read = |level: &str, kind: &str| -> Option<usize> {
+            (0..8).find_map(|i| {
+                let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+                let get = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
+                let (l, t, s) = (get("level")?, get("type")?, get("size")?);
+                if l.trim() != level || !(t.trim() == kind || t.trim() == "Unified") {
+                    return None;
+                }
+                let s = s.trim();
+                let (num, mult) = match s.strip_suffix('K') {
+                    Some(n) => (n, 1024),
+                    None => match s.strip_suffix('M') {
+                        Some(n) => (n, 1 << 20),
+                        None => (s, 1),
+                    },
+                };
+                num.parse::<usize>().ok().map(|n| n * mult)
+            })
+        };
+        let l1 = read("1", "Data").unwrap_or(32 << 10).clamp(16 << 10, 256 << 10);
+        let l2 = read("2", "Unified").unwrap_or(512 << 10).clamp(128 << 10, 4 << 20);
+        (l1, l2)
+    })
+}
+
+/// `0..k` in reduction blocks of `kc`, the last one taking a remainder of up to `kc / 4`.
+pub(crate) fn k_blocks(k: usize, kc: usize) -> Vec<(usize, usize)> {
+    let mut out = vec![];
+    let mut p0 = 0;
+    while p0 < k {
+        let left = k - p0;
+        let len = if left <= kc + kc / 4 { left } else { kc };
+        out.push((p0, len));
+        p0 += len;
+    }
+    out
+}
+
+/// A weight `(rows, k)` as the `A` operand: per reduction block, its rows (padded with zero rows
+/// to a multiple of 12) of that block's `kc` values each, row-major.
+#[derive(Debug)]
+pub(crate) struct PackedRows {
+    pub(crate) rows: usize,
+    pub(crate) k: usize,
+    rows_p: usize,
+    blocks: Vec<(usize, usize)>,
+    data: Vec<f32>,
+}
+
+impl PackedRows {
+    /// Pack the row-major `(rows, k)` matrix `w`.
+    pub(crate) fn new(w: &[f32], rows: usize, k: usize, blocking: Blocking) -> PackedRows {
+        assert_eq!(w.len(), rows * k);
+        let rows_p = rows.div_ceil(Isa::ROW_PAD) * Isa::ROW_PAD;
+        let blocks = k_blocks(k, blocking.kc);
+        let mut data = vec![0f32; rows_p * k];
+        for &(p0, kcb) in &blocks {
+            let block = &mut data[rows_p * p0..][..rows_p * kcb];
+            for (dst, src) in block.chunks_exact_mut(kcb).zip(w.chunks_exact(k)) {
+                dst.copy_from_slice(&src[p0..p0 + kcb]);
+            }
+        }
+        PackedRows {
+            rows,
+            k,
+            rows_p,
+            blocks,
+            data,
+        }
+    }
+
+    /// The matrix back, row-major `(rows, k)`.
+    pub(crate) fn unpack(&self) -> Vec<f32> {
+        let mut w = vec![0f32; self.rows * self.k];
+        for &(p0, kcb) in &self.blocks {
+            let block = &self.data[self.rows_p * p0..][..self.rows_p * kcb];
+            for (src, dst) in block.chunks_exact(kcb).zip(w.chunks_exact_mut(self.k)) {
+                dst[p0..p0 + kcb].copy_from_slice(src);
+            }
+        }
+        w
+    }
+}
+
+/// A weight `(cols, k)` as the transposed `B` operand `(k, cols)`: per reduction block, panels
+/// of `NR` columns, each `(kc, NR)` row-major (columns past `cols` zero).
+#[derive(Debug)]
+pub(crate) struct PackedCols {
+    pub(crate) cols: usize,
+    pub(crate) k: usize,
+    nr: usize,
+    panels: usize,
+    blocks: Vec<(usize, usize)>,
+    data: Vec<f32>,
+}
+
+impl PackedCols {
+    /// Pack the row-major `(cols, k)` matrix `w` (an `nn.Linear` weight `(out, in)`).
+    pub(crate) fn new(w: &[f32], cols: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedCols {
+        assert_eq!(w.len(), cols * k);
+        let nr = isa.nr();
+        let panels = cols.div_ceil(nr);
+        let blocks = k_blocks(k, blocking.kc);
+        let mut data = vec![0f32; panels * nr * k];
+        for &(p0, kcb) in &blocks {
+            let block = &mut data[panels * nr * p0..][..panels * nr * kcb];
+            for (jp, panel) in block.chunks_exact_mut(kcb * nr).enumerate() {
+                for (c, row) in w.chunks_exact(k).skip(jp * nr).take(nr).enumerate() {
+                    for (kk, &v) in row[p0..p0 + kcb].iter().enumerate() {
+                        panel[kk * nr + c] = v;
+                    }
+                }
+            }
+        }
+        PackedCols {
+            cols,
+            k,
+            nr,
+            panels,
+            blocks,
+            data,
+        }
+    }
+
+    /// The matrix back, row-major `(cols, k)`.
+    pub(crate) fn unpack(&self) -> Vec<f32> {
+        let nr = self.nr;
+        let mut w = vec![0f32; self.cols * self.k];
+        for &(p0, kcb) in &self.blocks {
+            let block = &self.data[self.panels * nr * p0..][..self.panels * nr * kcb];
+            for (c, row) in w.chunks_exact_mut(self.k).enumerate() {
+                let panel = &block[(c / nr) * kcb * nr..];
+                for (kk, v) in row[p0..p0 + kcb].iter_mut().enumerate() {
+                    *v = panel[kk * nr + c % nr];
+                }
+            }
+        }
+        w
+    }
+}
+
+/// The `A` operand of a call.
+pub(crate) enum RowsOf<'a> {
+    /// A packed weight.
+    Packed(&'a PackedRows),
+    /// Row-major `(M, K)` activations (token rows), packed by each task.
+    Matrix(&'a [f32]),
+}
+
+/// The `B` operand of a call.
+pub(crate) enum ColsOf<'a> {
+    /// A packed weight, transposed.
+    Packed(&'a PackedCols),
+    /// The im2col matrix of `batch` images, packed by each task ([`super::im2col::Image`]).
+    Image(super::im2col::Image<'a>),
+}
+
+/// The bias of the output.
+#[derive(Clone, Copy)]
+pub(crate) enum Bias<'a> {
+    None,
+    /// One value per row of `C` (output channel of a convolution).
+    PerRow(&'a [f32]),
+    /// One value per column of `C` (output feature of a linear layer).
+    PerCol(&'a [f32]),
+}
+
+/// What the write-out adds, in PyTorch's order, each step an f32 operation: `((c + bias) +
+/// item_row[item, row] + residual) / div`.
+#[derive(Clone, Copy)]
+pub(crate) struct Epilogue<'a> {
+    pub(crate) bias: Bias<'a>,
+    /// `(batch, M)`: one value per batch item and row (a time embedding added to a conv output).
+    pub(crate) item_row: Option<&'a [f32]>,
+    /// Laid out as the output.
+    pub(crate) residual: Option<&'a [f32]>,
+    pub(crate) div: Option<f32>,
+}
+
+impl Epilogue<'_> {
+    pub(crate) const NONE: Epilogue<'static> = Epilogue {
+        bias: Bias::None,
+        item_row: None,
+        residual: None,
+        div: None,
+    };
+}
+
+/// `out = epilogue(A · B)`: `(batch, M, N)` row-major, where `batch` is the image count of an
+/// image `B` and 1 otherwise.
+pub(crate) fn gemm(isa: Isa, blocking: Blocking, a: RowsOf, b: ColsOf, epi: Epilogue, out: &mut [f32]) {
+    let (m, k_a) = match &a {
+        RowsOf::Packed(p) => (p.rows, p.k),
+        RowsOf::Matrix(x) => {
+            let k = b_depth(&b);
+            (x.len() / k.max(1), k)
+        }
+    };
+    let (n, batch) = match &b {
+        ColsOf::Packed(p) => (p.cols, 1),
+        ColsOf::Image(img) => (img.h * img.w, img.batch),
+    };
+    let k = b_depth(&b);
+    assert_eq!(k_a, k, "GEMM operands disagree on the reduction length");
+    assert_eq!(out.len(), batch * m * n);
+    assert!(epi.residual.is_none_or(|r| r.len() == out.len()));
+    assert!(epi.item_row.is_none_or(|t| t.len() == batch * m));
+    if m == 0 || n == 0 || batch == 0 {
+        return;
+    }
+    // Reduction blocks: those of the packed weight (fixed when it was packed).
+    let blocks = match (&a, &b) {
+        (RowsOf::Packed(p), _) => p.blocks.clone(),
+        (_, ColsOf::Packed(p)) => p.blocks.clone(),
+        _ => k_blocks(k, blocking.kc),
+    };
+    let grid = Grid::new(isa, blocking, batch, m, n);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    (0..grid.tasks()).into_par_iter().for_each(|t| {
+        let task = grid.task(t, m, n);
+        let job = Job {
+            isa,
+            a: &a,
+            b: &b,
+            blocks: &blocks,
+            epi,
+            m,
+            n,
+        };
+        // SAFETY: tasks cover disjoint (item, row range, column range) blocks of `out`, which
+        // outlives the parallel loop; each writes only its own block.
+        let out = unsafe { std::slice::from_raw_parts_mut(out_ptr.get(), batch * m * n) };
+        job.run(task, out);
+    });
+}
+
+fn b_depth(b: &ColsOf) -> usize {
+    match b {
+        ColsOf::Packed(p) => p.k,
+        ColsOf::Image(img) => img.channels * img.ksize * img.ksize,
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: the pointer is only dereferenced for disjoint blocks (see `gemm`).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// How `(batch, M, N)` is cut into tasks.
+struct Grid {
+    batch: usize,
+    mc: usize,
+    nc: usize,
+    m_tasks: usize,
+    n_tasks: usize,
+}
+
+/// One task's block of `C`: batch item, first row, rows, first column, columns.
+#[derive(Clone, Copy)]
+struct Task {
+    item: usize,
+    m0: usize,
+    rows: usize,
+    n0: usize,
+    cols: usize,
+}
+
+impl Grid {
+    /// Blocks of at most `MC × NC`, made smaller (down to 4 tiles a side) until there are at
+    /// least two tasks per thread, and balanced (equal sizes up to a tile).
+    fn new(isa: Isa, blocking: Blocking, batch: usize, m: usize, n: usize) -> Grid {
+        let (mr, nr) = (isa.mr(), isa.nr());
+        let want = 2 * rayon::current_num_threads();
+        let (mut mc, mut nc) = (
+            blocking.mc.min(m.div_ceil(mr) * mr),
+            blocking.nc.min(n.div_ceil(nr) * nr),
+        );
+        let count = |mc: usize, nc: usize| batch * m.div_ceil(mc) * n.div_ceil(nc);
+        while count(mc, nc) < want {
+            if nc >= mc / 2 && nc > 4 * nr {
+                nc = (nc / 2).div_ceil(nr) * nr;
+            } else if mc > 4 * mr {
+                mc = (mc / 2).div_ceil(mr) * mr;
+            } else {
+                break;
+            }
+        }
+        let (m_tasks, n_tasks) = (m.div_ceil(mc), n.div_ceil(nc));
+        let mc = m.div_ceil(m_tasks).div_ceil(mr) * mr;
+        let nc = n.div_ceil(n_tasks).div_ceil(nr) * nr;
+        Grid {
+            batch,
+            mc,
+            nc,
+            m_tasks: m.div_ceil(mc),
+            n_tasks: n.div_ceil(nc),
+        }
+    }
+
+    fn tasks(&self) -> usize {
+        self.batch * self.m_tasks * self.n_tasks
+    }
+
+    fn task(&self, t: usize, m: usize, n: usize) -> Task {
+        let (item, rest) = (t / (self.m_tasks * self.n_tasks), t % (self.m_tasks * self.n_tasks));
+        let (mi, ni) = (rest / self.n_tasks, rest % self.n_tasks);
+        let (m0, n0) = (mi * self.mc, ni * self.nc);
+        Task {
+            item,
+            m0,
+            rows: self.mc.min(m - m0),
+            n0,
+            cols: self.nc.min(n - n0),
+        }
+    }
+}
+
+/// The shared state of one call.
+struct Job<'a> {
+    isa: Isa,
+    a: &'a RowsOf<'a>,
+    b: &'a ColsOf<'a>,
+    blocks: &'a [(usize, usize)],
+    epi: Epilogue<'a>,
+    m: usize,
+    n: usize,
+}
+
+impl Job<'_> {
+    /// One task: every reduction block into the task's accumulator, then the write-out.
+    fn run(&self, t: Task, out: &mut [f32]) {
+        let (mr, nr) = (self.isa.mr(), self.isa.nr());
+        let (rows_p, panels) = (t.rows.div_ceil(mr) * mr, t.cols.div_ceil(nr));
+        // Accumulator rows padded off multiples of 1 KiB (a column of tiles in few L1 sets).
+        let ldc = panels * nr + if (panels * nr) % 256 == 0 { 16 } else { 0 };
+        let kc_max = self.blocks.iter().map(|b| b.1).max().unwrap_or(0);
+        let a_len = if matches!(self.a, RowsOf::Matrix(_)) {
+            rows_p * kc_max
+        } else {
+            0
+        };
+        let b_len = if matches!(self.b, ColsOf::Image(_)) {
+            panels * nr * kc_max
+        } else {
+            0
+        };
+        let need = rows_p * ldc + a_len + b_len;
+        crate::sdpa::with_cpu_scratch(need, |scratch| {
+            let (acc, rest) = scratch.split_at_mut(rows_p * ldc);
+            let (a_buf, b_buf) = rest.split_at_mut(a_len);
+            for (bi, &(p0, kcb)) in self.blocks.iter().enumerate() {
+                let a_blk = self.a_block(t, p0, kcb, a_buf);
+                let b_blk = self.b_block(t, p0, kcb, b_buf);
+                for jp in 0..panels {
+                    let b_pan = &b_blk[jp * kcb * nr..][..kcb * nr];
+                    for mp in 0..t.rows.div_ceil(mr) {
+                        let rows = mr.min(t.rows - mp * mr);
+                        let a_pan = &a_blk[mp * mr * kcb..];
+                        let c = &mut acc[mp * mr * ldc + jp * nr..];
+                        tile(self.isa, rows, a_pan, kcb, b_pan, c, ldc, bi > 0);
+                    }
+                }
+            }
+            self.write_out(t, acc, ldc, out);
+        });
+    }
+
+    /// The task's rows of `A` over `[p0, p0 + kcb)`, `kcb` apart (zero rows past `M` up to a
+    /// whole tile).
+    fn a_block<'s>(&'s self, t: Task, p0: usize, kcb: usize, buf: &'s mut [f32]) -> &'s [f32] {
+        match self.a {
+            RowsOf::Packed(p) => &p.data[p.rows_p * p0 + t.m0 * kcb..],
+            RowsOf::Matrix(x) => {
+                let k = x.len() / self.m;
+                for (r, dst) in buf.chunks_exact_mut(kcb).enumerate() {
+                    match x.get((t.m0 + r) * k..(t.m0 + r + 1) * k).filter(|_| r < t.rows) {
+                        Some(row) => dst.copy_from_slice(&row[p0..p0 + kcb]),
+                        None => dst.fill(0.0),
+                    }
+                }
+                buf
+            }
+        }
+    }
+
+    /// The task's panels of `B` over `[p0, p0 + kcb)`.
+    fn b_block<'s>(&'s self, t: Task, p0: usize, kcb: usize, buf: &'s mut [f32]) -> &'s [f32] {
+        let nr = self.isa.nr();
+        match self.b {
+            ColsOf::Packed(p) => &p.data[p.panels * nr * p0 + (t.n0 / nr) * kcb * nr..],
+            ColsOf::Image(img) => {
+                let len = t.cols.div_ceil(nr) * nr * kcb;
+                img.pack(t.item, p0, kcb, t.n0, t.cols, nr, &mut buf[..len]);
+                &buf[..len]
+            }
+        }
+    }
+
+    /// `out[item, m0.., n0..] = epilogue(acc)`.
+    fn write_out(&self, t: Task, acc: &[f32], ldc: usize, out: &mut [f32]) {
+        let (m, n, epi) = (self.m, self.n, self.epi);
+        for r in 0..t.rows {
+            let row = t.m0 + r;
+            let start = (t.item * m + row) * n + t.n0;
+            let dst = &mut out[start..start + t.cols];
+            let src = &acc[r * ldc..][..t.cols];
+            let add = epi.item_row.map(|v| v[t.item * m + row]);
+            let res = epi.residual.map(|res| &res[start..start + t.cols]);
+            match epi.bias {
+                Bias::None => finish(dst, src, |_| 0.0, add, res, epi.div),
+                Bias::PerRow(b) => finish(dst, src, |_| b[row], add, res, epi.div),
+                Bias::PerCol(b) => finish(dst, src, |c| b[t.n0 + c], add, res, epi.div),
+            }
+        }
+    }
+}
+
+/// One row of the write-out (kept simple enough to vectorise).
+#[inline(always)]
+fn finish(
+    dst: &mut [f32],
+    src: &[f32],
+    bias: impl Fn(usize) -> f32,
+    add: Option<f32>,
+    res: Option<&[f32]>,
+    div: Option<f32>,
+) {
+    for (c, (d, &s)) in dst.iter_mut().zip(src).enumerate() {
+        let mut v = s + bias(c);
+        if let Some(a) = add {
+            v += a;
+        }
+        if let Some(r) = res {
+            v += r[c];
+        }
+        if let Some(q) = div {
+            v /= q;
+        }
+        *d = v;
+    }
+}
+
+/// One register tile: `c[r·ldc + j] (+)= Σ_p a[r·kc + p] · b[p·NR + j]` for `rows` rows and `NR`
+/// columns (rows up to the tile height may be read from `a` and written to `c`).
+#[allow(clippy::too_many_arguments)]
+fn tile(isa: Isa, rows: usize, a: &[f32], kc: usize, b: &[f32], c: &mut [f32], ldc: usize, accumulate: bool) {
+    match isa {
+        Isa::Avx512 => crate::sdpa::cpu_score_tile(rows, a, kc, b, kc, c, ldc, accumulate),
+        Isa::Avx2 => {
+            assert!(rows <= 6 && a.len() >= (rows - 1) * kc + kc && b.len() >= kc * 16);
+            assert!(c.len() >= (rows - 1) * ldc + 16);
+            #[cfg(target_arch = "x86_64")]
+            {
+                let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+                // SAFETY: `Isa::Avx2` is only detected where AVX2 and FMA are; the asserts bound
+                // every access.
+                unsafe {
+                    match rows {
+                        1 => avx2::tile::<1>(a, kc, b, kc, c, ldc, accumulate),
+                        2 => avx2::tile::<2>(a, kc, b, kc, c, ldc, accumulate),
+                        3 => avx2::tile::<3>(a, kc, b, kc, c, ldc, accumulate),
+                        4 => avx2::tile::<4>(a, kc, b, kc, c, ldc, accumulate),
+                        5 => avx2::tile::<5>(a, kc, b, kc, c, ldc, accumulate),
+                        _ => avx2::tile::<6>(a, kc, b, kc, c, ldc, accumulate),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// `R × 16` tile: two 8-lane accumulators per row, one broadcast `A` value per row and step.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile<const R: usize>(
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        kc: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        if accumulate {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[0] = _mm256_loadu_ps(c.add(r * ldc));
+                acc[1] = _mm256_loadu_ps(c.add(r * ldc + 8));
+            }
+        }
+        for p in 0..kc {
+            let b0 = _mm256_loadu_ps(b.add(p * 16));
+            let b1 = _mm256_loadu_ps(b.add(p * 16 + 8));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = _mm256_broadcast_ss(&*a.add(r * lda + p));
+                acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(c.add(r * ldc), acc[0]);
+            _mm256_storeu_ps(c.add(r * ldc + 8), acc[1]);
+        }
+    }
+}
