@@ -1,7 +1,7 @@
 //! Layers shared by the blocks: projections that load `nn.Linear` or 1×1 conv weights, and the
 //! norms the PyTorch blocks use (GroupNorm, lucidrains' RMSNorm, BatchNorm2d in eval mode).
 
-use crate::cpu_kernels::{contiguous, ConvExtras, PackedConv, PackedLinear};
+use crate::cpu_kernels::{contiguous, ConvExtras, PackedConv, PackedLinear, Swish};
 use crate::sdpa::{is_half, mul, upcast};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
@@ -313,6 +313,29 @@ impl GroupNorm {
             eps,
         })
     }
+
+    /// `act(norm(x))`, with the norm's output recorded as the trace stage `stage`. In f32 on
+    /// the CPU one pass ([`crate::cpu_kernels::group_norm_act`] with `swish`, the form `act`
+    /// computes), except while a trace is recorded (the stage is the norm's own output);
+    /// otherwise the norm, then `act`.
+    pub fn forward_swish(
+        &self,
+        x: &Tensor,
+        stage: &str,
+        swish: Swish,
+        act: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor> {
+        if x.dtype() == DType::F32 && !crate::trace::enabled() {
+            let xc = contiguous(x)?;
+            let (w, b) = (&self.weight, &self.bias);
+            if let Some(y) = crate::cpu_kernels::group_norm_act(&xc, w, b, self.groups, self.eps, Some(swish))? {
+                return Ok(y);
+            }
+        }
+        let normed = self.forward(x)?;
+        crate::trace::record(stage, &normed);
+        act(&normed)
+    }
 }
 
 impl Module for GroupNorm {
@@ -535,19 +558,18 @@ impl Conv2d {
                 return Ok(y);
             }
         }
-        let h = self.conv(x)?;
-        let h = match extras.channel_add {
-            Some(t) => h.broadcast_add(&t.unsqueeze(2)?.unsqueeze(3)?)?,
-            None => h,
-        };
-        let h = match extras.residual {
-            Some(r) => (r + h)?,
-            None => h,
-        };
-        match div {
-            Some(d) => crate::sdpa::div(&h, d),
-            None => Ok(h),
+        apply_extras(self.conv(x)?, extras)
+    }
+
+    /// [`Self::forward_with`], the convolution's own output recorded as the trace stage
+    /// `stage` (then nothing is fused: the stage is the output before the extras).
+    pub fn forward_traced(&self, x: &Tensor, stage: &str, extras: ConvExtras) -> candle_core::Result<Tensor> {
+        if !crate::trace::enabled() {
+            return self.forward_with(x, extras);
         }
+        let h = self.conv(x)?;
+        crate::trace::record(stage, &h);
+        apply_extras(h, extras)
     }
 
     /// The convolution alone, in at least f32, rounded once to the dtype of `x`.
@@ -569,6 +591,22 @@ impl Conv2d {
         };
         let conv = candle_nn::Conv2d::new(upcast(&weight)?, self.bias.as_ref().map(upcast).transpose()?, config);
         conv.forward(&x32)?.to_dtype(x.dtype())
+    }
+}
+
+/// `h + channel_add[:, :, None, None]`, `residual + h`, `/ div`, as separate ops.
+fn apply_extras(h: Tensor, extras: ConvExtras) -> candle_core::Result<Tensor> {
+    let h = match extras.channel_add {
+        Some(t) => h.broadcast_add(&t.unsqueeze(2)?.unsqueeze(3)?)?,
+        None => h,
+    };
+    let h = match extras.residual {
+        Some(r) => (r + h)?,
+        None => h,
+    };
+    match extras.div.filter(|&d| d != 1.0) {
+        Some(d) => crate::sdpa::div(&h, d),
+        None => Ok(h),
     }
 }
 

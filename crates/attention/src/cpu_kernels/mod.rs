@@ -96,6 +96,28 @@ fn transpose_batches<T: Copy + Send + Sync + Default>(src: &[T], len: usize, row
 /// Candle's `(x − mean)/sqrt(var + eps)·w + b` (the two f16 GroupNorm bundles that differed now
 /// match bit for bit). `None` where it does not apply (not CPU, not f32).
 pub fn group_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, groups: usize, eps: f64) -> Result<Option<Tensor>> {
+    group_norm_act(x, weight, bias, groups, eps, None)
+}
+
+/// The swish that follows a norm, as the PyTorch code writes it (each step an f32 rounding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swish {
+    /// `F.silu(y)` / `nn.SiLU`: `y / (1 + exp(−y))`.
+    Silu,
+    /// ldm's `nonlinearity`, `y * torch.sigmoid(y)`: `y · (1 / (1 + exp(−y)))`.
+    TimesSigmoid,
+}
+
+/// [`group_norm`], then `act` of each rounded output in the same pass, where a separate
+/// activation would be one more pass over the tensor and one more allocation.
+pub fn group_norm_act(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    groups: usize,
+    eps: f64,
+    act: Option<Swish>,
+) -> Result<Option<Tensor>> {
     let all_cpu = x.device().is_cpu() && weight.device().is_cpu() && bias.device().is_cpu();
     let all_f32 = [x, weight, bias].iter().all(|t| t.dtype() == DType::F32);
     if !all_cpu || !all_f32 || x.rank() < 2 || groups == 0 {
@@ -138,6 +160,9 @@ pub fn group_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, groups: usize, eps
                         -scale * mean + bi[c0 + ci]
                     };
                     scale_shift(fused, xs, scale, shift, dst);
+                    if let Some(act) = act {
+                        swish_in_place(fused, act, dst);
+                    }
                 }
             });
     }
@@ -184,6 +209,29 @@ fn scale_shift(fused: bool, xs: &[f32], scale: f32, shift: f32, dst: &mut [f32])
             scale * v + shift
         };
     }
+}
+
+/// `act` of every value of `ys`, in place (the attention kernel's vectorised `exp`, within 1 ulp).
+fn swish_in_place(fused: bool, act: Swish, ys: &mut [f32]) {
+    use crate::sdpa::cpu_exp;
+    #[inline(always)]
+    fn body<const FUSED: bool>(act: Swish, ys: &mut [f32]) {
+        match act {
+            Swish::Silu => ys.iter_mut().for_each(|y| *y /= 1.0 + cpu_exp::<FUSED>(-*y)),
+            Swish::TimesSigmoid => ys.iter_mut().for_each(|y| *y *= 1.0 / (1.0 + cpu_exp::<FUSED>(-*y))),
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if fused {
+        #[target_feature(enable = "avx2,fma")]
+        fn go(act: Swish, ys: &mut [f32]) {
+            body::<true>(act, ys)
+        }
+        // SAFETY: `fused` is only true where AVX2 and FMA were detected.
+        unsafe { go(act, ys) };
+        return;
+    }
+    body::<false>(act, ys)
 }
 
 /// `Σ f(x)` over `xs`: sixteen f32 lanes over blocks of 256 values, the blocks added in f64.

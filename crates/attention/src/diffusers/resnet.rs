@@ -14,8 +14,8 @@
 //!
 //! `up`/`down` resampling and `kernel` are not used by mid blocks and are rejected.
 
+use crate::cpu_kernels::{ConvExtras, Swish};
 use crate::layers::{group_norm, scale_shift, Activation, Conv2d, GroupNorm, Projection};
-use crate::sdpa::div;
 use crate::trace;
 use crate::{config, Error, Result};
 use candle_core::{Module, Tensor};
@@ -185,6 +185,41 @@ impl ResnetBlock2D {
         })
     }
 
+    /// `time_emb_proj(act(temb))` `(B, C or 2·C)`, checked against the input; `None` without a
+    /// `time_emb_proj` (a given `temb` is then ignored, as in diffusers).
+    fn time_embedding(&self, input_tensor: &Tensor, temb: Option<&Tensor>) -> Result<Option<Tensor>> {
+        let block = Self::BLOCK;
+        let Some(proj) = &self.time_emb_proj else {
+            return Ok(None);
+        };
+        let temb = temb.ok_or_else(|| {
+            Error::input(
+                block,
+                "temb",
+                "required: the block has a time_emb_proj (temb_channels is set)",
+            )
+        })?;
+        if temb.rank() != 2 || temb.dim(0)? != input_tensor.dim(0)? {
+            return Err(Error::input(
+                block,
+                "temb",
+                format!(
+                    "expected (B={}, temb_channels), found {:?}",
+                    input_tensor.dim(0)?,
+                    temb.dims()
+                ),
+            ));
+        }
+        let temb = if self.skip_time_act {
+            temb.clone()
+        } else {
+            self.act.forward(temb)?
+        };
+        let temb = proj.forward_tokens(&temb)?;
+        trace::record("temb", &temb);
+        Ok(Some(temb))
+    }
+
     /// Whether the block has a `time_emb_proj` (and so needs `temb`).
     pub fn takes_temb(&self) -> bool {
         self.time_emb_proj.is_some()
@@ -206,53 +241,22 @@ impl ResnetBlock2D {
                 ),
             ));
         }
-        let normed = self.norm1.forward(input_tensor)?;
-        trace::record("norm1", &normed);
-        let h = self.conv1.forward(&self.act.forward(&normed)?)?;
-        trace::record("conv1", &h);
-        let temb = match &self.time_emb_proj {
-            Some(proj) => {
-                let temb = temb.ok_or_else(|| {
-                    Error::input(
-                        block,
-                        "temb",
-                        "required: the block has a time_emb_proj (temb_channels is set)",
-                    )
-                })?;
-                if temb.rank() != 2 || temb.dim(0)? != input_tensor.dim(0)? {
-                    return Err(Error::input(
-                        block,
-                        "temb",
-                        format!(
-                            "expected (B={}, temb_channels), found {:?}",
-                            input_tensor.dim(0)?,
-                            temb.dims()
-                        ),
-                    ));
+        let swish = |norm: &GroupNorm, x: &Tensor, stage: &str| -> candle_core::Result<Tensor> {
+            match self.act {
+                Activation::Swish => norm.forward_swish(x, stage, Swish::Silu, |y| self.act.forward(y)),
+                act => {
+                    let normed = norm.forward(x)?;
+                    trace::record(stage, &normed);
+                    act.forward(&normed)
                 }
-                let temb = if self.skip_time_act {
-                    temb.clone()
-                } else {
-                    self.act.forward(temb)?
-                };
-                let temb = proj.forward_tokens(&temb)?;
-                trace::record("temb", &temb);
-                Some(temb)
             }
-            None => None,
         };
-        let norm2 = |h: &Tensor| -> Result<Tensor> {
-            let normed = self.norm2.forward(h)?;
-            trace::record("norm2", &normed);
-            Ok(normed)
-        };
-        let h = match (self.time_embedding_norm, &temb) {
-            (TimeEmbeddingNorm::Default, Some(temb)) => norm2(&h.broadcast_add(&temb.unsqueeze(2)?.unsqueeze(3)?)?)?,
-            (TimeEmbeddingNorm::ScaleShift, Some(temb)) => {
-                let half = temb.dim(1)? / 2;
-                let (scale, shift) = (temb.narrow(1, 0, half)?, temb.narrow(1, half, half)?);
-                scale_shift(&norm2(&h)?, &scale, &shift)?
-            }
+        let temb = self.time_embedding(input_tensor, temb)?;
+        let h = swish(&self.norm1, input_tensor, "norm1")?;
+        // "default": `norm2(conv1(..) + temb)`, the add in conv1's write-out.
+        let (add, scale_shift_temb) = match (self.time_embedding_norm, &temb) {
+            (TimeEmbeddingNorm::Default, Some(t)) => (Some(t), None),
+            (TimeEmbeddingNorm::ScaleShift, Some(t)) => (None, Some(t)),
             (TimeEmbeddingNorm::ScaleShift, None) => {
                 return Err(Error::input(
                     block,
@@ -260,10 +264,23 @@ impl ResnetBlock2D {
                     "required when time_embedding_norm is scale_shift",
                 ))
             }
-            (TimeEmbeddingNorm::Default, None) => norm2(&h)?,
+            (TimeEmbeddingNorm::Default, None) => (None, None),
         };
-        let h = self.conv2.forward(&self.act.forward(&h)?)?;
-        trace::record("conv2", &h);
+        let extras = ConvExtras {
+            channel_add: add,
+            ..ConvExtras::default()
+        };
+        let h = self.conv1.forward_traced(&h, "conv1", extras)?;
+        let h = match scale_shift_temb {
+            Some(temb) => {
+                let normed = self.norm2.forward(&h)?;
+                trace::record("norm2", &normed);
+                let half = temb.dim(1)? / 2;
+                let (scale, shift) = (temb.narrow(1, 0, half)?, temb.narrow(1, half, half)?);
+                self.act.forward(&scale_shift(&normed, &scale, &shift)?)?
+            }
+            None => swish(&self.norm2, &h, "norm2")?,
+        };
         let shortcut = match &self.conv_shortcut {
             Some(conv) => {
                 let s = conv.forward(input_tensor)?;
@@ -272,12 +289,13 @@ impl ResnetBlock2D {
             }
             None => input_tensor.clone(),
         };
-        let out = (shortcut + h)?;
-        let out = if self.output_scale_factor == 1.0 {
-            out
-        } else {
-            div(&out, self.output_scale_factor)?
+        // `(shortcut + conv2(..)) / output_scale_factor`, in conv2's write-out.
+        let extras = ConvExtras {
+            residual: Some(&shortcut),
+            div: Some(self.output_scale_factor),
+            ..ConvExtras::default()
         };
+        let out = self.conv2.forward_traced(&h, "conv2", extras)?;
         trace::record("output", &out);
         Ok(out)
     }

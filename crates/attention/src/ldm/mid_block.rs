@@ -20,6 +20,7 @@
 //! shortcut: conv_shortcut (3×3) if conv_shortcut else nin_shortcut (1×1), only when in != out
 //! ```
 
+use crate::cpu_kernels::{ConvExtras, Swish};
 use crate::layers::{group_norm, Conv2d, GroupNorm, Projection};
 use crate::ldm::vae::{AttnBlock, AttnBlockConfig, LinAttnBlock};
 use crate::trace;
@@ -112,12 +113,8 @@ impl ResnetBlock {
                 format!("expected (B, {}, H, W), found {:?}", self.in_channels, x.dims()),
             ));
         }
-        let normed = self.norm1.forward(x)?;
-        trace::record("norm1", &normed);
-        let h = self.conv1.forward(&nonlinearity(&normed)?)?;
-        trace::record("conv1", &h);
-        let h = match (temb, &self.temb_proj) {
-            (None, _) => h,
+        let temb = match (temb, &self.temb_proj) {
+            (None, _) => None,
             (Some(t), Some(proj)) => {
                 if t.rank() != 2 || t.dim(0)? != x.dim(0)? {
                     return Err(Error::input(
@@ -128,7 +125,7 @@ impl ResnetBlock {
                 }
                 let t = proj.forward_tokens(&nonlinearity(t)?)?;
                 trace::record("temb", &t);
-                h.broadcast_add(&t.unsqueeze(2)?.unsqueeze(3)?)?
+                Some(t)
             }
             (Some(_), None) => {
                 return Err(Error::input(
@@ -138,11 +135,19 @@ impl ResnetBlock {
                 ))
             }
         };
-        let normed = self.norm2.forward(&h)?;
-        trace::record("norm2", &normed);
-        let h = self.conv2.forward(&nonlinearity(&normed)?)?;
-        trace::record("conv2", &h);
-        let x = match &self.shortcut {
+        let h = self
+            .norm1
+            .forward_swish(x, "norm1", Swish::TimesSigmoid, nonlinearity)?;
+        // `conv1(..) + temb_proj(..)[:, :, None, None]`, the add in conv1's write-out.
+        let extras = ConvExtras {
+            channel_add: temb.as_ref(),
+            ..ConvExtras::default()
+        };
+        let h = self.conv1.forward_traced(&h, "conv1", extras)?;
+        let h = self
+            .norm2
+            .forward_swish(&h, "norm2", Swish::TimesSigmoid, nonlinearity)?;
+        let shortcut = match &self.shortcut {
             Some(conv) => {
                 let s = conv.forward(x)?;
                 trace::record("shortcut", &s);
@@ -150,7 +155,12 @@ impl ResnetBlock {
             }
             None => x.clone(),
         };
-        let out = (x + h)?;
+        // `x + h`, in conv2's write-out.
+        let extras = ConvExtras {
+            residual: Some(&shortcut),
+            ..ConvExtras::default()
+        };
+        let out = self.conv2.forward_traced(&h, "conv2", extras)?;
         trace::record("output", &out);
         Ok(out)
     }

@@ -24,6 +24,7 @@
 //! `.type(h.dtype)` casts its output to `h`'s dtype.
 
 use super::{AttentionBlock, AttentionBlockConfig};
+use crate::cpu_kernels::{ConvExtras, Swish};
 use crate::layers::{scale_shift, Activation, Conv2d, GroupNorm, Projection};
 use crate::ldm::transformer::{SpatialTransformer, SpatialTransformerConfig};
 use crate::trace;
@@ -137,36 +138,41 @@ impl ResBlock {
             ));
         }
         let act = Activation::Swish;
-        let normed = self.in_norm.forward(x)?;
-        trace::record("norm1", &normed);
-        let h = self.in_conv.forward(&act.forward(&normed)?)?;
-        trace::record("conv1", &h);
         // emb_out = self.emb_layers(emb).type(h.dtype): SiLU and Linear in emb's dtype (f32 in
         // guided-diffusion's half mode; a half emb: f32 accumulation rounded once, as `addmm`).
         let emb_out = self.emb_proj.forward_tokens(&act.forward(emb)?)?;
         trace::record("temb", &emb_out);
-        let emb_out = emb_out.to_dtype(h.dtype())?;
-        let out_norm = |h: &Tensor| -> candle_core::Result<Tensor> {
-            let normed = self.out_norm.forward(h)?;
-            trace::record("norm2", &normed);
-            Ok(normed)
-        };
+        let silu = |y: &Tensor| act.forward(y);
+        let h = self.in_norm.forward_swish(x, "norm1", Swish::Silu, silu)?;
+        // `.type(h.dtype)`: the convolutions' dtype, that of `x`.
+        let emb_out = emb_out.to_dtype(x.dtype())?;
         let h = if self.scale_shift {
+            let h = self.in_conv.forward_traced(&h, "conv1", ConvExtras::default())?;
+            let normed = self.out_norm.forward(&h)?;
+            trace::record("norm2", &normed);
             let half = emb_out.dim(1)? / 2;
             let (scale, shift) = (emb_out.narrow(1, 0, half)?, emb_out.narrow(1, half, half)?);
-            scale_shift(&out_norm(&h)?, &scale, &shift)?
+            act.forward(&scale_shift(&normed, &scale, &shift)?)?
         } else {
-            out_norm(&h.broadcast_add(&emb_out.unsqueeze(2)?.unsqueeze(3)?)?)?
+            // `h + emb_out[..., None, None]`, in in_conv's write-out.
+            let extras = ConvExtras {
+                channel_add: Some(&emb_out),
+                ..ConvExtras::default()
+            };
+            let h = self.in_conv.forward_traced(&h, "conv1", extras)?;
+            self.out_norm.forward_swish(&h, "norm2", Swish::Silu, silu)?
         };
-        let h = self.out_conv.forward(&act.forward(&h)?)?;
-        trace::record("conv2", &h);
         // skip_connection: a conv, or nn.Identity when the channels match
-        let x = match &self.skip {
+        let skip = match &self.skip {
             Some(conv) => conv.forward(x)?,
             None => x.clone(),
         };
-        trace::record("shortcut", &x);
-        let out = (x + h)?;
+        trace::record("shortcut", &skip);
+        let extras = ConvExtras {
+            residual: Some(&skip),
+            ..ConvExtras::default()
+        };
+        let out = self.out_conv.forward_traced(&h, "conv2", extras)?;
         trace::record("output", &out);
         Ok(out)
     }

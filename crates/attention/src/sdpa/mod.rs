@@ -70,6 +70,13 @@ pub(crate) fn cpu_score_tile(
     cpu::tiles::score_tile(rows, a, lda, b, kc, c, ldc, accumulate, None)
 }
 
+/// The attention kernel's vectorisable f32 `exp` (within 1 ulp; fused multiply-adds when
+/// `FUSED`), for the CPU kernels around the core.
+#[inline(always)]
+pub(crate) fn cpu_exp<const FUSED: bool>(x: f32) -> f32 {
+    cpu::simd::exp::<FUSED>(x)
+}
+
 /// `f` on `need` floats of this worker's scratch, shared with the attention kernel's tasks.
 pub(crate) fn with_cpu_scratch<R>(need: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     cpu::with_scratch(need, f)
