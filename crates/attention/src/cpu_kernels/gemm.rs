@@ -548,11 +548,12 @@ fn finish(
 }
 
 /// One register tile: `c[r·ldc + j] (+)= Σ_p a[r·kc + p] · b[p·NR + j]` for `rows` rows and `NR`
-/// columns (rows up to the tile height may be read from `a` and written to `c`).
+/// columns (rows up to the tile height may be read from `a` and written to `c`). The block's
+/// products are summed from zero and the sum added to `c` once (`accumulate`).
 #[allow(clippy::too_many_arguments)]
 fn tile(isa: Isa, rows: usize, a: &[f32], kc: usize, b: &[f32], c: &mut [f32], ldc: usize, accumulate: bool) {
     match isa {
-        Isa::Avx512 => crate::sdpa::cpu_score_tile(rows, a, kc, b, kc, c, ldc, accumulate),
+        Isa::Avx512 => crate::sdpa::cpu_gemm_tile(rows, a, kc, b, kc, c, ldc, accumulate),
         Isa::Avx2 => {
             assert!(rows <= 6 && a.len() >= (rows - 1) * kc + kc && b.len() >= kc * 16);
             assert!(c.len() >= (rows - 1) * ldc + 16);
@@ -592,12 +593,6 @@ mod avx2 {
         accumulate: bool,
     ) {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        if accumulate {
-            for (r, acc) in acc.iter_mut().enumerate() {
-                acc[0] = _mm256_loadu_ps(c.add(r * ldc));
-                acc[1] = _mm256_loadu_ps(c.add(r * ldc + 8));
-            }
-        }
         for p in 0..kc {
             let b0 = _mm256_loadu_ps(b.add(p * 16));
             let b1 = _mm256_loadu_ps(b.add(p * 16 + 8));
@@ -607,9 +602,16 @@ mod avx2 {
                 acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
             }
         }
+        // The block's sum added to the running one (one rounding per block), not a chain
+        // continued from it: blocked accumulation.
         for (r, acc) in acc.iter().enumerate() {
-            _mm256_storeu_ps(c.add(r * ldc), acc[0]);
-            _mm256_storeu_ps(c.add(r * ldc + 8), acc[1]);
+            let (mut s0, mut s1) = (acc[0], acc[1]);
+            if accumulate {
+                s0 = _mm256_add_ps(_mm256_loadu_ps(c.add(r * ldc)), s0);
+                s1 = _mm256_add_ps(_mm256_loadu_ps(c.add(r * ldc + 8)), s1);
+            }
+            _mm256_storeu_ps(c.add(r * ldc), s0);
+            _mm256_storeu_ps(c.add(r * ldc + 8), s1);
         }
     }
 }

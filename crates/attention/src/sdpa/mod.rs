@@ -54,10 +54,11 @@ pub(crate) fn cpu_tiles_available() -> bool {
     cpu::tiles::available()
 }
 
-/// The attention kernel's AVX-512 score tile as a GEMM tile (see `cpu::tiles::score_tile`):
-/// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · b[p·32 + j]`.
+/// The attention kernel's AVX-512 score tile as a GEMM tile (see `cpu::tiles::gemm_tile`):
+/// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · b[p·32 + j]`, the block summed from zero and added to
+/// `c` once.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn cpu_score_tile(
+pub(crate) fn cpu_gemm_tile(
     rows: usize,
     a: &[f32],
     lda: usize,
@@ -67,7 +68,7 @@ pub(crate) fn cpu_score_tile(
     ldc: usize,
     accumulate: bool,
 ) {
-    cpu::tiles::score_tile(rows, a, lda, b, kc, c, ldc, accumulate, None)
+    cpu::tiles::gemm_tile(rows, a, lda, b, kc, c, ldc, accumulate)
 }
 
 /// The attention kernel's vectorisable f32 `exp` (within 1 ulp; fused multiply-adds when

@@ -283,7 +283,7 @@ pub(super) fn tile_rows(rows: usize) -> usize {
 
 /// Running row maxima of score tiles: 16 lanes per tile row (`lanes[r·16 ..]`, folded by
 /// [`simd::max_of`]), over the first `keys` columns of the tile (the rest are padding).
-pub(crate) struct RowMax<'a> {
+pub(super) struct RowMax<'a> {
     pub(super) lanes: &'a mut [f32],
     pub(super) keys: usize,
 }
@@ -293,7 +293,7 @@ pub(crate) struct RowMax<'a> {
 /// `kc` channels (added to the tile when `accumulate`); with `max`, the tile's rows are also
 /// folded into those running maxima as they are stored.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn score_tile(
+pub(super) fn score_tile(
     rows: usize,
     q: &[f32],
     ldq: usize,
@@ -317,9 +317,9 @@ pub(crate) fn score_tile(
         // SAFETY: AVX-512F detected; the asserts bound every access.
         unsafe {
             match r {
-                4 => avx512::score_tile::<4>(q, ldq, kp, kc, s, ld, accumulate, max),
-                8 => avx512::score_tile::<8>(q, ldq, kp, kc, s, ld, accumulate, max),
-                _ => avx512::score_tile::<MR>(q, ldq, kp, kc, s, ld, accumulate, max),
+                4 => avx512::score_tile::<4, false>(q, ldq, kp, kc, s, ld, accumulate, max),
+                8 => avx512::score_tile::<8, false>(q, ldq, kp, kc, s, ld, accumulate, max),
+                _ => avx512::score_tile::<MR, false>(q, ldq, kp, kc, s, ld, accumulate, max),
             }
         }
         return;
@@ -327,6 +327,41 @@ pub(crate) fn score_tile(
     #[cfg(not(target_arch = "x86_64"))]
     let _ = accumulate;
     unreachable!("tiles::score_tile without AVX-512 (callers check `available`)")
+}
+
+/// [`score_tile`] as the layer GEMM's tile (`crate::cpu_kernels`): no row maxima, and with
+/// `accumulate` the `kc` products are summed from zero and that sum added to the tile once
+/// (blocked accumulation), where the score tiles continue one chain from the stored values.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_tile(
+    rows: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    kc: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let r = tile_rows(rows);
+    assert!(kc > 0 && lda >= kc && a.len() >= (r - 1) * lda + kc && b.len() >= kc * NR);
+    assert!(ldc >= NR && c.len() >= (r - 1) * ldc + NR);
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        // SAFETY: AVX-512F detected; the asserts bound every access.
+        unsafe {
+            match r {
+                4 => avx512::score_tile::<4, true>(a, lda, b, kc, c, ldc, accumulate, None),
+                8 => avx512::score_tile::<8, true>(a, lda, b, kc, c, ldc, accumulate, None),
+                _ => avx512::score_tile::<MR, true>(a, lda, b, kc, c, ldc, accumulate, None),
+            }
+        }
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = accumulate;
+    unreachable!("tiles::gemm_tile without AVX-512 (callers check `available`)")
 }
 
 /// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·ldv + c]` for
@@ -463,7 +498,7 @@ mod avx512 {
 
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn score_tile<const R: usize>(
+    pub(super) unsafe fn score_tile<const R: usize, const ADD: bool>(
         q: *const f32,
         ldq: usize,
         kp: *const f32,
@@ -474,7 +509,8 @@ mod avx512 {
         max: Option<(*mut f32, usize)>,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        if accumulate {
+        // ADD: the block is summed from zero and added to the stored values at the end.
+        if accumulate && !ADD {
             for (r, acc) in acc.iter_mut().enumerate() {
                 acc[0] = _mm512_loadu_ps(s.add(r * ld));
                 acc[1] = _mm512_loadu_ps(s.add(r * ld + 16));
@@ -487,6 +523,12 @@ mod avx512 {
                 let x = _mm512_set1_ps(*q.add(r * ldq + p));
                 acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
                 acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+            }
+        }
+        if accumulate && ADD {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[0] = _mm512_add_ps(_mm512_loadu_ps(s.add(r * ld)), acc[0]);
+                acc[1] = _mm512_add_ps(_mm512_loadu_ps(s.add(r * ld + 16)), acc[1]);
             }
         }
         for (r, acc) in acc.iter().enumerate() {
