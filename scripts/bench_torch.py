@@ -4,8 +4,10 @@
     python scripts/bench_torch.py core 1 1 4096 4096 512 [--reps 5] [--warmup 1]
     python scripts/bench_torch.py block vae 128
     python scripts/bench_torch.py block ddpm 32
+    python scripts/bench_torch.py whole vae_mid_64 [--reps 5]   # a whole block on its bundle (see below)
+    python scripts/bench_torch.py export vae_mid_64             # only write the bundle of a whole-block case
     python scripts/bench_torch.py all [--reps 5]      # every case, one subprocess each
-    python scripts/bench_torch.py compare RUST_EXAMPLE [--rounds 5] [--reps N] [--only SUBSTR] [--out FILE] [--mkl-avx512]
+    python scripts/bench_torch.py compare [RUST_EXAMPLE] [--bundle-bin BIN] [--rounds 5] [--reps N] [--only SUBSTR] [--out FILE] [--mkl-avx512]
 
 ``compare`` runs each case alternately here and with the Rust example binary
 (``target/release/examples/bench_sdpa``), ``--rounds`` times each, so both see the same machine
@@ -13,6 +15,21 @@ load; it appends every JSON line to ``--out`` (default ``bench_results.jsonl``) 
 Markdown table of the medians (and minima) over all repetitions of all rounds. Without
 ``--reps``, each case gets enough repetitions for about half a second per run (sub-millisecond
 cases swing by tens of percent over a handful of calls on a shared machine).
+
+**Whole blocks** (``whole NAME``, names in ``WHOLE``): a real mid block (or ResnetBlock2D) at a
+real model's size, with random weights (``parity_bundle.randomize_``: weights ~ N(0, 1/fan_in),
+norm weights near 1). The first use writes it as a parity bundle to
+``target/bench_blocks/NAME.safetensors`` (``export_bundle``: the block id and config the repo's
+exporters use, PyTorch's float32 and float64 outputs, metadata ``bench.case``), in a separate
+process; every run then rebuilds the module from that bundle alone (``export_models.build_module``
++ its state dict) and runs it on the bundle's inputs, so PyTorch and ours
+(``target/release/examples/bench_bundle BUNDLE``, from ``crates/parity/examples/bench_bundle.rs``)
+run the very same numbers. After loading, both reset the peak resident set (``/proc/self/clear_refs``
+5), so ``peak_rss_mib`` is the peak of the calls, not of reading the bundle; both also report
+``max_abs_vs_f64`` (their last call's max |output − the bundle's float64 output|). ``compare``
+exports every selected bundle before the timing rounds start and runs ours with ``--bundle-bin``
+(default ``target/release/examples/bench_bundle``); ``RUST_EXAMPLE`` (default
+``target/release/examples/bench_sdpa``) runs the other cases.
 
 ``--mkl-avx512`` (any command): run PyTorch with MKL's Intel code paths on a non-Intel CPU. MKL
 picks its kernels by CPU vendor, and on AMD processors with AVX-512 (Zen 4/5) it runs its AVX2
@@ -157,9 +174,202 @@ def one(args):
         "rss_before_mib": round(rss_before, 1), "peak_rss_mib": round(peak, 1), "io_mib": round(io / 2**20, 1),
     }), flush=True)
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUNDLE_DIR = os.path.join(REPO, "target", "bench_blocks")
+BUNDLE_BIN = os.path.join(REPO, "target", "release", "examples", "bench_bundle")
+SDPA_BIN = os.path.join(REPO, "target", "release", "examples", "bench_sdpa")
+
+# The SD VAE decoder's mid block: what diffusers 0.42.1 ``Decoder`` (autoencoders/vae.py, norm_type
+# "group") passes to UNetMidBlock2D for SD's block_out_channels[-1] = 512, norm_num_groups 32, act silu.
+VAE_MID = dict(in_channels=512, resnet_eps=1e-6, resnet_act_fn="silu", output_scale_factor=1,
+               resnet_time_scale_shift="default", attention_head_dim=512, resnet_groups=32, temb_channels=None,
+               add_attention=True)
+# UNet2DConditionModel -> get_mid_block("UNetMidBlock2DCrossAttn", ...) with the last entries of the
+# per-level lists (export_models.unet2d_condition_mid_config); num_attention_heads = attention_head_dim
+# of the config when num_attention_heads is null (the historical naming).
+SD_CROSS_MID = dict(in_channels=1280, temb_channels=1280, dropout=0.0, resnet_eps=1e-5, resnet_act_fn="silu",
+                    output_scale_factor=1.0, resnet_time_scale_shift="default", resnet_groups=32,
+                    dual_cross_attention=False, upcast_attention=False, attention_type="default")
+# SD 1.5: attention_head_dim 8 (= 8 heads of 160), cross_attention_dim 768, conv proj_in/proj_out.
+SD15_MID = dict(SD_CROSS_MID, transformer_layers_per_block=1, cross_attention_dim=768, num_attention_heads=8,
+                use_linear_projection=False)
+# SDXL base: transformer_layers_per_block [1, 2, 10], attention_head_dim [5, 10, 20] (heads per level),
+# cross_attention_dim 2048, use_linear_projection.
+SDXL_MID = dict(SD_CROSS_MID, transformer_layers_per_block=10, cross_attention_dim=2048, num_attention_heads=20,
+                use_linear_projection=True)
+# guided-diffusion 256x256 unconditional: num_channels 256, channel_mult (1, 1, 2, 2, 4, 4) -> 1024 at the
+# middle, time_embed_dim 4 * 256, num_head_channels 64 (16 heads), use_scale_shift_norm, QKVAttentionLegacy.
+OPENAI_256_MID = dict(channels=1024, emb_channels=1024, dropout=0.0, dims=2, use_scale_shift_norm=True, num_heads=4,
+                      num_head_channels=64, use_new_attention_order=False, use_spatial_transformer=False,
+                      transformer_depth=1, context_dim=None, use_linear_in_transformer=False,
+                      disable_middle_self_attn=False, legacy=True)
+
+# name -> (seed, readable case name)
+WHOLE = {
+    "vae_mid_64": (9001, "diffusers.UNetMidBlock2D SD VAE decoder mid (1, 512, 64, 64)"),
+    "vae_mid_128": (9002, "diffusers.UNetMidBlock2D SD VAE decoder mid (1, 512, 128, 128)"),
+    "sd15_mid": (9003, "diffusers.UNetMidBlock2DCrossAttn SD 1.5 mid (2, 1280, 8, 8), ctx (2, 77, 768)"),
+    "ddpm_mid_16": (9004, "denoising_diffusion_pytorch.MidBlock Unet(64, (1, 2, 4, 8)) mid (1, 512, 16, 16)"),
+    "ddpm_mid_32": (9005, "denoising_diffusion_pytorch.MidBlock Unet(64, (1, 2, 4, 8)) mid (1, 512, 32, 32)"),
+    "openai_mid_256": (9006, "openai.MiddleBlock guided-diffusion 256x256 uncond (1, 1024, 8, 8)"),
+    "resnet_512_64": (9007, "diffusers.ResnetBlock2D SD VAE decoder mid resnet (1, 512, 64, 64)"),
+    "sdxl_mid": (9008, "diffusers.UNetMidBlock2DCrossAttn SDXL mid (1, 1280, 32, 32), 10 layers, ctx (1, 77, 2048)"),
+}
+
+
+def whole_path(name):
+    return os.path.join(BUNDLE_DIR, f"{name}.safetensors")
+
+
+def build_whole(name):
+    """The case's randomized PyTorch module and what export_bundle needs:
+    ``(module, block id, config, inputs, kwargs, source)``."""
+    import torch
+    from collections import OrderedDict
+
+    from export_models import build_module, mid2d_resnet_config
+    from parity_bundle import randomize_
+
+    seed = WHOLE[name][0]
+    g = torch.Generator().manual_seed(seed + 100_000)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g)
+
+    kwargs = None
+    if name.startswith("vae_mid_"):
+        side = int(name.rsplit("_", 1)[1])
+        block, config = "diffusers.UNetMidBlock2D", VAE_MID
+        inputs = OrderedDict(hidden_states=randn(1, 512, side, side))
+        source = "AutoencoderKL Decoder.mid_block kwargs (diffusers 0.42.1 vae.py) for SD's VAE"
+    elif name in ("sd15_mid", "sdxl_mid"):
+        block, config = "diffusers.UNetMidBlock2DCrossAttn", SD15_MID if name == "sd15_mid" else SDXL_MID
+        b, side = (2, 8) if name == "sd15_mid" else (1, 32)
+        inputs = OrderedDict(hidden_states=randn(b, 1280, side, side), temb=randn(b, 1280),
+                             encoder_hidden_states=randn(b, 77, config["cross_attention_dim"]))
+        source = f"UNet2DConditionModel mid_block kwargs for {'SD 1.5' if name == 'sd15_mid' else 'SDXL base'}"
+    elif name.startswith("ddpm_mid_"):
+        from denoising_diffusion_pytorch import Unet
+        from reference.mid_blocks import LucidrainsMidBlock
+
+        side = int(name.rsplit("_", 1)[1])
+        torch.manual_seed(0)
+        unet = randomize_(Unet(dim=64, dim_mults=(1, 2, 4, 8)), seed).eval()
+        block, config = "denoising_diffusion_pytorch.MidBlock", LucidrainsMidBlock.config_of(unet)
+        with torch.no_grad():
+            time_emb = unet.time_mlp(torch.tensor([500.0]))
+        inputs = OrderedDict(x=randn(1, config["dim"], side, side), time_emb=time_emb)
+        source = ("mid_block1 / mid_attn / mid_block2 of denoising_diffusion_pytorch.Unet(dim=64, "
+                  "dim_mults=(1, 2, 4, 8)), time_emb = its time_mlp(500)")
+        return LucidrainsMidBlock.of(unet), block, config, inputs, kwargs, source
+    elif name == "openai_mid_256":
+        block, config = "openai.MiddleBlock", OPENAI_256_MID
+        inputs = OrderedDict(x=randn(1, 1024, 8, 8), emb=randn(1, 1024))
+        source = "guided-diffusion 256x256_diffusion_uncond middle_block (re-stated scripts/reference/openai.py)"
+    elif name == "resnet_512_64":
+        block, config = "diffusers.ResnetBlock2D", mid2d_resnet_config(VAE_MID)
+        inputs = OrderedDict(input_tensor=randn(1, 512, 64, 64))
+        kwargs = {"temb": None}
+        source = "resnets of the SD VAE decoder's mid block (temb None)"
+    else:
+        raise KeyError(f"unknown whole-block case {name!r}; known: {', '.join(WHOLE)}")
+    torch.manual_seed(0)
+    module = randomize_(build_module(block, config), seed)
+    return module, block, config, inputs, kwargs, source
+
+
+def export_whole(name):
+    """Write the case's bundle (float64 reference run included)."""
+    import torch
+
+    from parity_bundle import export_bundle
+
+    module, block, config, inputs, kwargs, source = build_whole(name)
+    t = time.perf_counter()
+    info = export_bundle(module, block, config, inputs, whole_path(name), kwargs=kwargs,
+                         source=f"bench_torch.py whole {name}: {source}; random weights (randomize_ seed "
+                                f"{WHOLE[name][0]}), inputs N(0, 1)",
+                         dtype=torch.float32, extra_metadata={"bench.case": WHOLE[name][1]})
+    diffs = ", ".join(f"{k} {v:.3e}" for k, v in info["max_abs_diff_f64"].items())
+    print(f"wrote {info['path']} ({info['bytes'] / 2**20:.1f} MiB, {time.perf_counter() - t:.1f} s) "
+          f"{block} max|f32-f64| {diffs}", file=sys.stderr, flush=True)
+
+
+def ensure_whole(name):
+    """The case's bundle path, exported first (in a process of its own, without the MKL shim) if
+    missing."""
+    path = whole_path(name)
+    if not os.path.exists(path):
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", MKL_MARK)}
+        subprocess.run([sys.executable, os.path.abspath(__file__), "export", name], check=True, env=env)
+    return path
+
+
+def reset_peak_rss():
+    """Reset ``VmHWM`` (Linux: ``/proc/self/clear_refs`` 5); False where it cannot be."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def load_whole(path):
+    """The module rebuilt from the bundle alone, its inputs, kwargs, float64 outputs and case name."""
+    from export_models import build_module
+    from parity_bundle import load_bundle
+
+    b = load_bundle(path)
+    module = build_module(b["block"], b["config"])
+    module.load_state_dict(b["state_dict"], strict=True)
+    module.eval()
+    case = b["metadata"].get("bench.case", os.path.splitext(os.path.basename(path))[0])
+    return module, b["inputs"], b["kwargs"], list(b["expected_f64"].values()), case
+
+
+def time_whole(args):
+    """``whole NAME``: time the PyTorch block on its bundle's weights and inputs."""
+    import torch
+
+    torch.set_num_threads(2)
+    reps, warmup = opt(args, "--reps", 5), opt(args, "--warmup", 1)
+    path = ensure_whole(args[1])
+    module, inputs, kwargs, expected64, case = load_whole(path)
+
+    def run():
+        out = module(**inputs, **kwargs)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    with torch.inference_mode():
+        reset_peak_rss()
+        rss_before = rss_mib("VmRSS:")
+        for _ in range(warmup):
+            run()
+        ms, out = [], None
+        for i in range(max(reps, 1)):  # reps 0: one untimed call, for the error
+            t = time.perf_counter()
+            last = run()
+            if i < reps:
+                ms.append((time.perf_counter() - t) * 1e3)
+            if i == max(reps, 1) - 1:
+                out = last  # only the last call's outputs are kept (as in bench_bundle)
+            del last
+        peak = rss_mib("VmHWM:")
+        err = max(float((o.double() - e).abs().max()) for o, e in zip(out, expected64))
+    io = sum(t.numel() * t.element_size() for t in list(inputs.values()) + out)
+    print(json.dumps({
+        "impl": "torch", "case": case, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "cpu": cpu_model(), "mkl_avx512": os.environ.get(MKL_MARK) == "1",
+        "ms": [round(x, 2) for x in ms], "median_ms": round(sorted(ms)[len(ms) // 2], 2) if ms else None,
+        "rss_before_mib": round(rss_before, 1), "peak_rss_mib": round(peak, 1), "io_mib": round(io / 2**20, 1),
+        "max_abs_vs_f64": float(f"{err:.3e}"),
+    }), flush=True)
+
 
 def case_args():
-    return [["core", *map(str, s)] for s in CORE_SHAPES] + [["block", k, str(s)] for k, s in BLOCKS]
+    return ([["core", *map(str, s)] for s in CORE_SHAPES] + [["block", k, str(s)] for k, s in BLOCKS]
+            + [["whole", name] for name in WHOLE])
 
 
 # Repetitions per run when ``compare`` is not given ``--reps``: about half a second of calls.
@@ -175,24 +385,44 @@ DEFAULT_REPS = {
     "block vae 128": 2,
     "block ddpm 16": 50,
     "block ddpm 32": 10,
+    # whole blocks: one call took (PyTorch / ours, s, 2-core AMD EPYC without AVX-512, loaded): resnet 0.3 / 0.7,
+    # ddpm 16 0.06 / 0.09, ddpm 32 0.24 / 0.30, openai 0.14 / 0.34, sd15 1.2 / 0.8, vae 64 1.8 / 2.8,
+    # vae 128 7.5 / 12.5, sdxl 7.3 / 8.9 (each run adds one warm-up call)
+    "whole resnet_512_64": 3,
+    "whole ddpm_mid_16": 10,
+    "whole ddpm_mid_32": 3,
+    "whole openai_mid_256": 5,
+    "whole sd15_mid": 2,
+    "whole vae_mid_64": 2,
+    "whole vae_mid_128": 1,
+    "whole sdxl_mid": 1,
 }
 
 
+def sopt(args, name, default):
+    return args[args.index(name) + 1] if name in args else default
+
+
 def compare(args):
-    binary = args[0]
+    binary = args[0] if args and not args[0].startswith("--") else SDPA_BIN
+    bundle_bin = sopt(args, "--bundle-bin", BUNDLE_BIN)
     rounds = opt(args, "--rounds", 5)
     reps = opt(args, "--reps", 0)
-    only = args[args.index("--only") + 1] if "--only" in args else None
-    out = args[args.index("--out") + 1] if "--out" in args else "bench_results.jsonl"
+    only = sopt(args, "--only", None)
+    out = sopt(args, "--out", "bench_results.jsonl")
+    cases = [c for c in case_args() if not only or only in " ".join(c)]
+    # Whole-block bundles are written before any timing (the float64 reference runs take a while).
+    for c in cases:
+        if c[0] == "whole":
+            ensure_whole(c[1])
     # The shim is built once; only PyTorch's runs get it.
     torch_env = mkl_avx512_env() if "--mkl-avx512" in args else None
     rows = {}
-    for c in case_args():
-        if only and only not in " ".join(c):
-            continue
+    for c in cases:
         extra = ["--reps", str(reps or DEFAULT_REPS.get(" ".join(c), 5))]
+        ours = [bundle_bin, whole_path(c[1])] if c[0] == "whole" else [binary, *c]
         for _ in range(rounds):
-            for cmd, env in (([sys.executable, __file__, *c, *extra], torch_env), ([binary, *c, *extra], None)):
+            for cmd, env in (([sys.executable, __file__, *c, *extra], torch_env), ([*ours, *extra], None)):
                 run = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
                 line = run.stdout.strip().splitlines()[-1]
                 rec = json.loads(line)
@@ -223,6 +453,12 @@ def main():
         mkl_avx512_reexec(args)
     if args[0] == "compare":
         compare(args[1:])
+        return
+    if args[0] == "export":
+        export_whole(args[1])
+        return
+    if args[0] == "whole":
+        time_whole(args)
         return
     if args[0] != "all":
         one(args)

@@ -323,6 +323,7 @@ def export_bundle(
     dtype: torch.dtype | None = None,
     input_dtypes: Mapping[str, torch.dtype] | None = None,
     trace: bool = False,
+    extra_metadata: Mapping[str, str] | None = None,
 ) -> dict:
     """Run ``module`` on ``inputs`` and write a format-"1" parity bundle to ``path``.
 
@@ -367,6 +368,8 @@ def export_bundle(
             bit-identical to the untraced one; the other tensors of the bundle are unchanged. A
             float16 / bfloat16 bundle also stores the float64 copy's stages as
             ``parity.trace.<stage>.float64``.
+        extra_metadata: more string metadata to store as is (e.g. ``{"bench.case": "..."}`` for
+            ``scripts/bench_torch.py``); keys must not start with ``parity.``.
 
     The module's dtype (of its first floating parameter or buffer) is the bundle's
     ``parity.dtype``: for a float16 / bfloat16 bundle pass a module cast with ``.to(dtype)``; its
@@ -459,6 +462,10 @@ def export_bundle(
         metadata["parity.kwargs"] = json.dumps(kwargs)
     if trace_names is not None:
         metadata["parity.trace"] = json.dumps(trace_names)
+    for key, value in (extra_metadata or {}).items():
+        if key.startswith("parity.") or not isinstance(value, str):
+            raise ValueError(f"extra_metadata {key!r}: keys outside parity.*, string values only")
+        metadata[key] = value
     if weights_ref is not None:
         ref = list(weights_ref)
         if len(ref) not in (2, 3) or not all(isinstance(x, str) for x in ref):

@@ -23,7 +23,7 @@ use crate::bundle::Bundle;
 use crate::checkpoint::{Checkpoint, PrefixView};
 use crate::compare::{compare, default_tolerance, OutputReport};
 use crate::error::{ParityError, Result};
-use crate::registry::{self, Inputs};
+use crate::registry::{self, BlockInfo, Inputs, Runnable};
 use crate::trace::{self, TraceReport};
 use crate::weights::{closest, Conversion, TrackedWeights};
 use candle_core::{DType, Device};
@@ -127,14 +127,54 @@ pub struct Run {
     pub stages: Vec<(String, candle_core::Tensor)>,
 }
 
-/// [`check_bundle`], keeping our outputs and stages (for `show`).
-pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
+/// A bundle's block, built from its config and weights, with its inputs ready on the run device:
+/// what [`run_bundle`] runs once and `examples/bench_bundle.rs` times.
+pub struct Prepared {
+    pub block: Box<dyn Runnable>,
+    pub inputs: Inputs,
+    /// The dtype the block runs in (`Options::dtype`, else the bundle's).
+    pub dtype: DType,
+    /// The bundle's dtype (`parity.dtype`).
+    pub bundle_dtype: DType,
+    /// The `config.json` the block's config came from, when not from the bundle.
+    pub config_from: Option<String>,
+    /// Where the weights came from, and which weights and inputs were converted.
+    weights: TrackedWeights,
+}
+
+/// Validate a bundle against the registry, build its block and prepare its inputs (cast to the run
+/// dtype, on `Options::device`). Fails on weights the block did not use unless
+/// `Options::allow_unused`.
+pub fn prepare_bundle(bundle: &Bundle, opts: &Options) -> Result<Prepared> {
     let path = bundle.path.as_path();
     let info = registry::find(&bundle.block).ok_or_else(|| ParityError::UnknownBlock {
         path: path.to_path_buf(),
         id: bundle.block.clone(),
         known: registry::all().iter().map(|b| b.id).collect::<Vec<_>>().join(", "),
     })?;
+    check_forward_args(bundle, &info)?;
+    bundle.check_values()?;
+    let bundle_dtype = bundle.run_dtype()?;
+    let dtype = opts.dtype.unwrap_or(bundle_dtype);
+    let weights = weight_source(bundle, opts)?;
+    let (config, config_from) = block_config(bundle, opts, info.id, weights.location().as_deref())?;
+    let vb = weights.var_builder(dtype, &opts.device);
+    let block = (info.build)(vb, &config).map_err(|e| ParityError::block(path, info.id, e))?;
+    check_unused(path, info.id, &weights, opts)?;
+    let inputs = bundle_inputs(bundle, info.id, &weights, dtype, bundle_dtype, &opts.device)?;
+    Ok(Prepared {
+        block,
+        inputs,
+        dtype,
+        bundle_dtype,
+        config_from,
+        weights,
+    })
+}
+
+/// The bundle's inputs and `parity.kwargs` must be ones the block's forward takes.
+fn check_forward_args(bundle: &Bundle, info: &BlockInfo) -> Result<()> {
+    let path = bundle.path.as_path();
     for name in &bundle.inputs {
         if !info.accepts_input(name) {
             return Err(ParityError::bundle(
@@ -164,38 +204,46 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
             ));
         }
     }
+    Ok(())
+}
 
-    bundle.check_values()?;
-    let bundle_dtype = bundle.run_dtype()?;
-    let dtype = opts.dtype.unwrap_or(bundle_dtype);
-    let device = opts.device.clone();
-    let weights = weight_source(bundle, opts)?;
-    let (config, config_from) = block_config(bundle, opts, info.id, weights.location().as_deref())?;
-    let vb = weights.var_builder(dtype, &device);
-    let block = (info.build)(vb, &config).map_err(|e| ParityError::block(path, info.id, e))?;
-    let unused = unused_weights(&weights);
-    if !unused.is_empty() && !opts.allow_unused {
-        let all = weights.names().cloned().collect::<Vec<_>>();
-        let expected: Vec<String> = all.iter().filter(|k| !unused.contains(k)).cloned().collect();
-        let hints: Vec<String> = unused
-            .iter()
-            .map(|u| match closest(u, expected.iter()) {
-                Some(c) => format!("`{u}` (closest used: `{c}`)"),
-                None => format!("`{u}`"),
-            })
-            .collect();
-        let place = weights.location().map(|l| format!(" in {l}")).unwrap_or_default();
-        return Err(ParityError::bundle(
-            path,
-            format!(
-                "{} weights{place} not used by {}: {} (pass --allow-unused to ignore)",
-                unused.len(),
-                info.id,
-                hints.join(", ")
-            ),
-        ));
+/// Fail on weights the block did not read, with the closest used name for each (unless
+/// `Options::allow_unused`).
+fn check_unused(path: &Path, block: &str, weights: &TrackedWeights, opts: &Options) -> Result<()> {
+    let unused = unused_weights(weights);
+    if unused.is_empty() || opts.allow_unused {
+        return Ok(());
     }
+    let all = weights.names().cloned().collect::<Vec<_>>();
+    let expected: Vec<String> = all.iter().filter(|k| !unused.contains(k)).cloned().collect();
+    let hints: Vec<String> = unused
+        .iter()
+        .map(|u| match closest(u, expected.iter()) {
+            Some(c) => format!("`{u}` (closest used: `{c}`)"),
+            None => format!("`{u}`"),
+        })
+        .collect();
+    let place = weights.location().map(|l| format!(" in {l}")).unwrap_or_default();
+    Err(ParityError::bundle(
+        path,
+        format!(
+            "{} weights{place} not used by {block}: {} (pass --allow-unused to ignore)",
+            unused.len(),
+            hints.join(", ")
+        ),
+    ))
+}
 
+/// The bundle's inputs as the block gets them: floats in the run dtype (conversions recorded in
+/// `weights`), on `device`.
+fn bundle_inputs(
+    bundle: &Bundle,
+    block: &'static str,
+    weights: &TrackedWeights,
+    dtype: DType,
+    bundle_dtype: DType,
+    device: &Device,
+) -> Result<Inputs> {
     let mut tensors = std::collections::BTreeMap::new();
     for name in &bundle.inputs {
         let t = bundle.input(name).expect("validated when the bundle was read");
@@ -210,19 +258,27 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
             Ok(t.clone())
         };
         let t = t
-            .and_then(|t| t.to_device(&device))
-            .map_err(|e| ParityError::block(path, info.id, e))?;
+            .and_then(|t| t.to_device(device))
+            .map_err(|e| ParityError::block(&bundle.path, block, e))?;
         tensors.insert(name.clone(), t);
     }
-    let inputs = Inputs {
-        block: info.id,
+    Ok(Inputs {
+        block,
         tensors,
         kwargs: bundle.kwargs.clone(),
-    };
+    })
+}
+
+/// [`check_bundle`], keeping our outputs and stages (for `show`).
+pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
+    let path = bundle.path.as_path();
+    let prepared = prepare_bundle(bundle, opts)?;
+    let (block, inputs) = (&prepared.block, &prepared.inputs);
+    let (dtype, bundle_dtype) = (prepared.dtype, prepared.bundle_dtype);
     let (ours, stages) = if opts.trace {
-        unet_attention::trace::with_trace(|| block.run(&inputs))
+        unet_attention::trace::with_trace(|| block.run(inputs))
     } else {
-        (block.run(&inputs), vec![])
+        (block.run(inputs), vec![])
     };
     let ours = ours
         .and_then(|outs| {
@@ -231,7 +287,7 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
                 .map(|t| t.to_device(&Device::Cpu))
                 .collect::<candle_core::Result<Vec<_>>>()?)
         })
-        .map_err(|e| ParityError::block(path, info.id, e))?;
+        .map_err(|e| ParityError::block(path, inputs.block, e))?;
     if ours.len() != bundle.outputs.len() {
         return Err(ParityError::bundle(
             path,
@@ -239,44 +295,15 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
                 "the bundle lists {} outputs ({}) but {} returns {}",
                 bundle.outputs.len(),
                 bundle.outputs.join(", "),
-                info.id,
+                inputs.block,
                 ours.len()
             ),
         ));
     }
 
-    let (def_rtol, def_atol) = default_tolerance(dtype);
+    let (rtol, atol) = tolerances(bundle, opts, dtype, bundle_dtype);
+    let outputs = compare_outputs(bundle, inputs.block, &ours, dtype, bundle_dtype, rtol, atol)?;
     let same_dtype = dtype == bundle_dtype;
-    let rtol = opts
-        .rtol
-        .or(if same_dtype { bundle.rtol } else { None })
-        .unwrap_or(def_rtol);
-    let atol = opts
-        .atol
-        .or(if same_dtype { bundle.atol } else { None })
-        .unwrap_or(def_atol);
-    let mut outputs = vec![];
-    for (name, ours) in bundle.outputs.iter().zip(&ours) {
-        let torch = bundle.output(name).expect("validated when the bundle was read");
-        let torch_f64 = bundle.output_f64(name);
-        let report = if same_dtype {
-            compare(name, ours, torch, torch_f64, rtol, atol)
-        } else {
-            let reference = torch_f64.ok_or_else(|| {
-                ParityError::bundle(
-                    path,
-                    format!(
-                        "--dtype {} needs `parity.output.{name}.float64` to compare a run in another dtype than \
-                         the bundle's, and the bundle lacks it",
-                        dtype_name(dtype)
-                    ),
-                )
-            })?;
-            compare_across_dtypes(name, ours, torch, reference, dtype, rtol, atol)
-        }
-        .map_err(|e| ParityError::block(path, info.id, e))?;
-        outputs.push(report);
-    }
     let trace = if !opts.trace {
         None
     } else if !same_dtype {
@@ -293,7 +320,7 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
         block: bundle.block.clone(),
         dtype: dtype_name(dtype).into(),
         bundle_dtype: dtype_name(bundle_dtype).into(),
-        device: device_name(&device),
+        device: device_name(&opts.device),
         reference: if same_dtype { "pytorch" } else { "float64" }.into(),
         inputs: bundle
             .inputs
@@ -307,12 +334,65 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
             .collect(),
         pass: outputs.iter().all(|o| o.pass),
         outputs,
-        conversions: weights.conversions(),
-        weights: weights.location(),
-        config_from,
+        conversions: prepared.weights.conversions(),
+        weights: prepared.weights.location(),
+        config_from: prepared.config_from,
         trace,
     };
     Ok(Run { report, ours, stages })
+}
+
+/// `(rtol, atol)`: the options', else the bundle's (in its own dtype only), else the run dtype's
+/// defaults.
+fn tolerances(bundle: &Bundle, opts: &Options, dtype: DType, bundle_dtype: DType) -> (f64, f64) {
+    let (def_rtol, def_atol) = default_tolerance(dtype);
+    let same_dtype = dtype == bundle_dtype;
+    let rtol = opts
+        .rtol
+        .or(if same_dtype { bundle.rtol } else { None })
+        .unwrap_or(def_rtol);
+    let atol = opts
+        .atol
+        .or(if same_dtype { bundle.atol } else { None })
+        .unwrap_or(def_atol);
+    (rtol, atol)
+}
+
+/// Our outputs (on the CPU, in the bundle's output order) against the bundle's, under the pass
+/// rule of the run's dtype (see the module docs).
+fn compare_outputs(
+    bundle: &Bundle,
+    block: &str,
+    ours: &[candle_core::Tensor],
+    dtype: DType,
+    bundle_dtype: DType,
+    rtol: f64,
+    atol: f64,
+) -> Result<Vec<OutputReport>> {
+    let path = bundle.path.as_path();
+    let mut outputs = vec![];
+    for (name, ours) in bundle.outputs.iter().zip(ours) {
+        let torch = bundle.output(name).expect("validated when the bundle was read");
+        let torch_f64 = bundle.output_f64(name);
+        let report = if dtype == bundle_dtype {
+            compare(name, ours, torch, torch_f64, rtol, atol)
+        } else {
+            let reference = torch_f64.ok_or_else(|| {
+                ParityError::bundle(
+                    path,
+                    format!(
+                        "--dtype {} needs `parity.output.{name}.float64` to compare a run in another dtype than \
+                         the bundle's, and the bundle lacks it",
+                        dtype_name(dtype)
+                    ),
+                )
+            })?;
+            compare_across_dtypes(name, ours, torch, reference, dtype, rtol, atol)
+        }
+        .map_err(|e| ParityError::block(path, block, e))?;
+        outputs.push(report);
+    }
+    Ok(outputs)
 }
 
 /// The block's weights: `--weights` (a checkpoint under a prefix), else the checkpoint the bundle

@@ -18,5 +18,5 @@ pub mod show;
 pub mod trace;
 pub mod weights;
 
-pub use check::{check_file, Options, Report};
+pub use check::{check_file, prepare_bundle, Options, Prepared, Report};
 pub use error::ParityError;
