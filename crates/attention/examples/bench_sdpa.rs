@@ -4,7 +4,15 @@
 //! cargo run --release -p unet-attention --example bench_sdpa -- core 1 1 4096 4096 512 [--reps 5]
 //! cargo run --release -p unet-attention --example bench_sdpa -- block vae 128 [--reps 3]
 //! cargo run --release -p unet-attention --example bench_sdpa -- block ddpm 32
+//! cargo run --release -p unet-attention --example bench_sdpa -- linear 4096 512 512   # tokens in out
+//! cargo run --release -p unet-attention --example bench_sdpa -- conv 1 512 64 64 512 3  # B C H W out k
+//! cargo run --release -p unet-attention --example bench_sdpa -- fma-peak
 //! ```
+//!
+//! `linear` and `conv` time the layer GEMM of `unet_attention::cpu_kernels` alone (and, with
+//! `--candle`, Candle's `Linear` / `Conv2d` on the same data); their JSON adds `gflops`.
+//! `fma-peak` prints the f32 FMA rate of one core (independent `vfmadd` chains, AVX2 and, where
+//! the CPU has it, AVX-512), the peak the GFLOP/s figures of `BENCHMARKS.md` are held against.
 //!
 //! Prints one JSON line: the times of each repetition (after one warm-up call, unless
 //! `--warmup 0`), their median, the resident set before the first call (inputs and weights
@@ -40,7 +48,17 @@ fn main() {
     };
     let (reps, warmup) = (opt("--reps", 5), opt("--warmup", 1));
     let num = |i: usize| -> usize { args[i].parse().expect("a size") };
+    if args[0] == "fma-peak" {
+        fma_peak::print();
+        return;
+    }
+    let mut flops = 0f64;
     let (case, io_bytes, run): (String, usize, Box<dyn Fn() -> Tensor>) = match args[0].as_str() {
+        "linear" | "conv" => {
+            let layer = common::layer_case(&args, args.iter().any(|a| a == "--candle"));
+            flops = layer.flops;
+            (layer.name, layer.io_bytes, layer.run)
+        }
         "core" => {
             let shape = (num(1), num(2), num(3), num(4), num(5));
             let (b, h, lq, lk, d) = shape;
@@ -81,9 +99,14 @@ fn main() {
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
     let peak = status_kib("VmHWM:") / 1024.0;
+    let gflops = if flops > 0.0 {
+        format!(", \"gflops\": {:.1}", flops / median / 1e6)
+    } else {
+        String::new()
+    };
     let ms: Vec<String> = ms.iter().map(|x| format!("{x:.2}")).collect();
     println!(
-        "{{\"impl\": \"candle\", \"case\": \"{case}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median:.2}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}}}",
+        "{{\"impl\": \"candle\", \"case\": \"{case}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median:.2}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}{gflops}}}",
         sdpa_path().unwrap(),
         unet_attention::sdpa::cpu_kernel_isa(),
         rayon_threads(),
@@ -94,4 +117,69 @@ fn main() {
 
 fn rayon_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The f32 FMA rate of one core: independent chains of fused multiply-adds, enough to cover the
+/// FMA latency on every unit.
+mod fma_peak {
+    #[cfg(target_arch = "x86_64")]
+    use std::arch::x86_64::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2(iters: usize) -> f32 {
+        let mut acc = [_mm256_set1_ps(0.5); 12];
+        let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x)));
+        out.iter().sum()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512(iters: usize) -> f32 {
+        let mut acc = [_mm512_set1_ps(0.5); 24];
+        let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, a, b);
+            }
+        }
+        _mm512_reduce_add_ps(acc.iter().fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x)))
+    }
+
+    /// Best of 5 runs of `f` over `flops_per_iter`, GFLOP/s.
+    fn rate(flops_per_iter: f64, f: impl Fn(usize) -> f32) -> f64 {
+        let iters = 20_000_000;
+        (0..5)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                std::hint::black_box(f(iters));
+                flops_per_iter * iters as f64 / t.elapsed().as_secs_f64() / 1e9
+            })
+            .fold(0.0, f64::max)
+    }
+
+    pub fn print() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut fields = vec![];
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                // SAFETY: AVX2 and FMA detected.
+                fields.push(format!("\"avx2_gflops\": {:.1}", rate(12.0 * 16.0, |n| unsafe { avx2(n) })));
+            }
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: AVX-512F detected.
+                fields.push(format!("\"avx512_gflops\": {:.1}", rate(24.0 * 32.0, |n| unsafe { avx512(n) })));
+            }
+            println!("{{\"case\": \"fma-peak (one core)\", {}}}", fields.join(", "));
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        println!("{{\"case\": \"fma-peak (one core)\", \"error\": \"x86-64 only\"}}");
+    }
 }

@@ -106,3 +106,55 @@ pub fn ddpm_mid(side: usize) -> BlockCase {
         input: randn(&[1, dim, side, side], 1.0),
     }
 }
+
+/// One layer timed alone (`bench_sdpa linear|conv`).
+pub struct LayerCase {
+    pub name: String,
+    pub flops: f64,
+    pub io_bytes: usize,
+    pub run: Box<dyn Fn() -> Tensor>,
+}
+
+/// `linear TOKENS IN OUT` or `conv B C H W OUT K` (f32, random weights and input): the packed
+/// layer GEMM of `unet_attention::cpu_kernels`, or with `candle` Candle's `Linear` / `Conv2d`.
+pub fn layer_case(args: &[String], candle: bool) -> LayerCase {
+    use unet_attention::cpu_kernels::{ConvExtras, PackedConv, PackedLinear};
+    let num = |i: usize| -> usize { args[i].parse().expect("a size") };
+    let which = if candle { "candle" } else { "packed" };
+    if args[0] == "linear" {
+        let (tokens, inp, out) = (num(1), num(2), num(3));
+        let (w, b, x) = (randn(&[out, inp], 0.05), randn(&[out], 0.1), randn(&[tokens, inp], 1.0));
+        let run: Box<dyn Fn() -> Tensor> = if candle {
+            let lin = candle_nn::Linear::new(w, Some(b));
+            Box::new(move || lin.forward(&x).unwrap())
+        } else {
+            let p = PackedLinear::new(&w).unwrap().expect("a CPU the layer GEMM runs on");
+            Box::new(move || p.forward(&x, Some(&b)).unwrap().unwrap())
+        };
+        return LayerCase {
+            name: format!("linear {which} ({tokens}, {inp}) -> {out}"),
+            flops: 2.0 * (tokens * inp * out) as f64,
+            io_bytes: 4 * tokens * (inp + out),
+            run,
+        };
+    }
+    let (bt, c, h, wd, out, k) = (num(1), num(2), num(3), num(4), num(5), num(6));
+    let (w, b, x) = (randn(&[out, c, k, k], 0.02), randn(&[out], 0.1), randn(&[bt, c, h, wd], 1.0));
+    let run: Box<dyn Fn() -> Tensor> = if candle {
+        let cfg = candle_nn::Conv2dConfig {
+            padding: k / 2,
+            ..Default::default()
+        };
+        let conv = candle_nn::Conv2d::new(w, Some(b), cfg);
+        Box::new(move || conv.forward(&x).unwrap())
+    } else {
+        let p = PackedConv::new(&w).unwrap().expect("a CPU the layer GEMM runs on");
+        Box::new(move || p.forward(&x, Some(&b), ConvExtras::default()).unwrap().unwrap())
+    };
+    LayerCase {
+        name: format!("conv{k}x{k} {which} ({bt}, {c}, {h}, {wd}) -> {out}"),
+        flops: 2.0 * (bt * out * c * k * k * h * wd) as f64,
+        io_bytes: 4 * bt * h * wd * (c + out),
+        run,
+    }
+}

@@ -511,39 +511,25 @@ impl Job<'_> {
             let start = (t.item * m + row) * n + t.n0;
             let dst = &mut out[start..start + t.cols];
             let src = &acc[r * ldc..][..t.cols];
-            let add = epi.item_row.map(|v| v[t.item * m + row]);
-            let res = epi.residual.map(|res| &res[start..start + t.cols]);
             match epi.bias {
-                Bias::None => finish(dst, src, |_| 0.0, add, res, epi.div),
-                Bias::PerRow(b) => finish(dst, src, |_| b[row], add, res, epi.div),
-                Bias::PerCol(b) => finish(dst, src, |c| b[t.n0 + c], add, res, epi.div),
+                Bias::None => dst.copy_from_slice(src),
+                Bias::PerRow(b) => dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s + b[row]),
+                Bias::PerCol(b) => {
+                    let b = &b[t.n0..t.n0 + t.cols];
+                    dst.iter_mut().zip(src).zip(b).for_each(|((d, &s), &b)| *d = s + b);
+                }
+            }
+            // Each step a pass over the row (in L1), so that every loop vectorises.
+            if let Some(add) = epi.item_row.map(|v| v[t.item * m + row]) {
+                dst.iter_mut().for_each(|d| *d += add);
+            }
+            if let Some(res) = epi.residual {
+                dst.iter_mut().zip(&res[start..start + t.cols]).for_each(|(d, &r)| *d += r);
+            }
+            if let Some(q) = epi.div {
+                dst.iter_mut().for_each(|d| *d /= q);
             }
         }
-    }
-}
-
-/// One row of the write-out (kept simple enough to vectorise).
-#[inline(always)]
-fn finish(
-    dst: &mut [f32],
-    src: &[f32],
-    bias: impl Fn(usize) -> f32,
-    add: Option<f32>,
-    res: Option<&[f32]>,
-    div: Option<f32>,
-) {
-    for (c, (d, &s)) in dst.iter_mut().zip(src).enumerate() {
-        let mut v = s + bias(c);
-        if let Some(a) = add {
-            v += a;
-        }
-        if let Some(r) = res {
-            v += r[c];
-        }
-        if let Some(q) = div {
-            v /= q;
-        }
-        *d = v;
     }
 }
 
