@@ -82,6 +82,8 @@ pub(crate) struct Blocking {
     pub(crate) mc: usize,
     /// Columns of `B` per task: the task's `MC × NC` accumulator fills about a quarter of L2.
     pub(crate) nc: usize,
+    /// L2 bytes.
+    l2: usize,
 }
 
 impl Blocking {
@@ -91,7 +93,18 @@ impl Blocking {
         let kc = (l1 / 3 / (4 * nr)).clamp(64, 512) / 8 * 8;
         let mc = ((l2 / 4 / (4 * kc)).clamp(4 * mr, 1024) / mr * mr).max(mr);
         let nc = ((l2 / 4 / (4 * mc)).clamp(4 * nr, 1024) / nr * nr).max(nr);
-        Blocking { kc, mc, nc }
+        Blocking { kc, mc, nc, l2 }
+    }
+
+    /// For a `B` packed per call from an image (convolutions): tasks take up to 1024 rows
+    /// (output channels), so each image block is packed once rather than once per row block
+    /// (the tile reads its `A` micro-panel at a few bytes per cycle, which L3 supplies), and
+    /// fewer columns, so the accumulator still fits a quarter of L2.
+    fn for_image_b(self, isa: Isa, m: usize) -> Blocking {
+        let (mr, nr) = (isa.mr(), isa.nr());
+        let mc = m.clamp(mr, 1024).div_ceil(mr) * mr;
+        let nc = ((self.l2 / 4 / (4 * mc)).clamp(4 * nr, 1024) / nr * nr).max(nr);
+        Blocking { mc, nc, ..self }
     }
 }
 
@@ -314,6 +327,10 @@ pub(crate) fn gemm(isa: Isa, blocking: Blocking, a: RowsOf, b: ColsOf, epi: Epil
         (RowsOf::Packed(p), _) => p.blocks.clone(),
         (_, ColsOf::Packed(p)) => p.blocks.clone(),
         _ => k_blocks(k, blocking.kc),
+    };
+    let blocking = match &b {
+        ColsOf::Image(_) => blocking.for_image_b(isa, m),
+        ColsOf::Packed(_) => blocking,
     };
     let grid = Grid::new(isa, blocking, batch, m, n);
     let out_ptr = SendPtr(out.as_mut_ptr());
@@ -598,6 +615,28 @@ mod avx2 {
             }
             _mm256_storeu_ps(c.add(r * ldc), s0);
             _mm256_storeu_ps(c.add(r * ldc + 8), s1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tile_speed {
+    #[test]
+    #[ignore]
+    fn tile_in_l1() {
+        let isa = super::Isa::detect().unwrap();
+        let kc = 168;
+        let a = vec![0.5f32; 6 * kc];
+        let b = vec![0.25f32; kc * 16];
+        let mut c = vec![0f32; 6 * 16];
+        let n = 200_000;
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            for i in 0..n {
+                super::tile(isa, 6, &a, kc, &b, &mut c, 16, i > 0);
+            }
+            let s = t.elapsed().as_secs_f64();
+            println!("tile 6x16 kc {kc}: {:.1} GFLOP/s", (n * 6 * 16 * kc * 2) as f64 / s / 1e9);
         }
     }
 }
