@@ -439,6 +439,24 @@ impl Grid {
     }
 }
 
+/// The `A` rows of a task and reduction block.
+struct ARows<'a> {
+    values: &'a [f32],
+    lda: usize,
+    /// A micro-panel held in a copy instead: (index, values, row stride).
+    tail: Option<(usize, &'a [f32], usize)>,
+}
+
+impl ARows<'_> {
+    /// Micro-panel `mp` of `mr` rows: its first value and row stride.
+    fn panel(&self, mp: usize, mr: usize) -> (&[f32], usize) {
+        match self.tail {
+            Some((i, values, lda)) if i == mp => (values, lda),
+            _ => (&self.values[mp * mr * self.lda..], self.lda),
+        }
+    }
+}
+
 /// The shared state of one call.
 struct Job<'a> {
     isa: Isa,
@@ -458,11 +476,7 @@ impl Job<'_> {
         // Accumulator rows padded off multiples of 1 KiB (a column of tiles in few L1 sets).
         let ldc = panels * nr + if (panels * nr) % 256 == 0 { 16 } else { 0 };
         let kc_max = self.blocks.iter().map(|b| b.1).max().unwrap_or(0);
-        let a_len = if matches!(self.a, RowsOf::Matrix(_)) {
-            rows_p * kc_max
-        } else {
-            0
-        };
+        let a_len = if matches!(self.a, RowsOf::Matrix(_)) { mr * kc_max } else { 0 };
         let b_len = if matches!(self.b, ColsOf::Image(_)) {
             panels * nr * kc_max
         } else {
@@ -473,15 +487,15 @@ impl Job<'_> {
             let (acc, rest) = scratch.split_at_mut(rows_p * ldc);
             let (a_buf, b_buf) = rest.split_at_mut(a_len);
             for (bi, &(p0, kcb)) in self.blocks.iter().enumerate() {
-                let a_blk = self.a_block(t, p0, kcb, a_buf);
                 let b_blk = self.b_block(t, p0, kcb, b_buf);
+                let a_rows = self.a_rows(t, p0, kcb, a_buf);
                 for jp in 0..panels {
                     let b_pan = &b_blk[jp * kcb * nr..][..kcb * nr];
                     for mp in 0..t.rows.div_ceil(mr) {
                         let rows = mr.min(t.rows - mp * mr);
-                        let a_pan = &a_blk[mp * mr * kcb..];
+                        let (a_pan, lda) = a_rows.panel(mp, mr);
                         let c = &mut acc[mp * mr * ldc + jp * nr..];
-                        tile(self.isa, rows, a_pan, kcb, b_pan, c, ldc, bi > 0);
+                        tile(self.isa, rows, (a_pan, lda), kcb, b_pan, c, ldc, bi > 0);
                     }
                 }
             }
@@ -489,20 +503,36 @@ impl Job<'_> {
         });
     }
 
-    /// The task's rows of `A` over `[p0, p0 + kcb)`, `kcb` apart (zero rows past `M` up to a
-    /// whole tile).
-    fn a_block<'s>(&'s self, t: Task, p0: usize, kcb: usize, buf: &'s mut [f32]) -> &'s [f32] {
+    /// The task's rows of `A` over `[p0, p0 + kcb)`: a packed weight's rows (`kcb` apart), or
+    /// the activation rows read in place (`K` apart), except a short last micro-panel that the
+    /// tile would read past (whole 4-row groups on AVX-512), copied zero-padded into `buf`.
+    fn a_rows<'s>(&'s self, t: Task, p0: usize, kcb: usize, buf: &'s mut [f32]) -> ARows<'s> {
+        let mr = self.isa.mr();
         match self.a {
-            RowsOf::Packed(p) => &p.data[p.rows_p * p0 + t.m0 * kcb..],
+            RowsOf::Packed(p) => ARows {
+                values: &p.data[p.rows_p * p0 + t.m0 * kcb..],
+                lda: kcb,
+                tail: None,
+            },
             RowsOf::Matrix(x) => {
                 let k = x.len() / self.m;
-                for (r, dst) in buf.chunks_exact_mut(kcb).enumerate() {
-                    match x.get((t.m0 + r) * k..(t.m0 + r + 1) * k).filter(|_| r < t.rows) {
-                        Some(row) => dst.copy_from_slice(&row[p0..p0 + kcb]),
-                        None => dst.fill(0.0),
+                let last = t.rows.div_ceil(mr) - 1;
+                let short = t.rows - last * mr;
+                let copy = self.isa == Isa::Avx512 && short % 4 != 0;
+                if copy {
+                    for (r, dst) in buf[..mr * kcb].chunks_exact_mut(kcb).enumerate() {
+                        let row = t.m0 + last * mr + r;
+                        match x.get(row * k + p0..row * k + p0 + kcb).filter(|_| r < short) {
+                            Some(src) => dst.copy_from_slice(src),
+                            None => dst.fill(0.0),
+                        }
                     }
                 }
-                buf
+                ARows {
+                    values: &x[t.m0 * k + p0..],
+                    lda: k,
+                    tail: copy.then_some((last, &buf[..mr * kcb], kcb)),
+                }
             }
         }
     }
@@ -550,16 +580,16 @@ impl Job<'_> {
     }
 }
 
-/// One register tile: `c[r·ldc + j] (+)= Σ_p a[r·kc + p] · b[p·NR + j]` for `rows` rows and `NR`
-/// columns (rows up to the tile height may be read from `a` and written to `c`). The block's
-/// products are summed from zero and the sum added to `c` once (`accumulate`).
+/// One register tile: `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · b[p·NR + j]` for `rows` rows and
+/// `NR` columns (rows up to the tile height may be read from `a` and written to `c`). The
+/// block's products are summed from zero and the sum added to `c` once (`accumulate`).
 #[allow(clippy::too_many_arguments)]
-fn tile(isa: Isa, rows: usize, a: &[f32], kc: usize, b: &[f32], c: &mut [f32], ldc: usize, accumulate: bool) {
+fn tile(isa: Isa, rows: usize, (a, lda): (&[f32], usize), kc: usize, b: &[f32], c: &mut [f32], ldc: usize, accumulate: bool) {
     match isa {
-        Isa::Avx512 => crate::sdpa::cpu_gemm_tile(rows, a, kc, b, kc, c, ldc, accumulate),
+        Isa::Avx512 => crate::sdpa::cpu_gemm_tile(rows, a, lda, b, kc, c, ldc, accumulate),
         Isa::Avx2 => {
-            assert!(rows <= 6 && a.len() >= (rows - 1) * kc + kc && b.len() >= kc * 16);
-            assert!(c.len() >= (rows - 1) * ldc + 16);
+            assert!((1..=6).contains(&rows) && lda >= kc && a.len() >= (rows - 1) * lda + kc);
+            assert!(b.len() >= kc * 16 && c.len() >= (rows - 1) * ldc + 16);
             #[cfg(target_arch = "x86_64")]
             {
                 let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
@@ -567,12 +597,12 @@ fn tile(isa: Isa, rows: usize, a: &[f32], kc: usize, b: &[f32], c: &mut [f32], l
                 // every access.
                 unsafe {
                     match rows {
-                        1 => avx2::tile::<1>(a, kc, b, kc, c, ldc, accumulate),
-                        2 => avx2::tile::<2>(a, kc, b, kc, c, ldc, accumulate),
-                        3 => avx2::tile::<3>(a, kc, b, kc, c, ldc, accumulate),
-                        4 => avx2::tile::<4>(a, kc, b, kc, c, ldc, accumulate),
-                        5 => avx2::tile::<5>(a, kc, b, kc, c, ldc, accumulate),
-                        _ => avx2::tile::<6>(a, kc, b, kc, c, ldc, accumulate),
+                        1 => avx2::tile::<1>(a, lda, b, kc, c, ldc, accumulate),
+                        2 => avx2::tile::<2>(a, lda, b, kc, c, ldc, accumulate),
+                        3 => avx2::tile::<3>(a, lda, b, kc, c, ldc, accumulate),
+                        4 => avx2::tile::<4>(a, lda, b, kc, c, ldc, accumulate),
+                        5 => avx2::tile::<5>(a, lda, b, kc, c, ldc, accumulate),
+                        _ => avx2::tile::<6>(a, lda, b, kc, c, ldc, accumulate),
                     }
                 }
             }
@@ -633,7 +663,7 @@ mod tile_speed {
         for _ in 0..3 {
             let t = std::time::Instant::now();
             for i in 0..n {
-                super::tile(isa, 6, &a, kc, &b, &mut c, 16, i > 0);
+                super::tile(isa, 6, (&a, kc), kc, &b, &mut c, 16, i > 0);
             }
             let s = t.elapsed().as_secs_f64();
             println!("tile 6x16 kc {kc}: {:.1} GFLOP/s", (n * 6 * 16 * kc * 2) as f64 / s / 1e9);
