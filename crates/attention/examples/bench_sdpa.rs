@@ -136,7 +136,10 @@ mod fma_peak {
             }
         }
         let mut out = [0f32; 8];
-        _mm256_storeu_ps(out.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x)));
+        _mm256_storeu_ps(
+            out.as_mut_ptr(),
+            acc.iter().fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x)),
+        );
         out.iter().sum()
     }
 
@@ -171,11 +174,17 @@ mod fma_peak {
             let mut fields = vec![];
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 // SAFETY: AVX2 and FMA detected.
-                fields.push(format!("\"avx2_gflops\": {:.1}", rate(12.0 * 16.0, |n| unsafe { avx2(n) })));
+                fields.push(format!(
+                    "\"avx2_gflops\": {:.1}",
+                    rate(12.0 * 16.0, |n| unsafe { avx2(n) })
+                ));
             }
             if is_x86_feature_detected!("avx512f") {
                 // SAFETY: AVX-512F detected.
-                fields.push(format!("\"avx512_gflops\": {:.1}", rate(24.0 * 32.0, |n| unsafe { avx512(n) })));
+                fields.push(format!(
+                    "\"avx512_gflops\": {:.1}",
+                    rate(24.0 * 32.0, |n| unsafe { avx512(n) })
+                ));
             }
             println!("{{\"case\": \"fma-peak (one core)\", {}}}", fields.join(", "));
         }

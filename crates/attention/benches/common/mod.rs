@@ -139,7 +139,11 @@ pub fn layer_case(args: &[String], candle: bool) -> LayerCase {
         };
     }
     let (bt, c, h, wd, out, k) = (num(1), num(2), num(3), num(4), num(5), num(6));
-    let (w, b, x) = (randn(&[out, c, k, k], 0.02), randn(&[out], 0.1), randn(&[bt, c, h, wd], 1.0));
+    let (w, b, x) = (
+        randn(&[out, c, k, k], 0.02),
+        randn(&[out], 0.1),
+        randn(&[bt, c, h, wd], 1.0),
+    );
     let run: Box<dyn Fn() -> Tensor> = if candle {
         let cfg = candle_nn::Conv2dConfig {
             padding: k / 2,

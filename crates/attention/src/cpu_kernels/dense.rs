@@ -161,7 +161,7 @@ impl PackedConv {
             return Ok(None);
         };
         let (out, inp, kh, kw) = weight.dims4()?;
-        if kh != kw || kh % 2 == 0 {
+        if kh != kw || kh.is_multiple_of(2) {
             return Ok(None);
         }
         let packed = PackedRows::new(&f32_vec(weight)?, out, inp * kh * kw, blocking);

@@ -476,7 +476,11 @@ impl Job<'_> {
         // Accumulator rows padded off multiples of 1 KiB (a column of tiles in few L1 sets).
         let ldc = panels * nr + if (panels * nr) % 256 == 0 { 16 } else { 0 };
         let kc_max = self.blocks.iter().map(|b| b.1).max().unwrap_or(0);
-        let a_len = if matches!(self.a, RowsOf::Matrix(_)) { mr * kc_max } else { 0 };
+        let a_len = if matches!(self.a, RowsOf::Matrix(_)) {
+            mr * kc_max
+        } else {
+            0
+        };
         let b_len = if matches!(self.b, ColsOf::Image(_)) {
             panels * nr * kc_max
         } else {
@@ -518,7 +522,7 @@ impl Job<'_> {
                 let k = x.len() / self.m;
                 let last = t.rows.div_ceil(mr) - 1;
                 let short = t.rows - last * mr;
-                let copy = self.isa == Isa::Avx512 && short % 4 != 0;
+                let copy = self.isa == Isa::Avx512 && !short.is_multiple_of(4);
                 if copy {
                     for (r, dst) in buf[..mr * kcb].chunks_exact_mut(kcb).enumerate() {
                         let row = t.m0 + last * mr + r;
@@ -571,7 +575,9 @@ impl Job<'_> {
                 dst.iter_mut().for_each(|d| *d += add);
             }
             if let Some(res) = epi.residual {
-                dst.iter_mut().zip(&res[start..start + t.cols]).for_each(|(d, &r)| *d += r);
+                dst.iter_mut()
+                    .zip(&res[start..start + t.cols])
+                    .for_each(|(d, &r)| *d += r);
             }
             if let Some(q) = epi.div {
                 dst.iter_mut().for_each(|d| *d /= q);
@@ -584,7 +590,16 @@ impl Job<'_> {
 /// `NR` columns (rows up to the tile height may be read from `a` and written to `c`). The
 /// block's products are summed from zero and the sum added to `c` once (`accumulate`).
 #[allow(clippy::too_many_arguments)]
-fn tile(isa: Isa, rows: usize, (a, lda): (&[f32], usize), kc: usize, b: &[f32], c: &mut [f32], ldc: usize, accumulate: bool) {
+fn tile(
+    isa: Isa,
+    rows: usize,
+    (a, lda): (&[f32], usize),
+    kc: usize,
+    b: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
     match isa {
         Isa::Avx512 => crate::sdpa::cpu_gemm_tile(rows, a, lda, b, kc, c, ldc, accumulate),
         Isa::Avx2 => {
@@ -666,7 +681,10 @@ mod tile_speed {
                 super::tile(isa, 6, (&a, kc), kc, &b, &mut c, 16, i > 0);
             }
             let s = t.elapsed().as_secs_f64();
-            println!("tile 6x16 kc {kc}: {:.1} GFLOP/s", (n * 6 * 16 * kc * 2) as f64 / s / 1e9);
+            println!(
+                "tile 6x16 kc {kc}: {:.1} GFLOP/s",
+                (n * 6 * 16 * kc * 2) as f64 / s / 1e9
+            );
         }
     }
 }

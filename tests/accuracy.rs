@@ -1,0 +1,46 @@
+//! The f32 accuracy of the conv-heavy mid blocks (issue: "ours against the float64 output at
+//! most 1.5× PyTorch's own error"): `weights/accuracy/` holds diffusers `ResnetBlock2D` and
+//! `UNetMidBlock2D`, ldm's mid block and guided-diffusion's middle block with perturbed weights,
+//! two seeds each, exported by `scripts/export_accuracy.py` with PyTorch's f32 and float64
+//! outputs.
+
+mod common;
+use common::*;
+use unet_attention::cpu_kernels::{set_layer_path, LayerPath};
+use unet_parity::check::{check_file, Options};
+
+fn accuracy_bundles() -> Vec<std::path::PathBuf> {
+    let paths = unet_parity::bundle::collect(&[weights().join("accuracy")]).unwrap();
+    assert_eq!(paths.len(), 8, "weights/accuracy: 4 blocks x 2 seeds");
+    paths
+}
+
+/// `(ours − f64, torch − f64)` max abs errors of each bundle's output.
+fn errors() -> Vec<(String, f64, f64)> {
+    accuracy_bundles()
+        .iter()
+        .map(|path| {
+            let report = check_file(path, &Options::default()).unwrap();
+            assert!(report.pass, "{}: {:?}", path.display(), report.outputs);
+            let out = &report.outputs[0];
+            (report.file.clone(), out.ours_vs_f64.unwrap(), out.torch_vs_f64.unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn conv_heavy_blocks_are_within_one_and_a_half_times_pytorch_f32_error() {
+    // Both the packed CPU layers (where this CPU runs them) and Candle's ops, one after the other
+    // in this one test (the switch is process-wide).
+    for path in [LayerPath::Auto, LayerPath::Candle] {
+        set_layer_path(Some(path));
+        let errs = errors();
+        set_layer_path(None);
+        for (file, ours, torch) in errs {
+            assert!(
+                ours <= 1.5 * torch,
+                "{file} ({path:?}): ours {ours:.3e} vs float64, PyTorch's own {torch:.3e}"
+            );
+        }
+    }
+}
