@@ -116,7 +116,7 @@ fn main() {
 }
 
 fn rayon_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    rayon::current_num_threads()
 }
 
 /// The f32 FMA rate of one core: independent chains of fused multiply-adds, enough to cover the

@@ -16,7 +16,10 @@
 //! | [`textbook`] | the "Attention Is All You Need" textbook classes |
 //!
 //! All of them compute attention through one core, [`sdpa`]; head splitting lives in
-//! [`heads`], and the shared layers (projections, norms) in [`layers`].
+//! [`heads`], and the shared layers (projections, convolutions, norms) in [`layers`], which run
+//! on the CPU through the packed-weight GEMM and norm kernels of [`cpu_kernels`] (f32 weights,
+//! AVX2 + FMA or AVX-512; Candle's ops elsewhere, or everywhere with
+//! `UNET_ATTENTION_LAYERS=candle`).
 //!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};

@@ -94,6 +94,9 @@ impl PackedLinear {
             return Ok(None);
         };
         let (out, inp) = weight.dims2()?;
+        if out == 0 || inp == 0 {
+            return Ok(None);
+        }
         let packed = PackedCols::new(&f32_vec(weight)?, out, inp, isa, blocking);
         Ok(Some(Self {
             packed: Arc::new(packed),
@@ -111,7 +114,9 @@ impl PackedLinear {
     /// the call does not apply (another dtype or device, [`LayerPath::Candle`]).
     pub fn forward(&self, x: &Tensor, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
         let in_dim = self.packed.k;
-        let applies = x.dtype() == DType::F32 && x.device().is_cpu() && x.rank() >= 1;
+        // Empty inputs stay with Candle's ops (views of an empty output with offsets break its
+        // `cat`).
+        let applies = x.dtype() == DType::F32 && x.device().is_cpu() && x.rank() >= 1 && x.elem_count() > 0;
         if !applies || x.dims()[x.rank() - 1] != in_dim || layer_path()? == LayerPath::Candle {
             return Ok(None);
         }
@@ -161,7 +166,7 @@ impl PackedConv {
             return Ok(None);
         };
         let (out, inp, kh, kw) = weight.dims4()?;
-        if kh != kw || kh.is_multiple_of(2) {
+        if kh != kw || kh.is_multiple_of(2) || out == 0 || inp == 0 {
             return Ok(None);
         }
         let packed = PackedRows::new(&f32_vec(weight)?, out, inp * kh * kw, blocking);
@@ -186,7 +191,8 @@ impl PackedConv {
         let taps = self.ksize * self.ksize;
         let f32_cpu = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu();
         let extras_ok = extras.channel_add.is_none_or(f32_cpu) && extras.residual.is_none_or(f32_cpu);
-        if !f32_cpu(x) || !extras_ok || x.rank() != 4 || layer_path()? == LayerPath::Candle {
+        let empty = x.elem_count() == 0;
+        if !f32_cpu(x) || !extras_ok || x.rank() != 4 || empty || layer_path()? == LayerPath::Candle {
             return Ok(None);
         }
         let (batch, channels, h, w) = x.dims4()?;
