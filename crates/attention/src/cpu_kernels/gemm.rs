@@ -334,7 +334,10 @@ pub(crate) fn gemm(isa: Isa, blocking: Blocking, a: RowsOf, b: ColsOf, epi: Epil
         ColsOf::Packed(_) => blocking,
     };
     let grid = Grid::new(isa, blocking, batch, m, n);
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    let out = OutPtr {
+        ptr: out.as_mut_ptr(),
+        len: out.len(),
+    };
     (0..grid.tasks()).into_par_iter().for_each(|t| {
         let task = grid.task(t, m, n);
         let job = Job {
@@ -346,9 +349,6 @@ pub(crate) fn gemm(isa: Isa, blocking: Blocking, a: RowsOf, b: ColsOf, epi: Epil
             m,
             n,
         };
-        // SAFETY: tasks cover disjoint (item, row range, column range) blocks of `out`, which
-        // outlives the parallel loop; each writes only its own block.
-        let out = unsafe { std::slice::from_raw_parts_mut(out_ptr.get(), batch * m * n) };
         job.run(task, out);
     });
 }
@@ -360,14 +360,28 @@ fn b_depth(b: &ColsOf) -> usize {
     }
 }
 
+/// The output of a call, shared by its tasks; each task takes only the rows of its own block
+/// ([`OutPtr::row`]), so no two tasks hold a reference to the same element.
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: the pointer is only dereferenced for disjoint blocks (see `gemm`).
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
+struct OutPtr {
+    ptr: *mut f32,
+    len: usize,
+}
+// SAFETY: the pointer is only turned into slices of disjoint task blocks (see `OutPtr::row`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// `len` values from `start`, for the one task whose block they lie in.
+    ///
+    /// # Safety
+    /// No other live reference may overlap `start .. start + len`: a task asks only for the
+    /// runs of its own `(item, rows, columns)` block, and tasks' blocks are disjoint.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(start + len <= self.len);
+        // SAFETY: in bounds (asserted); exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
     }
 }
 
@@ -471,7 +485,7 @@ struct Job<'a> {
 
 impl Job<'_> {
     /// One task: every reduction block into the task's accumulator, then the write-out.
-    fn run(&self, t: Task, out: &mut [f32]) {
+    fn run(&self, t: Task, out: OutPtr) {
         let (mr, nr) = (self.isa.mr(), self.isa.nr());
         let (rows_p, panels) = (t.rows.div_ceil(mr) * mr, t.cols.div_ceil(nr));
         // Accumulator rows padded off multiples of 1 KiB (a column of tiles in few L1 sets).
@@ -556,12 +570,13 @@ impl Job<'_> {
     }
 
     /// `out[item, m0.., n0..] = epilogue(acc)`.
-    fn write_out(&self, t: Task, acc: &[f32], ldc: usize, out: &mut [f32]) {
+    fn write_out(&self, t: Task, acc: &[f32], ldc: usize, out: OutPtr) {
         let (m, n, epi) = (self.m, self.n, self.epi);
         for r in 0..t.rows {
             let row = t.m0 + r;
             let start = (t.item * m + row) * n + t.n0;
-            let dst = &mut out[start..start + t.cols];
+            // SAFETY: this row run lies in this task's block, which no other task touches.
+            let dst = unsafe { out.row(start, t.cols) };
             let src = &acc[r * ldc..][..t.cols];
             match epi.bias {
                 Bias::None => dst.copy_from_slice(src),
