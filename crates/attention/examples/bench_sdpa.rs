@@ -157,6 +157,7 @@ mod fma_peak {
     }
 
     /// Best of 5 runs of `f` over `flops_per_iter`, GFLOP/s.
+    #[cfg(target_arch = "x86_64")]
     fn rate(flops_per_iter: f64, f: impl Fn(usize) -> f32) -> f64 {
         let iters = 20_000_000;
         (0..5)

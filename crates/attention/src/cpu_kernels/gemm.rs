@@ -25,8 +25,9 @@
 use super::tile::tile;
 use rayon::prelude::*;
 
-/// The register tile the CPU runs.
+/// The register tile the CPU runs (x86-64 only: elsewhere none is detected).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum Isa {
     /// 6 × 16 tiles, AVX2 + FMA.
     Avx2,

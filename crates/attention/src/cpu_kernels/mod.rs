@@ -243,6 +243,8 @@ fn swish_in_place(fused: bool, act: Swish, ys: &mut [f32]) {
         unsafe { go(act, ys) };
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = fused;
     body::<false>(act, ys)
 }
 

@@ -22,6 +22,9 @@ pub(super) fn tile(
         Isa::Avx2 => {
             assert!((1..=6).contains(&rows) && lda >= kc && a.len() >= (rows - 1) * lda + kc);
             assert!(b.len() >= kc * 16 && c.len() >= (rows - 1) * ldc + 16);
+            // `Isa::Avx2` is never detected off x86-64.
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = accumulate;
             #[cfg(target_arch = "x86_64")]
             {
                 let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());

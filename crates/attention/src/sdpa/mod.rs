@@ -50,6 +50,7 @@ pub fn cpu_kernel_isa() -> &'static str {
 
 /// Whether the CPU runs the attention kernel's AVX-512 microkernels (the register tile the
 /// layer GEMM of [`crate::cpu_kernels`] reuses).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn cpu_tiles_available() -> bool {
     cpu::tiles::available()
 }
