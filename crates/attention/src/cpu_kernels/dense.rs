@@ -169,7 +169,7 @@ impl PackedConv {
         if kh != kw || kh.is_multiple_of(2) || out == 0 || inp == 0 {
             return Ok(None);
         }
-        let packed = PackedRows::new(&f32_vec(weight)?, out, inp * kh * kw, blocking);
+        let packed = PackedRows::new(&f32_vec(weight)?, out, inp * kh * kw, isa, blocking);
         Ok(Some(Self {
             packed: Arc::new(packed),
             ksize: kh,
