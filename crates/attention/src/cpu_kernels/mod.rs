@@ -268,6 +268,35 @@ fn sum_f64(xs: &[f32], f: impl Fn(f32) -> f32) -> f64 {
     total
 }
 
+/// GEGLU's `hidden · gelu(gate)` (exact erf GELU) of an f32 CPU tensor `(..., 2·n)` whose last
+/// dim is `[hidden | gate]`, in one parallel pass: each element exactly as Candle's
+/// `gelu_erf` then `mul` compute it (the same f32 `erf`), without their two strided passes and
+/// intermediate tensor. `None` where it does not apply (not CPU, not f32, odd last dim,
+/// [`LayerPath::Candle`]).
+pub fn geglu(h: &Tensor) -> Result<Option<Tensor>> {
+    let n2 = h.dims().last().copied().unwrap_or(0);
+    let applies = h.device().is_cpu() && h.dtype() == DType::F32 && n2 % 2 == 0 && h.elem_count() > 0;
+    if !applies || layer_path()? == LayerPath::Candle {
+        return Ok(None);
+    }
+    let n = n2 / 2;
+    let h = h.contiguous()?;
+    let (storage, layout) = h.storage_and_layout();
+    let src = &cpu_slice::<f32>(&storage, layout).expect("a CPU tensor")[..h.elem_count()];
+    let mut out = vec![0f32; h.elem_count() / 2];
+    let gelu = |v: f32| (candle_core::cpu::erf::erf_f32(v * std::f32::consts::FRAC_1_SQRT_2) + 1.) * 0.5 * v;
+    out.par_chunks_mut(n).zip(src.par_chunks(n2)).for_each(|(dst, row)| {
+        let (hidden, gate) = row.split_at(n);
+        for ((d, &x), &g) in dst.iter_mut().zip(hidden).zip(gate) {
+            *d = x * gelu(g);
+        }
+    });
+    drop(storage);
+    let mut dims = h.dims().to_vec();
+    *dims.last_mut().expect("rank ≥ 1") = n;
+    Ok(Some(Tensor::from_vec(out, dims, &Device::Cpu)?))
+}
+
 /// `Σ_c x[b, c, ...]²` of an f32 CPU tensor `(B, C, ...)`, keeping the channel dim (size 1): the
 /// channels summed in order in f32, each position on its own (PyTorch's reduction over a
 /// non-innermost dim). `None` where it does not apply (not CPU, not f32, rank below 2).
@@ -301,6 +330,19 @@ pub fn channel_sum_squares(x: &Tensor) -> Result<Option<Tensor>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    /// The fused GEGLU gives Candle's `hidden * gelu_erf(gate)` bit for bit.
+    #[test]
+    fn geglu_matches_the_candle_ops() {
+        let h = (Tensor::randn(0f32, 2.0, (3, 5, 2 * 37), &Device::Cpu).unwrap() - 0.5).unwrap();
+        let got = super::geglu(&h).unwrap().unwrap();
+        let (hidden, gate) = (h.narrow(2, 0, 37).unwrap(), h.narrow(2, 37, 37).unwrap());
+        let want = (hidden * gate.gelu_erf().unwrap()).unwrap();
+        let (got, want) = (got.flatten_all().unwrap(), want.flatten_all().unwrap());
+        let (got, want) = (got.to_vec1::<f32>().unwrap(), want.to_vec1::<f32>().unwrap());
+        assert_eq!(got.len(), 3 * 5 * 37);
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(super::geglu(&h.narrow(2, 0, 3).unwrap()).unwrap().is_none());
+    }
 
     fn max_abs(t: Tensor) -> f32 {
         t.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()

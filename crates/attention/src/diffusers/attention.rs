@@ -795,32 +795,38 @@ impl Attention {
         if hs_strided {
             hs = contiguous(&hs)?;
         }
-        let query = linear(&self.to_q, &hs, hs_strided)?;
-        let (context, context_strided) = match (encoder_hidden_states, &self.norm_cross) {
-            (None, _) => (hs.clone(), hs_strided),
-            (Some(c), Some(norm)) => (norm.forward(c)?, matches!(norm, CrossNorm::Group(_))),
-            (Some(c), None) => (c.clone(), false),
-        };
-        let (to_k, to_v) = match (&self.to_k, &self.to_v) {
-            (Some(k), Some(v)) => (k, v),
-            _ => unreachable!("only_cross_attention is rejected without the added-KV processors"),
-        };
-        let key = linear(to_k, &context, context_strided)?;
-        let value = linear(to_v, &context, context_strided)?;
-        let mut q = split_tokens(&query, self.heads)?;
-        let mut k = split_tokens(&key, self.heads)?;
-        let v = split_tokens(&value, self.heads)?;
-        if let Some(norm) = &self.norm_q {
-            q = norm.forward(&q)?;
-        }
-        if let Some(norm) = &self.norm_k {
-            k = norm.forward(&k)?;
-        }
-        trace::record_qkv(&q, &k, &v);
-        let out = self.attend(&q, &k, &v, mask.as_ref())?;
-        let merged = merge_tokens(&out)?;
+        // Every intermediate (tokens, q, k, v, the heads' output) is dropped as soon as the
+        // next step has its result: at 128×128 tokens each is 32 MiB.
+        let merged = {
+            let hs = hs;
+            let query = linear(&self.to_q, &hs, hs_strided)?;
+            let (context, context_strided) = match (encoder_hidden_states, &self.norm_cross) {
+                (None, _) => (hs.clone(), hs_strided),
+                (Some(c), Some(norm)) => (norm.forward(c)?, matches!(norm, CrossNorm::Group(_))),
+                (Some(c), None) => (c.clone(), false),
+            };
+            let (to_k, to_v) = match (&self.to_k, &self.to_v) {
+                (Some(k), Some(v)) => (k, v),
+                _ => unreachable!("only_cross_attention is rejected without the added-KV processors"),
+            };
+            let key = linear(to_k, &context, context_strided)?;
+            let value = linear(to_v, &context, context_strided)?;
+            let mut q = split_tokens(&query, self.heads)?;
+            let mut k = split_tokens(&key, self.heads)?;
+            let v = split_tokens(&value, self.heads)?;
+            if let Some(norm) = &self.norm_q {
+                q = norm.forward(&q)?;
+            }
+            if let Some(norm) = &self.norm_k {
+                k = norm.forward(&k)?;
+            }
+            trace::record_qkv(&q, &k, &v);
+            let out = self.attend(&q, &k, &v, mask.as_ref())?;
+            merge_tokens(&out)
+        }?;
         trace::record("attn", &merged);
         let mut out = self.to_out.forward_tokens(&merged)?;
+        drop(merged);
         trace::record("proj", &out);
         if let Some((_, _, h, w)) = image {
             out = tokens_to_image(&out, h, w)?;

@@ -85,10 +85,13 @@ impl Module for ProjectIn {
         let silu = |x: &Tensor| candle_nn::ops::silu(&upcast(x)?)?.to_dtype(x.dtype());
         let sigmoid = |x: &Tensor| candle_nn::ops::sigmoid(&upcast(x)?)?.to_dtype(x.dtype());
         match self.activation {
-            ActivationFn::Geglu => {
-                let (hidden, gate) = halves()?;
-                hidden * gelu(&gate)?
-            }
+            ActivationFn::Geglu => match crate::cpu_kernels::geglu(&h)? {
+                Some(out) => Ok(out),
+                None => {
+                    let (hidden, gate) = halves()?;
+                    hidden * gelu(&gate)?
+                }
+            },
             ActivationFn::Swiglu => {
                 let (hidden, gate) = halves()?;
                 hidden * silu(&gate)?
