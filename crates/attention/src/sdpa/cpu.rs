@@ -20,6 +20,7 @@
 use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor, WithDType};
 use rayon::prelude::*;
 
+pub(crate) mod avx2;
 mod gemm_engine;
 pub(crate) mod simd;
 pub(crate) mod tiles;

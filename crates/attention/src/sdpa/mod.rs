@@ -72,6 +72,22 @@ pub(crate) fn cpu_gemm_tile(
     cpu::tiles::gemm_tile(rows, a, lda, b, kc, c, ldc, accumulate)
 }
 
+pub(crate) use cpu::avx2::{ALayout as CpuALayout, MR as CPU_AVX2_MR};
+
+/// The attention kernel's AVX2 tile (see `cpu::avx2::tile`; CPUs with AVX2 and FMA only).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cpu_avx2_tile(
+    rows: usize,
+    a: (&[f32], CpuALayout),
+    kc: usize,
+    b: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    cpu::avx2::tile(rows, a, kc, b, c, ldc, accumulate)
+}
+
 /// The attention kernel's vectorisable f32 `exp` (within 1 ulp; fused multiply-adds when
 /// `FUSED`), for the CPU kernels around the core.
 #[inline(always)]
