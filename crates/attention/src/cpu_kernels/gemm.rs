@@ -536,6 +536,9 @@ impl Job<'_> {
             let (a_buf, b_buf) = rest.split_at_mut(a_len);
             for (bi, &(p0, kcb)) in self.blocks.iter().enumerate() {
                 let b_blk = self.b_block(t, p0, kcb, b_buf);
+                if let (ColsOf::Image(img), Some(&(p1, kc1))) = (self.b, self.blocks.get(bi + 1)) {
+                    img.prefetch(t.item, p1, kc1, t.n0, t.cols);
+                }
                 let a_rows = self.a_rows(t, p0, kcb, a_buf);
                 for jp in 0..panels {
                     let b_pan = &b_blk[jp * kcb * nr..][..kcb * nr];

@@ -75,6 +75,28 @@ impl Image<'_> {
         }
     }
 
+    /// Ask for the image values that [`Image::pack`] of the same columns and rows `p0 .. p0 +
+    /// kc` will read to be brought towards L2 (a hint: nothing is read or written). A task calls
+    /// it for its next reduction block before it runs the tiles of this one, so the scattered
+    /// image rows (a few hundred bytes per channel, far apart) arrive while it computes; packing
+    /// from a cold image otherwise waits on each of them.
+    pub(crate) fn prefetch(&self, item: usize, p0: usize, kc: usize, n0: usize, cols: usize) {
+        let (hw, kk) = (self.h * self.w, self.ksize * self.ksize);
+        if kc == 0 || cols == 0 || p0 + kc > self.channels * kk {
+            return;
+        }
+        // The positions a column range reads, in every channel: `pad` rows and columns around.
+        let reach = (self.ksize / 2) * (self.w + 1);
+        let (lo, hi) = (n0.saturating_sub(reach), (n0 + cols + reach).min(hw));
+        let img = &self.x[item * self.channels * hw..][..self.channels * hw];
+        for ci in p0 / kk..=(p0 + kc - 1) / kk {
+            let span = &img[ci * hw + lo..ci * hw + hi];
+            for line in span.chunks(16) {
+                prefetch_l2(line.as_ptr());
+            }
+        }
+    }
+
     /// Append the runs (within one image row) of the positions `c0 .. c0 + width`; `j0` counts
     /// from `c0`.
     fn runs(&self, c0: usize, width: usize, out: &mut Vec<Run>) {
@@ -104,6 +126,19 @@ impl Image<'_> {
             copy_short(&mut dst[lo..hi], &chan[start..start + hi - lo]);
         }
     }
+}
+
+/// Hint that the cache line holding `p` will be read soon (into L2); a no-op off x86-64.
+#[inline(always)]
+fn prefetch_l2(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint and never faults; `p` points into a live slice.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        _mm_prefetch::<_MM_HINT_T1>(p as *const i8)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// `dst = src` for the few values of a panel row, inline (a `memmove` call per run of 16 values
