@@ -30,6 +30,17 @@ pub enum Error {
     Candle(#[from] candle_core::Error),
 }
 
+/// So that `?` works in Candle code (functions returning `candle_core::Result`): Candle's own
+/// errors come back as they were, ours wrapped with their message.
+impl From<Error> for candle_core::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Candle(e) => e,
+            other => candle_core::Error::wrap(other),
+        }
+    }
+}
+
 /// Result with the crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 

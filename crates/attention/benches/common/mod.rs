@@ -64,7 +64,7 @@ pub fn vae_mid(side: usize) -> BlockCase {
     struct Vae(diffusers::Attention);
     impl Module for Vae {
         fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-            self.0.forward(x, None, None).map_err(candle_core::Error::wrap)
+            Ok(self.0.forward(x, None, None)?)
         }
     }
     BlockCase {

@@ -129,6 +129,21 @@ fn one_opt() -> Option<usize> {
     Some(1)
 }
 
+/// A config from the constructor's required arguments, every other field at its default (the
+/// serde defaults above: one source for both).
+fn from_required<T: serde::de::DeserializeOwned>(in_channels: usize, temb_channels: Option<usize>) -> T {
+    let args = serde_json::json!({ "in_channels": in_channels, "temb_channels": temb_channels });
+    serde_json::from_value(args).expect("the required arguments and defaults form a config")
+}
+
+impl UNetMidBlock2DConfig {
+    /// `UNetMidBlock2D(in_channels, temb_channels)` with diffusers' defaults for the rest
+    /// (`temb_channels` `None` for the VAE's); change fields after (`attention_head_dim`, ...).
+    pub fn new(in_channels: usize, temb_channels: Option<usize>) -> Self {
+        from_required(in_channels, temb_channels)
+    }
+}
+
 /// `diffusers.models.unets.unet_2d_blocks.UNetMidBlock2D`.
 #[derive(Debug, Clone)]
 pub struct UNetMidBlock2D {
@@ -266,6 +281,14 @@ pub struct UNetMidBlock2DCrossAttnConfig {
     pub upcast_attention: bool,
     #[serde(default = "default_shift")]
     pub attention_type: String,
+}
+
+impl UNetMidBlock2DCrossAttnConfig {
+    /// `UNetMidBlock2DCrossAttn(in_channels, temb_channels)` with diffusers' defaults for the
+    /// rest; change fields after (`num_attention_heads`, `cross_attention_dim`, ...).
+    pub fn new(in_channels: usize, temb_channels: Option<usize>) -> Self {
+        from_required(in_channels, temb_channels)
+    }
 }
 
 /// `diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DCrossAttn`.

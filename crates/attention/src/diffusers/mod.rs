@@ -11,5 +11,9 @@ pub mod resnet;
 pub mod transformer;
 
 pub use attention::{Attention, AttentionConfig, Processor};
-pub use mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
-pub use resnet::ResnetBlock2D;
+pub use feed_forward::{FeedForward, FeedForwardConfig, Geglu, GegluConfig};
+pub use mid_block::{UNetMidBlock2D, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
+pub use resnet::{ResnetBlock2D, ResnetBlock2DConfig};
+pub use transformer::{
+    BasicTransformerBlock, BasicTransformerBlockConfig, Transformer2DModel, Transformer2DModelConfig,
+};

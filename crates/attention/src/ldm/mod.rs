@@ -10,5 +10,9 @@ pub mod transformer;
 pub mod vae;
 
 pub use linear::{LinearAttention, LinearAttentionConfig};
-pub use transformer::{BasicTransformerBlock, CrossAttention, SpatialTransformer};
-pub use vae::{AttnBlock, LinAttnBlock, SpatialSelfAttention};
+pub use mid_block::{MidBlock, MidBlockConfig, ResnetBlock, ResnetBlockConfig};
+pub use transformer::{
+    BasicTransformerBlock, BasicTransformerBlockConfig, CrossAttention, CrossAttentionConfig, SpatialTransformer,
+    SpatialTransformerConfig,
+};
+pub use vae::{AttnBlock, AttnBlockConfig, LinAttnBlock, SpatialSelfAttention};

@@ -62,14 +62,6 @@ fn check_image(block: &'static str, x: &Tensor, in_channels: usize) -> Result<()
     Ok(())
 }
 
-/// A crate error as the `candle_core::Error` a [`Module`] returns.
-fn to_candle(e: Error) -> candle_core::Error {
-    match e {
-        Error::Candle(e) => e,
-        other => candle_core::Error::wrap(other),
-    }
-}
-
 /// The layers shared by `AttnBlock` and `SpatialSelfAttention`.
 #[derive(Debug, Clone)]
 struct VanillaAttention {
@@ -149,7 +141,7 @@ impl AttnBlock {
 impl Module for AttnBlock {
     /// `x`: `(B, C, H, W)` → `x + proj_out(attention(norm(x)))`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.0.forward(x).map_err(to_candle)
+        self.0.forward(x).map_err(Into::into)
     }
 }
 
@@ -177,7 +169,7 @@ impl Module for SpatialSelfAttention {
         // * int(c)**(-0.5), softmax(dim=2), v 'b c h w -> b c (h w)', w_ 'b i j -> b j i',
         // einsum('bij,bjk->bik', v, w_), 'b c (h w) -> b c h w', proj_out, x + h_:
         // AttnBlock's forward step for step.
-        self.0.forward(x).map_err(to_candle)
+        self.0.forward(x).map_err(Into::into)
     }
 }
 
@@ -217,7 +209,7 @@ impl LinAttnBlock {
 impl Module for LinAttnBlock {
     /// `x`: `(B, C, H, W)` → `(B, C, H, W)`; no norm, no residual.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.forward_checked(x).map_err(to_candle)
+        self.forward_checked(x).map_err(Into::into)
     }
 }
 

@@ -206,10 +206,7 @@ impl AttentionBlock {
 impl Module for AttentionBlock {
     /// `x`: `(B, C, *spatial)` → `(B, C, *spatial)`, residual inside.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.forward_checked(x).map_err(|e| match e {
-            Error::Candle(e) => e,
-            other => candle_core::Error::wrap(other),
-        })
+        Ok(self.forward_checked(x)?)
     }
 }
 
