@@ -221,6 +221,14 @@ impl Bundle {
                 .transpose()
         };
         let (atol, rtol) = (float("parity.atol")?, float("parity.rtol")?);
+        for (key, tol) in [("parity.atol", atol), ("parity.rtol", rtol)] {
+            if let Some(t) = tol.filter(|t| crate::compare::check_tolerance(*t).is_err()) {
+                return Err(ParityError::bundle(
+                    path,
+                    format!("metadata `{key}` must be a finite number ≥ 0, found {t}"),
+                ));
+            }
+        }
         if inputs.is_empty() {
             return Err(ParityError::bundle(
                 path,

@@ -21,7 +21,7 @@
 
 use crate::bundle::Bundle;
 use crate::checkpoint::{Checkpoint, PrefixView};
-use crate::compare::{compare, default_tolerance, OutputReport};
+use crate::compare::{check_reference, compare, default_tolerance, OutputReport};
 use crate::error::{ParityError, Result};
 use crate::registry::{self, BlockInfo, Inputs, Runnable};
 use crate::trace::{self, TraceReport};
@@ -374,6 +374,11 @@ fn compare_outputs(
     for (name, ours) in bundle.outputs.iter().zip(ours) {
         let torch = bundle.output(name).expect("validated when the bundle was read");
         let torch_f64 = bundle.output_f64(name);
+        if let Some(reference) = torch_f64 {
+            check_reference(torch, reference, bundle_dtype)
+                .map_err(|e| ParityError::block(path, block, e))?
+                .map_err(|why| ParityError::bundle(path, format!("output `{name}`: {why}")))?;
+        }
         let report = if dtype == bundle_dtype {
             compare(name, ours, torch, torch_f64, rtol, atol)
         } else {

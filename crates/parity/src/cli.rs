@@ -41,11 +41,13 @@ enum Command {
         /// Print one JSON document instead of the table.
         #[arg(long)]
         json: bool,
-        /// Absolute tolerance (default: torch.testing.assert_close's for the dtype, or the bundle's).
-        #[arg(long)]
+        /// Absolute tolerance, finite and ≥ 0 (default: torch.testing.assert_close's for the
+        /// dtype, or the bundle's).
+        #[arg(long, value_parser = parse_tolerance)]
         atol: Option<f64>,
-        /// Relative tolerance (default: torch.testing.assert_close's for the dtype, or the bundle's).
-        #[arg(long)]
+        /// Relative tolerance, finite and ≥ 0 (default: torch.testing.assert_close's for the
+        /// dtype, or the bundle's).
+        #[arg(long, value_parser = parse_tolerance)]
         rtol: Option<f64>,
         /// Run in this dtype instead of the bundle's, and compare with PyTorch's float64 output
         /// (f64: at float64 tolerances; f32/f16/bf16: also passes within 2× PyTorch's own error
@@ -700,4 +702,11 @@ fn blocks(out: &mut dyn Write) -> Result<(), ParityError> {
         }
     }
     Ok(())
+}
+
+/// `--atol` / `--rtol`: a finite number ≥ 0 (an infinite, NaN or negative tolerance would pass
+/// anything or nothing), else a usage error (exit 2).
+fn parse_tolerance(s: &str) -> std::result::Result<f64, String> {
+    let t: f64 = s.trim().parse().map_err(|_| format!("not a number: {s:?}"))?;
+    crate::compare::check_tolerance(t).map(|()| t)
 }
