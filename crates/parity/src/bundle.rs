@@ -84,6 +84,38 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(io)
 }
 
+/// `path` opened for reading once it is known to be a regular file: an `open` on a FIFO blocks
+/// until a writer comes, and a device may never end.
+pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File> {
+    let io = |source| ParityError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() {
+            "a folder, not a file"
+        } else {
+            "not a regular file (a FIFO, socket or device)"
+        };
+        return Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, what)));
+    }
+    std::fs::File::open(path).map_err(io)
+}
+
+/// The text of a regular file ([`open_regular`]).
+pub(crate) fn read_regular_string(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    open_regular(path)?
+        .read_to_string(&mut text)
+        .map_err(|source| ParityError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(text)
+}
+
 /// Whether `bytes` starts like a safetensors file: an 8-byte little-endian header length that
 /// fits the file, then the JSON header's `{`. (A header length such as 0x0580 starts with the
 /// bytes `80 05`, which alone would read as a pickle's PROTO opcode.)
@@ -445,11 +477,27 @@ fn is_plain_checkpoint(path: &Path) -> bool {
     }
 }
 
+/// Folders are entered once each, by their canonical path: a symlink back up the tree (`self ->
+/// .`, or `a -> .` and `b -> .`) neither loops nor finds a bundle twice. Only regular files are
+/// opened to tell bundles from checkpoints; anything else named `*.safetensors` (a FIFO, a device)
+/// is kept, so that reading it reports it, and is never opened here (an `open` on a FIFO blocks).
 fn walk(dir: &Path, out: &mut Vec<PathBuf>, skipped: &mut Vec<PathBuf>) -> Result<()> {
+    walk_once(dir, out, skipped, &mut std::collections::HashSet::new())
+}
+
+fn walk_once(
+    dir: &Path,
+    out: &mut Vec<PathBuf>,
+    skipped: &mut Vec<PathBuf>,
+    visited: &mut std::collections::HashSet<PathBuf>,
+) -> Result<()> {
     let io = |source| ParityError::Io {
         path: dir.to_path_buf(),
         source,
     };
+    if !visited.insert(std::fs::canonicalize(dir).map_err(io)?) {
+        return Ok(());
+    }
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io)?
         .map(|e| e.map(|e| e.path()))
@@ -457,10 +505,14 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>, skipped: &mut Vec<PathBuf>) -> Resul
         .map_err(io)?;
     entries.sort();
     for p in entries {
-        if p.is_dir() {
-            walk(&p, out, skipped)?;
+        // Follows symlinks; a dangling one is neither and is left out.
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            walk_once(&p, out, skipped, visited)?;
         } else if p.extension().is_some_and(|e| e == "safetensors") {
-            if is_plain_checkpoint(&p) {
+            if meta.is_file() && is_plain_checkpoint(&p) {
                 skipped.push(p);
             } else {
                 out.push(p);

@@ -447,10 +447,7 @@ fn block_config(
     let Some(file) = &opts.model_config else {
         return Ok((bundle.config.clone(), None));
     };
-    let text = std::fs::read_to_string(file).map_err(|e| ParityError::Io {
-        path: file.clone(),
-        source: e,
-    })?;
+    let text = crate::bundle::read_regular_string(file)?;
     let bad = |message: String| ParityError::Checkpoint {
         path: file.clone(),
         message,

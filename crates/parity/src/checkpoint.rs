@@ -152,10 +152,7 @@ impl Checkpoint {
 
     /// Map one safetensors file and index its tensors (all of them, or only `only`).
     fn add_safetensors_file(&mut self, file: &Path, only: Option<&BTreeSet<String>>) -> Result<()> {
-        let f = std::fs::File::open(file).map_err(|e| ParityError::Io {
-            path: file.to_path_buf(),
-            source: e,
-        })?;
+        let f = crate::bundle::open_regular(file)?;
         // SAFETY: the map is read-only; the file must not be truncated while the tool runs, the
         // same contract as Candle's `MmapedSafetensors`.
         let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| ParityError::Io {
@@ -191,10 +188,7 @@ impl Checkpoint {
     }
 
     fn open_sharded(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| ParityError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        let text = crate::bundle::read_regular_string(path)?;
         let index: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| err(path, format!("not a JSON index: {e}")))?;
         let map = index
@@ -220,10 +214,7 @@ impl Checkpoint {
     }
 
     fn open_pickle(path: &Path) -> Result<Self> {
-        let file = std::fs::File::open(path).map_err(|e| ParityError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        let file = crate::bundle::open_regular(path)?;
         let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file))
             .map_err(|e| err(path, format!("not a readable torch.save zip archive: {e}")))?;
         let pkl = zip

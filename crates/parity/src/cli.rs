@@ -441,10 +441,7 @@ fn resolve_model(
     let prefix = match prefix {
         Some(p) => p,
         None => {
-            let text = std::fs::read_to_string(&config).map_err(|e| ParityError::Io {
-                path: config.clone(),
-                source: e,
-            })?;
+            let text = crate::bundle::read_regular_string(&config)?;
             let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ParityError::Checkpoint {
                 path: config.clone(),
                 message: format!("not JSON: {e}"),
@@ -643,7 +640,7 @@ fn print_trace(file: &str, t: &crate::trace::TraceReport, out: &mut dyn Write) {
 }
 
 fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {
-    let is_pickle = std::fs::File::open(file).ok().and_then(|mut f| {
+    let is_pickle = bundle::open_regular(file).ok().and_then(|mut f| {
         let mut magic = [0u8; 4];
         std::io::Read::read_exact(&mut f, &mut magic)
             .ok()

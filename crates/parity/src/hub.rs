@@ -83,6 +83,15 @@ impl HubRepo {
         if parts.len() != 2 || !parts.iter().all(|p| valid(p)) {
             return Err(usage(format!("--repo {:?}: expected `org/name`", self.repo)));
         }
+        // A subfolder stays inside the repository: relative, no `..`.
+        if let Some(sub) = &self.subfolder {
+            let inside = !sub.starts_with('/') && !sub.contains('\\') && sub.split('/').all(|p| p != "..");
+            if !inside {
+                return Err(usage(format!(
+                    "--subfolder {sub:?}: expected a relative path inside the repository, without `..`"
+                )));
+            }
+        }
         Ok(cache.join(format!("models--{}--{}", parts[0], parts[1])))
     }
 
@@ -91,16 +100,29 @@ impl HubRepo {
         let cache = cache_dir(self.cache_dir.as_deref());
         let dir = self.repo_dir(&cache)?;
         let rev = self.revision();
-        let commit = if rev.len() == 40 && rev.chars().all(|c| c.is_ascii_hexdigit()) {
+        let commit = if is_commit(rev) {
             rev.to_string()
         } else {
             if rev.split('/').any(|p| p == "..") {
                 return Err(usage(format!("--revision {rev:?} is not a branch, tag or commit")));
             }
-            match std::fs::read_to_string(dir.join("refs").join(rev)) {
-                Ok(s) => s.trim().to_string(),
-                Err(_) => return Ok(None),
+            let refs = dir.join("refs").join(rev);
+            if !refs.exists() {
+                return Ok(None);
             }
+            // A ref names a commit: anything else (`../../..`, an absolute path) would lead the
+            // snapshot path out of the cache.
+            let commit = crate::bundle::read_regular_string(&refs)?.trim().to_string();
+            if !is_commit(&commit) {
+                return Err(ParityError::Io {
+                    path: refs,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("a Hub cache ref must hold a 40-hex-digit commit hash, found {commit:?}"),
+                    ),
+                });
+            }
+            commit
         };
         let path = dir.join("snapshots").join(&commit).join(self.in_repo(file));
         Ok(path.is_file().then_some(path))
@@ -156,4 +178,9 @@ impl HubRepo {
         }
         Err(usage(format!("no weights found: {}", errors.join("; "))))
     }
+}
+
+/// A git commit hash as the Hub cache names snapshots: 40 hex digits.
+fn is_commit(s: &str) -> bool {
+    s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
 }
