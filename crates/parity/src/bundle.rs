@@ -69,19 +69,23 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>> {
         path: path.to_path_buf(),
         source,
     };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if !meta.is_file() {
-        let what = if meta.is_dir() {
-            "a folder"
-        } else {
-            "not a regular file"
-        };
+    if let Some(what) = not_regular(path).map_err(io)? {
         return Err(ParityError::Format {
             path: path.to_path_buf(),
             message: format!("{what}; a parity bundle is one .safetensors file"),
         });
     }
     std::fs::read(path).map_err(io)
+}
+
+/// What `path` is when it is not a regular file (`None` when it is).
+fn not_regular(path: &Path) -> std::io::Result<Option<&'static str>> {
+    let meta = std::fs::metadata(path)?;
+    Ok(match () {
+        _ if meta.is_file() => None,
+        _ if meta.is_dir() => Some("a folder"),
+        _ => Some("not a regular file (a FIFO, socket or device)"),
+    })
 }
 
 /// `path` opened for reading once it is known to be a regular file: an `open` on a FIFO blocks
@@ -91,13 +95,7 @@ pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File> {
         path: path.to_path_buf(),
         source,
     };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if !meta.is_file() {
-        let what = if meta.is_dir() {
-            "a folder, not a file"
-        } else {
-            "not a regular file (a FIFO, socket or device)"
-        };
+    if let Some(what) = not_regular(path).map_err(io)? {
         return Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, what)));
     }
     std::fs::File::open(path).map_err(io)
