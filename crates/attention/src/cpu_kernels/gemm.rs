@@ -39,24 +39,22 @@ impl Isa {
     /// The best tile this CPU runs, detected once; `None` where it has neither.
     pub(crate) fn detect() -> Option<Isa> {
         static ISA: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+        // Both checks are false off x86-64.
         *ISA.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                if crate::sdpa::cpu_tiles_available() {
-                    return Some(Isa::Avx512);
-                }
-                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                    return Some(Isa::Avx2);
-                }
+            if crate::sdpa::cpu_tiles_available() {
+                Some(Isa::Avx512)
+            } else if crate::sdpa::cpu_avx2_available() {
+                Some(Isa::Avx2)
+            } else {
+                None
             }
-            None
         })
     }
 
     /// Rows of a register tile.
     pub(crate) fn mr(self) -> usize {
         match self {
-            Isa::Avx2 => 6,
+            Isa::Avx2 => crate::sdpa::CPU_AVX2_MR,
             Isa::Avx512 => 12,
         }
     }
@@ -64,7 +62,7 @@ impl Isa {
     /// Columns of a register tile (the width of a `B` panel).
     pub(crate) fn nr(self) -> usize {
         match self {
-            Isa::Avx2 => 16,
+            Isa::Avx2 => crate::sdpa::CPU_AVX2_NR,
             Isa::Avx512 => 32,
         }
     }

@@ -284,7 +284,8 @@ pub fn geglu(h: &Tensor) -> Result<Option<Tensor>> {
     let (storage, layout) = h.storage_and_layout();
     let src = &cpu_slice::<f32>(&storage, layout).expect("a CPU tensor")[..h.elem_count()];
     let mut out = vec![0f32; h.elem_count() / 2];
-    let gelu = |v: f32| (candle_core::cpu::erf::erf_f32(v * std::f32::consts::FRAC_1_SQRT_2) + 1.) * 0.5 * v;
+    // Candle's own f32 `gelu_erf`, not a restatement of it.
+    let gelu = <candle_core::op::GeluErf as candle_core::op::UnaryOpT>::f32;
     out.par_chunks_mut(n).zip(src.par_chunks(n2)).for_each(|(dst, row)| {
         let (hidden, gate) = row.split_at(n);
         for ((d, &x), &g) in dst.iter_mut().zip(hidden).zip(gate) {

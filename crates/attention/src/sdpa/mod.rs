@@ -72,7 +72,9 @@ pub(crate) fn cpu_gemm_tile(
     cpu::tiles::gemm_tile(rows, a, lda, b, kc, c, ldc, accumulate)
 }
 
-pub(crate) use cpu::avx2::{ALayout as CpuALayout, MR as CPU_AVX2_MR};
+pub(crate) use cpu::avx2::{
+    available as cpu_avx2_available, ALayout as CpuALayout, MR as CPU_AVX2_MR, NR as CPU_AVX2_NR,
+};
 
 /// The attention kernel's AVX2 tile (see `cpu::avx2::tile`; CPUs with AVX2 and FMA only).
 #[allow(clippy::too_many_arguments)]
