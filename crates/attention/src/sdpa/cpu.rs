@@ -4,8 +4,9 @@
 //! walks the keys in blocks: the scores of its query rows against the block, then per row
 //! scale, mask, running max, `exp` and row sum ([`simd`]), then `O = α·O + P·V_blk` into the
 //! task's rows of the output, `α` rescaling rows whose max grew. Two engines run the two tile
-//! products ([`Engine`]): AVX-512 microkernels of our own on K/V packed once per batch·head
-//! ([`tiles`]), or one `gemm` call per product on any other CPU ([`gemm_engine`]). Memory beyond
+//! products ([`Engine`]): register-tile microkernels of our own on K/V packed once per
+//! batch·head ([`tiles`]: AVX-512, or AVX2 + FMA at head dims from 128), or one `gemm` call per
+//! product ([`gemm_engine`]: other CPUs and small AVX2 head dims). Memory beyond
 //! inputs and output: the packed (or transposed) K and V, one score tile and one output tile per
 //! running task, plus f32 copies of non-f32 or non-contiguous inputs, O(tokens × head_dim).
 //!
@@ -21,6 +22,7 @@ use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor, Wi
 use rayon::prelude::*;
 
 pub(crate) mod avx2;
+pub(crate) mod caches;
 mod gemm_engine;
 pub(crate) mod simd;
 pub(crate) mod tiles;
@@ -133,19 +135,23 @@ impl Mask<'_> {
 /// How the two tile products run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Engine {
-    /// The AVX-512 microkernels of [`tiles`] on K and V packed once per batch·head.
-    Tiles,
+    /// The microkernels of [`tiles`] (this register tile) on K and V packed once per batch·head.
+    Tiles(tiles::Tile),
     /// One `gemm` call per tile product (any CPU).
     Gemm,
 }
 
 impl Engine {
-    /// [`Engine::Tiles`] where the CPU has AVX-512, else [`Engine::Gemm`].
-    pub(crate) fn best() -> Engine {
-        if tiles::available() {
-            Engine::Tiles
-        } else {
-            Engine::Gemm
+    /// The faster engine for head dim `d` on this CPU: [`Engine::Tiles`] with AVX-512; with
+    /// AVX2 only where `d` ≥ 128, else [`Engine::Gemm`]. Measured on Zen 3 (2 threads): the
+    /// AVX2 tiles run 3 – 7 % ahead of the `gemm` calls at d = 160 and 512, level at 96 – 128,
+    /// and 7 – 25 % behind at 32 – 64, where each score tile sums too few products to cover its
+    /// write-out.
+    pub(crate) fn best(d: usize) -> Engine {
+        match tiles::Tile::detect() {
+            Some(tiles::Tile::Avx2) if d < 128 => Engine::Gemm,
+            Some(tile) => Engine::Tiles(tile),
+            None => Engine::Gemm,
         }
     }
 }
@@ -159,6 +165,8 @@ struct Dims {
     dv: usize,
     kv_block: usize,
     q_block: usize,
+    /// The register tile of [`Engine::Tiles`].
+    tile: tiles::Tile,
 }
 
 impl Dims {
@@ -178,17 +186,17 @@ impl Dims {
     }
     /// Keys rounded up to whole K panels.
     fn lk_panels(&self) -> usize {
-        self.lk.div_ceil(tiles::NR) * tiles::NR
+        self.lk.div_ceil(self.tile.nr()) * self.tile.nr()
     }
     /// Value channels rounded up to whole V panels.
     fn dv_panels(&self) -> usize {
-        self.dv.div_ceil(tiles::NR) * tiles::NR
+        self.dv.div_ceil(self.tile.nr()) * self.tile.nr()
     }
     /// Whether [`Engine::Tiles`] reads V as it is, `(Lk, Dv)` row-major, instead of packing it:
     /// where its rows are whole panels already (`Dv` = 32), or split into whole panels with at
     /// most 128 keys under 2 KiB apart (a panel slice then fits L1 however its rows fall).
     fn values_in_place(&self) -> bool {
-        let nr = tiles::NR;
+        let nr = self.tile.nr();
         self.dv.is_multiple_of(nr) && (self.dv == nr || (self.lk <= 128 && self.dv < 512))
     }
 }
@@ -215,9 +223,20 @@ struct Inputs<'a> {
 /// (1, 4, 1024, 1028, 32), 256-row tasks ran at 1.53 ms in some processes and 1.97 ms in others
 /// (the same binary; 128 rows likewise), 64-row tasks at 1.53 ms in all 20 runs, and nothing
 /// changed at the block level.
-fn query_block(bh: usize, lq: usize, d: usize) -> usize {
+///
+/// On the AVX2 tile the start is the rows whose query values for one reduction chunk fill about
+/// a fifth of L2 (96 at 512 KiB and 256-channel chunks: 205 ms at 4096² d512 on Zen 3 against 211
+/// for 256 rows), in whole micro-panels.
+fn query_block(bh: usize, lq: usize, d: usize, engine: Engine) -> usize {
     let threads = rayon::current_num_threads().max(1);
-    let mut qb = if d <= 32 { 64 } else { 256 };
+    let mut qb = match engine {
+        Engine::Tiles(tile @ tiles::Tile::Avx2) => {
+            let rows = caches::sizes().1 / 5 / (4 * tile.kc().min(d));
+            (rows / tile.mr() * tile.mr()).clamp(4 * tile.mr(), 256)
+        }
+        _ if d <= 32 => 64,
+        _ => 256,
+    };
     while qb > 16 && bh * lq.div_ceil(qb) < 4 * threads {
         qb /= 2;
     }
@@ -227,9 +246,9 @@ fn query_block(bh: usize, lq: usize, d: usize) -> usize {
 /// Key block length for f32 on [`Engine::Tiles`]: the `Lk` keys split into as few blocks of at
 /// most [`F32_KV_BLOCK`] as they need, of about equal length in whole K panels (1028 keys: three
 /// blocks of 352, 352, 324 instead of 512, 512 and a 4-key block that costs a whole pass).
-fn f32_tiles_kv_block(lk: usize) -> usize {
+fn f32_tiles_kv_block(lk: usize, nr: usize) -> usize {
     let blocks = lk.div_ceil(F32_KV_BLOCK);
-    lk.div_ceil(blocks).div_ceil(tiles::NR) * tiles::NR
+    lk.div_ceil(blocks).div_ceil(nr) * nr
 }
 
 /// `softmax(q·kᵀ <scale> + mask)·v` with the rounding described in the module docs. `q`
@@ -243,7 +262,8 @@ pub(crate) fn attention(
     scale: ScoreScale,
     empty: Empty,
 ) -> Result<Tensor> {
-    attention_on(Engine::best(), q, k, v, mask, scale, empty)
+    let d = q.dims().last().copied().unwrap_or(0);
+    attention_on(Engine::best(d), q, k, v, mask, scale, empty)
 }
 
 /// [`attention`] with the tile products of `engine` ([`Engine::Tiles`] needs AVX-512).
@@ -268,7 +288,12 @@ pub(crate) fn attention_on(
     if lk == 0 || b * heads * lq * dv == 0 {
         return Tensor::zeros(out_dims, dtype, &Device::Cpu);
     }
-    let engine = if tiles::available() { engine } else { Engine::Gemm };
+    // A tile this CPU lacks falls back to `gemm` (AVX2 is a subset of AVX-512 here).
+    let runs = |t: tiles::Tile| tiles::Tile::detect().is_some_and(|best| t == best || t == tiles::Tile::Avx2);
+    let (engine, tile) = match engine {
+        Engine::Tiles(t) if runs(t) => (engine, t),
+        _ => (Engine::Gemm, tiles::Tile::Avx2),
+    };
     let mask4 = match mask {
         Some(m) => {
             // A rank-3 run broadcasts its mask against (B, Lq, Lk); add the head axis after B.
@@ -290,7 +315,7 @@ pub(crate) fn attention_on(
     };
     let kv_block = match (round, engine) {
         (Some(_), _) => HALF_KV_BLOCK,
-        (None, Engine::Tiles) => f32_tiles_kv_block(lk),
+        (None, Engine::Tiles(_)) => f32_tiles_kv_block(lk, tile.nr()),
         (None, Engine::Gemm) => F32_KV_BLOCK,
     };
     let dims = Dims {
@@ -300,7 +325,8 @@ pub(crate) fn attention_on(
         d,
         dv,
         kv_block,
-        q_block: query_block(b * heads, lq, d),
+        q_block: query_block(b * heads, lq, d, engine),
+        tile,
     };
 
     let (qg, ql) = q4.storage_and_layout();
@@ -331,12 +357,12 @@ pub(crate) fn attention_on(
             gemm_engine::transpose_heads(k_in, lk, d, &mut kt);
             kt
         }
-        Engine::Tiles if dims.shares_packing() => {
+        Engine::Tiles(_) if dims.shares_packing() => {
             let mut packed = packing_buffer::take(b * heads * dims.packed_len());
             tiles::pack_heads(k_in, v_in, &dims, &mut packed);
             packed
         }
-        Engine::Tiles => Vec::new(),
+        Engine::Tiles(_) => Vec::new(),
     };
     let inputs = Inputs {
         q: f32_slice(&qg, ql)?,
@@ -358,7 +384,7 @@ pub(crate) fn attention_on(
                 .par_chunks_mut(dims.q_block * dv)
                 .enumerate()
                 .for_each(|(blk, o)| match engine {
-                    Engine::Tiles => tiles::task(&inputs, &dims, bh, blk * dims.q_block, o),
+                    Engine::Tiles(_) => tiles::task(&inputs, &dims, bh, blk * dims.q_block, o),
                     Engine::Gemm => gemm_engine::task(&inputs, &dims, bh, blk * dims.q_block, o),
                 });
         });
@@ -575,8 +601,9 @@ mod tests {
             (1, 600, 700, 96, 80),
         ];
         let mut engines = vec![Engine::Gemm];
-        if tiles::available() {
-            engines.push(Engine::Tiles);
+        engines.extend(tiles::Tile::detect().map(Engine::Tiles));
+        if tiles::Tile::detect() == Some(tiles::Tile::Avx512) {
+            engines.push(Engine::Tiles(tiles::Tile::Avx2));
         }
         for (h, lq, lk, d, dv) in shapes {
             let q = Tensor::randn(0f32, 1., (h, lq, d), &dev).unwrap();
@@ -619,9 +646,9 @@ mod tests {
     /// the value products differs).
     #[test]
     fn both_engines_agree_in_half_precision() {
-        if !tiles::available() {
+        let Some(tile) = tiles::Tile::detect() else {
             return;
-        }
+        };
         let dev = Device::Cpu;
         for dtype in [DType::F16, DType::BF16] {
             let r = |n: usize, c: usize| {
@@ -641,7 +668,7 @@ mod tests {
                     .to_vec1::<f32>()
                     .unwrap()
             };
-            let (a, b) = (run(Engine::Gemm), run(Engine::Tiles));
+            let (a, b) = (run(Engine::Gemm), run(Engine::Tiles(tile)));
             let step = if dtype == DType::F16 { 1e-3 } else { 8e-3 };
             let worst = a
                 .iter()

@@ -25,8 +25,9 @@
 //!
 //! * the tiled online-softmax CPU kernel ([`SdpaPath::Flash`], the CPU choice of
 //!   [`SdpaPath::Auto`] for f32/f16/bf16): never forms the score matrix; same rounding points as
-//!   torch's CPU flash kernel in f16/bf16; memory O(tokens × head_dim); AVX-512 microkernels of
-//!   its own where the CPU has AVX-512, `gemm` calls elsewhere ([`cpu_kernel_isa`]).
+//!   torch's CPU flash kernel in f16/bf16; memory O(tokens × head_dim); register-tile microkernels
+//!   of its own where the CPU has AVX-512, or AVX2 + FMA and a head dim of at least 128, `gemm`
+//!   calls elsewhere ([`cpu_kernel_isa`]).
 //!   [`eager_attention`] takes it in f32 only (its half-precision rounding is per op);
 //! * [`SdpaPath::Chunked`]: the reference ops on query blocks, one block of scores in memory at a
 //!   time, any device and dtype (f64, GPUs without a fused kernel);
@@ -42,8 +43,9 @@ pub use path::{sdpa_path, set_sdpa_path, SdpaPath};
 
 /// The instruction set the tiled CPU kernel runs with on this machine (detected at run time):
 /// `"avx512"`, where its tile products are AVX-512 microkernels of this crate on K and V packed
-/// once per head, or `"avx2"` / `"portable"`, where they are `gemm` crate calls (which pick
-/// their own kernels) and only the row operations (scale, mask, max, `exp`, sums) are this ISA's.
+/// once per head; `"avx2"`, where they are this crate's AVX2 microkernels at head dims of 128 and
+/// more and `gemm` crate calls below; or `"portable"`, `gemm` calls (which pick their own
+/// kernels). The row operations (scale, mask, max, `exp`, sums) are this ISA's.
 pub fn cpu_kernel_isa() -> &'static str {
     cpu::simd::ops().name
 }
@@ -71,6 +73,8 @@ pub(crate) fn cpu_gemm_tile(
 ) {
     cpu::tiles::gemm_tile(rows, a, lda, b, kc, c, ldc, accumulate)
 }
+
+pub(crate) use cpu::caches::sizes as cpu_cache_sizes;
 
 pub(crate) use cpu::avx2::{
     available as cpu_avx2_available, ALayout as CpuALayout, MR as CPU_AVX2_MR, NR as CPU_AVX2_NR,
