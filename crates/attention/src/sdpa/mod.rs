@@ -101,6 +101,13 @@ pub(crate) fn cpu_exp<const FUSED: bool>(x: f32) -> f32 {
     cpu::simd::exp::<FUSED>(x)
 }
 
+/// The attention kernel family's vectorisable f32 `erf` (within 2.4 ulp, the same bits on every
+/// CPU), for the GELU of the CPU kernels around the core.
+#[inline(always)]
+pub(crate) fn cpu_erf(x: f32) -> f32 {
+    cpu::simd::erf(x)
+}
+
 /// `f` on `need` floats of this worker's scratch, shared with the attention kernel's tasks.
 pub(crate) fn with_cpu_scratch<R>(need: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     cpu::with_scratch(need, f)

@@ -62,6 +62,51 @@ pub(crate) fn exp<const FUSED: bool>(x: f32) -> f32 {
     }
 }
 
+/// `erf(x)` for f32, within 2.4 ulp of the exact value (measured against f64 `erf` on 300 000
+/// points of [-5, 5]), as branch-free selects so that it vectorises: `x · P(x²)` below 1,
+/// `1 − e^(−x²) · Q(1/x)` from 1 to 4, ±1 beyond (where f32 `erf` rounds to ±1), NaN for NaN.
+/// `P` (degree 6, for `erf(x)/x`) and `Q` (degree 10, for `erfc(x)·e^(x²)`) are least-squares
+/// fits in f64 on Chebyshev nodes (relative error 1.4e-9 and 3e-9), rounded to f32; evaluated
+/// without fused multiply-adds, so every CPU gives the same bits.
+#[inline(always)]
+pub(crate) fn erf(x: f32) -> f32 {
+    const P: [f32; 7] = [
+        7.882_499_6e-5,
+        -8.018_858e-4,
+        5.189_312_6e-3,
+        -2.685_432_9e-2,
+        1.128_359_7e-1,
+        -3.761_262_6e-1,
+        1.128_379_1,
+    ];
+    const Q: [f32; 11] = [
+        -3.516_658e-2,
+        2.458_168_3e-1,
+        -7.593_004e-1,
+        1.343_049,
+        -1.442_154_4,
+        8.440_487_4e-1,
+        -4.386_929_4e-2,
+        -2.929_564_4e-1,
+        4.533_323_5e-3,
+        5.635_483_3e-1,
+        3.438_05e-5,
+    ];
+    let horner = |c: &[f32], v: f32| c[1..].iter().fold(c[0], |p, &k| p * v + k);
+    let a = x.abs();
+    let t = a * a;
+    let small = a * horner(&P, t);
+    let large = 1.0 - exp::<false>(-t) * horner(&Q, 1.0 / if a > 1.0 { a } else { 1.0 });
+    let r = if a >= 4.0 {
+        1.0
+    } else if a >= 1.0 {
+        large
+    } else {
+        small
+    };
+    r.copysign(x)
+}
+
 /// `x` rounded to the nearest bf16 (ties to even), as f32.
 #[inline(always)]
 pub(crate) fn round_bf16(x: f32) -> f32 {
