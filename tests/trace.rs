@@ -389,3 +389,32 @@ fn show_draws_the_attention_of_a_composite_block() {
         assert!(probs_panels_equal(&dir.join(file)), "{rel}");
     }
 }
+
+/// Token-input bundles get pictures too (they used to write nothing and exit 0), and `show` does
+/// not write through a link planted in its output folder.
+#[test]
+fn show_draws_token_outputs_and_refuses_planted_links() {
+    let dir = scratch("show-tokens");
+    let bundle = weights().join("diffusers/attention_cross.safetensors");
+    let (code, out, err) = cli(&["show", bundle.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    // output (2, 11, 40): cells of 160/40 = 4 px; probs (2, 5, 11, 7): cells of 160/11 = 14 px.
+    let (w, h, _) = read_png(&dir.join("output_error.png"));
+    assert_eq!((w, h), (2 * (40 * 4 + 4) + 4, 11 * 4 + 8));
+    let (w, h, _) = read_png(&dir.join("probs_tokens.png"));
+    assert_eq!((w, h), (3 * (7 * 14 + 4) + 4, 5 * (11 * 14 + 4) + 4));
+    assert!(probs_panels_equal(&dir.join("probs_tokens.png")));
+    assert!(out.contains("11 queries (rows) over the 7 keys"), "{out}");
+
+    #[cfg(unix)]
+    {
+        let planted = scratch("show-planted");
+        let victim = planted.join("victim.txt");
+        std::fs::write(&victim, "keep me").unwrap();
+        std::os::unix::fs::symlink(&victim, planted.join("output_error.png")).unwrap();
+        let (code, _, err) = cli(&["show", bundle.to_str().unwrap(), "--out", planted.to_str().unwrap()]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("symbolic link"), "{err}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    }
+}

@@ -5,11 +5,19 @@
 //!   `max over channels |ours − torch|` at each pixel;
 //! * `output_worst_channels.png`: rows = the (up to) four channels with the largest error, columns
 //!   = batch items, `|ours − torch|` of that channel;
+//! * token outputs `(B, L, C)` instead: `output_error.png`, one panel per batch item, `|ours −
+//!   torch|` over tokens (rows) × channels (columns), and `<stage>_tokens.png` for each `probs`
+//!   stage `(B, H, Lq, Lk)`: one row per head of batch item `--batch`, the whole query × key map,
+//!   PyTorch | ours | difference;
 //! * `probs_query_Y_X.png` (bundles with a `probs` stage over the image's tokens): for the chosen
 //!   query pixel, one row per head of batch item `--batch`: PyTorch's attention map over the key
 //!   pixels, ours, and `|ours − torch|` (memory keys that are not pixels are left out). Composite
 //!   blocks get one per attention over the input's pixels, named after the stage
 //!   (`attentions.0__probs_query_Y_X.png`, `mid_attn__probs_query_Y_X.png`).
+//!
+//! Maps wider or taller than [`MAX_SIDE`] cells are max-pooled down to it (a pooled cell shows the
+//! largest value it covers), so a picture stays a few megapixels whatever the bundle holds. A
+//! bundle with nothing to draw is an error, not an empty folder.
 //!
 //! Colours: black → purple → red → yellow → white. The output panels share one scale (0 to the
 //! largest error); in the attention rows PyTorch's and our maps share one scale (0 to the largest
@@ -38,6 +46,36 @@ struct Canvas {
 }
 
 const GAP: usize = 4;
+/// Longest side of a drawn map, in cells.
+const MAX_SIDE: usize = 512;
+
+/// The size of a `rows × cols` map once [`pooled`].
+fn pooled_dims(rows: usize, cols: usize) -> (usize, usize) {
+    let (fr, fc) = (rows.div_ceil(MAX_SIDE).max(1), cols.div_ceil(MAX_SIDE).max(1));
+    (rows.div_ceil(fr), cols.div_ceil(fc))
+}
+
+/// `values` (`rows × cols`) max-pooled to at most [`MAX_SIDE`] cells a side (NaN and ±inf kept
+/// visible: a pooled cell that covers one is non-finite).
+fn pooled(values: &[f64], (rows, cols): (usize, usize)) -> (Vec<f64>, (usize, usize)) {
+    let (fr, fc) = (rows.div_ceil(MAX_SIDE).max(1), cols.div_ceil(MAX_SIDE).max(1));
+    if fr == 1 && fc == 1 {
+        return (values.to_vec(), (rows, cols));
+    }
+    let (pr, pc) = pooled_dims(rows, cols);
+    let mut out = vec![0f64; pr * pc];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (v, o) = (values[r * cols + c], &mut out[(r / fr) * pc + c / fc]);
+            if !v.is_finite() || !o.is_finite() {
+                *o = if v.is_finite() { *o } else { v };
+            } else if v > *o {
+                *o = v;
+            }
+        }
+    }
+    (out, (pr, pc))
+}
 const BACKGROUND: [u8; 3] = [96, 96, 96];
 
 impl Canvas {
@@ -92,6 +130,13 @@ impl Canvas {
             path: path.to_path_buf(),
             source: e,
         };
+        // A file planted as a symbolic link in the output folder is not written through.
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(ParityError::Usage(format!(
+                "{}: is a symbolic link; show does not write through links (remove it or choose another --out)",
+                path.display()
+            )));
+        }
         let file = std::fs::File::create(path).map_err(io)?;
         let mut enc = png::Encoder::new(std::io::BufWriter::new(file), self.w as u32, self.h as u32);
         enc.set_color(png::ColorType::Rgb);
@@ -167,14 +212,17 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
             .collect();
         let at = |bi: usize, ci: usize, p: usize| diff[(bi * c + ci) * h * w + p];
         let vmax = max_of(&diff);
-        let s = cell(h, w);
+        // Drawn at most MAX_SIDE cells a side.
+        let (ph, pw) = pooled_dims(h, w);
+        let s = cell(ph, pw);
         // per batch item: max over channels
-        let mut canvas = Canvas::new(b * (w * s + GAP) + GAP, h * s + 2 * GAP);
+        let mut canvas = Canvas::new(b * (pw * s + GAP) + GAP, ph * s + 2 * GAP);
         for bi in 0..b {
             let map: Vec<f64> = (0..h * w)
                 .map(|p| (0..c).map(|ci| at(bi, ci, p)).fold(0.0, f64::max))
                 .collect();
-            canvas.map((GAP + bi * (w * s + GAP), GAP), &map, (h, w), s, vmax);
+            let (map, _) = pooled(&map, (h, w));
+            canvas.map((GAP + bi * (pw * s + GAP), GAP), &map, (ph, pw), s, vmax);
         }
         let file = out.join("output_error.png");
         canvas.write(&file)?;
@@ -197,14 +245,15 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
             .collect();
         worst.sort_by(|x, y| y.1.total_cmp(&x.1));
         worst.truncate(4);
-        let mut canvas = Canvas::new(b * (w * s + GAP) + GAP, worst.len() * (h * s + GAP) + GAP);
+        let mut canvas = Canvas::new(b * (pw * s + GAP) + GAP, worst.len() * (ph * s + GAP) + GAP);
         for (row, (ci, _)) in worst.iter().enumerate() {
             for bi in 0..b {
                 let map: Vec<f64> = (0..h * w).map(|p| at(bi, *ci, p)).collect();
+                let (map, _) = pooled(&map, (h, w));
                 canvas.map(
-                    (GAP + bi * (w * s + GAP), GAP + row * (h * s + GAP)),
+                    (GAP + bi * (pw * s + GAP), GAP + row * (ph * s + GAP)),
                     &map,
-                    (h, w),
+                    (ph, pw),
                     s,
                     vmax,
                 );
@@ -221,6 +270,30 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
                 list.join(", ")
             ),
         });
+    }
+    if torch.rank() == 3 && torch.dims() == ours.dims() {
+        pictures.push(token_output_picture(&name, torch, ours, out).map_err(|m| ParityError::bundle(path, m))?);
+        for stage in crate::trace::stage_names(bundle)? {
+            if stage != "probs" && !stage.ends_with("/probs") {
+                continue;
+            }
+            let pt = torch_stage(bundle, &stage).expect("listed stages exist");
+            let Some(po) = run.stages.iter().find(|(n, _)| *n == stage).map(|(_, t)| t) else {
+                continue;
+            };
+            if pt.rank() != 4 || po.elem_count() != pt.elem_count() {
+                continue;
+            }
+            let b = pt.dim(0).map_err(err)?;
+            if batch >= b {
+                return Err(ParityError::bundle(
+                    path,
+                    format!("--batch {batch} outside the {b} items"),
+                ));
+            }
+            let po = po.reshape(pt.dims()).map_err(err)?;
+            pictures.push(token_probs_picture(&stage, pt, &po, batch, out).map_err(|m| ParityError::bundle(path, m))?);
+        }
     }
     // attention weights of one query pixel, for every `probs` stage over the image's pixels
     // (`probs`, or a part's `attentions.0/probs`, `mid_attn/probs`, ... in a composite block)
@@ -256,6 +329,16 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
                     .map_err(|m| ParityError::bundle(path, m))?,
             );
         }
+    }
+    if pictures.is_empty() {
+        return Err(ParityError::bundle(
+            path,
+            format!(
+                "nothing to picture: output `{name}` has shape {:?} (show draws (B, C, H, W) images and (B, L, C) \
+                 tokens) and no attention-weight stage fits",
+                torch.dims()
+            ),
+        ));
     }
     Ok(pictures)
 }
@@ -319,6 +402,76 @@ fn probs_picture(
             "`{stage}`: attention weights of query pixel (y {qy}, x {qx}) (cyan) over the {h}×{w} key pixels, batch \
              item {batch}, one row per head ({heads}): PyTorch | ours (shared scale 0 to {vmax:.3e}) | |ours − torch| \
              (scale 0 to {dmax:.3e}){mem_note}"
+        ),
+    })
+}
+
+/// `output_error.png` for a token output `(B, L, C)`: one panel per batch item, `|ours − torch|`
+/// over tokens (rows) × channels (columns), on one scale.
+fn token_output_picture(name: &str, torch: &Tensor, ours: &Tensor, out: &Path) -> std::result::Result<Picture, String> {
+    let e = |e: candle_core::Error| e.to_string();
+    let (b, l, c) = torch.dims3().map_err(e)?;
+    let (a, o) = (values(torch).map_err(e)?, values(ours).map_err(e)?);
+    let diff: Vec<f64> = a.iter().zip(&o).map(|(x, y)| (x - y).abs()).collect();
+    let vmax = max_of(&diff);
+    let panels: Vec<_> = diff.chunks_exact(l * c).map(|d| pooled(d, (l, c))).collect();
+    let (rows, cols) = panels.first().map_or((0, 0), |p| p.1);
+    let s = cell(rows, cols);
+    let mut canvas = Canvas::new(b * (cols * s + GAP) + GAP, rows * s + 2 * GAP);
+    for (bi, (map, _)) in panels.iter().enumerate() {
+        canvas.map((GAP + bi * (cols * s + GAP), GAP), map, (rows, cols), s, vmax);
+    }
+    let file = out.join("output_error.png");
+    canvas.write(&file).map_err(|e| e.to_string())?;
+    let pool = if (rows, cols) != (l, c) { " (max-pooled)" } else { "" };
+    Ok(Picture {
+        path: file,
+        caption: format!(
+            "output `{name}`: |ours − torch| over the {l} tokens (rows) × {c} channels (columns){pool}, one panel per \
+             batch item (left to right, {b}); scale 0 (black) to {vmax:.3e} (white)"
+        ),
+    })
+}
+
+/// `<stage>_tokens.png` (`/` written `__`): the attention weights `(Lq, Lk)` of batch item `batch`,
+/// one row per head: PyTorch | ours | difference.
+fn token_probs_picture(
+    stage: &str,
+    pt: &Tensor,
+    po: &Tensor,
+    batch: usize,
+    out: &Path,
+) -> std::result::Result<Picture, String> {
+    let e = |e: candle_core::Error| e.to_string();
+    let (_, heads, lq, lk) = pt.dims4().map_err(e)?;
+    let (mut vmax, mut dmax, mut rows) = (0.0f64, 0.0f64, vec![]);
+    for hd in 0..heads {
+        let map = |t: &Tensor| t.get(batch).and_then(|t| t.get(hd)).and_then(|t| values(&t));
+        let (a, o) = (map(pt).map_err(e)?, map(po).map_err(e)?);
+        let d: Vec<f64> = a.iter().zip(&o).map(|(x, y)| (x - y).abs()).collect();
+        vmax = vmax.max(max_of(&a)).max(max_of(&o));
+        dmax = dmax.max(max_of(&d));
+        rows.push([pooled(&a, (lq, lk)), pooled(&o, (lq, lk)), pooled(&d, (lq, lk))]);
+    }
+    let (r, c) = rows.first().map_or((0, 0), |p| p[0].1);
+    let s = cell(r, c);
+    let pw = c * s + GAP;
+    let mut canvas = Canvas::new(3 * pw + GAP, heads * (r * s + GAP) + GAP);
+    for (hd, maps) in rows.iter().enumerate() {
+        let y0 = GAP + hd * (r * s + GAP);
+        for (p, (map, _)) in maps.iter().enumerate() {
+            canvas.map((GAP + p * pw, y0), map, (r, c), s, if p == 2 { dmax } else { vmax });
+        }
+    }
+    let file = out.join(format!("{}_tokens.png", stage.replace('/', "__")));
+    canvas.write(&file).map_err(|e| e.to_string())?;
+    let pool = if (r, c) != (lq, lk) { " (max-pooled)" } else { "" };
+    Ok(Picture {
+        path: file,
+        caption: format!(
+            "`{stage}`: attention weights of the {lq} queries (rows) over the {lk} keys (columns){pool}, batch item \
+             {batch}, one row per head ({heads}): PyTorch | ours (shared scale 0 to {vmax:.3e}) | |ours − torch| \
+             (scale 0 to {dmax:.3e})"
         ),
     })
 }

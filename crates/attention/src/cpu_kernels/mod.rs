@@ -368,7 +368,11 @@ mod tests {
             let want = x * 0.5 * g * (1.0 + libm::erf(g / std::f64::consts::SQRT_2));
             let slack = 2.5e-7 * x.abs() * (g.abs() + 1.0);
             let (ours, theirs) = ((got[i] as f64 - want).abs(), (candle[i] as f64 - want).abs());
-            assert!(ours <= slack && ours <= theirs + slack, "{x} · gelu({g}): {} vs {want}", got[i]);
+            assert!(
+                ours <= slack && ours <= theirs + slack,
+                "{x} · gelu({g}): {} vs {want}",
+                got[i]
+            );
         }
         assert!(super::geglu(&h.narrow(2, 0, 3).unwrap()).unwrap().is_none());
     }
