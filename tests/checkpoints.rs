@@ -45,8 +45,9 @@ fn weights_and_prefix_override_the_bundle_and_pick_the_right_section() {
     let ema = w("mid/lucidrains_mid_block_ema_ref.safetensors");
     let ckpt = models("lucidrains_ddpm/model-1.pt");
     assert_pass(&["check", &ema, "--weights", &ckpt, "--prefix", "ema_model.model."]);
-    // ... and the full flattened name works too.
+    // ... and the full flattened name works too, with or without its final dot.
     assert_pass(&["check", &ema, "--weights", &ckpt, "--prefix", "ema.ema_model.model."]);
+    assert_pass(&["check", &ema, "--weights", &ckpt, "--prefix", "ema.ema_model.model"]);
     // The online weights differ from the EMA ones: a mismatch, exit 1.
     let (code, out, _) = cli(&["check", &ema, "--weights", &ckpt, "--prefix", "model."]);
     assert_eq!(code, 1, "{out}");

@@ -29,7 +29,7 @@ fn main() -> anyhow::Result<()> {
             Some(t) => Some(Tensor::randn(0f32, 1.0, (1, t as usize), &dev)?),
             None => None,
         };
-        let vb = vb.pp(spec.prefix.trim_end_matches('.'));
+        let vb = vb.pp(spec.prefix);
         let y = if spec.block == UNetMidBlock2DCrossAttn::BLOCK {
             let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
             let context_dim = spec.config["cross_attention_dim"].as_u64().unwrap_or(0) as usize;

@@ -460,7 +460,9 @@ fn block_config(
     // the one the weights come from.
     let spec = matching
         .iter()
-        .find(|s| weights_at.is_some_and(|w| w.contains(&format!("`{}", s.prefix)) || w.contains(s.prefix)))
+        .find(|s| {
+            weights_at.is_some_and(|w| w.contains(&format!("`{}", s.key_prefix())) || w.contains(&s.key_prefix()))
+        })
         .or(matching.first())
         .ok_or_else(|| {
             bad(format!(

@@ -66,7 +66,8 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         weights: Option<PathBuf>,
         /// The block's key prefix in the checkpoint (`mid_block.`, `model.`, `ema_model.model.`,
-        /// `first_stage_model.decoder.mid.`, `model.diffusion_model.middle_block.` ...); see `detect`.
+        /// `first_stage_model.decoder.mid.`, `model.diffusion_model.middle_block.` ...; the final
+        /// dot may be left out); see `detect`.
         #[arg(long, value_name = "P")]
         prefix: Option<String>,
         /// A diffusers `config.json` (UNet2DModel, UNet2DConditionModel, AutoencoderKL): the mid
@@ -428,7 +429,7 @@ fn resolve_model(
         }
         let weights = weights.map(|file| WeightsFrom {
             file,
-            prefix: prefix.unwrap_or_default(),
+            prefix: key_prefix(prefix.unwrap_or_default()),
         });
         return Ok((weights, config));
     };
@@ -453,7 +454,7 @@ fn resolve_model(
                 }
             })?;
             match specs.as_slice() {
-                [one] => one.prefix.to_string(),
+                [one] => one.key_prefix(),
                 [] => {
                     return Err(ParityError::Usage(format!(
                         "{}: the model has no mid block",
@@ -463,13 +464,28 @@ fn resolve_model(
                 many => {
                     return Err(ParityError::Usage(format!(
                         "the model has several mid blocks ({}); pick one with --prefix",
-                        many.iter().map(|s| s.prefix).collect::<Vec<_>>().join(", ")
+                        many.iter().map(|s| s.key_prefix()).collect::<Vec<_>>().join(", ")
                     )))
                 }
             }
         }
     };
-    Ok((Some(WeightsFrom { file, prefix }), Some(config)))
+    Ok((
+        Some(WeightsFrom {
+            file,
+            prefix: key_prefix(prefix),
+        }),
+        Some(config),
+    ))
+}
+
+/// A `--prefix` as the keys continue it: `mid_block` and `mid_block.` both mean `mid_block.`
+/// (empty: the whole file).
+fn key_prefix(mut prefix: String) -> String {
+    if !prefix.is_empty() && !prefix.ends_with('.') {
+        prefix.push('.');
+    }
+    prefix
 }
 
 fn detect(

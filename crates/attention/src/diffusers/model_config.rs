@@ -161,8 +161,18 @@ pub struct MidBlockSpec {
     pub block: &'static str,
     /// The constructor kwargs (what [`crate::config::from_json`] takes).
     pub config: Value,
-    /// The state-dict prefix: `mid_block.`, `encoder.mid_block.`, `decoder.mid_block.`.
+    /// Where the block sits, as a `VarBuilder` prefix (`vb.pp(spec.prefix)`): `mid_block`,
+    /// `encoder.mid_block`, `decoder.mid_block`. [`MidBlockSpec::key_prefix`] is the same with
+    /// the dot that state-dict keys continue with.
     pub prefix: &'static str,
+}
+
+impl MidBlockSpec {
+    /// The state-dict key prefix: [`MidBlockSpec::prefix`] and a dot (`mid_block.`), what the
+    /// block's keys start with and what `unet-parity --prefix` takes.
+    pub fn key_prefix(&self) -> String {
+        format!("{}.", self.prefix)
+    }
 }
 
 const CONTEXT: &str = "config.json";
@@ -298,7 +308,7 @@ fn unet_2d(c: &Cfg) -> Result<Option<MidBlockSpec>> {
             "attn_groups": c.value("attn_norm_num_groups", Value::Null),
             "add_attention": c.value("add_attention", json!(true)),
         }),
-        prefix: "mid_block.",
+        prefix: "mid_block",
     }))
 }
 
@@ -362,7 +372,7 @@ fn unet_2d_condition(c: &Cfg) -> Result<Option<MidBlockSpec>> {
     Ok(Some(MidBlockSpec {
         block,
         config: Value::Object(config),
-        prefix: "mid_block.",
+        prefix: "mid_block",
     }))
 }
 
@@ -379,7 +389,7 @@ fn autoencoder_kl(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
         "temb_channels": null,
         "add_attention": c.value("mid_block_add_attention", json!(true)),
     });
-    Ok(["encoder.mid_block.", "decoder.mid_block."]
+    Ok(["encoder.mid_block", "decoder.mid_block"]
         .into_iter()
         .map(|prefix| MidBlockSpec {
             block: UNetMidBlock2D::BLOCK,
@@ -408,7 +418,7 @@ mod tests {
             "norm_eps": 1e-5, "norm_num_groups": 32}),
         );
         assert_eq!(spec.block, UNetMidBlock2DCrossAttn::BLOCK);
-        assert_eq!(spec.prefix, "mid_block.");
+        assert_eq!((spec.prefix, spec.key_prefix().as_str()), ("mid_block", "mid_block."));
         assert_eq!(spec.config["in_channels"], 1280);
         assert_eq!(spec.config["temb_channels"], 1280);
         assert_eq!(spec.config["num_attention_heads"], 8);
@@ -444,7 +454,7 @@ mod tests {
         )
         .unwrap();
         let prefixes: Vec<_> = specs.iter().map(|s| s.prefix).collect();
-        assert_eq!(prefixes, ["encoder.mid_block.", "decoder.mid_block."]);
+        assert_eq!(prefixes, ["encoder.mid_block", "decoder.mid_block"]);
         assert_eq!(specs[0].config["attention_head_dim"], 512);
         assert_eq!(specs[0].config["temb_channels"], Value::Null);
     }
