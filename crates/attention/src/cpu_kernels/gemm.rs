@@ -22,7 +22,8 @@
 //! attention kernel's 12 × 32 AVX-512 tile (`sdpa::cpu::tiles::score_tile`) where the CPU has
 //! AVX-512F. Other CPUs take Candle's ops ([`Isa::detect`] gives `None`).
 
-use super::tile::{tile, ALayout, IL_ROWS};
+use super::tile::{tile, ALayout};
+pub(crate) use super::packed::{PackedCols, PackedRows};
 use rayon::prelude::*;
 
 /// The register tile the CPU runs (x86-64 only: elsewhere none is detected).
@@ -69,12 +70,12 @@ impl Isa {
 
     /// `A` rows are padded to a multiple of this in packed weights (every tile height reads
     /// whole rows).
-    const ROW_PAD: usize = 12;
+    pub(super) const ROW_PAD: usize = 12;
 
     /// Whether packed weights store their `A` micro-panels interleaved
     /// ([`ALayout::Interleaved`]: one sequential stream per tile instead of six short ones, 25 –
     /// 30 % faster 3×3 convolutions on Zen 3). The AVX-512 tile reads rows.
-    fn interleaves_a(self) -> bool {
+    pub(super) fn interleaves_a(self) -> bool {
         self == Isa::Avx2
     }
 }
@@ -126,127 +127,6 @@ pub(crate) fn k_blocks(k: usize, kc: usize) -> Vec<(usize, usize)> {
         p0 += len;
     }
     out
-}
-
-/// A weight `(rows, k)` as the `A` operand: per reduction block, its rows (padded with zero rows
-/// to a multiple of 12) of that block's `kc` values each, row-major, or on CPUs whose tile
-/// reads interleaved micro-panels ([`Isa::interleaves_a`]) in groups of 6 rows interleaved.
-#[derive(Debug)]
-pub(crate) struct PackedRows {
-    pub(crate) rows: usize,
-    pub(crate) k: usize,
-    rows_p: usize,
-    interleaved: bool,
-    blocks: Vec<(usize, usize)>,
-    data: Vec<f32>,
-}
-
-impl PackedRows {
-    /// Pack the row-major `(rows, k)` matrix `w` for `isa`'s tile.
-    pub(crate) fn new(w: &[f32], rows: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedRows {
-        assert_eq!(w.len(), rows * k);
-        let rows_p = rows.div_ceil(Isa::ROW_PAD) * Isa::ROW_PAD;
-        let interleaved = isa.interleaves_a();
-        let blocks = k_blocks(k, blocking.kc);
-        let mut data = vec![0f32; rows_p * k];
-        for &(p0, kcb) in &blocks {
-            let block = &mut data[rows_p * p0..][..rows_p * kcb];
-            for (r, src) in w.chunks_exact(k).enumerate() {
-                let src = &src[p0..p0 + kcb];
-                if interleaved {
-                    let panel = &mut block[(r / IL_ROWS) * IL_ROWS * kcb..][..IL_ROWS * kcb];
-                    let lane = panel.iter_mut().skip(r % IL_ROWS).step_by(IL_ROWS);
-                    lane.zip(src).for_each(|(d, &v)| *d = v);
-                } else {
-                    block[r * kcb..][..kcb].copy_from_slice(src);
-                }
-            }
-        }
-        PackedRows {
-            rows,
-            k,
-            rows_p,
-            interleaved,
-            blocks,
-            data,
-        }
-    }
-
-    /// The matrix back, row-major `(rows, k)`.
-    pub(crate) fn unpack(&self) -> Vec<f32> {
-        let mut w = vec![0f32; self.rows * self.k];
-        for &(p0, kcb) in &self.blocks {
-            let block = &self.data[self.rows_p * p0..][..self.rows_p * kcb];
-            for (r, dst) in w.chunks_exact_mut(self.k).enumerate() {
-                let dst = &mut dst[p0..p0 + kcb];
-                if self.interleaved {
-                    let panel = &block[(r / IL_ROWS) * IL_ROWS * kcb..][..IL_ROWS * kcb];
-                    let lane = panel.iter().skip(r % IL_ROWS).step_by(IL_ROWS);
-                    dst.iter_mut().zip(lane).for_each(|(d, &v)| *d = v);
-                } else {
-                    dst.copy_from_slice(&block[r * kcb..][..kcb]);
-                }
-            }
-        }
-        w
-    }
-}
-
-/// A weight `(cols, k)` as the transposed `B` operand `(k, cols)`: per reduction block, panels
-/// of `NR` columns, each `(kc, NR)` row-major (columns past `cols` zero).
-#[derive(Debug)]
-pub(crate) struct PackedCols {
-    pub(crate) cols: usize,
-    pub(crate) k: usize,
-    nr: usize,
-    panels: usize,
-    blocks: Vec<(usize, usize)>,
-    data: Vec<f32>,
-}
-
-impl PackedCols {
-    /// Pack the row-major `(cols, k)` matrix `w` (an `nn.Linear` weight `(out, in)`).
-    pub(crate) fn new(w: &[f32], cols: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedCols {
-        assert_eq!(w.len(), cols * k);
-        let nr = isa.nr();
-        let panels = cols.div_ceil(nr);
-        let blocks = k_blocks(k, blocking.kc);
-        let mut data = vec![0f32; panels * nr * k];
-        for &(p0, kcb) in &blocks {
-            let block = &mut data[panels * nr * p0..][..panels * nr * kcb];
-            for (jp, panel) in block.chunks_exact_mut(kcb * nr).enumerate() {
-                for (c, row) in w.chunks_exact(k).skip(jp * nr).take(nr).enumerate() {
-                    for (kk, &v) in row[p0..p0 + kcb].iter().enumerate() {
-                        panel[kk * nr + c] = v;
-                    }
-                }
-            }
-        }
-        PackedCols {
-            cols,
-            k,
-            nr,
-            panels,
-            blocks,
-            data,
-        }
-    }
-
-    /// The matrix back, row-major `(cols, k)`.
-    pub(crate) fn unpack(&self) -> Vec<f32> {
-        let nr = self.nr;
-        let mut w = vec![0f32; self.cols * self.k];
-        for &(p0, kcb) in &self.blocks {
-            let block = &self.data[self.panels * nr * p0..][..self.panels * nr * kcb];
-            for (c, row) in w.chunks_exact_mut(self.k).enumerate() {
-                let panel = &block[(c / nr) * kcb * nr..];
-                for (kk, v) in row[p0..p0 + kcb].iter_mut().enumerate() {
-                    *v = panel[kk * nr + c % nr];
-                }
-            }
-        }
-        w
-    }
 }
 
 /// The `A` operand of a call.

@@ -22,6 +22,7 @@ use rayon::prelude::*;
 mod dense;
 mod gemm;
 mod im2col;
+mod packed;
 mod tile;
 
 pub use dense::{layer_kernel_isa, layer_path, set_layer_path, ConvExtras, LayerPath, PackedConv, PackedLinear};
