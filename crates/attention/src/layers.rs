@@ -24,6 +24,22 @@ pub struct Projection {
 impl Projection {
     /// Load `<vb>.weight` (and `<vb>.bias` when `bias`) mapping `in_dim` to `out_dim` features.
     pub fn load(vb: VarBuilder, block: &'static str, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
+        Self::load_packed(vb, block, (in_dim, out_dim), bias, false)
+    }
+
+    /// [`Self::load`] for a GEGLU projection (`out_dim` = `2·n`, `[hidden | gate]`): a packed
+    /// weight is paired so that [`Self::forward_geglu`] applies.
+    pub fn load_gated(vb: VarBuilder, block: &'static str, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
+        Self::load_packed(vb, block, (in_dim, out_dim), bias, true)
+    }
+
+    fn load_packed(
+        vb: VarBuilder,
+        block: &'static str,
+        (in_dim, out_dim): (usize, usize),
+        bias: bool,
+        gated: bool,
+    ) -> Result<Self> {
         // `vb.dtype()`, not `get_unchecked`'s dtype of the backend: a `vb.to_dtype(..)` is honoured.
         let weight = vb.get_unchecked_dtype("weight", vb.dtype())?;
         let dims = weight.dims().to_vec();
@@ -38,7 +54,11 @@ impl Projection {
         }
         let weight = weight.reshape((out_dim, in_dim))?;
         let bias = if bias { Some(vb.get(out_dim, "bias")?) } else { None };
-        let packed = PackedLinear::new(&weight)?;
+        let packed = if gated {
+            PackedLinear::new_gated(&weight)?
+        } else {
+            PackedLinear::new(&weight)?
+        };
         Ok(Self {
             weight: if packed.is_some() { None } else { Some(weight) },
             packed,
@@ -74,6 +94,15 @@ impl Projection {
         // Candle's batched matmul mishandles some transposed (B, N, C) views of (B, C, N)
         // tensors; a contiguous copy is also what the GEMM wants.
         linear.forward(&contiguous(x)?)
+    }
+
+    /// GEGLU of the projection, `hidden · gelu(gate)` in one pass from the packed GEMM (for a
+    /// [`Self::load_gated`] projection on f32 CPU tokens); `None` where that does not apply.
+    pub fn forward_geglu(&self, x: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        match &self.packed {
+            Some(p) => Ok(p.forward_geglu(x, self.bias.as_ref())?),
+            None => Ok(None),
+        }
     }
 
     /// Apply to the last dimension, like `nn.Linear`: `(.., in)` → `(.., out)`.

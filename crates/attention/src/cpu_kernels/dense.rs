@@ -90,14 +90,31 @@ impl PackedLinear {
     /// `None` where the weight is not packed (not f32, not on the CPU, or a CPU without the
     /// GEMM's instructions).
     pub fn new(weight: &Tensor) -> Result<Option<Self>> {
+        Self::packed(weight, false)
+    }
+
+    /// A GEGLU projection's weight `(2·n, in)` (`[hidden | gate]`), packed so that
+    /// [`Self::forward_geglu`] writes `hidden · gelu(gate)` straight from the GEMM (no `(.., 2·n)`
+    /// intermediate); [`Self::forward`] still gives both halves. `None` as [`Self::new`], or for an
+    /// odd output width.
+    pub fn new_gated(weight: &Tensor) -> Result<Option<Self>> {
+        Self::packed(weight, true)
+    }
+
+    fn packed(weight: &Tensor, gated: bool) -> Result<Option<Self>> {
         let Some((isa, blocking)) = packable(weight) else {
             return Ok(None);
         };
         let (out, inp) = weight.dims2()?;
-        if out == 0 || inp == 0 {
+        if out == 0 || inp == 0 || (gated && out % 2 == 1) {
             return Ok(None);
         }
-        let packed = PackedCols::new(&f32_vec(weight)?, out, inp, isa, blocking);
+        let w = f32_vec(weight)?;
+        let packed = if gated {
+            PackedCols::new_paired(&w, out / 2, inp, isa, blocking)
+        } else {
+            PackedCols::new(&w, out, inp, isa, blocking)
+        };
         Ok(Some(Self {
             packed: Arc::new(packed),
             isa,
@@ -107,12 +124,30 @@ impl PackedLinear {
 
     /// The weight as a tensor again `(out, in)`.
     pub fn weight(&self) -> Result<Tensor> {
-        Tensor::from_vec(self.packed.unpack(), (self.packed.cols, self.packed.k), &Device::Cpu)
+        Tensor::from_vec(
+            self.packed.unpack(),
+            (self.packed.out_cols(), self.packed.k),
+            &Device::Cpu,
+        )
     }
 
     /// `x · Wᵀ (+ bias)` over the last dimension of an f32 CPU tensor `(.., in)`; `None` where
     /// the call does not apply (another dtype or device, [`LayerPath::Candle`]).
     pub fn forward(&self, x: &Tensor, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+        self.run(x, bias, false)
+    }
+
+    /// GEGLU of the projection, `hidden · gelu(gate)` (`(.., n)`, each element the same f32
+    /// steps as [`Self::forward`] then [`super::geglu`]), for a weight packed by
+    /// [`Self::new_gated`]; `None` where the call does not apply or the weight is not paired.
+    pub fn forward_geglu(&self, x: &Tensor, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+        if self.packed.pairs.is_none() {
+            return Ok(None);
+        }
+        self.run(x, bias, true)
+    }
+
+    fn run(&self, x: &Tensor, bias: Option<&Tensor>, geglu: bool) -> Result<Option<Tensor>> {
         let in_dim = self.packed.k;
         // Empty inputs stay with Candle's ops (views of an empty output with offsets break its
         // `cat`).
@@ -121,20 +156,28 @@ impl PackedLinear {
             return Ok(None);
         }
         let x = contiguous(x)?;
-        let bias = bias.map(f32_vec).transpose()?;
+        let bias = match bias {
+            Some(b) => Some(self.packed.column_order(&f32_vec(b)?)),
+            None => None,
+        };
         let (storage, layout) = x.storage_and_layout();
         let src = &cpu_slice::<f32>(&storage, layout).expect("a CPU tensor")[..x.elem_count()];
         let tokens = x.elem_count() / in_dim.max(1);
-        let mut out = vec![0f32; tokens * self.packed.cols];
+        let width = match self.packed.pairs {
+            Some(n) if geglu => n,
+            _ => self.packed.out_cols(),
+        };
+        let mut out = vec![0f32; tokens * width];
         let epi = Epilogue {
             bias: bias.as_deref().map_or(Bias::None, Bias::PerCol),
+            geglu,
             ..Epilogue::NONE
         };
         let (a, b) = (RowsOf::Matrix(src), ColsOf::Packed(&self.packed));
         gemm::gemm(self.isa, self.blocking, a, b, epi, &mut out);
         drop(storage);
         let mut dims = x.dims().to_vec();
-        *dims.last_mut().expect("rank >= 1") = self.packed.cols;
+        *dims.last_mut().expect("rank >= 1") = width;
         Ok(Some(Tensor::from_vec(out, dims, &Device::Cpu)?))
     }
 }
@@ -225,6 +268,7 @@ impl PackedConv {
             item_row: add.as_deref(),
             residual: res,
             div: extras.div.map(|d| d as f32),
+            geglu: false,
         };
         let image = super::im2col::Image {
             x: src,
@@ -295,6 +339,36 @@ mod tests {
                 ours < 1e-4 && ours <= 2.0 * theirs.max(1e-6),
                 "{dims:?}→{out}: {ours} vs Candle {theirs}"
             );
+        }
+    }
+
+    /// A GEGLU projection packed paired gives the same bits as packed plainly: both halves from
+    /// `forward`, and `hidden · gelu(gate)` from `forward_geglu` as `geglu` of them; widths that
+    /// leave partial panels, with and without bias, and the weight unpacked in its own order.
+    #[test]
+    fn paired_projection_gives_the_plain_bits() {
+        if Isa::detect().is_none() {
+            return;
+        }
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.iter().map(|x| x.to_bits()).collect()
+        };
+        for (tokens, inp, n) in [(13usize, 50usize, 37usize), (70, 300, 64), (5, 7, 1), (40, 64, 700)] {
+            let w = randn(&[2 * n, inp]);
+            let b = randn(&[2 * n]);
+            let x = randn(&[tokens, inp]);
+            let plain = PackedLinear::new(&w).unwrap().unwrap();
+            let paired = PackedLinear::new_gated(&w).unwrap().unwrap();
+            assert_eq!(bits(&paired.weight().unwrap()), bits(&w));
+            for bias in [Some(&b), None] {
+                let h = plain.forward(&x, bias).unwrap().unwrap();
+                assert_eq!(bits(&paired.forward(&x, bias).unwrap().unwrap()), bits(&h));
+                let fused = paired.forward_geglu(&x, bias).unwrap().unwrap();
+                assert_eq!(fused.dims(), &[tokens, n]);
+                assert_eq!(bits(&fused), bits(&super::super::geglu(&h).unwrap().unwrap()));
+            }
+            assert!(plain.forward_geglu(&x, Some(&b)).unwrap().is_none());
         }
     }
 

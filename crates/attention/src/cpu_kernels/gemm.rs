@@ -22,8 +22,8 @@
 //! attention kernel's 12 × 32 AVX-512 tile (`sdpa::cpu::tiles::score_tile`) where the CPU has
 //! AVX-512F. Other CPUs take Candle's ops ([`Isa::detect`] gives `None`).
 
-use super::tile::{tile, ALayout};
 pub(crate) use super::packed::{PackedCols, PackedRows};
+use super::tile::{tile, ALayout};
 use rayon::prelude::*;
 
 /// The register tile the CPU runs (x86-64 only: elsewhere none is detected).
@@ -165,6 +165,9 @@ pub(crate) struct Epilogue<'a> {
     /// Laid out as the output.
     pub(crate) residual: Option<&'a [f32]>,
     pub(crate) div: Option<f32>,
+    /// With a paired weight ([`PackedCols::new_paired`]): write `hidden · gelu(gate)`, `n` wide,
+    /// instead of both halves (GEGLU in the write-out; nothing else may be set but the bias).
+    pub(crate) geglu: bool,
 }
 
 impl Epilogue<'_> {
@@ -173,6 +176,7 @@ impl Epilogue<'_> {
         item_row: None,
         residual: None,
         div: None,
+        geglu: false,
     };
 }
 
@@ -190,9 +194,22 @@ pub(crate) fn gemm(isa: Isa, blocking: Blocking, a: RowsOf, b: ColsOf, epi: Epil
         ColsOf::Packed(p) => (p.cols, 1),
         ColsOf::Image(img) => (img.h * img.w, img.batch),
     };
+    let pairs = match &b {
+        ColsOf::Packed(p) => p.pairs,
+        ColsOf::Image(_) => None,
+    };
+    // Output columns: a paired weight's `2·n`, or `n` with GEGLU.
+    let n_out = match pairs {
+        Some(half) if epi.geglu => half,
+        Some(half) => 2 * half,
+        None => n,
+    };
     let k = b_depth(&b);
     assert_eq!(k_a, k, "GEMM operands disagree on the reduction length");
-    assert_eq!(out.len(), batch * m * n);
+    assert_eq!(out.len(), batch * m * n_out);
+    assert!(pairs.is_some() || !epi.geglu, "GEGLU needs a paired weight");
+    let only_bias = epi.item_row.is_none() && epi.residual.is_none() && epi.div.is_none();
+    assert!(pairs.is_none() || (only_bias && !matches!(epi.bias, Bias::PerRow(_))));
     assert!(epi.residual.is_none_or(|r| r.len() == out.len()));
     assert!(epi.item_row.is_none_or(|t| t.len() == batch * m));
     if m == 0 || n == 0 || batch == 0 {
@@ -208,7 +225,9 @@ pub(crate) fn gemm(isa: Isa, blocking: Blocking, a: RowsOf, b: ColsOf, epi: Epil
         ColsOf::Image(_) => blocking.for_image_b(isa, m),
         ColsOf::Packed(_) => blocking,
     };
-    let grid = Grid::new(isa, blocking, batch, m, n);
+    // A paired weight's tasks take whole pairs of panels.
+    let step = if pairs.is_some() { 2 * isa.nr() } else { isa.nr() };
+    let grid = Grid::new(isa, blocking, batch, m, (n, step));
     let out = OutPtr {
         ptr: out.as_mut_ptr(),
         len: out.len(),
@@ -223,6 +242,7 @@ pub(crate) fn gemm(isa: Isa, blocking: Blocking, a: RowsOf, b: ColsOf, epi: Epil
             epi,
             m,
             n,
+            pairs,
         };
         job.run(task, out);
     });
@@ -282,8 +302,9 @@ struct Task {
 impl Grid {
     /// Blocks of at most `MC × NC`, made smaller (down to 4 tiles a side) until there are at
     /// least two tasks per thread, and balanced (equal sizes up to a tile).
-    fn new(isa: Isa, blocking: Blocking, batch: usize, m: usize, n: usize) -> Grid {
-        let (mr, nr) = (isa.mr(), isa.nr());
+    /// Column blocks are whole multiples of `step` (the panel width, or two for a paired weight).
+    fn new(isa: Isa, blocking: Blocking, batch: usize, m: usize, (n, step): (usize, usize)) -> Grid {
+        let (mr, nr) = (isa.mr(), step);
         let want = 2 * rayon::current_num_threads();
         let (mut mc, mut nc) = (
             blocking.mc.min(m.div_ceil(mr) * mr),
@@ -359,6 +380,8 @@ struct Job<'a> {
     epi: Epilogue<'a>,
     m: usize,
     n: usize,
+    /// A paired weight's hidden width (see [`Job::write_pairs`]).
+    pairs: Option<usize>,
 }
 
 impl Job<'_> {
@@ -399,7 +422,10 @@ impl Job<'_> {
                     }
                 }
             }
-            self.write_out(t, acc, ldc, out);
+            match self.pairs {
+                Some(half) => self.write_pairs(t, acc, ldc, half, out),
+                None => self.write_out(t, acc, ldc, out),
+            }
         });
     }
 
@@ -454,6 +480,50 @@ impl Job<'_> {
                 let len = t.cols.div_ceil(nr) * nr * kcb;
                 img.pack(t.item, p0, kcb, t.n0, t.cols, nr, &mut buf[..len]);
                 &buf[..len]
+            }
+        }
+    }
+
+    /// The write-out of a paired weight (hidden width `half`): per pair of panels, `h = acc + bias`
+    /// and `g = acc + bias` (the same f32 steps as [`Job::write_out`]), then `h · gelu(g)` into
+    /// output columns `j·NR ..` of `(M, half)` with [`Epilogue::geglu`], else `h` and `g` into
+    /// their own columns of `(M, 2·half)`.
+    fn write_pairs(&self, t: Task, acc: &[f32], ldc: usize, half: usize, out: OutPtr) {
+        let nr = self.isa.nr();
+        let geglu = self.epi.geglu;
+        let width = if geglu { half } else { 2 * half };
+        let bias = match self.epi.bias {
+            Bias::PerCol(b) => Some(b),
+            _ => None,
+        };
+        let (mut h, mut g) = ([0f32; 32], [0f32; 32]);
+        for r in 0..t.rows {
+            let start = (t.m0 + r) * width;
+            for q in 0..t.cols / (2 * nr) {
+                // Packed column `pc` starts the pair whose hidden columns begin at `pc / 2`.
+                let pc = t.n0 + 2 * q * nr;
+                let c0 = pc / 2;
+                if c0 >= half {
+                    break;
+                }
+                let w = nr.min(half - c0);
+                let src = &acc[r * ldc + 2 * q * nr..][..2 * nr];
+                for j in 0..w {
+                    let (bh, bg) = bias.map_or((0.0, 0.0), |b| (b[pc + j], b[pc + nr + j]));
+                    (h[j], g[j]) = if bias.is_some() {
+                        (src[j] + bh, src[nr + j] + bg)
+                    } else {
+                        (src[j], src[nr + j])
+                    };
+                }
+                // SAFETY: these runs lie in this task's columns of the output (pairs map to
+                // disjoint output columns), which no other task touches.
+                if geglu {
+                    super::geglu_row(unsafe { out.row(start + c0, w) }, &h[..w], &g[..w]);
+                } else {
+                    unsafe { out.row(start + c0, w) }.copy_from_slice(&h[..w]);
+                    unsafe { out.row(start + half + c0, w) }.copy_from_slice(&g[..w]);
+                }
             }
         }
     }

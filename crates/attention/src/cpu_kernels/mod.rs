@@ -298,7 +298,7 @@ pub fn geglu(h: &Tensor) -> Result<Option<Tensor>> {
 
 /// `dst[i] = hidden[i] · gelu(gate[i])`, compiled for AVX2 where the CPU has it (the same bits
 /// either way: no step is fused).
-fn geglu_row(dst: &mut [f32], hidden: &[f32], gate: &[f32]) {
+pub(crate) fn geglu_row(dst: &mut [f32], hidden: &[f32], gate: &[f32]) {
     #[inline(always)]
     fn body(dst: &mut [f32], hidden: &[f32], gate: &[f32]) {
         for ((d, &x), &g) in dst.iter_mut().zip(hidden).zip(gate) {

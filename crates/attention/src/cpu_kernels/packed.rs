@@ -71,10 +71,18 @@ impl PackedRows {
 
 /// A weight `(cols, k)` as the transposed `B` operand `(k, cols)`: per reduction block, panels
 /// of `NR` columns, each `(kc, NR)` row-major (columns past `cols` zero).
+///
+/// A gated projection's weight `(2·n, k)` (`[hidden | gate]` rows, GEGLU's) may be packed
+/// *paired* ([`PackedCols::new_paired`]): panel `2j` holds hidden columns `j·NR ..`, panel `2j + 1`
+/// the gate columns of the same indices, each half zero-padded to whole panels, so that one task
+/// of the GEMM holds both halves of its outputs and can write `hidden · gelu(gate)` directly.
 #[derive(Debug)]
 pub(crate) struct PackedCols {
+    /// Packed columns (for a paired weight `2·⌈n/NR⌉·NR`).
     pub(crate) cols: usize,
     pub(crate) k: usize,
+    /// A paired weight's `n` (its hidden width).
+    pub(crate) pairs: Option<usize>,
     pub(super) nr: usize,
     pub(super) panels: usize,
     pub(super) blocks: Vec<(usize, usize)>,
@@ -102,6 +110,7 @@ impl PackedCols {
         PackedCols {
             cols,
             k,
+            pairs: None,
             nr,
             panels,
             blocks,
@@ -109,8 +118,54 @@ impl PackedCols {
         }
     }
 
-    /// The matrix back, row-major `(cols, k)`.
+    /// Pack a gated weight `(2·n, k)` paired (see [`PackedCols`]).
+    pub(crate) fn new_paired(w: &[f32], n: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedCols {
+        assert_eq!(w.len(), 2 * n * k);
+        let nr = isa.nr();
+        let cols = 2 * n.div_ceil(nr) * nr;
+        let mut permuted = vec![0f32; cols * k];
+        for (c, row) in w.chunks_exact(k).enumerate() {
+            permuted[paired_col(c, n, nr) * k..][..k].copy_from_slice(row);
+        }
+        let mut packed = PackedCols::new(&permuted, cols, k, isa, blocking);
+        packed.pairs = Some(n);
+        packed
+    }
+
+    /// The output columns: `cols`, or `2·n` for a paired weight.
+    pub(crate) fn out_cols(&self) -> usize {
+        self.pairs.map_or(self.cols, |n| 2 * n)
+    }
+
+    /// A per-column vector (a bias) laid out as the packed columns (zero in a paired weight's
+    /// padding).
+    pub(crate) fn column_order(&self, v: &[f32]) -> Vec<f32> {
+        match self.pairs {
+            None => v.to_vec(),
+            Some(n) => {
+                let mut out = vec![0f32; self.cols];
+                for (c, &x) in v.iter().enumerate().take(2 * n) {
+                    out[paired_col(c, n, self.nr)] = x;
+                }
+                out
+            }
+        }
+    }
+
+    /// The matrix back, row-major `(out_cols, k)` (a paired weight in its original order).
     pub(crate) fn unpack(&self) -> Vec<f32> {
+        let packed = self.unpack_packed();
+        match self.pairs {
+            None => packed,
+            Some(n) => (0..2 * n)
+                .flat_map(|c| &packed[paired_col(c, n, self.nr) * self.k..][..self.k])
+                .copied()
+                .collect(),
+        }
+    }
+
+    /// The packed columns back, row-major `(cols, k)`.
+    fn unpack_packed(&self) -> Vec<f32> {
         let nr = self.nr;
         let mut w = vec![0f32; self.cols * self.k];
         for &(p0, kcb) in &self.blocks {
@@ -124,4 +179,11 @@ impl PackedCols {
         }
         w
     }
+}
+
+/// Where output column `c` (of `2·n`: hidden `0..n`, gate `n..2n`) sits among a paired weight's
+/// packed columns: hidden column `j` in panel `2·(j / nr)`, gate column `j` in the next.
+pub(crate) fn paired_col(c: usize, n: usize, nr: usize) -> usize {
+    let (half, j) = if c < n { (0, c) } else { (1, c - n) };
+    (2 * (j / nr) + half) * nr + j % nr
 }

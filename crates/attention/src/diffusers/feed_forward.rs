@@ -64,15 +64,24 @@ impl ProjectIn {
         bias: bool,
     ) -> Result<Self> {
         let out = if activation.gated() { 2 * inner } else { inner };
-        Ok(Self {
-            proj: Projection::load(vb, block, dim_in, out, bias)?,
-            activation,
-        })
+        let proj = if activation == ActivationFn::Geglu {
+            Projection::load_gated(vb, block, dim_in, out, bias)?
+        } else {
+            Projection::load(vb, block, dim_in, out, bias)?
+        };
+        Ok(Self { proj, activation })
     }
 }
 
 impl Module for ProjectIn {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        // GEGLU straight from the projection's GEMM where it runs (unless the trace wants the
+        // projection's output).
+        if self.activation == ActivationFn::Geglu && !trace::enabled() {
+            if let Some(out) = self.proj.forward_geglu(x)? {
+                return Ok(out);
+            }
+        }
         let h = self.proj.forward_tokens(x)?;
         trace::record("proj_in", &h);
         let halves = || -> candle_core::Result<(Tensor, Tensor)> {
