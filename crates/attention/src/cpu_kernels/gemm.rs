@@ -23,7 +23,7 @@
 //! AVX-512F. Other CPUs take Candle's ops ([`Isa::detect`] gives `None`).
 
 pub(crate) use super::packed::{PackedCols, PackedRows};
-use super::tile::{tile, ALayout};
+use super::tile::{avx2_column, tile, ALayout};
 use rayon::prelude::*;
 
 /// The register tile the CPU runs (x86-64 only: elsewhere none is detected).
@@ -361,6 +361,16 @@ struct ARows<'a> {
 }
 
 impl ARows<'_> {
+    /// All micro-panels as `(first values, layout, distance between micro-panels)`, where none is
+    /// held in a copy.
+    fn column(&self, mr: usize) -> Option<(&[f32], ALayout, usize)> {
+        let step = match self.layout {
+            ALayout::Rows(lda) => mr * lda,
+            ALayout::Interleaved => mr * self.kc,
+        };
+        self.tail.is_none().then_some((self.values, self.layout, step))
+    }
+
     /// Micro-panel `mp` of `mr` rows: its first value and layout.
     fn panel(&self, mp: usize, mr: usize) -> (&[f32], ALayout) {
         match (self.tail, self.layout) {
@@ -412,8 +422,13 @@ impl Job<'_> {
                     img.prefetch(t.item, p1, kc1, t.n0, t.cols);
                 }
                 let a_rows = self.a_rows(t, p0, kcb, a_buf);
+                let column = a_rows.column(mr).filter(|_| self.isa == Isa::Avx2);
                 for jp in 0..panels {
                     let b_pan = &b_blk[jp * kcb * nr..][..kcb * nr];
+                    if let Some(a_col) = column {
+                        avx2_column(t.rows, a_col, kcb, b_pan, (&mut acc[jp * nr..], ldc), bi > 0);
+                        continue;
+                    }
                     for mp in 0..t.rows.div_ceil(mr) {
                         let rows = mr.min(t.rows - mp * mr);
                         let a_pan = a_rows.panel(mp, mr);

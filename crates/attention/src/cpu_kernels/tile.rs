@@ -25,3 +25,16 @@ pub(super) fn tile(
         (Isa::Avx2, layout) => crate::sdpa::cpu_avx2_tile(rows, (a, layout), kc, b, c, ldc, accumulate),
     }
 }
+
+/// The AVX2 tile down a column of micro-panels: the `rows` rows of `A` (micro-panel `i` at
+/// `a[i·step ..]`) against one `B` panel into `c`, one call per panel instead of per tile.
+pub(super) fn avx2_column(
+    rows: usize,
+    a: (&[f32], ALayout, usize),
+    kc: usize,
+    b: &[f32],
+    c: (&mut [f32], usize),
+    accumulate: bool,
+) {
+    crate::sdpa::cpu_avx2_tile_column(rows, a, kc, b, c, accumulate)
+}

@@ -94,6 +94,18 @@ pub(crate) fn cpu_avx2_tile(
     cpu::avx2::tile(rows, a, kc, b, c, ldc, accumulate)
 }
 
+/// The AVX2 tile down a column of micro-panels (see `cpu::avx2::tile_column`).
+pub(crate) fn cpu_avx2_tile_column(
+    rows: usize,
+    a: (&[f32], CpuALayout, usize),
+    kc: usize,
+    b: &[f32],
+    c: (&mut [f32], usize),
+    accumulate: bool,
+) {
+    cpu::avx2::tile_column(rows, a, kc, b, c, accumulate)
+}
+
 /// The attention kernel's vectorisable f32 `exp` (within 1 ulp; fused multiply-adds when
 /// `FUSED`), for the CPU kernels around the core.
 #[inline(always)]

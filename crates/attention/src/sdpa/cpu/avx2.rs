@@ -61,6 +61,49 @@ pub(crate) fn tile(
     attention_tile(rows, a, kc, (b, NR), (c, ldc), write, None);
 }
 
+/// [`tile`] down a column of micro-panels: the `rows` rows of `A` in micro-panels of [`MR`]
+/// rows (the last one shorter), micro-panel `i` starting at `a[i·step ..]` (laid out as
+/// `layout` says), each against the same `B` panel into `c` rows `i·MR ..`. One call instead of
+/// one per tile: the checks and dispatch are paid once per panel.
+pub(crate) fn tile_column(
+    rows: usize,
+    (a, layout, step): (&[f32], ALayout, usize),
+    kc: usize,
+    b: &[f32],
+    (c, ldc): (&mut [f32], usize),
+    accumulate: bool,
+) {
+    let panels = rows.div_ceil(MR);
+    if panels == 0 {
+        return;
+    }
+    let last_rows = rows - (panels - 1) * MR;
+    let (lda, il) = match layout {
+        ALayout::Rows(lda) => (lda, false),
+        ALayout::Interleaved => (MR, true),
+    };
+    let last_extent = if il { kc * MR } else { (last_rows - 1) * lda + kc };
+    assert!(kc > 0 && (il || (lda >= kc && step >= MR * lda)) && (!il || step >= kc * MR));
+    assert!(a.len() >= (panels - 1) * step + last_extent && b.len() >= kc * NR);
+    assert!(ldc >= NR && c.len() >= (rows - 1) * ldc + NR);
+    assert!(available(), "the AVX2 tile on a CPU without AVX2 and FMA");
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        let rescale = accumulate.then_some(std::ptr::null());
+        // SAFETY: AVX2 and FMA are present (asserted); the asserts bound every access.
+        unsafe {
+            if il {
+                x86::column::<true>((a, step), lda, b, kc, (c, ldc), (panels, last_rows), rescale)
+            } else {
+                x86::column::<false>((a, step), lda, b, kc, (c, ldc), (panels, last_rows), rescale)
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (lda, il, accumulate, last_rows);
+}
+
 /// The attention kernel's tile (`super::tiles` on AVX2 CPUs): as [`tile`], with `B` rows `ldb`
 /// apart, the sums written as `write` says, and with `max = (lanes, keys)` each written row also
 /// folded into its 16 running maxima `lanes[r·16 ..]` over its first `keys` columns (a NaN sum
@@ -174,6 +217,37 @@ mod x86 {
         pub(super) rescale: Option<*const f32>,
         pub(super) chain: bool,
         pub(super) max: Option<(*mut f32, usize)>,
+    }
+
+    /// Full tiles down a column of micro-panels, then the last (`last` rows).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn column<const IL: bool>(
+        (a, step): (*const f32, usize),
+        lda: usize,
+        b: *const f32,
+        kc: usize,
+        (c, ldc): (*mut f32, usize),
+        (panels, last): (usize, usize),
+        rescale: Option<*const f32>,
+    ) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            for i in 0..panels {
+                let out = Out {
+                    c: c.add(i * super::MR * ldc),
+                    ldc,
+                    rescale,
+                    chain: false,
+                    max: None,
+                };
+                let a = a.add(i * step);
+                if i + 1 < panels {
+                    tile::<6, IL, true>(a, lda, (b, 16), kc, out);
+                } else {
+                    by_rows::<IL, true>(last, a, lda, (b, 16), kc, out);
+                }
+            }
+        }
     }
 
     /// The tile of height `rows` (1 to 6).
