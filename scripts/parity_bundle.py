@@ -60,6 +60,7 @@ rebuilds the block from it).
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 import os
@@ -273,7 +274,10 @@ def run_module(
         if value is None:
             continue
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"output {name!r} is a {type(value).__name__}, not a tensor")
+            hint = ""
+            if "return_dict" in inspect.signature(module.forward).parameters:
+                hint = "; this forward takes return_dict: pass kwargs={'return_dict': False}"
+            raise TypeError(f"output {name!r} is a {type(value).__name__}, not a tensor{hint}")
         out[name] = value
     return out
 
