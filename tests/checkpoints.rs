@@ -399,3 +399,35 @@ fn a_pickle_that_trips_candles_reader_is_a_clean_error() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// `detect` fills in what the keys cannot tell (heads, groups, eps) from the model's own
+/// `config.json` where one sits beside the checkpoint (as `--repo` has one).
+#[test]
+fn detect_reads_the_config_beside_the_checkpoint() {
+    let file = models("diffusers_sd1/diffusion_pytorch_model.safetensors");
+    let (code, out, err) = cli(&["detect", &file]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("config: ") && out.contains("from config.json"), "{out}");
+    assert!(
+        out.contains("\"num_attention_heads\":2") && out.contains("\"resnet_groups\":4"),
+        "{out}"
+    );
+    assert!(!out.contains("not in the keys"), "{out}");
+    let (code, out, err) = cli(&["detect", &file, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["mid_blocks"][0]["from_config"]["num_attention_heads"], 2, "{out}");
+    // A lone checkpoint (no config.json beside it) lists what the keys cannot tell.
+    let dir = scratch("detect-lone");
+    let lone = copy_to(
+        &dir,
+        &models("diffusers_sd1/diffusion_pytorch_model.safetensors"),
+        "m.safetensors",
+    );
+    let (code, out, _) = cli(&["detect", &lone]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("not in the keys") && !out.contains("from config.json"),
+        "{out}"
+    );
+}

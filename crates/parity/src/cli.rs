@@ -495,9 +495,16 @@ fn detect(
     hub: &HubArgs,
     out: &mut dyn Write,
 ) -> Result<(), ParityError> {
-    let file = match (file, hub.repo()) {
-        (Some(f), None) => f,
-        (None, Some(repo)) => repo.model_files()?.1,
+    // The model's config.json: the repo's, or one beside a checkpoint in a diffusers folder.
+    let (file, config) = match (file, hub.repo()) {
+        (Some(f), None) => {
+            let beside = f.parent().map(|d| d.join("config.json")).filter(|c| c.is_file());
+            (f, beside)
+        }
+        (None, Some(repo)) => {
+            let (config, file) = repo.model_files()?;
+            (file, Some(config))
+        }
         _ => {
             return Err(ParityError::Usage(
                 "detect takes a checkpoint FILE or --repo, one of them".into(),
@@ -505,9 +512,20 @@ fn detect(
         }
     };
     let ck = Checkpoint::open(&file)?;
-    let found = crate::detect::detect(&ck, prefix);
+    let mut found = crate::detect::detect(&ck, prefix);
+    let mut config_note = None;
+    if let Some(config) = &config {
+        let text = crate::bundle::read_regular_string(config)?;
+        let json: Option<serde_json::Value> = serde_json::from_str(&text).ok();
+        // A config.json that is not a diffusers model's is left out, with a note.
+        config_note = Some(match json.map(|j| crate::detect::apply_config(&mut found, &j)) {
+            Some(Ok(())) => format!("config: {}", config.display()),
+            Some(Err(e)) => format!("config: {} not used ({e})", config.display()),
+            None => format!("config: {} not used (not JSON)", config.display()),
+        });
+    }
     if json {
-        let doc = serde_json::json!({ "file": file.display().to_string(), "format": ck.format.to_string(), "tensors": ck.len(), "sections": ck.sections, "mid_blocks": found });
+        let doc = serde_json::json!({ "file": file.display().to_string(), "format": ck.format.to_string(), "tensors": ck.len(), "sections": ck.sections, "config": config_note, "mid_blocks": found });
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Ok(());
     }
@@ -517,6 +535,9 @@ fn detect(
         format!(", sections: {}", ck.sections.join(", "))
     };
     let _ = writeln!(out, "{}: {}, {} tensors{sections}", file.display(), ck.format, ck.len());
+    if let Some(note) = &config_note {
+        let _ = writeln!(out, "{note}");
+    }
     if found.is_empty() {
         let _ = writeln!(out, "no mid block found");
     }
@@ -524,8 +545,15 @@ fn detect(
         let _ = writeln!(out, "prefix `{}`: {}", f.prefix, f.block.unwrap_or("(not implemented)"));
         let _ = writeln!(out, "  variant: {}", f.variant);
         let _ = writeln!(out, "  from the keys: {}", serde_json::Value::Object(f.config.clone()));
-        for u in &f.unknown {
-            let _ = writeln!(out, "  not in the keys: {u}");
+        match &f.from_config {
+            Some(kwargs) => {
+                let _ = writeln!(out, "  from config.json (what `check --config` builds): {kwargs}");
+            }
+            None => {
+                for u in &f.unknown {
+                    let _ = writeln!(out, "  not in the keys: {u}");
+                }
+            }
         }
     }
     Ok(())

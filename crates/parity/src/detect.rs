@@ -19,6 +19,26 @@ pub struct Found {
     pub config: Map<String, Value>,
     /// Config values the keys cannot tell, with what to use.
     pub unknown: Vec<String>,
+    /// The block's constructor kwargs from the model's `config.json`, where one came with the
+    /// checkpoint (`--repo`, or a diffusers folder): heads, groups and eps included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_config: Option<Value>,
+}
+
+/// Fill in [`Found::from_config`] from a diffusers `config.json` (`UNet2DModel`,
+/// `UNet2DConditionModel`, `AutoencoderKL`) for the blocks found at the prefixes it names.
+/// `Err` where the file is not such a config.
+pub fn apply_config(found: &mut [Found], config: &Value) -> Result<(), String> {
+    let specs = unet_attention::diffusers::model_config::mid_blocks(config, None, true).map_err(|e| e.to_string())?;
+    for f in found.iter_mut() {
+        let spec = specs
+            .iter()
+            .find(|s| s.key_prefix() == f.prefix && f.block == Some(s.block));
+        if let Some(spec) = spec {
+            f.from_config = Some(spec.config.clone());
+        }
+    }
+    Ok(())
 }
 
 fn dim(ck: &Checkpoint, name: &str, i: usize) -> Option<usize> {
@@ -139,6 +159,7 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
             ),
             config,
             unknown,
+            from_config: None,
         }
     } else {
         let a0 = format!("{p}attentions.0.");
@@ -166,6 +187,7 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
             },
             config,
             unknown,
+            from_config: None,
         }
     }
 }
@@ -208,6 +230,7 @@ fn lucidrains(ck: &Checkpoint, p: &str) -> Found {
         variant: format!("lucidrains denoising-diffusion-pytorch Unet bottleneck, {era}{version}"),
         config,
         unknown,
+        from_config: None,
     }
 }
 
@@ -232,6 +255,7 @@ fn ldm(ck: &Checkpoint, p: &str) -> Found {
         variant: format!("ldm {what} mid block (attn_type {attn})"),
         config,
         unknown: vec![],
+        from_config: None,
     }
 }
 
@@ -277,5 +301,6 @@ fn openai(ck: &Checkpoint, p: &str) -> Found {
         variant: variant.to_string(),
         config,
         unknown,
+        from_config: None,
     }
 }
