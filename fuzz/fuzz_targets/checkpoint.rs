@@ -1,5 +1,5 @@
 //! Arbitrary bytes as the `data.pkl` of a `torch.save` zip archive (and, from the last byte, as a
-//! whole file): the checkpoint reader (Candle's pickle opcodes, the flattening walk, sections,
+//! whole file): the checkpoint reader (the pickle reader's opcodes and limits, the flattening walk, sections,
 //! lazy tensor reads) and `detect`. Errors are expected; a panic, an abort or a stack overflow is
 //! a bug.
 #![no_main]
@@ -36,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let opened = unet_parity::guard::catch(&path, || Checkpoint::open(&path));
     if let Err(unet_parity::ParityError::Internal { message, .. }) = &opened {
-        panic!("panic outside Candle's pickle reader: {message}");
+        panic!("panic in the checkpoint reader: {message}");
     }
     if let Ok(ck) = opened {
         let names: Vec<String> = ck.names().cloned().collect();

@@ -3,9 +3,12 @@
 //! * safetensors (`diffusion_pytorch_model.safetensors`, `model.safetensors`): memory-mapped;
 //!   only the header is parsed up front and only the tensors a block asks for are touched;
 //! * sharded safetensors (`*.safetensors.index.json` with its `weight_map`);
-//! * PyTorch `torch.save` zip archives (`.bin`, `.pt`, `.pth`, `.ckpt`): `data.pkl` is read with
-//!   Candle's pickle reader, which interprets the opcodes without running any Python, and a
-//!   tensor's storage entry is read from the archive only when the block asks for it.
+//! * PyTorch `torch.save` zip archives (`.bin`, `.pt`, `.pth`, `.ckpt`): `data.pkl` (at most
+//!   [`pickle::MAX_PICKLE_BYTES`], read through `take`) is read by [`crate::pickle`], which
+//!   interprets the opcodes without running any Python and bounds depth, object count and
+//!   string lengths while parsing; a tensor's storage entry is read from the archive only when the
+//!   block asks for it, after its zip header's sizes are checked against the archive's length and
+//!   against what the tensor needs.
 //!
 //! Nested dictionaries are flattened with dots: a lucidrains `Trainer` checkpoint
 //! `{'model': {...}, 'ema': {...}, 'version': '2.3.4', ...}` holds `model.model.mid_attn.mem_kv`
@@ -16,9 +19,9 @@
 //! String entries (lucidrains' `version`) are kept for `detect`.
 
 use crate::error::{ParityError, Result};
+use crate::pickle::{self, TensorRecord};
 use crate::weights::WeightSource;
-use candle_core::pickle::{Object, Stack};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Layout, Shape, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -52,11 +55,18 @@ enum Stored {
         dtype: DType,
         shape: Vec<usize>,
     },
-    Pickle(candle_core::pickle::TensorInfo),
+    Pickle(PickledTensor),
     /// A tensor this tool cannot load (an unsupported dtype); an error only if a block asks for it.
     Unsupported {
         why: String,
     },
+}
+
+/// A tensor of a `torch.save` archive: its record and its storage entry's path in the archive.
+#[derive(Debug, Clone)]
+struct PickledTensor {
+    record: TensorRecord,
+    path: String,
 }
 
 type Archive = zip::ZipArchive<std::io::BufReader<std::fs::File>>;
@@ -74,6 +84,8 @@ pub struct Checkpoint {
     /// The open archive of a pickle, its central directory read once; tensors are read from it
     /// one at a time.
     archive: Option<std::sync::Mutex<Archive>>,
+    /// The archive's length in bytes: no entry's data may claim to reach past it.
+    archive_len: u64,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -93,10 +105,6 @@ fn err(path: &Path, message: impl Into<String>) -> ParityError {
         message: message.into(),
     }
 }
-
-/// Nested dictionaries deeper than this are not followed (a checkpoint's state dict is at depth
-/// 1 or 2; a hostile pickle must not exhaust the stack).
-const MAX_DEPTH: usize = 24;
 
 impl Checkpoint {
     /// Open `path`, reading only its header / pickle.
@@ -147,6 +155,7 @@ impl Checkpoint {
             sections: vec![],
             maps: vec![],
             archive: None,
+            archive_len: 0,
         }
     }
 
@@ -215,6 +224,13 @@ impl Checkpoint {
 
     fn open_pickle(path: &Path) -> Result<Self> {
         let file = crate::bundle::open_regular(path)?;
+        let archive_len = file
+            .metadata()
+            .map_err(|e| ParityError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            })?
+            .len();
         let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file))
             .map_err(|e| err(path, format!("not a readable torch.save zip archive: {e}")))?;
         let pkl = zip
@@ -223,91 +239,39 @@ impl Checkpoint {
             .find(|f| f.ends_with("data.pkl"))
             .map(|f| f.to_string())
             .ok_or_else(|| err(path, "the zip archive has no `data.pkl`: not a torch.save checkpoint"))?;
-        let dir = PathBuf::from(pkl.strip_suffix(".pkl").unwrap_or(&pkl));
+        let bytes = {
+            let mut entry = zip
+                .by_name(&pkl)
+                .map_err(|e| err(path, format!("cannot open `{pkl}`: {e}")))?;
+            read_entry(&mut entry, archive_len, pickle::MAX_PICKLE_BYTES)
+                .map_err(|m| err(path, format!("cannot read `{pkl}`: {m}")))?
+        };
+        // No input is known to panic the reader; the guard keeps a bug in it to this file's error.
+        let contents = crate::guard::catch(path, || {
+            pickle::read(&bytes).map_err(|m| err(path, format!("malformed pickle `{pkl}`: {m}")))
+        })?;
+        drop(bytes);
+        // `archive/data.pkl` keeps its storages in `archive/data/{key}`.
+        let stem = pkl.strip_suffix(".pkl").unwrap_or(&pkl);
         let mut ck = Self::empty(path, Format::TorchZip);
-        let mut sections = BTreeSet::new();
-        {
-            let mut reader = std::io::BufReader::new(
-                zip.by_name(&pkl)
-                    .map_err(|e| err(path, format!("cannot open `{pkl}`: {e}")))?,
-            );
-            // Candle's reader panics on some malformed input (a LONG1 wider than 8 bytes overflows a
-            // shift in builds with overflow checks; a tensor rebuild with too few arguments indexes
-            // out of bounds): those become this file's error too.
-            crate::guard::catch(path, || {
-                let mut stack = Stack::empty();
-                stack
-                    .read_loop(&mut reader)
-                    .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
-                let obj = stack
-                    .finalize()
-                    .map_err(|e| err(path, format!("cannot read the pickle `{pkl}`: {e}")))?;
-                ck.walk(obj, "", &dir, 0, &mut sections);
-                Ok(())
-            })
-            .map_err(|e| match e {
-                ParityError::Internal { message, .. } => err(
-                    path,
-                    format!("malformed pickle `{pkl}`: Candle's pickle reader failed ({message})"),
-                ),
-                other => other,
-            })?;
+        for (name, found) in contents.tensors {
+            let stored = match found {
+                Ok(record) => Stored::Pickle(PickledTensor {
+                    path: format!("{stem}/{}", record.key),
+                    record,
+                }),
+                Err(why) => Stored::Unsupported { why },
+            };
+            ck.tensors.insert(name, stored);
         }
+        ck.strings = contents.strings;
+        ck.sections = contents.sections.into_iter().collect();
         ck.archive = Some(std::sync::Mutex::new(zip));
-        ck.sections = sections.into_iter().collect();
+        ck.archive_len = archive_len;
         if ck.tensors.is_empty() {
             return Err(err(path, "the pickle holds no tensors"));
         }
         Ok(ck)
-    }
-
-    /// Collect the tensors and strings of a pickled object, flattening dictionaries.
-    fn walk(&mut self, obj: Object, name: &str, dir: &Path, depth: usize, sections: &mut BTreeSet<String>) {
-        if depth > MAX_DEPTH {
-            return;
-        }
-        match obj {
-            Object::Dict(items) => {
-                for (key, value) in items {
-                    let key = match key {
-                        Object::Unicode(s) => s,
-                        Object::Int(i) => i.to_string(),
-                        Object::Long(i) => i.to_string(),
-                        _ => continue,
-                    };
-                    if key == "_metadata" {
-                        continue;
-                    }
-                    let full = if name.is_empty() {
-                        key.clone()
-                    } else {
-                        format!("{name}.{key}")
-                    };
-                    if depth == 0 && matches!(value, Object::Dict(_)) {
-                        let before = self.tensors.len();
-                        self.walk(value, &full, dir, depth + 1, sections);
-                        if self.tensors.len() > before {
-                            sections.insert(key);
-                        }
-                    } else {
-                        self.walk(value, &full, dir, depth + 1, sections);
-                    }
-                }
-            }
-            Object::Unicode(s) => {
-                self.strings.insert(name.to_string(), s);
-            }
-            other => match other.into_tensor_info(Object::Unicode(name.to_string()), dir) {
-                Ok(Some(info)) => {
-                    self.tensors.insert(name.to_string(), Stored::Pickle(info));
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    self.tensors
-                        .insert(name.to_string(), Stored::Unsupported { why: e.to_string() });
-                }
-            },
-        }
     }
 
     /// Every tensor name, flattened.
@@ -328,7 +292,7 @@ impl Checkpoint {
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
         match self.tensors.get(name)? {
             Stored::Safetensors { shape, .. } => Some(shape.clone()),
-            Stored::Pickle(info) => Some(info.layout.dims().to_vec()),
+            Stored::Pickle(t) => Some(t.record.shape.clone()),
             Stored::Unsupported { .. } => None,
         }
     }
@@ -337,7 +301,7 @@ impl Checkpoint {
     pub fn dtype(&self, name: &str) -> Option<DType> {
         match self.tensors.get(name)? {
             Stored::Safetensors { dtype, .. } => Some(*dtype),
-            Stored::Pickle(info) => Some(info.dtype),
+            Stored::Pickle(t) => Some(t.record.dtype),
             Stored::Unsupported { .. } => None,
         }
     }
@@ -370,8 +334,9 @@ impl Checkpoint {
         }
     }
 
-    fn load_pickled(&self, info: &candle_core::pickle::TensorInfo) -> candle_core::Result<Tensor> {
-        let layout = &info.layout;
+    fn load_pickled(&self, t: &PickledTensor) -> candle_core::Result<Tensor> {
+        let r = &t.record;
+        let layout = Layout::new(Shape::from(r.shape.clone()), r.stride.clone(), 0);
         let fortran = layout.is_fortran_contiguous() && !layout.is_contiguous();
         if !layout.is_contiguous() && !fortran {
             candle_core::bail!(
@@ -379,6 +344,11 @@ impl Checkpoint {
                 layout.stride()
             )
         }
+        // The pickle reader checked that `(elements + offset) * element size` fits.
+        let elem = r.dtype.size_in_bytes();
+        let size = layout.shape().elem_count() * elem;
+        let start = r.offset * elem;
+        let needed = size + start;
         let mut zip = self
             .archive
             .as_ref()
@@ -387,32 +357,28 @@ impl Checkpoint {
             // A panic during an earlier read (caught by the guard) leaves nothing half-done: each
             // read seeks to its own entry.
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut entry = zip.by_name(&info.path).map_err(candle_core::Error::wrap)?;
-        let elem = info.dtype.size_in_bytes();
-        let numel = layout.shape().elem_count();
-        let start = layout.start_offset();
-        let needed = numel
-            .checked_mul(elem)
-            .and_then(|n| n.checked_add(start))
-            .ok_or_else(|| candle_core::Error::Msg("tensor size overflows".into()))?;
-        if (entry.size() as u128) < needed as u128 {
+        let mut entry = zip.by_name(&t.path).map_err(candle_core::Error::wrap)?;
+        check_entry(&entry, self.archive_len)
+            .map_err(|m| candle_core::Error::Msg(format!("storage `{}`: {m}", t.path)))?;
+        if entry.size() < needed as u64 {
             candle_core::bail!(
                 "storage `{}` holds {} bytes, the tensor needs {needed}",
-                info.path,
+                t.path,
                 entry.size()
             )
         }
         std::io::copy(&mut entry.by_ref().take(start as u64), &mut std::io::sink())?;
-        let mut bytes = vec![0u8; numel * elem];
+        // `size` is at most the entry's size, whose bytes `check_entry` found in the file.
+        let mut bytes = vec![0u8; size];
         entry.read_exact(&mut bytes)?;
         let dims = layout.dims();
         if fortran && dims.len() > 1 {
             let reversed: Vec<usize> = dims.iter().rev().copied().collect();
-            let t = Tensor::from_raw_buffer(&bytes, info.dtype, &reversed, &Device::Cpu)?;
+            let t = Tensor::from_raw_buffer(&bytes, r.dtype, &reversed, &Device::Cpu)?;
             let perm: Vec<usize> = (0..dims.len()).rev().collect();
             t.permute(perm)?.contiguous()
         } else {
-            Tensor::from_raw_buffer(&bytes, info.dtype, dims, &Device::Cpu)
+            Tensor::from_raw_buffer(&bytes, r.dtype, dims, &Device::Cpu)
         }
     }
 
@@ -466,6 +432,56 @@ impl Checkpoint {
             ),
         ))
     }
+}
+
+/// An archive entry's header claims, checked against the archive before any of its bytes are
+/// read: its data lies inside the file, and (stored, the only method this build reads) its two
+/// sizes agree. A header that lies about its size cannot then make a read allocate more than the
+/// file holds.
+fn check_entry<R: Read + ?Sized>(
+    entry: &zip::read::ZipFile<'_, R>,
+    archive_len: u64,
+) -> std::result::Result<(), String> {
+    let claimed = entry.compressed_size();
+    let start = entry.data_start().unwrap_or(0);
+    if start.checked_add(claimed).is_none_or(|end| end > archive_len) {
+        return Err(format!(
+            "its header claims {claimed} bytes at offset {start}, past the end of the {archive_len}-byte archive"
+        ));
+    }
+    if entry.compression() == zip::CompressionMethod::Stored && entry.size() != claimed {
+        return Err(format!(
+            "a stored entry whose header claims {} bytes uncompressed and {claimed} stored",
+            entry.size()
+        ));
+    }
+    Ok(())
+}
+
+/// A whole archive entry of at most `limit` bytes, its header checked first ([`check_entry`]) and
+/// the read bounded by `take`.
+fn read_entry<R: Read + ?Sized>(
+    entry: &mut zip::read::ZipFile<'_, R>,
+    archive_len: u64,
+    limit: u64,
+) -> std::result::Result<Vec<u8>, String> {
+    check_entry(entry, archive_len)?;
+    let size = entry.size();
+    if size > limit {
+        return Err(format!(
+            "its header claims {size} bytes, more than the {limit} this tool reads"
+        ));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    entry
+        .by_ref()
+        .take(size)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 != size {
+        return Err(format!("it holds {} bytes, its header claims {size}", bytes.len()));
+    }
+    Ok(bytes)
 }
 
 /// The tensors of a checkpoint under one prefix, by their names relative to it.

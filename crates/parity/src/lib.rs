@@ -13,6 +13,7 @@ pub mod detect;
 pub mod error;
 pub mod guard;
 pub mod hub;
+pub mod pickle;
 pub mod registry;
 pub mod show;
 pub mod trace;
