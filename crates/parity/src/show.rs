@@ -183,6 +183,25 @@ fn max_of(v: &[f64]) -> f64 {
     v.iter().copied().filter(|x| x.is_finite()).fold(0.0, f64::max)
 }
 
+/// The attention-weight stages (`probs`, or a part's `attentions.0/probs`, `mid_attn/probs`, ...
+/// in a composite block) that both runs recorded, as `(B, H, Lq, Lk)`: name, PyTorch's, ours.
+fn probs_stages<'a>(bundle: &'a Bundle, run: &'a crate::check::Run) -> Result<Vec<(String, &'a Tensor, &'a Tensor)>> {
+    let mut found = vec![];
+    for stage in crate::trace::stage_names(bundle)? {
+        if stage != "probs" && !stage.ends_with("/probs") {
+            continue;
+        }
+        let pt = torch_stage(bundle, &stage).expect("listed stages exist");
+        let Some(po) = run.stages.iter().find(|(n, _)| *n == stage).map(|(_, t)| t) else {
+            continue;
+        };
+        if pt.rank() == 4 && po.elem_count() == pt.elem_count() {
+            found.push((stage, pt, po));
+        }
+    }
+    Ok(found)
+}
+
 /// Write the pictures of `bundle` into `out`; `query` is the `(y, x)` query pixel of the
 /// attention map (default: the image centre), `batch` the batch item it is drawn for.
 pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: usize) -> Result<Vec<Picture>> {
@@ -273,17 +292,7 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
     }
     if torch.rank() == 3 && torch.dims() == ours.dims() {
         pictures.push(token_output_picture(&name, torch, ours, out).map_err(|m| ParityError::bundle(path, m))?);
-        for stage in crate::trace::stage_names(bundle)? {
-            if stage != "probs" && !stage.ends_with("/probs") {
-                continue;
-            }
-            let pt = torch_stage(bundle, &stage).expect("listed stages exist");
-            let Some(po) = run.stages.iter().find(|(n, _)| *n == stage).map(|(_, t)| t) else {
-                continue;
-            };
-            if pt.rank() != 4 || po.elem_count() != pt.elem_count() {
-                continue;
-            }
+        for (stage, pt, po) in probs_stages(bundle, &run)? {
             let b = pt.dim(0).map_err(err)?;
             if batch >= b {
                 return Err(ParityError::bundle(
@@ -304,16 +313,9 @@ pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: u
         .filter(|t| t.rank() == 4);
     if let Some(img) = image {
         let (_, _, h, w) = img.dims4().map_err(err)?;
-        for stage in crate::trace::stage_names(bundle)? {
-            if stage != "probs" && !stage.ends_with("/probs") {
-                continue;
-            }
-            let pt = torch_stage(bundle, &stage).expect("listed stages exist");
-            let Some(po) = run.stages.iter().find(|(n, _)| *n == stage).map(|(_, t)| t) else {
-                continue;
-            };
+        for (stage, pt, po) in probs_stages(bundle, &run)? {
             let (b, _, lq, lk) = pt.dims4().map_err(err)?;
-            if lq != h * w || lk < h * w || po.elem_count() != pt.elem_count() {
+            if lq != h * w || lk < h * w {
                 continue;
             }
             let (qy, qx) = query.unwrap_or((h / 2, w / 2));
