@@ -41,6 +41,10 @@ fn mib(bytes: usize) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.is_empty() {
+        eprintln!("usage: bench_sdpa core|block|linear|conv|fma-peak ... (see the examples' docs)");
+        std::process::exit(2);
+    }
     let opt = |name: &str, default: usize| {
         args.iter()
             .position(|a| a == name)
