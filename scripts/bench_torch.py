@@ -31,6 +31,17 @@ exports every selected bundle before the timing rounds start and runs ours with 
 (default ``target/release/examples/bench_bundle``); ``RUST_EXAMPLE`` (default
 ``target/release/examples/bench_sdpa``) runs the other cases.
 
+``--device cuda[:N]`` and ``--dtype f32|f16|bf16`` (core, block, whole, compare; default the CPU
+and float32): run on that device in that dtype. Every timed call then ends with
+``torch.cuda.synchronize()``, and the JSON adds ``device``, ``dtype``, ``gpu`` (its name),
+``gpu_before_mib`` and ``gpu_peak_mib`` (``torch.cuda.memory_allocated`` before the first call and
+``max_memory_allocated`` over the calls), ``tf32_convs`` and ``tf32_matmuls`` (PyTorch's defaults:
+cuDNN convolutions in TF32, matmuls not; ``--strict-f32`` turns both off, so that its float32 is
+float32 as ours is). ``compare`` passes both flags to the Rust binaries
+(``bench_sdpa``/``bench_bundle``, built with ``--features cuda``), and, on a GPU, runs 20
+repetitions per case unless ``--reps`` says otherwise. Whole-block bundles are still exported on
+the CPU (float32 and float64) and moved after loading.
+
 ``--mkl-avx512`` (any command): run PyTorch with MKL's Intel code paths on a non-Intel CPU. MKL
 picks its kernels by CPU vendor, and on AMD processors with AVX-512 (Zen 4/5) it runs its AVX2
 kernels, about half the FLOP rate (a 4096×512×4096 sgemm on one Zen 5 core: 99 GFLOP/s stock,
@@ -115,6 +126,53 @@ def opt(args, name, default):
     return int(args[args.index(name) + 1]) if name in args else default
 
 
+def placement(args):
+    """``(device, dtype)`` from ``--device`` / ``--dtype``; ``--strict-f32`` turns TF32 off in cuDNN
+    (PyTorch's default lets its float32 convolutions run in TF32) and cuBLAS."""
+    import torch
+
+    if "--strict-f32" in args:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    device = torch.device(sopt(args, "--device", "cpu"))
+    return device, dtypes[sopt(args, "--dtype", "f32")]
+
+
+class Timer:
+    """Wall-clock milliseconds of a call, with the GPU's queue drained after it; the GPU memory
+    fields of the JSON line."""
+
+    def __init__(self, device):
+        import torch
+
+        self.torch, self.cuda = torch, device.type == "cuda"
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.before = torch.cuda.memory_allocated()
+
+    def time(self, run):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = run()
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3, out
+
+    def fields(self, args):
+        if not self.cuda:
+            return {}
+        cuda = self.torch.cuda
+        return {"device": sopt(args, "--device", "cpu"), "dtype": sopt(args, "--dtype", "f32"),
+                "tf32_convs": self.torch.backends.cudnn.allow_tf32,
+                "tf32_matmuls": self.torch.backends.cuda.matmul.allow_tf32,
+                "gpu": cuda.get_device_name(), "gpu_before_mib": round(self.before / 2**20, 1),
+                "gpu_peak_mib": round(cuda.max_memory_allocated() / 2**20, 1)}
+
+
 def one(args):
     import torch
     import torch.nn.functional as F
@@ -122,13 +180,15 @@ def one(args):
     torch.set_num_threads(2)
     torch.manual_seed(0)
     reps, warmup = opt(args, "--reps", 5), opt(args, "--warmup", 1)
+    device, dtype = placement(args)
+    size = torch.tensor([], dtype=dtype).element_size()
     if args[0] == "core":
         b, h, lq, lk, d = (int(x) for x in args[1:6])
-        q = torch.randn(b, h, lq, d)
-        k = torch.randn(b, h, lk, d)
-        v = torch.randn(b, h, lk, d)
+        q = torch.randn(b, h, lq, d).to(device, dtype)
+        k = torch.randn(b, h, lk, d).to(device, dtype)
+        v = torch.randn(b, h, lk, d).to(device, dtype)
         case = f"sdpa {(b, h, lq, lk, d)}"
-        io = 4 * b * h * d * (2 * lq + 2 * lk)
+        io = size * b * h * d * (2 * lq + 2 * lk)
 
         def run():
             return F.scaled_dot_product_attention(q, k, v)
@@ -149,9 +209,9 @@ def one(args):
 
             block = Attention(512, heads=4, dim_head=32, num_mem_kv=4, flash=False)
             case = f"denoising_diffusion_pytorch.Attention mid {side}x{side}"
-        block.eval()
-        x = torch.randn(1, 512, side, side)
-        io = 2 * 4 * x.numel()
+        block.eval().to(device, dtype)
+        x = torch.randn(1, 512, side, side).to(device, dtype)
+        io = 2 * size * x.numel()
 
         def run():
             return block(x)
@@ -160,11 +220,11 @@ def one(args):
         rss_before = rss_mib("VmRSS:")
         for _ in range(warmup):
             run()
+        timer = Timer(device)
         ms = []
         for _ in range(reps):
-            t = time.perf_counter()
-            out = run()
-            ms.append((time.perf_counter() - t) * 1e3)
+            t, out = timer.time(run)
+            ms.append(t)
             del out
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({
@@ -172,6 +232,7 @@ def one(args):
         "cpu": cpu_model(), "mkl_avx512": os.environ.get(MKL_MARK) == "1",
         "ms": [round(x, 2) for x in ms], "median_ms": round(sorted(ms)[len(ms) // 2], 2),
         "rss_before_mib": round(rss_before, 1), "peak_rss_mib": round(peak, 1), "io_mib": round(io / 2**20, 1),
+        **timer.fields(args),
     }), flush=True)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -325,7 +386,7 @@ def load_whole(path):
     module.load_state_dict(b["state_dict"], strict=True)
     module.eval()
     case = b["metadata"].get("bench.case", os.path.splitext(os.path.basename(path))[0])
-    return module, b["inputs"], b["kwargs"], list(b["expected_f64"].values()), case
+    return module, b["inputs"], b["kwargs"], list(b["expected_f64"].values()), case, b["block"]
 
 
 def time_whole(args):
@@ -335,7 +396,21 @@ def time_whole(args):
     torch.set_num_threads(2)
     reps, warmup = opt(args, "--reps", 5), opt(args, "--warmup", 1)
     path = ensure_whole(args[1])
-    module, inputs, kwargs, expected64, case = load_whole(path)
+    module, inputs, kwargs, expected64, case, block = load_whole(path)
+    device, dtype = placement(args)
+    keep_f32 = set()
+    if dtype != torch.float32 and block.startswith("openai."):
+        # guided-diffusion's own half mode: convolutions in half, GroupNorm32 and the embedding
+        # path in float32 (its time embedding stays float32).
+        from parity_bundle import convert_convs_to_half_
+
+        convert_convs_to_half_(module.to(device), dtype)
+        keep_f32 = {"emb"}
+    else:
+        module.to(device, dtype)
+    inputs = {k: v.to(device, torch.float32 if k in keep_f32 else dtype) if v.is_floating_point() else v.to(device)
+              for k, v in inputs.items()}
+    kwargs = {k: v.to(device, dtype) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
     def run():
         out = module(**inputs, **kwargs)
@@ -346,24 +421,24 @@ def time_whole(args):
         rss_before = rss_mib("VmRSS:")
         for _ in range(warmup):
             run()
+        timer = Timer(device)
         ms, out = [], None
         for i in range(max(reps, 1)):  # reps 0: one untimed call, for the error
-            t = time.perf_counter()
-            last = run()
+            t, last = timer.time(run)
             if i < reps:
-                ms.append((time.perf_counter() - t) * 1e3)
+                ms.append(t)
             if i == max(reps, 1) - 1:
                 out = last  # only the last call's outputs are kept (as in bench_bundle)
             del last
         peak = rss_mib("VmHWM:")
-        err = max(float((o.double() - e).abs().max()) for o, e in zip(out, expected64))
+        err = max(float((o.double().cpu() - e).abs().max()) for o, e in zip(out, expected64))
     io = sum(t.numel() * t.element_size() for t in list(inputs.values()) + out)
     print(json.dumps({
         "impl": "torch", "case": case, "torch": torch.__version__, "threads": torch.get_num_threads(),
         "cpu": cpu_model(), "mkl_avx512": os.environ.get(MKL_MARK) == "1",
         "ms": [round(x, 2) for x in ms], "median_ms": round(sorted(ms)[len(ms) // 2], 2) if ms else None,
         "rss_before_mib": round(rss_before, 1), "peak_rss_mib": round(peak, 1), "io_mib": round(io / 2**20, 1),
-        "max_abs_vs_f64": float(f"{err:.3e}"),
+        "max_abs_vs_f64": float(f"{err:.3e}"), **timer.fields(args),
     }), flush=True)
 
 
@@ -411,6 +486,9 @@ def compare(args):
     only = sopt(args, "--only", None)
     out = sopt(args, "--out", "bench_results.jsonl")
     cases = [c for c in case_args() if not only or only in " ".join(c)]
+    place = [x for f in ("--device", "--dtype") if f in args for x in (f, sopt(args, f, None))]
+    strict = ["--strict-f32"] if "--strict-f32" in args else []
+    on_gpu = not sopt(args, "--device", "cpu").startswith("cpu")
     # Whole-block bundles are written before any timing (the float64 reference runs take a while).
     for c in cases:
         if c[0] == "whole":
@@ -419,10 +497,10 @@ def compare(args):
     torch_env = mkl_avx512_env() if "--mkl-avx512" in args else None
     rows = {}
     for c in cases:
-        extra = ["--reps", str(reps or DEFAULT_REPS.get(" ".join(c), 5))]
+        extra = ["--reps", str(reps or (20 if on_gpu else DEFAULT_REPS.get(" ".join(c), 5))), *place]
         ours = [bundle_bin, whole_path(c[1])] if c[0] == "whole" else [binary, *c]
         for _ in range(rounds):
-            for cmd, env in (([sys.executable, __file__, *c, *extra], torch_env), ([*ours, *extra], None)):
+            for cmd, env in (([sys.executable, __file__, *c, *extra, *strict], torch_env), ([*ours, *extra], None)):
                 run = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
                 line = run.stdout.strip().splitlines()[-1]
                 rec = json.loads(line)

@@ -36,7 +36,12 @@ fn blocks(c: &mut Criterion) {
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    for case in [common::vae_mid(64), common::ddpm_mid(16), common::ddpm_mid(32)] {
+    let on = common::On::default();
+    for case in [
+        common::vae_mid(64, &on),
+        common::ddpm_mid(16, &on),
+        common::ddpm_mid(32, &on),
+    ] {
         g.bench_function(&case.name, |bench| {
             bench.iter(|| case.block.forward(&case.input).unwrap())
         });

@@ -7,7 +7,12 @@
 //! cargo run --release -p unet-attention --example bench_sdpa -- linear 4096 512 512   # tokens in out
 //! cargo run --release -p unet-attention --example bench_sdpa -- conv 1 512 64 64 512 3  # B C H W out k
 //! cargo run --release -p unet-attention --example bench_sdpa -- fma-peak
+//! cargo run --release -p unet-attention --features cuda --example bench_sdpa -- core 1 1 4096 4096 512 --device cuda --dtype f16
 //! ```
+//!
+//! `core` and `block` take `--device cpu|cuda[:N]|metal[:N]` and `--dtype f32|f16|bf16` (inputs
+//! and weights are drawn in f32 on the CPU, then moved). On a GPU every timed call ends with
+//! `Device::synchronize`, and the resident-set fields are the host's.
 //!
 //! `linear` and `conv` time the layer GEMM of `unet_attention::cpu_kernels` alone (and, with
 //! `--candle`, Candle's `Linear` / `Conv2d` on the same data); their JSON adds `gflops`.
@@ -22,7 +27,7 @@
 #[path = "../benches/common/mod.rs"]
 mod common;
 
-use candle_core::Tensor;
+use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
 use unet_attention::sdpa::{default_scale, sdpa, sdpa_path};
 
@@ -52,6 +57,8 @@ fn main() {
     };
     let (reps, warmup) = (opt("--reps", 5), opt("--warmup", 1));
     let num = |i: usize| -> usize { args[i].parse().expect("a size") };
+    let on = place(&args);
+    let device = on.device.clone();
     if args[0] == "fma-peak" {
         fma_peak::print();
         return;
@@ -67,7 +74,8 @@ fn main() {
             let shape = (num(1), num(2), num(3), num(4), num(5));
             let (b, h, lq, lk, d) = shape;
             let (q, k, v) = common::core_inputs(shape);
-            let io = 4 * b * h * d * (2 * lq + 2 * lk);
+            let (q, k, v) = (on.put(q), on.put(k), on.put(v));
+            let io = on.dtype.size_in_bytes() * b * h * d * (2 * lq + 2 * lk);
             let scale = default_scale(d);
             (
                 format!("sdpa {shape:?}"),
@@ -78,11 +86,11 @@ fn main() {
         "block" => {
             let side = num(2);
             let c = match args[1].as_str() {
-                "vae" => common::vae_mid(side),
-                "ddpm" => common::ddpm_mid(side),
+                "vae" => common::vae_mid(side, &on),
+                "ddpm" => common::ddpm_mid(side, &on),
                 other => panic!("unknown block {other}"),
             };
-            let io = 2 * 4 * c.input.elem_count();
+            let io = 2 * on.dtype.size_in_bytes() * c.input.elem_count();
             let (block, input) = (c.block, c.input);
             (c.name, io, Box::new(move || block.forward(&input).unwrap()))
         }
@@ -92,10 +100,12 @@ fn main() {
     for _ in 0..warmup {
         drop(run());
     }
+    device.synchronize().unwrap();
     let mut ms = vec![];
     for _ in 0..reps {
         let t = Instant::now();
         let out = run();
+        device.synchronize().unwrap();
         ms.push(t.elapsed().as_secs_f64() * 1e3);
         drop(out);
     }
@@ -110,13 +120,33 @@ fn main() {
     };
     let ms: Vec<String> = ms.iter().map(|x| format!("{x:.2}")).collect();
     println!(
-        "{{\"impl\": \"candle\", \"case\": \"{case}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median:.2}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}{gflops}}}",
+        "{{\"impl\": \"candle\", \"case\": \"{case}\", \"device\": \"{}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median:.2}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}{gflops}}}",
+        args.iter().position(|a| a == "--device").map_or("cpu", |i| args[i + 1].as_str()),
+        on.dtype,
         sdpa_path().unwrap(),
         unet_attention::sdpa::cpu_kernel_isa(),
         rayon_threads(),
         ms.join(", "),
         mib(io_bytes)
     );
+}
+
+/// `--device` and `--dtype` (default: the CPU, f32).
+fn place(args: &[String]) -> common::On {
+    let value = |name: &str| args.iter().position(|a| a == name).map(|i| args[i + 1].as_str());
+    let device = match value("--device").map(|d| d.split_once(':').unwrap_or((d, "0"))) {
+        None | Some(("cpu", _)) => Device::Cpu,
+        Some(("cuda", n)) => Device::new_cuda(n.parse().expect("a device ordinal")).unwrap(),
+        Some(("metal", n)) => Device::new_metal(n.parse().expect("a device ordinal")).unwrap(),
+        Some((other, _)) => panic!("unknown device {other}: cpu, cuda[:N] or metal[:N]"),
+    };
+    let dtype = match value("--dtype").unwrap_or("f32") {
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        other => panic!("unknown dtype {other}: f32, f16 or bf16"),
+    };
+    common::On { device, dtype }
 }
 
 fn rayon_threads() -> usize {

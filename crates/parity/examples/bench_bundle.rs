@@ -3,11 +3,14 @@
 //! ```text
 //! cargo build --release -p unet-parity --example bench_bundle
 //! target/release/examples/bench_bundle target/bench_blocks/vae_mid_64.safetensors [--reps 5] [--warmup 1]
+//!     [--device cpu|cuda[:N]|metal[:N]] [--dtype f32|f16|bf16]
 //! ```
 //!
 //! Reads the bundle, builds its block and prepares its inputs once (as `unet-parity check` does,
-//! in the bundle's dtype, on the CPU), then times `block.run(&inputs)` per repetition after the
-//! warm-up calls. Prints one JSON line with the fields of `crates/attention/examples/bench_sdpa.rs`
+//! in the bundle's dtype or `--dtype`, on the CPU or `--device`), then times `block.run(&inputs)`
+//! per repetition after the warm-up calls. On a GPU each timed call ends with
+//! `Device::synchronize`, so the time is the kernels' and not only their launch; the resident-set
+//! fields are then the host's, not the GPU's memory. Prints one JSON line with the fields of `crates/attention/examples/bench_sdpa.rs`
 //! (`case` is the bundle's metadata `bench.case`, else the file stem; `rss_before_mib` is taken
 //! with the bundle and the block loaded, and the peak `VmHWM` is reset there, so `peak_rss_mib` is
 //! the calls' peak, not that of reading the bundle; `io_mib` is the inputs plus our outputs), and
@@ -21,7 +24,8 @@ use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use std::path::Path;
 use std::time::Instant;
-use unet_parity::bundle::Bundle;
+use unet_parity::bundle::{parse_dtype, Bundle};
+use unet_parity::cli::{open_device, parse_device};
 use unet_parity::compare::compare;
 use unet_parity::{prepare_bundle, Options};
 
@@ -72,15 +76,22 @@ fn errors_vs_f64(bundle: &Bundle, ours: &[Tensor]) -> Result<(Option<f64>, Optio
 }
 
 /// The timed calls' milliseconds and the last call's outputs (one extra call when `reps` is 0).
-fn time_runs(run: impl Fn() -> Result<Vec<Tensor>>, reps: usize, warmup: usize) -> Result<(Vec<f64>, Vec<Tensor>)> {
+fn time_runs(
+    run: impl Fn() -> Result<Vec<Tensor>>,
+    device: &Device,
+    reps: usize,
+    warmup: usize,
+) -> Result<(Vec<f64>, Vec<Tensor>)> {
     for _ in 0..warmup {
         drop(run()?);
     }
+    device.synchronize()?;
     let mut ms = vec![];
     let mut last = None;
     for i in 0..reps {
         let t = Instant::now();
         let out = run()?;
+        device.synchronize()?;
         ms.push(t.elapsed().as_secs_f64() * 1e3);
         if i + 1 == reps {
             last = Some(out);
@@ -105,20 +116,32 @@ fn main() -> Result<()> {
             Some(i) => Ok(args.get(i + 1).context("a count")?.parse()?),
         }
     };
+    let sopt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1));
     let (reps, warmup) = (opt("--reps", 5)?, opt("--warmup", 1)?);
     let Some(file) = args.first().filter(|a| !a.starts_with("--")) else {
-        bail!("usage: bench_bundle BUNDLE.safetensors [--reps N] [--warmup N]");
+        bail!("usage: bench_bundle BUNDLE.safetensors [--reps N] [--warmup N] [--device D] [--dtype T]");
+    };
+    let spec = parse_device(sopt("--device").map_or("cpu", |s| s.as_str())).map_err(anyhow::Error::msg)?;
+    let device = open_device(spec).map_err(anyhow::Error::msg)?;
+    let dtype = match sopt("--dtype") {
+        None => None,
+        Some(s) => Some(parse_dtype(s).with_context(|| format!("--dtype {s}: expected f32, f16, bf16 or f64"))?),
     };
     let path = Path::new(file);
     let bundle = Bundle::read(path)?;
-    let prepared = prepare_bundle(&bundle, &Options::default())?;
+    let opts = Options {
+        device: device.clone(),
+        dtype,
+        ..Options::default()
+    };
+    let prepared = prepare_bundle(&bundle, &opts)?;
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
     let case = bundle.metadata.get("bench.case").cloned().or(stem).unwrap_or_default();
     let (block, inputs) = (&prepared.block, &prepared.inputs);
 
     reset_peak_rss();
     let rss_before = status_kib("VmRSS:") / 1024.0;
-    let (ms, last) = time_runs(|| Ok(block.run(inputs)?), reps, warmup)?;
+    let (ms, last) = time_runs(|| Ok(block.run(inputs)?), &device, reps, warmup)?;
     let peak = status_kib("VmHWM:") / 1024.0;
     let io = bytes(inputs.tensors.values()) + bytes(&last);
     let (ours_err, torch_err) = errors_vs_f64(&bundle, &last)?;
@@ -130,8 +153,9 @@ fn main() -> Result<()> {
         .map_or("null".into(), |m| format!("{m:.2}"));
     let ms: Vec<String> = ms.iter().map(|x| format!("{x:.2}")).collect();
     println!(
-        "{{\"impl\": \"candle\", \"case\": {}, \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"layer_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}, \"max_abs_vs_f64\": {}, \"torch_max_abs_vs_f64\": {}}}",
+        "{{\"impl\": \"candle\", \"case\": {}, \"device\": \"{spec}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"layer_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}, \"max_abs_vs_f64\": {}, \"torch_max_abs_vs_f64\": {}}}",
         serde_json::to_string(&case)?,
+        prepared.dtype,
         unet_attention::sdpa::sdpa_path()?,
         unet_attention::sdpa::cpu_kernel_isa(),
         unet_attention::cpu_kernels::layer_kernel_isa(),

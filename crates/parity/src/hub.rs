@@ -146,18 +146,8 @@ impl HubRepo {
                 cache.display()
             )));
         }
-        let api = hf_hub::api::sync::ApiBuilder::new()
-            .with_cache_dir(cache.clone())
-            .with_progress(false)
-            .build()
-            .map_err(|e| usage(format!("cannot set up the Hub client: {e}")))?;
-        let repo = hf_hub::Repo::with_revision(self.repo.clone(), hf_hub::RepoType::Model, self.revision().to_string());
-        api.repo(repo).get(&self.in_repo(file)).map_err(|e| {
-            usage(format!(
-                "{what}: not cached in {} and the download failed: {e}",
-                cache.display()
-            ))
-        })
+        download(&self.repo, self.revision(), &self.in_repo(file), &cache)
+            .map_err(|e| usage(format!("{what}: not cached in {} and {e}", cache.display())))
     }
 
     /// `config.json` and the first weight file of [`WEIGHT_FILES`] the repository has.
@@ -181,6 +171,30 @@ impl HubRepo {
 }
 
 /// A git commit hash as the Hub cache names snapshots: 40 hex digits.
+/// `file` of `repo` at `revision`, downloaded into the Hub cache `cache`; the error says why not.
+#[cfg(feature = "hub")]
+fn download(repo: &str, revision: &str, file: &str, cache: &Path) -> std::result::Result<PathBuf, String> {
+    let api = hf_hub::api::sync::ApiBuilder::new()
+        .with_cache_dir(cache.to_path_buf())
+        .with_progress(false)
+        .build()
+        .map_err(|e| format!("the Hub client could not be set up: {e}"))?;
+    let repo = hf_hub::Repo::with_revision(repo.to_string(), hf_hub::RepoType::Model, revision.to_string());
+    api.repo(repo)
+        .get(file)
+        .map_err(|e| format!("the download failed: {e}"))
+}
+
+/// Without the `hub` feature nothing is downloaded.
+#[cfg(not(feature = "hub"))]
+fn download(_repo: &str, _revision: &str, _file: &str, _cache: &Path) -> std::result::Result<PathBuf, String> {
+    Err(
+        "this unet-parity was built without the `hub` feature, so it cannot download (rebuild with the \
+         default features, or put the file in the cache)"
+            .to_string(),
+    )
+}
+
 fn is_commit(s: &str) -> bool {
     s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
 }

@@ -37,13 +37,35 @@ fn randn(shape: &[usize], std: f64) -> Tensor {
     (Tensor::randn(0f32, 1., shape, &Device::Cpu).unwrap() * std).unwrap()
 }
 
-fn vb(weights: HashMap<String, Tensor>) -> VarBuilder<'static> {
-    VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu)
+/// Where a case runs: the device and dtype its weights and input are moved to.
+#[derive(Clone)]
+pub struct On {
+    pub device: Device,
+    pub dtype: DType,
+}
+
+impl Default for On {
+    fn default() -> Self {
+        Self {
+            device: Device::Cpu,
+            dtype: DType::F32,
+        }
+    }
+}
+
+impl On {
+    fn vb(&self, weights: HashMap<String, Tensor>) -> VarBuilder<'static> {
+        VarBuilder::from_tensors(weights, self.dtype, &self.device)
+    }
+
+    pub fn put(&self, t: Tensor) -> Tensor {
+        t.to_dtype(self.dtype).unwrap().to_device(&self.device).unwrap()
+    }
 }
 
 /// diffusers `Attention` as the SD VAE decoder's mid block builds it (C = 512, one head,
 /// GroupNorm 32 groups eps 1e-6, residual), on a `(1, 512, side, side)` input.
-pub fn vae_mid(side: usize) -> BlockCase {
+pub fn vae_mid(side: usize, on: &On) -> BlockCase {
     let c = 512;
     let cfg: diffusers::AttentionConfig = unet_attention::config::from_str(
         "diffusers.Attention",
@@ -60,7 +82,7 @@ pub fn vae_mid(side: usize) -> BlockCase {
         m.insert(format!("{p}.weight"), randn(&[c, c], w));
         m.insert(format!("{p}.bias"), randn(&[c], 0.02));
     }
-    let attn = diffusers::Attention::new(vb(m), &cfg).unwrap();
+    let attn = diffusers::Attention::new(on.vb(m), &cfg).unwrap();
     struct Vae(diffusers::Attention);
     impl Module for Vae {
         fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -70,13 +92,13 @@ pub fn vae_mid(side: usize) -> BlockCase {
     BlockCase {
         name: format!("diffusers.Attention vae_mid {side}x{side}"),
         block: Box::new(Vae(attn)),
-        input: randn(&[1, c, side, side], 1.0),
+        input: on.put(randn(&[1, c, side, side], 1.0)),
     }
 }
 
 /// lucidrains `denoising_diffusion_pytorch.Attention` of `Unet(dim=64)`'s mid block (dim 512,
 /// heads 4, dim_head 32, num_mem_kv 4, flash False), on a `(1, 512, side, side)` input.
-pub fn ddpm_mid(side: usize) -> BlockCase {
+pub fn ddpm_mid(side: usize, on: &On) -> BlockCase {
     let (dim, heads, dh, mem) = (512, 4, 32, 4);
     let cfg: ddpm::AttentionConfig = unet_attention::config::from_str(
         "denoising_diffusion_pytorch.Attention",
@@ -99,11 +121,11 @@ pub fn ddpm_mid(side: usize) -> BlockCase {
         randn(&[dim, hidden, 1, 1], 1.0 / (hidden as f64).sqrt()),
     );
     m.insert("to_out.bias".into(), randn(&[dim], 0.02));
-    let attn = ddpm::Attention::new(vb(m), &cfg).unwrap();
+    let attn = ddpm::Attention::new(on.vb(m), &cfg).unwrap();
     BlockCase {
         name: format!("denoising_diffusion_pytorch.Attention mid {side}x{side}"),
         block: Box::new(attn),
-        input: randn(&[1, dim, side, side], 1.0),
+        input: on.put(randn(&[1, dim, side, side], 1.0)),
     }
 }
 

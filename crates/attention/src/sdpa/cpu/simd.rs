@@ -346,6 +346,7 @@ pub(crate) fn ops() -> Ops {
 
 /// Every row-kernel set this CPU can run, best first (for tests).
 #[cfg(test)]
+#[allow(clippy::vec_init_then_push)] // the pushes before the last exist on x86-64 only
 pub(crate) fn all_ops() -> Vec<Ops> {
     let mut v = vec![];
     #[cfg(target_arch = "x86_64")]

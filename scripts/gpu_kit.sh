@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The GPU kit: everything a GPU machine without Rust or network needs to prove the CUDA path.
+#
+#   scripts/gpu_kit.sh build [DIR]      build it here (no GPU needed) into DIR (default target/gpu-kit)
+#   scripts/gpu_kit.sh build --dry-run  only check that what the build needs is here, and say what it
+#                                       would do (CI runs this)
+#   scripts/gpu_kit.sh selftest         on a machine without a GPU: the kit's run.sh must stop with
+#                                       exit code 3 and one line (CI runs this)
+#
+# The kit (about 56 MiB): bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle} built with
+# `--features cuda` (release, stripped; PTX for CUDA_COMPUTE_CAP, default 90 = H100/H200; run.sh
+# unpacks them into a temporary folder), weights/ (the committed
+# bundles), scripts/ (bench_torch.py and what it imports), wheels/ (diffusers,
+# denoising-diffusion-pytorch and the packages they import that a plain PyTorch install lacks;
+# pure-Python, installed --no-deps by run.sh), run.sh and MANIFEST.json (commit, compute
+# capability, sizes). Copy the folder to the GPU machine and run `./run.sh` there (see its header).
+#
+# Building links against CUDA 13.0: scripts/cuda_toolkit.sh installs nvcc, cuBLAS, cuRAND and NVRTC
+# from PyPI wheels into ~/.cache/unet-attention/cuda-13.0 (about 1.2 GB, once) and builds a stub
+# libcuda; the release build gets its own target folder there. First build: about 15 min on two
+# cores (candle-kernels' PTX); later ones reuse it.
+#
+# Not in the kit: `--features flash-attn` (candle-flash-attn's build script fetches CUTLASS from
+# GitHub, which these machines cannot reach, then compiles for hours), so attention on CUDA runs
+# the Candle tensor-op path (key-chunked), not FlashAttention.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+cuda_who=gpu-kit
+# shellcheck source=cuda_toolkit.sh
+source scripts/cuda_toolkit.sh
+
+# Wheels of the Python packages bench_torch.py's whole-block cases import, pinned as in
+# scripts/requirements.txt, and those they pull in that PyTorch's own install does not have.
+KIT_WHEELS=(diffusers==0.42.1 denoising-diffusion-pytorch==2.3.4 ema-pytorch==0.8.3 accelerate==1.15.0
+    pytorch-fid==0.3.0 "psutil==7.2.2")
+
+usage() {
+    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+
+selftest() {
+    local tmp err code
+    tmp=$(mktemp -d)
+    # A PATH without nvidia-smi: what a machine without a GPU looks like to run.sh.
+    set +e
+    err=$(PATH=/usr/bin:/bin bash scripts/gpu_kit/run.sh all "$tmp/out" 2>&1 >/dev/null)
+    code=$?
+    set -e
+    rm -rf "$tmp"
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+        echo "gpu-kit selftest: skipped, this machine has a GPU"
+        return 0
+    fi
+    [[ $code -eq 3 ]] || cuda_fail "selftest: run.sh without a GPU exited $code, expected 3: $err"
+    [[ $(printf '%s\n' "$err" | grep -c .) -eq 1 ]] || cuda_fail "selftest: expected one line, got: $err"
+    echo "gpu-kit selftest: run.sh without a GPU: exit 3, \"$err\""
+}
+
+build() {
+    local dir="${1:-$repo/target/gpu-kit}" cap="${CUDA_COMPUTE_CAP:-90}" target_dir="$cuda_cache/kit-target"
+    echo "== gpu-kit: kit folder $dir, CUDA_COMPUTE_CAP=$cap, cargo target $target_dir"
+    cuda_link_libs
+    cuda_env
+    export CUDA_COMPUTE_CAP="$cap"
+    export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-L native=$cuda_link_dir"
+    local start
+    start=$(date +%s)
+    cargo build --release --features cuda -p unet-parity -p unet-attention --bin unet-parity \
+        --example bench_sdpa --example bench_bundle --target-dir "$target_dir" ||
+        cuda_fail "cargo build --release --features cuda"
+    echo "== gpu-kit: cargo build took $(($(date +%s) - start)) s"
+
+    rm -rf "$dir.partial"
+    mkdir -p "$dir.partial"/{bin,scripts,wheels}
+    local rel="$target_dir/release"
+    cp "$rel/unet-parity" "$rel/examples/bench_sdpa" "$rel/examples/bench_bundle" "$dir.partial/bin/"
+    strip "$dir.partial"/bin/* 2>/dev/null || echo "== gpu-kit: strip not found; binaries left unstripped"
+    # Each binary is about 55 MB (candle-kernels' PTX and its sm_90a GGUF cubins, linked whole);
+    # the three share most bytes, so one xz stream with a dictionary larger than a binary packs
+    # them into about 7 MB (2 min). run.sh unpacks them.
+    echo "== gpu-kit: packing the binaries (xz, about 2 min)"
+    tar -C "$dir.partial" -cf - bin | xz -9 -T2 --lzma2=preset=9,dict=192MiB >"$dir.partial/bin.tar.xz" ||
+        cuda_fail "tar | xz of the binaries"
+    rm -rf "$dir.partial/bin"
+    cp -r weights "$dir.partial/weights"
+    cp scripts/bench_torch.py scripts/export_models.py scripts/parity_bundle.py scripts/parity_trace.py \
+        "$dir.partial/scripts/"
+    cp -r scripts/reference "$dir.partial/scripts/reference"
+    find "$dir.partial/scripts" -name __pycache__ -prune -exec rm -rf {} +
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        --dest "$dir.partial/wheels" "${KIT_WHEELS[@]}" || cuda_fail "pip could not download ${KIT_WHEELS[*]}"
+    cp scripts/gpu_kit/run.sh "$dir.partial/run.sh"
+    chmod +x "$dir.partial/run.sh"
+    python3 - "$dir.partial" "$cap" "$(git rev-parse HEAD)" "$(git status --porcelain | grep -c . || true)" <<'PY'
+import json, os, sys, time
+kit, cap, commit, dirty = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sizes = {}
+for root, _, files in os.walk(kit):
+    for f in files:
+        top = os.path.relpath(os.path.join(root, f), kit).split(os.sep)[0]
+        sizes[top] = sizes.get(top, 0) + os.path.getsize(os.path.join(root, f))
+json.dump({"commit": commit, "uncommitted_changes": dirty, "cuda_compute_cap": cap, "cuda": "13.0",
+           "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "mib": {k: round(v / 2**20, 1) for k, v in sorted(sizes.items())}},
+          open(os.path.join(kit, "MANIFEST.json"), "w"), indent=1)
+PY
+    rm -rf "$dir"
+    mv "$dir.partial" "$dir"
+    echo "== gpu-kit: $dir, $(du -sh "$dir" | cut -f1): $(cat "$dir/MANIFEST.json" | tr -d '\n ')"
+}
+
+dry_run() {
+    local ok=1 tool
+    for tool in python3 cc cargo strip git xz tar; do
+        if command -v "$tool" >/dev/null 2>&1; then echo "gpu-kit dry run: $tool: $(command -v "$tool")"; else
+            echo "gpu-kit dry run: $tool is missing" >&2
+            ok=0
+        fi
+    done
+    python3 -m pip --version >/dev/null 2>&1 || { echo "gpu-kit dry run: python3 -m pip is missing" >&2; ok=0; }
+    for f in scripts/gpu_kit/run.sh scripts/bench_torch.py scripts/export_models.py scripts/parity_bundle.py \
+        scripts/parity_trace.py scripts/reference weights; do
+        [[ -e "$f" ]] || { echo "gpu-kit dry run: $f is missing" >&2; ok=0; }
+    done
+    bash -n scripts/gpu_kit/run.sh || ok=0
+    if [[ -f "$cuda_toolkit/.installed" && -f "$cuda_libs/.installed" ]]; then
+        echo "gpu-kit dry run: the CUDA wheels are cached in $cuda_cache"
+    else
+        echo "gpu-kit dry run: build would install the CUDA wheels into $cuda_cache (about 1.2 GB)"
+    fi
+    echo "gpu-kit dry run: build would run cargo build --release --features cuda (CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90})"
+    [[ $ok -eq 1 ]] || cuda_fail "dry run: something the build needs is missing (above)"
+    echo "gpu-kit dry run: ok"
+}
+
+case "${1:-}" in
+build)
+    if [[ "${2:-}" == --dry-run ]]; then dry_run; else build "${2:-}"; fi
+    ;;
+selftest) selftest ;;
+*) usage ;;
+esac

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The GPU kit's runner (copied into the kit by `scripts/gpu_kit.sh build`; run it there, on a
+# machine with an NVIDIA GPU, its driver and PyTorch with CUDA as `python3`; no Rust needed).
+#
+#   ./run.sh [all|check|core|whole] [OUT]     (default: all, into $OUT or ./results)
+#
+#   check   unet-parity check over the kit's bundles on cuda: in each bundle's dtype, then
+#           --dtype f16 and --dtype bf16 (check_<dtype>.json, the CLI's JSON, and one summary line
+#           each in summary.jsonl).
+#   core    the attention core and the attention blocks, ours (bench_sdpa) against PyTorch's SDPA
+#           and the same PyTorch blocks, in f32 and f16 (bench_<dtype>.jsonl, bench_core_<dtype>.md).
+#   whole   the whole mid blocks of scripts/bench_torch.py (diffusers, guided-diffusion,
+#           denoising-diffusion-pytorch; their wheels come with the kit and are installed with
+#           --no-deps into a temporary folder), exported on the CPU, timed on the GPU in f32 and
+#           f16 (bench_<dtype>.jsonl, bench_whole_<dtype>.md).
+#
+# Environment: ROUNDS (alternating rounds per case, default 2), DTYPES (default "f32 f16"),
+# BENCH_ARGS (more bench_torch.py compare flags, e.g. --strict-f32), UNET_KIT_WEIGHTS (bundles).
+#
+# Exit codes: 0 all stages ran (failures of bundles are in the JSON, and counted in
+# summary.jsonl), 1 a stage failed, 2 usage, 3 no NVIDIA GPU here, 4 a CUDA library the binaries
+# need is not found.
+set -uo pipefail
+kit="$(cd "$(dirname "$0")" && pwd)"
+stage="${1:-all}"
+out="${2:-${OUT:-$PWD/results}}"
+case "$stage" in all | check | core | whole) ;; *)
+    echo "usage: run.sh [all|check|core|whole] [OUT]" >&2
+    exit 2
+    ;;
+esac
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    echo "run.sh: no NVIDIA GPU on this machine (nvidia-smi is missing or lists none); run the kit where one is" >&2
+    exit 3
+fi
+
+# The binaries, unpacked from the kit's bin.tar.xz (once per kit build) with xz or Python's lzma.
+bin="${TMPDIR:-/tmp}/unet-gpu-kit-bin-$(cksum <"$kit/bin.tar.xz" | cut -d' ' -f1)"
+if [[ ! -x "$bin/unet-parity" ]]; then
+    rm -rf "$bin.partial" && mkdir -p "$bin.partial"
+    if command -v xz >/dev/null 2>&1; then
+        tar -C "$bin.partial" -xJf "$kit/bin.tar.xz"
+    else
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$kit/bin.tar.xz" "$bin.partial"
+    fi || { echo "run.sh: could not unpack $kit/bin.tar.xz" >&2; exit 1; }
+    rm -rf "$bin" && mv "$bin.partial/bin" "$bin" && rm -rf "$bin.partial"
+fi
+
+# PyTorch's CUDA wheels (site-packages/nvidia/*/lib), then a system toolkit; the driver's libcuda
+# is found by the loader as usual.
+libdirs=$(python3 - 2>/dev/null <<'PY'
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+print(":".join(d for r in roots for d in sorted(glob.glob(os.path.join(r, "nvidia", "*", "lib")))))
+PY
+)
+for d in "${CUDA_HOME:-/nonexistent}/lib64" /usr/local/cuda/lib64; do
+    [[ -d "$d" ]] && libdirs="${libdirs:+$libdirs:}$d"
+done
+export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+missing=$(ldd "$bin/unet-parity" 2>&1 | awk '/not found/ { print $1 }' | sort -u | tr '\n' ' ')
+if [[ -n "$missing" ]]; then
+    echo "run.sh: the kit's binaries need ${missing% } and it is not in PyTorch's nvidia/*/lib, \$CUDA_HOME/lib64, /usr/local/cuda/lib64 or the loader's path" >&2
+    exit 4
+fi
+
+# The bundles: the kit's own, or UNET_KIT_WEIGHTS (a repository checkout's weights/).
+weights="${UNET_KIT_WEIGHTS:-$kit/weights}"
+[[ -d "$weights" ]] || { echo "run.sh: no bundles at $weights (set UNET_KIT_WEIGHTS to a weights/ folder)" >&2; exit 2; }
+mkdir -p "$out"
+summary="$out/summary.jsonl"
+failed=0
+note() { echo "== run.sh: $*" >&2; }
+
+record_env() {
+    python3 - "$kit" >"$out/env.json" <<'PY'
+import json, platform, subprocess, sys
+kit = sys.argv[1]
+env = {"kit": json.load(open(f"{kit}/MANIFEST.json")), "host": platform.node(), "python": platform.python_version()}
+try:
+    import torch
+    env.update(torch=torch.__version__, torch_cuda=torch.version.cuda,
+               gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+except Exception as e:  # noqa: BLE001
+    env["torch_error"] = repr(e)
+q = "name,driver_version,compute_cap,memory.total,clocks.max.sm"
+env["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                                   capture_output=True, text=True).stdout.strip()
+with open("/proc/cpuinfo") as f:
+    env["cpu"] = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), None)
+print(json.dumps(env, indent=1))
+PY
+}
+
+run_check() {
+    local dt args file start rc
+    for dt in bundle f16 bf16; do
+        args=()
+        [[ "$dt" != bundle ]] && args=(--dtype "$dt")
+        file="$out/check_$dt.json"
+        note "unet-parity check weights --device cuda ${args[*]}"
+        start=$SECONDS
+        "$bin/unet-parity" check "$weights" --device cuda "${args[@]}" --json >"$file" 2>"$out/check_$dt.stderr"
+        rc=$?
+        python3 - "$file" "$dt" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
+import json, sys
+path, dt, rc, secs = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+try:
+    doc = json.load(open(path))
+except Exception as e:  # noqa: BLE001
+    print(json.dumps({"stage": "check", "dtype": dt, "exit": rc, "error": f"no JSON: {e}"}))
+    sys.exit(0)
+bad = [r for r in doc["bundles"] if not r.get("pass", False)]
+worst = lambda r: max((o.get("max_abs") or 0 for o in r.get("outputs", [])), default=None)
+print(json.dumps({"stage": "check", "dtype": dt, "exit": rc, "seconds": round(secs, 1), "bundles": len(doc["bundles"]),
+                  "passed": doc["passed"], "failed": doc["failed"], "errors": doc["errors"],
+                  "not_passing": [{"file": r["file"], "error": r.get("error"), "max_abs": worst(r)} for r in bad]}))
+PY
+        tail -n 1 "$summary" >&2
+        [[ $rc -le 1 ]] || failed=1
+    done
+}
+
+python_packages() {
+    local py="${TMPDIR:-/tmp}/unet-gpu-kit-py"
+    if [[ ! -f "$py/.done" ]]; then
+        rm -rf "$py"
+        python3 -m pip install --quiet --no-deps --no-index --disable-pip-version-check --target "$py" \
+            "$kit"/wheels/*.whl >&2 || return 1
+        touch "$py/.done"
+    fi
+    export PYTHONPATH="$py${PYTHONPATH:+:$PYTHONPATH}"
+}
+
+run_bench() {
+    local only="$1" dt
+    for dt in ${DTYPES:-f32 f16}; do
+        note "bench_torch.py compare --only $only --device cuda --dtype $dt ${BENCH_ARGS:-}"
+        python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
+            --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$out/bench_$dt.jsonl" ${BENCH_ARGS:-} \
+            >"$out/bench_${only}_$dt.md" 2>>"$out/bench.stderr" || { note "the $only benchmarks in $dt failed (bench.stderr)"; failed=1; }
+        cat "$out/bench_${only}_$dt.md" >&2
+    done
+}
+
+record_env
+python_packages || { note "could not install the kit's wheels"; failed=1; }
+case "$stage" in
+all) run_check; run_bench core; run_bench block; run_bench whole ;;
+check) run_check ;;
+core) run_bench core; run_bench block ;;
+whole) run_bench whole ;;
+esac
+note "results in $out"
+exit "$failed"
