@@ -340,10 +340,12 @@ impl Bundle {
 }
 
 impl Bundle {
-    /// Refuse weights and inputs that hold NaN or ±inf: PyTorch's outputs on them check nothing.
-    /// Mask inputs may hold −inf, the "never attend" of an additive float mask. Outputs may hold
-    /// NaN (PyTorch's fully masked rows); the pass rule deals with those. Also refuse integer
-    /// inputs other than masks (bool masks are stored as u8).
+    /// Refuse weights, inputs and PyTorch's outputs (and their float64 twins) that hold NaN or
+    /// ±inf: outputs on such inputs check nothing, and an output that is NaN or inf somewhere
+    /// (an overflow in PyTorch's own run, a fully masked row) cannot vouch for ours there, so a
+    /// comparison with it is never a PASS. Mask inputs may hold −inf, the "never attend" of an
+    /// additive float mask. Also refuse integer inputs other than masks (bool masks are stored as
+    /// u8).
     pub fn check_values(&self) -> Result<()> {
         let mut bad = vec![];
         for (name, t) in &self.tensors {
@@ -357,7 +359,8 @@ impl Bundle {
                     ),
                 ));
             }
-            if !t.dtype().is_float() || (name.starts_with("parity.") && input.is_none()) {
+            let output = name.strip_prefix(OUTPUT_PREFIX);
+            if !t.dtype().is_float() || (name.starts_with("parity.") && input.is_none() && output.is_none()) {
                 continue;
             }
             let values = t
@@ -378,7 +381,11 @@ impl Bundle {
                 .map(|(n, what)| format!("{n} {what}"))
                 .collect();
             if !found.is_empty() {
-                let kind = if input.is_some() { "input" } else { "weight" };
+                let kind = match (input, output) {
+                    (Some(_), _) => "input",
+                    (_, Some(_)) => "PyTorch's output",
+                    _ => "weight",
+                };
                 bad.push(format!("{kind} `{name}` has {}", found.join(", ")));
             }
         }
@@ -388,7 +395,8 @@ impl Bundle {
         Err(ParityError::Invalid {
             path: self.path.clone(),
             message: format!(
-                "non-finite values: {} (a comparison on them proves nothing; only mask inputs may hold -inf)",
+                "non-finite values: {} (a comparison with them proves nothing: export where PyTorch's run is \
+                 finite; only mask inputs may hold -inf)",
                 bad.join("; ")
             ),
         })

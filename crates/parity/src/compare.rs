@@ -6,10 +6,12 @@
 //! (b) the bundle carries PyTorch's float64 output and our max abs error against it is at most
 //!     twice PyTorch's own max abs error against it (a port cannot be asked to be more accurate
 //!     than the reference).
-//! A non-finite value on our side always fails unless PyTorch's output holds the very same
-//! non-finite value there (NaN where PyTorch has NaN, +inf where it has +inf): the row's reason
-//! then says how many, so an overflow on our side is never mistaken for a near miss. And nothing
-//! passes on non-finite values alone: an output with no element finite on both sides fails.
+//! A non-finite value on our side always fails (the row's reason says how many, so an overflow
+//! on our side is never mistaken for a near miss). A bundle whose PyTorch output (or its float64
+//! twin) holds NaN or ±inf anywhere is refused before any comparison
+//! (`Bundle::check_values`, exit 2): such a reference cannot vouch for ours, so it is never a
+//! PASS. [`compare`] alone (used outside `check` too) accepts NaN where PyTorch has NaN and the
+//! same ±inf where PyTorch has it, but fails an output with no element finite on both sides.
 //!
 //! The bundle's float64 output is checked against its own PyTorch output before either is used
 //! ([`check_reference`]): where PyTorch's output is NaN or inf and its float64 twin is finite, or
