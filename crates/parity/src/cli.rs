@@ -542,7 +542,12 @@ fn detect(
         let _ = writeln!(out, "no mid block found");
     }
     for f in &found {
-        let _ = writeln!(out, "prefix `{}`: {}", f.prefix, f.block.unwrap_or("(not implemented)"));
+        let at = if f.prefix.is_empty() {
+            "the top level (a bare mid-block state dict; no --prefix needed)".to_string()
+        } else {
+            format!("prefix `{}`", f.prefix)
+        };
+        let _ = writeln!(out, "{at}: {}", f.block.unwrap_or("(not implemented)"));
         let _ = writeln!(out, "  variant: {}", f.variant);
         let _ = writeln!(out, "  from the keys: {}", serde_json::Value::Object(f.config.clone()));
         match &f.from_config {

@@ -63,11 +63,35 @@ fn prefixes(ck: &Checkpoint, anchor: &str) -> Vec<String> {
         .collect()
 }
 
-/// The mid blocks in `ck` (under `only` when given), in key order.
+/// Whether the whole checkpoint is one bare diffusers mid block (`torch.save(unet.mid_block
+/// .state_dict())`: `resnets.*` at the top level): at least two ResNets, none of them changing
+/// the channel count (a down or up block's first one may), and no down/upsamplers.
+fn bare_diffusers_mid(ck: &Checkpoint) -> bool {
+    let n = count(ck, "resnets.");
+    let keeps_channels = |i: usize| {
+        let w = |l: &str| dim(ck, &format!("resnets.{i}.{l}.weight"), 0);
+        dim(ck, &format!("resnets.{i}.conv1.weight"), 1) == w("conv2")
+    };
+    n >= 2
+        && (0..n).all(keeps_channels)
+        && !ck
+            .names()
+            .any(|k| k.starts_with("downsamplers.") || k.starts_with("upsamplers."))
+}
+
+/// Whether the whole checkpoint is one bare OpenAI/ldm `middle_block` (`0.*` ResBlock, `1.*`
+/// attention, `2.*` ResBlock, nothing after).
+fn bare_openai_middle(ck: &Checkpoint) -> bool {
+    has(ck, "2.in_layers.0.weight") && count(ck, "") == 3
+}
+
+/// The mid blocks in `ck` (under `only` when given), in key order. Besides blocks inside whole
+/// models, a bare mid-block state dict (the block's own keys at the top level) is found with
+/// the empty prefix.
 pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
     let mut found = vec![];
     for p in prefixes(ck, "resnets.0.conv1.weight") {
-        if p.ends_with("mid_block.") {
+        if p.ends_with("mid_block.") || (p.is_empty() && bare_diffusers_mid(ck)) {
             found.push(diffusers(ck, &p));
         }
     }
@@ -75,12 +99,12 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
         found.push(lucidrains(ck, &p));
     }
     for p in prefixes(ck, "block_1.conv1.weight") {
-        if p.ends_with("mid.") {
+        if p.ends_with("mid.") || (p.is_empty() && has(ck, "block_2.conv1.weight")) {
             found.push(ldm(ck, &p));
         }
     }
     for p in prefixes(ck, "0.in_layers.0.weight") {
-        if p.ends_with("middle_block.") {
+        if p.ends_with("middle_block.") || (p.is_empty() && bare_openai_middle(ck)) {
             found.push(openai(ck, &p));
         }
     }
