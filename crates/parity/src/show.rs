@@ -15,7 +15,7 @@
 //!   blocks get one per attention over the input's pixels, named after the stage
 //!   (`attentions.0__probs_query_Y_X.png`, `mid_attn__probs_query_Y_X.png`).
 //!
-//! Maps wider or taller than [`MAX_SIDE`] cells are max-pooled down to it (a pooled cell shows the
+//! Maps wider or taller than `MAX_SIDE` (512) cells are max-pooled down to it (a pooled cell shows the
 //! largest value it covers), so a picture stays a few megapixels whatever the bundle holds. A
 //! bundle with nothing to draw is an error, not an empty folder.
 //!
