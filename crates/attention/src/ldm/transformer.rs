@@ -179,12 +179,15 @@ impl BasicTransformerBlock {
     }
 }
 
-/// `context_dim`: one width for every block, or (SD2) one per block.
+/// `context_dim`: one width for every block, or (SD2) one per block, where `null` is a block
+/// without context (its `attn2` attends to `x`). SD 2.x indexes the list by depth, so
+/// `context_dim=[None]` is how that tree builds a transformer without context (`None` itself
+/// fails there at `context_dim[d]`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum ContextDim {
     One(usize),
-    PerDepth(Vec<usize>),
+    PerDepth(Vec<Option<usize>>),
 }
 
 /// Keyword arguments of `SpatialTransformer(in_channels, n_heads, d_head, depth=1, dropout=0.,
@@ -237,7 +240,7 @@ impl SpatialTransformer {
         let context_dims: Vec<Option<usize>> = match &cfg.context_dim {
             None => vec![None; cfg.depth],
             Some(ContextDim::One(d)) => vec![Some(*d); cfg.depth],
-            Some(ContextDim::PerDepth(list)) if list.len() >= cfg.depth => list.iter().map(|d| Some(*d)).collect(),
+            Some(ContextDim::PerDepth(list)) if list.len() >= cfg.depth => list.clone(),
             Some(ContextDim::PerDepth(list)) => {
                 return Err(Error::config(
                     block,
@@ -297,5 +300,70 @@ impl SpatialTransformer {
             ));
         }
         self.0.forward_per_block(x, contexts, None, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn config(context_dim: serde_json::Value) -> Result<SpatialTransformerConfig> {
+        crate::config::from_json(
+            SpatialTransformer::BLOCK,
+            &serde_json::json!({"in_channels": 32, "n_heads": 2, "d_head": 16, "depth": 2, "context_dim": context_dim}),
+        )
+    }
+
+    /// SD 2.x's `context_dim=[None, None]` builds the same blocks as SD 1.x's `None`: the same
+    /// weights give the same output; a list shorter than the depth is refused, as
+    /// `context_dim[d]` fails upstream.
+    /// Random weights under the key names of a conv-projection SpatialTransformer of 32
+    /// channels, depth 2, without context (`attn2` reads the 32 channels).
+    fn weights() -> Result<VarBuilder<'static>> {
+        let dev = Device::Cpu;
+        let mut m = std::collections::HashMap::new();
+        let mut put = |name: String, shape: &[usize]| -> Result<()> {
+            m.insert(name, (Tensor::randn(0f32, 1., shape, &dev)? * 0.1)?);
+            Ok(())
+        };
+        for (conv, shape) in [("proj_in", [32, 32, 1, 1]), ("proj_out", [32, 32, 1, 1])] {
+            put(format!("{conv}.weight"), &shape)?;
+            put(format!("{conv}.bias"), &[32])?;
+        }
+        put("norm.weight".into(), &[32])?;
+        put("norm.bias".into(), &[32])?;
+        for i in 0..2 {
+            let p = format!("transformer_blocks.{i}");
+            for attn in ["attn1", "attn2"] {
+                for w in ["to_q", "to_k", "to_v", "to_out.0"] {
+                    put(format!("{p}.{attn}.{w}.weight"), &[32, 32])?;
+                }
+                put(format!("{p}.{attn}.to_out.0.bias"), &[32])?;
+            }
+            for n in ["norm1", "norm2", "norm3"] {
+                put(format!("{p}.{n}.weight"), &[32])?;
+                put(format!("{p}.{n}.bias"), &[32])?;
+            }
+            put(format!("{p}.ff.net.0.proj.weight"), &[256, 32])?;
+            put(format!("{p}.ff.net.0.proj.bias"), &[256])?;
+            put(format!("{p}.ff.net.2.weight"), &[32, 128])?;
+            put(format!("{p}.ff.net.2.bias"), &[32])?;
+        }
+        Ok(VarBuilder::from_tensors(m, DType::F32, &dev))
+    }
+
+    #[test]
+    fn a_context_dim_list_of_none_is_a_transformer_without_context() -> Result<()> {
+        let vb = weights()?;
+        let plain = SpatialTransformer::new(vb.clone(), &config(serde_json::Value::Null)?)?;
+        let listed = SpatialTransformer::new(vb.clone(), &config(serde_json::json!([null, null]))?)?;
+        let x = Tensor::randn(0f32, 1., (1, 32, 3, 4), &Device::Cpu)?;
+        let (a, b) = (plain.forward(&x, None)?, listed.forward(&x, None)?);
+        let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert_eq!(diff, 0.0);
+        let short = SpatialTransformer::new(vb, &config(serde_json::json!([null]))?).unwrap_err();
+        assert!(short.to_string().contains("lists 1 widths for depth 2"), "{short}");
+        Ok(())
     }
 }
