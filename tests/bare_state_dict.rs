@@ -1,6 +1,7 @@
 //! A bare mid-block state dict, as `torch.save(unet.mid_block.state_dict())` gives it (the block's
 //! own keys at the top level): `detect` finds the block at the top level, and `check --weights`
-//! takes it without `--prefix` and passes the block's bundle. (Issue 18.)
+//! takes it without `--prefix` and passes the block's bundle; and the OpenAI middle block's list
+//! context. (Issue 18.)
 
 mod common;
 use candle_core::Tensor;
@@ -92,4 +93,59 @@ fn a_bare_down_block_is_not_a_mid_block() {
     let (code, out, err) = cli(&["detect", file.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("no mid block found"), "{out}");
+}
+
+/// `openai.MiddleBlock` takes SD 2.x's list context (`context.0`, ...: one per transformer block)
+/// as `ldm.SpatialTransformer` does: the committed SD 1.x middle block (depth 1) with its context
+/// given as a one-element list still passes against PyTorch; a middle block whose attention is an
+/// `AttentionBlock` refuses one. (Issue 18.)
+#[test]
+fn the_openai_middle_block_takes_one_context_per_depth() {
+    let dir = scratch("middle-context-list");
+    let as_list = |b: &mut RawBundle| {
+        let c = b.tensors.remove("parity.input.context").expect("a context input");
+        b.tensors.insert("parity.input.context.0".into(), c);
+        b.metadata
+            .insert("parity.inputs".into(), r#"["x", "emb", "context.0"]"#.into());
+    };
+    let p = RawBundle::edited(
+        "mid/openai_middle_block_sd1_spatial_transformer_ref.safetensors",
+        &dir,
+        as_list,
+    );
+    let model = weights().join("models/sd_v1_tiny/sd_v1_tiny.ckpt");
+    let prefix = "model.diffusion_model.middle_block.";
+    let (code, out, err) = cli(&[
+        "check",
+        p.to_str().unwrap(),
+        "--weights",
+        model.to_str().unwrap(),
+        "--prefix",
+        prefix,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("PASS"), "{out}");
+
+    let p = RawBundle::edited(
+        "mid/openai_middle_block_guided_legacy_scale_shift_ref.safetensors",
+        &dir,
+        |b| {
+            let x = &b.tensors["parity.input.x"];
+            let context = Tensor::zeros((x.dim(0).unwrap(), 3, 8), x.dtype(), x.device()).unwrap();
+            b.tensors.insert("parity.input.context.0".into(), context);
+            b.metadata
+                .insert("parity.inputs".into(), r#"["x", "emb", "context.0"]"#.into());
+        },
+    );
+    let model = weights().join("models/guided_tiny/guided_tiny.pt");
+    let (code, out, err) = cli(&[
+        "check",
+        p.to_str().unwrap(),
+        "--weights",
+        model.to_str().unwrap(),
+        "--prefix",
+        "middle_block.",
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("context.0") && err.contains("AttentionBlock"), "{err}");
 }

@@ -320,10 +320,33 @@ impl MiddleBlock {
     /// `forward(x, emb, context=None)` (`TimestepEmbedSequential`): `x` `(B, channels, H, W)`,
     /// `emb` `(B, emb_channels)`, `context` `(B, S, context_dim)` for the spatial transformer.
     pub fn forward(&self, x: &Tensor, emb: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_with(x, emb, |t, h| t.forward(h, context))
+    }
+
+    /// `forward` with a list `context`, one per transformer block (SD 2.x's `SpatialTransformer`
+    /// indexes `context[i]` per block, so `transformer_depth > 1` takes one context per depth).
+    /// The middle block's attention must be a spatial transformer.
+    pub fn forward_per_block(&self, x: &Tensor, emb: &Tensor, contexts: &[&Tensor]) -> Result<Tensor> {
+        if matches!(self.attn, MiddleAttention::Attention(_)) {
+            return Err(Error::input(
+                Self::BLOCK,
+                "context.0",
+                "this middle block's attention is an AttentionBlock, which takes no context".to_string(),
+            ));
+        }
+        self.forward_with(x, emb, |t, h| t.forward_per_block(h, contexts))
+    }
+
+    fn forward_with(
+        &self,
+        x: &Tensor,
+        emb: &Tensor,
+        transformer: impl Fn(&SpatialTransformer, &Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
         let h = trace::scope("0", || self.res0.forward(x, emb))?;
         let h = trace::scope("1", || match &self.attn {
             MiddleAttention::Attention(a) => a.forward_checked(&h),
-            MiddleAttention::Transformer(t) => t.forward(&h, context),
+            MiddleAttention::Transformer(t) => transformer(t, &h),
         })?;
         let out = trace::scope("2", || self.res2.forward(&h, emb))?;
         trace::record("output", &out);

@@ -6,11 +6,13 @@ use unet_attention::{config, Result};
 
 impl Runnable for MiddleBlock {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
-        Ok(vec![self.forward(
-            inputs.required("x")?,
-            inputs.required("emb")?,
-            inputs.get("context"),
-        )?])
+        let (x, emb) = (inputs.required("x")?, inputs.required("emb")?);
+        let list = inputs.list("context");
+        if list.is_empty() {
+            Ok(vec![self.forward(x, emb, inputs.get("context"))?])
+        } else {
+            Ok(vec![self.forward_per_block(x, emb, &list)?])
+        }
     }
 }
 
@@ -43,7 +45,7 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             id: MiddleBlock::BLOCK,
             pytorch: "openai UNetModel.middle_block = TimestepEmbedSequential(ResBlock, AttentionBlock | SpatialTransformer, \
                       ResBlock) (guided-diffusion 22e0df8; ldm openaimodel.py a506df5 / SD 2.x cf1d67a)",
-            inputs: &["x", "emb", "context"],
+            inputs: &["x", "emb", "context", "context.*"],
             kwargs: &[],
             build: |vb, cfg| {
                 let cfg = config::from_json(MiddleBlock::BLOCK, cfg)?;
