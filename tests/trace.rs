@@ -418,3 +418,36 @@ fn show_draws_token_outputs_and_refuses_planted_links() {
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
     }
 }
+
+/// `show` takes the block's weights from a checkpoint as `check` does (`--weights`, `--prefix`):
+/// the SD VAE decoder's mid block drawn from the committed diffusers checkpoint, and a prefix the
+/// checkpoint does not have is a one-line error.
+#[test]
+fn show_takes_weights_from_a_checkpoint() {
+    let dir = scratch("show-weights");
+    let bundle = weights().join("mid/unet_mid_block_2d_vae_decoder_ref.safetensors");
+    let model = weights().join("models/diffusers_vae/diffusion_pytorch_model.safetensors");
+    let pics = dir.join("pics");
+    let args = |prefix: &'static str| {
+        vec![
+            "show".to_string(),
+            bundle.to_str().unwrap().into(),
+            "--out".into(),
+            pics.to_str().unwrap().into(),
+            "--weights".into(),
+            model.to_str().unwrap().into(),
+            "--prefix".into(),
+            prefix.into(),
+        ]
+    };
+    let run = |a: Vec<String>| cli(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let (code, out, err) = run(args("decoder.mid_block"));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("wrote") && pics.join("output_error.png").is_file(),
+        "{out}"
+    );
+    let (code, out, err) = run(args("decoder.no_such_block"));
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("no tensor under prefix `decoder.no_such_block.`"), "{err}");
+}

@@ -119,6 +119,20 @@ enum Command {
         /// The batch item of the attention map.
         #[arg(long, default_value_t = 0)]
         batch: usize,
+        /// Take the block's weights from this checkpoint, as `check --weights` does.
+        #[arg(long, value_name = "FILE")]
+        weights: Option<PathBuf>,
+        /// The block's key prefix in the checkpoint, as `check --prefix`.
+        #[arg(long, value_name = "P")]
+        prefix: Option<String>,
+        /// A diffusers `config.json` for the block's config, as `check --config`.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Accept config.json keys the model class does not have.
+        #[arg(long)]
+        allow_unknown_config: bool,
+        #[command(flatten)]
+        hub: HubArgs,
     },
 }
 
@@ -244,9 +258,21 @@ where
             out: dir,
             query,
             batch,
+            weights,
+            prefix,
+            config,
+            allow_unknown_config,
+            hub,
         } => guard::catch(&bundle, || {
+            let (weights, model_config) = resolve_model(weights, prefix, config, &hub)?;
+            let opts = Options {
+                weights,
+                model_config,
+                allow_unknown_config,
+                ..Options::default()
+            };
             let b = Bundle::read(&bundle)?;
-            for p in crate::show::show(&b, &dir, query, batch)? {
+            for p in crate::show::show(&b, &dir, query, batch, opts)? {
                 let _ = writeln!(out, "wrote {}: {}", p.path.display(), p.caption);
             }
             Ok(())

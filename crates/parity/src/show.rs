@@ -203,16 +203,21 @@ fn probs_stages<'a>(bundle: &'a Bundle, run: &'a crate::check::Run) -> Result<Ve
 }
 
 /// Write the pictures of `bundle` into `out`; `query` is the `(y, x)` query pixel of the
-/// attention map (default: the image centre), `batch` the batch item it is drawn for.
-pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: usize) -> Result<Vec<Picture>> {
+/// attention map (default: the image centre), `batch` the batch item it is drawn for. The block
+/// is built and run as `check` does with `opts` (weights from a checkpoint, a model config),
+/// with its stages traced.
+pub fn show(
+    bundle: &Bundle,
+    out: &Path,
+    query: Option<(usize, usize)>,
+    batch: usize,
+    opts: Options,
+) -> Result<Vec<Picture>> {
     std::fs::create_dir_all(out).map_err(|e| ParityError::Io {
         path: out.to_path_buf(),
         source: e,
     })?;
-    let opts = Options {
-        trace: true,
-        ..Options::default()
-    };
+    let opts = Options { trace: true, ..opts };
     let run = run_bundle(bundle, &opts)?;
     let path = bundle.path.as_path();
     let err = |e: candle_core::Error| ParityError::bundle(path, e.to_string());
