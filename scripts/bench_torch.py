@@ -350,7 +350,7 @@ def export_whole(name):
     info = export_bundle(module, block, config, inputs, whole_path(name), kwargs=kwargs,
                          source=f"bench_torch.py whole {name}: {source}; random weights (randomize_ seed "
                                 f"{WHOLE[name][0]}), inputs N(0, 1)",
-                         dtype=torch.float32, extra_metadata={"bench.case": WHOLE[name][1]})
+                         dtype=torch.float32, trace=False, extra_metadata={"bench.case": WHOLE[name][1]})
     diffs = ", ".join(f"{k} {v:.3e}" for k, v in info["max_abs_diff_f64"].items())
     print(f"wrote {info['path']} ({info['bytes'] / 2**20:.1f} MiB, {time.perf_counter() - t:.1f} s) "
           f"{block} max|f32-f64| {diffs}", file=sys.stderr, flush=True)

@@ -326,7 +326,7 @@ def export_bundle(
     weights_ref: Sequence[str] | None = None,
     dtype: torch.dtype | None = None,
     input_dtypes: Mapping[str, torch.dtype] | None = None,
-    trace: bool = False,
+    trace: bool = True,
     extra_metadata: Mapping[str, str] | None = None,
 ) -> dict:
     """Run ``module`` on ``inputs`` and write a format-"1" parity bundle to ``path``.
@@ -366,7 +366,9 @@ def export_bundle(
         input_dtypes: input name -> dtype for floating inputs PyTorch is given in another dtype
             than ``dtype`` (guided-diffusion's half mode: ``{"emb": torch.float32}``); stored in
             that dtype.
-        trace: also run the block with the stage hooks of ``parity_trace`` (blocks it knows) and
+        trace: (default on) also run the block with the stage hooks of ``parity_trace`` (blocks it
+            knows; others get no traces) so that ``unet-parity check --trace`` can name the first
+            stage that diverges; ``trace=False`` for large benchmark bundles. The hooks
             store the stages as ``parity.trace.<stage>`` with metadata ``parity.trace`` (the stage
             names in order, ``output`` last = the first output). The traced run must give outputs
             bit-identical to the untraced one; the other tensors of the bundle are unchanged. A

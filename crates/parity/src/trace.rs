@@ -186,7 +186,11 @@ pub fn compare_stages(bundle: &Bundle, ours: &[(String, Tensor)], rtol: f64, ato
             .filter(|n| !names.contains(n))
             .collect(),
         note: if names.is_empty() {
-            Some("the bundle holds no stage traces (`parity.trace`)".into())
+            Some(
+                "the bundle holds no stage traces (`parity.trace`): re-export it with scripts/parity_bundle.py's \
+                 `export_bundle` (traces are on by default; `trace=True`) to compare stage by stage"
+                    .into(),
+            )
         } else {
             None
         },
