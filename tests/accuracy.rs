@@ -30,9 +30,10 @@ fn errors() -> Vec<(String, f64, f64)> {
 
 #[test]
 fn conv_heavy_blocks_are_within_one_and_a_half_times_pytorch_f32_error() {
-    // Both the packed CPU layers (where this CPU runs them) and Candle's ops, one after the other
-    // in this one test (the switch is process-wide).
-    for path in [LayerPath::Auto, LayerPath::Candle] {
+    // The packed CPU layers (where this CPU runs them) with the convolutions as sized (direct at
+    // these sizes) and forced through Winograd's F(2×2, 3×3), and Candle's ops, one after the
+    // other in this one test (the switch is process-wide).
+    for path in [LayerPath::Auto, LayerPath::Winograd, LayerPath::Candle] {
         set_layer_path(Some(path));
         let errs = errors();
         set_layer_path(None);

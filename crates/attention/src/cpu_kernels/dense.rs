@@ -9,7 +9,7 @@
 //! `candle`, read once), else [`LayerPath::Auto`].
 
 use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, Isa, PackedCols, PackedRows, RowsOf};
-use super::{contiguous, cpu_slice};
+use super::{contiguous, cpu_slice, winograd};
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -22,6 +22,12 @@ pub enum LayerPath {
     Auto,
     /// Candle's ops everywhere (for parity debugging; packed weights are unpacked per call).
     Candle,
+    /// The packed-weight GEMM as `Auto`, but every 3×3 convolution computed directly (no
+    /// Winograd transform: the summation order of the im2col product).
+    Direct,
+    /// The packed-weight GEMM as `Auto`, with every 3×3 convolution by Winograd's F(2×2, 3×3),
+    /// whatever its size (to test and debug that path on small inputs).
+    Winograd,
 }
 
 static OVERRIDE: AtomicU8 = AtomicU8::new(0);
@@ -33,6 +39,8 @@ pub fn set_layer_path(path: Option<LayerPath>) {
         None => 0,
         Some(LayerPath::Auto) => 1,
         Some(LayerPath::Candle) => 2,
+        Some(LayerPath::Direct) => 3,
+        Some(LayerPath::Winograd) => 4,
     };
     OVERRIDE.store(code, Ordering::Relaxed);
 }
@@ -42,6 +50,8 @@ pub fn layer_path() -> Result<LayerPath> {
     match OVERRIDE.load(Ordering::Relaxed) {
         1 => return Ok(LayerPath::Auto),
         2 => return Ok(LayerPath::Candle),
+        3 => return Ok(LayerPath::Direct),
+        4 => return Ok(LayerPath::Winograd),
         _ => {}
     }
     static ENV: OnceLock<std::result::Result<LayerPath, String>> = OnceLock::new();
@@ -49,7 +59,11 @@ pub fn layer_path() -> Result<LayerPath> {
         Ok(s) => match s.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => Ok(LayerPath::Auto),
             "candle" => Ok(LayerPath::Candle),
-            _ => Err(format!("UNET_ATTENTION_LAYERS={s:?}: expected auto or candle")),
+            "direct" => Ok(LayerPath::Direct),
+            "winograd" => Ok(LayerPath::Winograd),
+            _ => Err(format!(
+                "UNET_ATTENTION_LAYERS={s:?}: expected auto, direct, winograd or candle"
+            )),
         },
         Err(_) => Ok(LayerPath::Auto),
     })
@@ -231,11 +245,22 @@ impl PackedConv {
     /// The stride-1, `k / 2`-padded convolution of an f32 CPU `(B, in, H, W)` with `extras`
     /// applied; `None` where the call does not apply (as [`PackedLinear::forward`]).
     pub fn forward(&self, x: &Tensor, bias: Option<&Tensor>, extras: ConvExtras) -> Result<Option<Tensor>> {
+        self.forward_on(layer_path()?, x, bias, extras)
+    }
+
+    /// [`PackedConv::forward`] on the path `path`.
+    fn forward_on(
+        &self,
+        path: LayerPath,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        extras: ConvExtras,
+    ) -> Result<Option<Tensor>> {
         let taps = self.ksize * self.ksize;
         let f32_cpu = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu();
         let extras_ok = extras.channel_add.is_none_or(f32_cpu) && extras.residual.is_none_or(f32_cpu);
         let empty = x.elem_count() == 0;
-        if !f32_cpu(x) || !extras_ok || x.rank() != 4 || empty || layer_path()? == LayerPath::Candle {
+        if !f32_cpu(x) || !extras_ok || x.rank() != 4 || empty || path == LayerPath::Candle {
             return Ok(None);
         }
         let (batch, channels, h, w) = x.dims4()?;
@@ -270,16 +295,33 @@ impl PackedConv {
             div: extras.div.map(|d| d as f32),
             geglu: false,
         };
-        let image = super::im2col::Image {
-            x: src,
+        let shape = winograd::Shape {
             batch,
-            channels,
+            c_in: channels,
+            c_out: out_c,
             h,
             w,
-            ksize: self.ksize,
         };
-        let (a, b) = (RowsOf::Packed(&self.packed), ColsOf::Image(image));
-        gemm::gemm(self.isa, self.blocking, a, b, epi, &mut out);
+        let winograd = match path {
+            LayerPath::Auto => winograd::pays(batch, channels, out_c, h, w),
+            LayerPath::Winograd => true,
+            LayerPath::Direct | LayerPath::Candle => false,
+        };
+        if self.ksize == 3 && winograd {
+            let u = winograd::transform_weight(&self.packed, self.isa, self.blocking);
+            winograd::conv(self.isa, self.blocking, &u, src, shape, epi, &mut out);
+        } else {
+            let image = super::im2col::Image {
+                x: src,
+                batch,
+                channels,
+                h,
+                w,
+                ksize: self.ksize,
+            };
+            let (a, b) = (RowsOf::Packed(&self.packed), ColsOf::Image(image));
+            gemm::gemm(self.isa, self.blocking, a, b, epi, &mut out);
+        }
         drop(res_guard);
         drop(xs);
         Ok(Some(Tensor::from_vec(out, out_dims, &Device::Cpu)?))
@@ -382,6 +424,8 @@ mod tests {
         for (b, c, h, w, out, k) in [
             (2, 5, 7, 9, 3, 3),
             (1, 64, 16, 16, 40, 3),
+            (2, 48, 16, 18, 40, 3),
+            (1, 64, 48, 47, 72, 3),
             (3, 40, 5, 33, 17, 1),
             (1, 3, 1, 1, 2, 3),
         ] {
@@ -397,7 +441,6 @@ mod tests {
                 residual: Some(&res),
                 div: Some(1.5),
             };
-            let got = p.forward(&x, Some(&bias), extras).unwrap().unwrap();
             let reference = |dt: DType| {
                 let f = |t: &Tensor| t.to_dtype(dt).unwrap();
                 let cfg = candle_nn::Conv2dConfig {
@@ -412,12 +455,17 @@ mod tests {
                 ((f(&res) + y).unwrap() / 1.5).unwrap()
             };
             let (want, candle) = (reference(DType::F64), reference(DType::F32));
-            let (ours, theirs) = (rel_err(&got, &want), rel_err(&candle, &want));
-            assert!(
-                ours < 1e-4 && ours <= 2.0 * theirs.max(1e-6),
-                "{:?}: {ours} vs Candle {theirs}",
-                (b, c, h, w, out, k)
-            );
+            let theirs = rel_err(&candle, &want);
+            // Auto (direct or Winograd by size), then each forced.
+            for path in [LayerPath::Auto, LayerPath::Direct, LayerPath::Winograd] {
+                let got = p.forward_on(path, &x, Some(&bias), extras).unwrap().unwrap();
+                let ours = rel_err(&got, &want);
+                assert!(
+                    ours < 1e-4 && ours <= 2.0 * theirs.max(1e-6),
+                    "{:?} {path:?}: {ours} vs Candle {theirs}",
+                    (b, c, h, w, out, k)
+                );
+            }
             // Without extras, and the switch back to Candle's ops.
             let plain = p.forward(&x, None, ConvExtras::default()).unwrap().unwrap();
             assert_eq!(plain.dims(), [b, out, h, w]);

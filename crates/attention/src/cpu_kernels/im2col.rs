@@ -144,7 +144,7 @@ fn prefetch_l2(p: *const f32) {
 /// `dst = src` for the few values of a panel row, inline (a `memmove` call per run of 16 values
 /// cost more than the copy: 13 % of a 3×3 convolution).
 #[inline(always)]
-fn copy_short(dst: &mut [f32], src: &[f32]) {
+pub(super) fn copy_short(dst: &mut [f32], src: &[f32]) {
     let (mut d, mut s) = (dst.chunks_exact_mut(8), src.chunks_exact(8));
     for (d, s) in (&mut d).zip(&mut s) {
         let v: [f32; 8] = s.try_into().expect("8 values");
@@ -157,7 +157,7 @@ fn copy_short(dst: &mut [f32], src: &[f32]) {
 
 /// `dst = 0` for the few values of a panel row, inline.
 #[inline(always)]
-fn zero_short(dst: &mut [f32]) {
+pub(super) fn zero_short(dst: &mut [f32]) {
     let mut d = dst.chunks_exact_mut(8);
     for d in &mut d {
         d.copy_from_slice(&[0.0; 8]);

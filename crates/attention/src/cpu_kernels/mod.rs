@@ -24,6 +24,7 @@ mod gemm;
 mod im2col;
 mod packed;
 mod tile;
+mod winograd;
 
 pub use dense::{layer_kernel_isa, layer_path, set_layer_path, ConvExtras, LayerPath, PackedConv, PackedLinear};
 

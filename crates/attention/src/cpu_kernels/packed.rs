@@ -22,51 +22,185 @@ impl PackedRows {
     /// Pack the row-major `(rows, k)` matrix `w` for `isa`'s tile.
     pub(crate) fn new(w: &[f32], rows: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedRows {
         assert_eq!(w.len(), rows * k);
-        let rows_p = rows.div_ceil(Isa::ROW_PAD) * Isa::ROW_PAD;
-        let interleaved = isa.interleaves_a();
-        let blocks = k_blocks(k, blocking.kc);
-        let mut data = vec![0f32; rows_p * k];
-        for &(p0, kcb) in &blocks {
-            let block = &mut data[rows_p * p0..][..rows_p * kcb];
-            for (r, src) in w.chunks_exact(k).enumerate() {
-                let src = &src[p0..p0 + kcb];
-                if interleaved {
-                    let panel = &mut block[(r / IL_ROWS) * IL_ROWS * kcb..][..IL_ROWS * kcb];
-                    let lane = panel.iter_mut().skip(r % IL_ROWS).step_by(IL_ROWS);
-                    lane.zip(src).for_each(|(d, &v)| *d = v);
-                } else {
-                    block[r * kcb..][..kcb].copy_from_slice(src);
-                }
-            }
+        let mut packed = PackedRows::zeros(rows, k, isa, blocking);
+        for (r, src) in w.chunks_exact(k).enumerate() {
+            packed.set_row(r, src);
         }
+        packed
+    }
+
+    /// A `(rows, k)` matrix of zeros, to be filled row by row ([`PackedRows::set_row`]).
+    pub(crate) fn zeros(rows: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedRows {
+        let rows_p = rows.div_ceil(Isa::ROW_PAD) * Isa::ROW_PAD;
         PackedRows {
             rows,
             k,
             rows_p,
-            interleaved,
-            blocks,
-            data,
+            interleaved: isa.interleaves_a(),
+            blocks: k_blocks(k, blocking.kc),
+            data: vec![0f32; rows_p * k],
         }
+    }
+
+    /// Row `r` of the matrix set to `src` (`k` values).
+    pub(crate) fn set_row(&mut self, r: usize, src: &[f32]) {
+        for &(p0, kcb) in &self.blocks {
+            let block = &mut self.data[self.rows_p * p0..][..self.rows_p * kcb];
+            let src = &src[p0..p0 + kcb];
+            if self.interleaved {
+                let panel = &mut block[(r / IL_ROWS) * IL_ROWS * kcb..][..IL_ROWS * kcb];
+                let lane = panel.iter_mut().skip(r % IL_ROWS).step_by(IL_ROWS);
+                lane.zip(src).for_each(|(d, &v)| *d = v);
+            } else {
+                block[r * kcb..][..kcb].copy_from_slice(src);
+            }
+        }
+    }
+
+    /// Where each value `p` lies: `(block, p − p0, kcb)` of its reduction block.
+    pub(crate) fn locate_all(&self) -> Vec<Located> {
+        let mut out = Vec::with_capacity(self.k);
+        for (b, &(_, kcb)) in self.blocks.iter().enumerate() {
+            out.extend((0..kcb).map(|kk| Located { block: b, kk, kcb }));
+        }
+        debug_assert_eq!(out.len(), self.k);
+        out
+    }
+
+    /// Value `at` (from [`PackedRows::locate_all`]) of the [`IL_ROWS`] rows from `r0` (a
+    /// multiple of [`IL_ROWS`]).
+    pub(crate) fn lanes(&self, r0: usize, at: Located) -> [f32; IL_ROWS] {
+        let base = self.rows_p * self.blocks[at.block].0;
+        if self.interleaved {
+            let i = base + r0 * at.kcb + at.kk * IL_ROWS;
+            self.data[i..i + IL_ROWS].try_into().expect("a micro-panel's lanes")
+        } else {
+            std::array::from_fn(|l| self.data[base + (r0 + l) * at.kcb + at.kk])
+        }
+    }
+
+    /// The packed values split by groups of [`ROW_GROUP`] rows (disjoint, so that groups can be
+    /// written in parallel): `parts[g][b]` is group `g`'s part of reduction block `b`.
+    pub(crate) fn groups_mut(&mut self) -> Vec<RowGroup<'_>> {
+        let groups = self.rows_p / ROW_GROUP;
+        let mut parts: Vec<RowGroup> = (0..groups)
+            .map(|_| RowGroup {
+                interleaved: self.interleaved,
+                blocks: Vec::with_capacity(self.blocks.len()),
+            })
+            .collect();
+        let mut rest = &mut self.data[..];
+        for &(p0, kcb) in &self.blocks {
+            let (block, tail) = rest.split_at_mut(self.rows_p * kcb);
+            rest = tail;
+            for (g, part) in block.chunks_exact_mut(ROW_GROUP * kcb).enumerate() {
+                parts[g].blocks.push((p0, kcb, part));
+            }
+        }
+        parts
     }
 
     /// The matrix back, row-major `(rows, k)`.
     pub(crate) fn unpack(&self) -> Vec<f32> {
         let mut w = vec![0f32; self.rows * self.k];
-        for &(p0, kcb) in &self.blocks {
-            let block = &self.data[self.rows_p * p0..][..self.rows_p * kcb];
-            for (r, dst) in w.chunks_exact_mut(self.k).enumerate() {
-                let dst = &mut dst[p0..p0 + kcb];
-                if self.interleaved {
-                    let panel = &block[(r / IL_ROWS) * IL_ROWS * kcb..][..IL_ROWS * kcb];
-                    let lane = panel.iter().skip(r % IL_ROWS).step_by(IL_ROWS);
-                    dst.iter_mut().zip(lane).for_each(|(d, &v)| *d = v);
-                } else {
-                    dst.copy_from_slice(&block[r * kcb..][..kcb]);
-                }
-            }
+        for (r, dst) in w.chunks_exact_mut(self.k).enumerate() {
+            self.unpack_row(r, dst);
         }
         w
     }
+
+    /// Row `r` of the matrix into `dst` (`k` values).
+    pub(crate) fn unpack_row(&self, r: usize, dst: &mut [f32]) {
+        for &(p0, kcb) in &self.blocks {
+            let block = &self.data[self.rows_p * p0..][..self.rows_p * kcb];
+            let dst = &mut dst[p0..p0 + kcb];
+            if self.interleaved {
+                let panel = &block[(r / IL_ROWS) * IL_ROWS * kcb..][..IL_ROWS * kcb];
+                let lane = panel.iter().skip(r % IL_ROWS).step_by(IL_ROWS);
+                dst.iter_mut().zip(lane).for_each(|(d, &v)| *d = v);
+            } else {
+                dst.copy_from_slice(&block[r * kcb..][..kcb]);
+            }
+        }
+    }
+}
+
+/// Rows per group of [`PackedRows::groups_mut`] (whole micro-panels of every tile height).
+pub(crate) const ROW_GROUP: usize = Isa::ROW_PAD;
+
+/// One group of [`ROW_GROUP`] rows of a [`PackedRows`], writable on its own.
+pub(crate) struct RowGroup<'a> {
+    interleaved: bool,
+    /// `(p0, kcb, values)` per reduction block.
+    blocks: Vec<(usize, usize, &'a mut [f32])>,
+}
+
+impl RowGroup<'_> {
+    /// Value `at` (from [`PackedRows::locate_all`] of a matrix of the same shape) of the group's
+    /// rows `l0 .. l0 + IL_ROWS` (`l0` a multiple of [`IL_ROWS`]) set to `lanes`.
+    pub(crate) fn set_lanes(&mut self, l0: usize, at: Located, lanes: &[f32; IL_ROWS]) {
+        let part = &mut self.blocks[at.block].2;
+        if self.interleaved {
+            let i = l0 * at.kcb + at.kk * IL_ROWS;
+            part[i..i + IL_ROWS].copy_from_slice(lanes);
+        } else {
+            for (l, &v) in lanes.iter().enumerate() {
+                part[(l0 + l) * at.kcb + at.kk] = v;
+            }
+        }
+    }
+}
+
+/// Where a value of the reduction lies in a packed matrix: its block, its index within the
+/// block, and the block's depth.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Located {
+    block: usize,
+    kk: usize,
+    kcb: usize,
+}
+
+/// The columns `col0 .. col0 + cols` (whole panels) of a [`PackedCols`], writable on their own.
+pub(crate) struct ColGroup<'a> {
+    pub(crate) col0: usize,
+    pub(crate) cols: usize,
+    nr: usize,
+    /// `(p0, kcb, values)` per reduction block.
+    blocks: Vec<(usize, usize, &'a mut [f32])>,
+}
+
+impl ColGroup<'_> {
+    /// Where row `p` lies: its reduction block and the row within that block.
+    pub(crate) fn locate(&self, p: usize) -> (usize, usize) {
+        let b = self.blocks.partition_point(|blk| blk.0 <= p) - 1;
+        (b, p - self.blocks[b].0)
+    }
+
+    /// Row `kk` of reduction block `b` ([`ColGroup::locate`]), columns `c0 .. c0 + src.len()`
+    /// (counted from the group's first column), set to `src`.
+    pub(crate) fn write_run(&mut self, (b, kk): (usize, usize), c0: usize, src: &[f32]) {
+        let nr = self.nr;
+        let (_, kcb, part) = &mut self.blocks[b];
+        let mut c = c0;
+        for src in split_at_panels(c0, nr, src) {
+            let at = (c / nr) * *kcb * nr + kk * nr + c % nr;
+            super::im2col::copy_short(&mut part[at..at + src.len()], src);
+            c += src.len();
+        }
+    }
+}
+
+/// `src` (columns from `c0`) cut where panels of `nr` columns end.
+fn split_at_panels(c0: usize, nr: usize, mut src: &[f32]) -> impl Iterator<Item = &[f32]> {
+    let mut c = c0;
+    std::iter::from_fn(move || {
+        if src.is_empty() {
+            return None;
+        }
+        let (run, rest) = src.split_at((nr - c % nr).min(src.len()));
+        (src, c) = (rest, c + run.len());
+        Some(run)
+    })
 }
 
 /// A weight `(cols, k)` as the transposed `B` operand `(k, cols)`: per reduction block, panels
@@ -116,6 +250,52 @@ impl PackedCols {
             blocks,
             data,
         }
+    }
+
+    /// A `(cols, k)` matrix of zeros in the buffer `data` (its allocation reused), to be
+    /// filled by column groups ([`PackedCols::column_groups_mut`]).
+    pub(crate) fn zeros_in(mut data: Vec<f32>, cols: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedCols {
+        let nr = isa.nr();
+        let panels = cols.div_ceil(nr);
+        data.clear();
+        data.resize(panels * nr * k, 0.0);
+        PackedCols {
+            cols,
+            k,
+            pairs: None,
+            nr,
+            panels,
+            blocks: k_blocks(k, blocking.kc),
+            data,
+        }
+    }
+
+    /// The buffer back, for [`PackedCols::zeros_in`].
+    pub(crate) fn into_data(self) -> Vec<f32> {
+        self.data
+    }
+
+    /// The packed values split by runs of `per` whole panels (disjoint, so that column ranges
+    /// can be written in parallel).
+    pub(crate) fn column_groups_mut(&mut self, per: usize) -> Vec<ColGroup<'_>> {
+        let (nr, per) = (self.nr, per.max(1));
+        let mut groups: Vec<ColGroup> = (0..self.panels.div_ceil(per))
+            .map(|g| ColGroup {
+                col0: g * per * nr,
+                cols: (per * nr).min(self.panels * nr - g * per * nr),
+                nr,
+                blocks: Vec::with_capacity(self.blocks.len()),
+            })
+            .collect();
+        let mut rest = &mut self.data[..];
+        for &(p0, kcb) in &self.blocks {
+            let (block, tail) = rest.split_at_mut(self.panels * nr * kcb);
+            rest = tail;
+            for (g, part) in block.chunks_mut(per * kcb * nr).enumerate() {
+                groups[g].blocks.push((p0, kcb, part));
+            }
+        }
+        groups
     }
 
     /// Pack a gated weight `(2·n, k)` paired (see [`PackedCols`]).
