@@ -100,6 +100,14 @@ fn config_json_gives_the_mid_block_config() {
             "mid/unet_mid_block_2d_cross_attn_sdxl_ref.safetensors",
             "diffusers_sdxl/config.json",
         ),
+        (
+            "mid/unet_mid_block_2d_simple_cross_attn_if_ref.safetensors",
+            "diffusers_if/config.json",
+        ),
+        (
+            "mid/unet_mid_block_2d_simple_cross_attn_kandinsky_ref.safetensors",
+            "diffusers_kandinsky/config.json",
+        ),
     ] {
         let err = assert_pass(&["check", &w(bundle), "--config", &models(config)]);
         assert!(err.contains("config from"), "{bundle}: {err}");
@@ -175,6 +183,14 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
         (
             "diffusers_sdxl/diffusion_pytorch_model.safetensors",
             &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        ),
+        (
+            "diffusers_if/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2DSimpleCrossAttn")],
+        ),
+        (
+            "diffusers_kandinsky/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2DSimpleCrossAttn")],
         ),
         (
             "lucidrains_ddpm/model-1.pt",
@@ -430,4 +446,70 @@ fn detect_reads_the_config_beside_the_checkpoint() {
         out.contains("not in the keys") && !out.contains("from config.json"),
         "{out}"
     );
+}
+
+/// The IF- and Kandinsky-like `UNet2DConditionModel`s (`mid_block_type
+/// "UNetMidBlock2DSimpleCrossAttn"`): `detect` names the block and reads the added key/value
+/// attention from the keys, `check --weights --prefix` runs the self-contained bundles on the
+/// whole checkpoint's mid block, and the other model's weights or config do not fit.
+#[test]
+fn simple_cross_attn_models_detect_and_check_from_the_whole_checkpoint() {
+    for (model, bundle, only_cross) in [
+        ("diffusers_if", "unet_mid_block_2d_simple_cross_attn_if", false),
+        (
+            "diffusers_kandinsky",
+            "unet_mid_block_2d_simple_cross_attn_kandinsky",
+            true,
+        ),
+    ] {
+        let ckpt = models(&format!("{model}/diffusion_pytorch_model.safetensors"));
+        let lone_dir = scratch(&format!("detect-lone-{model}"));
+        let lone = copy_to(&lone_dir, &ckpt, "m.safetensors");
+        let (code, out, err) = cli(&["detect", &lone]);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.contains("prefix `mid_block.`: diffusers.UNetMidBlock2DSimpleCrossAttn")
+                && out.contains("UNetMidBlock2DSimpleCrossAttn (UNet2DConditionModel of IF / Kandinsky / UnCLIP")
+                && out.contains(&format!("\"only_cross_attention\":{only_cross}"))
+                && out.contains("\"in_channels\":16")
+                && out.contains("not in the keys: attention_head_dim"),
+            "{model}: {out}"
+        );
+        // Beside its config.json, detect gives the full kwargs.
+        let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
+        assert_eq!(code, 0, "{err}");
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let kwargs = &doc["mid_blocks"][0]["from_config"];
+        assert_eq!(kwargs["attention_head_dim"], 4, "{out}");
+        assert_eq!(kwargs["skip_time_act"], true, "{out}");
+        assert_eq!(kwargs["only_cross_attention"], only_cross, "{out}");
+        for suffix in ["", "_f16", "_bf16"] {
+            let b = w(&format!("mid/{bundle}{suffix}.safetensors"));
+            let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block."]);
+            assert!(err.contains("weights from"), "{bundle}{suffix}: {err}");
+        }
+    }
+    // The IF weights under the Kandinsky bundle's config (layer_norm cross norm over 16
+    // channels; IF's is a GroupNorm over 32): the key and its shapes are named.
+    let (code, _, err) = cli(&[
+        "check",
+        &w("mid/unet_mid_block_2d_simple_cross_attn_kandinsky.safetensors"),
+        "--weights",
+        &models("diffusers_if/diffusion_pytorch_model.safetensors"),
+        "--prefix",
+        "mid_block.",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("attentions.0.norm_cross.weight") && err.contains("expected [16]"),
+        "{err}"
+    );
+    // The Kandinsky config on the IF bundle: a different block config, an error, not a pass.
+    let (code, out, err) = cli(&[
+        "check",
+        &w("mid/unet_mid_block_2d_simple_cross_attn_if_ref.safetensors"),
+        "--config",
+        &models("diffusers_kandinsky/config.json"),
+    ]);
+    assert_ne!(code, 0, "{out}\n{err}");
 }
