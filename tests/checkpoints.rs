@@ -3,7 +3,7 @@
 //! built here (no network).
 
 mod common;
-use common::{cli, scratch, weights};
+use common::{cli, scratch, weights, RawBundle};
 use std::path::Path;
 
 fn w(rel: &str) -> String {
@@ -512,4 +512,39 @@ fn simple_cross_attn_models_detect_and_check_from_the_whole_checkpoint() {
         &models("diffusers_kandinsky/config.json"),
     ]);
     assert_ne!(code, 0, "{out}\n{err}");
+}
+
+/// The options the bundles exercise change the output: a port that ignores `skip_time_act`
+/// fails, and a dropped `cross_attention_norm` leaves `norm_cross` unread (an error, not a
+/// pass). (The two added-KV processors differ only in rounding: swapped, each half-precision
+/// bundle still passes under the pass rule, so they are not told apart here.)
+#[test]
+fn simple_cross_attn_options_are_not_silently_ignored() {
+    let dir = scratch("simple-cross-options");
+    let edit = |rel: &str, sub: &str, key: &str, value: serde_json::Value| {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).unwrap();
+        RawBundle::edited(rel, &d, |b| {
+            let mut cfg: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+            cfg[key] = value;
+            b.metadata.insert("parity.config".into(), cfg.to_string());
+        })
+    };
+    let skip = edit(
+        "mid/unet_mid_block_2d_simple_cross_attn_if.safetensors",
+        "skip",
+        "skip_time_act",
+        serde_json::json!(false),
+    );
+    let (code, out, _) = cli(&["check", skip.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    let no_norm = edit(
+        "mid/unet_mid_block_2d_simple_cross_attn_kandinsky.safetensors",
+        "no-norm",
+        "cross_attention_norm",
+        serde_json::Value::Null,
+    );
+    let (code, out, err) = cli(&["check", no_norm.to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}");
+    assert!(format!("{out}{err}").contains("norm_cross"), "{out}\n{err}");
 }
