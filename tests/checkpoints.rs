@@ -548,3 +548,34 @@ fn simple_cross_attn_options_are_not_silently_ignored() {
     assert_ne!(code, 0, "{out}");
     assert!(format!("{out}{err}").contains("norm_cross"), "{out}\n{err}");
 }
+
+/// `UNetMidBlock2DSimpleCrossAttn.forward`'s mask rule: `attention_mask` when given (UnCLIP passes
+/// its cross-attention mask that way), else `encoder_attention_mask`. The IF bundle's encoder mask
+/// passed as `attention_mask` gives the same output; an all-zero `attention_mask` beside it wins,
+/// so the output is the unmasked one, not PyTorch's.
+#[test]
+fn simple_cross_attn_attention_mask_wins_over_encoder_attention_mask() {
+    let rel = "mid/unet_mid_block_2d_simple_cross_attn_if_encoder_mask_bias.safetensors";
+    let key = |name: &str| format!("parity.input.{name}");
+    let renamed_dir = scratch("simple-cross-mask-renamed");
+    let renamed = RawBundle::edited(rel, &renamed_dir, |b| {
+        let m = b.tensors.remove(&key("encoder_attention_mask")).unwrap();
+        b.tensors.insert(key("attention_mask"), m);
+        b.metadata.insert(
+            "parity.inputs".into(),
+            r#"["hidden_states", "temb", "encoder_hidden_states", "attention_mask"]"#.into(),
+        );
+    });
+    assert_pass(&["check", renamed.to_str().unwrap()]);
+    let both_dir = scratch("simple-cross-mask-both");
+    let both = RawBundle::edited(rel, &both_dir, |b| {
+        let zeros = b.tensors[&key("encoder_attention_mask")].zeros_like().unwrap();
+        b.tensors.insert(key("attention_mask"), zeros);
+        b.metadata.insert(
+            "parity.inputs".into(),
+            r#"["hidden_states", "temb", "encoder_hidden_states", "attention_mask", "encoder_attention_mask"]"#.into(),
+        );
+    });
+    let (code, out, err) = cli(&["check", both.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}\n{err}");
+}
