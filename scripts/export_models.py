@@ -100,6 +100,18 @@ def build_module(block: str, config: dict) -> nn.Module:
         from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2DCrossAttn
 
         return UNetMidBlock2DCrossAttn(**cfg)
+    if block == "diffusers.UNetMidBlock2DSimpleCrossAttn":
+        from diffusers.models import attention_processor
+        from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2DSimpleCrossAttn
+
+        # ``processor`` is not a constructor argument: the processor class the attentions run
+        # (the constructor picks AttnAddedKVProcessor2_0 under torch >= 2)
+        processor = cfg.pop("processor", None)
+        module = UNetMidBlock2DSimpleCrossAttn(**cfg)
+        if processor is not None:
+            for attn in module.attentions:
+                attn.set_processor(getattr(attention_processor, processor)())
+        return module
     if block == "denoising_diffusion_pytorch.MidBlock":
         return mid_blocks.LucidrainsMidBlock(**cfg)
     if block == "ldm.MidBlock":
@@ -162,6 +174,27 @@ def unet2d_condition_mid_config(model) -> dict:
                 num_attention_heads=_per_block(heads, n)[-1], resnet_groups=c.norm_num_groups,
                 dual_cross_attention=c.dual_cross_attention, use_linear_projection=c.use_linear_projection,
                 upcast_attention=c.upcast_attention, attention_type=c.attention_type)
+
+
+def unet2d_condition_simple_cross_mid_config(model) -> dict:
+    """``UNet2DConditionModel.__init__`` -> ``get_mid_block("UNetMidBlock2DSimpleCrossAttn", ...)`` ->
+    ``UNetMidBlock2DSimpleCrossAttn(in_channels, temb_channels, dropout, resnet_eps, resnet_act_fn,
+    output_scale_factor, cross_attention_dim, attention_head_dim, resnet_groups, resnet_time_scale_shift,
+    skip_time_act=resnet_skip_time_act, only_cross_attention=mid_block_only_cross_attention,
+    cross_attention_norm)`` with ``cross_attention_dim[-1]``, ``attention_head_dim[-1]`` and
+    ``mid_block_only_cross_attention`` None -> ``only_cross_attention`` if a bool, else False."""
+    c = model.config
+    assert c.mid_block_type == "UNetMidBlock2DSimpleCrossAttn"
+    n = len(c.down_block_types)
+    only = c.mid_block_only_cross_attention
+    if only is None:
+        only = c.only_cross_attention if isinstance(c.only_cross_attention, bool) else False
+    return dict(in_channels=c.block_out_channels[-1], temb_channels=model.time_embedding.linear_2.out_features,
+                dropout=c.dropout, resnet_eps=c.norm_eps, resnet_act_fn=c.act_fn,
+                output_scale_factor=c.mid_block_scale_factor, cross_attention_dim=_per_block(c.cross_attention_dim, n)[-1],
+                attention_head_dim=_per_block(c.attention_head_dim, n)[-1], resnet_groups=c.norm_num_groups,
+                resnet_time_scale_shift=c.resnet_time_scale_shift, skip_time_act=c.resnet_skip_time_act,
+                only_cross_attention=only, cross_attention_norm=c.cross_attention_norm)
 
 
 def mid2d_resnet_config(mid_cfg: dict) -> dict:
@@ -466,6 +499,90 @@ def diffusers_unet2d_condition(ctx: Ctx):
                        "model ran on random inputs")
 
 
+def diffusers_unet2d_condition_simple_cross(ctx: Ctx):
+    """``UNet2DConditionModel(mid_block_type="UNetMidBlock2DSimpleCrossAttn")``: the IF / Kandinsky /
+    UnCLIP U-Net, whose mid block runs added key/value attention (``AttnAddedKVProcessor2_0``)."""
+    from diffusers import UNet2DConditionModel
+    from diffusers.models.attention_processor import AttnAddedKVProcessor
+
+    common = dict(sample_size=8, layers_per_block=1, block_out_channels=(8, 16),
+                  down_block_types=("ResnetDownsampleBlock2D", "SimpleCrossAttnDownBlock2D"),
+                  up_block_types=("SimpleCrossAttnUpBlock2D", "ResnetUpsampleBlock2D"),
+                  mid_block_type="UNetMidBlock2DSimpleCrossAttn", attention_head_dim=4, norm_num_groups=4,
+                  resnet_time_scale_shift="scale_shift", resnet_skip_time_act=True, resnet_out_scale_factor=1.414)
+    variants = [
+        # DeepFloyd IF-like: GELU resnets, text_proj of a T5-like context, "text" added embedding,
+        # group_norm cross norm (GroupNorm(32, cross_attention_dim))
+        ("diffusers_if", dict(in_channels=3, out_channels=6, act_fn="gelu", cross_attention_dim=32,
+                              encoder_hid_dim=24, encoder_hid_dim_type="text_proj", addition_embed_type="text",
+                              addition_embed_type_num_heads=2, cross_attention_norm="group_norm"), 7401,
+         "DeepFloyd IF-like (act_fn gelu, resnet_time_scale_shift scale_shift, resnet_skip_time_act, "
+         "encoder_hid_dim_type text_proj 24 -> 32, addition_embed_type text, cross_attention_norm group_norm, "
+         "attention_head_dim 4 = 4 heads of 4 at the mid, added_kv_proj_dim 32 != in_channels 16)"),
+        # Kandinsky 2.2-like: image_proj context (32 image tokens), "image" added embedding; UnCLIP-style
+        # only_cross_attention (a bool: the mid block takes it too) and layer_norm cross norm
+        ("diffusers_kandinsky", dict(in_channels=4, out_channels=8, cross_attention_dim=16, encoder_hid_dim=20,
+                                     encoder_hid_dim_type="image_proj", addition_embed_type="image",
+                                     only_cross_attention=True, cross_attention_norm="layer_norm"), 7402,
+         "Kandinsky 2.2-like (encoder_hid_dim_type image_proj 20 -> 32 image tokens of 16, addition_embed_type "
+         "image, only_cross_attention True -> mid_block_only_cross_attention, cross_attention_norm layer_norm, "
+         "resnet_time_scale_shift scale_shift, resnet_skip_time_act, attention_head_dim 4 = 4 heads of 4)"),
+    ]
+    for name, kw, seed, what in variants:
+        torch.manual_seed(0)
+        model = UNet2DConditionModel(**common, **kw)
+        randomize_(model, seed)
+        model.eval()
+        files = save_diffusers(model, name)
+        ctx.files += files
+        weights = files[1].relative_to(WEIGHTS).as_posix()
+        g = gen(seed + 1)
+        sample, t = randn(g, 2, model.config.in_channels, 8, 12), torch.tensor([17, 503])
+        if name == "diffusers_if":
+            ehs, added = randn(g, 2, 7, 24), None
+            inputs_what = "encoder_hidden_states (2, 7, 24)"
+        else:
+            ehs, added = randn(g, 2, 5, 16), {"image_embeds": randn(g, 2, 20)}
+            inputs_what = "encoder_hidden_states (2, 5, 16) (unused by image_proj), image_embeds (2, 20)"
+
+        def run(mask=None):
+            return model(sample, t, encoder_hidden_states=ehs, added_cond_kwargs=added, encoder_attention_mask=mask)
+
+        ins, out = capture(model.mid_block, run)
+        cfg = unet2d_condition_simple_cross_mid_config(model)
+        src = (DIFF_BLOCKS.format("UNetMidBlock2DSimpleCrossAttn") + f"; {what}: the mid_block of the whole "
+               f"UNet2DConditionModel weights/{weights}, inputs captured by a forward pre-hook while the model ran on "
+               f"random sample (2, {model.config.in_channels}, 8, 12), timesteps [17, 503], {inputs_what}; "
+               "AttnAddedKVProcessor2_0 (the constructor's choice under torch >= 2)")
+        short = name.replace("diffusers_", "")
+        stem = f"unet_mid_block_2d_simple_cross_attn_{short}"
+        state = sub_state(model.state_dict(), "mid_block.")
+        ctx.bundle(stem, "diffusers.UNetMidBlock2DSimpleCrossAttn", cfg, tensor_inputs(ins), out, state=state,
+                   source=src, half=True)
+        ctx.bundle(f"{stem}_ref", "diffusers.UNetMidBlock2DSimpleCrossAttn", cfg, tensor_inputs(ins), out,
+                   ref=(weights, "mid_block."), source=src)
+        if name == "diffusers_if":
+            # the UNet turns a (B, S) 1/0 encoder_attention_mask into a (B, 1, S) additive bias; the added-KV
+            # processor pads it by the H*W self tokens (prepare_attention_mask), which the keys append
+            keep = torch.tensor([[1., 1., 1., 1., 1., 0., 0.], [1., 1., 1., 0., 0., 0., 0.]])
+            mins, mout = capture(model.mid_block, lambda: run(keep))
+            assert mins["encoder_attention_mask"].shape == (2, 1, 7)
+            ctx.bundle(f"{stem}_encoder_mask_bias", "diffusers.UNetMidBlock2DSimpleCrossAttn", cfg,
+                       tensor_inputs(mins), mout, state=state,
+                       source=src + "; UNet2DConditionModel called with encoder_attention_mask [[1,1,1,1,1,0,0],"
+                       "[1,1,1,0,0,0,0]] (B, S), which it converts to the additive (B, 1, S) bias (1 - m) * -10000.0 "
+                       "the mid block receives (stored as captured) and passes to its attentions (attention_mask None)")
+            # AttnAddedKVProcessor (baddbmm, upcast_softmax) after model.set_attn_processor
+            model.set_attn_processor(AttnAddedKVProcessor())
+            pins, pout = capture(model.mid_block, run)
+            pcfg = dict(cfg, processor="AttnAddedKVProcessor")
+            ctx.bundle(f"{stem}_attn_added_kv_processor", "diffusers.UNetMidBlock2DSimpleCrossAttn", pcfg,
+                       tensor_inputs(pins), pout, state=state, half=True,
+                       source=src.replace("AttnAddedKVProcessor2_0 (the constructor's choice under torch >= 2)",
+                                          "AttnAddedKVProcessor after model.set_attn_processor(AttnAddedKVProcessor()) "
+                                          "(baddbmm scores, upcast_softmax=True; the processor torch < 2 gets)"))
+
+
 def lucidrains(ctx: Ctx):
     from denoising_diffusion_pytorch.version import __version__
     from denoising_diffusion_pytorch import GaussianDiffusion, Unet
@@ -708,8 +825,8 @@ def standalone_restated(ctx: Ctx):
                    half=True)
 
 
-MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_unet2d_condition, lucidrains, sd_checkpoint,
-                  guided_diffusion_checkpoint, ddpm_model_checkpoint, standalone_restated)
+MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
+                  lucidrains, sd_checkpoint, guided_diffusion_checkpoint, ddpm_model_checkpoint, standalone_restated)
 
 
 # --------------------------------------------------------------------------------------------
@@ -774,16 +891,19 @@ def half_twin(spec, dtype):
                         dtype=dtype, input_dtypes={"emb": torch.float32})
 
 
-def export_all(ctx: Ctx):
+def export_all(ctx: Ctx, only=None):
+    """Write every model and bundle (``only``: the named builders' files, leaving the rest as they are)."""
     MID.mkdir(parents=True, exist_ok=True)
-    for f in sorted(MID.glob("*.safetensors")):
-        f.unlink()
-    if MODELS.exists():
-        shutil.rmtree(MODELS)
-    MODELS.mkdir(parents=True)
+    if only is None:
+        for f in sorted(MID.glob("*.safetensors")):
+            f.unlink()
+        if MODELS.exists():
+            shutil.rmtree(MODELS)
+    MODELS.mkdir(parents=True, exist_ok=True)
     _diffusers_quiet()
     for builder in MODEL_BUILDERS:
-        builder(ctx)
+        if only is None or builder.__name__ in only:
+            builder(ctx)
     for f in ctx.files:
         print(f"wrote weights/{f.relative_to(WEIGHTS).as_posix()} ({f.stat().st_size} B)")
     results = []
@@ -883,6 +1003,10 @@ def verify_bundle(path: Path) -> str:
     module.load_state_dict(state, strict=True)
     module.eval()
     names = list(b["expected"])
+    # fresh copies: the loaded inputs are views at arbitrary offsets of the file's buffer, and
+    # PyTorch's CPU kernels round differently on unaligned data (a 2e-6 difference seen on a
+    # Linear); the export ran on freshly allocated tensors
+    b["inputs"] = OrderedDict((k, v.clone()) for k, v in b["inputs"].items())
     got = run_module(module, b["inputs"], b["kwargs"])
     assert list(got) == names, f"{path}: outputs {list(got)} != {names}"
     for n in names:
@@ -923,7 +1047,8 @@ def verify_models():
     _diffusers_quiet()
     classes = {"diffusers_unet2d": UNet2DModel, "diffusers_unet2d_scale_shift": UNet2DModel,
                "diffusers_unet2d_bin": UNet2DModel, "diffusers_vae": AutoencoderKL, "diffusers_sd1": UNet2DConditionModel,
-               "diffusers_sd2": UNet2DConditionModel, "diffusers_sdxl": UNet2DConditionModel}
+               "diffusers_sd2": UNet2DConditionModel, "diffusers_sdxl": UNet2DConditionModel,
+               "diffusers_if": UNet2DConditionModel, "diffusers_kandinsky": UNet2DConditionModel}
     for name, cls in classes.items():
         m = cls.from_pretrained(MODELS / name)
         files = {p.name for p in (MODELS / name).iterdir()}
@@ -995,14 +1120,25 @@ def main(argv=None):
     ap.add_argument("--verify", action="store_true", help="after exporting, reload and re-check every file")
     ap.add_argument("--verify-only", action="store_true", help="only re-check the files on disk")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--only", nargs="+", choices=[b.__name__ for b in MODEL_BUILDERS],
+                    help="export only these builders' models and bundles (nothing else is deleted or rewritten; "
+                    "--verify then checks only their bundles)")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     torch.use_deterministic_algorithms(True)
     ctx = None
     if not args.verify_only:
         ctx = Ctx()
-        export_all(ctx)
-    if args.verify or args.verify_only:
+        export_all(ctx, args.only)
+    if args.only and args.verify:
+        for spec in ctx.specs:
+            for suffix in ("", "_f16", "_bf16") if spec["half"] else ("",):
+                p = WEIGHTS / spec["path"].replace(".safetensors", f"{suffix}.safetensors")
+                diffs = verify_bundle(p)
+                if suffix:
+                    verify_half_twin(p, WEIGHTS / spec["path"])
+                print(f"verified {p.relative_to(REPO)} (max|out-f64| {diffs})")
+    elif args.verify or args.verify_only:
         verify_all(ctx)
     print(f"sha256 of weights/mid + weights/models: {digest()}")
 

@@ -592,6 +592,7 @@ TRACERS = {
     "diffusers.ResnetBlock2D": _diffusers_resnet,
     "diffusers.UNetMidBlock2D": _sequence(_diffusers_mid),
     "diffusers.UNetMidBlock2DCrossAttn": _sequence(_diffusers_mid),
+    "diffusers.UNetMidBlock2DSimpleCrossAttn": _sequence(_diffusers_mid),
     "denoising_diffusion_pytorch.Attention": _ddpm,
     "denoising_diffusion_pytorch.LinearAttention": _linear,
     "denoising_diffusion_pytorch.MidBlock": _sequence(_children(("mid_block1", "mid_attn", "mid_block2"))),

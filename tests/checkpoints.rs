@@ -3,7 +3,7 @@
 //! built here (no network).
 
 mod common;
-use common::{cli, scratch, weights};
+use common::{cli, scratch, weights, RawBundle};
 use std::path::Path;
 
 fn w(rel: &str) -> String {
@@ -100,6 +100,14 @@ fn config_json_gives_the_mid_block_config() {
             "mid/unet_mid_block_2d_cross_attn_sdxl_ref.safetensors",
             "diffusers_sdxl/config.json",
         ),
+        (
+            "mid/unet_mid_block_2d_simple_cross_attn_if_ref.safetensors",
+            "diffusers_if/config.json",
+        ),
+        (
+            "mid/unet_mid_block_2d_simple_cross_attn_kandinsky_ref.safetensors",
+            "diffusers_kandinsky/config.json",
+        ),
     ] {
         let err = assert_pass(&["check", &w(bundle), "--config", &models(config)]);
         assert!(err.contains("config from"), "{bundle}: {err}");
@@ -175,6 +183,14 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
         (
             "diffusers_sdxl/diffusion_pytorch_model.safetensors",
             &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        ),
+        (
+            "diffusers_if/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2DSimpleCrossAttn")],
+        ),
+        (
+            "diffusers_kandinsky/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2DSimpleCrossAttn")],
         ),
         (
             "lucidrains_ddpm/model-1.pt",
@@ -430,4 +446,136 @@ fn detect_reads_the_config_beside_the_checkpoint() {
         out.contains("not in the keys") && !out.contains("from config.json"),
         "{out}"
     );
+}
+
+/// The IF- and Kandinsky-like `UNet2DConditionModel`s (`mid_block_type
+/// "UNetMidBlock2DSimpleCrossAttn"`): `detect` names the block and reads the added key/value
+/// attention from the keys, `check --weights --prefix` runs the self-contained bundles on the
+/// whole checkpoint's mid block, and the other model's weights or config do not fit.
+#[test]
+fn simple_cross_attn_models_detect_and_check_from_the_whole_checkpoint() {
+    for (model, bundle, only_cross) in [
+        ("diffusers_if", "unet_mid_block_2d_simple_cross_attn_if", false),
+        (
+            "diffusers_kandinsky",
+            "unet_mid_block_2d_simple_cross_attn_kandinsky",
+            true,
+        ),
+    ] {
+        let ckpt = models(&format!("{model}/diffusion_pytorch_model.safetensors"));
+        let lone_dir = scratch(&format!("detect-lone-{model}"));
+        let lone = copy_to(&lone_dir, &ckpt, "m.safetensors");
+        let (code, out, err) = cli(&["detect", &lone]);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.contains("prefix `mid_block.`: diffusers.UNetMidBlock2DSimpleCrossAttn")
+                && out.contains("UNetMidBlock2DSimpleCrossAttn (UNet2DConditionModel of IF / Kandinsky / UnCLIP")
+                && out.contains(&format!("\"only_cross_attention\":{only_cross}"))
+                && out.contains("\"in_channels\":16")
+                && out.contains("not in the keys: attention_head_dim"),
+            "{model}: {out}"
+        );
+        // Beside its config.json, detect gives the full kwargs.
+        let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
+        assert_eq!(code, 0, "{err}");
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let kwargs = &doc["mid_blocks"][0]["from_config"];
+        assert_eq!(kwargs["attention_head_dim"], 4, "{out}");
+        assert_eq!(kwargs["skip_time_act"], true, "{out}");
+        assert_eq!(kwargs["only_cross_attention"], only_cross, "{out}");
+        for suffix in ["", "_f16", "_bf16"] {
+            let b = w(&format!("mid/{bundle}{suffix}.safetensors"));
+            let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block."]);
+            assert!(err.contains("weights from"), "{bundle}{suffix}: {err}");
+        }
+    }
+    // The IF weights under the Kandinsky bundle's config (layer_norm cross norm over 16
+    // channels; IF's is a GroupNorm over 32): the key and its shapes are named.
+    let (code, _, err) = cli(&[
+        "check",
+        &w("mid/unet_mid_block_2d_simple_cross_attn_kandinsky.safetensors"),
+        "--weights",
+        &models("diffusers_if/diffusion_pytorch_model.safetensors"),
+        "--prefix",
+        "mid_block.",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("attentions.0.norm_cross.weight") && err.contains("expected [16]"),
+        "{err}"
+    );
+    // The Kandinsky config on the IF bundle: a different block config, an error, not a pass.
+    let (code, out, err) = cli(&[
+        "check",
+        &w("mid/unet_mid_block_2d_simple_cross_attn_if_ref.safetensors"),
+        "--config",
+        &models("diffusers_kandinsky/config.json"),
+    ]);
+    assert_ne!(code, 0, "{out}\n{err}");
+}
+
+/// The options the bundles exercise change the output: a port that ignores `skip_time_act`
+/// fails, and a dropped `cross_attention_norm` leaves `norm_cross` unread (an error, not a
+/// pass). (The two added-KV processors differ only in rounding: swapped, each half-precision
+/// bundle still passes under the pass rule, so they are not told apart here.)
+#[test]
+fn simple_cross_attn_options_are_not_silently_ignored() {
+    let dir = scratch("simple-cross-options");
+    let edit = |rel: &str, sub: &str, key: &str, value: serde_json::Value| {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).unwrap();
+        RawBundle::edited(rel, &d, |b| {
+            let mut cfg: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+            cfg[key] = value;
+            b.metadata.insert("parity.config".into(), cfg.to_string());
+        })
+    };
+    let skip = edit(
+        "mid/unet_mid_block_2d_simple_cross_attn_if.safetensors",
+        "skip",
+        "skip_time_act",
+        serde_json::json!(false),
+    );
+    let (code, out, _) = cli(&["check", skip.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    let no_norm = edit(
+        "mid/unet_mid_block_2d_simple_cross_attn_kandinsky.safetensors",
+        "no-norm",
+        "cross_attention_norm",
+        serde_json::Value::Null,
+    );
+    let (code, out, err) = cli(&["check", no_norm.to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}");
+    assert!(format!("{out}{err}").contains("norm_cross"), "{out}\n{err}");
+}
+
+/// `UNetMidBlock2DSimpleCrossAttn.forward`'s mask rule: `attention_mask` when given (UnCLIP passes
+/// its cross-attention mask that way), else `encoder_attention_mask`. The IF bundle's encoder mask
+/// passed as `attention_mask` gives the same output; an all-zero `attention_mask` beside it wins,
+/// so the output is the unmasked one, not PyTorch's.
+#[test]
+fn simple_cross_attn_attention_mask_wins_over_encoder_attention_mask() {
+    let rel = "mid/unet_mid_block_2d_simple_cross_attn_if_encoder_mask_bias.safetensors";
+    let key = |name: &str| format!("parity.input.{name}");
+    let renamed_dir = scratch("simple-cross-mask-renamed");
+    let renamed = RawBundle::edited(rel, &renamed_dir, |b| {
+        let m = b.tensors.remove(&key("encoder_attention_mask")).unwrap();
+        b.tensors.insert(key("attention_mask"), m);
+        b.metadata.insert(
+            "parity.inputs".into(),
+            r#"["hidden_states", "temb", "encoder_hidden_states", "attention_mask"]"#.into(),
+        );
+    });
+    assert_pass(&["check", renamed.to_str().unwrap()]);
+    let both_dir = scratch("simple-cross-mask-both");
+    let both = RawBundle::edited(rel, &both_dir, |b| {
+        let zeros = b.tensors[&key("encoder_attention_mask")].zeros_like().unwrap();
+        b.tensors.insert(key("attention_mask"), zeros);
+        b.metadata.insert(
+            "parity.inputs".into(),
+            r#"["hidden_states", "temb", "encoder_hidden_states", "attention_mask", "encoder_attention_mask"]"#.into(),
+        );
+    });
+    let (code, out, err) = cli(&["check", both.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}\n{err}");
 }

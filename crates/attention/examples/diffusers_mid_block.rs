@@ -3,12 +3,13 @@
 //!
 //! ```sh
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_sd1
+//! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_if
 //! ```
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use unet_attention::diffusers::model_config::mid_blocks;
-use unet_attention::diffusers::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+use unet_attention::diffusers::{UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn};
 
 fn main() -> anyhow::Result<()> {
     let dir = std::env::args()
@@ -30,11 +31,15 @@ fn main() -> anyhow::Result<()> {
             None => None,
         };
         let vb = vb.pp(spec.prefix);
+        // The context as the block sees it (IF / Kandinsky: after `encoder_hid_proj`).
+        let context_dim = spec.config["cross_attention_dim"].as_u64().unwrap_or(0) as usize;
+        let context = Tensor::randn(0f32, 1.0, (1, 77, context_dim), &dev)?;
         let y = if spec.block == UNetMidBlock2DCrossAttn::BLOCK {
             let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
-            let context_dim = spec.config["cross_attention_dim"].as_u64().unwrap_or(0) as usize;
-            let context = Tensor::randn(0f32, 1.0, (1, 77, context_dim), &dev)?;
             UNetMidBlock2DCrossAttn::new(vb, &cfg)?.forward(&x, temb.as_ref(), Some(&context), None, None)?
+        } else if spec.block == UNetMidBlock2DSimpleCrossAttn::BLOCK {
+            let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
+            UNetMidBlock2DSimpleCrossAttn::new(vb, &cfg)?.forward(&x, temb.as_ref(), Some(&context), None, None)?
         } else {
             let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
             UNetMidBlock2D::new(vb, &cfg)?.forward(&x, temb.as_ref())?

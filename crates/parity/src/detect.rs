@@ -143,6 +143,10 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
         "resnet_eps (UNet2DModel norm_eps 1e-5, VAE and SD 1e-6 ... pass the model's config.json)".to_string(),
     ];
     let t0 = format!("{p}attentions.0.transformer_blocks.0.");
+    if has(ck, &format!("{p}attentions.0.add_k_proj.weight")) {
+        config.insert("num_layers".into(), json!(layers));
+        return diffusers_simple_cross(ck, p, config, unknown);
+    }
     if has(ck, &format!("{t0}attn1.to_q.weight")) {
         let inner = dim(ck, &format!("{t0}attn1.to_q.weight"), 0).unwrap_or(0);
         config.insert("num_layers".into(), json!(layers));
@@ -213,6 +217,45 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
             unknown,
             from_config: None,
         }
+    }
+}
+
+/// `UNetMidBlock2DSimpleCrossAttn` (IF, Kandinsky, UnCLIP): attentions with added key/value
+/// projections (`add_k_proj`) and no transformer.
+fn diffusers_simple_cross(ck: &Checkpoint, p: &str, mut config: Map<String, Value>, mut unknown: Vec<String>) -> Found {
+    let a0 = format!("{p}attentions.0.");
+    config.insert(
+        "cross_attention_dim".into(),
+        json!(dim(ck, &format!("{a0}add_k_proj.weight"), 1)),
+    );
+    let only_cross = !has(ck, &format!("{a0}to_k.weight"));
+    config.insert("only_cross_attention".into(), json!(only_cross));
+    let cross_norm = has(ck, &format!("{a0}norm_cross.weight"));
+    if !cross_norm {
+        config.insert("cross_attention_norm".into(), Value::Null);
+    }
+    unknown.insert(
+        0,
+        "attention_head_dim (the per-head width: IF 64; the config's `attention_head_dim`, last entry)".to_string(),
+    );
+    if cross_norm {
+        unknown.push(
+            "cross_attention_norm (norm_cross is there: \"layer_norm\" or \"group_norm\", the keys cannot tell)"
+                .to_string(),
+        );
+    }
+    unknown.push("skip_time_act (the config's `resnet_skip_time_act`; IF: true)".to_string());
+    Found {
+        prefix: p.to_string(),
+        block: Some(unet_attention::diffusers::UNetMidBlock2DSimpleCrossAttn::BLOCK),
+        variant: format!(
+            "diffusers UNetMidBlock2DSimpleCrossAttn (UNet2DConditionModel of IF / Kandinsky / UnCLIP; added key/value \
+             attention{})",
+            if only_cross { ", only_cross_attention" } else { "" }
+        ),
+        config,
+        unknown,
+        from_config: None,
     }
 }
 

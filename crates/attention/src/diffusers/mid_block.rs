@@ -24,7 +24,7 @@ use serde::Deserialize;
 
 /// `resnet_time_scale_shift` as the mid blocks take it (`"spatial"` selects
 /// `ResnetBlockCondNorm2D`, which is not implemented).
-fn time_norm(block: &'static str, name: &str) -> Result<TimeEmbeddingNorm> {
+pub(super) fn time_norm(block: &'static str, name: &str) -> Result<TimeEmbeddingNorm> {
     match name {
         "default" => Ok(TimeEmbeddingNorm::Default),
         "scale_shift" => Ok(TimeEmbeddingNorm::ScaleShift),
@@ -39,10 +39,10 @@ fn time_norm(block: &'static str, name: &str) -> Result<TimeEmbeddingNorm> {
     }
 }
 
-/// The `ResnetBlock2D(...)` both mid blocks construct: `in_channels → out_channels`, the
+/// The `ResnetBlock2D(...)` every diffusers mid block constructs: `in_channels → out_channels`, the
 /// block-wide time embedding, eps, activation, time norm, dropout and output scale.
 #[allow(clippy::too_many_arguments)]
-fn resnet_config(
+pub(super) fn resnet_config(
     in_channels: usize,
     out_channels: usize,
     groups: usize,
@@ -78,13 +78,13 @@ fn resnet_config(
     }
 }
 
-fn default_shift() -> String {
+pub(super) fn default_shift() -> String {
     "default".into()
 }
-fn one() -> usize {
+pub(super) fn one() -> usize {
     1
 }
-fn groups_32() -> Option<usize> {
+pub(super) fn groups_32() -> Option<usize> {
     Some(32)
 }
 
@@ -131,7 +131,7 @@ fn one_opt() -> Option<usize> {
 
 /// A config from the constructor's required arguments, every other field at its default (the
 /// serde defaults above: one source for both).
-fn from_required<T: serde::de::DeserializeOwned>(in_channels: usize, temb_channels: Option<usize>) -> T {
+pub(super) fn from_required<T: serde::de::DeserializeOwned>(in_channels: usize, temb_channels: Option<usize>) -> T {
     let args = serde_json::json!({ "in_channels": in_channels, "temb_channels": temb_channels });
     serde_json::from_value(args).expect("the required arguments and defaults form a config")
 }

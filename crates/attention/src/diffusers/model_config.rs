@@ -8,7 +8,8 @@
 //!   resnet_groups=norm_num_groups, attn_groups=attn_norm_num_groups, add_attention)`;
 //! * `UNet2DConditionModel`: `get_mid_block(mid_block_type, ...)` with the per-block lists'
 //!   last entries (`num_attention_heads = num_attention_heads or attention_head_dim`, the
-//!   historical naming: SD's `attention_head_dim: 8` means 8 heads);
+//!   historical naming: SD's `attention_head_dim: 8` means 8 heads; `UNetMidBlock2DSimpleCrossAttn`
+//!   (IF, Kandinsky, UnCLIP) takes `attention_head_dim` as the per-head width);
 //! * `AutoencoderKL`: encoder and decoder `UNetMidBlock2D(in_channels=block_out_channels[-1],
 //!   resnet_eps=1e-6, output_scale_factor=1, attention_head_dim=block_out_channels[-1],
 //!   temb_channels=None, add_attention=mid_block_add_attention, ...)`.
@@ -18,6 +19,7 @@
 //! `_diffusers_version`, `_name_or_path`) are metadata.
 
 use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
 use crate::{Error, Result};
 use serde_json::{json, Map, Value};
 
@@ -157,7 +159,8 @@ const AUTOENCODER_KL_KEYS: &[&str] = &[
 /// state dict.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MidBlockSpec {
-    /// `diffusers.UNetMidBlock2D` or `diffusers.UNetMidBlock2DCrossAttn`.
+    /// `diffusers.UNetMidBlock2D`, `diffusers.UNetMidBlock2DCrossAttn` or
+    /// `diffusers.UNetMidBlock2DSimpleCrossAttn`.
     pub block: &'static str,
     /// The constructor kwargs (what [`crate::config::from_json`] takes).
     pub config: Value,
@@ -323,10 +326,7 @@ fn unet_2d_condition(c: &Cfg) -> Result<Option<MidBlockSpec>> {
                 * 2
         );
     }
-    let heads = match c.value("num_attention_heads", Value::Null) {
-        Value::Null => c.last_of("attention_head_dim", json!(8))?,
-        _ => c.last_of("num_attention_heads", Value::Null)?,
-    };
+    check_encoder_hid_and_addition(c)?;
     let common = json!({
         "in_channels": last,
         "temb_channels": temb,
@@ -338,30 +338,16 @@ fn unet_2d_condition(c: &Cfg) -> Result<Option<MidBlockSpec>> {
         "resnet_time_scale_shift": c.value("resnet_time_scale_shift", json!("default")),
     });
     let mut config = common.as_object().cloned().unwrap_or_default();
-    let block = match c.value("mid_block_type", json!("UNetMidBlock2DCrossAttn")) {
+    let (block, extra) = match c.value("mid_block_type", json!("UNetMidBlock2DCrossAttn")) {
         Value::Null => return Ok(None),
-        Value::String(s) if s == "UNetMidBlock2DCrossAttn" => {
-            for (k, v) in [
-                (
-                    "transformer_layers_per_block",
-                    c.last_of("transformer_layers_per_block", json!(1))?,
-                ),
-                ("num_attention_heads", heads),
-                ("cross_attention_dim", c.last_of("cross_attention_dim", json!(1280))?),
-                ("dual_cross_attention", c.value("dual_cross_attention", json!(false))),
-                ("use_linear_projection", c.value("use_linear_projection", json!(false))),
-                ("upcast_attention", c.value("upcast_attention", json!(false))),
-                ("attention_type", c.value("attention_type", json!("default"))),
-            ] {
-                config.insert(k.into(), v);
-            }
-            UNetMidBlock2DCrossAttn::BLOCK
+        Value::String(s) if s == "UNetMidBlock2DCrossAttn" => (UNetMidBlock2DCrossAttn::BLOCK, cross_attn_kwargs(c)?),
+        Value::String(s) if s == "UNetMidBlock2DSimpleCrossAttn" => {
+            (UNetMidBlock2DSimpleCrossAttn::BLOCK, simple_cross_attn_kwargs(c)?)
         }
-        Value::String(s) if s == "UNetMidBlock2D" => {
-            config.insert("num_layers".into(), json!(0));
-            config.insert("add_attention".into(), json!(false));
-            UNetMidBlock2D::BLOCK
-        }
+        Value::String(s) if s == "UNetMidBlock2D" => (
+            UNetMidBlock2D::BLOCK,
+            vec![("num_layers", json!(0)), ("add_attention", json!(false))],
+        ),
         other => {
             return Err(Error::unsupported(
                 CONTEXT,
@@ -369,11 +355,95 @@ fn unet_2d_condition(c: &Cfg) -> Result<Option<MidBlockSpec>> {
             ))
         }
     };
+    for (k, v) in extra {
+        config.insert(k.into(), v);
+    }
     Ok(Some(MidBlockSpec {
         block,
         config: Value::Object(config),
         prefix: "mid_block",
     }))
+}
+
+/// `get_mid_block("UNetMidBlock2DCrossAttn", ...)`: the per-block lists' last entries,
+/// `num_attention_heads = num_attention_heads or attention_head_dim`.
+fn cross_attn_kwargs(c: &Cfg) -> Result<Vec<(&'static str, Value)>> {
+    let heads = match c.value("num_attention_heads", Value::Null) {
+        Value::Null => c.last_of("attention_head_dim", json!(8))?,
+        _ => c.last_of("num_attention_heads", Value::Null)?,
+    };
+    Ok(vec![
+        (
+            "transformer_layers_per_block",
+            c.last_of("transformer_layers_per_block", json!(1))?,
+        ),
+        ("num_attention_heads", heads),
+        ("cross_attention_dim", c.last_of("cross_attention_dim", json!(1280))?),
+        ("dual_cross_attention", c.value("dual_cross_attention", json!(false))),
+        ("use_linear_projection", c.value("use_linear_projection", json!(false))),
+        ("upcast_attention", c.value("upcast_attention", json!(false))),
+        ("attention_type", c.value("attention_type", json!("default"))),
+    ])
+}
+
+/// `get_mid_block("UNetMidBlock2DSimpleCrossAttn", ...)`: `cross_attention_dim[-1]` (the
+/// `added_kv_proj_dim`; `encoder_hid_proj`, when there is one, projects the context to the
+/// config's `cross_attention_dim` before any block sees it), `attention_head_dim[-1]` as the
+/// per-head width (here it is not a head count), `skip_time_act=resnet_skip_time_act`,
+/// `only_cross_attention=mid_block_only_cross_attention` (`None`: `only_cross_attention` when
+/// that is a bool, else False) and `cross_attention_norm`. `resnet_out_scale_factor` goes to the
+/// down and up blocks only.
+fn simple_cross_attn_kwargs(c: &Cfg) -> Result<Vec<(&'static str, Value)>> {
+    let head_dim = match c.last_of("attention_head_dim", json!(8))? {
+        Value::Null => return Err(bad(
+            "`attention_head_dim` is null: UNetMidBlock2DSimpleCrossAttn computes in_channels // attention_head_dim \
+                 (diffusers fails with a TypeError)",
+        )),
+        v => v,
+    };
+    let only_cross = match c.value("mid_block_only_cross_attention", Value::Null) {
+        Value::Null => match c.value("only_cross_attention", json!(false)) {
+            Value::Bool(b) => json!(b),
+            _ => json!(false),
+        },
+        v => v,
+    };
+    Ok(vec![
+        ("attention_head_dim", head_dim),
+        ("cross_attention_dim", c.last_of("cross_attention_dim", json!(1280))?),
+        ("skip_time_act", c.value("resnet_skip_time_act", json!(false))),
+        ("only_cross_attention", only_cross),
+        ("cross_attention_norm", c.value("cross_attention_norm", Value::Null)),
+    ])
+}
+
+/// What `UNet2DConditionModel.__init__` raises on in `_set_encoder_hid_proj` and
+/// `_set_add_embedding`: an `encoder_hid_dim_type` without `encoder_hid_dim`, a type it does not
+/// know, and an unknown `addition_embed_type`. (`encoder_hid_dim` alone means `"text_proj"`.)
+fn check_encoder_hid_and_addition(c: &Cfg) -> Result<()> {
+    let hid_dim = c.value("encoder_hid_dim", Value::Null);
+    match (c.value("encoder_hid_dim_type", Value::Null), &hid_dim) {
+        (Value::Null, _) => {}
+        (kind, Value::Null) => {
+            return Err(bad(format!(
+                "`encoder_hid_dim` has to be defined when `encoder_hid_dim_type` is set to {kind}"
+            )))
+        }
+        (Value::String(k), _) if ["text_proj", "text_image_proj", "image_proj"].contains(&k.as_str()) => {}
+        (kind, _) => {
+            return Err(bad(format!(
+                "`encoder_hid_dim_type` {kind} must be null, \"text_proj\", \"text_image_proj\" or \"image_proj\""
+            )))
+        }
+    }
+    const ADDITION: [&str; 5] = ["text", "text_image", "text_time", "image", "image_hint"];
+    match c.value("addition_embed_type", Value::Null) {
+        Value::Null => Ok(()),
+        Value::String(k) if ADDITION.contains(&k.as_str()) => Ok(()),
+        other => Err(bad(format!(
+            "`addition_embed_type` {other} must be null, \"text\", \"text_image\", \"text_time\", \"image\" or \"image_hint\""
+        ))),
+    }
 }
 
 fn autoencoder_kl(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
@@ -480,5 +550,81 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec[0].config["in_channels"], 8);
+    }
+
+    #[test]
+    fn simple_cross_attn_configs_follow_unet_2d_condition_model() {
+        // DeepFloyd IF-I-like: attention_head_dim is the head width, scale_shift resnets, the
+        // T5 context projected by encoder_hid_proj to cross_attention_dim, group_norm cross norm.
+        let spec = one(
+            json!({"_class_name": "UNet2DConditionModel", "mid_block_type": "UNetMidBlock2DSimpleCrossAttn",
+            "block_out_channels": [64, 128, 192], "attention_head_dim": 64, "cross_attention_dim": 256,
+            "encoder_hid_dim": 4096, "encoder_hid_dim_type": "text_proj", "addition_embed_type": "text",
+            "resnet_time_scale_shift": "scale_shift", "resnet_skip_time_act": true, "resnet_out_scale_factor": 1.414,
+            "cross_attention_norm": "group_norm", "only_cross_attention": false, "norm_num_groups": 32}),
+        );
+        assert_eq!(spec.block, UNetMidBlock2DSimpleCrossAttn::BLOCK);
+        let c = &spec.config;
+        assert_eq!(
+            (c["in_channels"].clone(), c["temb_channels"].clone()),
+            (json!(192), json!(256))
+        );
+        assert_eq!(c["attention_head_dim"], 64);
+        assert_eq!(c["cross_attention_dim"], 256);
+        assert_eq!(c["skip_time_act"], true);
+        assert_eq!(c["cross_attention_norm"], "group_norm");
+        assert_eq!(c["resnet_time_scale_shift"], "scale_shift");
+        assert_eq!(c["only_cross_attention"], false);
+        assert!(c.get("output_scale_factor") == Some(&json!(1)) && c.get("num_attention_heads").is_none());
+        let built: crate::diffusers::UNetMidBlock2DSimpleCrossAttnConfig =
+            crate::config::from_json(UNetMidBlock2DSimpleCrossAttn::BLOCK, c).unwrap();
+        assert_eq!(built.attention_head_dim, 64);
+        // UnCLIP-like: a bool only_cross_attention carries to the mid block unless
+        // mid_block_only_cross_attention says otherwise; a list does not.
+        let base = json!({"_class_name": "UNet2DConditionModel", "mid_block_type": "UNetMidBlock2DSimpleCrossAttn",
+            "attention_head_dim": [8, 16], "block_out_channels": [32, 64], "cross_attention_dim": [48, 64],
+            "only_cross_attention": true, "cross_attention_norm": "layer_norm"});
+        let spec = one(base.clone());
+        assert_eq!(spec.config["only_cross_attention"], true);
+        assert_eq!(spec.config["attention_head_dim"], 16);
+        assert_eq!(spec.config["cross_attention_dim"], 64);
+        let mut v = base.clone();
+        v["mid_block_only_cross_attention"] = json!(false);
+        assert_eq!(one(v).config["only_cross_attention"], false);
+        let mut v = base.clone();
+        v["only_cross_attention"] = json!([true, true]);
+        assert_eq!(one(v).config["only_cross_attention"], false);
+        let mut v = base;
+        v["attention_head_dim"] = Value::Null;
+        let e = mid_blocks(&v, None, false).unwrap_err().to_string();
+        assert!(e.contains("attention_head_dim"), "{e}");
+    }
+
+    #[test]
+    fn encoder_hid_and_addition_types_diffusers_rejects_are_errors() {
+        let base = json!({"_class_name": "UNet2DConditionModel", "mid_block_type": "UNetMidBlock2DSimpleCrossAttn",
+            "attention_head_dim": 8});
+        for (key, value, needle) in [
+            (
+                "encoder_hid_dim_type",
+                json!("image_proj"),
+                "`encoder_hid_dim` has to be defined",
+            ),
+            ("encoder_hid_dim_type", json!("ip_image_proj"), "ip_image_proj"),
+            ("addition_embed_type", json!("clip"), "clip"),
+        ] {
+            let mut v = base.clone();
+            v[key] = value;
+            if key == "encoder_hid_dim_type" && needle != "`encoder_hid_dim` has to be defined" {
+                v["encoder_hid_dim"] = json!(16);
+            }
+            let e = mid_blocks(&v, None, false).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+        let mut v = base;
+        v["encoder_hid_dim"] = json!(16);
+        v["encoder_hid_dim_type"] = json!("text_image_proj");
+        v["addition_embed_type"] = json!("text_image");
+        assert!(mid_blocks(&v, None, false).is_ok());
     }
 }

@@ -1,6 +1,8 @@
 use super::{BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
-use unet_attention::diffusers::{ResnetBlock2D, UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+use unet_attention::diffusers::{
+    ResnetBlock2D, UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn,
+};
 use unet_attention::{config, Result};
 
 impl Runnable for ResnetBlock2D {
@@ -17,18 +19,35 @@ impl Runnable for UNetMidBlock2D {
     }
 }
 
-impl Runnable for UNetMidBlock2DCrossAttn {
-    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
-        let out = self.forward(
-            inputs.required("hidden_states")?,
-            inputs.get("temb"),
-            inputs.get("encoder_hidden_states"),
-            inputs.get("attention_mask"),
-            inputs.get("encoder_attention_mask"),
-        )?;
-        Ok(vec![out])
-    }
+/// The cross-attention mid blocks share the forward signature `(hidden_states, temb,
+/// encoder_hidden_states, attention_mask, encoder_attention_mask)`.
+macro_rules! cross_attn_runnable {
+    ($($block:ty),*) => {$(
+        impl Runnable for $block {
+            fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+                let out = self.forward(
+                    inputs.required("hidden_states")?,
+                    inputs.get("temb"),
+                    inputs.get("encoder_hidden_states"),
+                    inputs.get("attention_mask"),
+                    inputs.get("encoder_attention_mask"),
+                )?;
+                Ok(vec![out])
+            }
+        }
+    )*};
 }
+
+cross_attn_runnable!(UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn);
+
+/// Their inputs, in forward order.
+const CROSS_ATTN_INPUTS: &[&str] = &[
+    "hidden_states",
+    "temb",
+    "encoder_hidden_states",
+    "attention_mask",
+    "encoder_attention_mask",
+];
 
 pub(super) fn entries() -> Vec<BlockInfo> {
     vec![
@@ -55,17 +74,21 @@ pub(super) fn entries() -> Vec<BlockInfo> {
         BlockInfo {
             id: UNetMidBlock2DCrossAttn::BLOCK,
             pytorch: "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DCrossAttn (diffusers 0.28 – 0.42.1; UNet2DConditionModel mid block, SD 1.x / 2.x / XL)",
-            inputs: &[
-                "hidden_states",
-                "temb",
-                "encoder_hidden_states",
-                "attention_mask",
-                "encoder_attention_mask",
-            ],
+            inputs: CROSS_ATTN_INPUTS,
             kwargs: &[],
             build: |vb, cfg| {
                 let cfg = config::from_json(UNetMidBlock2DCrossAttn::BLOCK, cfg)?;
                 Ok(Box::new(UNetMidBlock2DCrossAttn::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: UNetMidBlock2DSimpleCrossAttn::BLOCK,
+            pytorch: "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DSimpleCrossAttn (diffusers 0.42.1; UNet2DConditionModel mid block of DeepFloyd IF, Kandinsky 2.1 / 2.2, UnCLIP; AttnAddedKVProcessor2_0 / AttnAddedKVProcessor)",
+            inputs: CROSS_ATTN_INPUTS,
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(UNetMidBlock2DSimpleCrossAttn::BLOCK, cfg)?;
+                Ok(Box::new(UNetMidBlock2DSimpleCrossAttn::new(vb, &cfg)?))
             },
         },
     ]
