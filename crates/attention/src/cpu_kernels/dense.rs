@@ -1,12 +1,12 @@
 //! The linear layers and convolutions of the blocks on the CPU: weights packed once when a layer
 //! is built ([`PackedLinear`], [`PackedConv`]), each call one [`gemm`](super::gemm) with the
 //! bias (and a conv's time-embedding add, residual and output divisor) applied as the output is
-//! written. f32 only; the layers in `crate::layers` keep Candle's ops for every other dtype and
+//! written (large 3×3 convolutions: [`winograd`](super::winograd), 16 such GEMMs). f32 only; the layers in `crate::layers` keep Candle's ops for every other dtype and
 //! device, and for every call while [`LayerPath::Candle`] is chosen.
 //!
 //! [`LayerPath`] picks the implementation per call: the programmatic override
-//! ([`set_layer_path`]), else the environment variable `UNET_ATTENTION_LAYERS` (`auto` or
-//! `candle`, read once), else [`LayerPath::Auto`].
+//! ([`set_layer_path`]), else the environment variable `UNET_ATTENTION_LAYERS` (`auto`,
+//! `direct`, `winograd` or `candle`, read once), else [`LayerPath::Auto`].
 
 use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, Isa, PackedCols, PackedRows, RowsOf};
 use super::{contiguous, cpu_slice, winograd};

@@ -5,8 +5,9 @@
 //! * The linear layers and convolutions of every block: weights packed once when the block is
 //!   built ([`PackedLinear`], [`PackedConv`]), one cache-blocked GEMM per call with the bias,
 //!   time embedding, residual and divisor applied as the output is written (`gemm`, `tile`:
-//!   the register tiles, `im2col`: a convolution's input packed a block at a time), chosen per
-//!   call by [`layer_path`].
+//!   the register tiles, `im2col`: a convolution's input packed a block at a time, `winograd`:
+//!   large 3×3 convolutions as 16 GEMMs of Winograd's F(2×2, 3×3)), chosen per call by
+//!   [`layer_path`].
 //! * GroupNorm (and GroupNorm + SiLU in one pass), transposed copies, RMSNorm's channel sum of
 //!   squares, below.
 //!
