@@ -308,7 +308,7 @@ impl PackedConv {
             LayerPath::Direct | LayerPath::Candle => false,
         };
         if self.ksize == 3 && winograd {
-            let u = winograd::transform_weight(&self.packed, self.isa, self.blocking);
+            let u = winograd::transform_weight(&self.packed, self.blocking);
             winograd::conv(self.isa, self.blocking, &u, src, shape, epi, &mut out);
         } else {
             let image = super::im2col::Image {

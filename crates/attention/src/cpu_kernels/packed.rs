@@ -31,12 +31,17 @@ impl PackedRows {
 
     /// A `(rows, k)` matrix of zeros, to be filled row by row ([`PackedRows::set_row`]).
     pub(crate) fn zeros(rows: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedRows {
+        PackedRows::zeros_with(rows, k, isa.interleaves_a(), blocking)
+    }
+
+    /// [`PackedRows::zeros`] with the micro-panels interleaved or not, whatever the tile.
+    pub(crate) fn zeros_with(rows: usize, k: usize, interleaved: bool, blocking: Blocking) -> PackedRows {
         let rows_p = rows.div_ceil(Isa::ROW_PAD) * Isa::ROW_PAD;
         PackedRows {
             rows,
             k,
             rows_p,
-            interleaved: isa.interleaves_a(),
+            interleaved,
             blocks: k_blocks(k, blocking.kc),
             data: vec![0f32; rows_p * k],
         }

@@ -41,10 +41,12 @@ pub(crate) fn pays(batch: usize, c_in: usize, c_out: usize, h: usize, w: usize) 
 
 /// The transformed weight: `U_ξ = (G g Gᵀ)[ξ]` for the 16 positions `ξ = 4i + j`, each a packed
 /// `(C_out, C_in)` `A` operand. One task per group of output channels, for all 16.
-pub(crate) fn transform_weight(direct: &PackedRows, isa: Isa, blocking: Blocking) -> Vec<PackedRows> {
+pub(crate) fn transform_weight(direct: &PackedRows, blocking: Blocking) -> Vec<PackedRows> {
     let (c_out, c_in) = (direct.rows, direct.k / 9);
     assert_eq!(direct.k, 9 * c_in, "a 3×3 kernel");
-    let mut u: Vec<PackedRows> = (0..16).map(|_| PackedRows::zeros(c_out, c_in, isa, blocking)).collect();
+    let mut u: Vec<PackedRows> = (0..16)
+        .map(|_| PackedRows::zeros_with(c_out, c_in, direct.interleaved, blocking))
+        .collect();
     let (taps_at, u_at) = (direct.locate_all(), u[0].locate_all());
     // `groups[g][ξ]`: output channels ROW_GROUP·g .. of U_ξ.
     let mut groups: Vec<Vec<RowGroup>> = (0..c_out.div_ceil(ROW_GROUP)).map(|_| Vec::with_capacity(16)).collect();
@@ -129,16 +131,30 @@ pub(crate) fn conv(
     epi: Epilogue,
     out: &mut [f32],
 ) {
-    let (th, tw) = s.tiles();
+    let tw = s.tiles().1;
     let hw = s.h * s.w;
     assert_eq!(u.len(), 16);
     assert_eq!(x.len(), s.batch * s.c_in * hw);
     assert_eq!(out.len(), s.batch * s.c_out * hw);
     // Tile rows per block: about 16 MiB of V and M, at least 128 tiles.
     let per_row = 16 * 4 * (s.c_in + s.c_out) * tw;
-    let block_rows = (BLOCK_BYTES / per_row)
-        .max(128usize.div_ceil(tw))
-        .clamp(1, s.batch * th);
+    let block_rows = (BLOCK_BYTES / per_row).max(128usize.div_ceil(tw));
+    conv_in_blocks(isa, blocking, (u, x), s, epi, out, block_rows);
+}
+
+/// [`conv`] over blocks of `block_rows` tile rows.
+fn conv_in_blocks(
+    isa: Isa,
+    blocking: Blocking,
+    (u, x): (&[PackedRows], &[f32]),
+    s: Shape,
+    epi: Epilogue,
+    out: &mut [f32],
+    block_rows: usize,
+) {
+    let (th, tw) = s.tiles();
+    let hw = s.h * s.w;
+    let block_rows = block_rows.clamp(1, s.batch * th);
     let mut v_bufs: Vec<Vec<f32>> = vec![Vec::new(); 16];
     let mut m = vec![0f32; 16 * s.c_out * block_rows * tw];
     // Output planes by channel: `planes[co][item]`.
@@ -433,23 +449,27 @@ mod tests {
             let wt = values(c_out * c_in * 9, 2);
             let bias = values(c_out, 3);
             let want = direct(&x, &wt, s);
-            let packed = PackedRows::new(&wt, c_out, c_in * 9, isa, blocking);
-            let u = transform_weight(&packed, isa, blocking);
-            let mut got = vec![0f32; want.len()];
             let epi = Epilogue {
                 bias: Bias::PerRow(&bias),
                 ..Epilogue::NONE
             };
-            conv(isa, blocking, &u, &x, s, epi, &mut got);
-            let hw = h * w;
-            let scale = (c_in * 9) as f64;
-            for (i, (&g, &want)) in got.iter().zip(&want).enumerate() {
-                let want = want + bias[(i / hw) % c_out] as f64;
-                let err = (g as f64 - want).abs();
-                assert!(
-                    err <= 1e-6 * scale,
-                    "{batch}x{c_in}->{c_out} {h}x{w} at {i}: {g} vs {want}"
-                );
+            // Both weight layouts (the AVX2 tile reads either), whole and one-tile-row blocks.
+            for (interleaved, block_rows) in [(true, usize::MAX), (false, usize::MAX), (true, 1), (false, 1)] {
+                let mut packed = PackedRows::zeros_with(c_out, c_in * 9, interleaved, blocking);
+                for (r, row) in wt.chunks_exact(c_in * 9).enumerate() {
+                    packed.set_row(r, row);
+                }
+                let u = transform_weight(&packed, blocking);
+                let mut got = vec![0f32; want.len()];
+                conv_in_blocks(isa, blocking, (&u, &x), s, epi, &mut got, block_rows);
+                let hw = h * w;
+                let scale = (c_in * 9) as f64;
+                for (i, (&g, &want)) in got.iter().zip(&want).enumerate() {
+                    let want = want + bias[(i / hw) % c_out] as f64;
+                    let err = (g as f64 - want).abs();
+                    let case = (batch, c_in, c_out, h, w, interleaved, block_rows);
+                    assert!(err <= 1e-6 * scale, "{case:?} at {i}: {g} vs {want}");
+                }
             }
         }
     }
