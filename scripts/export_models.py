@@ -12,7 +12,7 @@ re-stated ldm / OpenAI mid blocks under the real key prefixes (these three hold 
 not whole upstream models).
 
 Bundles (format "1", see parity_bundle.py) for the block ids ``diffusers.ResnetBlock2D``,
-``diffusers.UNetMidBlock2D``, ``diffusers.UNetMidBlock2DCrossAttn``,
+``diffusers.UNetMidBlock2D``, ``diffusers.UNetMidBlock2DCrossAttn``, ``diffusers.ControlNetMidBlock``,
 ``denoising_diffusion_pytorch.MidBlock``, ``ldm.MidBlock``, ``openai.MiddleBlock``. Inputs of
 the blocks inside a whole model are captured with a forward pre-hook while the whole model runs
 on random inputs, and the block rebuilt from its config + weights must reproduce the output the
@@ -112,6 +112,8 @@ def build_module(block: str, config: dict) -> nn.Module:
             for attn in module.attentions:
                 attn.set_processor(getattr(attention_processor, processor)())
         return module
+    if block == "diffusers.ControlNetMidBlock":
+        return mid_blocks.ControlNetMidBlock(**cfg)
     if block == "denoising_diffusion_pytorch.MidBlock":
         return mid_blocks.LucidrainsMidBlock(**cfg)
     if block == "ldm.MidBlock":
@@ -195,6 +197,35 @@ def unet2d_condition_simple_cross_mid_config(model) -> dict:
                 attention_head_dim=_per_block(c.attention_head_dim, n)[-1], resnet_groups=c.norm_num_groups,
                 resnet_time_scale_shift=c.resnet_time_scale_shift, skip_time_act=c.resnet_skip_time_act,
                 only_cross_attention=only, cross_attention_norm=c.cross_attention_norm)
+
+
+def controlnet_mid_config(model) -> dict:
+    """``ControlNetModel.__init__`` (controlnets/controlnet.py): ``time_embed_dim = block_out_channels[0] * 4``,
+    ``num_attention_heads = num_attention_heads or attention_head_dim`` (made per-block), then for
+    ``mid_block_type="UNetMidBlock2DCrossAttn"`` ``UNetMidBlock2DCrossAttn(transformer_layers_per_block=
+    transformer_layers_per_block[-1], in_channels=block_out_channels[-1], temb_channels=time_embed_dim,
+    resnet_eps=norm_eps, resnet_act_fn=act_fn, output_scale_factor=mid_block_scale_factor,
+    resnet_time_scale_shift, cross_attention_dim, num_attention_heads=num_attention_heads[-1],
+    resnet_groups=norm_num_groups, use_linear_projection, upcast_attention)`` (no dropout, attention_type or
+    resnet_groups_out: their defaults), for ``"UNetMidBlock2D"`` ``UNetMidBlock2D(in_channels, temb_channels,
+    num_layers=0, resnet_eps, resnet_act_fn, output_scale_factor, resnet_groups, resnet_time_scale_shift,
+    add_attention=False)``; ``controlnet_mid_block = Conv2d(block_out_channels[-1], block_out_channels[-1], 1)``."""
+    c = model.config
+    n = len(c.down_block_types)
+    temb = c.block_out_channels[0] * 4
+    assert temb == model.time_embedding.linear_2.out_features
+    common = dict(in_channels=c.block_out_channels[-1], temb_channels=temb, resnet_eps=c.norm_eps,
+                  resnet_act_fn=c.act_fn, output_scale_factor=c.mid_block_scale_factor,
+                  resnet_time_scale_shift=c.resnet_time_scale_shift, resnet_groups=c.norm_num_groups)
+    if c.mid_block_type == "UNetMidBlock2DCrossAttn":
+        heads = c.num_attention_heads or c.attention_head_dim
+        mid = dict(common, transformer_layers_per_block=_per_block(c.transformer_layers_per_block, n)[-1],
+                   cross_attention_dim=c.cross_attention_dim, num_attention_heads=_per_block(heads, n)[-1],
+                   use_linear_projection=c.use_linear_projection, upcast_attention=c.upcast_attention)
+    else:
+        assert c.mid_block_type == "UNetMidBlock2D"
+        mid = dict(common, num_layers=0, add_attention=False)
+    return dict(mid_block_type=c.mid_block_type, mid_block=mid, global_pool_conditions=c.global_pool_conditions)
 
 
 def mid2d_resnet_config(mid_cfg: dict) -> dict:
@@ -825,8 +856,77 @@ def standalone_restated(ctx: Ctx):
                    half=True)
 
 
+def diffusers_controlnet(ctx: Ctx):
+    """``ControlNetModel`` (diffusers 0.42.1 controlnets/controlnet.py): its ``mid_block`` and the
+    ``controlnet_mid_block`` zero convolution (random non-zero weights here, so a port that drops or
+    misreads it fails), checked as ``diffusers.ControlNetMidBlock`` against the outputs of the whole
+    model's forward: the mid block's ``sample`` (captured by a forward hook) and the returned
+    ``mid_block_res_sample``."""
+    from diffusers import ControlNetModel
+
+    common = dict(in_channels=4, conditioning_channels=3, layers_per_block=1, block_out_channels=(8, 16),
+                  down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), norm_num_groups=4, cross_attention_dim=24,
+                  conditioning_embedding_out_channels=(4, 8))
+    variants = [
+        # name (None: not saved as a model), extra kwargs, seed, conditioning_scale, what
+        ("diffusers_controlnet", dict(attention_head_dim=(1, 2), use_linear_projection=True,
+                                      transformer_layers_per_block=(1, 2), upcast_attention=True,
+                                      mid_block_scale_factor=1.25), 7501, 0.7,
+         "SD 2.x / XL-like ControlNet (attention_head_dim [1, 2] -> 2 heads at the mid, use_linear_projection, "
+         "transformer_layers_per_block [1, 2] -> 2 at the mid, upcast_attention, mid_block_scale_factor 1.25)"),
+        ("global_pool", dict(attention_head_dim=2, resnet_time_scale_shift="scale_shift", global_pool_conditions=True),
+         7502, 0.5, "SD 1.x-like ControlNet with global_pool_conditions (conv projections, attention_head_dim 2 = "
+         "2 heads, resnet_time_scale_shift scale_shift; the residual mean-pooled over H, W)"),
+        ("unet_mid_block_2d", dict(attention_head_dim=2, mid_block_type="UNetMidBlock2D"), 7503, 1.0,
+         "ControlNet with mid_block_type UNetMidBlock2D (one ResNet: num_layers 0, add_attention False)"),
+    ]
+    for name, kw, seed, scale, what in variants:
+        torch.manual_seed(0)
+        model = ControlNetModel(**common, **kw)
+        randomize_(model, seed)
+        model.eval()
+        assert model.controlnet_mid_block.weight.abs().min() > 0, "the zero conv must be randomised"
+        g = gen(seed + 1)
+        sample, t = randn(g, 2, 4, 8, 12), torch.tensor([17, 503])
+        ehs, cond = randn(g, 2, 7, 24), randn(g, 2, 3, 16, 24)
+
+        def run():
+            return model(sample, t, encoder_hidden_states=ehs, controlnet_cond=cond, conditioning_scale=scale,
+                         return_dict=False)
+
+        ins, mid_out = capture(model.mid_block, run)
+        with torch.no_grad():
+            res = run()[1]
+        cfg = controlnet_mid_config(model)
+        kwargs = {"conditioning_scale": scale}
+        stem = "controlnet_mid_block" + ("" if name == "diffusers_controlnet" else f"_{name}")
+        inputs_what = (f"random sample (2, 4, 8, 12), timesteps [17, 503], encoder_hidden_states (2, 7, 24), "
+                       f"controlnet_cond (2, 3, 16, 24), conditioning_scale {scale}")
+        if name == "diffusers_controlnet":
+            files = save_diffusers(model, name)
+            ctx.files += files
+            weights = files[1].relative_to(WEIGHTS).as_posix()
+            src = (f"wrapper scripts/reference/mid_blocks.py ControlNetMidBlock holding the real diffusers "
+                   f"UNetMidBlock2DCrossAttn and nn.Conv2d of the whole ControlNetModel weights/{weights} (mid_block, "
+                   f"controlnet_mid_block); {what}; inputs captured by a forward pre-hook while the model ran on "
+                   f"{inputs_what}; outputs: the model's mid_block_res_sample and the mid block's output")
+        else:
+            src = (f"wrapper scripts/reference/mid_blocks.py ControlNetMidBlock holding the real diffusers "
+                   f"{cfg['mid_block_type']} and nn.Conv2d of a whole ControlNetModel (not saved); {what}; inputs "
+                   f"captured by a forward pre-hook while the model ran on {inputs_what}; outputs: the model's "
+                   "mid_block_res_sample and the mid block's output")
+        # the wrapper on the captured inputs gives the whole model's outputs bit for bit (asserted in export_all)
+        state = OrderedDict((k, v) for k, v in model.state_dict().items()
+                            if k.startswith(("mid_block.", "controlnet_mid_block.")))
+        ctx.bundle(stem, "diffusers.ControlNetMidBlock", cfg, tensor_inputs(ins), (res, mid_out), state=state,
+                   source=src, half=(name == "diffusers_controlnet"), kwargs=kwargs)
+        if name == "diffusers_controlnet":
+            ctx.bundle(f"{stem}_ref", "diffusers.ControlNetMidBlock", cfg, tensor_inputs(ins), (res, mid_out),
+                       ref=(weights, ""), source=src, kwargs=kwargs)
+
+
 MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
-                  lucidrains, sd_checkpoint, guided_diffusion_checkpoint, ddpm_model_checkpoint, standalone_restated)
+                  diffusers_controlnet, lucidrains, sd_checkpoint, guided_diffusion_checkpoint, ddpm_model_checkpoint, standalone_restated)
 
 
 # --------------------------------------------------------------------------------------------
@@ -911,14 +1011,16 @@ def export_all(ctx: Ctx, only=None):
         module = block_module(spec)
         # the block rebuilt from block id + config + weights (for a referencing bundle: read back from
         # the checkpoint file) reproduces the whole model's block exactly on the same input tensors
-        got = run_module(module, spec["raw_inputs"], spec["kwargs"])["output"]
-        assert torch.equal(got, spec["expected"]), \
+        # (a tuple ``expected``: every output of a block with several, in order)
+        expected = spec["expected"] if isinstance(spec["expected"], tuple) else (spec["expected"],)
+        got = list(run_module(module, spec["raw_inputs"], spec["kwargs"]).values())
+        assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected)), \
             f"{spec['path']}: the block rebuilt from config + weights differs from the whole model's mid block"
         strided = [k for k, v in spec["raw_inputs"].items() if not v.is_contiguous()]
         if strided:
             # the bundle stores contiguous copies; PyTorch's output on them is the bundle's output
-            got_c = run_module(module, spec["inputs"], spec["kwargs"])["output"]
-            d = float((got_c - spec["expected"]).abs().max())
+            got_c = list(run_module(module, spec["inputs"], spec["kwargs"]).values())
+            d = max(float((a - b).abs().max()) for a, b in zip(got_c, expected))
             spec["source"] += (f"; the whole model passed {', '.join(strided)} non-contiguous (strides "
                                f"{', '.join(str(spec['raw_inputs'][k].stride()) for k in strided)}); stored contiguous, "
                                f"and PyTorch's output on the contiguous copy (stored) differs from the in-model output by "
@@ -1042,13 +1144,14 @@ def verify_half_twin(path: Path, f32_path: Path):
 
 def verify_models():
     """Every checkpoint loads with its library's own loader."""
-    from diffusers import AutoencoderKL, UNet2DConditionModel, UNet2DModel
+    from diffusers import AutoencoderKL, ControlNetModel, UNet2DConditionModel, UNet2DModel
 
     _diffusers_quiet()
     classes = {"diffusers_unet2d": UNet2DModel, "diffusers_unet2d_scale_shift": UNet2DModel,
                "diffusers_unet2d_bin": UNet2DModel, "diffusers_vae": AutoencoderKL, "diffusers_sd1": UNet2DConditionModel,
                "diffusers_sd2": UNet2DConditionModel, "diffusers_sdxl": UNet2DConditionModel,
-               "diffusers_if": UNet2DConditionModel, "diffusers_kandinsky": UNet2DConditionModel}
+               "diffusers_if": UNet2DConditionModel, "diffusers_kandinsky": UNet2DConditionModel,
+               "diffusers_controlnet": ControlNetModel}
     for name, cls in classes.items():
         m = cls.from_pretrained(MODELS / name)
         files = {p.name for p in (MODELS / name).iterdir()}

@@ -245,6 +245,9 @@ def float64_copy(module: nn.Module, prepare: Callable[[nn.Module], None] | None 
 def _default_output_names(module: nn.Module, n: int) -> list[str]:
     if isinstance(module, nn.MultiheadAttention):
         return ["attn_output", "attn_weights"][:n]
+    if getattr(module, "output_names", None) is not None:
+        # a wrapper that names its outputs (scripts/reference/mid_blocks.py ControlNetMidBlock)
+        return list(module.output_names)[:n]
     if n == 1:
         return ["output"]
     return [f"output{i}" for i in range(n)]

@@ -593,6 +593,10 @@ TRACERS = {
     "diffusers.UNetMidBlock2D": _sequence(_diffusers_mid),
     "diffusers.UNetMidBlock2DCrossAttn": _sequence(_diffusers_mid),
     "diffusers.UNetMidBlock2DSimpleCrossAttn": _sequence(_diffusers_mid),
+    # ControlNetModel: the mid block's stages under mid_block/, the zero conv's output (before
+    # conditioning_scale and the pooling) as controlnet_mid_block/output
+    "diffusers.ControlNetMidBlock": _sequence(lambda m: [("mid_block", m.mid_block, _sequence(_diffusers_mid)),
+                                                         ("controlnet_mid_block", m.controlnet_mid_block, None)]),
     "denoising_diffusion_pytorch.Attention": _ddpm,
     "denoising_diffusion_pytorch.LinearAttention": _linear,
     "denoising_diffusion_pytorch.MidBlock": _sequence(_children(("mid_block1", "mid_attn", "mid_block2"))),

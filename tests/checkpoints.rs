@@ -108,6 +108,10 @@ fn config_json_gives_the_mid_block_config() {
             "mid/unet_mid_block_2d_simple_cross_attn_kandinsky_ref.safetensors",
             "diffusers_kandinsky/config.json",
         ),
+        (
+            "mid/controlnet_mid_block_ref.safetensors",
+            "diffusers_controlnet/config.json",
+        ),
     ] {
         let err = assert_pass(&["check", &w(bundle), "--config", &models(config)]);
         assert!(err.contains("config from"), "{bundle}: {err}");
@@ -191,6 +195,10 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
         (
             "diffusers_kandinsky/diffusion_pytorch_model.safetensors",
             &[("mid_block.", "diffusers.UNetMidBlock2DSimpleCrossAttn")],
+        ),
+        (
+            "diffusers_controlnet/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
         ),
         (
             "lucidrains_ddpm/model-1.pt",
@@ -578,4 +586,123 @@ fn simple_cross_attn_attention_mask_wins_over_encoder_attention_mask() {
     });
     let (code, out, err) = cli(&["check", both.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}\n{err}");
+}
+
+/// The tiny `ControlNetModel` (`weights/models/diffusers_controlnet`): `detect` names the whole
+/// bottleneck at the top level and its mid block at `mid_block.`, `check --weights` runs the
+/// `diffusers.ControlNetMidBlock` bundles on the checkpoint (no `--prefix`, or `--prefix ""`),
+/// and a config that is not this model's fails.
+#[test]
+fn controlnet_detects_and_checks_from_the_whole_checkpoint() {
+    let ckpt = models("diffusers_controlnet/diffusion_pytorch_model.safetensors");
+    let lone_dir = scratch("detect-lone-controlnet");
+    let lone = copy_to(&lone_dir, &ckpt, "m.safetensors");
+    let (code, out, err) = cli(&["detect", &lone]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("the top level (ControlNetModel: mid_block.* and controlnet_mid_block.*; no --prefix needed): diffusers.ControlNetMidBlock")
+            && out.contains("ControlNetModel bottleneck: mid_block (UNetMidBlock2DCrossAttn")
+            && out.contains("controlnet_mid_block (1x1 conv [16, 16, 1, 1])")
+            && out.contains("\"mid_block_type\":\"UNetMidBlock2DCrossAttn\"")
+            && out.contains("\"transformer_layers_per_block\":2")
+            && out.contains("not in the keys: global_pool_conditions")
+            && out.contains("prefix `mid_block.`: diffusers.UNetMidBlock2DCrossAttn"),
+        "{out}"
+    );
+    // Beside its config.json, detect gives the full kwargs of both.
+    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (whole, mid) = (&doc["mid_blocks"][0], &doc["mid_blocks"][1]);
+    assert_eq!(
+        (whole["prefix"].as_str(), mid["prefix"].as_str()),
+        (Some(""), Some("mid_block.")),
+        "{out}"
+    );
+    assert_eq!(whole["from_config"]["global_pool_conditions"], false, "{out}");
+    assert_eq!(whole["from_config"]["mid_block"]["num_attention_heads"], 2, "{out}");
+    assert_eq!(whole["from_config"]["mid_block"]["output_scale_factor"], 1.25, "{out}");
+    assert_eq!(mid["from_config"], whole["from_config"]["mid_block"], "{out}");
+    for suffix in ["", "_f16", "_bf16"] {
+        let b = w(&format!("mid/controlnet_mid_block{suffix}.safetensors"));
+        let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", ""]);
+        assert!(err.contains("weights from"), "{suffix}: {err}");
+        assert_pass(&["check", &b, "--weights", &ckpt]);
+    }
+    // Wrong configs: one head at the mid instead of two, the mid block's scale factor left at 1,
+    // the residual pooled, one transformer layer instead of two; each an error or a FAIL, never a
+    // pass. (`use_linear_projection` is not among them: a 1x1 conv before the reshape and a linear
+    // after it are the same function of the same weights, and the loader takes either layout.)
+    let dir = scratch("controlnet-wrong-config");
+    let text = std::fs::read_to_string(models("diffusers_controlnet/config.json")).unwrap();
+    let bundle = w("mid/controlnet_mid_block_ref.safetensors");
+    for (i, (key, value)) in [
+        ("attention_head_dim", serde_json::json!([1, 1])),
+        ("mid_block_scale_factor", serde_json::json!(1)),
+        ("global_pool_conditions", serde_json::json!(true)),
+        ("transformer_layers_per_block", serde_json::json!([1, 1])),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        json[key] = value;
+        let path = dir.join(format!("config{i}.json"));
+        std::fs::write(&path, json.to_string()).unwrap();
+        let (code, out, err) = cli(&["check", &bundle, "--config", path.to_str().unwrap()]);
+        assert_ne!(code, 0, "{key}: {out}\n{err}");
+        assert!(!out.contains("PASS"), "{key}: {out}");
+    }
+    // Another model's config has no ControlNet bottleneck.
+    let (code, _, err) = cli(&["check", &bundle, "--config", &models("diffusers_sd1/config.json")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not diffusers.ControlNetMidBlock"), "{err}");
+}
+
+/// The zero convolution, `conditioning_scale` and the pooling are not silently ignored: the
+/// bundles with a changed scale or pooling flag fail, and a checkpoint without
+/// `controlnet_mid_block` is an error naming the key.
+#[test]
+fn controlnet_scale_pool_and_zero_conv_are_not_silently_ignored() {
+    let dir = scratch("controlnet-options");
+    let edit = |rel: &str, sub: &str, f: &dyn Fn(&mut RawBundle)| {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).unwrap();
+        RawBundle::edited(rel, &d, |b| f(b))
+    };
+    let scale = edit("mid/controlnet_mid_block.safetensors", "scale", &|b| {
+        b.metadata
+            .insert("parity.kwargs".into(), r#"{"conditioning_scale": 1.0}"#.into());
+    });
+    let (code, out, _) = cli(&["check", scale.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    let bad_scale = edit("mid/controlnet_mid_block.safetensors", "bad-scale", &|b| {
+        b.metadata
+            .insert("parity.kwargs".into(), r#"{"conditioning_scale": "high"}"#.into());
+    });
+    let (code, _, err) = cli(&["check", bad_scale.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("conditioning_scale") && err.contains("expected a number"),
+        "{err}"
+    );
+    let no_pool = edit("mid/controlnet_mid_block_global_pool.safetensors", "no-pool", &|b| {
+        let mut cfg: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+        cfg["global_pool_conditions"] = serde_json::json!(false);
+        b.metadata.insert("parity.config".into(), cfg.to_string());
+    });
+    let (code, out, err) = cli(&["check", no_pool.to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}\n{err}");
+    // The UNetMidBlock2D variant passes; without its zero conv weight it is an error naming it.
+    assert_pass(&["check", &w("mid/controlnet_mid_block_unet_mid_block_2d.safetensors")]);
+    let no_conv = edit(
+        "mid/controlnet_mid_block_unet_mid_block_2d.safetensors",
+        "no-conv",
+        &|b| {
+            b.tensors.retain(|k, _| !k.contains("controlnet_mid_block.weight"));
+        },
+    );
+    let (code, _, err) = cli(&["check", no_conv.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("controlnet_mid_block.weight"), "{err}");
 }

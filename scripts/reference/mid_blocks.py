@@ -26,6 +26,16 @@ are the real / re-stated published classes.
   OpenAI guided-diffusion / ldm ``openaimodel.UNetModel``, a real
   ``TimestepEmbedSequential(ResBlock, AttentionBlock | SpatialTransformer, ResBlock)`` (keys
   ``0.*``, ``1.*``, ``2.*``), built with UNetModel's rule for the attention's heads (below).
+* ``ControlNetMidBlock`` (block id ``diffusers.ControlNetMidBlock``): diffusers 0.42.1
+  ``ControlNetModel`` (``models/controlnets/controlnet.py``): ``mid_block`` (the real
+  ``UNetMidBlock2DCrossAttn``, or ``UNetMidBlock2D(num_layers=0, add_attention=False)`` for
+  ``mid_block_type="UNetMidBlock2D"``) and ``controlnet_mid_block = zero_module(nn.Conv2d(
+  block_out_channels[-1], block_out_channels[-1], kernel_size=1))``; ``ControlNetModel.forward``:
+  ``sample = mid_block(sample, emb, encoder_hidden_states=..., attention_mask=...)`` (no
+  ``encoder_attention_mask``), ``mid_block_res_sample = controlnet_mid_block(sample) *
+  conditioning_scale`` (``guess_mode`` scales it by ``logspace(-1, 0, n)[-1] == 1.0`` too: the
+  same), then ``mean(dim=(2, 3), keepdim=True)`` with ``global_pool_conditions``. Keys
+  ``mid_block.*``, ``controlnet_mid_block.*`` (the ControlNetModel's own, at its top level).
 """
 
 from torch import nn
@@ -67,6 +77,46 @@ class LucidrainsMidBlock(nn.Module):
         x = self.mid_attn(x) + x
         x = self.mid_block2(x, time_emb)
         return x
+
+
+class ControlNetMidBlock(nn.Module):
+    """``ControlNetModel.mid_block`` -> ``controlnet_mid_block`` (x ``conditioning_scale``, pooled with
+    ``global_pool_conditions``); outputs ``(mid_block_res_sample, sample)``."""
+
+    output_names = ("mid_block_res_sample", "sample")
+
+    def __init__(self, mid_block, mid_block_type="UNetMidBlock2DCrossAttn", global_pool_conditions=False):
+        super().__init__()
+        from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2D, UNetMidBlock2DCrossAttn
+
+        classes = {"UNetMidBlock2DCrossAttn": UNetMidBlock2DCrossAttn, "UNetMidBlock2D": UNetMidBlock2D}
+        self.mid_block = classes[mid_block_type](**mid_block)
+        c = mid_block["in_channels"]
+        self.controlnet_mid_block = nn.Conv2d(c, c, kernel_size=1)
+        self.global_pool_conditions = global_pool_conditions
+
+    @classmethod
+    def of(cls, controlnet):
+        """The wrapper holding ``controlnet``'s own mid submodules (shared, not copied)."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.mid_block, self.controlnet_mid_block = controlnet.mid_block, controlnet.controlnet_mid_block
+        self.global_pool_conditions = controlnet.config.global_pool_conditions
+        return self
+
+    def forward(self, hidden_states, temb, encoder_hidden_states=None, attention_mask=None, conditioning_scale=1.0):
+        import torch
+
+        if getattr(self.mid_block, "has_cross_attention", False):
+            sample = self.mid_block(hidden_states, temb, encoder_hidden_states=encoder_hidden_states,
+                                    attention_mask=attention_mask)
+        else:
+            sample = self.mid_block(hidden_states, temb)
+        mid_block_res_sample = self.controlnet_mid_block(sample)
+        mid_block_res_sample = mid_block_res_sample * conditioning_scale
+        if self.global_pool_conditions:
+            mid_block_res_sample = torch.mean(mid_block_res_sample, dim=(2, 3), keepdim=True)
+        return mid_block_res_sample, sample
 
 
 class LdmMidBlock(nn.Module):

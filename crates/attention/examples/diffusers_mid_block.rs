@@ -4,12 +4,15 @@
 //! ```sh
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_sd1
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_if
+//! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_controlnet
 //! ```
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use unet_attention::diffusers::model_config::mid_blocks;
-use unet_attention::diffusers::{UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn};
+use unet_attention::diffusers::{
+    ControlNetMidBlock, UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn,
+};
 
 fn main() -> anyhow::Result<()> {
     let dir = std::env::args()
@@ -22,19 +25,33 @@ fn main() -> anyhow::Result<()> {
     let vb = unsafe {
         VarBuilder::from_mmaped_safetensors(&[dir.join("diffusion_pytorch_model.safetensors")], DType::F32, &dev)?
     };
-    // The model's own config.json says how the mid block is built (one for a U-Net, two for a VAE).
+    // The model's own config.json says how the mid block is built (one for a U-Net, two for a VAE;
+    // a ControlNet's whole bottleneck at the top level, then its mid block alone).
     for spec in mid_blocks(&config, None, false)? {
-        let c = spec.config["in_channels"].as_u64().unwrap_or(0) as usize;
+        // ControlNetMidBlock's kwargs hold the mid block's under `mid_block`.
+        let mid = spec.config.get("mid_block").unwrap_or(&spec.config);
+        let c = mid["in_channels"].as_u64().unwrap_or(0) as usize;
         let x = Tensor::randn(0f32, 1.0, (1, c, 8, 8), &dev)?;
-        let temb = match spec.config["temb_channels"].as_u64() {
+        let temb = match mid["temb_channels"].as_u64() {
             Some(t) => Some(Tensor::randn(0f32, 1.0, (1, t as usize), &dev)?),
             None => None,
         };
-        let vb = vb.pp(spec.prefix);
+        // (`pp("")` would put a dot before every key: the top level is `vb` itself.)
+        let vb = if spec.prefix.is_empty() {
+            vb.clone()
+        } else {
+            vb.pp(spec.prefix)
+        };
         // The context as the block sees it (IF / Kandinsky: after `encoder_hid_proj`).
-        let context_dim = spec.config["cross_attention_dim"].as_u64().unwrap_or(0) as usize;
+        let context_dim = mid["cross_attention_dim"].as_u64().unwrap_or(0) as usize;
         let context = Tensor::randn(0f32, 1.0, (1, 77, context_dim), &dev)?;
-        let y = if spec.block == UNetMidBlock2DCrossAttn::BLOCK {
+        let y = if spec.block == ControlNetMidBlock::BLOCK {
+            let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
+            // (mid_block_res_sample, sample); the residual at conditioning_scale 1.0
+            ControlNetMidBlock::new(vb, &cfg)?
+                .forward(&x, temb.as_ref(), Some(&context), None, 1.0)?
+                .0
+        } else if spec.block == UNetMidBlock2DCrossAttn::BLOCK {
             let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
             UNetMidBlock2DCrossAttn::new(vb, &cfg)?.forward(&x, temb.as_ref(), Some(&context), None, None)?
         } else if spec.block == UNetMidBlock2DSimpleCrossAttn::BLOCK {

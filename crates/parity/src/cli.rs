@@ -568,7 +568,9 @@ fn detect(
         let _ = writeln!(out, "no mid block found");
     }
     for f in &found {
-        let at = if f.prefix.is_empty() {
+        let at = if f.prefix.is_empty() && f.block == Some(unet_attention::diffusers::ControlNetMidBlock::BLOCK) {
+            "the top level (ControlNetModel: mid_block.* and controlnet_mid_block.*; no --prefix needed)".to_string()
+        } else if f.prefix.is_empty() {
             "the top level (a bare mid-block state dict; no --prefix needed)".to_string()
         } else {
             format!("prefix `{}`", f.prefix)

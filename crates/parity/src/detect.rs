@@ -95,6 +95,12 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
             found.push(diffusers(ck, &p));
         }
     }
+    // ControlNetModel: its mid block and the `controlnet_mid_block` zero convolution beside it.
+    for p in prefixes(ck, "controlnet_mid_block.weight") {
+        if has(ck, &format!("{p}mid_block.resnets.0.conv1.weight")) {
+            found.push(controlnet(ck, &p));
+        }
+    }
     for p in prefixes(ck, "mid_block1.block1.proj.weight") {
         found.push(lucidrains(ck, &p));
     }
@@ -252,6 +258,42 @@ fn diffusers_simple_cross(ck: &Checkpoint, p: &str, mut config: Map<String, Valu
             "diffusers UNetMidBlock2DSimpleCrossAttn (UNet2DConditionModel of IF / Kandinsky / UnCLIP; added key/value \
              attention{})",
             if only_cross { ", only_cross_attention" } else { "" }
+        ),
+        config,
+        unknown,
+        from_config: None,
+    }
+}
+
+/// `ControlNetModel`'s bottleneck (`diffusers.ControlNetMidBlock`, at the model's top level):
+/// the mid block [`diffusers`] reads at `mid_block.`, plus the 1×1 `controlnet_mid_block`.
+fn controlnet(ck: &Checkpoint, p: &str) -> Found {
+    use unet_attention::diffusers::{ControlNetMidBlock, UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+    let mid = diffusers(ck, &format!("{p}mid_block."));
+    let kind = match mid.block {
+        Some(b) if b == UNetMidBlock2DCrossAttn::BLOCK => Some("UNetMidBlock2DCrossAttn"),
+        Some(b) if b == UNetMidBlock2D::BLOCK => Some("UNetMidBlock2D"),
+        _ => None,
+    };
+    let conv = ck.shape(&format!("{p}controlnet_mid_block.weight")).unwrap_or_default();
+    let mut config = Map::new();
+    config.insert("mid_block_type".into(), json!(kind));
+    config.insert("mid_block".into(), Value::Object(mid.config));
+    let mut unknown = mid.unknown;
+    unknown.push(
+        "global_pool_conditions (the config's; true only for pooled ControlNets such as SD 1.5 shuffle)".to_string(),
+    );
+    Found {
+        prefix: p.to_string(),
+        block: kind.map(|_| ControlNetMidBlock::BLOCK),
+        variant: format!(
+            "diffusers ControlNetModel bottleneck: mid_block ({}) + controlnet_mid_block (1x1 conv {conv:?}); outputs \
+             mid_block_res_sample and the mid block's sample",
+            mid.variant
+                .trim_start_matches("diffusers ")
+                .split(" (")
+                .next()
+                .unwrap_or_default()
         ),
         config,
         unknown,

@@ -12,12 +12,21 @@
 //!   (IF, Kandinsky, UnCLIP) takes `attention_head_dim` as the per-head width);
 //! * `AutoencoderKL`: encoder and decoder `UNetMidBlock2D(in_channels=block_out_channels[-1],
 //!   resnet_eps=1e-6, output_scale_factor=1, attention_head_dim=block_out_channels[-1],
-//!   temb_channels=None, add_attention=mid_block_add_attention, ...)`.
+//!   temb_channels=None, add_attention=mid_block_add_attention, ...)`;
+//! * `ControlNetModel` (`controlnets/controlnet.py`): `UNetMidBlock2DCrossAttn(transformer_layers_per_block[-1],
+//!   in_channels=block_out_channels[-1], temb_channels=block_out_channels[0] * 4, resnet_eps=norm_eps,
+//!   resnet_act_fn=act_fn, output_scale_factor=mid_block_scale_factor, resnet_time_scale_shift,
+//!   cross_attention_dim, num_attention_heads=(num_attention_heads or attention_head_dim)[-1],
+//!   resnet_groups=norm_num_groups, use_linear_projection, upcast_attention)` (or, for
+//!   `mid_block_type: "UNetMidBlock2D"`, `UNetMidBlock2D(..., num_layers=0, add_attention=False)`)
+//!   and the `controlnet_mid_block` convolution: two specs, the whole `ControlNetMidBlock` at the
+//!   top level (prefix `""`) and its mid block alone at `mid_block`.
 //!
 //! Keys the class does not have are an error (a config from another class or a newer diffusers
 //! may change the block) unless `allow_unknown`; keys starting with `_` (`_class_name`,
 //! `_diffusers_version`, `_name_or_path`) are metadata.
 
+use crate::diffusers::controlnet::ControlNetMidBlock;
 use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
 use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
 use crate::{Error, Result};
@@ -29,6 +38,7 @@ pub enum ModelClass {
     UNet2DModel,
     UNet2DConditionModel,
     AutoencoderKL,
+    ControlNetModel,
 }
 
 impl ModelClass {
@@ -37,6 +47,7 @@ impl ModelClass {
             ModelClass::UNet2DModel => "UNet2DModel",
             ModelClass::UNet2DConditionModel => "UNet2DConditionModel",
             ModelClass::AutoencoderKL => "AutoencoderKL",
+            ModelClass::ControlNetModel => "ControlNetModel",
         }
     }
 
@@ -45,6 +56,7 @@ impl ModelClass {
             ModelClass::UNet2DModel => UNET_2D_KEYS,
             ModelClass::UNet2DConditionModel => UNET_2D_CONDITION_KEYS,
             ModelClass::AutoencoderKL => AUTOENCODER_KL_KEYS,
+            ModelClass::ControlNetModel => CONTROLNET_KEYS,
         }
     }
 }
@@ -155,18 +167,56 @@ const AUTOENCODER_KL_KEYS: &[&str] = &[
     "mid_block_add_attention",
 ];
 
+/// `ControlNetModel.__init__` arguments (0.42.1).
+const CONTROLNET_KEYS: &[&str] = &[
+    "in_channels",
+    "conditioning_channels",
+    "flip_sin_to_cos",
+    "freq_shift",
+    "down_block_types",
+    "mid_block_type",
+    "only_cross_attention",
+    "block_out_channels",
+    "layers_per_block",
+    "downsample_padding",
+    "mid_block_scale_factor",
+    "act_fn",
+    "norm_num_groups",
+    "norm_eps",
+    "cross_attention_dim",
+    "transformer_layers_per_block",
+    "encoder_hid_dim",
+    "encoder_hid_dim_type",
+    "attention_head_dim",
+    "num_attention_heads",
+    "use_linear_projection",
+    "class_embed_type",
+    "addition_embed_type",
+    "addition_time_embed_dim",
+    "num_class_embeds",
+    "upcast_attention",
+    "resnet_time_scale_shift",
+    "projection_class_embeddings_input_dim",
+    "controlnet_conditioning_channel_order",
+    "conditioning_embedding_out_channels",
+    "global_pool_conditions",
+    "addition_embed_type_num_heads",
+];
+
 /// A mid block to build: its block id, constructor kwargs and where it sits in the model's
 /// state dict.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MidBlockSpec {
-    /// `diffusers.UNetMidBlock2D`, `diffusers.UNetMidBlock2DCrossAttn` or
-    /// `diffusers.UNetMidBlock2DSimpleCrossAttn`.
+    /// `diffusers.UNetMidBlock2D`, `diffusers.UNetMidBlock2DCrossAttn`,
+    /// `diffusers.UNetMidBlock2DSimpleCrossAttn` or `diffusers.ControlNetMidBlock`.
     pub block: &'static str,
     /// The constructor kwargs (what [`crate::config::from_json`] takes).
     pub config: Value,
     /// Where the block sits, as a `VarBuilder` prefix (`vb.pp(spec.prefix)`): `mid_block`,
-    /// `encoder.mid_block`, `decoder.mid_block`. [`MidBlockSpec::key_prefix`] is the same with
-    /// the dot that state-dict keys continue with.
+    /// `encoder.mid_block`, `decoder.mid_block`; `""` for `ControlNetMidBlock`, whose keys
+    /// (`mid_block.*`, `controlnet_mid_block.*`) start at the model's top level (use the
+    /// `VarBuilder` itself there: candle's `pp("")` would add a dot). [`MidBlockSpec::key_prefix`]
+    /// is the same with the dot that state-dict keys continue with.
     pub prefix: &'static str,
 }
 
@@ -174,7 +224,11 @@ impl MidBlockSpec {
     /// The state-dict key prefix: [`MidBlockSpec::prefix`] and a dot (`mid_block.`), what the
     /// block's keys start with and what `unet-parity --prefix` takes.
     pub fn key_prefix(&self) -> String {
-        format!("{}.", self.prefix)
+        if self.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}.", self.prefix)
+        }
     }
 }
 
@@ -191,9 +245,10 @@ pub fn model_class(config: &Value) -> Result<Option<ModelClass>> {
         Some("UNet2DModel") => Ok(Some(ModelClass::UNet2DModel)),
         Some("UNet2DConditionModel") => Ok(Some(ModelClass::UNet2DConditionModel)),
         Some("AutoencoderKL") => Ok(Some(ModelClass::AutoencoderKL)),
+        Some("ControlNetModel") => Ok(Some(ModelClass::ControlNetModel)),
         Some(other) => Err(Error::unsupported(
             CONTEXT,
-            format!("model class `{other}`; known: UNet2DModel, UNet2DConditionModel, AutoencoderKL"),
+            format!("model class `{other}`; known: UNet2DModel, UNet2DConditionModel, AutoencoderKL, ControlNetModel"),
         )),
     }
 }
@@ -224,6 +279,7 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
         ModelClass::UNet2DModel => unet_2d(&c).map(|s| s.into_iter().collect()),
         ModelClass::UNet2DConditionModel => unet_2d_condition(&c).map(|s| s.into_iter().collect()),
         ModelClass::AutoencoderKL => autoencoder_kl(&c),
+        ModelClass::ControlNetModel => controlnet(&c),
     }
 }
 
@@ -326,7 +382,7 @@ fn unet_2d_condition(c: &Cfg) -> Result<Option<MidBlockSpec>> {
                 * 2
         );
     }
-    check_encoder_hid_and_addition(c)?;
+    check_encoder_hid_and_addition(c, UNET_HID_TYPES, UNET_ADDITION_TYPES)?;
     let common = json!({
         "in_channels": last,
         "temb_channels": temb,
@@ -417,10 +473,83 @@ fn simple_cross_attn_kwargs(c: &Cfg) -> Result<Vec<(&'static str, Value)>> {
     ])
 }
 
-/// What `UNet2DConditionModel.__init__` raises on in `_set_encoder_hid_proj` and
-/// `_set_add_embedding`: an `encoder_hid_dim_type` without `encoder_hid_dim`, a type it does not
-/// know, and an unknown `addition_embed_type`. (`encoder_hid_dim` alone means `"text_proj"`.)
-fn check_encoder_hid_and_addition(c: &Cfg) -> Result<()> {
+/// `ControlNetModel.__init__`: the mid block (`get_mid_block` is not used; the kwargs are the
+/// `UNetMidBlock2DCrossAttn` ones of [`cross_attn_kwargs`] without `dual_cross_attention` and
+/// `attention_type`, which it does not pass, and without `dropout`), then the two specs.
+fn controlnet(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
+    check_encoder_hid_and_addition(
+        c,
+        &["text_proj", "text_image_proj"],
+        &["text", "text_image", "text_time"],
+    )?;
+    let (first, last) = c.last_channels(&[320, 640, 1280, 1280])?;
+    let mut mid = json!({
+        "in_channels": last,
+        "temb_channels": first * 4,
+        "resnet_eps": c.value("norm_eps", json!(1e-5)),
+        "resnet_act_fn": c.value("act_fn", json!("silu")),
+        "output_scale_factor": c.value("mid_block_scale_factor", json!(1)),
+        "resnet_time_scale_shift": c.value("resnet_time_scale_shift", json!("default")),
+        "resnet_groups": c.value("norm_num_groups", json!(32)),
+    });
+    let kind = c.value("mid_block_type", json!("UNetMidBlock2DCrossAttn"));
+    let (block, extra) = match kind.as_str() {
+        Some("UNetMidBlock2DCrossAttn") => (
+            UNetMidBlock2DCrossAttn::BLOCK,
+            cross_attn_kwargs(c)?
+                .into_iter()
+                .filter(|(k, _)| !["dual_cross_attention", "attention_type"].contains(k))
+                .collect(),
+        ),
+        Some("UNetMidBlock2D") => (
+            UNetMidBlock2D::BLOCK,
+            vec![("num_layers", json!(0)), ("add_attention", json!(false))],
+        ),
+        _ => {
+            return Err(Error::unsupported(
+                CONTEXT,
+                format!(
+                    "ControlNetModel mid_block_type {kind} (diffusers raises \"unknown mid_block_type\"; it builds \
+                     UNetMidBlock2DCrossAttn or UNetMidBlock2D)"
+                ),
+            ))
+        }
+    };
+    if let Some(obj) = mid.as_object_mut() {
+        for (k, v) in extra {
+            obj.insert(k.into(), v);
+        }
+    }
+    Ok(vec![
+        MidBlockSpec {
+            block: ControlNetMidBlock::BLOCK,
+            config: json!({
+                "mid_block_type": kind,
+                "mid_block": mid.clone(),
+                "global_pool_conditions": c.value("global_pool_conditions", json!(false)),
+            }),
+            prefix: "",
+        },
+        MidBlockSpec {
+            block,
+            config: mid,
+            prefix: "mid_block",
+        },
+    ])
+}
+
+const UNET_HID_TYPES: &[&str] = &["text_proj", "text_image_proj", "image_proj"];
+const UNET_ADDITION_TYPES: &[&str] = &["text", "text_image", "text_time", "image", "image_hint"];
+
+fn quoted(names: &[&str]) -> String {
+    names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ")
+}
+
+/// What `UNet2DConditionModel.__init__` (and `ControlNetModel.__init__`, with fewer types)
+/// raises on in `_set_encoder_hid_proj` and `_set_add_embedding`: an `encoder_hid_dim_type`
+/// without `encoder_hid_dim`, a type it does not know, and an unknown `addition_embed_type`.
+/// (`encoder_hid_dim` alone means `"text_proj"`.)
+fn check_encoder_hid_and_addition(c: &Cfg, hid_types: &[&str], addition_types: &[&str]) -> Result<()> {
     let hid_dim = c.value("encoder_hid_dim", Value::Null);
     match (c.value("encoder_hid_dim_type", Value::Null), &hid_dim) {
         (Value::Null, _) => {}
@@ -429,19 +558,20 @@ fn check_encoder_hid_and_addition(c: &Cfg) -> Result<()> {
                 "`encoder_hid_dim` has to be defined when `encoder_hid_dim_type` is set to {kind}"
             )))
         }
-        (Value::String(k), _) if ["text_proj", "text_image_proj", "image_proj"].contains(&k.as_str()) => {}
+        (Value::String(k), _) if hid_types.contains(&k.as_str()) => {}
         (kind, _) => {
             return Err(bad(format!(
-                "`encoder_hid_dim_type` {kind} must be null, \"text_proj\", \"text_image_proj\" or \"image_proj\""
+                "`encoder_hid_dim_type` {kind} must be null or one of {}",
+                quoted(hid_types)
             )))
         }
     }
-    const ADDITION: [&str; 5] = ["text", "text_image", "text_time", "image", "image_hint"];
     match c.value("addition_embed_type", Value::Null) {
         Value::Null => Ok(()),
-        Value::String(k) if ADDITION.contains(&k.as_str()) => Ok(()),
+        Value::String(k) if addition_types.contains(&k.as_str()) => Ok(()),
         other => Err(bad(format!(
-            "`addition_embed_type` {other} must be null, \"text\", \"text_image\", \"text_time\", \"image\" or \"image_hint\""
+            "`addition_embed_type` {other} must be null or one of {}",
+            quoted(addition_types)
         ))),
     }
 }
@@ -598,6 +728,88 @@ mod tests {
         v["attention_head_dim"] = Value::Null;
         let e = mid_blocks(&v, None, false).unwrap_err().to_string();
         assert!(e.contains("attention_head_dim"), "{e}");
+    }
+
+    #[test]
+    fn controlnet_configs_give_the_whole_bottleneck_and_its_mid_block() {
+        // lllyasviel/sd-controlnet-canny's config.json essentials: attention_head_dim 8 = 8 heads.
+        let sd15 = json!({"_class_name": "ControlNetModel", "_diffusers_version": "0.16.0.dev0",
+            "block_out_channels": [320, 640, 1280, 1280], "attention_head_dim": 8, "cross_attention_dim": 768,
+            "norm_eps": 1e-5, "norm_num_groups": 32, "conditioning_embedding_out_channels": [16, 32, 96, 256],
+            "controlnet_conditioning_channel_order": "rgb", "global_pool_conditions": false});
+        let specs = mid_blocks(&sd15, None, false).unwrap();
+        assert_eq!(specs.len(), 2);
+        let (whole, mid) = (&specs[0], &specs[1]);
+        assert_eq!(
+            (whole.block, whole.prefix, whole.key_prefix().as_str()),
+            (ControlNetMidBlock::BLOCK, "", "")
+        );
+        assert_eq!(
+            (mid.block, mid.key_prefix().as_str()),
+            (UNetMidBlock2DCrossAttn::BLOCK, "mid_block.")
+        );
+        assert_eq!(whole.config["mid_block"], mid.config);
+        assert_eq!(whole.config["mid_block_type"], "UNetMidBlock2DCrossAttn");
+        assert_eq!(whole.config["global_pool_conditions"], false);
+        let m = &mid.config;
+        assert_eq!(
+            (m["in_channels"].clone(), m["temb_channels"].clone()),
+            (json!(1280), json!(1280))
+        );
+        assert_eq!(m["num_attention_heads"], 8);
+        assert_eq!(m["cross_attention_dim"], 768);
+        assert!(
+            m.get("dropout").is_none() && m.get("dual_cross_attention").is_none() && m.get("attention_type").is_none()
+        );
+        let built: crate::diffusers::ControlNetMidBlockConfig =
+            crate::config::from_json(ControlNetMidBlock::BLOCK, &whole.config).unwrap();
+        assert!(!built.global_pool_conditions);
+        // SDXL-like: num_attention_heads wins, per-block lists' last entries.
+        let mut v = sd15.clone();
+        v["attention_head_dim"] = json!([5, 10, 20]);
+        v["num_attention_heads"] = json!([5, 10, 20]);
+        v["block_out_channels"] = json!([320, 640, 1280]);
+        v["transformer_layers_per_block"] = json!([1, 2, 10]);
+        v["use_linear_projection"] = json!(true);
+        v["addition_embed_type"] = json!("text_time");
+        v["global_pool_conditions"] = json!(true);
+        let specs = mid_blocks(&v, None, false).unwrap();
+        assert_eq!(specs[1].config["num_attention_heads"], 20);
+        assert_eq!(specs[1].config["transformer_layers_per_block"], 10);
+        assert_eq!(specs[1].config["temb_channels"], 1280);
+        assert_eq!(specs[0].config["global_pool_conditions"], true);
+        // mid_block_type UNetMidBlock2D: one ResNet.
+        let mut v = sd15.clone();
+        v["mid_block_type"] = json!("UNetMidBlock2D");
+        let specs = mid_blocks(&v, None, false).unwrap();
+        assert_eq!(specs[1].block, UNetMidBlock2D::BLOCK);
+        assert_eq!(specs[1].config["num_layers"], 0);
+        // What ControlNetModel rejects: another mid block type, image_proj, an added embedding of
+        // the IF / Kandinsky kind, and UNet2DConditionModel-only keys.
+        for (key, value, needle) in [
+            (
+                "mid_block_type",
+                json!("UNetMidBlock2DSimpleCrossAttn"),
+                "UNetMidBlock2DSimpleCrossAttn",
+            ),
+            ("mid_block_type", Value::Null, "mid_block_type null"),
+            ("addition_embed_type", json!("image"), "\"image\""),
+            (
+                "mid_block_only_cross_attention",
+                json!(true),
+                "mid_block_only_cross_attention",
+            ),
+        ] {
+            let mut v = sd15.clone();
+            v[key] = value;
+            let e = mid_blocks(&v, None, false).unwrap_err().to_string();
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+        let mut v = sd15;
+        v["encoder_hid_dim"] = json!(16);
+        v["encoder_hid_dim_type"] = json!("image_proj");
+        let e = mid_blocks(&v, None, false).unwrap_err().to_string();
+        assert!(e.contains("image_proj") && e.contains("text_image_proj"), "{e}");
     }
 
     #[test]

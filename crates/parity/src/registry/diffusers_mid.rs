@@ -1,7 +1,7 @@
 use super::{BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use unet_attention::diffusers::{
-    ResnetBlock2D, UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn,
+    ControlNetMidBlock, ResnetBlock2D, UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn,
 };
 use unet_attention::{config, Result};
 
@@ -39,6 +39,21 @@ macro_rules! cross_attn_runnable {
 }
 
 cross_attn_runnable!(UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn);
+
+/// `ControlNetModel`'s mid block and `controlnet_mid_block`: outputs `mid_block_res_sample`,
+/// then the mid block's `sample`.
+impl Runnable for ControlNetMidBlock {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let (res, sample) = self.forward(
+            inputs.required("hidden_states")?,
+            inputs.get("temb"),
+            inputs.get("encoder_hidden_states"),
+            inputs.get("attention_mask"),
+            inputs.number("conditioning_scale", 1.0)?,
+        )?;
+        Ok(vec![res, sample])
+    }
+}
 
 /// Their inputs, in forward order.
 const CROSS_ATTN_INPUTS: &[&str] = &[
@@ -89,6 +104,16 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             build: |vb, cfg| {
                 let cfg = config::from_json(UNetMidBlock2DSimpleCrossAttn::BLOCK, cfg)?;
                 Ok(Box::new(UNetMidBlock2DSimpleCrossAttn::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: ControlNetMidBlock::BLOCK,
+            pytorch: "diffusers.models.controlnets.controlnet.ControlNetModel (diffusers 0.42.1) mid_block (UNetMidBlock2DCrossAttn / UNetMidBlock2D) + controlnet_mid_block (1x1 Conv2d), times conditioning_scale, global_pool_conditions; outputs mid_block_res_sample, sample",
+            inputs: &["hidden_states", "temb", "encoder_hidden_states", "attention_mask"],
+            kwargs: &["conditioning_scale"],
+            build: |vb, cfg| {
+                let cfg = config::from_json(ControlNetMidBlock::BLOCK, cfg)?;
+                Ok(Box::new(ControlNetMidBlock::new(vb, &cfg)?))
             },
         },
     ]

@@ -128,6 +128,22 @@ impl Inputs {
         }
     }
 
+    /// A numeric forward argument (`conditioning_scale`), `default` when absent.
+    pub fn number(&self, name: &str, default: f64) -> Result<f64> {
+        match self.kwargs.get(name) {
+            None | Some(serde_json::Value::Null) => Ok(default),
+            Some(serde_json::Value::Number(n)) => n
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| Error::input(self.block, name, format!("expected a finite number, found {n}"))),
+            Some(other) => Err(Error::input(
+                self.block,
+                name,
+                format!("expected a number, found {other}"),
+            )),
+        }
+    }
+
     /// Check that an input has the rank the block expects.
     pub fn rank(&self, name: &str, t: &Tensor, ranks: &[usize]) -> Result<()> {
         if ranks.contains(&t.rank()) {
