@@ -30,14 +30,17 @@ fn errors() -> Vec<(String, f64, f64)> {
 
 #[test]
 fn conv_heavy_blocks_are_within_one_and_a_half_times_pytorch_f32_error() {
-    // The packed CPU layers (where this CPU runs them) with the convolutions as sized (direct at
-    // these sizes) and forced through Winograd's F(2×2, 3×3), and Candle's ops, one after the
-    // other in this one test (the switch is process-wide).
-    for path in [LayerPath::Auto, LayerPath::Winograd, LayerPath::Candle] {
+    // The packed CPU layers (where this CPU runs them) with the convolutions as sized, forced
+    // direct, and forced through Winograd's F(2×2, 3×3), one after the other in this one test
+    // (the switch is process-wide). Candle's own ops (`LayerPath::Candle`, the debugging
+    // reference) are not held to this: their error depends on which `gemm` kernels the CPU
+    // gets (within 1.5× on an AVX2 Zen 3, 1.7× with the AVX-512 kernels of a Zen 4).
+    for path in [LayerPath::Auto, LayerPath::Direct, LayerPath::Winograd] {
         set_layer_path(Some(path));
         let errs = errors();
         set_layer_path(None);
         for (file, ours, torch) in errs {
+            eprintln!("{file} ({path:?}): ours {ours:.3e}, PyTorch {torch:.3e}");
             assert!(
                 ours <= 1.5 * torch,
                 "{file} ({path:?}): ours {ours:.3e} vs float64, PyTorch's own {torch:.3e}"

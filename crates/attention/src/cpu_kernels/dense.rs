@@ -9,7 +9,7 @@
 //! `direct`, `winograd` or `candle`, read once), else [`LayerPath::Auto`].
 
 use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, Isa, PackedCols, PackedRows, RowsOf};
-use super::{contiguous, cpu_slice, winograd};
+use super::{contiguous, cpu_slice, im2col, winograd};
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -226,7 +226,10 @@ impl PackedConv {
         if kh != kw || kh.is_multiple_of(2) || out == 0 || inp == 0 {
             return Ok(None);
         }
-        let packed = PackedRows::new(&f32_vec(weight)?, out, inp * kh * kw, isa, blocking);
+        let taps = kh * kw;
+        let w = im2col::tap_major(&f32_vec(weight)?, inp, taps);
+        let blocks = im2col::conv_blocks(inp, taps, blocking.kc);
+        let packed = PackedRows::new(&w, out, inp * taps, isa, blocks);
         Ok(Some(Self {
             packed: Arc::new(packed),
             ksize: kh,
@@ -239,7 +242,8 @@ impl PackedConv {
     pub fn weight(&self) -> Result<Tensor> {
         let (out, k) = (self.packed.rows, self.ksize);
         let inp = self.packed.k / (k * k);
-        Tensor::from_vec(self.packed.unpack(), (out, inp, k, k), &Device::Cpu)
+        let w = im2col::torch_order(&self.packed.unpack(), inp, k * k);
+        Tensor::from_vec(w, (out, inp, k, k), &Device::Cpu)
     }
 
     /// The stride-1, `k / 2`-padded convolution of an f32 CPU `(B, in, H, W)` with `extras`
@@ -303,15 +307,16 @@ impl PackedConv {
             w,
         };
         let winograd = match path {
-            LayerPath::Auto => winograd::pays(batch, channels, out_c, h, w),
+            LayerPath::Auto => winograd::pays(self.isa, shape),
             LayerPath::Winograd => true,
             LayerPath::Direct | LayerPath::Candle => false,
         };
         if self.ksize == 3 && winograd {
-            let u = winograd::transform_weight(&self.packed, self.blocking);
+            let u = winograd::transform_weight(&self.packed);
             winograd::conv(self.isa, self.blocking, &u, src, shape, epi, &mut out);
+            winograd::recycle(u);
         } else {
-            let image = super::im2col::Image {
+            let image = im2col::Image {
                 x: src,
                 batch,
                 channels,

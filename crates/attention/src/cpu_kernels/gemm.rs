@@ -91,7 +91,7 @@ pub(crate) struct Blocking {
     /// Columns of `B` per task: the task's `MC × NC` accumulator fills about a quarter of L2.
     pub(crate) nc: usize,
     /// L2 bytes.
-    l2: usize,
+    pub(super) l2: usize,
 }
 
 impl Blocking {
@@ -180,72 +180,124 @@ impl Epilogue<'_> {
     };
 }
 
+/// One product of a [`gemm_batch`]: `out = epilogue(A · B)`.
+pub(crate) struct Product<'a> {
+    pub(crate) a: RowsOf<'a>,
+    pub(crate) b: ColsOf<'a>,
+    pub(crate) epi: Epilogue<'a>,
+    pub(crate) out: &'a mut [f32],
+}
+
 /// `out = epilogue(A · B)`: `(batch, M, N)` row-major, where `batch` is the image count of an
 /// image `B` and 1 otherwise.
 pub(crate) fn gemm(isa: Isa, blocking: Blocking, a: RowsOf, b: ColsOf, epi: Epilogue, out: &mut [f32]) {
-    let (m, k_a) = match &a {
-        RowsOf::Packed(p) => (p.rows, p.k),
-        RowsOf::Matrix(x) => {
-            let k = b_depth(&b);
-            (x.len() / k.max(1), k)
-        }
-    };
-    let (n, batch) = match &b {
-        ColsOf::Packed(p) => (p.cols, 1),
-        ColsOf::Image(img) => (img.h * img.w, img.batch),
-    };
-    let pairs = match &b {
-        ColsOf::Packed(p) => p.pairs,
-        ColsOf::Image(_) => None,
-    };
-    // Output columns: a paired weight's `2·n`, or `n` with GEGLU.
-    let n_out = match pairs {
-        Some(half) if epi.geglu => half,
-        Some(half) => 2 * half,
-        None => n,
-    };
-    let k = b_depth(&b);
-    assert_eq!(k_a, k, "GEMM operands disagree on the reduction length");
-    assert_eq!(out.len(), batch * m * n_out);
-    assert!(pairs.is_some() || !epi.geglu, "GEGLU needs a paired weight");
-    let only_bias = epi.item_row.is_none() && epi.residual.is_none() && epi.div.is_none();
-    assert!(pairs.is_none() || (only_bias && !matches!(epi.bias, Bias::PerRow(_))));
-    assert!(epi.residual.is_none_or(|r| r.len() == out.len()));
-    assert!(epi.item_row.is_none_or(|t| t.len() == batch * m));
-    if m == 0 || n == 0 || batch == 0 {
-        return;
+    gemm_batch(isa, blocking, vec![Product { a, b, epi, out }]);
+}
+
+/// Several independent products as one parallel call: their tasks are pooled, so the threads
+/// meet once, not once per product (the 16 small products of a Winograd convolution).
+pub(crate) fn gemm_batch(isa: Isa, blocking: Blocking, products: Vec<Product>) {
+    // Each product's share of the tasks a call wants (at least two per thread in all).
+    let share = (2 * rayon::current_num_threads()).div_ceil(products.len().max(1));
+    let calls: Vec<Call> = products
+        .into_iter()
+        .filter_map(|p| Call::new(isa, blocking, p, share))
+        .collect();
+    // `first[i]`: the index of call i's first task.
+    let mut first = Vec::with_capacity(calls.len() + 1);
+    let mut total = 0;
+    for c in &calls {
+        first.push(total);
+        total += c.grid.tasks();
     }
-    // Reduction blocks: those of the packed weight (fixed when it was packed).
-    let blocks = match (&a, &b) {
-        (RowsOf::Packed(p), _) => p.blocks.clone(),
-        (_, ColsOf::Packed(p)) => p.blocks.clone(),
-        _ => k_blocks(k, blocking.kc),
-    };
-    let blocking = match &b {
-        ColsOf::Image(_) => blocking.for_image_b(isa, m),
-        ColsOf::Packed(_) => blocking,
-    };
-    // A paired weight's tasks take whole pairs of panels.
-    let step = if pairs.is_some() { 2 * isa.nr() } else { isa.nr() };
-    let grid = Grid::new(isa, blocking, batch, m, (n, step));
-    let out = OutPtr {
-        ptr: out.as_mut_ptr(),
-        len: out.len(),
-    };
-    (0..grid.tasks()).into_par_iter().for_each(|t| {
-        let task = grid.task(t, m, n);
+    (0..total).into_par_iter().for_each(|t| {
+        let i = first.partition_point(|&f| f <= t) - 1;
+        let call = &calls[i];
+        call.job
+            .run(call.grid.task(t - first[i], call.job.m, call.job.n), call.out);
+    });
+}
+
+/// One product prepared: its shared state, its tasks and its output.
+struct Call<'a> {
+    job: Job<'a>,
+    grid: Grid,
+    out: OutPtr,
+}
+
+impl<'a> Call<'a> {
+    /// `None` for an empty product.
+    fn new(isa: Isa, blocking: Blocking, p: Product<'a>, share: usize) -> Option<Call<'a>> {
+        let Product { a, b, epi, out } = p;
+        let (m, k_a) = match &a {
+            RowsOf::Packed(p) => (p.rows, p.k),
+            RowsOf::Matrix(x) => {
+                let k = b_depth(&b);
+                (x.len() / k.max(1), k)
+            }
+        };
+        let (n, batch) = match &b {
+            ColsOf::Packed(p) => (p.cols, 1),
+            ColsOf::Image(img) => (img.h * img.w, img.batch),
+        };
+        let pairs = match &b {
+            ColsOf::Packed(p) => p.pairs,
+            ColsOf::Image(_) => None,
+        };
+        // Output columns: a paired weight's `2·n`, or `n` with GEGLU.
+        let n_out = match pairs {
+            Some(half) if epi.geglu => half,
+            Some(half) => 2 * half,
+            None => n,
+        };
+        let k = b_depth(&b);
+        assert_eq!(k_a, k, "GEMM operands disagree on the reduction length");
+        assert_eq!(out.len(), batch * m * n_out);
+        assert!(pairs.is_some() || !epi.geglu, "GEGLU needs a paired weight");
+        let only_bias = epi.item_row.is_none() && epi.residual.is_none() && epi.div.is_none();
+        assert!(pairs.is_none() || (only_bias && !matches!(epi.bias, Bias::PerRow(_))));
+        assert!(epi.residual.is_none_or(|r| r.len() == out.len()));
+        assert!(epi.item_row.is_none_or(|t| t.len() == batch * m));
+        if m == 0 || n == 0 || batch == 0 {
+            return None;
+        }
+        // Reduction blocks: those of the packed operand (fixed when it was packed); two packed
+        // operands must agree.
+        let blocks = match (&a, &b) {
+            (RowsOf::Packed(p), ColsOf::Packed(q)) => {
+                assert_eq!(
+                    p.blocks, q.blocks,
+                    "packed GEMM operands disagree on the reduction blocks"
+                );
+                p.blocks.clone()
+            }
+            (RowsOf::Packed(p), _) => p.blocks.clone(),
+            (_, ColsOf::Packed(p)) => p.blocks.clone(),
+            _ => k_blocks(k, blocking.kc),
+        };
+        let blocking = match &b {
+            ColsOf::Image(_) => blocking.for_image_b(isa, m),
+            ColsOf::Packed(_) => blocking,
+        };
+        // A paired weight's tasks take whole pairs of panels.
+        let step = if pairs.is_some() { 2 * isa.nr() } else { isa.nr() };
+        let grid = Grid::new(isa, blocking, batch, m, (n, step), share);
+        let out = OutPtr {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        };
         let job = Job {
             isa,
-            a: &a,
-            b: &b,
-            blocks: &blocks,
+            a,
+            b,
+            blocks,
             epi,
             m,
             n,
             pairs,
         };
-        job.run(task, out);
-    });
+        Some(Call { job, grid, out })
+    }
 }
 
 fn b_depth(b: &ColsOf) -> usize {
@@ -301,11 +353,10 @@ struct Task {
 
 impl Grid {
     /// Blocks of at most `MC × NC`, made smaller (down to 4 tiles a side) until there are at
-    /// least two tasks per thread, and balanced (equal sizes up to a tile).
+    /// least `want` tasks, and balanced (equal sizes up to a tile).
     /// Column blocks are whole multiples of `step` (the panel width, or two for a paired weight).
-    fn new(isa: Isa, blocking: Blocking, batch: usize, m: usize, (n, step): (usize, usize)) -> Grid {
+    fn new(isa: Isa, blocking: Blocking, batch: usize, m: usize, (n, step): (usize, usize), want: usize) -> Grid {
         let (mr, nr) = (isa.mr(), step);
-        let want = 2 * rayon::current_num_threads();
         let (mut mc, mut nc) = (
             blocking.mc.min(m.div_ceil(mr) * mr),
             blocking.nc.min(n.div_ceil(nr) * nr),
@@ -384,9 +435,9 @@ impl ARows<'_> {
 /// The shared state of one call.
 struct Job<'a> {
     isa: Isa,
-    a: &'a RowsOf<'a>,
-    b: &'a ColsOf<'a>,
-    blocks: &'a [(usize, usize)],
+    a: RowsOf<'a>,
+    b: ColsOf<'a>,
+    blocks: Vec<(usize, usize)>,
     epi: Epilogue<'a>,
     m: usize,
     n: usize,
@@ -418,7 +469,7 @@ impl Job<'_> {
             let (a_buf, b_buf) = rest.split_at_mut(a_len);
             for (bi, &(p0, kcb)) in self.blocks.iter().enumerate() {
                 let b_blk = self.b_block(t, p0, kcb, b_buf);
-                if let (ColsOf::Image(img), Some(&(p1, kc1))) = (self.b, self.blocks.get(bi + 1)) {
+                if let (ColsOf::Image(img), Some(&(p1, kc1))) = (&self.b, self.blocks.get(bi + 1)) {
                     img.prefetch(t.item, p1, kc1, t.n0, t.cols);
                 }
                 let a_rows = self.a_rows(t, p0, kcb, a_buf);

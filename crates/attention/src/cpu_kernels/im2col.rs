@@ -6,8 +6,9 @@
 
 /// `batch` images `(channels, h, w)` (row-major, one after the other), read as the im2col
 /// matrix of a stride-1 convolution with an odd `ksize × ksize` kernel and zero padding
-/// `ksize / 2`: row `ci·k·k + ky·k + kx` (PyTorch's weight order), column `y·w + x`, value
-/// `x[ci, y + ky − pad, x + kx − pad]` (0 outside the image).
+/// `ksize / 2`: row `(ky·k + kx)·channels + ci` (tap-major: [`tap_major`] puts a PyTorch weight
+/// in this order), column `y·w + x`, value `x[ci, y + ky − pad, x + kx − pad]` (0 outside the
+/// image).
 #[derive(Clone, Copy)]
 pub(crate) struct Image<'a> {
     pub(crate) x: &'a [f32],
@@ -25,6 +26,54 @@ struct Run {
     y: usize,
     x0: usize,
     len: usize,
+}
+
+/// A PyTorch convolution weight `(rows, channels, k, k)` (row-major, `taps = k·k`) in the
+/// im2col row order of [`Image`]: `out[r][tap·channels + ci] = w[r][ci·taps + tap]`.
+pub(crate) fn tap_major(w: &[f32], channels: usize, taps: usize) -> Vec<f32> {
+    let k = channels * taps;
+    let mut out = vec![0f32; w.len()];
+    for (src, dst) in w.chunks_exact(k).zip(out.chunks_exact_mut(k)) {
+        for (ci, taps_of) in src.chunks_exact(taps).enumerate() {
+            for (tap, &v) in taps_of.iter().enumerate() {
+                dst[tap * channels + ci] = v;
+            }
+        }
+    }
+    out
+}
+
+/// [`tap_major`] undone: PyTorch's order again.
+pub(crate) fn torch_order(w: &[f32], channels: usize, taps: usize) -> Vec<f32> {
+    let k = channels * taps;
+    let mut out = vec![0f32; w.len()];
+    for (src, dst) in w.chunks_exact(k).zip(out.chunks_exact_mut(k)) {
+        for (ci, taps_of) in dst.chunks_exact_mut(taps).enumerate() {
+            for (tap, v) in taps_of.iter_mut().enumerate() {
+                *v = src[tap * channels + ci];
+            }
+        }
+    }
+    out
+}
+
+/// The reduction blocks of a convolution weight in [`tap_major`] order: each tap's channels in
+/// blocks of about `kc` ([`super::gemm::k_blocks`]), or where a tap has fewer than `kc / 2`
+/// channels, whole taps together, as many as fit `kc`. Either way no block holds part of a tap
+/// and part of another, which the Winograd weight transform relies on.
+pub(crate) fn conv_blocks(channels: usize, taps: usize, kc: usize) -> Vec<(usize, usize)> {
+    if 2 * channels >= kc {
+        let per_tap = super::gemm::k_blocks(channels, kc);
+        (0..taps)
+            .flat_map(|t| per_tap.iter().map(move |&(q0, len)| (t * channels + q0, len)))
+            .collect()
+    } else {
+        let per_block = (kc / channels.max(1)).max(1);
+        (0..taps)
+            .step_by(per_block)
+            .map(|t| (t * channels, per_block.min(taps - t) * channels))
+            .collect()
+    }
 }
 
 impl Image<'_> {
@@ -56,8 +105,8 @@ impl Image<'_> {
         }
         first.push(runs.len());
         let (k, pad) = (self.ksize, (self.ksize / 2) as isize);
-        // (input channel, tap) of row p0, advanced row by row (no division per row).
-        let (mut ci, mut tap) = (p0 / (k * k), p0 % (k * k));
+        // (tap, input channel) of row p0, advanced row by row (no division per row).
+        let (mut tap, mut ci) = (p0 / self.channels, p0 % self.channels);
         for kk in 0..kc {
             let (dy, dx) = ((tap / k) as isize - pad, (tap % k) as isize - pad);
             let chan = &img[ci * hw..][..hw];
@@ -68,9 +117,9 @@ impl Image<'_> {
                     self.copy_run(chan, r, dy, dx, &mut row[r.j0..r.j0 + r.len]);
                 }
             }
-            tap += 1;
-            if tap == k * k {
-                (ci, tap) = (ci + 1, 0);
+            ci += 1;
+            if ci == self.channels {
+                (tap, ci) = (tap + 1, 0);
             }
         }
     }
@@ -89,7 +138,11 @@ impl Image<'_> {
         let reach = (self.ksize / 2) * (self.w + 1);
         let (lo, hi) = (n0.saturating_sub(reach), (n0 + cols + reach).min(hw));
         let img = &self.x[item * self.channels * hw..][..self.channels * hw];
-        for ci in p0 / kk..=(p0 + kc - 1) / kk {
+        // Rows p0 .. p0 + kc read the channels from p0 % channels on, kc of them (all if kc
+        // spans a whole tap).
+        let first = p0 % self.channels;
+        for c in 0..kc.min(self.channels) {
+            let ci = (first + c) % self.channels;
             let span = &img[ci * hw + lo..ci * hw + hi];
             for line in span.chunks(16) {
                 prefetch_l2(line.as_ptr());

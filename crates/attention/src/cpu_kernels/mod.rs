@@ -24,6 +24,7 @@ mod dense;
 mod gemm;
 mod im2col;
 mod packed;
+mod pool;
 mod tile;
 mod winograd;
 

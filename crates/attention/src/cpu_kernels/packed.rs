@@ -8,6 +8,9 @@ use super::tile::IL_ROWS;
 /// A weight `(rows, k)` as the `A` operand: per reduction block, its rows (padded with zero rows
 /// to a multiple of 12) of that block's `kc` values each, row-major, or on CPUs whose tile
 /// reads interleaved micro-panels ([`Isa::interleaves_a`]) in groups of 6 rows interleaved.
+/// Either way a block is one contiguous run of `rows_p · kcb` values whose place for `(row, kk)`
+/// depends only on `rows_p` and `kcb`, so two matrices with blocks of the same depth combine
+/// block by block, element by element (the Winograd weight transform does).
 #[derive(Debug)]
 pub(crate) struct PackedRows {
     pub(crate) rows: usize,
@@ -19,32 +22,53 @@ pub(crate) struct PackedRows {
 }
 
 impl PackedRows {
-    /// Pack the row-major `(rows, k)` matrix `w` for `isa`'s tile.
-    pub(crate) fn new(w: &[f32], rows: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedRows {
+    /// Pack the row-major `(rows, k)` matrix `w` for `isa`'s tile, in the reduction blocks
+    /// `blocks` (consecutive, covering `0..k`).
+    pub(crate) fn new(w: &[f32], rows: usize, k: usize, isa: Isa, blocks: Vec<(usize, usize)>) -> PackedRows {
         assert_eq!(w.len(), rows * k);
-        let mut packed = PackedRows::zeros(rows, k, isa, blocking);
+        let mut packed = PackedRows::zeros_with(rows, k, isa.interleaves_a(), blocks);
         for (r, src) in w.chunks_exact(k).enumerate() {
             packed.set_row(r, src);
         }
         packed
     }
 
-    /// A `(rows, k)` matrix of zeros, to be filled row by row ([`PackedRows::set_row`]).
-    pub(crate) fn zeros(rows: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedRows {
-        PackedRows::zeros_with(rows, k, isa.interleaves_a(), blocking)
+    /// A `(rows, k)` matrix of zeros in the reduction blocks `blocks`, with the micro-panels
+    /// interleaved or not, whatever the tile.
+    pub(crate) fn zeros_with(rows: usize, k: usize, interleaved: bool, blocks: Vec<(usize, usize)>) -> PackedRows {
+        PackedRows::in_buffer(Vec::new(), rows, k, interleaved, blocks)
     }
 
-    /// [`PackedRows::zeros`] with the micro-panels interleaved or not, whatever the tile.
-    pub(crate) fn zeros_with(rows: usize, k: usize, interleaved: bool, blocking: Blocking) -> PackedRows {
+    /// [`PackedRows::zeros_with`] in the buffer `data` (its allocation reused; the values are
+    /// whatever it held, for a caller that writes every one of them).
+    pub(crate) fn in_buffer(
+        mut data: Vec<f32>,
+        rows: usize,
+        k: usize,
+        interleaved: bool,
+        blocks: Vec<(usize, usize)>,
+    ) -> PackedRows {
+        let mut p = 0;
+        for &(p0, kcb) in &blocks {
+            assert!(p0 == p && kcb > 0, "reduction blocks must be consecutive and non-empty");
+            p += kcb;
+        }
+        assert_eq!(p, k, "reduction blocks must cover the reduction");
         let rows_p = rows.div_ceil(Isa::ROW_PAD) * Isa::ROW_PAD;
+        data.resize(rows_p * k, 0.0);
         PackedRows {
             rows,
             k,
             rows_p,
             interleaved,
-            blocks: k_blocks(k, blocking.kc),
-            data: vec![0f32; rows_p * k],
+            blocks,
+            data,
         }
+    }
+
+    /// The buffer back, for [`PackedRows::in_buffer`].
+    pub(crate) fn into_data(self) -> Vec<f32> {
+        self.data
     }
 
     /// Row `r` of the matrix set to `src` (`k` values).
@@ -62,47 +86,22 @@ impl PackedRows {
         }
     }
 
-    /// Where each value `p` lies: `(block, p − p0, kcb)` of its reduction block.
-    pub(crate) fn locate_all(&self) -> Vec<Located> {
-        let mut out = Vec::with_capacity(self.k);
-        for (b, &(_, kcb)) in self.blocks.iter().enumerate() {
-            out.extend((0..kcb).map(|kk| Located { block: b, kk, kcb }));
-        }
-        debug_assert_eq!(out.len(), self.k);
-        out
+    /// The values of reduction block `b` (`rows_p · kcb`, laid out as the tile reads them).
+    pub(crate) fn block(&self, b: usize) -> &[f32] {
+        let (p0, kcb) = self.blocks[b];
+        &self.data[self.rows_p * p0..][..self.rows_p * kcb]
     }
 
-    /// Value `at` (from [`PackedRows::locate_all`]) of the [`IL_ROWS`] rows from `r0` (a
-    /// multiple of [`IL_ROWS`]).
-    pub(crate) fn lanes(&self, r0: usize, at: Located) -> [f32; IL_ROWS] {
-        let base = self.rows_p * self.blocks[at.block].0;
-        if self.interleaved {
-            let i = base + r0 * at.kcb + at.kk * IL_ROWS;
-            self.data[i..i + IL_ROWS].try_into().expect("a micro-panel's lanes")
-        } else {
-            std::array::from_fn(|l| self.data[base + (r0 + l) * at.kcb + at.kk])
-        }
-    }
-
-    /// The packed values split by groups of [`ROW_GROUP`] rows (disjoint, so that groups can be
-    /// written in parallel): `parts[g][b]` is group `g`'s part of reduction block `b`.
-    pub(crate) fn groups_mut(&mut self) -> Vec<RowGroup<'_>> {
-        let groups = self.rows_p / ROW_GROUP;
-        let mut parts: Vec<RowGroup> = (0..groups)
-            .map(|_| RowGroup {
-                interleaved: self.interleaved,
-                blocks: Vec::with_capacity(self.blocks.len()),
-            })
-            .collect();
+    /// The values of every reduction block, writable ([`PackedRows::block`]).
+    pub(crate) fn blocks_mut(&mut self) -> Vec<&mut [f32]> {
         let mut rest = &mut self.data[..];
-        for &(p0, kcb) in &self.blocks {
+        let mut out = Vec::with_capacity(self.blocks.len());
+        for &(_, kcb) in &self.blocks {
             let (block, tail) = rest.split_at_mut(self.rows_p * kcb);
+            out.push(block);
             rest = tail;
-            for (g, part) in block.chunks_exact_mut(ROW_GROUP * kcb).enumerate() {
-                parts[g].blocks.push((p0, kcb, part));
-            }
         }
-        parts
+        out
     }
 
     /// The matrix back, row-major `(rows, k)`.
@@ -128,41 +127,6 @@ impl PackedRows {
             }
         }
     }
-}
-
-/// Rows per group of [`PackedRows::groups_mut`] (whole micro-panels of every tile height).
-pub(crate) const ROW_GROUP: usize = Isa::ROW_PAD;
-
-/// One group of [`ROW_GROUP`] rows of a [`PackedRows`], writable on its own.
-pub(crate) struct RowGroup<'a> {
-    interleaved: bool,
-    /// `(p0, kcb, values)` per reduction block.
-    blocks: Vec<(usize, usize, &'a mut [f32])>,
-}
-
-impl RowGroup<'_> {
-    /// Value `at` (from [`PackedRows::locate_all`] of a matrix of the same shape) of the group's
-    /// rows `l0 .. l0 + IL_ROWS` (`l0` a multiple of [`IL_ROWS`]) set to `lanes`.
-    pub(crate) fn set_lanes(&mut self, l0: usize, at: Located, lanes: &[f32; IL_ROWS]) {
-        let part = &mut self.blocks[at.block].2;
-        if self.interleaved {
-            let i = l0 * at.kcb + at.kk * IL_ROWS;
-            part[i..i + IL_ROWS].copy_from_slice(lanes);
-        } else {
-            for (l, &v) in lanes.iter().enumerate() {
-                part[(l0 + l) * at.kcb + at.kk] = v;
-            }
-        }
-    }
-}
-
-/// Where a value of the reduction lies in a packed matrix: its block, its index within the
-/// block, and the block's depth.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Located {
-    block: usize,
-    kk: usize,
-    kcb: usize,
 }
 
 /// The columns `col0 .. col0 + cols` (whole panels) of a [`PackedCols`], writable on their own.
@@ -259,7 +223,13 @@ impl PackedCols {
 
     /// A `(cols, k)` matrix of zeros in the buffer `data` (its allocation reused), to be
     /// filled by column groups ([`PackedCols::column_groups_mut`]).
-    pub(crate) fn zeros_in(mut data: Vec<f32>, cols: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedCols {
+    pub(crate) fn zeros_in(
+        mut data: Vec<f32>,
+        cols: usize,
+        k: usize,
+        isa: Isa,
+        blocks: Vec<(usize, usize)>,
+    ) -> PackedCols {
         let nr = isa.nr();
         let panels = cols.div_ceil(nr);
         data.clear();
@@ -270,7 +240,7 @@ impl PackedCols {
             pairs: None,
             nr,
             panels,
-            blocks: k_blocks(k, blocking.kc),
+            blocks,
             data,
         }
     }

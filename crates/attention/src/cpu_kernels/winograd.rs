@@ -23,7 +23,8 @@
 
 use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, Isa, PackedCols, PackedRows, RowsOf};
 use super::im2col::{copy_short, zero_short};
-use super::packed::{ColGroup, RowGroup, ROW_GROUP};
+use super::packed::ColGroup;
+use super::pool;
 use super::tile::IL_ROWS;
 use rayon::prelude::*;
 
@@ -34,68 +35,158 @@ use rayon::prelude::*;
 /// with the tiles). Measured on a 2-core Zen 3, whole blocks with 512 channels: at 16 × 16 (64
 /// tiles) Winograd is 5 – 40 % slower than the direct convolution, at 32 × 32 about 20 %
 /// faster, at 64 × 64 far faster; a lone 1280-channel convolution at 32 × 32 about 15 % faster.
-pub(crate) fn pays(batch: usize, c_in: usize, c_out: usize, h: usize, w: usize) -> bool {
-    let tiles = batch * h.div_ceil(2) * w.div_ceil(2);
-    c_in >= 64 && c_out >= 64 && tiles >= 256
+pub(crate) fn pays(isa: Isa, s: Shape) -> bool {
+    let (th, tw) = s.tiles();
+    s.c_in >= 64 && s.c_out >= 64 && s.batch * th * tw >= 2 * isa.nr()
 }
 
 /// The transformed weight: `U_ξ = (G g Gᵀ)[ξ]` for the 16 positions `ξ = 4i + j`, each a packed
-/// `(C_out, C_in)` `A` operand. One task per group of output channels, for all 16.
-pub(crate) fn transform_weight(direct: &PackedRows, blocking: Blocking) -> Vec<PackedRows> {
+/// `(C_out, C_in)` `A` operand, in buffers of the pool ([`recycle`] gives them back).
+///
+/// The direct weight is packed tap-major ([`super::im2col::tap_major`]) in reduction blocks that never
+/// hold parts of two taps ([`super::im2col::conv_blocks`]), so what tap `t` gives to block `(q0, kcb)`
+/// of `U` is one run per row (or interleaved micro-panel) of the direct block holding rows
+/// `t·C_in + q0 ..`, laid out as `U`'s block lays out its rows: the transform is elementwise
+/// over runs, 16 outputs from 9 inputs, in parallel over blocks of rows.
+pub(crate) fn transform_weight(direct: &PackedRows) -> Vec<PackedRows> {
     let (c_out, c_in) = (direct.rows, direct.k / 9);
     assert_eq!(direct.k, 9 * c_in, "a 3×3 kernel");
+    // U's blocks: the direct ones within tap 0 where taps are split into blocks, else one block.
+    let blocks: Vec<(usize, usize)> = if direct.blocks[0].1 <= c_in {
+        direct.blocks.iter().copied().take_while(|b| b.0 < c_in).collect()
+    } else {
+        vec![(0, c_in)]
+    };
     let mut u: Vec<PackedRows> = (0..16)
-        .map(|_| PackedRows::zeros_with(c_out, c_in, direct.interleaved, blocking))
+        .map(|_| {
+            let buf = pool::take(direct.rows_p * c_in);
+            PackedRows::in_buffer(buf, c_out, c_in, direct.interleaved, blocks.clone())
+        })
         .collect();
-    let (taps_at, u_at) = (direct.locate_all(), u[0].locate_all());
-    // `groups[g][ξ]`: output channels ROW_GROUP·g .. of U_ξ.
-    let mut groups: Vec<Vec<RowGroup>> = (0..c_out.div_ceil(ROW_GROUP)).map(|_| Vec::with_capacity(16)).collect();
+    // A unit: a row, or an interleaved micro-panel of IL_ROWS rows; its run in a block is
+    // `width · kcb` values.
+    let width = if direct.interleaved { IL_ROWS } else { 1 };
+    // `per_block[j][ξ]`: block j of U_ξ.
+    let mut per_block: Vec<Vec<&mut [f32]>> = blocks.iter().map(|_| Vec::with_capacity(16)).collect();
     for packed in u.iter_mut() {
-        for (g, part) in packed.groups_mut().into_iter().enumerate().take(groups.len()) {
-            groups[g].push(part);
+        for (j, block) in packed.blocks_mut().into_iter().enumerate() {
+            per_block[j].push(block);
         }
     }
-    groups.into_par_iter().enumerate().for_each(|(g, mut parts)| {
-        // Six output channels at a time, one per lane: each tap a micro-panel's lanes.
-        for l0 in (0..ROW_GROUP).step_by(IL_ROWS) {
-            let r0 = g * ROW_GROUP + l0;
-            if r0 >= c_out {
-                break;
-            }
-            for ci in 0..c_in {
-                let taps: [[f32; IL_ROWS]; 9] = std::array::from_fn(|tap| direct.lanes(r0, taps_at[9 * ci + tap]));
-                for (xi, lanes) in kernel_transform(&taps).iter().enumerate() {
-                    parts[xi].set_lanes(l0, u_at[ci], lanes);
-                }
-            }
+    // Jobs of about 16 K values per position: (block, first unit, its 16 output runs).
+    let mut jobs: Vec<(usize, usize, Vec<&mut [f32]>)> = vec![];
+    for (j, outs) in per_block.into_iter().enumerate() {
+        let run = width * blocks[j].1;
+        let units = (16 * 1024 / run).max(1);
+        let mut chunks: Vec<_> = outs.into_iter().map(|b| b.chunks_mut(units * run)).collect();
+        for first in (0..direct.rows_p / width).step_by(units) {
+            let dst: Vec<&mut [f32]> = chunks
+                .iter_mut()
+                .map(|c| c.next().expect("a chunk per unit run"))
+                .collect();
+            jobs.push((j, first, dst));
+        }
+    }
+    jobs.into_par_iter().for_each(|(j, first, mut dst)| {
+        let (q0, kcb) = blocks[j];
+        let run = width * kcb;
+        // Tap t's source: its direct block's values and the run's offset within a unit.
+        let src: [(&[f32], usize, usize); 9] = std::array::from_fn(|t| {
+            let p = t * c_in + q0;
+            let b = direct.blocks.partition_point(|blk| blk.0 <= p) - 1;
+            let (p0, depth) = direct.blocks[b];
+            assert!(p + kcb <= p0 + depth, "a reduction block holds parts of two taps");
+            (direct.block(b), width * depth, width * (p - p0))
+        });
+        for (i, at) in (0..dst[0].len()).step_by(run).enumerate() {
+            let unit = first + i;
+            let runs: [&[f32]; 9] = std::array::from_fn(|t| &src[t].0[unit * src[t].1 + src[t].2..][..run]);
+            transform_run(runs, &mut dst, at);
         }
     });
     u
 }
 
-/// `G g Gᵀ` of [`IL_ROWS`] 3 × 3 kernels at once (`g[tap][lane]`, taps row-major), out
-/// row-major 4 × 4 (`[ξ][lane]`).
-#[inline(always)]
-fn kernel_transform(g: &[[f32; IL_ROWS]; 9]) -> [[f32; IL_ROWS]; 16] {
-    type Lanes = [f32; IL_ROWS];
-    // `G a` of three taps: `a₀`, `½(a₀ + a₁ + a₂)`, `½(a₀ − a₁ + a₂)`, `a₂`.
-    let t = |a: [&Lanes; 3]| -> [Lanes; 4] {
-        let (mut plus, mut minus) = ([0f32; IL_ROWS], [0f32; IL_ROWS]);
-        for l in 0..IL_ROWS {
-            plus[l] = 0.5 * (a[0][l] + a[1][l] + a[2][l]);
-            minus[l] = 0.5 * (a[0][l] - a[1][l] + a[2][l]);
+/// The transformed weights' buffers back to the pool.
+pub(crate) fn recycle(u: Vec<PackedRows>) {
+    pool::give(u.into_iter().map(PackedRows::into_data));
+}
+
+/// `dst[ξ][at + i] = (G g Gᵀ)[ξ]` of the 3 × 3 kernel `g[tap] = src[tap][i]`, for every `i`
+/// (compiled for the widest vectors the CPU has; the same f32 operations, so the same bits).
+fn transform_run(src: [&[f32]; 9], dst: &mut [&mut [f32]], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F detected.
+            return unsafe { transform_run_avx512(src, dst, at) };
         }
-        [*a[0], plus, minus, *a[2]]
-    };
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 detected.
+            return unsafe { transform_run_avx2(src, dst, at) };
+        }
+    }
+    transform_run_any(src, dst, at)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transform_run_avx512(src: [&[f32]; 9], dst: &mut [&mut [f32]], at: usize) {
+    transform_run_any(src, dst, at)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn transform_run_avx2(src: [&[f32]; 9], dst: &mut [&mut [f32]], at: usize) {
+    transform_run_any(src, dst, at)
+}
+
+#[inline(always)]
+fn transform_run_any(src: [&[f32]; 9], dst: &mut [&mut [f32]], at: usize) {
+    const L: usize = 16;
+    let len = src[0].len();
+    let mut i = 0;
+    while i < len {
+        if i + L <= len {
+            let g: [[f32; L]; 9] = std::array::from_fn(|t| src[t][i..i + L].try_into().expect("L values"));
+            for (d, lanes) in dst.iter_mut().zip(kernel_transform(&g)) {
+                d[at + i..at + i + L].copy_from_slice(&lanes);
+            }
+            i += L;
+        } else {
+            let g: [[f32; 1]; 9] = std::array::from_fn(|t| [src[t][i]]);
+            for (d, lane) in dst.iter_mut().zip(kernel_transform(&g)) {
+                d[at + i] = lane[0];
+            }
+            i += 1;
+        }
+    }
+}
+
+/// `G a` of three taps, `L` lanes each: `a₀`, `½(a₀ + a₁ + a₂)`, `½(a₀ − a₁ + a₂)`, `a₂`.
+#[inline(always)]
+fn g_times<const L: usize>(a: [&[f32; L]; 3]) -> [[f32; L]; 4] {
+    let (mut plus, mut minus) = ([0f32; L], [0f32; L]);
+    for l in 0..L {
+        plus[l] = 0.5 * (a[0][l] + a[1][l] + a[2][l]);
+        minus[l] = 0.5 * (a[0][l] - a[1][l] + a[2][l]);
+    }
+    [*a[0], plus, minus, *a[2]]
+}
+
+/// `G g Gᵀ` of `L` 3 × 3 kernels at once (`g[tap][lane]`, taps row-major), out row-major
+/// 4 × 4 (`[ξ][lane]`).
+#[inline(always)]
+fn kernel_transform<const L: usize>(g: &[[f32; L]; 9]) -> [[f32; L]; 16] {
     // G g, column by column: `cols[b][i]`.
     let cols = [
-        t([&g[0], &g[3], &g[6]]),
-        t([&g[1], &g[4], &g[7]]),
-        t([&g[2], &g[5], &g[8]]),
+        g_times([&g[0], &g[3], &g[6]]),
+        g_times([&g[1], &g[4], &g[7]]),
+        g_times([&g[2], &g[5], &g[8]]),
     ];
-    let mut out = [[0f32; IL_ROWS]; 16];
+    let mut out = [[0f32; L]; 16];
     for i in 0..4 {
-        out[4 * i..4 * i + 4].copy_from_slice(&t([&cols[0][i], &cols[1][i], &cols[2][i]]));
+        out[4 * i..4 * i + 4].copy_from_slice(&g_times([&cols[0][i], &cols[1][i], &cols[2][i]]));
     }
     out
 }
@@ -155,8 +246,13 @@ fn conv_in_blocks(
     let (th, tw) = s.tiles();
     let hw = s.h * s.w;
     let block_rows = block_rows.clamp(1, s.batch * th);
-    let mut v_bufs: Vec<Vec<f32>> = vec![Vec::new(); 16];
-    let mut m = vec![0f32; 16 * s.c_out * block_rows * tw];
+    // V's reduction blocks are U's (the GEMM reads both by the same blocks).
+    let blocks = u[0].blocks.clone();
+    let mut v_bufs: Vec<Vec<f32>> = (0..16).map(|_| pool::take(s.c_in * block_rows * tw)).collect();
+    let m_len = 16 * s.c_out * block_rows * tw;
+    let mut m_buf = pool::take(m_len);
+    m_buf.resize(m_len, 0.0);
+    let m = &mut m_buf[..m_len];
     // Output planes by channel: `planes[co][item]`.
     let mut planes: Vec<Vec<&mut [f32]>> = (0..s.c_out).map(|_| Vec::with_capacity(s.batch)).collect();
     for (idx, plane) in out.chunks_exact_mut(hw).enumerate() {
@@ -169,16 +265,21 @@ fn conv_in_blocks(
         let m = &mut m[..16 * s.c_out * tiles];
         let mut v: Vec<PackedCols> = v_bufs
             .drain(..)
-            .map(|buf| PackedCols::zeros_in(buf, tiles, s.c_in, isa, blocking))
+            .map(|buf| PackedCols::zeros_in(buf, tiles, s.c_in, isa, blocks.clone()))
             .collect();
         transform_input(x, s, r0, rows, &mut v);
-        for (xi, (u, v)) in u.iter().zip(&v).enumerate() {
-            let dst = &mut m[xi * s.c_out * tiles..][..s.c_out * tiles];
-            gemm::gemm(isa, blocking, RowsOf::Packed(u), ColsOf::Packed(v), Epilogue::NONE, dst);
-        }
+        let products = u.iter().zip(&v).zip(m.chunks_exact_mut(s.c_out * tiles));
+        let products = products.map(|((u, v), out)| gemm::Product {
+            a: RowsOf::Packed(u),
+            b: ColsOf::Packed(v),
+            epi: Epilogue::NONE,
+            out,
+        });
+        gemm::gemm_batch(isa, blocking, products.collect());
         v_bufs = v.into_iter().map(PackedCols::into_data).collect();
         transform_output(m, s, r0, rows, epi, &mut planes);
     }
+    pool::give(v_bufs.into_iter().chain([m_buf]));
 }
 
 /// `V_ξ[ci, t] = (Bᵀ d B)[ξ]` for the tiles `t` of global tile rows `r0 .. r0 + rows` (row
@@ -383,6 +484,7 @@ fn write_row(dst: &mut [f32], src: &[f32], co: usize, add: Option<f32>, res: Opt
 
 #[cfg(test)]
 mod tests {
+    use super::super::im2col;
     use super::*;
 
     /// The direct 3×3 convolution in f64, `(C_out, C_in, 3, 3)` weights.
@@ -431,12 +533,15 @@ mod tests {
         let Some(isa) = Isa::detect() else { return };
         let blocking = Blocking::for_isa(isa);
         // Odd and even sizes, a tile row wider than the block, batch > 1 across a block edge.
+        // Reduction blocks of whole taps together, of one tap, and of parts of a tap (200
+        // channels: blocks of 80, 80, 40 with the AVX-512 tile's depth; also a depth of 24).
         for (batch, c_in, c_out, h, w) in [
             (1, 3, 5, 4, 4),
             (2, 7, 9, 5, 7),
             (3, 16, 13, 9, 6),
             (1, 40, 33, 17, 30),
             (2, 8, 8, 6, 141),
+            (1, 200, 14, 6, 5),
         ] {
             let s = Shape {
                 batch,
@@ -453,13 +558,17 @@ mod tests {
                 bias: Bias::PerRow(&bias),
                 ..Epilogue::NONE
             };
-            // Both weight layouts (the AVX2 tile reads either), whole and one-tile-row blocks.
-            for (interleaved, block_rows) in [(true, usize::MAX), (false, usize::MAX), (true, 1), (false, 1)] {
-                let mut packed = PackedRows::zeros_with(c_out, c_in * 9, interleaved, blocking);
-                for (r, row) in wt.chunks_exact(c_in * 9).enumerate() {
+            // The AVX-512 tile reads row-major micro-panels only; the AVX2 tile either layout.
+            let layouts = [(true, usize::MAX), (false, usize::MAX), (true, 1), (false, 1)];
+            let readable = layouts.into_iter().filter(|l| !l.0 || isa == Isa::Avx2);
+            for ((interleaved, block_rows), kc) in readable.flat_map(|l| [(l, blocking.kc), (l, 24)]) {
+                let blocking = Blocking { kc, ..blocking };
+                let blocks = im2col::conv_blocks(c_in, 9, kc);
+                let mut packed = PackedRows::zeros_with(c_out, c_in * 9, interleaved, blocks);
+                for (r, row) in im2col::tap_major(&wt, c_in, 9).chunks_exact(c_in * 9).enumerate() {
                     packed.set_row(r, row);
                 }
-                let u = transform_weight(&packed, blocking);
+                let u = transform_weight(&packed);
                 let mut got = vec![0f32; want.len()];
                 conv_in_blocks(isa, blocking, (&u, &x), s, epi, &mut got, block_rows);
                 let hw = h * w;
@@ -467,7 +576,7 @@ mod tests {
                 for (i, (&g, &want)) in got.iter().zip(&want).enumerate() {
                     let want = want + bias[(i / hw) % c_out] as f64;
                     let err = (g as f64 - want).abs();
-                    let case = (batch, c_in, c_out, h, w, interleaved, block_rows);
+                    let case = (batch, c_in, c_out, h, w, interleaved, block_rows, kc);
                     assert!(err <= 1e-6 * scale, "{case:?} at {i}: {g} vs {want}");
                 }
             }
