@@ -71,13 +71,6 @@ impl Isa {
     /// `A` rows are padded to a multiple of this in packed weights (every tile height reads
     /// whole rows).
     pub(super) const ROW_PAD: usize = 12;
-
-    /// Whether packed weights store their `A` micro-panels interleaved
-    /// ([`ALayout::Interleaved`]: one sequential stream per tile instead of six short ones, 25 –
-    /// 30 % faster 3×3 convolutions on Zen 3). The AVX-512 tile reads rows.
-    pub(super) fn interleaves_a(self) -> bool {
-        self == Isa::Avx2
-    }
 }
 
 /// Block sizes from the cache sizes the CPU reports (Linux sysfs; 32 KiB L1d and 512 KiB L2
@@ -505,10 +498,12 @@ impl Job<'_> {
         match self.a {
             RowsOf::Packed(p) => ARows {
                 values: &p.data[p.rows_p * p0 + t.m0 * kcb..],
-                layout: if p.interleaved {
-                    ALayout::Interleaved
-                } else {
-                    ALayout::Rows(kcb)
+                layout: match p.il {
+                    1 => ALayout::Rows(kcb),
+                    il => {
+                        assert_eq!(il, mr, "micro-panels interleaved for another tile");
+                        ALayout::Interleaved
+                    }
                 },
                 kc: kcb,
                 tail: None,

@@ -3,20 +3,21 @@
 //! the `B` operand ([`PackedCols`]).
 
 use super::gemm::{k_blocks, Blocking, Isa};
-use super::tile::IL_ROWS;
 
 /// A weight `(rows, k)` as the `A` operand: per reduction block, its rows (padded with zero rows
-/// to a multiple of 12) of that block's `kc` values each, row-major, or on CPUs whose tile
-/// reads interleaved micro-panels ([`Isa::interleaves_a`]) in groups of 6 rows interleaved.
-/// Either way a block is one contiguous run of `rows_p · kcb` values whose place for `(row, kk)`
-/// depends only on `rows_p` and `kcb`, so two matrices with blocks of the same depth combine
-/// block by block, element by element (the Winograd weight transform does).
+/// to a multiple of 12) in micro-panels of `il` rows interleaved, `block[(r / il)·il·kcb +
+/// kk·il + r % il]`: the tile's height ([`Isa::mr`]), so that a tile reads its micro-panel as one
+/// sequential stream, or `il = 1`, plain rows. Either way a block is one contiguous run of
+/// `rows_p · kcb` values whose place for `(row, kk)` depends only on `rows_p`, `kcb` and `il`,
+/// so two matrices with blocks of the same depth combine block by block, element by element
+/// (the Winograd weight transform does).
 #[derive(Debug)]
 pub(crate) struct PackedRows {
     pub(crate) rows: usize,
     pub(crate) k: usize,
     pub(super) rows_p: usize,
-    pub(super) interleaved: bool,
+    /// Rows per interleaved micro-panel (1: row-major).
+    pub(super) il: usize,
     pub(super) blocks: Vec<(usize, usize)>,
     pub(super) data: Vec<f32>,
 }
@@ -26,17 +27,17 @@ impl PackedRows {
     /// `blocks` (consecutive, covering `0..k`).
     pub(crate) fn new(w: &[f32], rows: usize, k: usize, isa: Isa, blocks: Vec<(usize, usize)>) -> PackedRows {
         assert_eq!(w.len(), rows * k);
-        let mut packed = PackedRows::zeros_with(rows, k, isa.interleaves_a(), blocks);
+        let mut packed = PackedRows::zeros_with(rows, k, isa.mr(), blocks);
         for (r, src) in w.chunks_exact(k).enumerate() {
             packed.set_row(r, src);
         }
         packed
     }
 
-    /// A `(rows, k)` matrix of zeros in the reduction blocks `blocks`, with the micro-panels
-    /// interleaved or not, whatever the tile.
-    pub(crate) fn zeros_with(rows: usize, k: usize, interleaved: bool, blocks: Vec<(usize, usize)>) -> PackedRows {
-        PackedRows::in_buffer(Vec::new(), rows, k, interleaved, blocks)
+    /// A `(rows, k)` matrix of zeros in the reduction blocks `blocks`, in micro-panels of `il`
+    /// rows (a divisor of 12; 1: row-major).
+    pub(crate) fn zeros_with(rows: usize, k: usize, il: usize, blocks: Vec<(usize, usize)>) -> PackedRows {
+        PackedRows::in_buffer(Vec::new(), rows, k, il, blocks)
     }
 
     /// [`PackedRows::zeros_with`] in the buffer `data` (its allocation reused; the values are
@@ -45,9 +46,13 @@ impl PackedRows {
         mut data: Vec<f32>,
         rows: usize,
         k: usize,
-        interleaved: bool,
+        il: usize,
         blocks: Vec<(usize, usize)>,
     ) -> PackedRows {
+        assert!(
+            il > 0 && Isa::ROW_PAD.is_multiple_of(il),
+            "micro-panels of a divisor of the row padding"
+        );
         let mut p = 0;
         for &(p0, kcb) in &blocks {
             assert!(p0 == p && kcb > 0, "reduction blocks must be consecutive and non-empty");
@@ -60,7 +65,7 @@ impl PackedRows {
             rows,
             k,
             rows_p,
-            interleaved,
+            il,
             blocks,
             data,
         }
@@ -76,13 +81,10 @@ impl PackedRows {
         for &(p0, kcb) in &self.blocks {
             let block = &mut self.data[self.rows_p * p0..][..self.rows_p * kcb];
             let src = &src[p0..p0 + kcb];
-            if self.interleaved {
-                let panel = &mut block[(r / IL_ROWS) * IL_ROWS * kcb..][..IL_ROWS * kcb];
-                let lane = panel.iter_mut().skip(r % IL_ROWS).step_by(IL_ROWS);
-                lane.zip(src).for_each(|(d, &v)| *d = v);
-            } else {
-                block[r * kcb..][..kcb].copy_from_slice(src);
-            }
+            let il = self.il;
+            let panel = &mut block[(r / il) * il * kcb..][..il * kcb];
+            let lane = panel.iter_mut().skip(r % il).step_by(il);
+            lane.zip(src).for_each(|(d, &v)| *d = v);
         }
     }
 
@@ -118,13 +120,10 @@ impl PackedRows {
         for &(p0, kcb) in &self.blocks {
             let block = &self.data[self.rows_p * p0..][..self.rows_p * kcb];
             let dst = &mut dst[p0..p0 + kcb];
-            if self.interleaved {
-                let panel = &block[(r / IL_ROWS) * IL_ROWS * kcb..][..IL_ROWS * kcb];
-                let lane = panel.iter().skip(r % IL_ROWS).step_by(IL_ROWS);
-                dst.iter_mut().zip(lane).for_each(|(d, &v)| *d = v);
-            } else {
-                dst.copy_from_slice(&block[r * kcb..][..kcb]);
-            }
+            let il = self.il;
+            let panel = &block[(r / il) * il * kcb..][..il * kcb];
+            let lane = panel.iter().skip(r % il).step_by(il);
+            dst.iter_mut().zip(lane).for_each(|(d, &v)| *d = v);
         }
     }
 }

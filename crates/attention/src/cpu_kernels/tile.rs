@@ -2,12 +2,12 @@
 //! tile (`sdpa::cpu::avx2`) and its `12 × 32` AVX-512 tile (`sdpa::cpu::tiles::gemm_tile`).
 
 use super::gemm::Isa;
-pub(super) use crate::sdpa::{CpuALayout as ALayout, CPU_AVX2_MR as IL_ROWS};
+pub(super) use crate::sdpa::CpuALayout as ALayout;
 
 /// One register tile: `c[r·ldc + j] (+)= Σ_p A[r, p] · b[p·NR + j]` for `rows` rows and
 /// `NR` columns (rows up to the tile height may be read from `a` and written to `c`). The
 /// block's products are summed from zero and the sum added to `c` once (`accumulate`).
-/// Interleaved `A` is AVX2 only.
+/// Interleaved `A`: micro-panels of the tile's height ([`Isa::mr`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn tile(
     isa: Isa,
@@ -19,10 +19,9 @@ pub(super) fn tile(
     ldc: usize,
     accumulate: bool,
 ) {
-    match (isa, layout) {
-        (Isa::Avx512, ALayout::Rows(lda)) => crate::sdpa::cpu_gemm_tile(rows, a, lda, b, kc, c, ldc, accumulate),
-        (Isa::Avx512, ALayout::Interleaved) => unreachable!("AVX-512 tiles read A row-major"),
-        (Isa::Avx2, layout) => crate::sdpa::cpu_avx2_tile(rows, (a, layout), kc, b, c, ldc, accumulate),
+    match isa {
+        Isa::Avx512 => crate::sdpa::cpu_gemm_tile(rows, (a, layout), b, kc, c, ldc, accumulate),
+        Isa::Avx2 => crate::sdpa::cpu_avx2_tile(rows, (a, layout), kc, b, c, ldc, accumulate),
     }
 }
 

@@ -25,7 +25,6 @@ use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, Isa, PackedCols, Packe
 use super::im2col::{copy_short, zero_short};
 use super::packed::ColGroup;
 use super::pool;
-use super::tile::IL_ROWS;
 use rayon::prelude::*;
 
 /// Whether Winograd beats the direct convolution for this call: channels wide enough that the
@@ -60,12 +59,11 @@ pub(crate) fn transform_weight(direct: &PackedRows) -> Vec<PackedRows> {
     let mut u: Vec<PackedRows> = (0..16)
         .map(|_| {
             let buf = pool::take(direct.rows_p * c_in);
-            PackedRows::in_buffer(buf, c_out, c_in, direct.interleaved, blocks.clone())
+            PackedRows::in_buffer(buf, c_out, c_in, direct.il, blocks.clone())
         })
         .collect();
-    // A unit: a row, or an interleaved micro-panel of IL_ROWS rows; its run in a block is
-    // `width · kcb` values.
-    let width = if direct.interleaved { IL_ROWS } else { 1 };
+    // A unit: an interleaved micro-panel (or a row); its run in a block is `width · kcb` values.
+    let width = direct.il;
     // `per_block[j][ξ]`: block j of U_ξ.
     let mut per_block: Vec<Vec<&mut [f32]>> = blocks.iter().map(|_| Vec::with_capacity(16)).collect();
     for packed in u.iter_mut() {
@@ -558,13 +556,13 @@ mod tests {
                 bias: Bias::PerRow(&bias),
                 ..Epilogue::NONE
             };
-            // The AVX-512 tile reads row-major micro-panels only; the AVX2 tile either layout.
-            let layouts = [(true, usize::MAX), (false, usize::MAX), (true, 1), (false, 1)];
-            let readable = layouts.into_iter().filter(|l| !l.0 || isa == Isa::Avx2);
-            for ((interleaved, block_rows), kc) in readable.flat_map(|l| [(l, blocking.kc), (l, 24)]) {
+            // Both weight layouts the tiles read (interleaved and row-major), whole and one-tile-
+            // row blocks, two reduction depths.
+            let layouts = [(isa.mr(), usize::MAX), (1, usize::MAX), (isa.mr(), 1), (1, 1)];
+            for ((il, block_rows), kc) in layouts.into_iter().flat_map(|l| [(l, blocking.kc), (l, 24)]) {
                 let blocking = Blocking { kc, ..blocking };
                 let blocks = im2col::conv_blocks(c_in, 9, kc);
-                let mut packed = PackedRows::zeros_with(c_out, c_in * 9, interleaved, blocks);
+                let mut packed = PackedRows::zeros_with(c_out, c_in * 9, il, blocks);
                 for (r, row) in im2col::tap_major(&wt, c_in, 9).chunks_exact(c_in * 9).enumerate() {
                     packed.set_row(r, row);
                 }
@@ -576,7 +574,7 @@ mod tests {
                 for (i, (&g, &want)) in got.iter().zip(&want).enumerate() {
                     let want = want + bias[(i / hw) % c_out] as f64;
                     let err = (g as f64 - want).abs();
-                    let case = (batch, c_in, c_out, h, w, interleaved, block_rows, kc);
+                    let case = (batch, c_in, c_out, h, w, il, block_rows, kc);
                     assert!(err <= 1e-6 * scale, "{case:?} at {i}: {g} vs {want}");
                 }
             }

@@ -58,20 +58,18 @@ pub(crate) fn cpu_tiles_available() -> bool {
 }
 
 /// The attention kernel's AVX-512 score tile as a GEMM tile (see `cpu::tiles::gemm_tile`):
-/// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · b[p·32 + j]`, the block summed from zero and added to
-/// `c` once.
-#[allow(clippy::too_many_arguments)]
+/// `c[r·ldc + j] (+)= Σ_p A[r, p] · b[p·32 + j]`, `A` rows or a 12-row interleaved micro-panel,
+/// the block summed from zero and added to `c` once.
 pub(crate) fn cpu_gemm_tile(
     rows: usize,
-    a: &[f32],
-    lda: usize,
+    a: (&[f32], CpuALayout),
     b: &[f32],
     kc: usize,
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
 ) {
-    cpu::tiles::gemm_tile(rows, a, lda, b, kc, c, ldc, accumulate)
+    cpu::tiles::gemm_tile(rows, a, b, kc, c, ldc, accumulate)
 }
 
 pub(crate) use cpu::caches::sizes as cpu_cache_sizes;

@@ -436,12 +436,13 @@ pub(super) fn score_tile(
 
 /// [`score_tile`] as the layer GEMM's tile (`crate::cpu_kernels`): no row maxima, and with
 /// `accumulate` the `kc` products are summed from zero and that sum added to the tile once
-/// (blocked accumulation), where the score tiles continue one chain from the stored values.
+/// (blocked accumulation), where the score tiles continue one chain from the stored values. `A`
+/// is rows `lda` apart, or one micro-panel of [`MR`] rows interleaved (`a[p·MR + r]`, zero rows
+/// past `rows`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_tile(
     rows: usize,
-    a: &[f32],
-    lda: usize,
+    (a, layout): (&[f32], ALayout),
     b: &[f32],
     kc: usize,
     c: &mut [f32],
@@ -449,23 +450,33 @@ pub(crate) fn gemm_tile(
     accumulate: bool,
 ) {
     let r = tile_rows(rows);
-    assert!(kc > 0 && lda >= kc && a.len() >= (r - 1) * lda + kc && b.len() >= kc * NR);
+    let a_len = match layout {
+        ALayout::Rows(lda) => {
+            assert!(lda >= kc);
+            (r - 1) * lda + kc
+        }
+        ALayout::Interleaved => MR * kc,
+    };
+    assert!(kc > 0 && a.len() >= a_len && b.len() >= kc * NR);
     assert!(ldc >= NR && c.len() >= (r - 1) * ldc + NR);
     #[cfg(target_arch = "x86_64")]
     if available() {
         let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
         // SAFETY: AVX-512F detected; the asserts bound every access.
         unsafe {
-            match r {
-                4 => avx512::score_tile::<4, true>(a, lda, b, kc, c, ldc, accumulate, None),
-                8 => avx512::score_tile::<8, true>(a, lda, b, kc, c, ldc, accumulate, None),
-                _ => avx512::score_tile::<MR, true>(a, lda, b, kc, c, ldc, accumulate, None),
+            match (layout, r) {
+                (ALayout::Rows(lda), 4) => avx512::score_tile::<4, true>(a, lda, b, kc, c, ldc, accumulate, None),
+                (ALayout::Rows(lda), 8) => avx512::score_tile::<8, true>(a, lda, b, kc, c, ldc, accumulate, None),
+                (ALayout::Rows(lda), _) => avx512::score_tile::<MR, true>(a, lda, b, kc, c, ldc, accumulate, None),
+                (ALayout::Interleaved, 4) => avx512::gemm_tile_interleaved::<4>(a, b, kc, c, ldc, accumulate),
+                (ALayout::Interleaved, 8) => avx512::gemm_tile_interleaved::<8>(a, b, kc, c, ldc, accumulate),
+                (ALayout::Interleaved, _) => avx512::gemm_tile_interleaved::<MR>(a, b, kc, c, ldc, accumulate),
             }
         }
         return;
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = accumulate;
+    let _ = (accumulate, layout);
     unreachable!("tiles::gemm_tile without AVX-512 (callers check `available`)")
 }
 

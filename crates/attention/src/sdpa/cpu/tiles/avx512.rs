@@ -1,6 +1,6 @@
 //! The AVX-512F bodies of the `12 × 32` tiles and the packing of [`super`] (x86-64 only).
 
-use super::NR;
+use super::{MR, NR};
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
@@ -184,5 +184,39 @@ pub(super) unsafe fn value_tile<const R: usize>(
     for (r, acc) in acc.iter().enumerate() {
         _mm512_storeu_ps(o.add(r * ldo), acc[0]);
         _mm512_storeu_ps(o.add(r * ldo + 16), acc[1]);
+    }
+}
+
+/// The layer GEMM's tile on an interleaved micro-panel: `c[r·ldc + j] (+)= Σ_p a[p·MR + r] ·
+/// b[p·NR + j]` for `r < R`, the block summed from zero and added to `c` once (one sequential
+/// stream of `A` instead of `R` rows).
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn gemm_tile_interleaved<const R: usize>(
+    a: *const f32,
+    b: *const f32,
+    kc: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for p in 0..kc {
+        let b0 = _mm512_loadu_ps(b.add(p * NR));
+        let b1 = _mm512_loadu_ps(b.add(p * NR + 16));
+        let ap = a.add(p * MR);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let x = _mm512_set1_ps(*ap.add(r));
+            acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
+            acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        let (mut x0, mut x1) = (acc[0], acc[1]);
+        if accumulate {
+            x0 = _mm512_add_ps(_mm512_loadu_ps(c.add(r * ldc)), x0);
+            x1 = _mm512_add_ps(_mm512_loadu_ps(c.add(r * ldc + 16)), x1);
+        }
+        _mm512_storeu_ps(c.add(r * ldc), x0);
+        _mm512_storeu_ps(c.add(r * ldc + 16), x1);
     }
 }
