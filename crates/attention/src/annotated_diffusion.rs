@@ -58,29 +58,27 @@ impl Attention {
 impl Module for Attention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let (b, _, h, w) = x.dims4()?;
-            let [q, k, v] = self.to_qkv.forward(x)?;
-            // Stages q, k, v: (B, H, N, D), q before its scale.
-            crate::trace::record_qkv_channels(&q, &k, &v);
-            crate::sdpa::trace_probs(&q.t()?, &k.t()?, None, crate::sdpa::Scale::Mul(self.scale));
-            // q = q * self.scale
-            let q = mul(&q, self.scale)?;
-            // sim = einsum('b h d i, b h d j -> b h i j', q, k)
-            let sim = matmul(&q.t()?, &k)?;
-            // sim = sim - sim.amax(dim=-1, keepdim=True).detach(); attn = sim.softmax(dim=-1)
-            let sim = sim.broadcast_sub(&sim.max_keepdim(D::Minus1)?)?;
-            let attn = softmax(&sim, D::Minus1)?;
-            // out = einsum('b h i j, b h d j -> b h i d', attn, v)
-            let out = matmul(&attn, &v.t()?)?;
-            // 'b h (x y) d -> b (h d) x y'
-            let out = merge_channels(&out)?.reshape((b, (), h, w))?;
-            crate::trace::record("attn", &out);
-            let out = self.to_out.forward_channels(&out)?;
-            crate::trace::record("proj", &out);
-            crate::trace::record("output", &out);
-            Ok(out)
-        })
+        let (b, _, h, w) = x.dims4()?;
+        let [q, k, v] = self.to_qkv.forward(x)?;
+        // Stages q, k, v: (B, H, N, D), q before its scale.
+        crate::trace::record_qkv_channels(&q, &k, &v);
+        crate::sdpa::trace_probs(&q.t()?, &k.t()?, None, crate::sdpa::Scale::Mul(self.scale));
+        // q = q * self.scale
+        let q = mul(&q, self.scale)?;
+        // sim = einsum('b h d i, b h d j -> b h i j', q, k)
+        let sim = matmul(&q.t()?, &k)?;
+        // sim = sim - sim.amax(dim=-1, keepdim=True).detach(); attn = sim.softmax(dim=-1)
+        let sim = sim.broadcast_sub(&sim.max_keepdim(D::Minus1)?)?;
+        let attn = softmax(&sim, D::Minus1)?;
+        // out = einsum('b h i j, b h d j -> b h i d', attn, v)
+        let out = matmul(&attn, &v.t()?)?;
+        // 'b h (x y) d -> b (h d) x y'
+        let out = merge_channels(&out)?.reshape((b, (), h, w))?;
+        crate::trace::record("attn", &out);
+        let out = self.to_out.forward_channels(&out)?;
+        crate::trace::record("proj", &out);
+        crate::trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -110,16 +108,14 @@ impl LinearAttention {
 impl Module for LinearAttention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let (b, _, h, w) = x.dims4()?;
-            let [q, k, v] = self.to_qkv.forward(x)?;
-            let out = linear_attention(&q, &k, &v, Some(self.scale))?.reshape((b, (), h, w))?;
-            crate::trace::record("attn", &out);
-            // to_out = Sequential(Conv2d, GroupNorm(1, dim))
-            let out = self.out_norm.forward(&self.to_out.forward_channels(&out)?)?;
-            crate::trace::record("proj", &out);
-            crate::trace::record("output", &out);
-            Ok(out)
-        })
+        let (b, _, h, w) = x.dims4()?;
+        let [q, k, v] = self.to_qkv.forward(x)?;
+        let out = linear_attention(&q, &k, &v, Some(self.scale))?.reshape((b, (), h, w))?;
+        crate::trace::record("attn", &out);
+        // to_out = Sequential(Conv2d, GroupNorm(1, dim))
+        let out = self.out_norm.forward(&self.to_out.forward_channels(&out)?)?;
+        crate::trace::record("proj", &out);
+        crate::trace::record("output", &out);
+        Ok(out)
     }
 }

@@ -113,41 +113,39 @@ impl SelfAttention {
 impl Module for SelfAttention {
     /// `x` / `inp`: `(n, ni, h, w)` → `(n, ni, h, w)`.
     fn forward(&self, inp: &Tensor) -> candle_core::Result<Tensor> {
-        crate::cpu_kernels::on_workers(inp.device(), || {
-            let (_, _, h, w) = inp.dims4()?;
-            // x.view(n, c, -1).transpose(1, 2) is a transposed view: PyTorch's Linear rounds twice
-            // on it in half precision (`forward_tokens_strided`).
-            let (q, k, v) = match &self.variant {
-                Variant::GroupNorm { norm, q, k, v } => {
-                    let normed = norm.forward(inp)?;
-                    trace::record("norm", &normed);
-                    let x = image_to_tokens(&normed)?; // (n, hw, c)
-                    (
-                        q.forward_tokens_strided(&x)?,
-                        k.forward_tokens_strided(&x)?,
-                        v.forward_tokens_strided(&x)?,
-                    )
-                }
-                Variant::Fused { norm, qkv } => {
-                    let normed = norm.forward(inp)?;
-                    trace::record("norm", &normed);
-                    let x = qkv.forward_tokens_strided(&image_to_tokens(&normed)?)?;
-                    let ni = self.ni;
-                    (x.narrow(2, 0, ni)?, x.narrow(2, ni, ni)?, x.narrow(2, 2 * ni, ni)?)
-                }
-            };
-            // One head: (n, 1, hw, c).
-            // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
-            let (q, k, v) = (q.unsqueeze(1)?, k.unsqueeze(1)?, v.unsqueeze(1)?);
-            trace::record_qkv(&q, &k, &v);
-            let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?.squeeze(1)?;
-            trace::record("attn", &out);
-            let out = self.proj.forward_tokens(&out)?;
-            trace::record("proj", &out);
-            let out = (tokens_to_image(&out, h, w)? + inp)?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let (_, _, h, w) = inp.dims4()?;
+        // x.view(n, c, -1).transpose(1, 2) is a transposed view: PyTorch's Linear rounds twice
+        // on it in half precision (`forward_tokens_strided`).
+        let (q, k, v) = match &self.variant {
+            Variant::GroupNorm { norm, q, k, v } => {
+                let normed = norm.forward(inp)?;
+                trace::record("norm", &normed);
+                let x = image_to_tokens(&normed)?; // (n, hw, c)
+                (
+                    q.forward_tokens_strided(&x)?,
+                    k.forward_tokens_strided(&x)?,
+                    v.forward_tokens_strided(&x)?,
+                )
+            }
+            Variant::Fused { norm, qkv } => {
+                let normed = norm.forward(inp)?;
+                trace::record("norm", &normed);
+                let x = qkv.forward_tokens_strided(&image_to_tokens(&normed)?)?;
+                let ni = self.ni;
+                (x.narrow(2, 0, ni)?, x.narrow(2, ni, ni)?, x.narrow(2, 2 * ni, ni)?)
+            }
+        };
+        // One head: (n, 1, hw, c).
+        // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
+        let (q, k, v) = (q.unsqueeze(1)?, k.unsqueeze(1)?, v.unsqueeze(1)?);
+        trace::record_qkv(&q, &k, &v);
+        let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?.squeeze(1)?;
+        trace::record("attn", &out);
+        let out = self.proj.forward_tokens(&out)?;
+        trace::record("proj", &out);
+        let out = (tokens_to_image(&out, h, w)? + inp)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -183,22 +181,20 @@ impl SelfAttentionMultiHead {
 impl Module for SelfAttentionMultiHead {
     /// `inp`: `(n, ni, h, w)` → `(n, ni, h, w)`.
     fn forward(&self, inp: &Tensor) -> candle_core::Result<Tensor> {
-        crate::cpu_kernels::on_workers(inp.device(), || {
-            let (_, _, h, w) = inp.dims4()?;
-            let normed = self.norm.forward(inp)?;
-            trace::record("norm", &normed);
-            let x = self.qkv.forward_tokens_strided(&image_to_tokens(&normed)?)?; // (n, s, 3ni)
-            let [q, k, v] = chunk_qkv_tokens_per_head(&x, self.nheads)?; // (n, h, s, d) each
-            trace::record_qkv(&q, &k, &v);
-            // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
-            let out = merge_tokens(&eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?)?;
-            trace::record("attn", &out);
-            let out = self.proj.forward_tokens(&out)?;
-            trace::record("proj", &out);
-            let out = (tokens_to_image(&out, h, w)? + inp)?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let (_, _, h, w) = inp.dims4()?;
+        let normed = self.norm.forward(inp)?;
+        trace::record("norm", &normed);
+        let x = self.qkv.forward_tokens_strided(&image_to_tokens(&normed)?)?; // (n, s, 3ni)
+        let [q, k, v] = chunk_qkv_tokens_per_head(&x, self.nheads)?; // (n, h, s, d) each
+        trace::record_qkv(&q, &k, &v);
+        // s = (q @ k.transpose(1, 2)) / self.scale; x = s.softmax(dim=-1) @ v
+        let out = merge_tokens(&eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?)?;
+        trace::record("attn", &out);
+        let out = self.proj.forward_tokens(&out)?;
+        trace::record("proj", &out);
+        let out = (tokens_to_image(&out, h, w)? + inp)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 

@@ -69,27 +69,25 @@ impl SelfAttention {
 impl Module for SelfAttention {
     /// `x`: `(b, N, Dx)` (any number of leading dimensions, at least `(N, Dx)`) → `(b, N, Dv)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let dims = x.dims().to_vec();
-            if dims.len() < 2 {
-                candle_core::bail!("{}: expected x of shape (.., N, Dx), found {dims:?}", Self::BLOCK);
-            }
-            let n = dims[dims.len() - 2];
-            let x3 = x.reshape(((), n, dims[dims.len() - 1]))?;
-            // One head: (b, 1, N, D).
-            let q = self.q.forward_tokens(&x3)?.unsqueeze(1)?;
-            let k = self.k.forward_tokens(&x3)?.unsqueeze(1)?;
-            let v = self.v.forward_tokens(&x3)?.unsqueeze(1)?;
-            trace::record_qkv(&q, &k, &v);
-            // attn = (Q @ K.transpose(-2, -1)) / self.scale; attn.softmax(dim=-1) @ V
-            let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?.squeeze(1)?;
-            let mut shape = dims;
-            let last = shape.len() - 1;
-            shape[last] = out.dim(2)?;
-            let out = out.reshape(shape)?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let dims = x.dims().to_vec();
+        if dims.len() < 2 {
+            candle_core::bail!("{}: expected x of shape (.., N, Dx), found {dims:?}", Self::BLOCK);
+        }
+        let n = dims[dims.len() - 2];
+        let x3 = x.reshape(((), n, dims[dims.len() - 1]))?;
+        // One head: (b, 1, N, D).
+        let q = self.q.forward_tokens(&x3)?.unsqueeze(1)?;
+        let k = self.k.forward_tokens(&x3)?.unsqueeze(1)?;
+        let v = self.v.forward_tokens(&x3)?.unsqueeze(1)?;
+        trace::record_qkv(&q, &k, &v);
+        // attn = (Q @ K.transpose(-2, -1)) / self.scale; attn.softmax(dim=-1) @ V
+        let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?.squeeze(1)?;
+        let mut shape = dims;
+        let last = shape.len() - 1;
+        shape[last] = out.dim(2)?;
+        let out = out.reshape(shape)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -186,22 +184,20 @@ impl MultiHeadAttention {
 impl Module for MultiHeadAttention {
     /// `x`: `(b, nq, input_dim)` → `(b, nq, nh·dh)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            // 'b nq (nh dh) -> b nh nq dh'
-            let q = split_tokens(&self.q.forward_tokens(x)?, self.nh)?;
-            let k = split_tokens(&self.k.forward_tokens(x)?, self.nh)?;
-            let v = split_tokens(&self.v.forward_tokens(x)?, self.nh)?;
-            trace::record_qkv(&q, &k, &v);
-            // (Q @ K^T) / self.scale, softmax(dim=-1), @ V
-            let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?;
-            // 'b nh nq dh -> b nq (nh dh)'
-            let out = merge_tokens(&out)?;
-            trace::record("attn", &out);
-            let out = self.fc.forward_tokens(&out)?;
-            trace::record("proj", &out);
-            trace::record("output", &out);
-            Ok(out)
-        })
+        // 'b nq (nh dh) -> b nh nq dh'
+        let q = split_tokens(&self.q.forward_tokens(x)?, self.nh)?;
+        let k = split_tokens(&self.k.forward_tokens(x)?, self.nh)?;
+        let v = split_tokens(&self.v.forward_tokens(x)?, self.nh)?;
+        trace::record_qkv(&q, &k, &v);
+        // (Q @ K^T) / self.scale, softmax(dim=-1), @ V
+        let out = eager_attention(&q, &k, &v, None, Scale::Div(self.divisor))?;
+        // 'b nh nq dh -> b nq (nh dh)'
+        let out = merge_tokens(&out)?;
+        trace::record("attn", &out);
+        let out = self.fc.forward_tokens(&out)?;
+        trace::record("proj", &out);
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 

@@ -252,58 +252,57 @@ impl MultiheadAttention {
     /// heads or `(N, H, L, S)` (the batch dimension dropped for unbatched input), where `S`
     /// counts the appended `bias_k` / zero-attention keys.
     pub fn forward(&self, query: &Tensor, args: MultiheadAttentionArgs) -> Result<(Tensor, Option<Tensor>)> {
-        crate::cpu_kernels::on_workers(query.device(), || {
-            let key = args.key.unwrap_or(query);
-            let value = args.value.unwrap_or(key);
-            let self_attention = key.id() == query.id() && value.id() == key.id();
-            let key_is_value = value.id() == key.id();
+        let key = args.key.unwrap_or(query);
+        let value = args.value.unwrap_or(key);
+        let self_attention = key.id() == query.id() && value.id() == key.id();
+        let key_is_value = value.id() == key.id();
 
-            // _mha_shape_check
-            let batched = match query.rank() {
-                3 => true,
-                2 => false,
-                _ => {
-                    return Err(Self::input_err(
-                        "query",
-                        format!(
-                            "expected a batched 3-D or unbatched 2-D tensor, found shape {:?}",
-                            query.dims()
-                        ),
-                    ))
-                }
-            };
-            let rank = query.rank();
-            for (name, t) in [("key", key), ("value", value)] {
-                if t.rank() != rank {
-                    return Err(Self::input_err(
-                        name,
-                        format!("expected a {rank}-D tensor like the query, found shape {:?}", t.dims()),
-                    ));
-                }
+        // _mha_shape_check
+        let batched = match query.rank() {
+            3 => true,
+            2 => false,
+            _ => {
+                return Err(Self::input_err(
+                    "query",
+                    format!(
+                        "expected a batched 3-D or unbatched 2-D tensor, found shape {:?}",
+                        query.dims()
+                    ),
+                ))
             }
-            if let Some(m) = args.key_padding_mask {
-                if m.rank() != rank - 1 {
-                    return Err(Self::input_err(
-                        "key_padding_mask",
-                        format!(
-                            "expected a {}-D tensor for a {rank}-D query, found shape {:?}",
-                            rank - 1,
-                            m.dims()
-                        ),
-                    ));
-                }
+        };
+        let rank = query.rank();
+        for (name, t) in [("key", key), ("value", value)] {
+            if t.rank() != rank {
+                return Err(Self::input_err(
+                    name,
+                    format!("expected a {rank}-D tensor like the query, found shape {:?}", t.dims()),
+                ));
             }
-            if let Some(m) = args.attn_mask {
-                if m.rank() != 2 && m.rank() != 3 {
-                    return Err(Self::input_err(
-                        "attn_mask",
-                        format!("expected a 2-D or 3-D tensor, found shape {:?}", m.dims()),
-                    ));
-                }
-                // torch checks an unbatched 3-D mask here, before is_causal may drop it.
-                let (l, s) = (query.dim(0)?, key.dim(0)?);
-                if !batched && m.rank() == 3 && m.dims() != [self.num_heads, l, s] {
-                    return Err(Self::input_err(
+        }
+        if let Some(m) = args.key_padding_mask {
+            if m.rank() != rank - 1 {
+                return Err(Self::input_err(
+                    "key_padding_mask",
+                    format!(
+                        "expected a {}-D tensor for a {rank}-D query, found shape {:?}",
+                        rank - 1,
+                        m.dims()
+                    ),
+                ));
+            }
+        }
+        if let Some(m) = args.attn_mask {
+            if m.rank() != 2 && m.rank() != 3 {
+                return Err(Self::input_err(
+                    "attn_mask",
+                    format!("expected a 2-D or 3-D tensor, found shape {:?}", m.dims()),
+                ));
+            }
+            // torch checks an unbatched 3-D mask here, before is_causal may drop it.
+            let (l, s) = (query.dim(0)?, key.dim(0)?);
+            if !batched && m.rank() == 3 && m.dims() != [self.num_heads, l, s] {
+                return Err(Self::input_err(
                     "attn_mask",
                     format!(
                         "the 3-D attn_mask of an unbatched query should be ({}, {l}, {s}) (num_heads, L, S), found {:?}",
@@ -311,241 +310,240 @@ impl MultiheadAttention {
                         m.dims()
                     ),
                 ));
-                }
             }
-            // _canonical_mask's dtype check, also for a mask the is_causal hint later drops.
-            for (name, m) in [
-                ("key_padding_mask", args.key_padding_mask),
-                ("attn_mask", args.attn_mask),
-            ] {
-                if let Some(m) = m {
-                    check_mask_dtype(m, name)?;
-                }
+        }
+        // _canonical_mask's dtype check, also for a mask the is_causal hint later drops.
+        for (name, m) in [
+            ("key_padding_mask", args.key_padding_mask),
+            ("attn_mask", args.attn_mask),
+        ] {
+            if let Some(m) = m {
+                check_mask_dtype(m, name)?;
             }
+        }
 
-            // Everything batch-first `(N, L, E)` from here on.
-            let to_batch_first = |t: &Tensor| -> candle_core::Result<Tensor> {
-                if !batched {
-                    t.unsqueeze(0)
-                } else if self.batch_first {
-                    Ok(t.clone())
-                } else {
-                    t.transpose(0, 1)
-                }
-            };
-            let q_in = to_batch_first(query)?;
-            let k_in = to_batch_first(key)?;
-            let v_in = to_batch_first(value)?;
-            let (n, l, e) = q_in.dims3()?;
-            let (nk, s, ek) = k_in.dims3()?;
-            let (nv, sv, ev) = v_in.dims3()?;
-            if e != self.embed_dim {
-                return Err(Self::input_err(
-                    "query",
-                    format!(
-                        "expected embedding dimension {}, found shape {:?}",
-                        self.embed_dim,
-                        query.dims()
-                    ),
-                ));
+        // Everything batch-first `(N, L, E)` from here on.
+        let to_batch_first = |t: &Tensor| -> candle_core::Result<Tensor> {
+            if !batched {
+                t.unsqueeze(0)
+            } else if self.batch_first {
+                Ok(t.clone())
+            } else {
+                t.transpose(0, 1)
             }
-            if ek != self.kdim {
-                return Err(Self::input_err(
-                    "key",
-                    format!(
-                        "expected feature dimension kdim={}, found shape {:?}",
-                        self.kdim,
-                        key.dims()
-                    ),
-                ));
-            }
-            if ev != self.vdim {
-                return Err(Self::input_err(
-                    "value",
-                    format!(
-                        "expected feature dimension vdim={}, found shape {:?}",
-                        self.vdim,
-                        value.dims()
-                    ),
-                ));
-            }
-            if nk != n || nv != n {
-                return Err(Self::input_err(
-                    "key",
-                    format!(
-                        "key {:?} and value {:?} must have the query's batch size {n}",
-                        key.dims(),
-                        value.dims()
-                    ),
-                ));
-            }
-            if sv != s {
-                return Err(Self::input_err(
-                    "value",
-                    format!(
-                        "key {:?} and value {:?} must have the same sequence length",
-                        key.dims(),
-                        value.dims()
-                    ),
-                ));
-            }
+        };
+        let q_in = to_batch_first(query)?;
+        let k_in = to_batch_first(key)?;
+        let v_in = to_batch_first(value)?;
+        let (n, l, e) = q_in.dims3()?;
+        let (nk, s, ek) = k_in.dims3()?;
+        let (nv, sv, ev) = v_in.dims3()?;
+        if e != self.embed_dim {
+            return Err(Self::input_err(
+                "query",
+                format!(
+                    "expected embedding dimension {}, found shape {:?}",
+                    self.embed_dim,
+                    query.dims()
+                ),
+            ));
+        }
+        if ek != self.kdim {
+            return Err(Self::input_err(
+                "key",
+                format!(
+                    "expected feature dimension kdim={}, found shape {:?}",
+                    self.kdim,
+                    key.dims()
+                ),
+            ));
+        }
+        if ev != self.vdim {
+            return Err(Self::input_err(
+                "value",
+                format!(
+                    "expected feature dimension vdim={}, found shape {:?}",
+                    self.vdim,
+                    value.dims()
+                ),
+            ));
+        }
+        if nk != n || nv != n {
+            return Err(Self::input_err(
+                "key",
+                format!(
+                    "key {:?} and value {:?} must have the query's batch size {n}",
+                    key.dims(),
+                    value.dims()
+                ),
+            ));
+        }
+        if sv != s {
+            return Err(Self::input_err(
+                "value",
+                format!(
+                    "key {:?} and value {:?} must have the same sequence length",
+                    key.dims(),
+                    value.dims()
+                ),
+            ));
+        }
 
-            let dtype = q_in.dtype();
-            let (h, d) = (self.num_heads, self.head_dim);
+        let dtype = q_in.dtype();
+        let (h, d) = (self.num_heads, self.head_dim);
 
-            // Masks, canonical (additive, in the query's dtype as `_canonical_mask` makes them; the
-            // float masks of a bundle are in that dtype already), laid out to broadcast to (N, H, L, S).
-            let mut kpm = match args.key_padding_mask {
-                Some(m) => {
-                    let m = if batched { m.clone() } else { m.unsqueeze(0)? };
-                    if m.dims() != [n, s] {
-                        return Err(Self::input_err(
-                            "key_padding_mask",
-                            format!("expected shape ({n}, {s}) (batch, key length), found {:?}", m.dims()),
-                        ));
-                    }
-                    Some(canonical_mask(&m, "key_padding_mask", dtype)?.reshape((n, 1, 1, s))?)
+        // Masks, canonical (additive, in the query's dtype as `_canonical_mask` makes them; the
+        // float masks of a bundle are in that dtype already), laid out to broadcast to (N, H, L, S).
+        let mut kpm = match args.key_padding_mask {
+            Some(m) => {
+                let m = if batched { m.clone() } else { m.unsqueeze(0)? };
+                if m.dims() != [n, s] {
+                    return Err(Self::input_err(
+                        "key_padding_mask",
+                        format!("expected shape ({n}, {s}) (batch, key length), found {:?}", m.dims()),
+                    ));
                 }
-                None => None,
-            };
-            if args.is_causal && args.attn_mask.is_none() {
-                return Err(Self::input_err(
+                Some(canonical_mask(&m, "key_padding_mask", dtype)?.reshape((n, 1, 1, s))?)
+            }
+            None => None,
+        };
+        if args.is_causal && args.attn_mask.is_none() {
+            return Err(Self::input_err(
                 "is_causal",
                 "the is_causal hint needs an attn_mask (torch raises \"Need attn_mask if specifying the is_causal hint\")",
             ));
-            }
-            // With need_weights=False and no key_padding_mask torch drops the mask and lets SDPA
-            // apply its own causal mask; otherwise the given attn_mask is used as it is.
-            let sdpa_causal = args.is_causal && kpm.is_none() && !args.need_weights;
-            let mut attn_mask = match args.attn_mask {
-                Some(m) if !sdpa_causal => {
-                    let m4 = if m.rank() == 2 {
-                        if m.dims() != [l, s] {
-                            return Err(Self::input_err(
-                                "attn_mask",
-                                format!("the 2-D attn_mask should be ({l}, {s}), found {:?}", m.dims()),
-                            ));
-                        }
-                        m.reshape((1, 1, l, s))?
-                    } else {
-                        if m.dims() != [n * h, l, s] {
-                            let want = if batched {
-                                format!("({}, {l}, {s}) (N·num_heads, L, S)", n * h)
-                            } else {
-                                format!("({h}, {l}, {s}) (num_heads, L, S)")
-                            };
-                            return Err(Self::input_err(
-                                "attn_mask",
-                                format!("the 3-D attn_mask should be {want}, found {:?}", m.dims()),
-                            ));
-                        }
-                        m.reshape((n, h, l, s))?
-                    };
-                    Some(canonical_mask(&m4, "attn_mask", dtype)?)
-                }
-                _ => None,
-            };
-
-            // In-projection, on (N, tokens, features). With batch_first, torch projects
-            // `query.transpose(1, 0)`, a non-contiguous view: its Linear rounds twice in half precision.
-            let strided = self.batch_first && batched;
-            let lin = |p: &Projection, x: &Tensor| {
-                if strided {
-                    p.forward_tokens_strided(x)
-                } else {
-                    p.forward_tokens(x)
-                }
-            };
-            let (q, k, v) = match &self.in_proj {
-                InProj::Packed { qkv, kv, q, k, v } => {
-                    if self_attention {
-                        let all = lin(qkv, &q_in)?;
-                        (all.narrow(2, 0, e)?, all.narrow(2, e, e)?, all.narrow(2, 2 * e, e)?)
-                    } else if key_is_value {
-                        let both = lin(kv, &k_in)?;
-                        (lin(q, &q_in)?, both.narrow(2, 0, e)?, both.narrow(2, e, e)?)
-                    } else {
-                        (lin(q, &q_in)?, lin(k, &k_in)?, lin(v, &v_in)?)
+        }
+        // With need_weights=False and no key_padding_mask torch drops the mask and lets SDPA
+        // apply its own causal mask; otherwise the given attn_mask is used as it is.
+        let sdpa_causal = args.is_causal && kpm.is_none() && !args.need_weights;
+        let mut attn_mask = match args.attn_mask {
+            Some(m) if !sdpa_causal => {
+                let m4 = if m.rank() == 2 {
+                    if m.dims() != [l, s] {
+                        return Err(Self::input_err(
+                            "attn_mask",
+                            format!("the 2-D attn_mask should be ({l}, {s}), found {:?}", m.dims()),
+                        ));
                     }
-                }
-                InProj::Separate { q, k, v } => (lin(q, &q_in)?, lin(k, &k_in)?, lin(v, &v_in)?),
-            };
+                    m.reshape((1, 1, l, s))?
+                } else {
+                    if m.dims() != [n * h, l, s] {
+                        let want = if batched {
+                            format!("({}, {l}, {s}) (N·num_heads, L, S)", n * h)
+                        } else {
+                            format!("({h}, {l}, {s}) (num_heads, L, S)")
+                        };
+                        return Err(Self::input_err(
+                            "attn_mask",
+                            format!("the 3-D attn_mask should be {want}, found {:?}", m.dims()),
+                        ));
+                    }
+                    m.reshape((n, h, l, s))?
+                };
+                Some(canonical_mask(&m4, "attn_mask", dtype)?)
+            }
+            _ => None,
+        };
 
-            let pad = |m: Option<Tensor>| -> candle_core::Result<Option<Tensor>> {
-                m.map(|m| m.pad_with_zeros(D::Minus1, 0, 1)).transpose()
-            };
-            // bias_k / bias_v: one more key/value at the end of the sequence.
-            let (k, v) = match (&self.bias_k, &self.bias_v) {
-                (Some(bk), Some(bv)) => {
-                    attn_mask = pad(attn_mask)?;
-                    kpm = pad(kpm)?;
-                    let bk = bk.broadcast_as((n, 1, e))?.to_dtype(k.dtype())?;
-                    let bv = bv.broadcast_as((n, 1, e))?.to_dtype(v.dtype())?;
-                    (Tensor::cat(&[&k, &bk], 1)?, Tensor::cat(&[&v, &bv], 1)?)
+        // In-projection, on (N, tokens, features). With batch_first, torch projects
+        // `query.transpose(1, 0)`, a non-contiguous view: its Linear rounds twice in half precision.
+        let strided = self.batch_first && batched;
+        let lin = |p: &Projection, x: &Tensor| {
+            if strided {
+                p.forward_tokens_strided(x)
+            } else {
+                p.forward_tokens(x)
+            }
+        };
+        let (q, k, v) = match &self.in_proj {
+            InProj::Packed { qkv, kv, q, k, v } => {
+                if self_attention {
+                    let all = lin(qkv, &q_in)?;
+                    (all.narrow(2, 0, e)?, all.narrow(2, e, e)?, all.narrow(2, 2 * e, e)?)
+                } else if key_is_value {
+                    let both = lin(kv, &k_in)?;
+                    (lin(q, &q_in)?, both.narrow(2, 0, e)?, both.narrow(2, e, e)?)
+                } else {
+                    (lin(q, &q_in)?, lin(k, &k_in)?, lin(v, &v_in)?)
                 }
-                _ => (k, v),
-            };
-            let q = split_tokens(&q, h)?.contiguous()?;
-            let mut k = split_tokens(&k, h)?.contiguous()?;
-            let mut v = split_tokens(&v, h)?.contiguous()?;
-            if self.add_zero_attn {
+            }
+            InProj::Separate { q, k, v } => (lin(q, &q_in)?, lin(k, &k_in)?, lin(v, &v_in)?),
+        };
+
+        let pad = |m: Option<Tensor>| -> candle_core::Result<Option<Tensor>> {
+            m.map(|m| m.pad_with_zeros(D::Minus1, 0, 1)).transpose()
+        };
+        // bias_k / bias_v: one more key/value at the end of the sequence.
+        let (k, v) = match (&self.bias_k, &self.bias_v) {
+            (Some(bk), Some(bv)) => {
                 attn_mask = pad(attn_mask)?;
                 kpm = pad(kpm)?;
-                let zk = Tensor::zeros((n, h, 1, d), k.dtype(), k.device())?;
-                let zv = Tensor::zeros((n, h, 1, d), v.dtype(), v.device())?;
-                k = Tensor::cat(&[&k, &zk], 2)?;
-                v = Tensor::cat(&[&v, &zv], 2)?;
+                let bk = bk.broadcast_as((n, 1, e))?.to_dtype(k.dtype())?;
+                let bv = bv.broadcast_as((n, 1, e))?.to_dtype(v.dtype())?;
+                (Tensor::cat(&[&k, &bk], 1)?, Tensor::cat(&[&v, &bv], 1)?)
             }
-            trace::record_qkv(&q, &k, &v);
-            let src_len = k.dim(2)?;
+            _ => (k, v),
+        };
+        let q = split_tokens(&q, h)?.contiguous()?;
+        let mut k = split_tokens(&k, h)?.contiguous()?;
+        let mut v = split_tokens(&v, h)?.contiguous()?;
+        if self.add_zero_attn {
+            attn_mask = pad(attn_mask)?;
+            kpm = pad(kpm)?;
+            let zk = Tensor::zeros((n, h, 1, d), k.dtype(), k.device())?;
+            let zv = Tensor::zeros((n, h, 1, d), v.dtype(), v.device())?;
+            k = Tensor::cat(&[&k, &zk], 2)?;
+            v = Tensor::cat(&[&v, &zv], 2)?;
+        }
+        trace::record_qkv(&q, &k, &v);
+        let src_len = k.dim(2)?;
 
-            let mask = match (attn_mask, kpm) {
-                (Some(a), Some(p)) => Some(a.broadcast_add(&p)?),
-                (a, p) => a.or(p),
-            };
-            let mask = if sdpa_causal {
-                Some(causal_mask(l, src_len, dtype, q.device())?)
-            } else {
-                mask
-            };
+        let mask = match (attn_mask, kpm) {
+            (Some(a), Some(p)) => Some(a.broadcast_add(&p)?),
+            (a, p) => a.or(p),
+        };
+        let mask = if sdpa_causal {
+            Some(causal_mask(l, src_len, dtype, q.device())?)
+        } else {
+            mask
+        };
 
-            let (out, weights) = if args.need_weights {
-                // q_scaled = q * math.sqrt(1.0 / float(E))
-                let q_scaled = mul(&q, (1.0 / d as f64).sqrt())?;
-                // baddbmm(attn_mask, q_scaled, k.transpose(-2, -1)) (or bmm): one rounding
-                let mut scores = upcast(&q_scaled)?.matmul(&upcast(&k)?.t()?)?;
-                if let Some(m) = &mask {
-                    scores = scores.broadcast_add(&upcast(m)?)?;
-                }
-                let probs = softmax(&scores.to_dtype(dtype)?, D::Minus1)?; // (N, H, L, S)
-                trace::record("probs", &probs);
-                let out = matmul(&probs, &v)?;
-                let weights = if args.average_attn_weights {
-                    // attn_output_weights.mean(dim=1), accumulated in at least f32
-                    upcast(&probs)?.mean(1)?.to_dtype(dtype)?
-                } else {
-                    probs
-                };
-                (out, Some(weights))
+        let (out, weights) = if args.need_weights {
+            // q_scaled = q * math.sqrt(1.0 / float(E))
+            let q_scaled = mul(&q, (1.0 / d as f64).sqrt())?;
+            // baddbmm(attn_mask, q_scaled, k.transpose(-2, -1)) (or bmm): one rounding
+            let mut scores = upcast(&q_scaled)?.matmul(&upcast(&k)?.t()?)?;
+            if let Some(m) = &mask {
+                scores = scores.broadcast_add(&upcast(m)?)?;
+            }
+            let probs = softmax(&scores.to_dtype(dtype)?, D::Minus1)?; // (N, H, L, S)
+            trace::record("probs", &probs);
+            let out = matmul(&probs, &v)?;
+            let weights = if args.average_attn_weights {
+                // attn_output_weights.mean(dim=1), accumulated in at least f32
+                upcast(&probs)?.mean(1)?.to_dtype(dtype)?
             } else {
-                (sdpa(&q, &k, &v, mask.as_ref(), default_scale(d))?, None)
+                probs
             };
+            (out, Some(weights))
+        } else {
+            (sdpa(&q, &k, &v, mask.as_ref(), default_scale(d))?, None)
+        };
 
-            let out = self.out_proj.forward_tokens(&merge_tokens(&out)?)?; // (N, L, E)
-            let out = if !batched {
-                out.squeeze(0)?
-            } else if self.batch_first {
-                out
-            } else {
-                out.transpose(0, 1)?.contiguous()?
-            };
-            let weights = match weights {
-                Some(w) if !batched => Some(w.squeeze(0)?),
-                w => w,
-            };
-            trace::record("output", &out);
-            Ok((out, weights))
-        })
+        let out = self.out_proj.forward_tokens(&merge_tokens(&out)?)?; // (N, L, E)
+        let out = if !batched {
+            out.squeeze(0)?
+        } else if self.batch_first {
+            out
+        } else {
+            out.transpose(0, 1)?.contiguous()?
+        };
+        let weights = match weights {
+            Some(w) if !batched => Some(w.squeeze(0)?),
+            w => w,
+        };
+        trace::record("output", &out);
+        Ok((out, weights))
     }
 }
 

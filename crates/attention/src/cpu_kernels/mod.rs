@@ -352,19 +352,6 @@ pub fn channel_sum_squares(x: &Tensor) -> Result<Option<Tensor>> {
     Ok(Some(Tensor::from_vec(out, dims, &Device::Cpu)?))
 }
 
-/// `f()` on a worker of rayon's global pool when `device` is the CPU and the caller is not
-/// one already: every parallel kernel of `f` then forks and joins among workers, where from
-/// any other thread each one is handed to the pool and the caller sleeps until it is done (two
-/// context switches per kernel: about a tenth of a 25 ms mid block on 2 cores). Inline while a
-/// stage trace is recorded (it is the calling thread's) and on other devices.
-pub(crate) fn on_workers<R: Send>(device: &Device, f: impl FnOnce() -> R + Send) -> R {
-    if !device.is_cpu() || rayon::current_thread_index().is_some() || crate::trace::enabled() {
-        f()
-    } else {
-        rayon::scope(|_| f())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

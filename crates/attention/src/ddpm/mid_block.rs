@@ -107,44 +107,42 @@ impl ResnetBlock {
     /// `forward(x, time_emb=None)`: `x` `(B, dim, H, W)`, `time_emb` `(B, time_emb_dim)` (used
     /// only when the block has an `mlp`, as in PyTorch).
     pub fn forward(&self, x: &Tensor, time_emb: Option<&Tensor>) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            if x.rank() != 4 || x.dim(1)? != self.dim {
-                return Err(Error::input(
-                    Self::BLOCK,
-                    "x",
-                    format!("expected (B, {}, H, W), found {:?}", self.dim, x.dims()),
-                ));
-            }
-            let film = match (&self.mlp, time_emb) {
-                (Some(mlp), Some(t)) => {
-                    if t.rank() != 2 || t.dim(0)? != x.dim(0)? {
-                        return Err(Error::input(
-                            Self::BLOCK,
-                            "time_emb",
-                            format!("expected (B={}, time_emb_dim), found {:?}", x.dim(0)?, t.dims()),
-                        ));
-                    }
-                    let t = mlp.forward_tokens(&Activation::Swish.forward(t)?)?;
-                    trace::record("temb", &t);
-                    let half = t.dim(1)? / 2;
-                    Some((t.narrow(1, 0, half)?, t.narrow(1, half, half)?))
+        if x.rank() != 4 || x.dim(1)? != self.dim {
+            return Err(Error::input(
+                Self::BLOCK,
+                "x",
+                format!("expected (B, {}, H, W), found {:?}", self.dim, x.dims()),
+            ));
+        }
+        let film = match (&self.mlp, time_emb) {
+            (Some(mlp), Some(t)) => {
+                if t.rank() != 2 || t.dim(0)? != x.dim(0)? {
+                    return Err(Error::input(
+                        Self::BLOCK,
+                        "time_emb",
+                        format!("expected (B={}, time_emb_dim), found {:?}", x.dim(0)?, t.dims()),
+                    ));
                 }
-                _ => None,
-            };
-            let h = self
-                .block1
-                .forward(x, film.as_ref().map(|(s, b)| (s, b)), ["conv1", "norm1"])?;
-            let h = self.block2.forward(&h, None, ["conv2", "norm2"])?;
-            // res_conv: a 1×1 conv, or nn.Identity when dim == dim_out
-            let residual = match &self.res_conv {
-                Some(conv) => conv.forward(x)?,
-                None => x.clone(),
-            };
-            trace::record("shortcut", &residual);
-            let out = (h + residual)?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+                let t = mlp.forward_tokens(&Activation::Swish.forward(t)?)?;
+                trace::record("temb", &t);
+                let half = t.dim(1)? / 2;
+                Some((t.narrow(1, 0, half)?, t.narrow(1, half, half)?))
+            }
+            _ => None,
+        };
+        let h = self
+            .block1
+            .forward(x, film.as_ref().map(|(s, b)| (s, b)), ["conv1", "norm1"])?;
+        let h = self.block2.forward(&h, None, ["conv2", "norm2"])?;
+        // res_conv: a 1×1 conv, or nn.Identity when dim == dim_out
+        let residual = match &self.res_conv {
+            Some(conv) => conv.forward(x)?,
+            None => x.clone(),
+        };
+        trace::record("shortcut", &residual);
+        let out = (h + residual)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -215,12 +213,10 @@ impl MidBlock {
 
     /// `x` `(B, dim, H, W)`, `time_emb` `(B, time_emb_dim)` (the output of `Unet.time_mlp`).
     pub fn forward(&self, x: &Tensor, time_emb: Option<&Tensor>) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let x = trace::scope("mid_block1", || self.mid_block1.forward(x, time_emb))?;
-            let x = (trace::scope("mid_attn", || self.mid_attn.forward(&x))? + x)?;
-            let out = trace::scope("mid_block2", || self.mid_block2.forward(&x, time_emb))?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let x = trace::scope("mid_block1", || self.mid_block1.forward(x, time_emb))?;
+        let x = (trace::scope("mid_attn", || self.mid_attn.forward(&x))? + x)?;
+        let out = trace::scope("mid_block2", || self.mid_block2.forward(&x, time_emb))?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }

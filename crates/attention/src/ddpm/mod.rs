@@ -93,32 +93,30 @@ impl Attention {
 impl Module for Attention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let (b, _, h, w) = x.dims4()?;
-            let normed = self.norm.forward(x)?;
-            trace::record("norm", &normed);
-            let [q, k, v] = self.to_qkv.forward(&normed)?;
-            // 'b h c n -> b h n c'
-            let (q, k, v) = (q.transpose(2, 3)?, k.transpose(2, 3)?, v.transpose(2, 3)?);
-            let mk = repeat_batch(&self.mem_kv.get(0)?, b)?;
-            let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
-            let k = Tensor::cat(&[&mk, &k], 2)?;
-            let v = Tensor::cat(&[&mv, &v], 2)?;
-            trace::record_qkv(&q, &k, &v);
-            let out = if self.flash {
-                // Attend.flash_attn: F.scaled_dot_product_attention(q, k, v)
-                sdpa(&q, &k, &v, None, self.scale)?
-            } else {
-                // Attend (non-flash): einsum(q, k) * scale, softmax, einsum(attn, v).
-                eager_attention(&q, &k, &v, None, Scale::Mul(self.scale))?
-            };
-            let out = merge_channels(&out)?.reshape((b, (), h, w))?;
-            trace::record("attn", &out);
-            let out = self.to_out.forward_channels(&out)?;
-            trace::record("proj", &out);
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let (b, _, h, w) = x.dims4()?;
+        let normed = self.norm.forward(x)?;
+        trace::record("norm", &normed);
+        let [q, k, v] = self.to_qkv.forward(&normed)?;
+        // 'b h c n -> b h n c'
+        let (q, k, v) = (q.transpose(2, 3)?, k.transpose(2, 3)?, v.transpose(2, 3)?);
+        let mk = repeat_batch(&self.mem_kv.get(0)?, b)?;
+        let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
+        let k = Tensor::cat(&[&mk, &k], 2)?;
+        let v = Tensor::cat(&[&mv, &v], 2)?;
+        trace::record_qkv(&q, &k, &v);
+        let out = if self.flash {
+            // Attend.flash_attn: F.scaled_dot_product_attention(q, k, v)
+            sdpa(&q, &k, &v, None, self.scale)?
+        } else {
+            // Attend (non-flash): einsum(q, k) * scale, softmax, einsum(attn, v).
+            eager_attention(&q, &k, &v, None, Scale::Mul(self.scale))?
+        };
+        let out = merge_channels(&out)?.reshape((b, (), h, w))?;
+        trace::record("attn", &out);
+        let out = self.to_out.forward_channels(&out)?;
+        trace::record("proj", &out);
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -153,23 +151,21 @@ impl LinearAttention {
 impl Module for LinearAttention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let (b, _, h, w) = x.dims4()?;
-            let normed = self.norm.forward(x)?;
-            trace::record("norm", &normed);
-            let [q, k, v] = self.to_qkv.forward(&normed)?;
-            let mk = repeat_batch(&self.mem_kv.get(0)?, b)?;
-            let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
-            let k = Tensor::cat(&[&mk, &k], 3)?;
-            let v = Tensor::cat(&[&mv, &v], 3)?;
-            // q softmax over features, k softmax over tokens (memory included), q * scale.
-            let out = linear_attention(&q, &k, &v, Some(self.scale))?.reshape((b, (), h, w))?;
-            trace::record("attn", &out);
-            // to_out = Sequential(Conv2d, RMSNorm)
-            let out = self.out_norm.forward(&self.to_out.forward_channels(&out)?)?;
-            trace::record("proj", &out);
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let (b, _, h, w) = x.dims4()?;
+        let normed = self.norm.forward(x)?;
+        trace::record("norm", &normed);
+        let [q, k, v] = self.to_qkv.forward(&normed)?;
+        let mk = repeat_batch(&self.mem_kv.get(0)?, b)?;
+        let mv = repeat_batch(&self.mem_kv.get(1)?, b)?;
+        let k = Tensor::cat(&[&mk, &k], 3)?;
+        let v = Tensor::cat(&[&mv, &v], 3)?;
+        // q softmax over features, k softmax over tokens (memory included), q * scale.
+        let out = linear_attention(&q, &k, &v, Some(self.scale))?.reshape((b, (), h, w))?;
+        trace::record("attn", &out);
+        // to_out = Sequential(Conv2d, RMSNorm)
+        let out = self.out_norm.forward(&self.to_out.forward_channels(&out)?)?;
+        trace::record("proj", &out);
+        trace::record("output", &out);
+        Ok(out)
     }
 }

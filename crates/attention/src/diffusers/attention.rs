@@ -697,16 +697,14 @@ impl Attention {
         attention_mask: Option<&Tensor>,
         temb: Option<&Tensor>,
     ) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(hidden_states.device(), || {
-            if let Some(context) = encoder_hidden_states {
-                self.check_context(hidden_states, context)?;
-            }
-            if self.processor.is_added_kv() {
-                self.forward_added_kv(hidden_states, encoder_hidden_states, attention_mask)
-            } else {
-                self.forward_standard(hidden_states, encoder_hidden_states, attention_mask, temb)
-            }
-        })
+        if let Some(context) = encoder_hidden_states {
+            self.check_context(hidden_states, context)?;
+        }
+        if self.processor.is_added_kv() {
+            self.forward_added_kv(hidden_states, encoder_hidden_states, attention_mask)
+        } else {
+            self.forward_standard(hidden_states, encoder_hidden_states, attention_mask, temb)
+        }
     }
 
     fn check_context(&self, hidden_states: &Tensor, context: &Tensor) -> Result<()> {

@@ -119,23 +119,21 @@ impl ControlNetMidBlock {
         attention_mask: Option<&Tensor>,
         conditioning_scale: f64,
     ) -> Result<(Tensor, Tensor)> {
-        crate::cpu_kernels::on_workers(hidden_states.device(), || {
-            let sample = trace::scope("mid_block", || match &self.mid {
-                Mid::CrossAttn(m) => m.forward(hidden_states, temb, encoder_hidden_states, attention_mask, None),
-                Mid::Plain(m) => m.forward(hidden_states, temb),
-            })?;
-            let res = trace::scope("controlnet_mid_block", || -> Result<Tensor> {
-                let r = self.controlnet_mid_block.forward_with(&sample, ConvExtras::default())?;
-                trace::record("output", &r);
-                Ok(r)
-            })?;
-            let mut res = scale(&res, conditioning_scale)?;
-            if self.global_pool_conditions {
-                res = mean_hw(&res)?;
-            }
-            trace::record("output", &res);
-            Ok((res, sample))
-        })
+        let sample = trace::scope("mid_block", || match &self.mid {
+            Mid::CrossAttn(m) => m.forward(hidden_states, temb, encoder_hidden_states, attention_mask, None),
+            Mid::Plain(m) => m.forward(hidden_states, temb),
+        })?;
+        let res = trace::scope("controlnet_mid_block", || -> Result<Tensor> {
+            let r = self.controlnet_mid_block.forward_with(&sample, ConvExtras::default())?;
+            trace::record("output", &r);
+            Ok(r)
+        })?;
+        let mut res = scale(&res, conditioning_scale)?;
+        if self.global_pool_conditions {
+            res = mean_hw(&res)?;
+        }
+        trace::record("output", &res);
+        Ok((res, sample))
     }
 }
 

@@ -243,13 +243,11 @@ impl FeedForward {
 impl Module for FeedForward {
     /// `hidden_states`: `(.., dim)` → `(.., dim_out)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let act = self.project_in.forward(x)?;
-            trace::record("act", &act);
-            let out = self.project_out.forward_tokens(&act)?;
-            trace::record("proj", &out);
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let act = self.project_in.forward(x)?;
+        trace::record("act", &act);
+        let out = self.project_out.forward_tokens(&act)?;
+        trace::record("proj", &out);
+        trace::record("output", &out);
+        Ok(out)
     }
 }

@@ -206,17 +206,15 @@ impl UNetMidBlock2D {
 
     /// `forward(hidden_states, temb=None)`: `(B, in_channels, H, W)`, `temb` `(B, temb_channels)`.
     pub fn forward(&self, hidden_states: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(hidden_states.device(), || {
-            let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
-            for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
-                if let Some(attn) = attn {
-                    h = trace::scope_at("attentions", i, || attn.forward_with_temb(&h, None, None, temb))?;
-                }
-                h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
+        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
+        for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
+            if let Some(attn) = attn {
+                h = trace::scope_at("attentions", i, || attn.forward_with_temb(&h, None, None, temb))?;
             }
-            trace::record("output", &h);
-            Ok(h)
-        })
+            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
+        }
+        trace::record("output", &h);
+        Ok(h)
     }
 }
 
@@ -382,16 +380,14 @@ impl UNetMidBlock2DCrossAttn {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(hidden_states.device(), || {
-            let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
-            for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
-                h = trace::scope_at("attentions", i, || {
-                    attn.forward(&h, encoder_hidden_states, attention_mask, encoder_attention_mask)
-                })?;
-                h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
-            }
-            trace::record("output", &h);
-            Ok(h)
-        })
+        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
+        for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
+            h = trace::scope_at("attentions", i, || {
+                attn.forward(&h, encoder_hidden_states, attention_mask, encoder_attention_mask)
+            })?;
+            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
+        }
+        trace::record("output", &h);
+        Ok(h)
     }
 }

@@ -207,19 +207,17 @@ impl UNetMidBlock2DSimpleCrossAttn {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(hidden_states.device(), || {
-            let mask = match attention_mask {
-                Some(m) => Some(m),
-                None => encoder_hidden_states.and(encoder_attention_mask),
-            };
-            let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
-            for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
-                h = trace::scope_at("attentions", i, || attn.forward(&h, encoder_hidden_states, mask))?;
-                h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
-            }
-            trace::record("output", &h);
-            Ok(h)
-        })
+        let mask = match attention_mask {
+            Some(m) => Some(m),
+            None => encoder_hidden_states.and(encoder_attention_mask),
+        };
+        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
+        for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
+            h = trace::scope_at("attentions", i, || attn.forward(&h, encoder_hidden_states, mask))?;
+            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
+        }
+        trace::record("output", &h);
+        Ok(h)
     }
 }
 

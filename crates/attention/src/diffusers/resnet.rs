@@ -229,76 +229,74 @@ impl ResnetBlock2D {
     /// `(B, temb_channels)`, required when the block has a `time_emb_proj`, ignored otherwise
     /// (as in diffusers).
     pub fn forward(&self, input_tensor: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(input_tensor.device(), || {
-            let block = Self::BLOCK;
-            if input_tensor.rank() != 4 || input_tensor.dim(1)? != self.in_channels {
+        let block = Self::BLOCK;
+        if input_tensor.rank() != 4 || input_tensor.dim(1)? != self.in_channels {
+            return Err(Error::input(
+                block,
+                "input_tensor",
+                format!(
+                    "expected (B, {}, H, W), found {:?}",
+                    self.in_channels,
+                    input_tensor.dims()
+                ),
+            ));
+        }
+        let swish = |norm: &GroupNorm, x: &Tensor, stage: &str| -> candle_core::Result<Tensor> {
+            match self.act {
+                Activation::Swish => norm.forward_swish(x, stage, Swish::Silu, |y| self.act.forward(y)),
+                act => {
+                    let normed = norm.forward(x)?;
+                    trace::record(stage, &normed);
+                    act.forward(&normed)
+                }
+            }
+        };
+        let temb = self.time_embedding(input_tensor, temb)?;
+        let h = swish(&self.norm1, input_tensor, "norm1")?;
+        // "default": `norm2(conv1(..) + temb)`, the add in conv1's write-out.
+        let (add, scale_shift_temb) = match (self.time_embedding_norm, &temb) {
+            (TimeEmbeddingNorm::Default, Some(t)) => (Some(t), None),
+            (TimeEmbeddingNorm::ScaleShift, Some(t)) => (None, Some(t)),
+            (TimeEmbeddingNorm::ScaleShift, None) => {
                 return Err(Error::input(
                     block,
-                    "input_tensor",
-                    format!(
-                        "expected (B, {}, H, W), found {:?}",
-                        self.in_channels,
-                        input_tensor.dims()
-                    ),
-                ));
+                    "temb",
+                    "required when time_embedding_norm is scale_shift",
+                ))
             }
-            let swish = |norm: &GroupNorm, x: &Tensor, stage: &str| -> candle_core::Result<Tensor> {
-                match self.act {
-                    Activation::Swish => norm.forward_swish(x, stage, Swish::Silu, |y| self.act.forward(y)),
-                    act => {
-                        let normed = norm.forward(x)?;
-                        trace::record(stage, &normed);
-                        act.forward(&normed)
-                    }
-                }
-            };
-            let temb = self.time_embedding(input_tensor, temb)?;
-            let h = swish(&self.norm1, input_tensor, "norm1")?;
-            // "default": `norm2(conv1(..) + temb)`, the add in conv1's write-out.
-            let (add, scale_shift_temb) = match (self.time_embedding_norm, &temb) {
-                (TimeEmbeddingNorm::Default, Some(t)) => (Some(t), None),
-                (TimeEmbeddingNorm::ScaleShift, Some(t)) => (None, Some(t)),
-                (TimeEmbeddingNorm::ScaleShift, None) => {
-                    return Err(Error::input(
-                        block,
-                        "temb",
-                        "required when time_embedding_norm is scale_shift",
-                    ))
-                }
-                (TimeEmbeddingNorm::Default, None) => (None, None),
-            };
-            let extras = ConvExtras {
-                channel_add: add,
-                ..ConvExtras::default()
-            };
-            let h = self.conv1.forward_traced(&h, "conv1", extras)?;
-            let h = match scale_shift_temb {
-                Some(temb) => {
-                    let normed = self.norm2.forward(&h)?;
-                    trace::record("norm2", &normed);
-                    let half = temb.dim(1)? / 2;
-                    let (scale, shift) = (temb.narrow(1, 0, half)?, temb.narrow(1, half, half)?);
-                    self.act.forward(&scale_shift(&normed, &scale, &shift)?)?
-                }
-                None => swish(&self.norm2, &h, "norm2")?,
-            };
-            let shortcut = match &self.conv_shortcut {
-                Some(conv) => {
-                    let s = conv.forward(input_tensor)?;
-                    trace::record("shortcut", &s);
-                    s
-                }
-                None => input_tensor.clone(),
-            };
-            // `(shortcut + conv2(..)) / output_scale_factor`, in conv2's write-out.
-            let extras = ConvExtras {
-                residual: Some(&shortcut),
-                div: Some(self.output_scale_factor),
-                ..ConvExtras::default()
-            };
-            let out = self.conv2.forward_traced(&h, "conv2", extras)?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+            (TimeEmbeddingNorm::Default, None) => (None, None),
+        };
+        let extras = ConvExtras {
+            channel_add: add,
+            ..ConvExtras::default()
+        };
+        let h = self.conv1.forward_traced(&h, "conv1", extras)?;
+        let h = match scale_shift_temb {
+            Some(temb) => {
+                let normed = self.norm2.forward(&h)?;
+                trace::record("norm2", &normed);
+                let half = temb.dim(1)? / 2;
+                let (scale, shift) = (temb.narrow(1, 0, half)?, temb.narrow(1, half, half)?);
+                self.act.forward(&scale_shift(&normed, &scale, &shift)?)?
+            }
+            None => swish(&self.norm2, &h, "norm2")?,
+        };
+        let shortcut = match &self.conv_shortcut {
+            Some(conv) => {
+                let s = conv.forward(input_tensor)?;
+                trace::record("shortcut", &s);
+                s
+            }
+            None => input_tensor.clone(),
+        };
+        // `(shortcut + conv2(..)) / output_scale_factor`, in conv2's write-out.
+        let extras = ConvExtras {
+            residual: Some(&shortcut),
+            div: Some(self.output_scale_factor),
+            ..ConvExtras::default()
+        };
+        let out = self.conv2.forward_traced(&h, "conv2", extras)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }

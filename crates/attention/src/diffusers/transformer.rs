@@ -115,24 +115,22 @@ impl TransformerBlock {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(hidden_states.device(), || {
-            let attn1_context = if self.attn1_cross { context } else { None };
-            let normed = self.norm1.forward(hidden_states)?;
-            trace::record("norm1", &normed);
-            let attn = trace::scope("attn1", || self.attn1.forward(&normed, attn1_context, attention_mask))?;
-            let mut h = (attn + hidden_states)?;
-            if let Some((norm2, attn2)) = &self.attn2 {
-                let normed = norm2.forward(&h)?;
-                trace::record("norm2", &normed);
-                let attn = trace::scope("attn2", || attn2.forward(&normed, context, encoder_attention_mask))?;
-                h = (attn + h)?;
-            }
-            let normed = self.norm3.forward(&h)?;
-            trace::record("norm3", &normed);
-            let out = (trace::scope("ff", || self.ff.forward(&normed))? + h)?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let attn1_context = if self.attn1_cross { context } else { None };
+        let normed = self.norm1.forward(hidden_states)?;
+        trace::record("norm1", &normed);
+        let attn = trace::scope("attn1", || self.attn1.forward(&normed, attn1_context, attention_mask))?;
+        let mut h = (attn + hidden_states)?;
+        if let Some((norm2, attn2)) = &self.attn2 {
+            let normed = norm2.forward(&h)?;
+            trace::record("norm2", &normed);
+            let attn = trace::scope("attn2", || attn2.forward(&normed, context, encoder_attention_mask))?;
+            h = (attn + h)?;
+        }
+        let normed = self.norm3.forward(&h)?;
+        trace::record("norm3", &normed);
+        let out = (trace::scope("ff", || self.ff.forward(&normed))? + h)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -218,37 +216,35 @@ impl SpatialTransformer {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let (_, _, h, w) = x.dims4()?;
-            let normed = self.norm.forward(x)?;
-            trace::record("norm", &normed);
-            let mut tokens = if self.linear {
-                let t = self.proj_in.forward_tokens(&image_to_tokens(&normed)?)?;
-                trace::record("proj_in", &t);
-                t
-            } else {
-                let t = self.proj_in.forward_channels(&normed)?;
-                trace::record("proj_in", &t);
-                image_to_tokens(&t)?
-            };
-            for (i, (block, context)) in self.blocks.iter().zip(contexts).enumerate() {
-                tokens = trace::scope_at("transformer_blocks", i, || {
-                    block.forward(&tokens, *context, attention_mask, encoder_attention_mask)
-                })?;
-            }
-            let out = if self.linear {
-                let t = self.proj_out.forward_tokens(&tokens)?;
-                trace::record("proj_out", &t);
-                tokens_to_image(&t, h, w)?
-            } else {
-                let t = self.proj_out.forward_channels(&tokens_to_image(&tokens, h, w)?)?;
-                trace::record("proj_out", &t);
-                t
-            };
-            let out = (out + x)?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let (_, _, h, w) = x.dims4()?;
+        let normed = self.norm.forward(x)?;
+        trace::record("norm", &normed);
+        let mut tokens = if self.linear {
+            let t = self.proj_in.forward_tokens(&image_to_tokens(&normed)?)?;
+            trace::record("proj_in", &t);
+            t
+        } else {
+            let t = self.proj_in.forward_channels(&normed)?;
+            trace::record("proj_in", &t);
+            image_to_tokens(&t)?
+        };
+        for (i, (block, context)) in self.blocks.iter().zip(contexts).enumerate() {
+            tokens = trace::scope_at("transformer_blocks", i, || {
+                block.forward(&tokens, *context, attention_mask, encoder_attention_mask)
+            })?;
+        }
+        let out = if self.linear {
+            let t = self.proj_out.forward_tokens(&tokens)?;
+            trace::record("proj_out", &t);
+            tokens_to_image(&t, h, w)?
+        } else {
+            let t = self.proj_out.forward_channels(&tokens_to_image(&tokens, h, w)?)?;
+            trace::record("proj_out", &t);
+            t
+        };
+        let out = (out + x)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -391,21 +387,19 @@ impl BasicTransformerBlock {
         encoder_hidden_states: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(hidden_states.device(), || {
-            if hidden_states.rank() != 3 {
-                return Err(Error::input(
-                    Self::BLOCK,
-                    "hidden_states",
-                    format!("expected (B, N, dim), found {:?}", hidden_states.dims()),
-                ));
-            }
-            self.0.forward(
-                hidden_states,
-                encoder_hidden_states,
-                attention_mask,
-                encoder_attention_mask,
-            )
-        })
+        if hidden_states.rank() != 3 {
+            return Err(Error::input(
+                Self::BLOCK,
+                "hidden_states",
+                format!("expected (B, N, dim), found {:?}", hidden_states.dims()),
+            ));
+        }
+        self.0.forward(
+            hidden_states,
+            encoder_hidden_states,
+            attention_mask,
+            encoder_attention_mask,
+        )
     }
 }
 
@@ -550,32 +544,30 @@ impl Transformer2DModel {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(hidden_states.device(), || {
-            if hidden_states.rank() != 4 {
-                return Err(Error::input(
-                    Self::BLOCK,
-                    "hidden_states",
-                    format!("expected (B, C, H, W), found {:?}", hidden_states.dims()),
-                ));
+        if hidden_states.rank() != 4 {
+            return Err(Error::input(
+                Self::BLOCK,
+                "hidden_states",
+                format!("expected (B, C, H, W), found {:?}", hidden_states.dims()),
+            ));
+        }
+        let dtype = hidden_states.dtype();
+        let as_bias = |m: Option<&Tensor>| -> Result<Option<Tensor>> {
+            match m {
+                Some(m) if m.rank() == 2 => Ok(Some(
+                    crate::sdpa::mul(&(1.0 - m.to_dtype(dtype)?)?, -10000.0)?.unsqueeze(1)?,
+                )),
+                Some(m) => Ok(Some(m.clone())),
+                None => Ok(None),
             }
-            let dtype = hidden_states.dtype();
-            let as_bias = |m: Option<&Tensor>| -> Result<Option<Tensor>> {
-                match m {
-                    Some(m) if m.rank() == 2 => Ok(Some(
-                        crate::sdpa::mul(&(1.0 - m.to_dtype(dtype)?)?, -10000.0)?.unsqueeze(1)?,
-                    )),
-                    Some(m) => Ok(Some(m.clone())),
-                    None => Ok(None),
-                }
-            };
-            let attention_mask = as_bias(attention_mask)?;
-            let encoder_attention_mask = as_bias(encoder_attention_mask)?;
-            self.0.forward(
-                hidden_states,
-                encoder_hidden_states,
-                attention_mask.as_ref(),
-                encoder_attention_mask.as_ref(),
-            )
-        })
+        };
+        let attention_mask = as_bias(attention_mask)?;
+        let encoder_attention_mask = as_bias(encoder_attention_mask)?;
+        self.0.forward(
+            hidden_states,
+            encoder_hidden_states,
+            attention_mask.as_ref(),
+            encoder_attention_mask.as_ref(),
+        )
     }
 }

@@ -36,17 +36,15 @@ impl LinearAttention {
 impl Module for LinearAttention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let (b, _, h, w) = x.dims4()?;
-            // '(qkv heads c)' has the same channel order as chunk(3) followed by '(heads c)'.
-            let [q, k, v] = self.to_qkv.forward(x)?;
-            // k softmax over tokens only: no q softmax, no scale.
-            let out = linear_attention(&q, &k, &v, None)?.reshape((b, (), h, w))?;
-            crate::trace::record("attn", &out);
-            let out = self.to_out.forward_channels(&out)?;
-            crate::trace::record("proj", &out);
-            crate::trace::record("output", &out);
-            Ok(out)
-        })
+        let (b, _, h, w) = x.dims4()?;
+        // '(qkv heads c)' has the same channel order as chunk(3) followed by '(heads c)'.
+        let [q, k, v] = self.to_qkv.forward(x)?;
+        // k softmax over tokens only: no q softmax, no scale.
+        let out = linear_attention(&q, &k, &v, None)?.reshape((b, (), h, w))?;
+        crate::trace::record("attn", &out);
+        let out = self.to_out.forward_channels(&out)?;
+        crate::trace::record("proj", &out);
+        crate::trace::record("output", &out);
+        Ok(out)
     }
 }

@@ -105,66 +105,64 @@ impl ResnetBlock {
     /// `forward(x, temb)`: `x` `(B, in_channels, H, W)`; `temb` `(B, temb_channels)` or `None`
     /// (a `temb` for a block without `temb_proj` is an error, as in PyTorch).
     pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let block = Self::BLOCK;
-            if x.rank() != 4 || x.dim(1)? != self.in_channels {
-                return Err(Error::input(
-                    block,
-                    "x",
-                    format!("expected (B, {}, H, W), found {:?}", self.in_channels, x.dims()),
-                ));
-            }
-            let temb = match (temb, &self.temb_proj) {
-                (None, _) => None,
-                (Some(t), Some(proj)) => {
-                    if t.rank() != 2 || t.dim(0)? != x.dim(0)? {
-                        return Err(Error::input(
-                            block,
-                            "temb",
-                            format!("expected (B={}, temb_channels), found {:?}", x.dim(0)?, t.dims()),
-                        ));
-                    }
-                    let t = proj.forward_tokens(&nonlinearity(t)?)?;
-                    trace::record("temb", &t);
-                    Some(t)
-                }
-                (Some(_), None) => {
+        let block = Self::BLOCK;
+        if x.rank() != 4 || x.dim(1)? != self.in_channels {
+            return Err(Error::input(
+                block,
+                "x",
+                format!("expected (B, {}, H, W), found {:?}", self.in_channels, x.dims()),
+            ));
+        }
+        let temb = match (temb, &self.temb_proj) {
+            (None, _) => None,
+            (Some(t), Some(proj)) => {
+                if t.rank() != 2 || t.dim(0)? != x.dim(0)? {
                     return Err(Error::input(
                         block,
                         "temb",
-                        "given, but the block has no temb_proj (temb_channels is 0)",
-                    ))
+                        format!("expected (B={}, temb_channels), found {:?}", x.dim(0)?, t.dims()),
+                    ));
                 }
-            };
-            let h = self
-                .norm1
-                .forward_swish(x, "norm1", Swish::TimesSigmoid, nonlinearity)?;
-            // `conv1(..) + temb_proj(..)[:, :, None, None]`, the add in conv1's write-out.
-            let extras = ConvExtras {
-                channel_add: temb.as_ref(),
-                ..ConvExtras::default()
-            };
-            let h = self.conv1.forward_traced(&h, "conv1", extras)?;
-            let h = self
-                .norm2
-                .forward_swish(&h, "norm2", Swish::TimesSigmoid, nonlinearity)?;
-            let shortcut = match &self.shortcut {
-                Some(conv) => {
-                    let s = conv.forward(x)?;
-                    trace::record("shortcut", &s);
-                    s
-                }
-                None => x.clone(),
-            };
-            // `x + h`, in conv2's write-out.
-            let extras = ConvExtras {
-                residual: Some(&shortcut),
-                ..ConvExtras::default()
-            };
-            let out = self.conv2.forward_traced(&h, "conv2", extras)?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+                let t = proj.forward_tokens(&nonlinearity(t)?)?;
+                trace::record("temb", &t);
+                Some(t)
+            }
+            (Some(_), None) => {
+                return Err(Error::input(
+                    block,
+                    "temb",
+                    "given, but the block has no temb_proj (temb_channels is 0)",
+                ))
+            }
+        };
+        let h = self
+            .norm1
+            .forward_swish(x, "norm1", Swish::TimesSigmoid, nonlinearity)?;
+        // `conv1(..) + temb_proj(..)[:, :, None, None]`, the add in conv1's write-out.
+        let extras = ConvExtras {
+            channel_add: temb.as_ref(),
+            ..ConvExtras::default()
+        };
+        let h = self.conv1.forward_traced(&h, "conv1", extras)?;
+        let h = self
+            .norm2
+            .forward_swish(&h, "norm2", Swish::TimesSigmoid, nonlinearity)?;
+        let shortcut = match &self.shortcut {
+            Some(conv) => {
+                let s = conv.forward(x)?;
+                trace::record("shortcut", &s);
+                s
+            }
+            None => x.clone(),
+        };
+        // `x + h`, in conv2's write-out.
+        let extras = ConvExtras {
+            residual: Some(&shortcut),
+            ..ConvExtras::default()
+        };
+        let out = self.conv2.forward_traced(&h, "conv2", extras)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -239,22 +237,20 @@ impl MidBlock {
 
     /// `x` `(B, in_channels, H, W)`; `temb` `(B, temb_channels)`, `None` for the VAE.
     pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let h = trace::scope("block_1", || self.block_1.forward(x, temb))?;
-            let h = trace::scope("attn_1", || -> Result<Tensor> {
-                let h = match &self.attn_1 {
-                    MidAttention::Vanilla(a) => a.forward_checked(&h)?,
-                    MidAttention::Linear(a) => a.forward_checked(&h)?,
-                    MidAttention::Identity => {
-                        trace::record("output", &h);
-                        h
-                    }
-                };
-                Ok(h)
-            })?;
-            let out = trace::scope("block_2", || self.block_2.forward(&h, temb))?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let h = trace::scope("block_1", || self.block_1.forward(x, temb))?;
+        let h = trace::scope("attn_1", || -> Result<Tensor> {
+            let h = match &self.attn_1 {
+                MidAttention::Vanilla(a) => a.forward_checked(&h)?,
+                MidAttention::Linear(a) => a.forward_checked(&h)?,
+                MidAttention::Identity => {
+                    trace::record("output", &h);
+                    h
+                }
+            };
+            Ok(h)
+        })?;
+        let out = trace::scope("block_2", || self.block_2.forward(&h, temb))?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }

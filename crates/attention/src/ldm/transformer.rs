@@ -83,13 +83,11 @@ impl CrossAttention {
     /// `(B, S, context_dim)`, `mask` boolean (as `U8`, non-zero = attend) `(B, ...)` with S
     /// elements per batch item.
     pub fn forward(&self, x: &Tensor, context: Option<&Tensor>, mask: Option<&Tensor>) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let bias = match mask {
-                Some(m) => Some(mask_bias(m)?),
-                None => None,
-            };
-            self.0.forward(x, context, bias.as_ref())
-        })
+        let bias = match mask {
+            Some(m) => Some(mask_bias(m)?),
+            None => None,
+        };
+        self.0.forward(x, context, bias.as_ref())
     }
 }
 
@@ -170,16 +168,14 @@ impl BasicTransformerBlock {
 
     /// `forward(x, context=None)`: `x` `(B, N, dim)`.
     pub fn forward(&self, x: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            if x.rank() != 3 {
-                return Err(Error::input(
-                    Self::BLOCK,
-                    "x",
-                    format!("expected (B, N, dim), found {:?}", x.dims()),
-                ));
-            }
-            self.0.forward(x, context, None, None)
-        })
+        if x.rank() != 3 {
+            return Err(Error::input(
+                Self::BLOCK,
+                "x",
+                format!("expected (B, N, dim), found {:?}", x.dims()),
+            ));
+        }
+        self.0.forward(x, context, None, None)
     }
 }
 
@@ -284,30 +280,26 @@ impl SpatialTransformer {
     /// `forward(x, context=None)`: `x` `(B, C, H, W)`; one context serves every block (a list
     /// of identical contexts in SD2's terms).
     pub fn forward(&self, x: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            if x.rank() != 4 {
-                return Err(Error::input(
-                    Self::BLOCK,
-                    "x",
-                    format!("expected (B, C, H, W), found {:?}", x.dims()),
-                ));
-            }
-            self.0.forward(x, context, None, None)
-        })
+        if x.rank() != 4 {
+            return Err(Error::input(
+                Self::BLOCK,
+                "x",
+                format!("expected (B, C, H, W), found {:?}", x.dims()),
+            ));
+        }
+        self.0.forward(x, context, None, None)
     }
 
     /// SD2's `forward(x, context=[c0, c1, ...])`: block `i` attends to `contexts[i]`.
     pub fn forward_per_block(&self, x: &Tensor, contexts: &[&Tensor]) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            if x.rank() != 4 {
-                return Err(Error::input(
-                    Self::BLOCK,
-                    "x",
-                    format!("expected (B, C, H, W), found {:?}", x.dims()),
-                ));
-            }
-            self.0.forward_per_block(x, contexts, None, None)
-        })
+        if x.rank() != 4 {
+            return Err(Error::input(
+                Self::BLOCK,
+                "x",
+                format!("expected (B, C, H, W), found {:?}", x.dims()),
+            ));
+        }
+        self.0.forward_per_block(x, contexts, None, None)
     }
 }
 

@@ -134,7 +134,7 @@ impl AttnBlock {
 
     /// The forward with the crate's errors: a wrong input shape is [`Error::Input`].
     pub fn forward_checked(&self, x: &Tensor) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || self.0.forward(x))
+        self.0.forward(x)
     }
 }
 
@@ -158,7 +158,7 @@ impl SpatialSelfAttention {
 
     /// The forward with the crate's errors: a wrong input shape is [`Error::Input`].
     pub fn forward_checked(&self, x: &Tensor) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || self.0.forward(x))
+        self.0.forward(x)
     }
 }
 
@@ -201,10 +201,8 @@ impl LinAttnBlock {
 
     /// The forward with the crate's errors: a wrong input shape is [`Error::Input`].
     pub fn forward_checked(&self, x: &Tensor) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            check_image(Self::BLOCK, x, self.in_channels)?;
-            Ok(self.attention.forward(x)?)
-        })
+        check_image(Self::BLOCK, x, self.in_channels)?;
+        Ok(self.attention.forward(x)?)
     }
 }
 

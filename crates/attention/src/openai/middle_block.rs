@@ -122,61 +122,59 @@ impl ResBlock {
 
     /// `forward(x, emb)`: `x` `(B, channels, H, W)`, `emb` `(B, emb_channels)`.
     pub fn forward(&self, x: &Tensor, emb: &Tensor) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let block = Self::BLOCK;
-            if x.rank() != 4 || x.dim(1)? != self.channels {
-                return Err(Error::input(
-                    block,
-                    "x",
-                    format!("expected (B, {}, H, W), found {:?}", self.channels, x.dims()),
-                ));
-            }
-            if emb.rank() != 2 || emb.dim(0)? != x.dim(0)? {
-                return Err(Error::input(
-                    block,
-                    "emb",
-                    format!("expected (B={}, emb_channels), found {:?}", x.dim(0)?, emb.dims()),
-                ));
-            }
-            let act = Activation::Swish;
-            // emb_out = self.emb_layers(emb).type(h.dtype): SiLU and Linear in emb's dtype (f32 in
-            // guided-diffusion's half mode; a half emb: f32 accumulation rounded once, as `addmm`).
-            let emb_out = self.emb_proj.forward_tokens(&act.forward(emb)?)?;
-            trace::record("temb", &emb_out);
-            let silu = |y: &Tensor| act.forward(y);
-            let h = self.in_norm.forward_swish(x, "norm1", Swish::Silu, silu)?;
-            // `.type(h.dtype)`: the convolutions' dtype, that of `x`.
-            let emb_out = emb_out.to_dtype(x.dtype())?;
-            let h = if self.scale_shift {
-                let h = self.in_conv.forward_traced(&h, "conv1", ConvExtras::default())?;
-                let normed = self.out_norm.forward(&h)?;
-                trace::record("norm2", &normed);
-                let half = emb_out.dim(1)? / 2;
-                let (scale, shift) = (emb_out.narrow(1, 0, half)?, emb_out.narrow(1, half, half)?);
-                act.forward(&scale_shift(&normed, &scale, &shift)?)?
-            } else {
-                // `h + emb_out[..., None, None]`, in in_conv's write-out.
-                let extras = ConvExtras {
-                    channel_add: Some(&emb_out),
-                    ..ConvExtras::default()
-                };
-                let h = self.in_conv.forward_traced(&h, "conv1", extras)?;
-                self.out_norm.forward_swish(&h, "norm2", Swish::Silu, silu)?
-            };
-            // skip_connection: a conv, or nn.Identity when the channels match
-            let skip = match &self.skip {
-                Some(conv) => conv.forward(x)?,
-                None => x.clone(),
-            };
-            trace::record("shortcut", &skip);
+        let block = Self::BLOCK;
+        if x.rank() != 4 || x.dim(1)? != self.channels {
+            return Err(Error::input(
+                block,
+                "x",
+                format!("expected (B, {}, H, W), found {:?}", self.channels, x.dims()),
+            ));
+        }
+        if emb.rank() != 2 || emb.dim(0)? != x.dim(0)? {
+            return Err(Error::input(
+                block,
+                "emb",
+                format!("expected (B={}, emb_channels), found {:?}", x.dim(0)?, emb.dims()),
+            ));
+        }
+        let act = Activation::Swish;
+        // emb_out = self.emb_layers(emb).type(h.dtype): SiLU and Linear in emb's dtype (f32 in
+        // guided-diffusion's half mode; a half emb: f32 accumulation rounded once, as `addmm`).
+        let emb_out = self.emb_proj.forward_tokens(&act.forward(emb)?)?;
+        trace::record("temb", &emb_out);
+        let silu = |y: &Tensor| act.forward(y);
+        let h = self.in_norm.forward_swish(x, "norm1", Swish::Silu, silu)?;
+        // `.type(h.dtype)`: the convolutions' dtype, that of `x`.
+        let emb_out = emb_out.to_dtype(x.dtype())?;
+        let h = if self.scale_shift {
+            let h = self.in_conv.forward_traced(&h, "conv1", ConvExtras::default())?;
+            let normed = self.out_norm.forward(&h)?;
+            trace::record("norm2", &normed);
+            let half = emb_out.dim(1)? / 2;
+            let (scale, shift) = (emb_out.narrow(1, 0, half)?, emb_out.narrow(1, half, half)?);
+            act.forward(&scale_shift(&normed, &scale, &shift)?)?
+        } else {
+            // `h + emb_out[..., None, None]`, in in_conv's write-out.
             let extras = ConvExtras {
-                residual: Some(&skip),
+                channel_add: Some(&emb_out),
                 ..ConvExtras::default()
             };
-            let out = self.out_conv.forward_traced(&h, "conv2", extras)?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+            let h = self.in_conv.forward_traced(&h, "conv1", extras)?;
+            self.out_norm.forward_swish(&h, "norm2", Swish::Silu, silu)?
+        };
+        // skip_connection: a conv, or nn.Identity when the channels match
+        let skip = match &self.skip {
+            Some(conv) => conv.forward(x)?,
+            None => x.clone(),
+        };
+        trace::record("shortcut", &skip);
+        let extras = ConvExtras {
+            residual: Some(&skip),
+            ..ConvExtras::default()
+        };
+        let out = self.out_conv.forward_traced(&h, "conv2", extras)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
@@ -322,23 +320,21 @@ impl MiddleBlock {
     /// `forward(x, emb, context=None)` (`TimestepEmbedSequential`): `x` `(B, channels, H, W)`,
     /// `emb` `(B, emb_channels)`, `context` `(B, S, context_dim)` for the spatial transformer.
     pub fn forward(&self, x: &Tensor, emb: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || self.forward_with(x, emb, |t, h| t.forward(h, context)))
+        self.forward_with(x, emb, |t, h| t.forward(h, context))
     }
 
     /// `forward` with a list `context`, one per transformer block (SD 2.x's `SpatialTransformer`
     /// indexes `context[i]` per block, so `transformer_depth > 1` takes one context per depth).
     /// The middle block's attention must be a spatial transformer.
     pub fn forward_per_block(&self, x: &Tensor, emb: &Tensor, contexts: &[&Tensor]) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            if matches!(self.attn, MiddleAttention::Attention(_)) {
-                return Err(Error::input(
-                    Self::BLOCK,
-                    "context.0",
-                    "this middle block's attention is an AttentionBlock, which takes no context".to_string(),
-                ));
-            }
-            self.forward_with(x, emb, |t, h| t.forward_per_block(h, contexts))
-        })
+        if matches!(self.attn, MiddleAttention::Attention(_)) {
+            return Err(Error::input(
+                Self::BLOCK,
+                "context.0",
+                "this middle block's attention is an AttentionBlock, which takes no context".to_string(),
+            ));
+        }
+        self.forward_with(x, emb, |t, h| t.forward_per_block(h, contexts))
     }
 
     fn forward_with(

@@ -176,32 +176,30 @@ impl AttentionBlock {
     /// The forward with the crate's errors: an input that is not `(B, C, *spatial)` with at
     /// least one spatial dimension is [`Error::Input`].
     pub fn forward_checked(&self, x: &Tensor) -> Result<Tensor> {
-        crate::cpu_kernels::on_workers(x.device(), || {
-            let dims = x.dims();
-            if dims.len() < 3 || dims[1] != self.channels {
-                return Err(Error::input(
-                    Self::BLOCK,
-                    "x",
-                    format!(
-                        "expected (B, {}, *spatial) with at least one spatial dimension, found {dims:?}",
-                        self.channels
-                    ),
-                ));
-            }
-            // b, c, *spatial = x.shape; x = x.reshape(b, c, -1)
-            let (b, c) = (dims[0], dims[1]);
-            let x = x.reshape((b, c, ()))?;
-            let normed = self.norm.forward(&x)?;
-            trace::record("norm", &normed);
-            let qkv = self.qkv.forward_channels(&normed)?;
-            let h = qkv_attention(&qkv, self.heads, self.order)?;
-            trace::record("attn", &h);
-            let h = self.proj_out.forward_channels(&h)?;
-            trace::record("proj", &h);
-            let out = (x + h)?.reshape(dims)?;
-            trace::record("output", &out);
-            Ok(out)
-        })
+        let dims = x.dims();
+        if dims.len() < 3 || dims[1] != self.channels {
+            return Err(Error::input(
+                Self::BLOCK,
+                "x",
+                format!(
+                    "expected (B, {}, *spatial) with at least one spatial dimension, found {dims:?}",
+                    self.channels
+                ),
+            ));
+        }
+        // b, c, *spatial = x.shape; x = x.reshape(b, c, -1)
+        let (b, c) = (dims[0], dims[1]);
+        let x = x.reshape((b, c, ()))?;
+        let normed = self.norm.forward(&x)?;
+        trace::record("norm", &normed);
+        let qkv = self.qkv.forward_channels(&normed)?;
+        let h = qkv_attention(&qkv, self.heads, self.order)?;
+        trace::record("attn", &h);
+        let h = self.proj_out.forward_channels(&h)?;
+        trace::record("proj", &h);
+        let out = (x + h)?.reshape(dims)?;
+        trace::record("output", &out);
+        Ok(out)
     }
 }
 
