@@ -312,9 +312,7 @@ impl PackedConv {
             LayerPath::Direct | LayerPath::Candle => false,
         };
         if self.ksize == 3 && winograd {
-            let u = winograd::transform_weight(&self.packed);
-            winograd::conv(self.isa, self.blocking, &u, src, shape, epi, &mut out);
-            winograd::recycle(u);
+            winograd::conv(self.isa, self.blocking, &self.packed, src, shape, epi, &mut out);
         } else {
             let image = im2col::Image {
                 x: src,

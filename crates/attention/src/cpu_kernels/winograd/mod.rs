@@ -27,166 +27,19 @@ use super::packed::ColGroup;
 use super::pool;
 use rayon::prelude::*;
 
+mod fused;
+mod weight;
+
 /// Whether Winograd beats the direct convolution for this call: channels wide enough that the
 /// input and output transforms (linear in the channels) are small next to the products
-/// (quadratic), and enough 2 × 2 tiles (a 32 × 32 image has 256) that forming `U` per call,
-/// about a pass over 16/9 of the weight, is small next to the products it saves (which grow
-/// with the tiles). Measured on a 2-core Zen 3, whole blocks with 512 channels: at 16 × 16 (64
-/// tiles) Winograd is 5 – 40 % slower than the direct convolution, at 32 × 32 about 20 %
-/// faster, at 64 × 64 far faster; a lone 1280-channel convolution at 32 × 32 about 15 % faster.
+/// (quadratic), and at least one `B` panel of 2 × 2 tiles, so that the 16 products' tiles are
+/// full (fewer tiles leave most of each tile's columns empty). Measured on a 2-core Zen 4 with
+/// the AVX-512 tile (32-wide panels), one convolution: 1024 channels at 8 × 8 (16 tiles)
+/// direct 7.4 ms, Winograd 9.0; 1280 channels at 2 × 8 × 8 (32 tiles) direct 21.6, Winograd
+/// 14.9; 512 channels at 16 × 16 (64 tiles) direct 6.7, Winograd 4.1 – 5.4.
 pub(crate) fn pays(isa: Isa, s: Shape) -> bool {
     let (th, tw) = s.tiles();
-    s.c_in >= 64 && s.c_out >= 64 && s.batch * th * tw >= 2 * isa.nr()
-}
-
-/// The transformed weight: `U_ξ = (G g Gᵀ)[ξ]` for the 16 positions `ξ = 4i + j`, each a packed
-/// `(C_out, C_in)` `A` operand, in buffers of the pool ([`recycle`] gives them back).
-///
-/// The direct weight is packed tap-major ([`super::im2col::tap_major`]) in reduction blocks that never
-/// hold parts of two taps ([`super::im2col::conv_blocks`]), so what tap `t` gives to block `(q0, kcb)`
-/// of `U` is one run per row (or interleaved micro-panel) of the direct block holding rows
-/// `t·C_in + q0 ..`, laid out as `U`'s block lays out its rows: the transform is elementwise
-/// over runs, 16 outputs from 9 inputs, in parallel over blocks of rows.
-pub(crate) fn transform_weight(direct: &PackedRows) -> Vec<PackedRows> {
-    let (c_out, c_in) = (direct.rows, direct.k / 9);
-    assert_eq!(direct.k, 9 * c_in, "a 3×3 kernel");
-    // U's blocks: the direct ones within tap 0 where taps are split into blocks, else one block.
-    let blocks: Vec<(usize, usize)> = if direct.blocks[0].1 <= c_in {
-        direct.blocks.iter().copied().take_while(|b| b.0 < c_in).collect()
-    } else {
-        vec![(0, c_in)]
-    };
-    let mut u: Vec<PackedRows> = (0..16)
-        .map(|_| {
-            let buf = pool::take(direct.rows_p * c_in);
-            PackedRows::in_buffer(buf, c_out, c_in, direct.il, blocks.clone())
-        })
-        .collect();
-    // A unit: an interleaved micro-panel (or a row); its run in a block is `width · kcb` values.
-    let width = direct.il;
-    // `per_block[j][ξ]`: block j of U_ξ.
-    let mut per_block: Vec<Vec<&mut [f32]>> = blocks.iter().map(|_| Vec::with_capacity(16)).collect();
-    for packed in u.iter_mut() {
-        for (j, block) in packed.blocks_mut().into_iter().enumerate() {
-            per_block[j].push(block);
-        }
-    }
-    // Jobs of about 16 K values per position: (block, first unit, its 16 output runs).
-    let mut jobs: Vec<(usize, usize, Vec<&mut [f32]>)> = vec![];
-    for (j, outs) in per_block.into_iter().enumerate() {
-        let run = width * blocks[j].1;
-        let units = (16 * 1024 / run).max(1);
-        let mut chunks: Vec<_> = outs.into_iter().map(|b| b.chunks_mut(units * run)).collect();
-        for first in (0..direct.rows_p / width).step_by(units) {
-            let dst: Vec<&mut [f32]> = chunks
-                .iter_mut()
-                .map(|c| c.next().expect("a chunk per unit run"))
-                .collect();
-            jobs.push((j, first, dst));
-        }
-    }
-    jobs.into_par_iter().for_each(|(j, first, mut dst)| {
-        let (q0, kcb) = blocks[j];
-        let run = width * kcb;
-        // Tap t's source: its direct block's values and the run's offset within a unit.
-        let src: [(&[f32], usize, usize); 9] = std::array::from_fn(|t| {
-            let p = t * c_in + q0;
-            let b = direct.blocks.partition_point(|blk| blk.0 <= p) - 1;
-            let (p0, depth) = direct.blocks[b];
-            assert!(p + kcb <= p0 + depth, "a reduction block holds parts of two taps");
-            (direct.block(b), width * depth, width * (p - p0))
-        });
-        for (i, at) in (0..dst[0].len()).step_by(run).enumerate() {
-            let unit = first + i;
-            let runs: [&[f32]; 9] = std::array::from_fn(|t| &src[t].0[unit * src[t].1 + src[t].2..][..run]);
-            transform_run(runs, &mut dst, at);
-        }
-    });
-    u
-}
-
-/// The transformed weights' buffers back to the pool.
-pub(crate) fn recycle(u: Vec<PackedRows>) {
-    pool::give(u.into_iter().map(PackedRows::into_data));
-}
-
-/// `dst[ξ][at + i] = (G g Gᵀ)[ξ]` of the 3 × 3 kernel `g[tap] = src[tap][i]`, for every `i`
-/// (compiled for the widest vectors the CPU has; the same f32 operations, so the same bits).
-fn transform_run(src: [&[f32]; 9], dst: &mut [&mut [f32]], at: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: AVX-512F detected.
-            return unsafe { transform_run_avx512(src, dst, at) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 detected.
-            return unsafe { transform_run_avx2(src, dst, at) };
-        }
-    }
-    transform_run_any(src, dst, at)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn transform_run_avx512(src: [&[f32]; 9], dst: &mut [&mut [f32]], at: usize) {
-    transform_run_any(src, dst, at)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn transform_run_avx2(src: [&[f32]; 9], dst: &mut [&mut [f32]], at: usize) {
-    transform_run_any(src, dst, at)
-}
-
-#[inline(always)]
-fn transform_run_any(src: [&[f32]; 9], dst: &mut [&mut [f32]], at: usize) {
-    const L: usize = 16;
-    let len = src[0].len();
-    let mut i = 0;
-    while i < len {
-        if i + L <= len {
-            let g: [[f32; L]; 9] = std::array::from_fn(|t| src[t][i..i + L].try_into().expect("L values"));
-            for (d, lanes) in dst.iter_mut().zip(kernel_transform(&g)) {
-                d[at + i..at + i + L].copy_from_slice(&lanes);
-            }
-            i += L;
-        } else {
-            let g: [[f32; 1]; 9] = std::array::from_fn(|t| [src[t][i]]);
-            for (d, lane) in dst.iter_mut().zip(kernel_transform(&g)) {
-                d[at + i] = lane[0];
-            }
-            i += 1;
-        }
-    }
-}
-
-/// `G a` of three taps, `L` lanes each: `a₀`, `½(a₀ + a₁ + a₂)`, `½(a₀ − a₁ + a₂)`, `a₂`.
-#[inline(always)]
-fn g_times<const L: usize>(a: [&[f32; L]; 3]) -> [[f32; L]; 4] {
-    let (mut plus, mut minus) = ([0f32; L], [0f32; L]);
-    for l in 0..L {
-        plus[l] = 0.5 * (a[0][l] + a[1][l] + a[2][l]);
-        minus[l] = 0.5 * (a[0][l] - a[1][l] + a[2][l]);
-    }
-    [*a[0], plus, minus, *a[2]]
-}
-
-/// `G g Gᵀ` of `L` 3 × 3 kernels at once (`g[tap][lane]`, taps row-major), out row-major
-/// 4 × 4 (`[ξ][lane]`).
-#[inline(always)]
-fn kernel_transform<const L: usize>(g: &[[f32; L]; 9]) -> [[f32; L]; 16] {
-    // G g, column by column: `cols[b][i]`.
-    let cols = [
-        g_times([&g[0], &g[3], &g[6]]),
-        g_times([&g[1], &g[4], &g[7]]),
-        g_times([&g[2], &g[5], &g[8]]),
-    ];
-    let mut out = [[0f32; L]; 16];
-    for i in 0..4 {
-        out[4 * i..4 * i + 4].copy_from_slice(&g_times([&cols[0][i], &cols[1][i], &cols[2][i]]));
-    }
-    out
+    s.c_in >= 64 && s.c_out >= 64 && s.batch * th * tw >= isa.nr()
 }
 
 /// Bytes of `V` and `M` per block of tile rows.
@@ -209,33 +62,47 @@ impl Shape {
     }
 }
 
-/// `out = epilogue(conv3x3(x))` for `x (B, C_in, H, W)` and `out (B, C_out, H, W)`, with `u`
-/// from [`transform_weight`]. The epilogue is applied as [`gemm::gemm`]'s write-out applies it.
+/// The weights of a convolution's 16 products.
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    /// `U` formed whole ([`weight::transform_weight`]).
+    Transformed(&'a [PackedRows]),
+    /// The direct weight, `U` formed a task's rows at a time ([`fused`]).
+    Direct(&'a PackedRows),
+}
+
+/// `out = epilogue(conv3x3(x))` for `x (B, C_in, H, W)` and `out (B, C_out, H, W)` with the
+/// direct weight `direct` (packed tap-major by `PackedConv`). The epilogue is applied as
+/// [`gemm::gemm`]'s write-out applies it.
 pub(crate) fn conv(
     isa: Isa,
     blocking: Blocking,
-    u: &[PackedRows],
+    direct: &PackedRows,
     x: &[f32],
     s: Shape,
     epi: Epilogue,
     out: &mut [f32],
 ) {
-    let tw = s.tiles().1;
+    let (th, tw) = s.tiles();
     let hw = s.h * s.w;
-    assert_eq!(u.len(), 16);
     assert_eq!(x.len(), s.batch * s.c_in * hw);
     assert_eq!(out.len(), s.batch * s.c_out * hw);
+    if fused::applies(isa, s.batch * th * tw) {
+        return conv_in_blocks(isa, blocking, (Weights::Direct(direct), x), s, epi, out, usize::MAX);
+    }
     // Tile rows per block: about 16 MiB of V and M, at least 128 tiles.
     let per_row = 16 * 4 * (s.c_in + s.c_out) * tw;
     let block_rows = (BLOCK_BYTES / per_row).max(128usize.div_ceil(tw));
-    conv_in_blocks(isa, blocking, (u, x), s, epi, out, block_rows);
+    let u = weight::transform_weight(direct);
+    conv_in_blocks(isa, blocking, (Weights::Transformed(&u), x), s, epi, out, block_rows);
+    weight::recycle(u);
 }
 
 /// [`conv`] over blocks of `block_rows` tile rows.
 fn conv_in_blocks(
     isa: Isa,
     blocking: Blocking,
-    (u, x): (&[PackedRows], &[f32]),
+    (weights, x): (Weights, &[f32]),
     s: Shape,
     epi: Epilogue,
     out: &mut [f32],
@@ -244,8 +111,11 @@ fn conv_in_blocks(
     let (th, tw) = s.tiles();
     let hw = s.h * s.w;
     let block_rows = block_rows.clamp(1, s.batch * th);
-    // V's reduction blocks are U's (the GEMM reads both by the same blocks).
-    let blocks = u[0].blocks.clone();
+    // V's reduction blocks are U's (the products read both by the same blocks).
+    let blocks = match weights {
+        Weights::Transformed(u) => u[0].blocks.clone(),
+        Weights::Direct(d) => weight::u_blocks(d),
+    };
     let mut v_bufs: Vec<Vec<f32>> = (0..16).map(|_| pool::take(s.c_in * block_rows * tw)).collect();
     let m_len = 16 * s.c_out * block_rows * tw;
     let mut m_buf = pool::take(m_len);
@@ -266,14 +136,19 @@ fn conv_in_blocks(
             .map(|buf| PackedCols::zeros_in(buf, tiles, s.c_in, isa, blocks.clone()))
             .collect();
         transform_input(x, s, r0, rows, &mut v);
-        let products = u.iter().zip(&v).zip(m.chunks_exact_mut(s.c_out * tiles));
-        let products = products.map(|((u, v), out)| gemm::Product {
-            a: RowsOf::Packed(u),
-            b: ColsOf::Packed(v),
-            epi: Epilogue::NONE,
-            out,
-        });
-        gemm::gemm_batch(isa, blocking, products.collect());
+        match weights {
+            Weights::Direct(direct) => fused::products(isa, direct, &v, m, tiles),
+            Weights::Transformed(u) => {
+                let products = u.iter().zip(&v).zip(m.chunks_exact_mut(s.c_out * tiles));
+                let products = products.map(|((u, v), out)| gemm::Product {
+                    a: RowsOf::Packed(u),
+                    b: ColsOf::Packed(v),
+                    epi: Epilogue::NONE,
+                    out,
+                });
+                gemm::gemm_batch(isa, blocking, products.collect());
+            }
+        }
         v_bufs = v.into_iter().map(PackedCols::into_data).collect();
         transform_output(m, s, r0, rows, epi, &mut planes);
     }
@@ -566,16 +441,19 @@ mod tests {
                 for (r, row) in im2col::tap_major(&wt, c_in, 9).chunks_exact(c_in * 9).enumerate() {
                     packed.set_row(r, row);
                 }
-                let u = transform_weight(&packed);
-                let mut got = vec![0f32; want.len()];
-                conv_in_blocks(isa, blocking, (&u, &x), s, epi, &mut got, block_rows);
-                let hw = h * w;
-                let scale = (c_in * 9) as f64;
-                for (i, (&g, &want)) in got.iter().zip(&want).enumerate() {
-                    let want = want + bias[(i / hw) % c_out] as f64;
-                    let err = (g as f64 - want).abs();
-                    let case = (batch, c_in, c_out, h, w, il, block_rows, kc);
-                    assert!(err <= 1e-6 * scale, "{case:?} at {i}: {g} vs {want}");
+                let u = weight::transform_weight(&packed);
+                for weights in [Weights::Transformed(&u), Weights::Direct(&packed)] {
+                    let mut got = vec![0f32; want.len()];
+                    conv_in_blocks(isa, blocking, (weights, &x), s, epi, &mut got, block_rows);
+                    let hw = h * w;
+                    let scale = (c_in * 9) as f64;
+                    for (i, (&g, &want)) in got.iter().zip(&want).enumerate() {
+                        let want = want + bias[(i / hw) % c_out] as f64;
+                        let err = (g as f64 - want).abs();
+                        let fused = matches!(weights, Weights::Direct(_));
+                        let case = (batch, c_in, c_out, h, w, il, block_rows, kc, fused);
+                        assert!(err <= 1e-6 * scale, "{case:?} at {i}: {g} vs {want}");
+                    }
                 }
             }
         }
