@@ -30,6 +30,11 @@ fn errors() -> Vec<(String, f64, f64)> {
 
 #[test]
 fn conv_heavy_blocks_are_within_one_and_a_half_times_pytorch_f32_error() {
+    if unet_attention::cpu_kernels::layer_kernel_isa() == "none" {
+        // No packed layers on this CPU (or UNET_ATTENTION_ISA=none): every path is Candle's.
+        eprintln!("skipped: the packed CPU layers do not run here");
+        return;
+    }
     // The packed CPU layers (where this CPU runs them) with the convolutions as sized, forced
     // direct, and forced through Winograd's F(2×2, 3×3), one after the other in this one test
     // (the switch is process-wide). Candle's own ops (`LayerPath::Candle`, the debugging

@@ -45,8 +45,10 @@ pub fn set_layer_path(path: Option<LayerPath>) {
     OVERRIDE.store(code, Ordering::Relaxed);
 }
 
-/// The path calls take now. An unparsable `UNET_ATTENTION_LAYERS` is an error on every call.
+/// The path calls take now. An unparsable `UNET_ATTENTION_LAYERS` (or `UNET_ATTENTION_ISA`, the
+/// cap on the vector instructions the kernels use) is an error on every call.
 pub fn layer_path() -> Result<LayerPath> {
+    crate::sdpa::cpu_isa_cap().map_err(candle_core::Error::msg)?;
     match OVERRIDE.load(Ordering::Relaxed) {
         1 => return Ok(LayerPath::Auto),
         2 => return Ok(LayerPath::Candle),

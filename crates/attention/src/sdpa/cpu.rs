@@ -24,6 +24,7 @@ use rayon::prelude::*;
 pub(crate) mod avx2;
 pub(crate) mod caches;
 mod gemm_engine;
+pub(crate) mod isa;
 pub(crate) mod simd;
 pub(crate) mod tiles;
 

@@ -78,9 +78,11 @@ pub fn set_sdpa_path(path: Option<SdpaPath>) {
     OVERRIDE.store(path.map_or(0, SdpaPath::code), Ordering::Relaxed);
 }
 
-/// The path calls take now. An unparsable `UNET_ATTENTION_SDPA` is an error (on every call),
-/// never silently ignored.
+/// The path calls take now. An unparsable `UNET_ATTENTION_SDPA` (or `UNET_ATTENTION_ISA`, the
+/// cap on the vector instructions the CPU kernels use) is an error (on every call), never
+/// silently ignored.
 pub fn sdpa_path() -> Result<SdpaPath> {
+    super::cpu::isa::cap().map_err(candle_core::Error::msg)?;
     let code = OVERRIDE.load(Ordering::Relaxed);
     if let Some(p) = SdpaPath::ALL.into_iter().find(|p| p.code() == code) {
         return Ok(p);

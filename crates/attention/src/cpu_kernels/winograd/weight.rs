@@ -101,11 +101,11 @@ pub(super) fn transform_rows(direct: &PackedRows, (q0, kcb): (usize, usize), r0:
 fn transform_run(src: [&[f32]; 9], dst: &mut [&mut [f32]], at: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if crate::sdpa::cpu_avx512_allowed() {
             // SAFETY: AVX-512F detected.
             return unsafe { transform_run_avx512(src, dst, at) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if crate::sdpa::cpu_avx2_available() {
             // SAFETY: AVX2 detected.
             return unsafe { transform_run_avx2(src, dst, at) };
         }

@@ -21,13 +21,7 @@ pub(crate) enum ALayout {
 
 /// Whether the CPU has AVX2 and FMA (detected once).
 pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    super::isa::avx2_fma()
 }
 
 /// How a tile's sums meet what `c` holds.

@@ -330,13 +330,10 @@ pub(crate) fn ops() -> Ops {
     *OPS.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
+            if super::isa::avx512() {
                 return avx512::OPS;
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if super::isa::avx2_fma() {
                 return avx2::OPS;
             }
         }

@@ -293,13 +293,7 @@ pub(super) fn pack_heads(k: &[f32], v: &[f32], dims: &Dims, dst: &mut [f32]) {
 
 /// Whether this CPU runs the microkernels (AVX-512F, detected once).
 pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVX512.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    super::isa::avx512()
 }
 
 /// `K` of one batch·head, `(Lk, D)` row-major, into the tile's key panels `(D, nr)`: `dst`
