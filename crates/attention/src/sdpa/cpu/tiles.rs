@@ -474,8 +474,8 @@ pub(crate) fn gemm_tile(
     unreachable!("tiles::gemm_tile without AVX-512 (callers check `available`)")
 }
 
-/// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·ldv + c]` for
-/// the rows of a weight micro-panel `(rows, p, ld, n)` (on AVX-512 [`tile_rows`]`(rows)` are
+/// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·ldv + c]` (the
+/// sum formed from zero and added with one rounding: blocked over the calls) for the rows of a weight micro-panel `(rows, p, ld, n)` (on AVX-512 [`tile_rows`]`(rows)` are
 /// read and written) and the `nr` channels of a V panel slice, over `n` keys (`init` `None`: the
 /// `o` term left out).
 pub(super) fn value_tile(

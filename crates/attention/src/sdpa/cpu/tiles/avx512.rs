@@ -164,14 +164,10 @@ pub(super) unsafe fn value_tile<const R: usize>(
     ldo: usize,
     init: Option<*const f32>,
 ) {
+    // The block's sum from zero, then added to the rescaled running output with one rounding
+    // (`o = alpha·o + sum`, as the AVX2 tile does): blocked accumulation over the keys, where a
+    // chain continued through every block grows its error with all of them.
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    if let Some(alpha) = init {
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let a = _mm512_set1_ps(*alpha.add(r));
-            acc[0] = _mm512_mul_ps(_mm512_loadu_ps(o.add(r * ldo)), a);
-            acc[1] = _mm512_mul_ps(_mm512_loadu_ps(o.add(r * ldo + 16)), a);
-        }
-    }
     for j in 0..n {
         let b0 = _mm512_loadu_ps(vp.add(j * ldv));
         let b1 = _mm512_loadu_ps(vp.add(j * ldv + 16));
@@ -182,8 +178,14 @@ pub(super) unsafe fn value_tile<const R: usize>(
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        _mm512_storeu_ps(o.add(r * ldo), acc[0]);
-        _mm512_storeu_ps(o.add(r * ldo + 16), acc[1]);
+        let (mut s0, mut s1) = (acc[0], acc[1]);
+        if let Some(alpha) = init {
+            let a = _mm512_set1_ps(*alpha.add(r));
+            s0 = _mm512_fmadd_ps(_mm512_loadu_ps(o.add(r * ldo)), a, s0);
+            s1 = _mm512_fmadd_ps(_mm512_loadu_ps(o.add(r * ldo + 16)), a, s1);
+        }
+        _mm512_storeu_ps(o.add(r * ldo), s0);
+        _mm512_storeu_ps(o.add(r * ldo + 16), s1);
     }
 }
 
