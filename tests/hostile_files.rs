@@ -97,3 +97,40 @@ fn the_hub_cache_is_not_left() {
         assert!(err.contains("--subfolder"), "{sub}: {err}");
     }
 }
+
+/// A failing bundle whose file name carries a fake `PASS` row, an ANSI "conceal" sequence, a
+/// carriage return and a right-to-left override, and whose metadata carries an OSC 52 clipboard
+/// write: no command prints any of those characters raw (the table, `inspect`, error lines), so
+/// the terminal shows the real `FAIL`.
+#[test]
+fn names_and_metadata_cannot_steer_the_terminal() {
+    let dir = scratch("hostile-terminal");
+    let name = "x.safetensors  PASS\n\u{1b}[8m\r\u{202e}LIAF\u{2066}.safetensors";
+    let path = RawBundle::edited(BUNDLE, &dir, |b| {
+        // A wrong weight: the port no longer matches PyTorch's output, the bundle fails.
+        let wrong = (b.tensors["v.weight"].clone() + 1.0).unwrap();
+        b.tensors.insert("v.weight".into(), wrong);
+        b.metadata
+            .insert("note".into(), "\u{1b}]52;c;ZWNobyBwd25lZA==\u{7}".into());
+    });
+    let hostile = dir.join(name);
+    std::fs::rename(&path, &hostile).unwrap();
+    let raw = |s: &str| s.chars().any(unet_parity::terminal::is_unsafe);
+    for args in [
+        vec!["check", dir.to_str().unwrap()],
+        vec!["check", "--json", dir.to_str().unwrap()],
+        vec!["inspect", hostile.to_str().unwrap()],
+    ] {
+        let (code, out, err) = cli_bounded(&args);
+        assert!(
+            !raw(&out) && !raw(&err),
+            "{args:?} printed a raw control:\n{out:?}\n{err:?}"
+        );
+        assert!(!out.contains("\n\u{1b}") && !err.contains('\u{202e}'));
+        if args[0] == "check" {
+            assert_eq!(code, 1, "{args:?}: {out}{err}");
+        }
+    }
+    let (_, out, _) = cli_bounded(&["check", dir.to_str().unwrap()]);
+    assert!(out.contains("\\u202e") && out.contains("FAIL"), "{out}");
+}

@@ -179,8 +179,18 @@ impl HubArgs {
     }
 }
 
-/// Run the CLI on `args` (including the program name); returns the exit code.
+/// Run the CLI on `args` (including the program name); returns the exit code. Everything it
+/// prints passes through [`crate::terminal::Safe`]: names from files cannot steer the terminal.
 pub fn run<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let (mut out, mut err) = (crate::terminal::Safe::new(out), crate::terminal::Safe::new(err));
+    run_unescaped(args, &mut out, &mut err)
+}
+
+fn run_unescaped<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
@@ -273,7 +283,12 @@ where
             };
             let b = Bundle::read(&bundle)?;
             for p in crate::show::show(&b, &dir, query, batch, opts)? {
-                let _ = writeln!(out, "wrote {}: {}", p.path.display(), p.caption);
+                let _ = writeln!(
+                    out,
+                    "wrote {}: {}",
+                    line(&p.path.display().to_string()),
+                    line(&p.caption)
+                );
             }
             Ok(())
         }),
@@ -408,13 +423,13 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
                 }
                 Ok(report) => {
                     if let Some(w) = &report.weights {
-                        let _ = writeln!(err, "note: {}: weights from {w}", report.file);
+                        let _ = writeln!(err, "note: {}: weights from {}", line(&report.file), line(w));
                     }
                     if let Some(c) = &report.config_from {
-                        let _ = writeln!(err, "note: {}: config from {c}", report.file);
+                        let _ = writeln!(err, "note: {}: config from {}", line(&report.file), line(c));
                     }
                     if let Some(note) = conversion_note(&report.conversions) {
-                        let _ = writeln!(err, "note: {}: {note}", report.file);
+                        let _ = writeln!(err, "note: {}: {}", line(&report.file), line(&note));
                     }
                     if let Some(t) = &report.trace {
                         print_trace(&report.file, t, out);
@@ -423,9 +438,9 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
                         let _ = writeln!(
                             out,
                             "FAIL {} output `{}`: {}",
-                            report.file,
-                            o.name,
-                            o.reason.as_deref().unwrap_or("")
+                            line(&report.file),
+                            line(&o.name),
+                            line(o.reason.as_deref().unwrap_or(""))
                         );
                     }
                 }
@@ -560,9 +575,16 @@ fn detect(
     } else {
         format!(", sections: {}", ck.sections.join(", "))
     };
-    let _ = writeln!(out, "{}: {}, {} tensors{sections}", file.display(), ck.format, ck.len());
+    let file_name = line(&file.display().to_string());
+    let _ = writeln!(
+        out,
+        "{file_name}: {}, {} tensors{}",
+        ck.format,
+        ck.len(),
+        line(&sections)
+    );
     if let Some(note) = &config_note {
-        let _ = writeln!(out, "{note}");
+        let _ = writeln!(out, "{}", line(note));
     }
     if found.is_empty() {
         let _ = writeln!(out, "no mid block found");
@@ -573,7 +595,7 @@ fn detect(
         } else if f.prefix.is_empty() {
             "the top level (a bare mid-block state dict; no --prefix needed)".to_string()
         } else {
-            format!("prefix `{}`", f.prefix)
+            format!("prefix `{}`", line(&f.prefix))
         };
         let _ = writeln!(out, "{at}: {}", f.block.unwrap_or("(not implemented)"));
         let _ = writeln!(out, "  variant: {}", f.variant);
@@ -584,12 +606,18 @@ fn detect(
             }
             None => {
                 for u in &f.unknown {
-                    let _ = writeln!(out, "  not in the keys: {u}");
+                    let _ = writeln!(out, "  not in the keys: {}", line(u));
                 }
             }
         }
     }
     Ok(())
+}
+
+/// A name or note from a file, on one line with nothing a terminal would act on
+/// ([`crate::terminal::one_line`]).
+fn line(s: &str) -> String {
+    crate::terminal::one_line(s).into_owned()
 }
 
 fn sci(x: f64) -> String {
@@ -664,6 +692,7 @@ fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn
             ]),
         }
     }
+    let rows: Vec<[String; 8]> = rows.into_iter().map(|r| r.map(|c| line(&c))).collect();
     let widths: Vec<usize> = (0..8)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
@@ -675,9 +704,9 @@ fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn
 
 /// The `--trace` table of one bundle.
 fn print_trace(file: &str, t: &crate::trace::TraceReport, out: &mut dyn Write) {
-    let _ = writeln!(out, "trace {file}:");
+    let _ = writeln!(out, "trace {}:", line(file));
     if let Some(note) = &t.note {
-        let _ = writeln!(out, "  ({note})");
+        let _ = writeln!(out, "  ({})", line(note));
     }
     if !t.stages.is_empty() {
         let mut rows: Vec<[String; 6]> =
@@ -697,6 +726,7 @@ fn print_trace(file: &str, t: &crate::trace::TraceReport, out: &mut dyn Write) {
                 s.status.clone(),
             ]);
         }
+        let rows: Vec<[String; 6]> = rows.into_iter().map(|r| r.map(|c| line(&c))).collect();
         let widths: Vec<usize> = (0..6)
             .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
             .collect();
@@ -732,15 +762,16 @@ fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityErro
         // output: an error leaves no partial listing).
         Bundle::from_raw(file, (metadata.clone(), infos.clone(), tensors))?;
     }
-    let _ = writeln!(out, "{}", file.display());
+    let _ = writeln!(out, "{}", line(&file.display().to_string()));
     let _ = writeln!(out, "metadata:");
     for (k, v) in &metadata {
-        let _ = writeln!(out, "  {k} = {v}");
+        let _ = writeln!(out, "  {} = {}", line(k), line(v));
     }
     let _ = writeln!(out, "tensors ({}):", infos.len());
-    let width = infos.iter().map(|i| i.name.len()).max().unwrap_or(0);
-    for i in &infos {
-        let _ = writeln!(out, "  {:<width$}  {:<5}  {:?}", i.name, i.dtype, i.shape);
+    let names: Vec<String> = infos.iter().map(|i| line(&i.name)).collect();
+    let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+    for (i, name) in infos.iter().zip(&names) {
+        let _ = writeln!(out, "  {name:<width$}  {:<5}  {:?}", i.dtype, i.shape);
     }
     Ok(())
 }
@@ -748,19 +779,19 @@ fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityErro
 /// A `torch.save` checkpoint: sections, string entries, every tensor's flattened name, dtype, shape.
 fn inspect_checkpoint(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {
     let ck = Checkpoint::open(file)?;
-    let _ = writeln!(out, "{}: {}", file.display(), ck.format);
+    let _ = writeln!(out, "{}: {}", line(&file.display().to_string()), ck.format);
     if !ck.sections.is_empty() {
-        let _ = writeln!(out, "sections: {}", ck.sections.join(", "));
+        let _ = writeln!(out, "sections: {}", line(&ck.sections.join(", ")));
     }
     for (k, v) in &ck.strings {
-        let _ = writeln!(out, "  {k} = {v:?}");
+        let _ = writeln!(out, "  {} = {}", line(k), line(&format!("{v:?}")));
     }
     let _ = writeln!(out, "tensors ({}):", ck.len());
     let width = ck.names().map(|n| n.len()).max().unwrap_or(0);
     for name in ck.names() {
         let dtype = ck.dtype(name).map(crate::check::dtype_name).unwrap_or("unsupported");
         let shape = ck.shape(name).map(|s| format!("{s:?}")).unwrap_or_default();
-        let _ = writeln!(out, "  {name:<width$}  {dtype:<5}  {shape}");
+        let _ = writeln!(out, "  {:<width$}  {dtype:<5}  {shape}", line(name));
     }
     Ok(())
 }

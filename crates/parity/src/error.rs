@@ -36,15 +36,17 @@ pub enum ParityError {
     Usage(String),
 }
 
-/// `x` displayed on one line: control characters are written as Rust escapes (`\n`, `\u{1b}`).
+/// `x` displayed on one line: control characters and bidirectional controls are written as
+/// Rust escapes (`\n`, `\u{1b}`, `\u{202e}`).
 fn esc(x: impl std::fmt::Display) -> String {
     let s = x.to_string();
-    if !s.chars().any(char::is_control) {
+    let bad = |c: char| c.is_control() || crate::terminal::is_unsafe(c);
+    if !s.chars().any(bad) {
         return s;
     }
     s.chars()
         .map(|c| {
-            if c.is_control() {
+            if bad(c) {
                 c.escape_default().to_string()
             } else {
                 c.to_string()

@@ -16,6 +16,7 @@ pub mod hub;
 pub mod pickle;
 pub mod registry;
 pub mod show;
+pub mod terminal;
 pub mod trace;
 pub mod weights;
 
