@@ -275,6 +275,9 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
         }
     }
     let c = Cfg(obj);
+    // Down blocks where the config does not list them: the class defaults' count.
+    let default_blocks = if class == ModelClass::AutoencoderKL { 1 } else { 4 };
+    c.check_shapes(default_blocks)?;
     match class {
         ModelClass::UNet2DModel => unet_2d(&c).map(|s| s.into_iter().collect()),
         ModelClass::UNet2DConditionModel => unet_2d_condition(&c).map(|s| s.into_iter().collect()),
@@ -315,6 +318,58 @@ impl Cfg<'_> {
             (Some(&first), Some(&last)) => Ok((first, last)),
             _ => Err(bad("`block_out_channels` is empty")),
         }
+    }
+
+    /// What the model's `__init__` checks before it builds anything, for the keys a mid block
+    /// config reads or that only type-check there: the per-down-block lists (`attention_head_dim`,
+    /// `num_attention_heads`, `cross_attention_dim`, `only_cross_attention`, `layers_per_block`,
+    /// `transformer_layers_per_block`) hold one entry per down block, and the counts among them
+    /// are whole numbers (a `layers_per_block` of `1e308` is not a model).
+    fn check_shapes(&self, default_blocks: usize) -> Result<()> {
+        let blocks = match (self.0.get("down_block_types"), self.0.get("block_out_channels")) {
+            (Some(Value::Array(types)), _) => Some(types.len()),
+            (_, Some(Value::Array(channels))) => Some(channels.len()),
+            (None, None) => Some(default_blocks),
+            _ => None,
+        };
+        const PER_BLOCK: [&str; 6] = [
+            "attention_head_dim",
+            "num_attention_heads",
+            "cross_attention_dim",
+            "only_cross_attention",
+            "layers_per_block",
+            "transformer_layers_per_block",
+        ];
+        for key in PER_BLOCK {
+            let Some(value) = self.0.get(key) else { continue };
+            if let (Value::Array(items), Some(n)) = (value, blocks) {
+                if items.len() != n {
+                    return Err(bad(format!(
+                        "`{key}` has {} entries; the model takes one per down block ({n})",
+                        items.len()
+                    )));
+                }
+            }
+            if key == "only_cross_attention" {
+                continue;
+            }
+            // Whole numbers, or lists of them (of lists, for transformer_layers_per_block);
+            // null where the class default is computed.
+            fn counts(v: &Value) -> bool {
+                match v {
+                    Value::Null => true,
+                    Value::Number(n) => n.is_u64(),
+                    Value::Array(items) => items.iter().all(counts),
+                    _ => false,
+                }
+            }
+            if !counts(value) {
+                return Err(bad(format!(
+                    "`{key}` must be a whole number or a list of them, found {value}"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// An int-or-list key's last entry (`cross_attention_dim: 768` or `[..., 1280]`).
@@ -607,6 +662,41 @@ mod tests {
         let mut specs = mid_blocks(&config, None, false).unwrap();
         assert_eq!(specs.len(), 1);
         specs.remove(0)
+    }
+
+    #[test]
+    fn lists_and_counts_are_checked_as_the_model_checks_them() {
+        let base = || {
+            json!({"_class_name": "UNet2DConditionModel", "block_out_channels": [320, 640, 1280, 1280],
+            "attention_head_dim": 8, "cross_attention_dim": 768})
+        };
+        let err = |edit: &dyn Fn(&mut Value)| {
+            let mut c = base();
+            edit(&mut c);
+            mid_blocks(&c, None, false).unwrap_err().to_string()
+        };
+        let e = err(&|c| c["attention_head_dim"] = json!(vec![8; 1_000_000]));
+        assert!(
+            e.contains("`attention_head_dim` has 1000000 entries") && e.contains("(4)"),
+            "{e}"
+        );
+        let e = err(&|c| c["layers_per_block"] = json!(1e308));
+        assert!(e.contains("`layers_per_block` must be a whole number"), "{e}");
+        let e = err(&|c| c["cross_attention_dim"] = json!([768, 768]));
+        assert!(e.contains("`cross_attention_dim` has 2 entries"), "{e}");
+        let e = err(&|c| c["transformer_layers_per_block"] = json!([1, 2, -10, 1]));
+        assert!(e.contains("whole number"), "{e}");
+        // Without block_out_channels or down_block_types: the class default's four down blocks.
+        let mut c = base();
+        c.as_object_mut().unwrap().remove("block_out_channels");
+        c["attention_head_dim"] = json!([5, 10, 20]);
+        assert!(mid_blocks(&c, None, false).unwrap_err().to_string().contains("(4)"));
+        // The real shapes pass: per-block lists and nulls.
+        let mut c = base();
+        c["layers_per_block"] = json!([2, 2, 2, 1]);
+        c["transformer_layers_per_block"] = json!([1, 2, 10, 1]);
+        c["num_attention_heads"] = Value::Null;
+        assert!(mid_blocks(&c, None, false).is_ok());
     }
 
     #[test]
