@@ -514,3 +514,21 @@ fn a_header_length_that_looks_like_a_pickle_opcode_is_safetensors() {
     let ck = unet_parity::checkpoint::Checkpoint::open(&p).unwrap();
     assert!(!ck.is_empty());
 }
+
+/// A bundle whose inputs and outputs have a zero-size batch: one line saying the input is
+/// empty (it failed inside the block with a reshape message before).
+#[test]
+fn zero_batch_inputs_are_named() {
+    let dir = scratch("zero-batch");
+    let path = RawBundle::edited("textbook/self_attention_dx6_d5_dv7.safetensors", &dir, |b| {
+        for (name, t) in b.tensors.iter_mut() {
+            if ["parity.input.", "parity.output.", "parity.trace."]
+                .iter()
+                .any(|p| name.starts_with(p))
+            {
+                *t = t.narrow(0, 0, 0).unwrap();
+            }
+        }
+    });
+    expect_unusable(&path, &["input `x` has shape [0, 9, 6], no elements"]);
+}

@@ -359,6 +359,15 @@ impl Bundle {
                     ),
                 ));
             }
+            if let Some(input) = input.filter(|_| t.elem_count() == 0) {
+                return Err(ParityError::bundle(
+                    &self.path,
+                    format!(
+                        "input `{input}` has shape {:?}, no elements: an empty input leaves nothing to compare",
+                        t.dims()
+                    ),
+                ));
+            }
             let output = name.strip_prefix(OUTPUT_PREFIX);
             if !t.dtype().is_float() || (name.starts_with("parity.") && input.is_none() && output.is_none()) {
                 continue;
