@@ -532,3 +532,29 @@ fn zero_batch_inputs_are_named() {
     });
     expect_unusable(&path, &["input `x` has shape [0, 9, 6], no elements"]);
 }
+
+/// A header listing more tensors than any bundle holds (zero-size ones, 70,000) is refused
+/// before it is parsed: a million of them took 1.3 GB and 14 s.
+#[test]
+fn headers_of_too_many_tensors_are_refused_unparsed() {
+    let dir = scratch("many-tensors");
+    let mut header = String::from("{\"__metadata__\":{\"parity.format\":\"1\"}");
+    for i in 0..70_000 {
+        header.push_str(&format!(
+            ",\"t{i}\":{{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}"
+        ));
+    }
+    header.push('}');
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    let path = dir.join("many.safetensors");
+    std::fs::write(&path, bytes).unwrap();
+    let start = std::time::Instant::now();
+    expect_unusable(&path, &["the header lists 70000 tensors", "at most 65536"]);
+    assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    let (code, _, err) = cli(&["inspect", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+}
