@@ -326,7 +326,7 @@ def build_whole(name):
     elif name == "openai_mid_256":
         block, config = "openai.MiddleBlock", OPENAI_256_MID
         inputs = OrderedDict(x=randn(1, 1024, 8, 8), emb=randn(1, 1024))
-        source = "guided-diffusion 256x256_diffusion_uncond middle_block (re-stated scripts/reference/openai.py)"
+        source = "guided-diffusion 256x256_diffusion_uncond middle_block (guided-diffusion-sdk classes)"
     elif name == "resnet_512_64":
         block, config = "diffusers.ResnetBlock2D", mid2d_resnet_config(VAE_MID)
         inputs = OrderedDict(input_tensor=randn(1, 512, 64, 64))

@@ -5,9 +5,9 @@ error (``tests/accuracy.rs``).
 
     python scripts/export_accuracy.py            # writes weights/accuracy/*.safetensors
 
-Blocks: diffusers ``ResnetBlock2D`` and ``UNetMidBlock2D`` (0.42.1), ldm's ``mid`` (re-stated
-``ResnetBlock`` / ``AttnBlock``, scripts/reference/) and guided-diffusion's ``middle_block``
-(re-stated, scripts/reference/openai.py), each at 64 channels (3x3 convolutions over 576 inputs:
+Blocks: diffusers ``ResnetBlock2D`` and ``UNetMidBlock2D`` (0.42.1), ldm's ``mid`` (``ResnetBlock`` /
+``AttnBlock`` of stable-diffusion-sdkit) and guided-diffusion's ``middle_block`` (guided-diffusion-sdk),
+each at 64 channels (3x3 convolutions over 576 inputs:
 several reduction blocks of the CPU GEMM) on a 16x16 input, two seeds each. Weights: ``randomize_``
 (fan-in scaled, norm weights 1 + 0.2 N(0, 1)), then every weight and bias multiplied by
 ``1 + 0.3 N(0, 1)`` (a perturbation of scale 0.3; norm weights stay near 1). Inputs N(0, 1), a time

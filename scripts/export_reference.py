@@ -6,8 +6,9 @@
     python scripts/export_reference.py --verify-only   # only re-check the files on disk
 
 Blocks come from the real libraries where they are pip packages
-(denoising-diffusion-pytorch, diffusers, torch.nn.MultiheadAttention) and from the faithful
-re-statements in ``scripts/reference/`` otherwise. Everything is deterministic (fixed seeds,
+(denoising-diffusion-pytorch, diffusers, torch.nn.MultiheadAttention, SD 2.x's ``ldm`` tree from
+stable-diffusion-sdkit, OpenAI's ``guided_diffusion`` from guided-diffusion-sdk; see upstream.py) and
+from the faithful re-statements in ``scripts/reference/`` where no package ships the class. Everything is deterministic (fixed seeds,
 single-threaded CPU PyTorch).
 
 ``--verify`` reloads each bundle with safetensors, rebuilds the module from the stored
@@ -36,7 +37,8 @@ from parity_bundle import (CONVERT_TO_FP16_MARK, _cast_inputs, _flatten_list_inp
                            export_bundle, float64_copy, load_bundle, randomize_, run_module)
 from parity_trace import TRACERS, verify_traces  # noqa: E402
 from export_models import MAX_WEIGHTS_BYTES  # noqa: E402
-from reference import annotated_diffusion, fastai, ldm, ldm_sd, openai, textbook  # noqa: E402
+from reference import annotated_diffusion, fastai, ldm, ldm_sd1, textbook  # noqa: E402
+from upstream import gd_unet, ldm_attention, ldm_model  # noqa: E402
 
 REPO = HERE.parent
 WEIGHTS = REPO / "weights"
@@ -47,8 +49,8 @@ FAMILIES = ["denoising_diffusion_pytorch", "annotated_diffusion", "ldm", "diffus
 LEGACY_DIFFUSERS_KEYS = [("to_q.", "query."), ("to_k.", "key."), ("to_v.", "value."), ("to_out.0.", "proj_attn.")]
 # diffusers Attention projections that ldm->diffusers converted checkpoints sometimes keep as 1x1 convs
 CONV_SHAPED_DIFFUSERS_KEYS = ("to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight")
-# marker in parity.source telling the SD 2.x re-statements from the SD 1.x ones (same kwargs for
-# ldm.CrossAttention)
+# marker in parity.source telling the published SD 2.x classes from the SD 1.x re-statements (same
+# kwargs for ldm.CrossAttention)
 SD2_MARK = "Stability-AI/stablediffusion"
 DIFFUSERS_PROCESSORS = ("AttnProcessor", "AttnProcessor2_0", "AttnAddedKVProcessor", "AttnAddedKVProcessor2_0")
 
@@ -62,7 +64,7 @@ def build_module(block: str, config: dict, state_keys=(), source: str = "") -> n
 
     ``state_keys`` tells apart classes published under one block id (fast.ai SelfAttention
     GroupNorm vs BatchNorm/fused-qkv variant); ``source`` (``parity.source``) tells the SD 2.x
-    ldm classes (Stability-AI/stablediffusion) from the SD 1.x ones."""
+    ldm classes (Stability-AI/stablediffusion, published) from the SD 1.x ones (re-stated)."""
     cfg = dict(config)
     keys = set(state_keys)
     sd2 = SD2_MARK in (source or "")
@@ -107,19 +109,19 @@ def build_module(block: str, config: dict, state_keys=(), source: str = "") -> n
 
         return Transformer2DModel(**cfg)
     if block == "ldm.CrossAttention":
-        return (ldm_sd.CrossAttentionSD2 if sd2 else ldm_sd.CrossAttentionSD1)(**cfg)
+        return (ldm_attention.CrossAttention if sd2 else ldm_sd1.CrossAttentionSD1)(**cfg)
     if block == "ldm.BasicTransformerBlock":
-        return (ldm_sd.BasicTransformerBlockSD2 if sd2 else ldm_sd.BasicTransformerBlockSD1)(**cfg)
+        return (ldm_attention.BasicTransformerBlock if sd2 else ldm_sd1.BasicTransformerBlockSD1)(**cfg)
     if block == "ldm.SpatialTransformer":
-        return (ldm_sd.SpatialTransformerSD2 if sd2 else ldm_sd.SpatialTransformerSD1)(**cfg)
+        return (ldm_attention.SpatialTransformer if sd2 else ldm_sd1.SpatialTransformerSD1)(**cfg)
     if block == "ldm.AttnBlock":
-        return ldm_sd.AttnBlock(**cfg)
+        return ldm_model.AttnBlock(**cfg)
     if block == "ldm.SpatialSelfAttention":
-        return ldm_sd.SpatialSelfAttention(**cfg)
+        return ldm_attention.SpatialSelfAttention(**cfg)
     if block == "ldm.LinAttnBlock":
         return ldm.LinAttnBlock(**cfg)
     if block == "openai.AttentionBlock":
-        return openai.AttentionBlock(**cfg)
+        return gd_unet.AttentionBlock(**cfg)
     if block == "fastai.SelfAttention":
         if "qkv.weight" in keys or "norm.running_mean" in keys:
             return fastai.SelfAttentionFused(**cfg)
@@ -247,14 +249,17 @@ DIFF_SRC = "real library class diffusers.models.attention_processor.Attention"
 DIFF_FF_SRC = "real library class diffusers.models.attention.{}"
 DIFF_ACT_SRC = "real library class diffusers.models.activations.{}"
 DIFF_T2D_SRC = "real library class diffusers.models.transformers.transformer_2d.Transformer2DModel"
-SD1_SRC = ("re-statement scripts/reference/ldm_sd.py of CompVis/latent-diffusion ldm/modules/attention.py "
-           "(commit a506df575647 = CompVis/stable-diffusion 21f890f9da3c, SD 1.x) {}")
-SD2_SRC = ("re-statement scripts/reference/ldm_sd.py of " + SD2_MARK + " ldm/modules/attention.py "
-           "(commit cf1d67a6fd5e, SD 2.x) {}")
-LDM_MODEL_SRC = ("re-statement scripts/reference/ldm_sd.py of CompVis/latent-diffusion "
-                 "ldm/modules/diffusionmodules/model.py (commit a506df575647) {}")
-OPENAI_SRC = ("re-statement scripts/reference/openai.py of openai/guided-diffusion guided_diffusion/unet.py + nn.py "
-              "(commit 22e0df818350) AttentionBlock{}")
+SD1_SRC = ("re-statement scripts/reference/ldm_sd1.py of CompVis/latent-diffusion ldm/modules/attention.py "
+           "(commit a506df575647 = CompVis/stable-diffusion 21f890f9da3c, SD 1.x; no package ships the SD 1.x tree) {}")
+SDKIT = "as shipped by stable-diffusion-sdkit"
+SD2_SRC = "published class ldm.modules.attention.{} of " + SD2_MARK + " (SD 2.x ldm tree, " + SDKIT + ")"
+LDM_MODEL_SRC = ("published class ldm.modules.diffusionmodules.model.{} of " + SD2_MARK + " (SD 2.x ldm tree, " +
+                 SDKIT + "; unchanged from CompVis/latent-diffusion)")
+LIN_ATTN_SRC = ("re-statement scripts/reference/ldm.py of CompVis/latent-diffusion ldm/modules/diffusionmodules/model.py "
+                "(commit a506df575647) LinAttnBlock (= LinearAttention(dim=C, heads=1, dim_head=C); the SD 2.x tree "
+                "dropped it)")
+OPENAI_SRC = ("published class guided_diffusion.unet.AttentionBlock of openai/guided-diffusion "
+              "(as shipped by guided-diffusion-sdk){}")
 
 VAE_MID = dict(query_dim=32, heads=1, dim_head=32, rescale_output_factor=1.0, eps=1e-6, norm_num_groups=8,
                spatial_norm_dim=None, residual_connection=True, bias=True, upcast_softmax=True,
@@ -415,8 +420,8 @@ def bundle_specs():
         source="torch.nn.MultiheadAttention self-attention, even head count, additive float key_padding_mask")
 
     # ---------------------------------------------------------------------------------------
-    # Stable Diffusion family: diffusers 0.42.1 (real library), ldm SD 1.x / SD 2.x and OpenAI
-    # guided-diffusion (re-stated in reference/ldm_sd.py and reference/openai.py).
+    # Stable Diffusion family: diffusers 0.42.1 (real library), ldm SD 2.x (stable-diffusion-sdkit), SD 1.x
+    # (re-stated in reference/ldm_sd1.py) and OpenAI guided-diffusion (guided-diffusion-sdk).
 
     # diffusers.Attention: more configurations
     add("diffusers/attention_spatial_norm_movq.safetensors", "diffusers.Attention",
@@ -544,8 +549,8 @@ def bundle_specs():
     add("ldm/cross_attention_sd2_mask.safetensors", "ldm.CrossAttention",
         dict(query_dim=36, context_dim=20, heads=3, dim_head=12, dropout=0.0), 512,
         lambda g: {"x": randn(g, 3, 5, 36), "context": randn(g, 3, 6, 20), "mask": keep_mask_bool(3, 6, [4, 6, 2])},
-        source=SD2_SRC.format("CrossAttention (class CrossAttentionSD2 here)") + '; ATTN_PRECISION "fp32" (q, k '
-        "upcast; switched off in the float64 copy); bool mask (B, S), True = keep")
+        source=SD2_SRC.format("CrossAttention") + '; ATTN_PRECISION "fp32" (q, k upcast; .float() '
+        "keeps float64 in the float64 copy); bool mask (B, S), True = keep")
     add("ldm/basic_transformer_block_sd1.safetensors", "ldm.BasicTransformerBlock",
         dict(dim=24, n_heads=2, d_head=12, dropout=0.0, context_dim=20, gated_ff=True, checkpoint=True), 520,
         lambda g: {"x": randn(g, 2, 9, 24), "context": randn(g, 2, 7, 20)},
@@ -559,7 +564,7 @@ def bundle_specs():
         dict(dim=20, n_heads=2, d_head=10, dropout=0.0, context_dim=12, gated_ff=True, checkpoint=True,
              disable_self_attn=True), 522,
         lambda g: {"x": randn(g, 3, 5, 20), "context": randn(g, 3, 6, 12)},
-        source=SD2_SRC.format("BasicTransformerBlock (class BasicTransformerBlockSD2 here)") + "; disable_self_attn "
+        source=SD2_SRC.format("BasicTransformerBlock") + "; disable_self_attn "
         "(attn1 is a cross-attention over context too)")
     add("ldm/spatial_transformer_sd1.safetensors", "ldm.SpatialTransformer",
         dict(in_channels=32, n_heads=2, d_head=12, depth=1, dropout=0.0, context_dim=20), 530,
@@ -570,19 +575,19 @@ def bundle_specs():
         dict(in_channels=32, n_heads=2, d_head=16, depth=2, dropout=0.0, context_dim=[20, 12],
              disable_self_attn=False, use_linear=True, use_checkpoint=True), 531,
         lambda g: {"x": randn(g, 2, 32, 3, 5), "context": [randn(g, 2, 7, 20), randn(g, 2, 5, 12)]},
-        source=SD2_SRC.format("SpatialTransformer (class SpatialTransformerSD2 here)") + "; use_linear (proj_out = "
+        source=SD2_SRC.format("SpatialTransformer") + "; use_linear (proj_out = "
         "Linear(in_channels, inner_dim), in == inner), depth 2 with one context per block: the forward takes a "
         "list, stored as inputs context.0 / context.1 (block i gets context.i)")
     add("ldm/spatial_transformer_sd2_disable_self_attn.safetensors", "ldm.SpatialTransformer",
         dict(in_channels=32, n_heads=2, d_head=10, depth=1, dropout=0.0, context_dim=12,
              disable_self_attn=True, use_linear=False, use_checkpoint=True), 532,
         lambda g: {"x": randn(g, 2, 32, 3, 5), "context": randn(g, 2, 6, 12)},
-        source=SD2_SRC.format("SpatialTransformer (class SpatialTransformerSD2 here)") + "; conv proj_in/proj_out, "
+        source=SD2_SRC.format("SpatialTransformer") + "; conv proj_in/proj_out, "
         "disable_self_attn, int context_dim (wrapped into a list), single context tensor")
     add("ldm/spatial_self_attention_c32.safetensors", "ldm.SpatialSelfAttention", dict(in_channels=32), 540,
-        lambda g: {"x": randn(g, 2, 32, 3, 5)}, source=SD1_SRC.format("SpatialSelfAttention"))
+        lambda g: {"x": randn(g, 2, 32, 3, 5)}, source=SD2_SRC.format("SpatialSelfAttention") + "; unchanged from SD 1.x")
     add("ldm/spatial_self_attention_c64.safetensors", "ldm.SpatialSelfAttention", dict(in_channels=64), 541,
-        lambda g: {"x": randn(g, 2, 64, 3, 3)}, source=SD1_SRC.format("SpatialSelfAttention"))
+        lambda g: {"x": randn(g, 2, 64, 3, 3)}, source=SD2_SRC.format("SpatialSelfAttention") + "; unchanged from SD 1.x")
 
     # ldm diffusionmodules/model.py
     add("ldm/attn_block_c32.safetensors", "ldm.AttnBlock", dict(in_channels=32), 550,
@@ -591,12 +596,10 @@ def bundle_specs():
         lambda g: {"x": randn(g, 3, 64, 3, 3)}, source=LDM_MODEL_SRC.format("AttnBlock"))
     add("ldm/lin_attn_block_c12.safetensors", "ldm.LinAttnBlock", dict(in_channels=12), 552,
         lambda g: {"x": randn(g, 2, 12, 5, 7)},
-        source=LDM_MODEL_SRC.format("LinAttnBlock (= LinearAttention(dim=C, heads=1, dim_head=C); re-stated in "
-                                    "scripts/reference/ldm.py)"))
+        source=LIN_ATTN_SRC)
     add("ldm/lin_attn_block_c20.safetensors", "ldm.LinAttnBlock", dict(in_channels=20), 553,
         lambda g: {"x": randn(g, 3, 20, 6, 3)},
-        source=LDM_MODEL_SRC.format("LinAttnBlock (= LinearAttention(dim=C, heads=1, dim_head=C); re-stated in "
-                                    "scripts/reference/ldm.py)"))
+        source=LIN_ATTN_SRC)
 
     # OpenAI guided-diffusion AttentionBlock
     add("openai/attention_block_legacy_c32_h2.safetensors", "openai.AttentionBlock",

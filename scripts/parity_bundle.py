@@ -210,13 +210,46 @@ def _rms_norm_forward_keep_dtype(self, hidden_states: torch.Tensor) -> torch.Ten
     return hidden_states
 
 
+# Published forwards with a hard-coded ``.float()`` cast: (module, class) -> what is cast.
+_FLOAT_CASTS = {
+    ("guided_diffusion.unet", "QKVAttentionLegacy"): "softmax(weight.float())",
+    ("guided_diffusion.unet", "QKVAttention"): "softmax(weight.float())",
+    ("ldm.modules.diffusionmodules.openaimodel", "QKVAttentionLegacy"): "softmax(weight.float())",
+    ("ldm.modules.diffusionmodules.openaimodel", "QKVAttention"): "softmax(weight.float())",
+    ("ldm.modules.attention", "CrossAttention"): 'q.float(), k.float() when ATTN_PRECISION is "fp32"',
+}
+
+
+def _float_keeps_float64(forward: Callable) -> Callable:
+    """``forward`` run with ``Tensor.float()`` returning a float64 tensor unchanged (every other
+    dtype is cast as usual), so a published forward's float32 cast does not downcast the float64
+    copy; the forward's own code runs unchanged."""
+
+    def run(*args, **kwargs):
+        cast = torch.Tensor.float
+
+        def keep_float64(t, *a, **k):
+            return t if t.dtype == torch.float64 else cast(t, *a, **k)
+
+        torch.Tensor.float = keep_float64
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            torch.Tensor.float = cast
+
+    return run
+
+
 def _disable_upcasts(module: nn.Module) -> None:
     """Switch off in-block float32 upcasts (they would downcast a float64 run).
 
     * any boolean ``upcast_softmax`` / ``upcast_attention`` attribute is set to False (diffusers
-      ``Attention``; the re-stated SD2 ``CrossAttention`` and OpenAI ``QKVAttention*``);
+      ``Attention``);
     * a ``GroupNorm32`` (OpenAI / ldm ``openaimodel``: ``super().forward(x.float())``) runs as a
       plain ``nn.GroupNorm``;
+    * the published OpenAI ``QKVAttention`` / ``QKVAttentionLegacy`` (softmax of ``weight.float()``)
+      and SD 2.x ``CrossAttention`` (``q.float()``, ``k.float()``) run their own forward with
+      ``.float()`` keeping float64 tensors (``_FLOAT_CASTS``);
     * a diffusers ``RMSNorm`` (variance computed ``.to(torch.float32)``) keeps the input dtype.
     """
     import types
@@ -229,6 +262,8 @@ def _disable_upcasts(module: nn.Module) -> None:
         cls = type(sub)
         if cls.__name__ == "GroupNorm32" and isinstance(sub, nn.GroupNorm):
             sub.forward = types.MethodType(nn.GroupNorm.forward, sub)
+        elif (cls.__module__, cls.__name__) in _FLOAT_CASTS:
+            sub.forward = _float_keeps_float64(sub.forward)
         elif cls.__name__ == "RMSNorm" and cls.__module__.startswith("diffusers."):
             sub.forward = types.MethodType(_rms_norm_forward_keep_dtype, sub)
 
@@ -287,6 +322,8 @@ def run_module(
 
 _DIST_FOR_PACKAGE = {
     "denoising_diffusion_pytorch": "denoising-diffusion-pytorch",
+    "ldm": "stable-diffusion-sdkit",
+    "guided_diffusion": "guided-diffusion-sdk",
 }
 
 

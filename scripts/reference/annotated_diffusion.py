@@ -1,5 +1,8 @@
 """Re-statement of the attention blocks of Hugging Face's "The Annotated Diffusion Model".
 
+Why a re-statement: the classes live in a blog post, not in any package (denoising-diffusion-pytorch,
+which it ports, has since changed them).
+
 Published source: huggingface/blog ``annotated-diffusion.md`` (current revision, commit
 fd0b6566b04f), itself a port of lucidrains/denoising-diffusion-pytorch (~0.27.x). The same
 code is quoted in the user's notes (seed 002, "copied from simple_diffusion.py").

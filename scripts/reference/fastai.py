@@ -1,5 +1,7 @@
 """Re-statement of the self-attention classes of the fast.ai course (Part 2, 2022/23).
 
+Why a re-statement: the classes are defined in a course notebook; no package ships them.
+
 Published source: fastai/course22p2 ``nbs/27_attention.ipynb`` (HEAD df9323235bc3), as also
 transcribed in the user's notes (seed 001):
 

@@ -1,5 +1,10 @@
 """Re-statement of ``LinearAttention`` from CompVis latent-diffusion.
 
+Why a re-statement: no package ships it. The SD 2.x ldm tree (stable-diffusion-sdkit) removed
+``LinearAttention`` from ``ldm/modules/attention.py`` and ``LinAttnBlock`` (``make_attn``'s
+"linear") from ``ldm/modules/diffusionmodules/model.py``; the SD 1.x tree that has them is not
+a package.
+
 Published source: CompVis/latent-diffusion ``ldm/modules/attention.py`` (HEAD a506df575647;
 identical in CompVis/stable-diffusion 21f890f9da3c; removed from Stability-AI/stablediffusion).
 ``ldm/modules/diffusionmodules/model.py`` defines ``LinAttnBlock(in_channels)`` as

@@ -21,11 +21,17 @@ are the real / re-stated published classes.
   make_attn(block_in, attn_type)``, ``mid.block_2``; forward ``h = block_1(h, temb); h = attn_1(h);
   h = block_2(h, temb)`` (no skip around attn_1: AttnBlock has its residual inside, LinAttnBlock
   none). The VAE Encoder/Decoder have ``temb_ch = 0`` (no ``temb_proj``) and pass ``temb = None``.
-  Keys ``block_1.*``, ``attn_1.*``, ``block_2.*`` (relative to ``...mid.``).
+  Keys ``block_1.*``, ``attn_1.*``, ``block_2.*`` (relative to ``...mid.``). The parts are the
+  published SD 2.x ``ResnetBlock`` and ``make_attn`` (stable-diffusion-sdkit); ``attn_type
+  "linear"``, which the SD 2.x ``make_attn`` no longer has, is SD 1.x's ``LinAttnBlock``
+  (re-stated in ``ldm.py``).
 * ``openai_middle_block(**config)`` (block id ``openai.MiddleBlock``): the ``middle_block`` of
   OpenAI guided-diffusion / ldm ``openaimodel.UNetModel``, a real
   ``TimestepEmbedSequential(ResBlock, AttentionBlock | SpatialTransformer, ResBlock)`` (keys
-  ``0.*``, ``1.*``, ``2.*``), built with UNetModel's rule for the attention's heads (below).
+  ``0.*``, ``1.*``, ``2.*``), built with UNetModel's rule for the attention's heads (below): with an
+  ``AttentionBlock`` from guided-diffusion-sdk's ``guided_diffusion.unet``, with a
+  ``SpatialTransformer`` from the SD 2.x ``ldm.modules.diffusionmodules.openaimodel`` (whose
+  ``TimestepEmbedSequential`` passes ``context`` to it).
 * ``ControlNetMidBlock`` (block id ``diffusers.ControlNetMidBlock``): diffusers 0.42.1
   ``ControlNetModel`` (``models/controlnets/controlnet.py``): ``mid_block`` (the real
   ``UNetMidBlock2DCrossAttn``, or ``UNetMidBlock2D(num_layers=0, add_attention=False)`` for
@@ -40,7 +46,9 @@ are the real / re-stated published classes.
 
 from torch import nn
 
-from . import ldm_model, ldm_sd, openai
+from upstream import gd_unet, ldm_model, ldm_openaimodel, quietly
+
+from .ldm import LinAttnBlock
 
 
 class LucidrainsMidBlock(nn.Module):
@@ -124,9 +132,15 @@ class LdmMidBlock(nn.Module):
 
     def __init__(self, in_channels, temb_channels, dropout=0.0, attn_type="vanilla"):
         super().__init__()
+        if attn_type not in ("vanilla", "linear", "none"):
+            raise ValueError(f"attn_type {attn_type!r}: expected vanilla, linear or none")
         self.block_1 = ldm_model.ResnetBlock(in_channels=in_channels, out_channels=in_channels,
                                              temb_channels=temb_channels, dropout=dropout)
-        self.attn_1 = ldm_model.make_attn(in_channels, attn_type=attn_type)
+        if attn_type == "linear":
+            # SD 1.x make_attn: LinAttnBlock(in_channels)
+            self.attn_1 = LinAttnBlock(in_channels)
+        else:
+            self.attn_1 = quietly(ldm_model.make_attn, in_channels, attn_type=attn_type)
         self.block_2 = ldm_model.ResnetBlock(in_channels=in_channels, out_channels=in_channels,
                                              temb_channels=temb_channels, dropout=dropout)
 
@@ -153,12 +167,6 @@ def openai_attention_heads(channels, num_heads, num_head_channels, use_spatial_t
     return num_heads, dim_head
 
 
-def uses_sd2_transformer(config):
-    """The SD 2.x SpatialTransformer class is needed for ``use_linear_in_transformer`` /
-    ``disable_middle_self_attn`` (the SD 1.x class has neither); otherwise the SD 1.x class."""
-    return bool(config.get("use_linear_in_transformer") or config.get("disable_middle_self_attn"))
-
-
 def openai_middle_block(channels, emb_channels, dropout=0.0, dims=2, use_scale_shift_norm=False, num_heads=-1,
                         num_head_channels=-1, use_new_attention_order=False, use_spatial_transformer=False,
                         transformer_depth=1, context_dim=None, use_linear_in_transformer=False,
@@ -170,24 +178,26 @@ def openai_middle_block(channels, emb_channels, dropout=0.0, dims=2, use_scale_s
     dims=dims, use_checkpoint=use_checkpoint, use_scale_shift_norm=use_scale_shift_norm)``, then
     ``AttentionBlock(ch, use_checkpoint=use_checkpoint, num_heads=num_heads,
     num_head_channels=dim_head, use_new_attention_order=use_new_attention_order)`` or
-    ``SpatialTransformer(ch, num_heads, dim_head, depth=transformer_depth, context_dim=context_dim)``
-    (SD 2.x adds ``disable_self_attn=disable_middle_self_attn, use_linear=use_linear_in_transformer,
-    use_checkpoint=use_checkpoint``), then the second ResBlock."""
+    ``SpatialTransformer(ch, num_heads, dim_head, depth=transformer_depth, context_dim=context_dim,
+    disable_self_attn=disable_middle_self_attn, use_linear=use_linear_in_transformer,
+    use_checkpoint=use_checkpoint)``, then the second ResBlock. The classes: guided-diffusion's
+    ``guided_diffusion.unet`` for an AttentionBlock middle, SD 2.x's ``openaimodel`` for a
+    SpatialTransformer middle (SD 1.x configurations included: with ``use_linear_in_transformer``
+    and ``disable_middle_self_attn`` off and ``transformer_depth`` 1 the SD 2.x SpatialTransformer
+    has the SD 1.x keys and float32 arithmetic; its q/k float32 cast is a no-op there)."""
     ch = channels
     num_heads, dim_head = openai_attention_heads(ch, num_heads, num_head_channels, use_spatial_transformer, legacy)
+    lib = ldm_openaimodel if use_spatial_transformer else gd_unet
 
     def res():
-        return openai.ResBlock(ch, emb_channels, dropout, dims=dims, use_checkpoint=use_checkpoint,
-                               use_scale_shift_norm=use_scale_shift_norm)
+        return lib.ResBlock(ch, emb_channels, dropout, dims=dims, use_checkpoint=use_checkpoint,
+                            use_scale_shift_norm=use_scale_shift_norm)
 
     if not use_spatial_transformer:
-        attn = openai.AttentionBlock(ch, use_checkpoint=use_checkpoint, num_heads=num_heads,
-                                     num_head_channels=dim_head, use_new_attention_order=use_new_attention_order)
-    elif uses_sd2_transformer(dict(use_linear_in_transformer=use_linear_in_transformer,
-                                   disable_middle_self_attn=disable_middle_self_attn)):
-        attn = ldm_sd.SpatialTransformerSD2(ch, num_heads, dim_head, depth=transformer_depth, context_dim=context_dim,
-                                            disable_self_attn=disable_middle_self_attn,
-                                            use_linear=use_linear_in_transformer, use_checkpoint=use_checkpoint)
+        attn = gd_unet.AttentionBlock(ch, use_checkpoint=use_checkpoint, num_heads=num_heads,
+                                      num_head_channels=dim_head, use_new_attention_order=use_new_attention_order)
     else:
-        attn = ldm_sd.SpatialTransformerSD1(ch, num_heads, dim_head, depth=transformer_depth, context_dim=context_dim)
-    return openai.TimestepEmbedSequential(res(), attn, res())
+        attn = ldm_openaimodel.SpatialTransformer(ch, num_heads, dim_head, depth=transformer_depth,
+                                                  context_dim=context_dim, disable_self_attn=disable_middle_self_attn,
+                                                  use_linear=use_linear_in_transformer, use_checkpoint=use_checkpoint)
+    return lib.TimestepEmbedSequential(res(), attn, res())

@@ -1,5 +1,7 @@
 """Re-statement of textbook self-attention / multi-head attention classes (user's seed 003).
 
+Why a re-statement: the classes are printed in lecture notes; no package ships them.
+
 Published source: the notes quoted in seed 003 (sword4869 attention notes, sections 2.1 and
 3.1; the multi-head code is stated there to match
 datnnt1997/multi-head_self-attention ``selfattention.py``). Block ids:
