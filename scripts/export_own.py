@@ -90,6 +90,9 @@ def locate(model: Path, variant: str | None):
     for pattern in WEIGHT_NAMES:
         if (folder / pattern.format(suffix)).is_file():
             return "diffusers", folder, folder / pattern.format(suffix), cls
+    if variant and (folder / f"diffusion_pytorch_model.safetensors.index.{variant}.json").is_file():
+        raise Refused(f"{folder}: a sharded {variant} variant (diffusion_pytorch_model.safetensors.index.{variant}"
+                      ".json) is not supported yet: unet-parity reads a sharded index by a name ending in .index.json")
     names = ", ".join(p.format(suffix) for p in WEIGHT_NAMES)
     raise Refused(f"{folder}: none of {names}")
 
@@ -145,7 +148,9 @@ def condition_inputs(model, args, g) -> dict:
     if hid_type == "image_proj" or getattr(c, "addition_embed_type", None) in ("image", "image_hint"):
         added["image_embeds"] = randn(g, b, c.encoder_hid_dim)
     if hid_type == "text_image_proj" or getattr(c, "addition_embed_type", None) == "text_image":
-        added["image_embeds"] = randn(g, b, ctx_dim if hid_type != "text_image_proj" else cross[-1])
+        added["image_embeds"] = randn(g, b, cross[-1])
+    if getattr(c, "addition_embed_type", None) == "text_image":
+        added["text_embeds"] = randn(g, b, cross[-1])  # Kandinsky 2.1's pooled text embedding
     if getattr(c, "addition_embed_type", None) == "text_time":
         text = c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim
         added["text_embeds"] = randn(g, b, text)
@@ -260,8 +265,8 @@ def describe_inputs(kw: dict) -> str:
 def lucidrains_plan(path: Path, args):
     """``(model, run, sites, key)`` for a ``Trainer.save`` file or a bare ``Unet`` state dict."""
     if not args.unet_kwargs:
-        raise Refused(f"{path}: a denoising-diffusion-pytorch checkpoint: give --unet-kwargs with the Unet(...) keyword "
-                      "arguments it was built with (the file does not hold them)")
+        raise Refused(f"{path}: a denoising-diffusion-pytorch checkpoint: give --unet-kwargs with the Unet(...) "
+                      "keyword arguments it was built with (the file does not hold them)")
     from denoising_diffusion_pytorch import Unet
 
     top = torch.load(path, map_location="cpu", weights_only=True)
@@ -354,10 +359,10 @@ def captured_site(model, run, site, cls):
     ins, out = capture(module, run)
     kwargs = None
     if cls == "ControlNetModel":
-        scale = 1.0
+        # the model's mid_block_res_sample; its forward's conditioning_scale is left at 1.0
         with torch.no_grad():
             res = run()[1]
-        expected, kwargs = (res, out), {"conditioning_scale": scale}
+        expected, kwargs = (res, out), {"conditioning_scale": 1.0}
     else:
         expected = (out,)
     odd = [k for k, v in ins.items() if v is not None and not isinstance(v, torch.Tensor)]
@@ -407,17 +412,28 @@ def export_site(site, ins, expected, kwargs, weights: Path, key, out: Path, sour
     return info
 
 
+def fresh_copies_(model):
+    """Give every parameter and buffer a freshly allocated copy, as the rebuilt block's are:
+    ``from_pretrained`` leaves them as views into the file's bytes at arbitrary offsets, where
+    PyTorch's CPU kernels can round the last bit differently (the values are the same)."""
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            t.data = t.data.clone()
+    return model.eval()
+
+
 def diffusers_plan(folder: Path, weights: Path, cls: str, args):
     import diffusers
 
     diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
     try:
         model = getattr(diffusers, cls).from_pretrained(folder, torch_dtype=torch.float32, variant=args.variant,
                                                         use_safetensors=weights.name.endswith((".safetensors",
                                                                                                ".index.json")))
     except (OSError, ValueError, TypeError, RuntimeError) as e:
         raise Refused(f"{folder}: {cls}.from_pretrained fails: {brief(e)}") from None
-    model.eval()
+    fresh_copies_(model)
     kw = diffusers_inputs(model, cls, args, torch.Generator().manual_seed(args.seed))
     if args.inputs:
         kw = user_inputs(args.inputs, kw)
