@@ -7,6 +7,7 @@ mod common;
 use candle_core::Tensor;
 use common::{cli, scratch, weights, RawBundle};
 use std::path::Path;
+use unet_parity::show::{SCALE_STRIP, TITLE_STRIP};
 use unet_parity::trace::TraceReport;
 use unet_parity::{check_file, Options};
 
@@ -211,19 +212,78 @@ fn read_png(path: &Path) -> (usize, usize, Vec<u8>) {
     (info.width as usize, info.height as usize, buf)
 }
 
-/// The PyTorch and ours panels of the attention picture (columns `[4, 4 + panel)` and
-/// `[8 + panel, 8 + 2·panel)`, panel = (width − 16) / 3): equal for a correct port, not for a
-/// broken one.
+/// The background `show` draws on (never a colour of its colour map).
+const BACKGROUND: [u8; 3] = [96, 96, 96];
+
+/// The left edges of a picture's panel columns and the panels' width: the runs of non-background
+/// pixels along the first panel row (4 px under the title strip).
+fn panel_columns(w: usize, px: &[u8]) -> (Vec<usize>, usize) {
+    let y = TITLE_STRIP + 4;
+    let drawn = |x: usize| px[(y * w + x) * 3..(y * w + x) * 3 + 3] != BACKGROUND;
+    let starts: Vec<usize> = (0..w).filter(|&x| drawn(x) && (x == 0 || !drawn(x - 1))).collect();
+    let width = (starts[0]..w).take_while(|&x| drawn(x)).count();
+    (starts, width)
+}
+
+/// The PyTorch and ours panels of the attention picture (its first two panel columns, between the
+/// title strip and the scale bars): equal for a correct port, not for a broken one.
 fn probs_panels_equal(path: &Path) -> bool {
     let (w, h, px) = read_png(path);
-    let panel = (w - 16) / 3;
-    (0..h).all(|y| {
+    let (starts, panel) = panel_columns(w, &px);
+    assert_eq!(starts.len(), 3, "{}: PyTorch | ours | difference", path.display());
+    (TITLE_STRIP..h - SCALE_STRIP).all(|y| {
         (0..panel).all(|x| {
-            let a = (y * w + 4 + x) * 3;
-            let b = (y * w + 8 + panel + x) * 3;
+            let a = (y * w + starts[0] + x) * 3;
+            let b = (y * w + starts[1] + x) * 3;
             px[a..a + 3] == px[b..b + 3]
         })
     })
+}
+
+/// A picture reads alone: the title strip above the panels is drawn on (title lines, a heading
+/// over each panel column), and under each column a scale bar runs through the colour map from
+/// black (0) to white (the column's largest value), with its two ends labelled.
+fn assert_labelled(path: &Path, columns: usize) {
+    let (w, h, px) = read_png(path);
+    let at = |x: usize, y: usize| -> [u8; 3] { px[(y * w + x) * 3..(y * w + x) * 3 + 3].try_into().unwrap() };
+    let drawn = |xs: std::ops::Range<usize>, ys: std::ops::Range<usize>| {
+        ys.flat_map(|y| xs.clone().map(move |x| (x, y)))
+            .filter(|&(x, y)| at(x, y) != BACKGROUND)
+            .count()
+    };
+    let name = path.display();
+    assert!(drawn(0..w, 0..20) > 50, "{name}: two title lines");
+    let (starts, panel) = panel_columns(w, &px);
+    assert_eq!(starts.len(), columns, "{name}");
+    let bar = h - SCALE_STRIP;
+    for &x0 in &starts {
+        assert!(
+            drawn(x0..x0 + panel, 20..TITLE_STRIP) > 10,
+            "{name}: column heading at x {x0}"
+        );
+        // the bar: as wide as the panel, the same in each of its rows, black to white, and brighter
+        // from left to right (the map's channel sum never decreases)
+        let row: Vec<[u8; 3]> = (x0..x0 + panel).map(|x| at(x, bar)).collect();
+        assert_eq!(row[0], [0, 0, 0], "{name}: the bar starts at the map's 0 (black)");
+        assert_eq!(row[panel - 1], [255, 255, 255], "{name}: and ends at its max (white)");
+        let sum = |c: &[u8; 3]| c.iter().map(|&v| u32::from(v)).sum::<u32>();
+        assert!(row.windows(2).all(|p| sum(&p[0]) <= sum(&p[1]) + 2), "{name}");
+        assert!(row.iter().any(|c| c[2] > 100 && c[1] < 40), "{name}: through purple");
+        for y in bar..bar + 6 {
+            assert!((x0..x0 + panel).all(|x| at(x, y) == row[x - x0]), "{name}: bar row {y}");
+        }
+        assert_eq!(
+            at(x0, bar - 1),
+            BACKGROUND,
+            "{name}: a gap between the panels and the bar"
+        );
+        // the labels under it: `0` at the left end, the largest value at the right end
+        assert!(drawn(x0..x0 + 5, bar + 8..bar + 16) > 5, "{name}: `0` under the bar");
+        assert!(
+            drawn(x0 + panel - 12..x0 + panel, bar + 8..bar + 16) > 5,
+            "{name}: max under the bar"
+        );
+    }
 }
 
 /// `show BUNDLE --out DIR --query Y,X`, which must succeed; its standard output.
@@ -245,25 +305,30 @@ fn show_writes_error_maps_and_attention_pictures() {
     let dir = scratch("show-ok");
     let bundle = weights().join("denoising_diffusion_pytorch/attention_dim24_h3_d8_mem4.safetensors");
     let out = show_query(&bundle, &dir, "2,3");
-    // x (2, 24, 5, 7): cells of 160/7 = 22 px, two panels with 4-px gaps.
+    // x (2, 24, 5, 7): cells of 160/7 = 22 px, two panels with 4-px gaps, under the title strip and
+    // over the scale bars.
+    let labels = TITLE_STRIP + SCALE_STRIP;
     let (w, h, _) = read_png(&dir.join("output_error.png"));
-    assert_eq!((w, h), (2 * (7 * 22 + 4) + 4, 5 * 22 + 8));
+    assert_eq!((w, h), (2 * (7 * 22 + 4) + 4, 5 * 22 + 8 + labels));
     let (w, h, _) = read_png(&dir.join("output_worst_channels.png"));
-    assert_eq!((w, h), (2 * (7 * 22 + 4) + 4, 4 * (5 * 22 + 4) + 4));
+    assert_eq!((w, h), (2 * (7 * 22 + 4) + 4, 4 * (5 * 22 + 4) + 4 + labels));
     let probs = dir.join("probs_query_2_3.png");
     let (w, h, px) = read_png(&probs);
     assert_eq!(
         (w, h),
-        (3 * (7 * 22 + 4) + 4, 3 * (5 * 22 + 4) + 4),
+        (3 * (7 * 22 + 4) + 4, 3 * (5 * 22 + 4) + 4 + labels),
         "three heads, three panels"
     );
+    assert_labelled(&dir.join("output_error.png"), 2);
+    assert_labelled(&dir.join("output_worst_channels.png"), 2);
+    assert_labelled(&probs, 3);
     assert!(
         probs_panels_equal(&probs),
         "a correct port draws the same map as PyTorch"
     );
     // the query pixel is outlined in cyan in the first panel: (x 3, y 2) at 22 px per cell
     let at = |x: usize, y: usize| &px[(y * w + x) * 3..(y * w + x) * 3 + 3];
-    assert_eq!(at(4 + 3 * 22, 4 + 2 * 22), &[0, 255, 255]);
+    assert_eq!(at(4 + 3 * 22, TITLE_STRIP + 4 + 2 * 22), &[0, 255, 255]);
     assert!(out.contains("the 4 memory keys are not drawn"), "{out}");
 
     let (code, _, err) = cli(&[
@@ -400,11 +465,14 @@ fn show_draws_token_outputs_and_refuses_planted_links() {
     let (code, out, err) = cli(&["show", bundle.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     // output (2, 11, 40): cells of 160/40 = 4 px; probs (2, 5, 11, 7): cells of 160/11 = 14 px.
+    let labels = TITLE_STRIP + SCALE_STRIP;
     let (w, h, _) = read_png(&dir.join("output_error.png"));
-    assert_eq!((w, h), (2 * (40 * 4 + 4) + 4, 11 * 4 + 8));
+    assert_eq!((w, h), (2 * (40 * 4 + 4) + 4, 11 * 4 + 8 + labels));
     let (w, h, _) = read_png(&dir.join("probs_tokens.png"));
-    assert_eq!((w, h), (3 * (7 * 14 + 4) + 4, 5 * (11 * 14 + 4) + 4));
+    assert_eq!((w, h), (3 * (7 * 14 + 4) + 4, 5 * (11 * 14 + 4) + 4 + labels));
     assert!(probs_panels_equal(&dir.join("probs_tokens.png")));
+    assert_labelled(&dir.join("output_error.png"), 2);
+    assert_labelled(&dir.join("probs_tokens.png"), 3);
     assert!(out.contains("11 queries (rows) over the 7 keys"), "{out}");
 
     #[cfg(unix)]

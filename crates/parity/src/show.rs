@@ -22,12 +22,26 @@
 //! Colours: black → purple → red → yellow → white. The output panels share one scale (0 to the
 //! largest error); in the attention rows PyTorch's and our maps share one scale (0 to the largest
 //! weight) and the difference panel has its own. Every file's scale is printed.
+//!
+//! Each picture also reads alone: a strip above the panels ([`TITLE_STRIP`] pixels) names the
+//! file and output (or the attention stage), what is drawn and what the rows are, and heads each
+//! column (`batch 0`, `PyTorch`, `ours`, `|ours - PyTorch|`); under each column a colour scale bar
+//! ([`SCALE_STRIP`] pixels) runs from 0 (left, black) to the column's largest value (right, white),
+//! both printed (`figure`; text in the built-in bitmap font of `font`). The labels add these two
+//! strips to a picture's height on top of the capped panels, widen a column to its heading and
+//! scale labels where the panel is narrower, and widen the picture to its title up to 640 pixels.
+
+mod figure;
+mod font;
+
+pub use figure::{SCALE_STRIP, TITLE_STRIP};
 
 use crate::bundle::Bundle;
 use crate::check::{run_bundle, Options};
 use crate::error::{ParityError, Result};
 use crate::trace::torch_stage;
 use candle_core::{DType, Tensor};
+use figure::{Column, Sheet};
 use std::path::{Path, PathBuf};
 
 /// What `show` wrote.
@@ -38,14 +52,6 @@ pub struct Picture {
     pub caption: String,
 }
 
-/// An RGB canvas.
-struct Canvas {
-    w: usize,
-    h: usize,
-    rgb: Vec<u8>,
-}
-
-const GAP: usize = 4;
 /// Longest side of a drawn map, in cells.
 const MAX_SIDE: usize = 512;
 
@@ -76,100 +82,6 @@ fn pooled(values: &[f64], (rows, cols): (usize, usize)) -> (Vec<f64>, (usize, us
     }
     (out, (pr, pc))
 }
-const BACKGROUND: [u8; 3] = [96, 96, 96];
-
-impl Canvas {
-    fn new(w: usize, h: usize) -> Self {
-        let mut rgb = Vec::with_capacity(w * h * 3);
-        for _ in 0..w * h {
-            rgb.extend_from_slice(&BACKGROUND);
-        }
-        Self { w, h, rgb }
-    }
-
-    /// Draw `values` (`rows × cols`, row-major) with its top left corner at `(x0, y0)`, each value a `scale`-pixel square,
-    /// coloured on `[0, vmax]`.
-    fn map(&mut self, (x0, y0): (usize, usize), values: &[f64], (rows, cols): (usize, usize), scale: usize, vmax: f64) {
-        for r in 0..rows {
-            for c in 0..cols {
-                let v = values[r * cols + c];
-                let t = if vmax > 0.0 && v.is_finite() { v / vmax } else { 0.0 };
-                let colour = if v.is_finite() { heat(t) } else { [0, 255, 0] };
-                for dy in 0..scale {
-                    for dx in 0..scale {
-                        let (x, y) = (x0 + c * scale + dx, y0 + r * scale + dy);
-                        if x < self.w && y < self.h {
-                            let i = (y * self.w + x) * 3;
-                            self.rgb[i..i + 3].copy_from_slice(&colour);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Outline one cell (the chosen query pixel) in cyan.
-    fn mark(&mut self, x0: usize, y0: usize, scale: usize) {
-        for d in 0..scale {
-            for (x, y) in [
-                (x0 + d, y0),
-                (x0 + d, y0 + scale - 1),
-                (x0, y0 + d),
-                (x0 + scale - 1, y0 + d),
-            ] {
-                if x < self.w && y < self.h {
-                    let i = (y * self.w + x) * 3;
-                    self.rgb[i..i + 3].copy_from_slice(&[0, 255, 255]);
-                }
-            }
-        }
-    }
-
-    fn write(&self, path: &Path) -> Result<()> {
-        let io = |e: std::io::Error| ParityError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        };
-        // A file planted as a symbolic link in the output folder is not written through.
-        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(ParityError::Usage(format!(
-                "{}: is a symbolic link; show does not write through links (remove it or choose another --out)",
-                path.display()
-            )));
-        }
-        let file = std::fs::File::create(path).map_err(io)?;
-        let mut enc = png::Encoder::new(std::io::BufWriter::new(file), self.w as u32, self.h as u32);
-        enc.set_color(png::ColorType::Rgb);
-        enc.set_depth(png::BitDepth::Eight);
-        let png_err = |e: png::EncodingError| ParityError::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::other(e),
-        };
-        let mut writer = enc.write_header().map_err(png_err)?;
-        writer.write_image_data(&self.rgb).map_err(png_err)?;
-        writer.finish().map_err(png_err)
-    }
-}
-
-/// `t ∈ [0, 1]` → black, purple, red, yellow, white.
-fn heat(t: f64) -> [u8; 3] {
-    const STOPS: [[f64; 3]; 5] = [
-        [0., 0., 0.],
-        [90., 20., 140.],
-        [220., 40., 40.],
-        [250., 210., 40.],
-        [255., 255., 255.],
-    ];
-    let t = t.clamp(0.0, 1.0) * (STOPS.len() - 1) as f64;
-    let i = (t.floor() as usize).min(STOPS.len() - 2);
-    let f = t - i as f64;
-    let mut out = [0u8; 3];
-    for (k, o) in out.iter_mut().enumerate() {
-        *o = (STOPS[i][k] + f * (STOPS[i + 1][k] - STOPS[i][k])).round() as u8;
-    }
-    out
-}
-
 fn values(t: &Tensor) -> candle_core::Result<Vec<f64>> {
     t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
 }
@@ -177,6 +89,48 @@ fn values(t: &Tensor) -> candle_core::Result<Vec<f64>> {
 /// Pixels per cell so that a `rows × cols` map is about 160 px on its long side.
 fn cell(rows: usize, cols: usize) -> usize {
     (160 / rows.max(cols).max(1)).clamp(1, 32)
+}
+
+/// The heading of the difference panels.
+const DIFF: &str = "|ours - PyTorch|";
+
+/// One column per batch item, on the scale 0 to `vmax`.
+fn batch_columns(b: usize, vmax: f64) -> Vec<Column> {
+    (0..b)
+        .map(|bi| Column {
+            heading: format!("batch {bi}"),
+            vmax,
+        })
+        .collect()
+}
+
+/// PyTorch | ours (shared scale 0 to `vmax`) | their difference (0 to `dmax`).
+fn probs_columns(vmax: f64, dmax: f64) -> Vec<Column> {
+    [("PyTorch", vmax), ("ours", vmax), (DIFF, dmax)]
+        .into_iter()
+        .map(|(heading, vmax)| Column {
+            heading: heading.into(),
+            vmax,
+        })
+        .collect()
+}
+
+/// `head 0`, or `heads 0-7`.
+fn head_rows(heads: usize) -> String {
+    match heads {
+        1 => "head 0".into(),
+        n => format!("heads 0-{}", n.saturating_sub(1)),
+    }
+}
+
+/// `2×24×5×7`.
+fn shape(dims: &[usize]) -> String {
+    dims.iter().map(usize::to_string).collect::<Vec<_>>().join("×")
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
 }
 
 fn max_of(v: &[f64]) -> f64 {
@@ -239,17 +193,26 @@ pub fn show(
         // Drawn at most MAX_SIDE cells a side.
         let (ph, pw) = pooled_dims(h, w);
         let s = cell(ph, pw);
+        let pool = if (ph, pw) != (h, w) { " (max-pooled)" } else { "" };
         // per batch item: max over channels
-        let mut canvas = Canvas::new(b * (pw * s + GAP) + GAP, ph * s + 2 * GAP);
+        let file = out.join("output_error.png");
+        let mut sheet = Sheet::new(
+            [
+                &format!("{}: output `{name}` ({})", file_name(&file), shape(torch.dims())),
+                &format!("{DIFF}, max over the {c} channels{pool}"),
+            ],
+            &batch_columns(b, vmax),
+            1,
+            (pw * s, ph * s),
+        );
         for bi in 0..b {
             let map: Vec<f64> = (0..h * w)
                 .map(|p| (0..c).map(|ci| at(bi, ci, p)).fold(0.0, f64::max))
                 .collect();
             let (map, _) = pooled(&map, (h, w));
-            canvas.map((GAP + bi * (pw * s + GAP), GAP), &map, (ph, pw), s, vmax);
+            sheet.map((0, bi), &map, (ph, pw), s, vmax);
         }
-        let file = out.join("output_error.png");
-        canvas.write(&file)?;
+        sheet.write(&file)?;
         pictures.push(Picture {
             path: file,
             caption: format!(
@@ -269,22 +232,25 @@ pub fn show(
             .collect();
         worst.sort_by(|x, y| y.1.total_cmp(&x.1));
         worst.truncate(4);
-        let mut canvas = Canvas::new(b * (pw * s + GAP) + GAP, worst.len() * (ph * s + GAP) + GAP);
+        let file = out.join("output_worst_channels.png");
+        let channels: Vec<String> = worst.iter().map(|(ci, _)| ci.to_string()).collect();
+        let mut sheet = Sheet::new(
+            [
+                &format!("{}: output `{name}`", file_name(&file)),
+                &format!("{DIFF}{pool}; rows: channels {}", channels.join(", ")),
+            ],
+            &batch_columns(b, vmax),
+            worst.len(),
+            (pw * s, ph * s),
+        );
         for (row, (ci, _)) in worst.iter().enumerate() {
             for bi in 0..b {
                 let map: Vec<f64> = (0..h * w).map(|p| at(bi, *ci, p)).collect();
                 let (map, _) = pooled(&map, (h, w));
-                canvas.map(
-                    (GAP + bi * (pw * s + GAP), GAP + row * (ph * s + GAP)),
-                    &map,
-                    (ph, pw),
-                    s,
-                    vmax,
-                );
+                sheet.map((row, bi), &map, (ph, pw), s, vmax);
             }
         }
-        let file = out.join("output_worst_channels.png");
-        canvas.write(&file)?;
+        sheet.write(&file)?;
         let list: Vec<String> = worst.iter().map(|(ci, m)| format!("{ci} ({m:.3e})")).collect();
         pictures.push(Picture {
             path: file,
@@ -375,8 +341,6 @@ fn probs_picture(
         values(&r).map_err(e)
     };
     let s = cell(h, w);
-    let pw = w * s + GAP;
-    let mut canvas = Canvas::new(3 * pw + GAP, heads * (h * s + GAP) + GAP);
     let mut vmax = 0.0f64;
     let mut dmax = 0.0f64;
     let mut rows = vec![];
@@ -387,17 +351,33 @@ fn probs_picture(
         dmax = dmax.max(max_of(&d));
         rows.push((a, o, d));
     }
+    let file = out.join(format!("{}_query_{qy}_{qx}.png", stage.replace('/', "__")));
+    let mem_label = if mem > 0 {
+        format!("; {mem} memory keys not drawn")
+    } else {
+        String::new()
+    };
+    let mut sheet = Sheet::new(
+        [
+            &format!("`{stage}`: attention weights, batch item {batch}"),
+            &format!(
+                "query pixel (y {qy}, x {qx}) in cyan; rows: {}{mem_label}",
+                head_rows(heads)
+            ),
+        ],
+        &probs_columns(vmax, dmax),
+        heads,
+        (w * s, h * s),
+    );
     for (hd, (a, o, d)) in rows.iter().enumerate() {
-        let y0 = GAP + hd * (h * s + GAP);
-        canvas.map((GAP, y0), a, (h, w), s, vmax);
-        canvas.map((GAP + pw, y0), o, (h, w), s, vmax);
-        canvas.map((GAP + 2 * pw, y0), d, (h, w), s, dmax);
+        sheet.map((hd, 0), a, (h, w), s, vmax);
+        sheet.map((hd, 1), o, (h, w), s, vmax);
+        sheet.map((hd, 2), d, (h, w), s, dmax);
         for p in 0..3 {
-            canvas.mark(GAP + p * pw + qx * s, y0 + qy * s, s);
+            sheet.mark((hd, p), (qy, qx), s);
         }
     }
-    let file = out.join(format!("{}_query_{qy}_{qx}.png", stage.replace('/', "__")));
-    canvas.write(&file).map_err(|e| e.to_string())?;
+    sheet.write(&file).map_err(|e| e.to_string())?;
     let mem_note = if mem > 0 {
         format!("; the {mem} memory keys are not drawn")
     } else {
@@ -424,13 +404,21 @@ fn token_output_picture(name: &str, torch: &Tensor, ours: &Tensor, out: &Path) -
     let panels: Vec<_> = diff.chunks_exact(l * c).map(|d| pooled(d, (l, c))).collect();
     let (rows, cols) = panels.first().map_or((0, 0), |p| p.1);
     let s = cell(rows, cols);
-    let mut canvas = Canvas::new(b * (cols * s + GAP) + GAP, rows * s + 2 * GAP);
-    for (bi, (map, _)) in panels.iter().enumerate() {
-        canvas.map((GAP + bi * (cols * s + GAP), GAP), map, (rows, cols), s, vmax);
-    }
-    let file = out.join("output_error.png");
-    canvas.write(&file).map_err(|e| e.to_string())?;
     let pool = if (rows, cols) != (l, c) { " (max-pooled)" } else { "" };
+    let file = out.join("output_error.png");
+    let mut sheet = Sheet::new(
+        [
+            &format!("{}: output `{name}` ({})", file_name(&file), shape(torch.dims())),
+            &format!("{DIFF}{pool}; rows: tokens, columns: channels"),
+        ],
+        &batch_columns(b, vmax),
+        1,
+        (cols * s, rows * s),
+    );
+    for (bi, (map, _)) in panels.iter().enumerate() {
+        sheet.map((0, bi), map, (rows, cols), s, vmax);
+    }
+    sheet.write(&file).map_err(|e| e.to_string())?;
     Ok(Picture {
         path: file,
         caption: format!(
@@ -462,17 +450,23 @@ fn token_probs_picture(
     }
     let (r, c) = rows.first().map_or((0, 0), |p| p[0].1);
     let s = cell(r, c);
-    let pw = c * s + GAP;
-    let mut canvas = Canvas::new(3 * pw + GAP, heads * (r * s + GAP) + GAP);
+    let pool = if (r, c) != (lq, lk) { " (max-pooled)" } else { "" };
+    let file = out.join(format!("{}_tokens.png", stage.replace('/', "__")));
+    let mut sheet = Sheet::new(
+        [
+            &format!("`{stage}`: attention weights, batch item {batch}"),
+            &format!("rows: {}; queries down, keys across{pool}", head_rows(heads)),
+        ],
+        &probs_columns(vmax, dmax),
+        heads,
+        (c * s, r * s),
+    );
     for (hd, maps) in rows.iter().enumerate() {
-        let y0 = GAP + hd * (r * s + GAP);
         for (p, (map, _)) in maps.iter().enumerate() {
-            canvas.map((GAP + p * pw, y0), map, (r, c), s, if p == 2 { dmax } else { vmax });
+            sheet.map((hd, p), map, (r, c), s, if p == 2 { dmax } else { vmax });
         }
     }
-    let file = out.join(format!("{}_tokens.png", stage.replace('/', "__")));
-    canvas.write(&file).map_err(|e| e.to_string())?;
-    let pool = if (r, c) != (lq, lk) { " (max-pooled)" } else { "" };
+    sheet.write(&file).map_err(|e| e.to_string())?;
     Ok(Picture {
         path: file,
         caption: format!(
