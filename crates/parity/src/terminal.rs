@@ -7,6 +7,7 @@
 //! as `\uXXXX`, which is also the JSON escape, so JSON output stays valid and decodes to the
 //! same text.
 
+use std::borrow::Cow;
 use std::io::{self, Write};
 
 /// Whether `c` must not reach a terminal raw: C0 and C1 controls but newline and tab, DEL, and
@@ -18,27 +19,19 @@ pub fn is_unsafe(c: char) -> bool {
 }
 
 /// `s` with every [`is_unsafe`] character written as `\uXXXX`.
-pub fn escape(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(is_unsafe) {
-        return s.into();
-    }
-    s.chars()
-        .map(|c| {
-            if is_unsafe(c) {
-                format!("\\u{:04x}", c as u32)
-            } else {
-                c.to_string()
-            }
-        })
-        .collect::<String>()
-        .into()
+pub fn escape(s: &str) -> Cow<'_, str> {
+    spell_out(s, is_unsafe)
 }
 
 /// `s` on one line: [`escape`], and newlines and tabs written as `\uXXXX` too (a name in a
 /// table cell or after a label, where a newline would start a line of the file's choosing).
-pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
-    let bad = |c: char| c.is_control() || is_unsafe(c);
-    if !s.chars().any(bad) {
+pub fn one_line(s: &str) -> Cow<'_, str> {
+    spell_out(s, |c| c.is_control() || is_unsafe(c))
+}
+
+/// `s` with the characters `bad` names written as `\uXXXX`.
+fn spell_out(s: &str, bad: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !s.chars().any(&bad) {
         return s.into();
     }
     s.chars()
