@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{cli, scratch, weights};
+use common::{cli, probs_panels_equal, scratch, weights};
 use std::path::{Path, PathBuf};
 
 const SD1_BUNDLE: &str = "own/diffusers_sd1_mid_block.safetensors";
@@ -142,30 +142,11 @@ fn a_broken_checkpoint_names_the_first_divergent_stage_and_is_drawn() {
         let head = std::fs::read(&png).unwrap_or_else(|e| panic!("{}: {e}\n{out}", png.display()));
         assert!(head.starts_with(b"\x89PNG\r\n\x1a\n"), "{}", png.display());
     }
-    assert!(!panels_equal(&probs), "PyTorch's and our attention maps differ");
+    assert!(!probs_panels_equal(&probs), "PyTorch's and our attention maps differ");
 
     // The untouched checkpoint draws the same map on both sides.
     let ok = dir.join("ok");
     let (code, ..) = cli(&["show", committed.to_str().unwrap(), "--out", ok.to_str().unwrap()]);
     assert_eq!(code, 0);
-    assert!(panels_equal(&ok.join(probs.file_name().unwrap())));
-}
-
-/// Whether the PyTorch and ours panels of an attention picture are the same pixels (the layout
-/// `show` draws: 4-px border, three panels of (width − 16) / 3 with 4-px gaps).
-fn panels_equal(path: &Path) -> bool {
-    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
-    let mut reader = decoder.read_info().unwrap();
-    let mut px = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut px).unwrap();
-    assert_eq!(info.color_type, png::ColorType::Rgb);
-    let (w, h) = (info.width as usize, info.height as usize);
-    let panel = (w - 16) / 3;
-    (0..h).all(|y| {
-        (0..panel).all(|x| {
-            let a = (y * w + 4 + x) * 3;
-            let b = (y * w + 8 + panel + x) * 3;
-            px[a..a + 3] == px[b..b + 3]
-        })
-    })
+    assert!(probs_panels_equal(&ok.join(probs.file_name().unwrap())));
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use candle_core::Tensor;
-use common::{cli, scratch, weights, RawBundle};
+use common::{cli, panel_columns, probs_panels_equal, read_png, scratch, weights, RawBundle, BACKGROUND};
 use std::path::Path;
 use unet_parity::show::{SCALE_STRIP, TITLE_STRIP};
 use unet_parity::trace::TraceReport;
@@ -199,45 +199,6 @@ fn tracing_is_off_outside_with_trace() {
     let (_, stages) = unet_attention::trace::with_trace(|| unet_attention::trace::record("x", &t));
     assert_eq!(stages.len(), 1);
     assert!(!unet_attention::trace::enabled());
-}
-
-/// Decode an RGB PNG: (width, height, pixels).
-fn read_png(path: &Path) -> (usize, usize, Vec<u8>) {
-    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
-    let mut reader = decoder.read_info().unwrap();
-    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut buf).unwrap();
-    assert_eq!(info.color_type, png::ColorType::Rgb);
-    buf.truncate(info.buffer_size());
-    (info.width as usize, info.height as usize, buf)
-}
-
-/// The background `show` draws on (never a colour of its colour map).
-const BACKGROUND: [u8; 3] = [96, 96, 96];
-
-/// The left edges of a picture's panel columns and the panels' width: the runs of non-background
-/// pixels along the first panel row (4 px under the title strip).
-fn panel_columns(w: usize, px: &[u8]) -> (Vec<usize>, usize) {
-    let y = TITLE_STRIP + 4;
-    let drawn = |x: usize| px[(y * w + x) * 3..(y * w + x) * 3 + 3] != BACKGROUND;
-    let starts: Vec<usize> = (0..w).filter(|&x| drawn(x) && (x == 0 || !drawn(x - 1))).collect();
-    let width = (starts[0]..w).take_while(|&x| drawn(x)).count();
-    (starts, width)
-}
-
-/// The PyTorch and ours panels of the attention picture (its first two panel columns, between the
-/// title strip and the scale bars): equal for a correct port, not for a broken one.
-fn probs_panels_equal(path: &Path) -> bool {
-    let (w, h, px) = read_png(path);
-    let (starts, panel) = panel_columns(w, &px);
-    assert_eq!(starts.len(), 3, "{}: PyTorch | ours | difference", path.display());
-    (TITLE_STRIP..h - SCALE_STRIP).all(|y| {
-        (0..panel).all(|x| {
-            let a = (y * w + starts[0] + x) * 3;
-            let b = (y * w + starts[1] + x) * 3;
-            px[a..a + 3] == px[b..b + 3]
-        })
-    })
 }
 
 /// A picture reads alone: the title strip above the panels is drawn on (title lines, a heading

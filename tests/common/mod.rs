@@ -4,6 +4,7 @@
 use candle_core::Tensor;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use unet_parity::show::{SCALE_STRIP, TITLE_STRIP};
 
 /// The repository root (the committed bundles live in `weights/`).
 pub fn root() -> PathBuf {
@@ -73,4 +74,43 @@ impl RawBundle {
 /// Every committed bundle file, sorted.
 pub fn committed_bundles() -> Vec<PathBuf> {
     unet_parity::bundle::collect(&[weights()]).unwrap()
+}
+
+/// Decode an RGB PNG: (width, height, pixels).
+pub fn read_png(path: &Path) -> (usize, usize, Vec<u8>) {
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!(info.color_type, png::ColorType::Rgb);
+    buf.truncate(info.buffer_size());
+    (info.width as usize, info.height as usize, buf)
+}
+
+/// The background `show` draws on (never a colour of its colour map).
+pub const BACKGROUND: [u8; 3] = [96, 96, 96];
+
+/// The left edges of a picture's panel columns and the panels' width: the runs of non-background
+/// pixels along the first panel row (4 px under the title strip).
+pub fn panel_columns(w: usize, px: &[u8]) -> (Vec<usize>, usize) {
+    let y = TITLE_STRIP + 4;
+    let drawn = |x: usize| px[(y * w + x) * 3..(y * w + x) * 3 + 3] != BACKGROUND;
+    let starts: Vec<usize> = (0..w).filter(|&x| drawn(x) && (x == 0 || !drawn(x - 1))).collect();
+    let width = (starts[0]..w).take_while(|&x| drawn(x)).count();
+    (starts, width)
+}
+
+/// The PyTorch and ours panels of the attention picture (its first two panel columns, between the
+/// title strip and the scale bars): equal for a correct port, not for a broken one.
+pub fn probs_panels_equal(path: &Path) -> bool {
+    let (w, h, px) = read_png(path);
+    let (starts, panel) = panel_columns(w, &px);
+    assert_eq!(starts.len(), 3, "{}: PyTorch | ours | difference", path.display());
+    (TITLE_STRIP..h - SCALE_STRIP).all(|y| {
+        (0..panel).all(|x| {
+            let a = (y * w + starts[0] + x) * 3;
+            let b = (y * w + starts[1] + x) * 3;
+            px[a..a + 3] == px[b..b + 3]
+        })
+    })
 }
