@@ -73,7 +73,9 @@ pub(crate) fn cpu_gemm_tile(
 }
 
 pub(crate) use cpu::caches::sizes as cpu_cache_sizes;
-pub(crate) use cpu::isa::{avx512 as cpu_avx512_allowed, cap as cpu_isa_cap};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use cpu::isa::avx512 as cpu_avx512_allowed;
+pub(crate) use cpu::isa::cap as cpu_isa_cap;
 
 pub(crate) use cpu::avx2::{
     available as cpu_avx2_available, ALayout as CpuALayout, MR as CPU_AVX2_MR, NR as CPU_AVX2_NR,
