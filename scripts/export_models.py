@@ -617,6 +617,57 @@ def diffusers_unet2d_condition_simple_cross(ctx: Ctx):
                                           "(baddbmm scores, upcast_softmax=True; the processor torch < 2 gets)"))
 
 
+def diffusers_vq_movq(ctx: Ctx):
+    """``VQModel(norm_type="spatial")``: Kandinsky 2.x's MoVQ. Its decoder's mid block is a
+    ``UNetMidBlock2D(resnet_time_scale_shift="spatial", temb_channels=latent_channels)``:
+    ``ResnetBlockCondNorm2D`` resnets and an ``Attention`` with ``spatial_norm``, all conditioned on
+    the quantized latent (``VQModel.decode`` passes ``quant`` as ``latent_embeds``)."""
+    from diffusers import VQModel
+
+    torch.manual_seed(0)
+    # SpatialNorm's GroupNorm has 32 groups: every decoder width a multiple of 32
+    model = VQModel(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+                    up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(32, 32),
+                    layers_per_block=1, latent_channels=4, num_vq_embeddings=32, norm_num_groups=8, sample_size=16,
+                    norm_type="spatial")
+    randomize_(model, 7501)
+    model.eval()
+    files = save_diffusers(model, "diffusers_movq")
+    ctx.files += files
+    weights = files[1].relative_to(WEIGHTS).as_posix()
+    g = gen(7502)
+    x = randn(g, 2, 3, 16, 12)
+
+    def run():
+        return model(x)  # encode -> quantize (codebook lookup) -> decode(post_quant_conv(quant), quant)
+
+    src = (DIFF_BLOCKS.format("UNetMidBlock2D") + "; the {}.mid_block of the whole VQModel(norm_type=\"spatial\") "
+           "weights/" + weights + ", inputs captured by a forward pre-hook while VQModel.forward ran on a random sample "
+           "(2, 3, 16, 12) (encode, vector quantization, decode){}")
+    zq_note = ("; the decoder's mid block is UNetMidBlock2D(resnet_time_scale_shift=\"spatial\", temb_channels=4): "
+               "ResnetBlockCondNorm2D resnets and a spatial_norm Attention, temb = the quantized latent (2, 4, 8, 6)")
+    enc = vae_mid_config(model, "encoder")
+    dec = dict(enc, resnet_time_scale_shift="spatial", temb_channels=model.config.latent_channels)
+    for part, cfg, note in (("encoder", enc, "; the encoder's mid block as AutoencoderKL's"), ("decoder", dec, zq_note)):
+        ins, out = capture(getattr(model, part).mid_block, run)
+        ctx.bundle(f"unet_mid_block_2d_movq_{part}_ref", "diffusers.UNetMidBlock2D", cfg, tensor_inputs(ins), out,
+                   ref=(weights, f"{part}.mid_block."), source=src.format(part, note))
+    ins, out = capture(model.decoder.mid_block, run)
+    state = sub_state(model.state_dict(), "decoder.mid_block.")
+    ctx.bundle("unet_mid_block_2d_movq_decoder", "diffusers.UNetMidBlock2D", dec, tensor_inputs(ins), out, state=state,
+               source=src.format("decoder", zq_note), half=True)
+    # zq at another resolution than the features (3 x 5 -> 8 x 6: F.interpolate nearest, non-integer ratios)
+    mid = model.decoder.mid_block
+    zq = randn(g, 2, 4, 3, 5)
+    with torch.no_grad():
+        zout = mid(ins["hidden_states"], zq)
+    ctx.bundle("unet_mid_block_2d_movq_decoder_zq_resized", "diffusers.UNetMidBlock2D", dec,
+               OrderedDict(hidden_states=ins["hidden_states"], temb=zq), zout, state=state,
+               source=DIFF_BLOCKS.format("UNetMidBlock2D") + f"; decoder.mid_block of the whole VQModel weights/{weights} "
+               "run alone on the hidden_states captured from VQModel.forward and a random zq (2, 4, 3, 5), which every "
+               "SpatialNorm resizes to 8 x 6 with F.interpolate(mode=\"nearest\")")
+
+
 def lucidrains(ctx: Ctx):
     from denoising_diffusion_pytorch.version import __version__
     from denoising_diffusion_pytorch import GaussianDiffusion, Unet
@@ -931,7 +982,7 @@ def diffusers_controlnet(ctx: Ctx):
                        ref=(weights, ""), source=src, kwargs=kwargs)
 
 
-MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
+MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_vq_movq, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
                   diffusers_controlnet, lucidrains, sd_checkpoint, guided_diffusion_checkpoint, ddpm_model_checkpoint, standalone_restated)
 
 

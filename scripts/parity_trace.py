@@ -553,7 +553,8 @@ def _by_class(m):
         return _linear
     if name == "AttentionBlock":
         return _openai
-    if name == "ResnetBlock2D":
+    if name in ("ResnetBlock2D", "ResnetBlockCondNorm2D"):
+        # ResnetBlockCondNorm2D ("spatial"): norm1/norm2 are SpatialNorms, no time_emb_proj
         return _diffusers_resnet
     if name == "ResBlock":
         return _openai_resnet

@@ -89,6 +89,14 @@ fn config_json_gives_the_mid_block_config() {
             "diffusers_vae/config.json",
         ),
         (
+            "mid/unet_mid_block_2d_movq_decoder_ref.safetensors",
+            "diffusers_movq/config.json",
+        ),
+        (
+            "mid/unet_mid_block_2d_movq_encoder_ref.safetensors",
+            "diffusers_movq/config.json",
+        ),
+        (
             "mid/unet_mid_block_2d_cross_attn_sd1_ref.safetensors",
             "diffusers_sd1/config.json",
         ),
@@ -171,6 +179,13 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
         ),
         (
             "diffusers_vae/diffusion_pytorch_model.safetensors",
+            &[
+                ("decoder.mid_block.", "diffusers.UNetMidBlock2D"),
+                ("encoder.mid_block.", "diffusers.UNetMidBlock2D"),
+            ],
+        ),
+        (
+            "diffusers_movq/diffusion_pytorch_model.safetensors",
             &[
                 ("decoder.mid_block.", "diffusers.UNetMidBlock2D"),
                 ("encoder.mid_block.", "diffusers.UNetMidBlock2D"),
@@ -454,6 +469,49 @@ fn detect_reads_the_config_beside_the_checkpoint() {
         out.contains("not in the keys") && !out.contains("from config.json"),
         "{out}"
     );
+}
+
+/// Kandinsky's MoVQ (`VQModel(norm_type="spatial")`): `detect` names the decoder's spatially
+/// normalised mid block and its zq channels, `check --weights --prefix` runs the self-contained
+/// bundles (f32, f16, bf16, zq at another resolution) on the whole checkpoint's decoder, and the
+/// same bundle read as a plain `UNetMidBlock2D` is not a pass.
+#[test]
+fn movq_decoder_mid_block_conditions_on_the_quantized_latent() {
+    let ckpt = models("diffusers_movq/diffusion_pytorch_model.safetensors");
+    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let dec = doc["mid_blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["prefix"] == "decoder.mid_block.")
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(dec["block"], "diffusers.UNetMidBlock2D", "{out}");
+    assert!(
+        dec["variant"]
+            .as_str()
+            .unwrap()
+            .contains("VQModel norm_type=\"spatial\""),
+        "{out}"
+    );
+    assert_eq!(dec["from_config"]["resnet_time_scale_shift"], "spatial", "{out}");
+    assert_eq!(dec["from_config"]["temb_channels"], 4, "{out}");
+    for suffix in ["", "_f16", "_bf16", "_zq_resized"] {
+        let b = w(&format!("mid/unet_mid_block_2d_movq_decoder{suffix}.safetensors"));
+        let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "decoder.mid_block."]);
+        assert!(err.contains("weights from"), "{suffix}: {err}");
+    }
+    // The spatial norms dropped (the group-norm form of the same block): not a pass.
+    let dir = scratch("movq-as-group-norm");
+    let edited = RawBundle::edited("mid/unet_mid_block_2d_movq_decoder.safetensors", &dir, |b| {
+        let mut cfg: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+        cfg["resnet_time_scale_shift"] = "default".into();
+        cfg["temb_channels"] = serde_json::Value::Null;
+        b.metadata.insert("parity.config".into(), cfg.to_string());
+    });
+    let (code, out, err) = cli(&["check", edited.to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}\n{err}");
 }
 
 /// The IF- and Kandinsky-like `UNet2DConditionModel`s (`mid_block_type

@@ -132,9 +132,13 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
 
 fn diffusers(ck: &Checkpoint, p: &str) -> Found {
     let c = dim(ck, &format!("{p}resnets.0.conv1.weight"), 1).unwrap_or(0);
-    let temb = dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1);
+    // MoVQ's ResnetBlockCondNorm2D: SpatialNorms whose 1x1 convs read the zq channels.
+    let zq = dim(ck, &format!("{p}resnets.0.norm1.conv_y.weight"), 1);
+    let temb = zq.or(dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1));
     let temb_out = dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 0);
-    let shift = if temb_out == Some(2 * c) {
+    let shift = if zq.is_some() {
+        "spatial"
+    } else if temb_out == Some(2 * c) {
         "scale_shift"
     } else {
         "default"
@@ -198,7 +202,7 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
     } else {
         let a0 = format!("{p}attentions.0.");
         let legacy = has(ck, &format!("{a0}query.weight"));
-        let spatial = ck.names().any(|n| n.starts_with(&format!("{a0}spatial_norm.")));
+        let spatial = shift == "spatial";
         config.insert("num_layers".into(), json!(layers.max(1)));
         config.insert("add_attention".into(), json!(layers > 0));
         if layers > 0 {
@@ -207,15 +211,17 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
                 format!("attention_head_dim (not in the keys; VAE: {c} = one head, UNet2DModel config default 8)"),
             );
         }
-        let mut variant = "diffusers UNetMidBlock2D (UNet2DModel / AutoencoderKL)".to_string();
+        let mut variant = "diffusers UNetMidBlock2D (UNet2DModel / AutoencoderKL / VQModel)".to_string();
         if legacy {
             variant.push_str("; legacy attention keys query/key/value/proj_attn (diffusers <= 0.16 files)");
         }
         Found {
             prefix: p.to_string(),
-            block: (!spatial).then_some(unet_attention::diffusers::UNetMidBlock2D::BLOCK),
+            block: Some(unet_attention::diffusers::UNetMidBlock2D::BLOCK),
             variant: if spatial {
-                format!("{variant}; spatial norm (MoVQ), not implemented")
+                format!(
+                    "{variant}; spatial norms on the quantized latent (VQModel norm_type=\"spatial\", MoVQ decoder)"
+                )
             } else {
                 variant
             },

@@ -14,6 +14,7 @@
 
 use crate::diffusers::attention::{Attention, AttentionConfig};
 use crate::diffusers::resnet::{eps_1e6, one_f, swish, ResnetBlock2D, ResnetBlock2DConfig, TimeEmbeddingNorm};
+use crate::diffusers::resnet_cond_norm::{ResnetBlockCondNorm2D, ResnetBlockCondNorm2DConfig};
 use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
 use crate::layers::Activation;
 use crate::trace;
@@ -22,15 +23,19 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
-/// `resnet_time_scale_shift` as the mid blocks take it (`"spatial"` selects
-/// `ResnetBlockCondNorm2D`, which is not implemented).
+/// `resnet_time_scale_shift` as the mid blocks with `ResnetBlock2D`s take it. `"spatial"` and
+/// `"ada_group"` reach `ResnetBlock2D`, which diffusers refuses for them (only `UNetMidBlock2D`
+/// builds `ResnetBlockCondNorm2D`, and only for `"spatial"`).
 pub(super) fn time_norm(block: &'static str, name: &str) -> Result<TimeEmbeddingNorm> {
     match name {
         "default" => Ok(TimeEmbeddingNorm::Default),
         "scale_shift" => Ok(TimeEmbeddingNorm::ScaleShift),
-        "spatial" | "ada_group" => Err(Error::unsupported(
+        "spatial" | "ada_group" => Err(Error::config(
             block,
-            format!("resnet_time_scale_shift {name:?} (ResnetBlockCondNorm2D) is not implemented"),
+            format!(
+                "resnet_time_scale_shift {name:?} makes this block build ResnetBlock2D(time_embedding_norm={name:?}), \
+                 which diffusers refuses (\"please use ResnetBlockCondNorm2D\"); only UNetMidBlock2D takes \"spatial\""
+            ),
         )),
         other => Err(Error::config(
             block,
@@ -144,10 +149,31 @@ impl UNetMidBlock2DConfig {
     }
 }
 
-/// `diffusers.models.unets.unet_2d_blocks.UNetMidBlock2D`.
+/// A `UNetMidBlock2D` resnet: `ResnetBlock2D`, or `ResnetBlockCondNorm2D` with
+/// `resnet_time_scale_shift="spatial"` (the MoVQ decoder).
+// A block holds a handful of these: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+enum MidResnet {
+    Plain(ResnetBlock2D),
+    Spatial(ResnetBlockCondNorm2D),
+}
+
+impl MidResnet {
+    fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        match self {
+            MidResnet::Plain(r) => r.forward(x, temb),
+            MidResnet::Spatial(r) => r.forward(x, temb),
+        }
+    }
+}
+
+/// `diffusers.models.unets.unet_2d_blocks.UNetMidBlock2D`. With `resnet_time_scale_shift="spatial"`
+/// its resnets are `ResnetBlockCondNorm2D`s and its attentions carry a `spatial_norm`; `temb` is
+/// then the quantized latent `zq` `(B, temb_channels, h, w)`.
 #[derive(Debug, Clone)]
 pub struct UNetMidBlock2D {
-    resnets: Vec<ResnetBlock2D>,
+    resnets: Vec<MidResnet>,
     attentions: Vec<Option<Attention>>,
 }
 
@@ -157,33 +183,50 @@ impl UNetMidBlock2D {
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DConfig) -> Result<Self> {
         let block = Self::BLOCK;
         let c = cfg.in_channels;
-        let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
+        let spatial = cfg.resnet_time_scale_shift == "spatial";
         let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
-        let attn_groups = cfg.attn_groups.or(match norm {
-            TimeEmbeddingNorm::Default => Some(groups),
-            TimeEmbeddingNorm::ScaleShift => None,
-        });
         let head_dim = cfg.attention_head_dim.unwrap_or(c);
         let heads = config::check_divides(block, c, head_dim)?;
-        let resnet = resnet_config(
-            c,
-            c,
-            groups,
-            None,
-            cfg.temb_channels,
-            cfg.resnet_eps,
-            cfg.resnet_act_fn,
-            norm,
-            cfg.dropout,
-            cfg.output_scale_factor,
-            cfg.resnet_pre_norm,
-        );
+        let make_resnet: Box<dyn Fn(VarBuilder) -> Result<MidResnet>> = if spatial {
+            let zq = cfg.temb_channels.ok_or_else(|| {
+                Error::config(
+                    block,
+                    "resnet_time_scale_shift \"spatial\" needs temb_channels (the zq channels)",
+                )
+            })?;
+            let resnet = ResnetBlockCondNorm2DConfig {
+                in_channels: c,
+                out_channels: c,
+                temb_channels: zq,
+                non_linearity: cfg.resnet_act_fn,
+                output_scale_factor: cfg.output_scale_factor,
+            };
+            Box::new(move |vb| Ok(MidResnet::Spatial(ResnetBlockCondNorm2D::new(vb, &resnet)?)))
+        } else {
+            let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
+            let resnet = resnet_config(
+                c,
+                c,
+                groups,
+                None,
+                cfg.temb_channels,
+                cfg.resnet_eps,
+                cfg.resnet_act_fn,
+                norm,
+                cfg.dropout,
+                cfg.output_scale_factor,
+                cfg.resnet_pre_norm,
+            );
+            Box::new(move |vb| Ok(MidResnet::Plain(ResnetBlock2D::new(vb, &resnet)?)))
+        };
+        let default_norm = cfg.resnet_time_scale_shift == "default";
         let mut attn = AttentionConfig::new(c);
         attn.heads = heads;
         attn.dim_head = head_dim;
         attn.rescale_output_factor = cfg.output_scale_factor;
         attn.eps = cfg.resnet_eps;
-        attn.norm_num_groups = attn_groups;
+        attn.norm_num_groups = cfg.attn_groups.or(default_norm.then_some(groups));
+        attn.spatial_norm_dim = if spatial { cfg.temb_channels } else { None };
         attn.residual_connection = true;
         attn.bias = true;
         attn.upcast_softmax = true;
@@ -191,7 +234,7 @@ impl UNetMidBlock2D {
 
         let vb_res = vb.pp("resnets");
         let vb_attn = vb.pp("attentions");
-        let mut resnets = vec![ResnetBlock2D::new(vb_res.pp(0), &resnet)?];
+        let mut resnets = vec![make_resnet(vb_res.pp(0))?];
         let mut attentions = vec![];
         for i in 0..cfg.num_layers {
             attentions.push(if cfg.add_attention {
@@ -199,12 +242,13 @@ impl UNetMidBlock2D {
             } else {
                 None
             });
-            resnets.push(ResnetBlock2D::new(vb_res.pp(i + 1), &resnet)?);
+            resnets.push(make_resnet(vb_res.pp(i + 1))?);
         }
         Ok(Self { resnets, attentions })
     }
 
-    /// `forward(hidden_states, temb=None)`: `(B, in_channels, H, W)`, `temb` `(B, temb_channels)`.
+    /// `forward(hidden_states, temb=None)`: `(B, in_channels, H, W)`, `temb` `(B, temb_channels)`
+    /// (the zq map `(B, temb_channels, h, w)` with `"spatial"`).
     pub fn forward(&self, hidden_states: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
         let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
         for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {

@@ -1,6 +1,6 @@
 //! Hugging Face diffusers (0.42.1): the `Attention` class with its default processors, and the
 //! Stable Diffusion transformer bottleneck (`FeedForward`/`GEGLU`, `BasicTransformerBlock`,
-//! `Transformer2DModel`), the ResNet block and the U-Net / VAE mid blocks (`ResnetBlock2D`,
+//! `Transformer2DModel`), the ResNet blocks and the U-Net / VAE mid blocks (`ResnetBlock2D`, `ResnetBlockCondNorm2D`,
 //! `UNetMidBlock2D`, `UNetMidBlock2DCrossAttn`, `UNetMidBlock2DSimpleCrossAttn`), the
 //! `ControlNetModel` bottleneck (`ControlNetMidBlock`: its mid block and `controlnet_mid_block`)
 //! and their configs from a model's `config.json`.
@@ -11,7 +11,9 @@ pub mod feed_forward;
 pub mod mid_block;
 pub mod mid_block_simple_cross;
 pub mod model_config;
+mod model_keys;
 pub mod resnet;
+pub mod resnet_cond_norm;
 pub mod transformer;
 
 pub use attention::{Attention, AttentionConfig, Processor};
@@ -20,6 +22,7 @@ pub use feed_forward::{FeedForward, FeedForwardConfig, Geglu, GegluConfig};
 pub use mid_block::{UNetMidBlock2D, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
 pub use mid_block_simple_cross::{UNetMidBlock2DSimpleCrossAttn, UNetMidBlock2DSimpleCrossAttnConfig};
 pub use resnet::{ResnetBlock2D, ResnetBlock2DConfig};
+pub use resnet_cond_norm::{ResnetBlockCondNorm2D, ResnetBlockCondNorm2DConfig};
 pub use transformer::{
     BasicTransformerBlock, BasicTransformerBlockConfig, Transformer2DModel, Transformer2DModelConfig,
 };

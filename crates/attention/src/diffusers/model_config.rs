@@ -1,5 +1,5 @@
 //! The mid block's constructor kwargs from a whole model's `config.json` (diffusers 0.42.1
-//! `UNet2DModel`, `UNet2DConditionModel`, `AutoencoderKL`), so nobody retypes
+//! `UNet2DModel`, `UNet2DConditionModel`, `AutoencoderKL`, `VQModel`, `ControlNetModel`), so nobody retypes
 //! `attention_head_dim`. Each function follows the model's `__init__` line for line:
 //!
 //! * `UNet2DModel`: `UNetMidBlock2D(in_channels=block_out_channels[-1], temb_channels=time_embed_dim,
@@ -13,6 +13,9 @@
 //! * `AutoencoderKL`: encoder and decoder `UNetMidBlock2D(in_channels=block_out_channels[-1],
 //!   resnet_eps=1e-6, output_scale_factor=1, attention_head_dim=block_out_channels[-1],
 //!   temb_channels=None, add_attention=mid_block_add_attention, ...)`;
+//! * `VQModel`: the same two, except that with `norm_type="spatial"` (Kandinsky 2.x's MoVQ) the
+//!   decoder's has `resnet_time_scale_shift="spatial"` and `temb_channels=latent_channels` (its
+//!   `temb` is the quantized latent);
 //! * `ControlNetModel` (`controlnets/controlnet.py`): `UNetMidBlock2DCrossAttn(transformer_layers_per_block[-1],
 //!   in_channels=block_out_channels[-1], temb_channels=block_out_channels[0] * 4, resnet_eps=norm_eps,
 //!   resnet_act_fn=act_fn, output_scale_factor=mid_block_scale_factor, resnet_time_scale_shift,
@@ -29,6 +32,7 @@
 use crate::diffusers::controlnet::ControlNetMidBlock;
 use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
 use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
+use crate::diffusers::model_keys::*;
 use crate::{Error, Result};
 use serde_json::{json, Map, Value};
 
@@ -39,6 +43,8 @@ pub enum ModelClass {
     UNet2DConditionModel,
     AutoencoderKL,
     ControlNetModel,
+    /// The VQ-VAE (Kandinsky 2.x's MoVQ with `norm_type="spatial"`).
+    VQModel,
 }
 
 impl ModelClass {
@@ -48,6 +54,7 @@ impl ModelClass {
             ModelClass::UNet2DConditionModel => "UNet2DConditionModel",
             ModelClass::AutoencoderKL => "AutoencoderKL",
             ModelClass::ControlNetModel => "ControlNetModel",
+            ModelClass::VQModel => "VQModel",
         }
     }
 
@@ -57,151 +64,10 @@ impl ModelClass {
             ModelClass::UNet2DConditionModel => UNET_2D_CONDITION_KEYS,
             ModelClass::AutoencoderKL => AUTOENCODER_KL_KEYS,
             ModelClass::ControlNetModel => CONTROLNET_KEYS,
+            ModelClass::VQModel => VQ_MODEL_KEYS,
         }
     }
 }
-
-/// `UNet2DModel.__init__` arguments (0.42.1).
-const UNET_2D_KEYS: &[&str] = &[
-    "sample_size",
-    "in_channels",
-    "out_channels",
-    "center_input_sample",
-    "time_embedding_type",
-    "time_embedding_dim",
-    "freq_shift",
-    "flip_sin_to_cos",
-    "down_block_types",
-    "mid_block_type",
-    "up_block_types",
-    "block_out_channels",
-    "layers_per_block",
-    "mid_block_scale_factor",
-    "downsample_padding",
-    "downsample_type",
-    "upsample_type",
-    "dropout",
-    "act_fn",
-    "attention_head_dim",
-    "norm_num_groups",
-    "attn_norm_num_groups",
-    "norm_eps",
-    "resnet_time_scale_shift",
-    "add_attention",
-    "class_embed_type",
-    "num_class_embeds",
-    "num_train_timesteps",
-];
-
-/// `UNet2DConditionModel.__init__` arguments (0.42.1).
-const UNET_2D_CONDITION_KEYS: &[&str] = &[
-    "sample_size",
-    "in_channels",
-    "out_channels",
-    "center_input_sample",
-    "flip_sin_to_cos",
-    "freq_shift",
-    "down_block_types",
-    "mid_block_type",
-    "up_block_types",
-    "only_cross_attention",
-    "block_out_channels",
-    "layers_per_block",
-    "downsample_padding",
-    "mid_block_scale_factor",
-    "dropout",
-    "act_fn",
-    "norm_num_groups",
-    "norm_eps",
-    "cross_attention_dim",
-    "transformer_layers_per_block",
-    "reverse_transformer_layers_per_block",
-    "encoder_hid_dim",
-    "encoder_hid_dim_type",
-    "attention_head_dim",
-    "num_attention_heads",
-    "dual_cross_attention",
-    "use_linear_projection",
-    "class_embed_type",
-    "addition_embed_type",
-    "addition_time_embed_dim",
-    "num_class_embeds",
-    "upcast_attention",
-    "resnet_time_scale_shift",
-    "resnet_skip_time_act",
-    "resnet_out_scale_factor",
-    "time_embedding_type",
-    "time_embedding_dim",
-    "time_embedding_act_fn",
-    "timestep_post_act",
-    "time_cond_proj_dim",
-    "conv_in_kernel",
-    "conv_out_kernel",
-    "projection_class_embeddings_input_dim",
-    "attention_type",
-    "class_embeddings_concat",
-    "mid_block_only_cross_attention",
-    "cross_attention_norm",
-    "addition_embed_type_num_heads",
-];
-
-/// `AutoencoderKL.__init__` arguments (0.42.1).
-const AUTOENCODER_KL_KEYS: &[&str] = &[
-    "in_channels",
-    "out_channels",
-    "down_block_types",
-    "up_block_types",
-    "block_out_channels",
-    "layers_per_block",
-    "act_fn",
-    "latent_channels",
-    "norm_num_groups",
-    "sample_size",
-    "scaling_factor",
-    "shift_factor",
-    "latents_mean",
-    "latents_std",
-    "force_upcast",
-    "use_quant_conv",
-    "use_post_quant_conv",
-    "mid_block_add_attention",
-];
-
-/// `ControlNetModel.__init__` arguments (0.42.1).
-const CONTROLNET_KEYS: &[&str] = &[
-    "in_channels",
-    "conditioning_channels",
-    "flip_sin_to_cos",
-    "freq_shift",
-    "down_block_types",
-    "mid_block_type",
-    "only_cross_attention",
-    "block_out_channels",
-    "layers_per_block",
-    "downsample_padding",
-    "mid_block_scale_factor",
-    "act_fn",
-    "norm_num_groups",
-    "norm_eps",
-    "cross_attention_dim",
-    "transformer_layers_per_block",
-    "encoder_hid_dim",
-    "encoder_hid_dim_type",
-    "attention_head_dim",
-    "num_attention_heads",
-    "use_linear_projection",
-    "class_embed_type",
-    "addition_embed_type",
-    "addition_time_embed_dim",
-    "num_class_embeds",
-    "upcast_attention",
-    "resnet_time_scale_shift",
-    "projection_class_embeddings_input_dim",
-    "controlnet_conditioning_channel_order",
-    "conditioning_embedding_out_channels",
-    "global_pool_conditions",
-    "addition_embed_type_num_heads",
-];
 
 /// A mid block to build: its block id, constructor kwargs and where it sits in the model's
 /// state dict.
@@ -246,9 +112,10 @@ pub fn model_class(config: &Value) -> Result<Option<ModelClass>> {
         Some("UNet2DConditionModel") => Ok(Some(ModelClass::UNet2DConditionModel)),
         Some("AutoencoderKL") => Ok(Some(ModelClass::AutoencoderKL)),
         Some("ControlNetModel") => Ok(Some(ModelClass::ControlNetModel)),
+        Some("VQModel") => Ok(Some(ModelClass::VQModel)),
         Some(other) => Err(Error::unsupported(
             CONTEXT,
-            format!("model class `{other}`; known: UNet2DModel, UNet2DConditionModel, AutoencoderKL, ControlNetModel"),
+            format!("model class `{other}`; known: UNet2DModel, UNet2DConditionModel, AutoencoderKL, VQModel, ControlNetModel"),
         )),
     }
 }
@@ -276,12 +143,16 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
     }
     let c = Cfg(obj);
     // Down blocks where the config does not list them: the class defaults' count.
-    let default_blocks = if class == ModelClass::AutoencoderKL { 1 } else { 4 };
+    let default_blocks = match class {
+        ModelClass::AutoencoderKL | ModelClass::VQModel => 1,
+        _ => 4,
+    };
     c.check_shapes(default_blocks)?;
     match class {
         ModelClass::UNet2DModel => unet_2d(&c).map(|s| s.into_iter().collect()),
         ModelClass::UNet2DConditionModel => unet_2d_condition(&c).map(|s| s.into_iter().collect()),
-        ModelClass::AutoencoderKL => autoencoder_kl(&c),
+        ModelClass::AutoencoderKL => autoencoder(&c, None),
+        ModelClass::VQModel => vq_model(&c),
         ModelClass::ControlNetModel => controlnet(&c),
     }
 }
@@ -631,9 +502,14 @@ fn check_encoder_hid_and_addition(c: &Cfg, hid_types: &[&str], addition_types: &
     }
 }
 
-fn autoencoder_kl(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
+/// The encoder and decoder mid blocks of `AutoencoderKL` and `VQModel`: `UNetMidBlock2D(
+/// in_channels=block_out_channels[-1], resnet_eps=1e-6, resnet_act_fn=act_fn, output_scale_factor=1,
+/// attention_head_dim=block_out_channels[-1], resnet_groups=norm_num_groups, temb_channels=None,
+/// add_attention=mid_block_add_attention)`; `spatial_zq`: the decoder's `"spatial"` time scale
+/// shift with `temb_channels=latent_channels` (`VQModel(norm_type="spatial")`).
+fn autoencoder(c: &Cfg, spatial_zq: Option<Value>) -> Result<Vec<MidBlockSpec>> {
     let (_, last) = c.last_channels(&[64])?;
-    let config = json!({
+    let encoder = json!({
         "in_channels": last,
         "resnet_eps": 1e-6,
         "resnet_act_fn": c.value("act_fn", json!("silu")),
@@ -644,14 +520,36 @@ fn autoencoder_kl(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
         "temb_channels": null,
         "add_attention": c.value("mid_block_add_attention", json!(true)),
     });
-    Ok(["encoder.mid_block", "decoder.mid_block"]
-        .into_iter()
-        .map(|prefix| MidBlockSpec {
+    let mut decoder = encoder.clone();
+    if let Some(zq) = spatial_zq {
+        decoder["resnet_time_scale_shift"] = json!("spatial");
+        decoder["temb_channels"] = zq;
+    }
+    Ok(vec![
+        MidBlockSpec {
             block: UNetMidBlock2D::BLOCK,
-            config: config.clone(),
-            prefix,
-        })
-        .collect())
+            config: encoder,
+            prefix: "encoder.mid_block",
+        },
+        MidBlockSpec {
+            block: UNetMidBlock2D::BLOCK,
+            config: decoder,
+            prefix: "decoder.mid_block",
+        },
+    ])
+}
+
+/// `VQModel`: the encoder's mid block as `AutoencoderKL`'s; the decoder's conditions on the
+/// quantized latent with `norm_type="spatial"` (`temb_channels=latent_channels`, default 3).
+fn vq_model(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
+    match c.value("norm_type", json!("group")).as_str() {
+        Some("group") => autoencoder(c, None),
+        Some("spatial") => autoencoder(c, Some(c.value("latent_channels", json!(3)))),
+        _ => Err(bad(format!(
+            "norm_type {}: VQModel takes \"group\" or \"spatial\"",
+            c.value("norm_type", Value::Null)
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -747,6 +645,29 @@ mod tests {
         assert_eq!(prefixes, ["encoder.mid_block", "decoder.mid_block"]);
         assert_eq!(specs[0].config["attention_head_dim"], 512);
         assert_eq!(specs[0].config["temb_channels"], Value::Null);
+    }
+
+    #[test]
+    fn vq_model_configs_condition_the_decoder_on_zq_with_spatial_norm() {
+        // Kandinsky 2.2's movq/config.json (kandinsky-community/kandinsky-2-2-decoder).
+        let movq = json!({"_class_name": "VQModel", "_diffusers_version": "0.18.0.dev0", "act_fn": "silu",
+            "block_out_channels": [128, 256, 256, 512], "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D",
+            "DownEncoderBlock2D", "AttnDownEncoderBlock2D"], "in_channels": 3, "latent_channels": 4,
+            "layers_per_block": 2, "norm_num_groups": 32, "norm_type": "spatial", "num_vq_embeddings": 16384,
+            "out_channels": 3, "sample_size": 32, "up_block_types": ["AttnUpDecoderBlock2D", "UpDecoderBlock2D",
+            "UpDecoderBlock2D", "UpDecoderBlock2D"], "vq_embed_dim": 4});
+        let specs = mid_blocks(&movq, None, false).unwrap();
+        assert_eq!(specs[0].config["resnet_time_scale_shift"], "default");
+        assert_eq!(specs[0].config["temb_channels"], Value::Null);
+        assert_eq!(specs[1].prefix, "decoder.mid_block");
+        assert_eq!(specs[1].config["resnet_time_scale_shift"], "spatial");
+        assert_eq!(specs[1].config["temb_channels"], 4);
+        assert_eq!(specs[1].config["in_channels"], 512);
+        // norm_type "group" is AutoencoderKL's pair; anything else is refused.
+        let group = mid_blocks(&json!({"_class_name": "VQModel"}), None, false).unwrap();
+        assert_eq!(group[1].config["resnet_time_scale_shift"], "default");
+        let e = mid_blocks(&json!({"_class_name": "VQModel", "norm_type": "ada"}), None, false).unwrap_err();
+        assert!(e.to_string().contains("norm_type"), "{e}");
     }
 
     #[test]
