@@ -764,3 +764,34 @@ fn controlnet_scale_pool_and_zero_conv_are_not_silently_ignored() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("controlnet_mid_block.weight"), "{err}");
 }
+
+/// Video, motion and dual-cross-attention mid blocks have a `resnets.0.conv1` like the
+/// implemented ones: `detect` names them as not supported instead of taking them for a
+/// `UNetMidBlock2DCrossAttn`.
+#[test]
+fn unsupported_diffusers_mid_blocks_are_named_not_guessed() {
+    let dir = scratch("detect-unsupported");
+    let sd1 = weights().join("models/diffusers_sd1/diffusion_pytorch_model.safetensors");
+    for (extra, name) in [
+        ("mid_block.temp_convs.0.conv1.1.weight", "UNetMidBlock3DCrossAttn"),
+        (
+            "mid_block.motion_modules.0.proj_in.weight",
+            "UNetMidBlockCrossAttnMotion",
+        ),
+        (
+            "mid_block.attentions.0.transformers.0.norm.weight",
+            "dual_cross_attention",
+        ),
+    ] {
+        let mut b = RawBundle::read(&sd1);
+        let zeros = candle_core::Tensor::zeros(4, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        b.tensors.insert(extra.into(), zeros);
+        let path = dir.join(format!("{name}.safetensors"));
+        b.write(&path);
+        let (_, out, err) = cli(&["detect", path.to_str().unwrap()]);
+        assert!(
+            out.contains(name) && out.contains("not supported") && !out.contains("diffusers.UNetMidBlock2DCrossAttn"),
+            "{name}: {out}\n{err}"
+        );
+    }
+}

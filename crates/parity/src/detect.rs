@@ -130,7 +130,35 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
     found
 }
 
+/// The diffusers mid blocks with a ResNet at `resnets.0.conv1` that are not implemented, told
+/// apart by the submodules the implemented ones lack.
+fn diffusers_unsupported(ck: &Checkpoint, p: &str) -> Option<&'static str> {
+    let under = |sub: &str| {
+        let key = format!("{p}{sub}");
+        ck.names().any(|n| n.starts_with(&key))
+    };
+    if under("temp_convs.") || under("temp_attentions.") {
+        Some("diffusers UNetMidBlock3DCrossAttn (UNet3DConditionModel / I2VGenXLUNet video U-Net: temporal convolutions and attentions), not supported")
+    } else if under("motion_modules.") {
+        Some("diffusers UNetMidBlockCrossAttnMotion (UNetMotionModel, AnimateDiff motion modules), not supported")
+    } else if under("attentions.0.transformers.") {
+        Some("diffusers UNetMidBlock2DCrossAttn with dual_cross_attention (Versatile Diffusion DualTransformer2DModel), not supported")
+    } else {
+        None
+    }
+}
+
 fn diffusers(ck: &Checkpoint, p: &str) -> Found {
+    if let Some(variant) = diffusers_unsupported(ck, p) {
+        return Found {
+            prefix: p.to_string(),
+            block: None,
+            variant: variant.to_string(),
+            config: Map::new(),
+            unknown: vec![],
+            from_config: None,
+        };
+    }
     let c = dim(ck, &format!("{p}resnets.0.conv1.weight"), 1).unwrap_or(0);
     // MoVQ's ResnetBlockCondNorm2D: SpatialNorms whose 1x1 convs read the zq channels.
     let zq = dim(ck, &format!("{p}resnets.0.norm1.conv_y.weight"), 1);
