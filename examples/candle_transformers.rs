@@ -7,18 +7,24 @@
 //! SD-1.5-layout `UNet2DConditionModel`, and `weights/own/diffusers_vae_decoder_mid_block.safetensors`,
 //! an `AutoencoderKL` decoder's; `scripts/export_own.py` writes such bundles for your own model):
 //!
-//! * the checkpoint the bundle references (`parity.weights`, safetensors) is mapped once per dtype
-//!   and both blocks are built from it under the same prefix (`mid_block`, `decoder.mid_block`).
-//!   Our block's kwargs come from the model's `config.json` (`model_config::mid_blocks`);
-//!   candle-transformers' config fields are filled from those same kwargs;
-//! * f32: max |output − PyTorch's f32 output| and max |output − PyTorch's float64 output| for each,
-//!   with PyTorch's own f32 error for scale; then bf16 weights and inputs, where a block that fails
-//!   prints its error;
+//! * the checkpoint the bundle references (`parity.weights`, safetensors) is mapped and both
+//!   blocks are built from it under the same prefix (`mid_block`, `decoder.mid_block`). Our
+//!   block's kwargs come from the model's `config.json` (`model_config::mid_blocks`);
+//!   candle-transformers' config fields are filled from those same kwargs, and a kwarg it cannot
+//!   express is an error;
+//! * f32: max |output − PyTorch's f32 output| and max |output − PyTorch's float64 output| for each
+//!   (candle-transformers' also one batch entry per call), with PyTorch's own f32 error for scale;
+//!   then bf16 weights and inputs, where a block that fails prints its error;
 //! * where candle-transformers' error arises: its public parts (`ResnetBlock2D`,
 //!   `SpatialTransformer`, `AttentionBlock`), each given PyTorch's own input to that part (the
-//!   bundle's stage traces), against PyTorch's output of it; and GEGLU's gate on PyTorch's
-//!   `ff/proj_in` with candle's tanh-approximate `gelu` (what candle-transformers' GEGLU calls) and
-//!   with the erf `gelu_erf` (diffusers' GELU), against PyTorch's `ff/act`.
+//!   bundle's stage traces), against PyTorch's output of it. Then, for the U-Net block, GEGLU's
+//!   gate on PyTorch's `ff/proj_in` with candle's tanh-approximate `gelu` (what
+//!   candle-transformers' GEGLU calls) and with `gelu_erf` (diffusers' GELU), against PyTorch's
+//!   `ff/act`; for the VAE block, `candle_nn::Linear` on the transposed token view its
+//!   `AttentionBlock` passes and on a contiguous copy, against PyTorch's `q`;
+//! * last, candle-core's `conv2d` and `matmul` in BF16 on the CPU.
+//!
+//! README.md (Next to candle-transformers) has the output and what it means.
 //!
 //! ```sh
 //! cargo run --release --example candle_transformers --features candle-transformers
