@@ -99,6 +99,10 @@ def build_module(block: str, config: dict) -> nn.Module:
         from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2D
 
         return UNetMidBlock2D(**cfg)
+    if block == "diffusers.UNetMidBlock1D":
+        from diffusers.models.unets.unet_1d_blocks import UNetMidBlock1D
+
+        return UNetMidBlock1D(**cfg)
     if block == "diffusers.UNetMidBlock2DCrossAttn":
         from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2DCrossAttn
 
@@ -668,6 +672,54 @@ def diffusers_vq_movq(ctx: Ctx):
                "SpatialNorm resizes to 8 x 6 with F.interpolate(mode=\"nearest\")")
 
 
+def diffusers_unet1d(ctx: Ctx):
+    """``UNet1DModel`` (Dance Diffusion's audio U-Net, ``mid_block_type="UNetMidBlock1D"``): a
+    fourier time embedding concatenated to the sample as 16 extra channels, two down and up
+    blocks; the mid block runs at 32 channels (one SelfAttention1d head). A second, standalone
+    ``UNetMidBlock1D(mid_channels=64, in_channels=32, out_channels=32)`` covers two heads and the
+    ``conv_skip`` convolutions of the first and last ResConvBlock."""
+    from diffusers import UNet1DModel
+    from diffusers.models.unets.unet_1d_blocks import UNetMidBlock1D
+
+    torch.manual_seed(0)
+    model = UNet1DModel(sample_size=32, in_channels=2, out_channels=2, extra_in_channels=16, time_embedding_dim=16,
+                        block_out_channels=(32, 32), down_block_types=("DownBlock1DNoSkip", "AttnDownBlock1D"),
+                        up_block_types=("AttnUpBlock1D", "UpBlock1DNoSkip"), use_timestep_embedding=False,
+                        flip_sin_to_cos=True, time_embedding_type="fourier", freq_shift=0.0)
+    randomize_(model, 7601)
+    model.eval()
+    files = save_diffusers(model, "diffusers_unet1d")
+    ctx.files += files
+    weights = files[1].relative_to(WEIGHTS).as_posix()
+    g = gen(7602)
+    sample, t = randn(g, 2, 2, 32), torch.tensor([0.3, 0.7])
+    ins, out = capture(model.mid_block, lambda: model(sample, t))
+    c = model.config.block_out_channels[-1]
+    cfg = dict(in_channels=c, mid_channels=c, out_channels=c)
+    src = (DIFF_BLOCKS.format("UNetMidBlock1D").replace("unet_2d_blocks", "unet_1d_blocks")
+           + f"; the mid_block of the whole UNet1DModel weights/{weights} (Dance Diffusion-like: fourier time "
+           "embedding of 16 channels concatenated to the sample, block_out_channels (32, 32)), inputs captured by a "
+           "forward pre-hook while the model ran on a random sample (2, 2, 32), timesteps [0.3, 0.7]")
+    ctx.bundle("unet_mid_block_1d", "diffusers.UNetMidBlock1D", cfg, tensor_inputs(ins), out,
+               state=sub_state(model.state_dict(), "mid_block."), source=src, half=True)
+    ctx.bundle("unet_mid_block_1d_ref", "diffusers.UNetMidBlock1D", cfg, tensor_inputs(ins), out,
+               ref=(weights, "mid_block."), source=src)
+    torch.manual_seed(0)
+    wide = dict(mid_channels=64, in_channels=32, out_channels=32)
+    block = UNetMidBlock1D(**wide)
+    randomize_(block, 7603)
+    block.eval()
+    x = randn(g, 2, 32, 7)  # odd length: the down- and upsampling round it to 6
+    with torch.no_grad():
+        y = block(x)
+    ctx.bundle("unet_mid_block_1d_two_heads_conv_skip", "diffusers.UNetMidBlock1D", wide, OrderedDict(hidden_states=x),
+               y, state=OrderedDict(block.state_dict()),
+               source=DIFF_BLOCKS.format("UNetMidBlock1D").replace("unet_2d_blocks", "unet_1d_blocks")
+               + "; UNetMidBlock1D(mid_channels=64, in_channels=32, out_channels=32) alone (random weights): two "
+               "SelfAttention1d heads of 32 in attentions 0-4, one in attention 5, conv_skip in resnets 0 (32 -> 64) and "
+               "5 (64 -> 32); random input (2, 32, 7), an odd length")
+
+
 def lucidrains(ctx: Ctx):
     from denoising_diffusion_pytorch.version import __version__
     from denoising_diffusion_pytorch import GaussianDiffusion, Unet
@@ -982,7 +1034,7 @@ def diffusers_controlnet(ctx: Ctx):
                        ref=(weights, ""), source=src, kwargs=kwargs)
 
 
-MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_vq_movq, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
+MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_vq_movq, diffusers_unet1d, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
                   diffusers_controlnet, lucidrains, sd_checkpoint, guided_diffusion_checkpoint, ddpm_model_checkpoint, standalone_restated)
 
 

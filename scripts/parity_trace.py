@@ -567,6 +567,35 @@ def _by_class(m):
     raise KeyError(f"no stage tracer for a mid-block submodule of class {mod}.{name}")
 
 
+def _attention_1d(m, h):
+    """diffusers ``SelfAttention1d``: GroupNorm(1), query/key/value Linears on the transposed
+    view, ``transpose_for_scores`` heads, ``d ** -0.25`` on q and on k, ``proj_attn``."""
+    h.out(m.group_norm, "norm")
+    for n in ("query", "key", "value"):
+        h.out(getattr(m, n), "_" + n[0])
+    _out_proj(h, m.proj_attn)
+
+    def finish(got):
+        q, k, v = (m.transpose_for_scores(got[n]) for n in ("_q", "_k", "_v"))
+        s = 1 / math.sqrt(math.sqrt(k.shape[-1]))
+        return _stages(got, q, k, v, [("norm", got["norm"])], scale_q=s, scale_k=s)
+
+    return finish
+
+
+# diffusers ResConvBlock (1-D): conv_1, group_norm_1, GELU, conv_2, group_norm_2, GELU, + conv_skip
+_res_conv_1d = _resnet(conv1="conv_1", norm1="group_norm_1", conv2="conv_2", norm2="group_norm_2",
+                       shortcut="conv_skip")
+
+
+def _diffusers_mid_1d(m):
+    # forward: down, then (resnet, attention) pairs, then up
+    out = [("down", m.down, None)]
+    for i, (r, a) in enumerate(zip(m.resnets, m.attentions)):
+        out += [(f"resnets.{i}", r, _res_conv_1d), (f"attentions.{i}", a, _attention_1d)]
+    return out + [("up", m.up, None)]
+
+
 def _children(names):
     return lambda m: [(n, getattr(m, n), _by_class(getattr(m, n))) for n in names]
 
@@ -592,6 +621,7 @@ TRACERS = {
     "diffusers.Transformer2DModel": _spatial_transformer(_diffusers_btb),
     "diffusers.ResnetBlock2D": _diffusers_resnet,
     "diffusers.UNetMidBlock2D": _sequence(_diffusers_mid),
+    "diffusers.UNetMidBlock1D": _sequence(_diffusers_mid_1d),
     "diffusers.UNetMidBlock2DCrossAttn": _sequence(_diffusers_mid),
     "diffusers.UNetMidBlock2DSimpleCrossAttn": _sequence(_diffusers_mid),
     # ControlNetModel: the mid block's stages under mid_block/, the zero conv's output (before

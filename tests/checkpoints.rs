@@ -92,6 +92,7 @@ fn config_json_gives_the_mid_block_config() {
             "mid/unet_mid_block_2d_movq_decoder_ref.safetensors",
             "diffusers_movq/config.json",
         ),
+        ("mid/unet_mid_block_1d_ref.safetensors", "diffusers_unet1d/config.json"),
         (
             "mid/unet_mid_block_2d_movq_encoder_ref.safetensors",
             "diffusers_movq/config.json",
@@ -183,6 +184,10 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
                 ("decoder.mid_block.", "diffusers.UNetMidBlock2D"),
                 ("encoder.mid_block.", "diffusers.UNetMidBlock2D"),
             ],
+        ),
+        (
+            "diffusers_unet1d/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock1D")],
         ),
         (
             "diffusers_movq/diffusion_pytorch_model.safetensors",
@@ -469,6 +474,36 @@ fn detect_reads_the_config_beside_the_checkpoint() {
         out.contains("not in the keys") && !out.contains("from config.json"),
         "{out}"
     );
+}
+
+/// Dance Diffusion's `UNet1DModel`: `detect` names `UNetMidBlock1D` with its channels, and
+/// `check --weights --prefix` runs the self-contained bundles (f32, f16, bf16) on the whole
+/// checkpoint's mid block; the standalone two-head bundle's weights under the one-head config
+/// are an error naming a key, not a pass.
+#[test]
+fn unet_1d_mid_block_detects_and_checks_from_the_whole_checkpoint() {
+    let ckpt = models("diffusers_unet1d/diffusion_pytorch_model.safetensors");
+    let (code, out, err) = cli(&["detect", &ckpt]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("prefix `mid_block.`: diffusers.UNetMidBlock1D")
+            && out.contains("\"in_channels\":32,\"mid_channels\":32,\"out_channels\":32"),
+        "{out}"
+    );
+    for suffix in ["", "_f16", "_bf16"] {
+        let b = w(&format!("mid/unet_mid_block_1d{suffix}.safetensors"));
+        let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block."]);
+        assert!(err.contains("weights from"), "{suffix}: {err}");
+    }
+    let (code, out, err) = cli(&[
+        "check",
+        &w("mid/unet_mid_block_1d_two_heads_conv_skip.safetensors"),
+        "--weights",
+        &ckpt,
+        "--prefix",
+        "mid_block.",
+    ]);
+    assert_eq!(code, 2, "{out}\n{err}");
 }
 
 /// Kandinsky's MoVQ (`VQModel(norm_type="spatial")`): `detect` names the decoder's spatially

@@ -95,6 +95,12 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
             found.push(diffusers(ck, &p));
         }
     }
+    // UNet1DModel (Dance Diffusion): the cubic resampling buffers and ResConvBlocks.
+    for p in prefixes(ck, "down.kernel") {
+        if (p.ends_with("mid_block.") || p.is_empty()) && has(ck, &format!("{p}resnets.0.conv_1.weight")) {
+            found.push(diffusers_1d(ck, &p));
+        }
+    }
     // ControlNetModel: its mid block and the `controlnet_mid_block` zero convolution beside it.
     for p in prefixes(ck, "controlnet_mid_block.weight") {
         if has(ck, &format!("{p}mid_block.resnets.0.conv1.weight")) {
@@ -257,6 +263,32 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
             unknown,
             from_config: None,
         }
+    }
+}
+
+/// `UNetMidBlock1D` (UNet1DModel, Dance Diffusion): everything its constructor takes is in the
+/// keys.
+fn diffusers_1d(ck: &Checkpoint, p: &str) -> Found {
+    let mut config = Map::new();
+    config.insert(
+        "in_channels".into(),
+        json!(dim(ck, &format!("{p}resnets.0.conv_1.weight"), 1)),
+    );
+    config.insert(
+        "mid_channels".into(),
+        json!(dim(ck, &format!("{p}resnets.0.conv_1.weight"), 0)),
+    );
+    config.insert(
+        "out_channels".into(),
+        json!(dim(ck, &format!("{p}resnets.5.conv_2.weight"), 0)),
+    );
+    Found {
+        prefix: p.to_string(),
+        block: Some(unet_attention::diffusers::UNetMidBlock1D::BLOCK),
+        variant: "diffusers UNetMidBlock1D (UNet1DModel, Dance Diffusion)".into(),
+        config,
+        unknown: vec![],
+        from_config: None,
     }
 }
 

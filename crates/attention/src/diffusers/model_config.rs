@@ -13,6 +13,8 @@
 //! * `AutoencoderKL`: encoder and decoder `UNetMidBlock2D(in_channels=block_out_channels[-1],
 //!   resnet_eps=1e-6, output_scale_factor=1, attention_head_dim=block_out_channels[-1],
 //!   temb_channels=None, add_attention=mid_block_add_attention, ...)`;
+//! * `UNet1DModel`: `UNetMidBlock1D(in_channels=block_out_channels[-1], mid_channels=the same,
+//!   out_channels=the same)` for `mid_block_type="UNetMidBlock1D"` (Dance Diffusion);
 //! * `VQModel`: the same two, except that with `norm_type="spatial"` (Kandinsky 2.x's MoVQ) the
 //!   decoder's has `resnet_time_scale_shift="spatial"` and `temb_channels=latent_channels` (its
 //!   `temb` is the quantized latent);
@@ -31,6 +33,7 @@
 
 use crate::diffusers::controlnet::ControlNetMidBlock;
 use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+use crate::diffusers::mid_block_1d::UNetMidBlock1D;
 use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
 use crate::diffusers::model_keys::*;
 use crate::{Error, Result};
@@ -45,6 +48,8 @@ pub enum ModelClass {
     ControlNetModel,
     /// The VQ-VAE (Kandinsky 2.x's MoVQ with `norm_type="spatial"`).
     VQModel,
+    /// The 1-D U-Net (Dance Diffusion).
+    UNet1DModel,
 }
 
 impl ModelClass {
@@ -55,6 +60,7 @@ impl ModelClass {
             ModelClass::AutoencoderKL => "AutoencoderKL",
             ModelClass::ControlNetModel => "ControlNetModel",
             ModelClass::VQModel => "VQModel",
+            ModelClass::UNet1DModel => "UNet1DModel",
         }
     }
 
@@ -65,6 +71,7 @@ impl ModelClass {
             ModelClass::AutoencoderKL => AUTOENCODER_KL_KEYS,
             ModelClass::ControlNetModel => CONTROLNET_KEYS,
             ModelClass::VQModel => VQ_MODEL_KEYS,
+            ModelClass::UNet1DModel => UNET_1D_KEYS,
         }
     }
 }
@@ -113,9 +120,10 @@ pub fn model_class(config: &Value) -> Result<Option<ModelClass>> {
         Some("AutoencoderKL") => Ok(Some(ModelClass::AutoencoderKL)),
         Some("ControlNetModel") => Ok(Some(ModelClass::ControlNetModel)),
         Some("VQModel") => Ok(Some(ModelClass::VQModel)),
+        Some("UNet1DModel") => Ok(Some(ModelClass::UNet1DModel)),
         Some(other) => Err(Error::unsupported(
             CONTEXT,
-            format!("model class `{other}`; known: UNet2DModel, UNet2DConditionModel, AutoencoderKL, VQModel, ControlNetModel"),
+            format!("model class `{other}`; known: UNet1DModel, UNet2DModel, UNet2DConditionModel, AutoencoderKL, VQModel, ControlNetModel"),
         )),
     }
 }
@@ -145,6 +153,7 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
     // Down blocks where the config does not list them: the class defaults' count.
     let default_blocks = match class {
         ModelClass::AutoencoderKL | ModelClass::VQModel => 1,
+        ModelClass::UNet1DModel => 3,
         _ => 4,
     };
     c.check_shapes(default_blocks)?;
@@ -153,6 +162,7 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
         ModelClass::UNet2DConditionModel => unet_2d_condition(&c).map(|s| s.into_iter().collect()),
         ModelClass::AutoencoderKL => autoencoder(&c, None),
         ModelClass::VQModel => vq_model(&c),
+        ModelClass::UNet1DModel => unet_1d(&c).map(|s| s.into_iter().collect()),
         ModelClass::ControlNetModel => controlnet(&c),
     }
 }
@@ -502,6 +512,25 @@ fn check_encoder_hid_and_addition(c: &Cfg, hid_types: &[&str], addition_types: &
     }
 }
 
+/// `UNet1DModel`: `get_mid_block(mid_block_type, in_channels=mid_channels=out_channels=
+/// block_out_channels[-1], ...)`; `UNetMidBlock1D` (Dance Diffusion) takes only the channels.
+/// `MidResTemporalBlock1D` and `ValueFunctionMidBlock1D` (the Diffuser planning models, no
+/// attention) are not implemented.
+fn unet_1d(c: &Cfg) -> Result<Option<MidBlockSpec>> {
+    let (_, last) = c.last_channels(&[32, 32, 64])?;
+    match c.value("mid_block_type", json!("UNetMidBlock1D")) {
+        Value::String(s) if s == "UNetMidBlock1D" => Ok(Some(MidBlockSpec {
+            block: UNetMidBlock1D::BLOCK,
+            config: json!({"in_channels": last, "mid_channels": last, "out_channels": last}),
+            prefix: "mid_block",
+        })),
+        other => Err(Error::unsupported(
+            CONTEXT,
+            format!("UNet1DModel mid_block_type {other} (MidResTemporalBlock1D / ValueFunctionMidBlock1D are not implemented)"),
+        )),
+    }
+}
+
 /// The encoder and decoder mid blocks of `AutoencoderKL` and `VQModel`: `UNetMidBlock2D(
 /// in_channels=block_out_channels[-1], resnet_eps=1e-6, resnet_act_fn=act_fn, output_scale_factor=1,
 /// attention_head_dim=block_out_channels[-1], resnet_groups=norm_num_groups, temb_channels=None,
@@ -645,6 +674,29 @@ mod tests {
         assert_eq!(prefixes, ["encoder.mid_block", "decoder.mid_block"]);
         assert_eq!(specs[0].config["attention_head_dim"], 512);
         assert_eq!(specs[0].config["temb_channels"], Value::Null);
+    }
+
+    #[test]
+    fn unet_1d_configs_give_unet_mid_block_1d() {
+        // harmonai/maestro-150k's unet/config.json (Dance Diffusion), abridged to the keys that matter.
+        let dance = json!({"_class_name": "UNet1DModel", "block_out_channels": [32, 32, 64, 64, 128, 128, 256, 256,
+            512, 512, 512, 512, 512], "down_block_types": ["DownBlock1DNoSkip", "DownBlock1D", "DownBlock1D",
+            "DownBlock1D", "DownBlock1D", "DownBlock1D", "AttnDownBlock1D", "AttnDownBlock1D", "AttnDownBlock1D",
+            "AttnDownBlock1D", "AttnDownBlock1D", "AttnDownBlock1D", "AttnDownBlock1D"], "extra_in_channels": 16,
+            "mid_block_type": "UNetMidBlock1D", "sample_size": 65536, "time_embedding_type": "fourier"});
+        let spec = one(dance);
+        assert_eq!(spec.block, UNetMidBlock1D::BLOCK);
+        assert_eq!(
+            spec.config,
+            json!({"in_channels": 512, "mid_channels": 512, "out_channels": 512})
+        );
+        let e = mid_blocks(
+            &json!({"_class_name": "UNet1DModel", "mid_block_type": "ValueFunctionMidBlock1D"}),
+            None,
+            false,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("ValueFunctionMidBlock1D"), "{e}");
     }
 
     #[test]

@@ -163,3 +163,26 @@ pub(super) const VQ_MODEL_KEYS: &[&str] = &[
     "lookup_from_codebook",
     "force_upcast",
 ];
+
+/// `UNet1DModel.__init__` arguments (0.42.1).
+pub(super) const UNET_1D_KEYS: &[&str] = &[
+    "sample_size",
+    "sample_rate",
+    "in_channels",
+    "out_channels",
+    "extra_in_channels",
+    "time_embedding_type",
+    "time_embedding_dim",
+    "flip_sin_to_cos",
+    "use_timestep_embedding",
+    "freq_shift",
+    "down_block_types",
+    "up_block_types",
+    "mid_block_type",
+    "out_block_type",
+    "block_out_channels",
+    "act_fn",
+    "norm_num_groups",
+    "layers_per_block",
+    "downsample_each_block",
+];

@@ -1,13 +1,22 @@
 use super::{BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use unet_attention::diffusers::{
-    ControlNetMidBlock, ResnetBlock2D, UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn,
+    ControlNetMidBlock, ResnetBlock2D, UNetMidBlock1D, UNetMidBlock2D, UNetMidBlock2DCrossAttn,
+    UNetMidBlock2DSimpleCrossAttn,
 };
 use unet_attention::{config, Result};
 
 impl Runnable for ResnetBlock2D {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         Ok(vec![self.forward(inputs.required("input_tensor")?, inputs.get("temb"))?])
+    }
+}
+
+impl Runnable for UNetMidBlock1D {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![
+            self.forward(inputs.required("hidden_states")?, inputs.get("temb"))?
+        ])
     }
 }
 
@@ -84,6 +93,16 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             build: |vb, cfg| {
                 let cfg = config::from_json(UNetMidBlock2D::BLOCK, cfg)?;
                 Ok(Box::new(UNetMidBlock2D::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: UNetMidBlock1D::BLOCK,
+            pytorch: "diffusers.models.unets.unet_1d_blocks.UNetMidBlock1D (diffusers 0.7 – 0.42.1; UNet1DModel mid block, Dance Diffusion: cubic Downsample1d, 6 ResConvBlock + SelfAttention1d, cubic Upsample1d)",
+            inputs: &["hidden_states", "temb"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(UNetMidBlock1D::BLOCK, cfg)?;
+                Ok(Box::new(UNetMidBlock1D::new(vb, &cfg)?))
             },
         },
         BlockInfo {
