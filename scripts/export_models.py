@@ -103,6 +103,10 @@ def build_module(block: str, config: dict) -> nn.Module:
         from diffusers.models.unets.unet_1d_blocks import UNetMidBlock1D
 
         return UNetMidBlock1D(**cfg)
+    if block in ("diffusers.MidResTemporalBlock1D", "diffusers.ValueFunctionMidBlock1D"):
+        from diffusers.models.unets import unet_1d_blocks
+
+        return getattr(unet_1d_blocks, block.split(".")[1])(**cfg)
     if block == "diffusers.UNetMidBlock2DCrossAttn":
         from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2DCrossAttn
 
@@ -720,6 +724,68 @@ def diffusers_unet1d(ctx: Ctx):
                "5 (64 -> 32); random input (2, 32, 7), an odd length")
 
 
+def diffusers_unet1d_rl(ctx: Ctx):
+    """``UNet1DModel`` as the Diffuser planning models use it (``use_timestep_embedding``, Mish,
+    ``DownResnetBlock1D``): the trajectory U-Net (``mid_block_type="MidResTemporalBlock1D"``) and the
+    value function (``"ValueFunctionMidBlock1D"``). Their mid blocks have no attention."""
+    from diffusers import UNet1DModel
+
+    common = dict(in_channels=6, out_channels=6, extra_in_channels=0, time_embedding_type="positional",
+                  flip_sin_to_cos=False, freq_shift=1, use_timestep_embedding=True, act_fn="mish",
+                  norm_num_groups=8, layers_per_block=1, downsample_each_block=False)
+    variants = [
+        ("diffusers_unet1d_trajectory", dict(block_out_channels=(16, 32), mid_block_type="MidResTemporalBlock1D",
+                                             down_block_types=("DownResnetBlock1D", "DownResnetBlock1D"),
+                                             up_block_types=("UpResnetBlock1D",), out_block_type="OutConv1DBlock"),
+         7701, 16, "mid_res_temporal_block_1d", "diffusers.MidResTemporalBlock1D",
+         dict(in_channels=32, out_channels=32, embed_dim=16, num_layers=1, add_downsample=False)),
+        ("diffusers_unet1d_value", dict(block_out_channels=(16, 32), mid_block_type="ValueFunctionMidBlock1D",
+                                        down_block_types=("DownResnetBlock1D", "DownResnetBlock1D"), up_block_types=(),
+                                        out_block_type="ValueFunction"),
+         7702, 8, "value_function_mid_block_1d", "diffusers.ValueFunctionMidBlock1D",
+         dict(in_channels=32, out_channels=32, embed_dim=16)),
+    ]
+    # the value function's OutValueFunctionBlock flattens what is left after the mid block's two
+    # downsamplings: one step, so a horizon of 8 (8 -> 4 in the down blocks -> 2 -> 1)
+    for name, kw, seed, horizon, stem, block, cfg in variants:
+        torch.manual_seed(0)
+        model = UNet1DModel(sample_size=horizon, **common, **kw)
+        randomize_(model, seed)
+        model.eval()
+        files = save_diffusers(model, name)
+        ctx.files += files
+        weights = files[1].relative_to(WEIGHTS).as_posix()
+        g = gen(seed + 1)
+        sample, t = randn(g, 2, 6, horizon), torch.tensor([10, 90])
+        ins, out = capture(model.mid_block, lambda: model(sample, t))
+        src = (DIFF_BLOCKS.format(block.split(".")[1]).replace("unet_2d_blocks", "unet_1d_blocks")
+               + f"; the mid_block of the whole UNet1DModel weights/{weights} (Diffuser-like: use_timestep_embedding, "
+               "mish, block_out_channels (16, 32)), inputs captured by a forward pre-hook while the model ran on a "
+               f"random sample (2, 6, {horizon}), timesteps [10, 90]")
+        ctx.bundle(stem, block, cfg, tensor_inputs(ins), out, state=sub_state(model.state_dict(), "mid_block."),
+                   source=src, half=True)
+        ctx.bundle(f"{stem}_ref", block, cfg, tensor_inputs(ins), out, ref=(weights, "mid_block."), source=src)
+    # MidResTemporalBlock1D with its resampling: upsample (nearest x2 + Conv1d), then downsample (strided)
+    from diffusers.models.unets.unet_1d_blocks import MidResTemporalBlock1D
+
+    g = gen(7703)
+    for resample in ("add_upsample", "add_downsample"):
+        cfg = dict(in_channels=16, out_channels=24, embed_dim=8, num_layers=2, **{resample: True})
+        torch.manual_seed(0)
+        mid = MidResTemporalBlock1D(**cfg)
+        randomize_(mid, 7704)
+        mid.eval()
+        x, temb = randn(g, 2, 16, 9), randn(g, 2, 8)
+        with torch.no_grad():
+            y = mid(x, temb)
+        ctx.bundle(f"mid_res_temporal_block_1d_{resample}", "diffusers.MidResTemporalBlock1D", cfg,
+                   OrderedDict(hidden_states=x, temb=temb), y, state=OrderedDict(mid.state_dict()),
+                   source=DIFF_BLOCKS.format("MidResTemporalBlock1D").replace("unet_2d_blocks", "unet_1d_blocks")
+                   + f"; MidResTemporalBlock1D(in_channels=16, out_channels=24, embed_dim=8, num_layers=2, {resample}="
+                   "True) alone (random weights; residual_conv 16 -> 24 in resnets.0), random input (2, 16, 9) and "
+                   "temb (2, 8)")
+
+
 def lucidrains(ctx: Ctx):
     from denoising_diffusion_pytorch.version import __version__
     from denoising_diffusion_pytorch import GaussianDiffusion, Unet
@@ -1034,7 +1100,7 @@ def diffusers_controlnet(ctx: Ctx):
                        ref=(weights, ""), source=src, kwargs=kwargs)
 
 
-MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_vq_movq, diffusers_unet1d, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
+MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_vq_movq, diffusers_unet1d, diffusers_unet1d_rl, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
                   diffusers_controlnet, lucidrains, sd_checkpoint, guided_diffusion_checkpoint, ddpm_model_checkpoint, standalone_restated)
 
 

@@ -588,6 +588,28 @@ _res_conv_1d = _resnet(conv1="conv_1", norm1="group_norm_1", conv2="conv_2", nor
                        shortcut="conv_skip")
 
 
+def _temporal_resnet_1d(m, h):
+    """diffusers ResidualTemporalBlock1D: time_emb(mish(t)), Conv1dBlocks (conv, GroupNorm on the
+    (B, C, 1, L) view, Mish), residual_conv when the channels change."""
+    paths = dict(temb="time_emb", conv1="conv_in.conv1d", norm1="conv_in.group_norm", conv2="conv_out.conv1d",
+                 norm2="conv_out.group_norm")
+    if not isinstance(m.residual_conv, torch.nn.Identity):
+        paths["shortcut"] = "residual_conv"
+    return _resnet(**paths)(m, h)
+
+
+def _diffusers_mid_1d_temporal(m):
+    if hasattr(m, "res1"):  # ValueFunctionMidBlock1D
+        return [("res1", m.res1, _temporal_resnet_1d), ("down1", m.down1, None), ("res2", m.res2, _temporal_resnet_1d),
+                ("down2", m.down2, None)]
+    out = [(f"resnets.{i}", r, _temporal_resnet_1d) for i, r in enumerate(m.resnets)]
+    if m.upsample is not None:
+        out.append(("upsample", m.upsample, None))
+    if m.downsample is not None:
+        out.append(("downsample", m.downsample, None))
+    return out
+
+
 def _diffusers_mid_1d(m):
     # forward: down, then (resnet, attention) pairs, then up
     out = [("down", m.down, None)]
@@ -622,6 +644,8 @@ TRACERS = {
     "diffusers.ResnetBlock2D": _diffusers_resnet,
     "diffusers.UNetMidBlock2D": _sequence(_diffusers_mid),
     "diffusers.UNetMidBlock1D": _sequence(_diffusers_mid_1d),
+    "diffusers.MidResTemporalBlock1D": _sequence(_diffusers_mid_1d_temporal),
+    "diffusers.ValueFunctionMidBlock1D": _sequence(_diffusers_mid_1d_temporal),
     "diffusers.UNetMidBlock2DCrossAttn": _sequence(_diffusers_mid),
     "diffusers.UNetMidBlock2DSimpleCrossAttn": _sequence(_diffusers_mid),
     # ControlNetModel: the mid block's stages under mid_block/, the zero conv's output (before

@@ -190,6 +190,14 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
             &[("mid_block.", "diffusers.UNetMidBlock1D")],
         ),
         (
+            "diffusers_unet1d_trajectory/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.MidResTemporalBlock1D")],
+        ),
+        (
+            "diffusers_unet1d_value/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.ValueFunctionMidBlock1D")],
+        ),
+        (
             "diffusers_movq/diffusion_pytorch_model.safetensors",
             &[
                 ("decoder.mid_block.", "diffusers.UNetMidBlock2D"),
@@ -500,6 +508,33 @@ fn unet_1d_mid_block_detects_and_checks_from_the_whole_checkpoint() {
         &w("mid/unet_mid_block_1d_two_heads_conv_skip.safetensors"),
         "--weights",
         &ckpt,
+        "--prefix",
+        "mid_block.",
+    ]);
+    assert_eq!(code, 2, "{out}\n{err}");
+}
+
+/// The Diffuser planning models' `UNet1DModel`s: the trajectory U-Net's `MidResTemporalBlock1D`
+/// and the value function's `ValueFunctionMidBlock1D` pass their f32, f16 and bf16 bundles on the
+/// whole checkpoints' mid blocks; each model's weights under the other's bundle are an error.
+#[test]
+fn diffuser_1d_mid_blocks_check_from_the_whole_checkpoints() {
+    for (model, stem) in [
+        ("diffusers_unet1d_trajectory", "mid_res_temporal_block_1d"),
+        ("diffusers_unet1d_value", "value_function_mid_block_1d"),
+    ] {
+        let ckpt = models(&format!("{model}/diffusion_pytorch_model.safetensors"));
+        for suffix in ["", "_f16", "_bf16"] {
+            let b = w(&format!("mid/{stem}{suffix}.safetensors"));
+            let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block."]);
+            assert!(err.contains("weights from"), "{stem}{suffix}: {err}");
+        }
+    }
+    let (code, out, err) = cli(&[
+        "check",
+        &w("mid/value_function_mid_block_1d.safetensors"),
+        "--weights",
+        &models("diffusers_unet1d_trajectory/diffusion_pytorch_model.safetensors"),
         "--prefix",
         "mid_block.",
     ]);

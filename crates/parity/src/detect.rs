@@ -101,6 +101,17 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
             found.push(diffusers_1d(ck, &p));
         }
     }
+    // UNet1DModel (the Diffuser planning models): ResidualTemporalBlock1D stacks.
+    for p in prefixes(ck, "resnets.0.conv_in.conv1d.weight") {
+        if p.ends_with("mid_block.") || p.is_empty() {
+            found.push(diffusers_1d_temporal(ck, &p, false));
+        }
+    }
+    for p in prefixes(ck, "res1.conv_in.conv1d.weight") {
+        if p.ends_with("mid_block.") || p.is_empty() {
+            found.push(diffusers_1d_temporal(ck, &p, true));
+        }
+    }
     // ControlNetModel: its mid block and the `controlnet_mid_block` zero convolution beside it.
     for p in prefixes(ck, "controlnet_mid_block.weight") {
         if has(ck, &format!("{p}mid_block.resnets.0.conv1.weight")) {
@@ -286,6 +297,51 @@ fn diffusers_1d(ck: &Checkpoint, p: &str) -> Found {
         prefix: p.to_string(),
         block: Some(unet_attention::diffusers::UNetMidBlock1D::BLOCK),
         variant: "diffusers UNetMidBlock1D (UNet1DModel, Dance Diffusion)".into(),
+        config,
+        unknown: vec![],
+        from_config: None,
+    }
+}
+
+/// `MidResTemporalBlock1D` / `ValueFunctionMidBlock1D` (UNet1DModel of the Diffuser planning
+/// models): channels, time embedding width, layers and resampling from the keys.
+fn diffusers_1d_temporal(ck: &Checkpoint, p: &str, value: bool) -> Found {
+    let first = if value { "res1" } else { "resnets.0" };
+    let c_in = dim(ck, &format!("{p}{first}.conv_in.conv1d.weight"), 1);
+    let embed = dim(ck, &format!("{p}{first}.time_emb.weight"), 1);
+    let mut config = Map::new();
+    config.insert("in_channels".into(), json!(c_in));
+    config.insert("embed_dim".into(), json!(embed));
+    let (block, variant) = if value {
+        config.insert("out_channels".into(), json!(c_in));
+        (
+            unet_attention::diffusers::ValueFunctionMidBlock1D::BLOCK,
+            "diffusers ValueFunctionMidBlock1D (UNet1DModel value function, Diffuser)",
+        )
+    } else {
+        let out = dim(ck, &format!("{p}resnets.0.conv_in.conv1d.weight"), 0);
+        config.insert("out_channels".into(), json!(out));
+        config.insert(
+            "num_layers".into(),
+            json!(count(ck, &format!("{p}resnets.")).saturating_sub(1)),
+        );
+        config.insert(
+            "add_downsample".into(),
+            json!(has(ck, &format!("{p}downsample.conv.weight"))),
+        );
+        config.insert(
+            "add_upsample".into(),
+            json!(has(ck, &format!("{p}upsample.conv.weight"))),
+        );
+        (
+            unet_attention::diffusers::MidResTemporalBlock1D::BLOCK,
+            "diffusers MidResTemporalBlock1D (UNet1DModel trajectory U-Net, Diffuser)",
+        )
+    };
+    Found {
+        prefix: p.to_string(),
+        block: Some(block),
+        variant: variant.into(),
         config,
         unknown: vec![],
         from_config: None,

@@ -107,28 +107,35 @@ fn load_kernel(vb: &VarBuilder, name: &str) -> Result<Vec<f64>> {
     Ok(vb.get(TAPS, name)?.to_dtype(candle_core::DType::F64)?.to_vec1()?)
 }
 
-/// `nn.Conv1d(in, out, kernel, padding=kernel // 2, bias)`, computed in at least f32 and rounded
-/// once, as PyTorch's CPU convolution does in half precision.
+/// `nn.Conv1d(in, out, kernel, stride, padding=kernel // 2, bias)`, computed in at least f32 and
+/// rounded once, as PyTorch's CPU convolution does in half precision.
 #[derive(Debug, Clone)]
-struct Conv1d {
+pub(crate) struct Conv1d {
     weight: Tensor,
     bias: Option<Tensor>,
     padding: usize,
+    stride: usize,
 }
 
 impl Conv1d {
-    fn load(vb: VarBuilder, c_in: usize, c_out: usize, kernel: usize, bias: bool) -> Result<Self> {
+    pub(crate) fn load(vb: VarBuilder, c_in: usize, c_out: usize, kernel: usize, bias: bool) -> Result<Self> {
         Ok(Self {
             weight: vb.get((c_out, c_in, kernel), "weight")?,
             bias: if bias { Some(vb.get(c_out, "bias")?) } else { None },
             padding: kernel / 2,
+            stride: 1,
         })
+    }
+
+    /// The same with `stride`.
+    pub(crate) fn strided(self, stride: usize) -> Self {
+        Self { stride, ..self }
     }
 }
 
 impl Module for Conv1d {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = upcast(x)?.conv1d(&upcast(&self.weight)?, self.padding, 1, 1, 1)?;
+        let y = upcast(x)?.conv1d(&upcast(&self.weight)?, self.padding, self.stride, 1, 1)?;
         let y = match &self.bias {
             Some(b) => y.broadcast_add(&upcast(b)?.reshape((1, (), 1))?)?,
             None => y,

@@ -10,6 +10,7 @@ pub mod controlnet;
 pub mod feed_forward;
 pub mod mid_block;
 pub mod mid_block_1d;
+pub mod mid_block_1d_temporal;
 pub mod mid_block_simple_cross;
 pub mod model_config;
 mod model_keys;
@@ -22,6 +23,9 @@ pub use controlnet::{ControlNetMidBlock, ControlNetMidBlockConfig};
 pub use feed_forward::{FeedForward, FeedForwardConfig, Geglu, GegluConfig};
 pub use mid_block::{UNetMidBlock2D, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
 pub use mid_block_1d::{UNetMidBlock1D, UNetMidBlock1DConfig};
+pub use mid_block_1d_temporal::{
+    MidResTemporalBlock1D, MidResTemporalBlock1DConfig, ValueFunctionMidBlock1D, ValueFunctionMidBlock1DConfig,
+};
 pub use mid_block_simple_cross::{UNetMidBlock2DSimpleCrossAttn, UNetMidBlock2DSimpleCrossAttnConfig};
 pub use resnet::{ResnetBlock2D, ResnetBlock2DConfig};
 pub use resnet_cond_norm::{ResnetBlockCondNorm2D, ResnetBlockCondNorm2DConfig};

@@ -13,8 +13,9 @@
 //! * `AutoencoderKL`: encoder and decoder `UNetMidBlock2D(in_channels=block_out_channels[-1],
 //!   resnet_eps=1e-6, output_scale_factor=1, attention_head_dim=block_out_channels[-1],
 //!   temb_channels=None, add_attention=mid_block_add_attention, ...)`;
-//! * `UNet1DModel`: `UNetMidBlock1D(in_channels=block_out_channels[-1], mid_channels=the same,
-//!   out_channels=the same)` for `mid_block_type="UNetMidBlock1D"` (Dance Diffusion);
+//! * `UNet1DModel`: `UNetMidBlock1D` (Dance Diffusion), `MidResTemporalBlock1D` or
+//!   `ValueFunctionMidBlock1D` (the Diffuser planning models) by `mid_block_type`, at
+//!   `block_out_channels[-1]` channels with `embed_dim=block_out_channels[0]`;
 //! * `VQModel`: the same two, except that with `norm_type="spatial"` (Kandinsky 2.x's MoVQ) the
 //!   decoder's has `resnet_time_scale_shift="spatial"` and `temb_channels=latent_channels` (its
 //!   `temb` is the quantized latent);
@@ -34,6 +35,7 @@
 use crate::diffusers::controlnet::ControlNetMidBlock;
 use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
 use crate::diffusers::mid_block_1d::UNetMidBlock1D;
+use crate::diffusers::mid_block_1d_temporal::{MidResTemporalBlock1D, ValueFunctionMidBlock1D};
 use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
 use crate::diffusers::model_keys::*;
 use crate::{Error, Result};
@@ -512,23 +514,37 @@ fn check_encoder_hid_and_addition(c: &Cfg, hid_types: &[&str], addition_types: &
     }
 }
 
-/// `UNet1DModel`: `get_mid_block(mid_block_type, in_channels=mid_channels=out_channels=
-/// block_out_channels[-1], ...)`; `UNetMidBlock1D` (Dance Diffusion) takes only the channels.
-/// `MidResTemporalBlock1D` and `ValueFunctionMidBlock1D` (the Diffuser planning models, no
-/// attention) are not implemented.
+/// `UNet1DModel`: `get_mid_block(mid_block_type, num_layers=layers_per_block,
+/// in_channels=mid_channels=out_channels=block_out_channels[-1], embed_dim=block_out_channels[0],
+/// add_downsample=downsample_each_block)`, each class taking the arguments it has.
 fn unet_1d(c: &Cfg) -> Result<Option<MidBlockSpec>> {
-    let (_, last) = c.last_channels(&[32, 32, 64])?;
-    match c.value("mid_block_type", json!("UNetMidBlock1D")) {
-        Value::String(s) if s == "UNetMidBlock1D" => Ok(Some(MidBlockSpec {
-            block: UNetMidBlock1D::BLOCK,
-            config: json!({"in_channels": last, "mid_channels": last, "out_channels": last}),
-            prefix: "mid_block",
-        })),
-        other => Err(Error::unsupported(
-            CONTEXT,
-            format!("UNet1DModel mid_block_type {other} (MidResTemporalBlock1D / ValueFunctionMidBlock1D are not implemented)"),
-        )),
-    }
+    let (first, last) = c.last_channels(&[32, 32, 64])?;
+    let (block, config) = match c.value("mid_block_type", json!("UNetMidBlock1D")) {
+        Value::String(s) if s == "UNetMidBlock1D" => (
+            UNetMidBlock1D::BLOCK,
+            json!({"in_channels": last, "mid_channels": last, "out_channels": last}),
+        ),
+        Value::String(s) if s == "MidResTemporalBlock1D" => (
+            MidResTemporalBlock1D::BLOCK,
+            json!({"in_channels": last, "out_channels": last, "embed_dim": first,
+                   "num_layers": c.value("layers_per_block", json!(1)),
+                   "add_downsample": c.value("downsample_each_block", json!(false))}),
+        ),
+        Value::String(s) if s == "ValueFunctionMidBlock1D" => (
+            ValueFunctionMidBlock1D::BLOCK,
+            json!({"in_channels": last, "out_channels": last, "embed_dim": first}),
+        ),
+        other => {
+            return Err(bad(format!(
+                "UNet1DModel mid_block_type {other} (diffusers raises too)"
+            )))
+        }
+    };
+    Ok(Some(MidBlockSpec {
+        block,
+        config,
+        prefix: "mid_block",
+    }))
 }
 
 /// The encoder and decoder mid blocks of `AutoencoderKL` and `VQModel`: `UNetMidBlock2D(
@@ -690,13 +706,22 @@ mod tests {
             spec.config,
             json!({"in_channels": 512, "mid_channels": 512, "out_channels": 512})
         );
+        let value = one(
+            json!({"_class_name": "UNet1DModel", "mid_block_type": "ValueFunctionMidBlock1D",
+            "block_out_channels": [32, 64, 128, 256], "down_block_types": ["DownResnetBlock1D", "DownResnetBlock1D",
+            "DownResnetBlock1D", "DownResnetBlock1D"]}),
+        );
+        assert_eq!(
+            value.config,
+            json!({"in_channels": 256, "out_channels": 256, "embed_dim": 32})
+        );
         let e = mid_blocks(
-            &json!({"_class_name": "UNet1DModel", "mid_block_type": "ValueFunctionMidBlock1D"}),
+            &json!({"_class_name": "UNet1DModel", "mid_block_type": "MidBlock1D"}),
             None,
             false,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("ValueFunctionMidBlock1D"), "{e}");
+        assert!(e.to_string().contains("MidBlock1D"), "{e}");
     }
 
     #[test]

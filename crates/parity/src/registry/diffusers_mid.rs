@@ -1,8 +1,8 @@
 use super::{BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use unet_attention::diffusers::{
-    ControlNetMidBlock, ResnetBlock2D, UNetMidBlock1D, UNetMidBlock2D, UNetMidBlock2DCrossAttn,
-    UNetMidBlock2DSimpleCrossAttn,
+    ControlNetMidBlock, MidResTemporalBlock1D, ResnetBlock2D, UNetMidBlock1D, UNetMidBlock2D, UNetMidBlock2DCrossAttn,
+    UNetMidBlock2DSimpleCrossAttn, ValueFunctionMidBlock1D,
 };
 use unet_attention::{config, Result};
 
@@ -12,11 +12,23 @@ impl Runnable for ResnetBlock2D {
     }
 }
 
-impl Runnable for UNetMidBlock1D {
+/// The 1-D mid blocks: `forward(hidden_states, temb)`.
+macro_rules! hidden_temb_runnable {
+    ($($block:ty),*) => {$(
+        impl Runnable for $block {
+            fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+                Ok(vec![self.forward(inputs.required("hidden_states")?, inputs.get("temb"))?])
+            }
+        }
+    )*};
+}
+
+hidden_temb_runnable!(UNetMidBlock1D, MidResTemporalBlock1D);
+
+/// `ValueFunctionMidBlock1D.forward(x, temb)`.
+impl Runnable for ValueFunctionMidBlock1D {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
-        Ok(vec![
-            self.forward(inputs.required("hidden_states")?, inputs.get("temb"))?
-        ])
+        Ok(vec![self.forward(inputs.required("x")?, inputs.get("temb"))?])
     }
 }
 
@@ -103,6 +115,26 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             build: |vb, cfg| {
                 let cfg = config::from_json(UNetMidBlock1D::BLOCK, cfg)?;
                 Ok(Box::new(UNetMidBlock1D::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: MidResTemporalBlock1D::BLOCK,
+            pytorch: "diffusers.models.unets.unet_1d_blocks.MidResTemporalBlock1D (diffusers 0.8 – 0.42.1; UNet1DModel mid block of the Diffuser trajectory U-Net: ResidualTemporalBlock1D stack, optional Downsample1D / Upsample1D)",
+            inputs: &["hidden_states", "temb"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(MidResTemporalBlock1D::BLOCK, cfg)?;
+                Ok(Box::new(MidResTemporalBlock1D::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: ValueFunctionMidBlock1D::BLOCK,
+            pytorch: "diffusers.models.unets.unet_1d_blocks.ValueFunctionMidBlock1D (diffusers 0.8 – 0.42.1; UNet1DModel mid block of the Diffuser value function: two ResidualTemporalBlock1D, each followed by a strided Conv1d)",
+            inputs: &["x", "temb"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(ValueFunctionMidBlock1D::BLOCK, cfg)?;
+                Ok(Box::new(ValueFunctionMidBlock1D::new(vb, &cfg)?))
             },
         },
         BlockInfo {
