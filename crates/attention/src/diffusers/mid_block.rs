@@ -374,6 +374,8 @@ impl UNetMidBlock2DCrossAttnConfig {
 
 /// A `UNetMidBlock2DCrossAttn` attention: `Transformer2DModel`, or `DualTransformer2DModel` with
 /// `dual_cross_attention`.
+// A block holds a handful of these: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 enum CrossAttention {
     Single(Transformer2DModel),
