@@ -489,6 +489,39 @@ impl UNetMidBlock2DCrossAttn {
         matches!(self.attentions.first(), Some(CrossAttention::Dual(_)))
     }
 
+    /// Versatile Diffusion's `_convert_to_dual_attention`: each `Transformer2DModel` of this
+    /// (image U-Net's, not dual) block becomes a `DualTransformer2DModel` with it as
+    /// `transformers.0` and `text[i]` (the text U-Net's mid-block transformer at
+    /// `attentions.i`) as `transformers.1`; the transformers keep their own configs, as the
+    /// pipeline keeps the modules.
+    pub fn into_dual(self, text: Vec<Transformer2DModel>, mix: DualMix) -> Result<Self> {
+        if text.len() != self.attentions.len() || self.is_dual() {
+            return Err(Error::config(
+                Self::BLOCK,
+                format!(
+                    "into_dual takes a block without dual_cross_attention and one text transformer per \
+                     attention ({} given for {})",
+                    text.len(),
+                    self.attentions.len()
+                ),
+            ));
+        }
+        let mut attentions = Vec::with_capacity(text.len());
+        for (a, t) in self.attentions.into_iter().zip(text) {
+            let CrossAttention::Single(image) = a else {
+                unreachable!("checked: not dual")
+            };
+            attentions.push(CrossAttention::Dual(DualTransformer2DModel::from_transformers(
+                [image, t],
+                mix,
+            )?));
+        }
+        Ok(Self {
+            resnets: self.resnets,
+            attentions,
+        })
+    }
+
     /// Versatile Diffusion's `set_transformer_params`: set `mix` on every
     /// `DualTransformer2DModel`; an error without `dual_cross_attention`.
     pub fn set_transformer_params(&mut self, mix: DualMix) -> Result<()> {
