@@ -274,3 +274,26 @@ impl DualTransformer2DModel {
         Ok(out)
     }
 }
+
+/// The context a parent block's `DualTransformer2DModel` attention needs, and no encoder mask
+/// (`DualTransformer2DModel.forward` has no such parameter).
+pub(crate) fn dual_inputs<'a>(
+    block: &'static str,
+    context: Option<&'a Tensor>,
+    encoder_attention_mask: Option<&Tensor>,
+) -> Result<&'a Tensor> {
+    if encoder_attention_mask.is_some() {
+        return Err(Error::input(
+            block,
+            "encoder_attention_mask",
+            "DualTransformer2DModel.forward takes no encoder_attention_mask (diffusers 0.42.1 raises TypeError)",
+        ));
+    }
+    context.ok_or_else(|| {
+        Error::input(
+            block,
+            "encoder_hidden_states",
+            "dual_cross_attention needs encoder_hidden_states (both conditions, concatenated)",
+        )
+    })
+}

@@ -14,7 +14,7 @@
 //! ```
 
 use crate::diffusers::attention::{Attention, AttentionConfig};
-use crate::diffusers::dual_transformer::{DualMix, DualTransformer2DModel, DualTransformer2DModelConfig};
+use crate::diffusers::dual_transformer::{dual_inputs, DualMix, DualTransformer2DModel, DualTransformer2DModelConfig};
 use crate::diffusers::resnet::{eps_1e6, one_f, swish, ResnetBlock2D, ResnetBlock2DConfig, TimeEmbeddingNorm};
 use crate::diffusers::resnet_cond_norm::{ResnetBlockCondNorm2D, ResnetBlockCondNorm2DConfig};
 use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
@@ -342,6 +342,47 @@ pub struct UNetMidBlock2DCrossAttnConfig {
 }
 
 impl UNetMidBlock2DCrossAttnConfig {
+    /// `transformer_layers_per_block` as one count per layer.
+    fn layers(&self) -> Result<Vec<usize>> {
+        match &self.transformer_layers_per_block {
+            LayersPerBlock::One(n) => Ok(vec![*n; self.num_layers]),
+            LayersPerBlock::PerLayer(list) if list.len() >= self.num_layers => Ok(list.clone()),
+            LayersPerBlock::PerLayer(list) => Err(Error::config(
+                UNetMidBlock2DCrossAttn::BLOCK,
+                format!(
+                    "transformer_layers_per_block lists {} counts for num_layers {}",
+                    list.len(),
+                    self.num_layers
+                ),
+            )),
+        }
+    }
+
+    /// With `dual_cross_attention`, `DualTransformer2DModel(num_attention_heads, out_channels //
+    /// num_attention_heads, in_channels=out_channels, num_layers=1, cross_attention_dim,
+    /// norm_num_groups=resnet_groups)` with the [`DualMix`] of [`Self::dual_mix`] (checked here
+    /// for every config, so attributes without `dual_cross_attention` are an error).
+    pub fn dual_transformer(&self) -> Result<DualTransformer2DModelConfig> {
+        let block = UNetMidBlock2DCrossAttn::BLOCK;
+        let mix = self.dual_mix()?;
+        let out = self.out_channels.unwrap_or(self.in_channels);
+        let groups = self.resnet_groups.unwrap_or((self.in_channels / 4).min(32));
+        config::from_json(
+            block,
+            &serde_json::json!({
+                "num_attention_heads": self.num_attention_heads,
+                "attention_head_dim": config::check_divides(block, out, self.num_attention_heads)?,
+                "in_channels": out,
+                "num_layers": 1,
+                "cross_attention_dim": self.cross_attention_dim,
+                "norm_num_groups": groups,
+                "mix_ratio": mix.mix_ratio,
+                "condition_lengths": mix.condition_lengths,
+                "transformer_index_for_condition": mix.transformer_index_for_condition,
+            }),
+        )
+    }
+
     /// The [`DualMix`] the optional attribute keys give (diffusers' defaults for absent ones);
     /// an error when a key is given without `dual_cross_attention`.
     pub fn dual_mix(&self) -> Result<DualMix> {
@@ -400,26 +441,13 @@ impl UNetMidBlock2DCrossAttn {
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DCrossAttnConfig) -> Result<Self> {
         let block = Self::BLOCK;
-        let mix = cfg.dual_mix()?;
+        let dual = cfg.dual_transformer()?;
         let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
         let (c, out) = (cfg.in_channels, cfg.out_channels.unwrap_or(cfg.in_channels));
         let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
         let groups_out = cfg.resnet_groups_out.unwrap_or(groups);
         let head_dim = config::check_divides(block, out, cfg.num_attention_heads)?;
-        let layers: Vec<usize> = match &cfg.transformer_layers_per_block {
-            LayersPerBlock::One(n) => vec![*n; cfg.num_layers],
-            LayersPerBlock::PerLayer(list) if list.len() >= cfg.num_layers => list.clone(),
-            LayersPerBlock::PerLayer(list) => {
-                return Err(Error::config(
-                    block,
-                    format!(
-                        "transformer_layers_per_block lists {} counts for num_layers {}",
-                        list.len(),
-                        cfg.num_layers
-                    ),
-                ))
-            }
-        };
+        let layers = cfg.layers()?;
         let resnet = |in_channels: usize, groups: usize, groups_out: Option<usize>| {
             resnet_config(
                 in_channels,
@@ -451,31 +479,13 @@ impl UNetMidBlock2DCrossAttn {
                 }),
             )
         };
-        // DualTransformer2DModel(num_attention_heads, out_channels // num_attention_heads,
-        // in_channels=out_channels, num_layers=1, cross_attention_dim, norm_num_groups=resnet_groups)
-        let dual = || -> Result<DualTransformer2DModelConfig> {
-            config::from_json(
-                block,
-                &serde_json::json!({
-                    "num_attention_heads": cfg.num_attention_heads,
-                    "attention_head_dim": head_dim,
-                    "in_channels": out,
-                    "num_layers": 1,
-                    "cross_attention_dim": cfg.cross_attention_dim,
-                    "norm_num_groups": groups,
-                    "mix_ratio": mix.mix_ratio,
-                    "condition_lengths": mix.condition_lengths,
-                    "transformer_index_for_condition": mix.transformer_index_for_condition,
-                }),
-            )
-        };
         let vb_res = vb.pp("resnets");
         let vb_attn = vb.pp("attentions");
         let mut resnets = vec![ResnetBlock2D::new(vb_res.pp(0), &resnet(c, groups, Some(groups_out)))?];
         let mut attentions = vec![];
         for (i, &n) in layers.iter().take(cfg.num_layers).enumerate() {
             attentions.push(if cfg.dual_cross_attention {
-                CrossAttention::Dual(DualTransformer2DModel::new(vb_attn.pp(i), &dual()?)?)
+                CrossAttention::Dual(DualTransformer2DModel::new(vb_attn.pp(i), &dual)?)
             } else {
                 CrossAttention::Single(Transformer2DModel::new(vb_attn.pp(i), &transformer(n)?)?)
             });
@@ -562,7 +572,7 @@ impl UNetMidBlock2DCrossAttn {
                     t.forward(&h, encoder_hidden_states, attention_mask, encoder_attention_mask)
                 }
                 CrossAttention::Dual(d) => {
-                    let context = dual_inputs(encoder_hidden_states, encoder_attention_mask)?;
+                    let context = dual_inputs(Self::BLOCK, encoder_hidden_states, encoder_attention_mask)?;
                     d.forward(&h, context, attention_mask)
                 }
             })?;
@@ -571,23 +581,4 @@ impl UNetMidBlock2DCrossAttn {
         trace::record("output", &h);
         Ok(h)
     }
-}
-
-/// The context a `DualTransformer2DModel` attention needs, and no encoder mask.
-fn dual_inputs<'a>(context: Option<&'a Tensor>, encoder_attention_mask: Option<&Tensor>) -> Result<&'a Tensor> {
-    let block = UNetMidBlock2DCrossAttn::BLOCK;
-    if encoder_attention_mask.is_some() {
-        return Err(Error::input(
-            block,
-            "encoder_attention_mask",
-            "DualTransformer2DModel.forward takes no encoder_attention_mask (diffusers 0.42.1 raises TypeError)",
-        ));
-    }
-    context.ok_or_else(|| {
-        Error::input(
-            block,
-            "encoder_hidden_states",
-            "dual_cross_attention needs encoder_hidden_states (both conditions, concatenated)",
-        )
-    })
 }
