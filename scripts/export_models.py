@@ -12,7 +12,8 @@ Checkpoints: tiny randomly initialised WHOLE models saved as their libraries sav
 state dict, built from stable-diffusion-sdkit and guided-diffusion-sdk).
 
 Bundles (format "1", see parity_bundle.py) for the block ids ``diffusers.ResnetBlock2D``,
-``diffusers.UNetMidBlock2D``, ``diffusers.UNetMidBlock2DCrossAttn``, ``diffusers.ControlNetMidBlock``,
+``diffusers.UNetMidBlock2D``, ``diffusers.UNetMidBlock2DCrossAttn`` (``dual_cross_attention`` too),
+``diffusers.DualTransformer2DModel``, ``diffusers.ControlNetMidBlock``,
 ``denoising_diffusion_pytorch.MidBlock``, ``ldm.MidBlock``, ``openai.MiddleBlock``. Inputs of
 the blocks inside a whole model are captured with a forward pre-hook while the whole model runs
 on random inputs, and the block rebuilt from its config + weights must reproduce the output the
