@@ -730,6 +730,13 @@ def diffusers_unet2d_condition_dual(ctx: Ctx):
                state=sub_state(model.state_dict(), "mid_block."), source=dsrc, half=True)
     ctx.bundle("unet_mid_block_2d_cross_attn_dual_ref", "diffusers.UNetMidBlock2DCrossAttn", cfg, tensor_inputs(ins),
                out, ref=(weights, "mid_block."), source=dsrc)
+    dual_src = ("real library class diffusers.models.transformers.dual_transformer_2d.DualTransformer2DModel; "
+                f"mid_block.attentions.0 of the whole UNet2DConditionModel(dual_cross_attention=True) weights/{weights}, "
+                "inputs captured by a forward pre-hook while the model ran on random {}; {}" + MASKLESS_NOTE)
+    dins, dout = capture(model.mid_block.attentions[0], lambda: run(ehs))
+    ctx.bundle("dual_transformer_2d_vd_ref", "diffusers.DualTransformer2DModel", dual_transformer_config(model),
+               tensor_inputs(dins), dout, ref=(weights, "mid_block.attentions.0."), kwargs={"return_dict": False},
+               source=dual_src.format("sample (1, 4, 4, 6), timestep [17], encoder_hidden_states (1, 334, 8)", default))
     # as a pipeline's set_transformer_params sets them: another ratio, short conditions, the
     # transformers swapped; 12 context tokens for lengths [5, 9]: Python's slice gives the second
     # condition the 7 that are left
@@ -753,10 +760,7 @@ def diffusers_unet2d_condition_dual(ctx: Ctx):
     ctx.bundle("dual_transformer_2d_vd_mix_ref", "diffusers.DualTransformer2DModel",
                dict(dual_transformer_config(model), **attrs), tensor_inputs(ains), aout,
                ref=(weights, "mid_block.attentions.0."), kwargs={"return_dict": False},
-               source="real library class diffusers.models.transformers.dual_transformer_2d.DualTransformer2DModel; "
-               f"mid_block.attentions.0 of the whole UNet2DConditionModel(dual_cross_attention=True) weights/{weights}, "
-               f"inputs captured by a forward pre-hook while the model ran on random {inputs_what}; {set_what}"
-               + MASKLESS_NOTE)
+               source=dual_src.format(inputs_what, set_what))
 
 
 def dual_transformer_config(model) -> dict:
