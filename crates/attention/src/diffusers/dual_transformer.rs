@@ -297,3 +297,55 @@ pub(crate) fn dual_inputs<'a>(
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::from_json;
+    use crate::diffusers::UNetMidBlock2DCrossAttnConfig;
+    use serde_json::json;
+
+    #[test]
+    fn attributes_default_as_diffusers_and_are_checked() {
+        let cfg: DualTransformer2DModelConfig = from_json(DualTransformer2DModel::BLOCK, &json!({})).unwrap();
+        assert_eq!(cfg.mix(), DualMix::default());
+        assert_eq!(
+            (cfg.num_attention_heads, cfg.attention_head_dim, cfg.norm_num_groups),
+            (16, 88, 32)
+        );
+        let t = cfg.transformer(DualTransformer2DModel::BLOCK).unwrap();
+        assert_eq!(t.activation_fn, ActivationFn::Geglu);
+        assert!(!t.use_linear_projection);
+        let mix = DualMix {
+            transformer_index_for_condition: [1, 2],
+            ..DualMix::default()
+        };
+        assert!(mix.check(DualTransformer2DModel::BLOCK).is_err());
+        let e = from_json::<DualTransformer2DModelConfig>(DualTransformer2DModel::BLOCK, &json!({"bogus": 1}));
+        assert!(e.is_err());
+    }
+
+    #[test]
+    fn mid_block_attributes_need_dual_cross_attention() {
+        let mut cfg = UNetMidBlock2DCrossAttnConfig::new(16, Some(32));
+        cfg.mix_ratio = Some(0.25);
+        let e = cfg.dual_mix().unwrap_err().to_string();
+        assert!(e.contains("dual_cross_attention"), "{e}");
+        cfg.dual_cross_attention = true;
+        let mix = cfg.dual_mix().unwrap();
+        assert_eq!(mix.mix_ratio, 0.25);
+        assert_eq!(mix.condition_lengths, [77, 257]);
+        // DualTransformer2DModel(..., num_layers=1, norm_num_groups=resnet_groups), whatever
+        // transformer_layers_per_block, use_linear_projection and resnet_groups_out say.
+        (cfg.num_attention_heads, cfg.resnet_groups, cfg.resnet_groups_out) = (2, Some(4), Some(8));
+        cfg.use_linear_projection = true;
+        cfg.transformer_layers_per_block = crate::diffusers::mid_block::LayersPerBlock::One(3);
+        let d = cfg.dual_transformer().unwrap();
+        assert_eq!((d.num_layers, d.norm_num_groups, d.attention_head_dim), (1, 4, 8));
+        assert!(
+            !d.transformer(DualTransformer2DModel::BLOCK)
+                .unwrap()
+                .use_linear_projection
+        );
+    }
+}
