@@ -12,7 +12,8 @@ Checkpoints: tiny randomly initialised WHOLE models saved as their libraries sav
 state dict, built from stable-diffusion-sdkit and guided-diffusion-sdk).
 
 Bundles (format "1", see parity_bundle.py) for the block ids ``diffusers.ResnetBlock2D``,
-``diffusers.UNetMidBlock2D``, ``diffusers.UNetMidBlock2DCrossAttn``, ``diffusers.ControlNetMidBlock``,
+``diffusers.UNetMidBlock2D``, ``diffusers.UNetMidBlock2DCrossAttn`` (``dual_cross_attention`` too),
+``diffusers.DualTransformer2DModel``, ``diffusers.ControlNetMidBlock``,
 ``denoising_diffusion_pytorch.MidBlock``, ``ldm.MidBlock``, ``openai.MiddleBlock``. Inputs of
 the blocks inside a whole model are captured with a forward pre-hook while the whole model runs
 on random inputs, and the block rebuilt from its config + weights must reproduce the output the
@@ -110,7 +111,20 @@ def build_module(block: str, config: dict) -> nn.Module:
     if block == "diffusers.UNetMidBlock2DCrossAttn":
         from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2DCrossAttn
 
-        return UNetMidBlock2DCrossAttn(**cfg)
+        # the DualTransformer2DModel attributes are not constructor arguments (see dual_attributes_)
+        attrs = {k: cfg.pop(k) for k in DUAL_ATTRIBUTES if k in cfg}
+        module = UNetMidBlock2DCrossAttn(**cfg)
+        if cfg.get("dual_cross_attention"):
+            dual_attributes_(module, attrs)
+            maskless_dual_(module)
+        return module
+    if block == "diffusers.DualTransformer2DModel":
+        from diffusers.models.transformers.dual_transformer_2d import DualTransformer2DModel
+
+        attrs = {k: cfg.pop(k) for k in DUAL_ATTRIBUTES if k in cfg}
+        module = DualTransformer2DModel(**cfg)
+        dual_attributes_(module, attrs)
+        return module
     if block == "diffusers.UNetMidBlock2DSimpleCrossAttn":
         from diffusers.models import attention_processor
         from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2DSimpleCrossAttn
@@ -132,6 +146,61 @@ def build_module(block: str, config: dict) -> nn.Module:
     if block == "openai.MiddleBlock":
         return mid_blocks.openai_middle_block(**cfg)
     raise KeyError(f"unknown block id {block!r}")
+
+
+# ---- Versatile Diffusion's DualTransformer2DModel
+
+# Attributes a pipeline sets on every DualTransformer2DModel (VersatileDiffusionDualGuidedPipeline
+# .set_transformer_params), not constructor arguments: bundles carry them as extra config keys.
+DUAL_ATTRIBUTES = ("mix_ratio", "condition_lengths", "transformer_index_for_condition")
+
+
+def dual_attributes_(module: nn.Module, attrs: dict):
+    """Set ``attrs`` (a subset of ``DUAL_ATTRIBUTES``) on every DualTransformer2DModel in ``module``
+    (itself included), as ``set_transformer_params`` does."""
+    from diffusers.models.transformers.dual_transformer_2d import DualTransformer2DModel
+
+    for m in module.modules():
+        if isinstance(m, DualTransformer2DModel):
+            for k, v in attrs.items():
+                setattr(m, k, list(v) if isinstance(v, (list, tuple)) else v)
+
+
+def _maskless_dual_class():
+    from diffusers.models.transformers.dual_transformer_2d import DualTransformer2DModel
+
+    class DualTransformer2DModelMaskless(DualTransformer2DModel):
+        """diffusers 0.42.1's UNetMidBlock2DCrossAttn / CrossAttnDownBlock2D call their attentions with
+        ``encoder_attention_mask=...``, which DualTransformer2DModel.forward does not take: every call
+        raises TypeError (diffusers issue #13651). This forward takes it (None only) and runs
+        DualTransformer2DModel.forward unchanged."""
+
+        def forward(self, hidden_states, encoder_hidden_states, timestep=None, attention_mask=None,
+                    cross_attention_kwargs=None, return_dict: bool = True, encoder_attention_mask=None):
+            assert encoder_attention_mask is None, "DualTransformer2DModel takes no encoder_attention_mask"
+            return super().forward(hidden_states, encoder_hidden_states, timestep=timestep,
+                                   attention_mask=attention_mask, cross_attention_kwargs=cross_attention_kwargs,
+                                   return_dict=return_dict)
+
+    return DualTransformer2DModelMaskless
+
+
+def maskless_dual_(module: nn.Module):
+    """Give every DualTransformer2DModel in ``module`` the forward that accepts the
+    ``encoder_attention_mask=None`` its parent block passes (same weights, same arithmetic)."""
+    from diffusers.models.transformers.dual_transformer_2d import DualTransformer2DModel
+
+    cls = _maskless_dual_class()
+    for m in module.modules():
+        if type(m) is DualTransformer2DModel:
+            m.__class__ = cls
+    return module
+
+
+MASKLESS_NOTE = ("; diffusers 0.42.1's UNetMidBlock2DCrossAttn.forward passes encoder_attention_mask=None to "
+                 "DualTransformer2DModel.forward, which has no such parameter (TypeError on every call, diffusers "
+                 "issue #13651): the export gives each DualTransformer2DModel a subclass whose forward also takes "
+                 "encoder_attention_mask=None and runs DualTransformer2DModel.forward unchanged")
 
 
 # --------------------------------------------------------------------------------------------
@@ -625,6 +694,93 @@ def diffusers_unet2d_condition_simple_cross(ctx: Ctx):
                                           "(baddbmm scores, upcast_softmax=True; the processor torch < 2 gets)"))
 
 
+def diffusers_unet2d_condition_dual(ctx: Ctx):
+    """``UNet2DConditionModel(dual_cross_attention=True)``: Versatile Diffusion's image U-Net once
+    its pipeline has converted it (``_convert_to_dual_attention`` registers ``dual_cross_attention=True``;
+    a saved dual-guided pipeline's ``image_unet`` is built so by ``from_pretrained``). Its mid block's
+    attentions are ``DualTransformer2DModel``s: ``transformers.0`` the image U-Net's transformer,
+    ``transformers.1`` the text U-Net's."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    # plain down/up blocks: only the mid block holds DualTransformer2DModels (keeps the file small)
+    model = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+                                 block_out_channels=(8, 16), down_block_types=("DownBlock2D", "DownBlock2D"),
+                                 up_block_types=("UpBlock2D", "UpBlock2D"), norm_num_groups=4, cross_attention_dim=8,
+                                 attention_head_dim=2, dual_cross_attention=True)
+    randomize_(model, 7601)
+    model.eval()
+    maskless_dual_(model)
+    files = save_diffusers(model, "diffusers_vd")
+    ctx.files += files
+    weights = files[1].relative_to(WEIGHTS).as_posix()
+    g = gen(7602)
+    # a small latent, (2, 3) at the mid: the stage traces against the 334 default context tokens
+    # are the bytes (batch 1 there)
+    sample, t = randn(g, 2, 4, 4, 6), torch.tensor([17, 503])
+    ehs = randn(g, 1, 77 + 257, 8)
+
+    def run(context):
+        b = context.shape[0]
+        return model(sample[:b], t[:b], encoder_hidden_states=context)
+
+    cfg = unet2d_condition_mid_config(model)
+    assert cfg["dual_cross_attention"] is True
+    src = (DIFF_BLOCKS.format("UNetMidBlock2DCrossAttn") + " with dual_cross_attention (DualTransformer2DModel "
+           f"attentions, Versatile Diffusion); the mid_block of the whole UNet2DConditionModel weights/{weights}, "
+           "inputs captured by a forward pre-hook while the model ran on random {}; {}" + MASKLESS_NOTE)
+    default = "DualTransformer2DModel attributes as constructed: mix_ratio 0.5, condition_lengths [77, 257], " \
+              "transformer_index_for_condition [1, 0]"
+    ins, out = capture(model.mid_block, lambda: run(ehs))
+    dsrc = src.format("sample (1, 4, 4, 6), timestep [17], encoder_hidden_states (1, 334, 8) (77 + 257 condition "
+                      "tokens)", default)
+    ctx.bundle("unet_mid_block_2d_cross_attn_dual", "diffusers.UNetMidBlock2DCrossAttn", cfg, tensor_inputs(ins), out,
+               state=sub_state(model.state_dict(), "mid_block."), source=dsrc, half=True)
+    ctx.bundle("unet_mid_block_2d_cross_attn_dual_ref", "diffusers.UNetMidBlock2DCrossAttn", cfg, tensor_inputs(ins),
+               out, ref=(weights, "mid_block."), source=dsrc)
+    dual_src = ("real library class diffusers.models.transformers.dual_transformer_2d.DualTransformer2DModel; "
+                f"mid_block.attentions.0 of the whole UNet2DConditionModel(dual_cross_attention=True) weights/{weights}, "
+                "inputs captured by a forward pre-hook while the model ran on random {}; {}" + MASKLESS_NOTE)
+    dins, dout = capture(model.mid_block.attentions[0], lambda: run(ehs))
+    ctx.bundle("dual_transformer_2d_vd_ref", "diffusers.DualTransformer2DModel", dual_transformer_config(model),
+               tensor_inputs(dins), dout, ref=(weights, "mid_block.attentions.0."), kwargs={"return_dict": False},
+               source=dual_src.format("sample (1, 4, 4, 6), timestep [17], encoder_hidden_states (1, 334, 8)", default))
+    # as a pipeline's set_transformer_params sets them: another ratio, short conditions, the
+    # transformers swapped; 12 context tokens for lengths [5, 9]: Python's slice gives the second
+    # condition the 7 that are left
+    attrs = dict(mix_ratio=0.3, condition_lengths=[5, 9], transformer_index_for_condition=[0, 1])
+    dual_attributes_(model, attrs)
+    try:
+        short = randn(g, 2, 12, 8)
+        mins, mout = capture(model.mid_block, lambda: run(short))
+        ains, aout = capture(model.mid_block.attentions[0], lambda: run(short))
+    finally:
+        dual_attributes_(model, dict(mix_ratio=0.5, condition_lengths=[77, 257], transformer_index_for_condition=[1, 0]))
+    set_what = ("DualTransformer2DModel attributes set on every DualTransformer2DModel as "
+                "VersatileDiffusionDualGuidedPipeline.set_transformer_params does: mix_ratio 0.3, condition_lengths "
+                "[5, 9], transformer_index_for_condition [0, 1] (stored as extra config keys); the 12 context tokens "
+                "leave the second condition tokens 5..12 (Python slicing clamps)")
+    inputs_what = "sample (2, 4, 4, 6), timesteps [17, 503], encoder_hidden_states (2, 12, 8)"
+    ctx.bundle("unet_mid_block_2d_cross_attn_dual_mix", "diffusers.UNetMidBlock2DCrossAttn", dict(cfg, **attrs),
+               tensor_inputs(mins), mout, state=sub_state(model.state_dict(), "mid_block."),
+               source=src.format(inputs_what, set_what))
+    # the DualTransformer2DModel alone: attentions.0 in the same run
+    ctx.bundle("dual_transformer_2d_vd_mix_ref", "diffusers.DualTransformer2DModel",
+               dict(dual_transformer_config(model), **attrs), tensor_inputs(ains), aout,
+               ref=(weights, "mid_block.attentions.0."), kwargs={"return_dict": False},
+               source=dual_src.format(inputs_what, set_what))
+
+
+def dual_transformer_config(model) -> dict:
+    """``UNetMidBlock2DCrossAttn.__init__`` with ``dual_cross_attention``: ``DualTransformer2DModel(
+    num_attention_heads, out_channels // num_attention_heads, in_channels=out_channels, num_layers=1,
+    cross_attention_dim=cross_attention_dim, norm_num_groups=resnet_groups)``."""
+    cfg = unet2d_condition_mid_config(model)
+    c, heads = cfg["in_channels"], cfg["num_attention_heads"]
+    return dict(num_attention_heads=heads, attention_head_dim=c // heads, in_channels=c, num_layers=1,
+                cross_attention_dim=cfg["cross_attention_dim"], norm_num_groups=cfg["resnet_groups"])
+
+
 def diffusers_vq_movq(ctx: Ctx):
     """``VQModel(norm_type="spatial")``: Kandinsky 2.x's MoVQ. Its decoder's mid block is a
     ``UNetMidBlock2D(resnet_time_scale_shift="spatial", temb_channels=latent_channels)``:
@@ -1101,6 +1257,7 @@ def diffusers_controlnet(ctx: Ctx):
 
 
 MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_vq_movq, diffusers_unet1d, diffusers_unet1d_rl, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
+                  diffusers_unet2d_condition_dual,
                   diffusers_controlnet, lucidrains, sd_checkpoint, guided_diffusion_checkpoint, ddpm_model_checkpoint, standalone_restated)
 
 
@@ -1326,6 +1483,7 @@ def verify_models():
                "diffusers_unet2d_bin": UNet2DModel, "diffusers_vae": AutoencoderKL, "diffusers_sd1": UNet2DConditionModel,
                "diffusers_sd2": UNet2DConditionModel, "diffusers_sdxl": UNet2DConditionModel,
                "diffusers_if": UNet2DConditionModel, "diffusers_kandinsky": UNet2DConditionModel,
+               "diffusers_vd": UNet2DConditionModel,
                "diffusers_controlnet": ControlNetModel}
     for name, cls in classes.items():
         m = cls.from_pretrained(MODELS / name)

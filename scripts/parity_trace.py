@@ -543,6 +543,8 @@ def _by_class(m):
         return _diffusers
     if name == "Attention" and mod.startswith("denoising_diffusion_pytorch"):
         return _ddpm
+    if name.startswith("DualTransformer2DModel"):
+        return TRACERS["diffusers.DualTransformer2DModel"]
     if name.startswith("Transformer2DModel"):
         return TRACERS["diffusers.Transformer2DModel"]
     if name.startswith("SpatialTransformer"):
@@ -632,6 +634,14 @@ def _diffusers_mid(m):
     return out
 
 
+def _dual_transformers(m):
+    # forward: transformers[transformer_index_for_condition[i]] for condition 0, then 1
+    order = list(m.transformer_index_for_condition)
+    if len(set(order)) != len(order):
+        raise KeyError("DualTransformer2DModel with one transformer for both conditions: stages would repeat")
+    return [(f"transformers.{i}", m.transformers[i], TRACERS["diffusers.Transformer2DModel"]) for i in order]
+
+
 _diffusers_btb = _transformer_block(_diffusers)
 _ldm_btb = _transformer_block(_ldm_cross)
 
@@ -641,6 +651,8 @@ TRACERS = {
     "diffusers.GEGLU": _diffusers_geglu,
     "diffusers.BasicTransformerBlock": _diffusers_btb,
     "diffusers.Transformer2DModel": _spatial_transformer(_diffusers_btb),
+    # Versatile Diffusion: each transformer's stages under transformers.<i>/, in the order they run
+    "diffusers.DualTransformer2DModel": _sequence(_dual_transformers),
     "diffusers.ResnetBlock2D": _diffusers_resnet,
     "diffusers.UNetMidBlock2D": _sequence(_diffusers_mid),
     "diffusers.UNetMidBlock1D": _sequence(_diffusers_mid_1d),

@@ -229,6 +229,10 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
             &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
         ),
         (
+            "diffusers_vd/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        ),
+        (
             "lucidrains_ddpm/model-1.pt",
             &[
                 ("ema_model.model.", "denoising_diffusion_pytorch.MidBlock"),
@@ -835,9 +839,8 @@ fn controlnet_scale_pool_and_zero_conv_are_not_silently_ignored() {
     assert!(err.contains("controlnet_mid_block.weight"), "{err}");
 }
 
-/// Video, motion and dual-cross-attention mid blocks have a `resnets.0.conv1` like the
-/// implemented ones: `detect` names them as not supported instead of taking them for a
-/// `UNetMidBlock2DCrossAttn`.
+/// Video and motion mid blocks have a `resnets.0.conv1` like the implemented ones: `detect`
+/// names them as not supported instead of taking them for a `UNetMidBlock2DCrossAttn`.
 #[test]
 fn unsupported_diffusers_mid_blocks_are_named_not_guessed() {
     let dir = scratch("detect-unsupported");
@@ -847,10 +850,6 @@ fn unsupported_diffusers_mid_blocks_are_named_not_guessed() {
         (
             "mid_block.motion_modules.0.proj_in.weight",
             "UNetMidBlockCrossAttnMotion",
-        ),
-        (
-            "mid_block.attentions.0.transformers.0.norm.weight",
-            "dual_cross_attention",
         ),
     ] {
         let mut b = RawBundle::read(&sd1);
@@ -864,4 +863,123 @@ fn unsupported_diffusers_mid_blocks_are_named_not_guessed() {
             "{name}: {out}\n{err}"
         );
     }
+}
+
+/// The tiny `UNet2DConditionModel(dual_cross_attention=True)` (`weights/models/diffusers_vd`,
+/// Versatile Diffusion's image U-Net once converted): `detect` names the dual mid block from the
+/// keys alone and gives the full kwargs beside `config.json`; the f32 / f16 / bf16 bundles, the
+/// one with pipeline-set attributes and the `DualTransformer2DModel` alone pass on the whole
+/// checkpoint; the config from `config.json` builds it.
+#[test]
+fn dual_cross_attention_model_detects_and_checks_from_the_whole_checkpoint() {
+    let ckpt = models("diffusers_vd/diffusion_pytorch_model.safetensors");
+    let lone_dir = scratch("detect-lone-vd");
+    let lone = copy_to(&lone_dir, &ckpt, "m.safetensors");
+    let (code, out, err) = cli(&["detect", &lone]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("prefix `mid_block.`: diffusers.UNetMidBlock2DCrossAttn")
+            && out.contains("dual_cross_attention (Versatile Diffusion")
+            && out.contains("\"dual_cross_attention\":true")
+            && out.contains("\"cross_attention_dim\":8")
+            && out.contains("mix_ratio")
+            && !out.contains("not supported"),
+        "{out}"
+    );
+    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let kwargs = &doc["mid_blocks"][0]["from_config"];
+    assert_eq!(kwargs["dual_cross_attention"], true, "{out}");
+    assert_eq!(kwargs["num_attention_heads"], 2, "{out}");
+    for bundle in [
+        "unet_mid_block_2d_cross_attn_dual",
+        "unet_mid_block_2d_cross_attn_dual_f16",
+        "unet_mid_block_2d_cross_attn_dual_bf16",
+        "unet_mid_block_2d_cross_attn_dual_mix",
+    ] {
+        let b = w(&format!("mid/{bundle}.safetensors"));
+        let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block."]);
+        assert!(err.contains("weights from"), "{bundle}: {err}");
+    }
+    assert_pass(&[
+        "check",
+        &w("mid/dual_transformer_2d_vd_mix_ref.safetensors"),
+        "--weights",
+        &ckpt,
+        "--prefix",
+        "mid_block.attentions.0.",
+    ]);
+    assert_pass(&[
+        "check",
+        &w("mid/unet_mid_block_2d_cross_attn_dual_ref.safetensors"),
+        "--config",
+        &models("diffusers_vd/config.json"),
+    ]);
+    // The SD 1.x-like weights are not a dual mid block: the missing key is named.
+    let (code, _, err) = cli(&[
+        "check",
+        &w("mid/unet_mid_block_2d_cross_attn_dual_ref.safetensors"),
+        "--weights",
+        &models("diffusers_sd1/diffusion_pytorch_model.safetensors"),
+        "--prefix",
+        "mid_block.",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("transformers.0"), "{err}");
+}
+
+/// The pipeline attributes change the output: a port that ignores `mix_ratio` or
+/// `transformer_index_for_condition` (the key dropped from the config: diffusers' default used)
+/// fails; an `encoder_attention_mask` (which `DualTransformer2DModel.forward` does not take) and
+/// the attributes without `dual_cross_attention` are errors.
+#[test]
+fn dual_cross_attention_attributes_are_not_silently_ignored() {
+    let dir = scratch("dual-cross-attributes");
+    let edit = |sub: &str, f: &dyn Fn(&mut serde_json::Value)| {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).unwrap();
+        RawBundle::edited("mid/unet_mid_block_2d_cross_attn_dual_mix.safetensors", &d, |b| {
+            let mut cfg: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+            f(&mut cfg);
+            b.metadata.insert("parity.config".into(), cfg.to_string());
+        })
+    };
+    for key in ["mix_ratio", "transformer_index_for_condition"] {
+        let dropped = edit(key, &|cfg| {
+            cfg.as_object_mut().unwrap().remove(key);
+        });
+        let (code, out, err) = cli(&["check", dropped.to_str().unwrap()]);
+        assert_eq!(code, 1, "{key}: {out}\n{err}");
+        assert!(out.contains("FAIL"), "{key}: {out}");
+    }
+    let single = edit("single", &|cfg| cfg["dual_cross_attention"] = serde_json::json!(false));
+    let (code, _, err) = cli(&["check", single.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("mix_ratio") && err.contains("dual_cross_attention"),
+        "{err}"
+    );
+    let bad_index = edit("bad-index", &|cfg| {
+        cfg["transformer_index_for_condition"] = serde_json::json!([0, 2])
+    });
+    let (code, _, err) = cli(&["check", bad_index.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("transformer_index_for_condition"), "{err}");
+    let mask_dir = scratch("dual-cross-mask");
+    let masked = RawBundle::edited(
+        "mid/unet_mid_block_2d_cross_attn_dual_mix.safetensors",
+        &mask_dir,
+        |b| {
+            let ones = candle_core::Tensor::ones((2, 12), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+            b.tensors.insert("parity.input.encoder_attention_mask".into(), ones);
+            b.metadata.insert(
+                "parity.inputs".into(),
+                r#"["hidden_states", "temb", "encoder_hidden_states", "encoder_attention_mask"]"#.into(),
+            );
+        },
+    );
+    let (code, _, err) = cli(&["check", masked.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("encoder_attention_mask"), "{err}");
 }

@@ -158,8 +158,6 @@ fn diffusers_unsupported(ck: &Checkpoint, p: &str) -> Option<&'static str> {
         Some("diffusers UNetMidBlock3DCrossAttn (UNet3DConditionModel / I2VGenXLUNet video U-Net: temporal convolutions and attentions), not supported")
     } else if under("motion_modules.") {
         Some("diffusers UNetMidBlockCrossAttnMotion (UNetMotionModel, AnimateDiff motion modules), not supported")
-    } else if under("attentions.0.transformers.") {
-        Some("diffusers UNetMidBlock2DCrossAttn with dual_cross_attention (Versatile Diffusion DualTransformer2DModel), not supported")
     } else {
         None
     }
@@ -201,6 +199,13 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
     if has(ck, &format!("{p}attentions.0.add_k_proj.weight")) {
         config.insert("num_layers".into(), json!(layers));
         return diffusers_simple_cross(ck, p, config, unknown);
+    }
+    if has(
+        ck,
+        &format!("{p}attentions.0.transformers.0.transformer_blocks.0.attn1.to_q.weight"),
+    ) {
+        config.insert("num_layers".into(), json!(layers));
+        return diffusers_dual_cross(ck, p, config, unknown);
     }
     if has(ck, &format!("{t0}attn1.to_q.weight")) {
         let inner = dim(ck, &format!("{t0}attn1.to_q.weight"), 0).unwrap_or(0);
@@ -344,6 +349,53 @@ fn diffusers_1d_temporal(ck: &Checkpoint, p: &str, value: bool) -> Found {
         variant: variant.into(),
         config,
         unknown: vec![],
+        from_config: None,
+    }
+}
+
+/// `UNetMidBlock2DCrossAttn(dual_cross_attention=True)` (Versatile Diffusion's image U-Net):
+/// `DualTransformer2DModel` attentions, two `Transformer2DModel`s each (`transformers.0/1`).
+fn diffusers_dual_cross(ck: &Checkpoint, p: &str, mut config: Map<String, Value>, mut unknown: Vec<String>) -> Found {
+    let t = format!("{p}attentions.0.transformers.0.");
+    let b0 = format!("{t}transformer_blocks.0.");
+    let inner = dim(ck, &format!("{b0}attn1.to_q.weight"), 0).unwrap_or(0);
+    config.insert("dual_cross_attention".into(), json!(true));
+    config.insert(
+        "cross_attention_dim".into(),
+        json!(dim(ck, &format!("{b0}attn2.to_k.weight"), 1)),
+    );
+    // DualTransformer2DModel is always built with one layer, conv projections, no upcast; a
+    // checkpoint with more layers or linear projections is not what diffusers builds.
+    let blocks = count(ck, &format!("{t}transformer_blocks."));
+    let linear = ck.shape(&format!("{t}proj_in.weight")).is_some_and(|s| s.len() == 2);
+    let mut variant = "diffusers UNetMidBlock2DCrossAttn with dual_cross_attention (Versatile Diffusion image U-Net; \
+                       DualTransformer2DModel attentions: transformers.0 image, transformers.1 text)"
+        .to_string();
+    if blocks != 1 || linear {
+        variant.push_str(&format!(
+            "; {blocks} transformer blocks{}: diffusers' constructor builds 1 with conv projections, so these \
+             weights will not load (a converted pipeline's in-memory U-Net, not a from_pretrained one)",
+            if linear { ", linear projections" } else { "" }
+        ));
+    }
+    unknown.insert(
+        0,
+        format!(
+            "num_attention_heads (the config's `attention_head_dim` in SD-style configs, Versatile Diffusion's 8; \
+             the heads share {inner} channels)"
+        ),
+    );
+    unknown.push(
+        "mix_ratio / condition_lengths / transformer_index_for_condition (pipeline attributes, not in the keys or \
+         config.json: 0.5, [77, 257], [1, 0] unless the pipeline sets them; optional keys of the block config)"
+            .to_string(),
+    );
+    Found {
+        prefix: p.to_string(),
+        block: Some(unet_attention::diffusers::UNetMidBlock2DCrossAttn::BLOCK),
+        variant,
+        config,
+        unknown,
         from_config: None,
     }
 }

@@ -78,6 +78,12 @@ impl ControlNetMidBlock {
             "UNetMidBlock2DCrossAttn" => {
                 let c: UNetMidBlock2DCrossAttnConfig =
                     config::from_json(UNetMidBlock2DCrossAttn::BLOCK, &cfg.mid_block)?;
+                if c.dual_cross_attention {
+                    return Err(Error::config(
+                        Self::BLOCK,
+                        "dual_cross_attention: ControlNetModel builds its mid block without it (it passes none)",
+                    ));
+                }
                 let channels = c.out_channels.unwrap_or(c.in_channels);
                 (Mid::CrossAttn(UNetMidBlock2DCrossAttn::new(vb_mid, &c)?), channels)
             }

@@ -5,7 +5,8 @@
 //!   the residual inside and `upcast_softmax`) and `resnets.(i+1)` per layer. The mid block of
 //!   `UNet2DModel` and of `AutoencoderKL`'s encoder and decoder (`temb` None there).
 //! * [`UNetMidBlock2DCrossAttn`]: the same with a [`Transformer2DModel`] per layer, the mid block
-//!   of `UNet2DConditionModel` (SD 1.x, 2.x, XL).
+//!   of `UNet2DConditionModel` (SD 1.x, 2.x, XL); with `dual_cross_attention=True` (Versatile
+//!   Diffusion's image U-Net) a [`DualTransformer2DModel`] per layer instead (`attentions.i.transformers.{0,1}`).
 //!
 //! ```text
 //! forward(h, temb): h = resnets[0](h, temb)
@@ -13,6 +14,7 @@
 //! ```
 
 use crate::diffusers::attention::{Attention, AttentionConfig};
+use crate::diffusers::dual_transformer::{dual_inputs, DualMix, DualTransformer2DModel, DualTransformer2DModelConfig};
 use crate::diffusers::resnet::{eps_1e6, one_f, swish, ResnetBlock2D, ResnetBlock2DConfig, TimeEmbeddingNorm};
 use crate::diffusers::resnet_cond_norm::{ResnetBlockCondNorm2D, ResnetBlockCondNorm2DConfig};
 use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
@@ -325,9 +327,85 @@ pub struct UNetMidBlock2DCrossAttnConfig {
     pub upcast_attention: bool,
     #[serde(default = "default_shift")]
     pub attention_type: String,
+    /// Not a constructor argument: with `dual_cross_attention`, the `mix_ratio` attribute of
+    /// every `DualTransformer2DModel` (absent: diffusers' 0.5). See [`DualMix`].
+    #[serde(default)]
+    pub mix_ratio: Option<f64>,
+    /// Not a constructor argument: with `dual_cross_attention`, the `condition_lengths` attribute
+    /// (absent: `[77, 257]`).
+    #[serde(default)]
+    pub condition_lengths: Option<[usize; 2]>,
+    /// Not a constructor argument: with `dual_cross_attention`, the
+    /// `transformer_index_for_condition` attribute (absent: `[1, 0]`).
+    #[serde(default)]
+    pub transformer_index_for_condition: Option<[usize; 2]>,
 }
 
 impl UNetMidBlock2DCrossAttnConfig {
+    /// `transformer_layers_per_block` as one count per layer.
+    fn layers(&self) -> Result<Vec<usize>> {
+        match &self.transformer_layers_per_block {
+            LayersPerBlock::One(n) => Ok(vec![*n; self.num_layers]),
+            LayersPerBlock::PerLayer(list) if list.len() >= self.num_layers => Ok(list.clone()),
+            LayersPerBlock::PerLayer(list) => Err(Error::config(
+                UNetMidBlock2DCrossAttn::BLOCK,
+                format!(
+                    "transformer_layers_per_block lists {} counts for num_layers {}",
+                    list.len(),
+                    self.num_layers
+                ),
+            )),
+        }
+    }
+
+    /// With `dual_cross_attention`, `DualTransformer2DModel(num_attention_heads, out_channels //
+    /// num_attention_heads, in_channels=out_channels, num_layers=1, cross_attention_dim,
+    /// norm_num_groups=resnet_groups)` with the [`DualMix`] of [`Self::dual_mix`] (checked here
+    /// for every config, so attributes without `dual_cross_attention` are an error).
+    pub fn dual_transformer(&self) -> Result<DualTransformer2DModelConfig> {
+        let block = UNetMidBlock2DCrossAttn::BLOCK;
+        let mix = self.dual_mix()?;
+        let out = self.out_channels.unwrap_or(self.in_channels);
+        let groups = self.resnet_groups.unwrap_or((self.in_channels / 4).min(32));
+        config::from_json(
+            block,
+            &serde_json::json!({
+                "num_attention_heads": self.num_attention_heads,
+                "attention_head_dim": config::check_divides(block, out, self.num_attention_heads)?,
+                "in_channels": out,
+                "num_layers": 1,
+                "cross_attention_dim": self.cross_attention_dim,
+                "norm_num_groups": groups,
+                "mix_ratio": mix.mix_ratio,
+                "condition_lengths": mix.condition_lengths,
+                "transformer_index_for_condition": mix.transformer_index_for_condition,
+            }),
+        )
+    }
+
+    /// The [`DualMix`] the optional attribute keys give (diffusers' defaults for absent ones);
+    /// an error when a key is given without `dual_cross_attention`.
+    pub fn dual_mix(&self) -> Result<DualMix> {
+        let given = self.mix_ratio.is_some()
+            || self.condition_lengths.is_some()
+            || self.transformer_index_for_condition.is_some();
+        if given && !self.dual_cross_attention {
+            return Err(Error::config(
+                UNetMidBlock2DCrossAttn::BLOCK,
+                "mix_ratio / condition_lengths / transformer_index_for_condition are DualTransformer2DModel \
+                 attributes: they need dual_cross_attention true",
+            ));
+        }
+        let d = DualMix::default();
+        Ok(DualMix {
+            mix_ratio: self.mix_ratio.unwrap_or(d.mix_ratio),
+            condition_lengths: self.condition_lengths.unwrap_or(d.condition_lengths),
+            transformer_index_for_condition: self
+                .transformer_index_for_condition
+                .unwrap_or(d.transformer_index_for_condition),
+        })
+    }
+
     /// `UNetMidBlock2DCrossAttn(in_channels, temb_channels)` with diffusers' defaults for the
     /// rest; change fields after (`num_attention_heads`, `cross_attention_dim`, ...).
     pub fn new(in_channels: usize, temb_channels: Option<usize>) -> Self {
@@ -335,11 +413,27 @@ impl UNetMidBlock2DCrossAttnConfig {
     }
 }
 
+/// A `UNetMidBlock2DCrossAttn` attention: `Transformer2DModel`, or `DualTransformer2DModel` with
+/// `dual_cross_attention`.
+// A block holds a handful of these: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+enum CrossAttention {
+    Single(Transformer2DModel),
+    Dual(DualTransformer2DModel),
+}
+
 /// `diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DCrossAttn`.
+///
+/// With `dual_cross_attention` (Versatile Diffusion) each attention is a
+/// [`DualTransformer2DModel`] built as diffusers builds it: `num_layers=1` (not
+/// `transformer_layers_per_block`), `norm_num_groups=resnet_groups` (not `resnet_groups_out`) and
+/// no `use_linear_projection`, `upcast_attention` or `attention_type` (diffusers does not pass
+/// them); its [`DualMix`] comes from the config's optional keys or [`Self::set_transformer_params`].
 #[derive(Debug, Clone)]
 pub struct UNetMidBlock2DCrossAttn {
     resnets: Vec<ResnetBlock2D>,
-    attentions: Vec<Transformer2DModel>,
+    attentions: Vec<CrossAttention>,
 }
 
 impl UNetMidBlock2DCrossAttn {
@@ -347,31 +441,13 @@ impl UNetMidBlock2DCrossAttn {
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DCrossAttnConfig) -> Result<Self> {
         let block = Self::BLOCK;
-        if cfg.dual_cross_attention {
-            return Err(Error::unsupported(
-                block,
-                "dual_cross_attention (DualTransformer2DModel) is not implemented",
-            ));
-        }
+        let dual = cfg.dual_transformer()?;
         let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
         let (c, out) = (cfg.in_channels, cfg.out_channels.unwrap_or(cfg.in_channels));
         let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
         let groups_out = cfg.resnet_groups_out.unwrap_or(groups);
         let head_dim = config::check_divides(block, out, cfg.num_attention_heads)?;
-        let layers: Vec<usize> = match &cfg.transformer_layers_per_block {
-            LayersPerBlock::One(n) => vec![*n; cfg.num_layers],
-            LayersPerBlock::PerLayer(list) if list.len() >= cfg.num_layers => list.clone(),
-            LayersPerBlock::PerLayer(list) => {
-                return Err(Error::config(
-                    block,
-                    format!(
-                        "transformer_layers_per_block lists {} counts for num_layers {}",
-                        list.len(),
-                        cfg.num_layers
-                    ),
-                ))
-            }
-        };
+        let layers = cfg.layers()?;
         let resnet = |in_channels: usize, groups: usize, groups_out: Option<usize>| {
             resnet_config(
                 in_channels,
@@ -408,14 +484,79 @@ impl UNetMidBlock2DCrossAttn {
         let mut resnets = vec![ResnetBlock2D::new(vb_res.pp(0), &resnet(c, groups, Some(groups_out)))?];
         let mut attentions = vec![];
         for (i, &n) in layers.iter().take(cfg.num_layers).enumerate() {
-            attentions.push(Transformer2DModel::new(vb_attn.pp(i), &transformer(n)?)?);
+            attentions.push(if cfg.dual_cross_attention {
+                CrossAttention::Dual(DualTransformer2DModel::new(vb_attn.pp(i), &dual)?)
+            } else {
+                CrossAttention::Single(Transformer2DModel::new(vb_attn.pp(i), &transformer(n)?)?)
+            });
             resnets.push(ResnetBlock2D::new(vb_res.pp(i + 1), &resnet(out, groups_out, None))?);
         }
         Ok(Self { resnets, attentions })
     }
 
+    /// Whether the attentions are `DualTransformer2DModel`s.
+    pub fn is_dual(&self) -> bool {
+        matches!(self.attentions.first(), Some(CrossAttention::Dual(_)))
+    }
+
+    /// Versatile Diffusion's `_convert_to_dual_attention`: each `Transformer2DModel` of this
+    /// (image U-Net's, not dual) block becomes a `DualTransformer2DModel` with it as
+    /// `transformers.0` and `text[i]` (the text U-Net's mid-block transformer at
+    /// `attentions.i`) as `transformers.1`; the transformers keep their own configs, as the
+    /// pipeline keeps the modules.
+    pub fn into_dual(self, text: Vec<Transformer2DModel>, mix: DualMix) -> Result<Self> {
+        if text.len() != self.attentions.len() || self.is_dual() {
+            return Err(Error::config(
+                Self::BLOCK,
+                format!(
+                    "into_dual takes a block without dual_cross_attention and one text transformer per \
+                     attention ({} given for {})",
+                    text.len(),
+                    self.attentions.len()
+                ),
+            ));
+        }
+        let mut attentions = Vec::with_capacity(text.len());
+        for (a, t) in self.attentions.into_iter().zip(text) {
+            let CrossAttention::Single(image) = a else {
+                unreachable!("checked: not dual")
+            };
+            attentions.push(CrossAttention::Dual(DualTransformer2DModel::from_transformers(
+                [image, t],
+                mix,
+            )?));
+        }
+        Ok(Self {
+            resnets: self.resnets,
+            attentions,
+        })
+    }
+
+    /// Versatile Diffusion's `set_transformer_params`: set `mix` on every
+    /// `DualTransformer2DModel`; an error without `dual_cross_attention`.
+    pub fn set_transformer_params(&mut self, mix: DualMix) -> Result<()> {
+        if !self.is_dual() {
+            return Err(Error::config(
+                Self::BLOCK,
+                "set_transformer_params needs dual_cross_attention (DualTransformer2DModel attentions)",
+            ));
+        }
+        for a in &mut self.attentions {
+            if let CrossAttention::Dual(d) = a {
+                d.set_mix(mix)?;
+            }
+        }
+        Ok(())
+    }
+
     /// `forward(hidden_states, temb=None, encoder_hidden_states=None, attention_mask=None,
     /// encoder_attention_mask=None)`; masks as [`Transformer2DModel::forward`] takes them.
+    ///
+    /// With `dual_cross_attention`: `encoder_hidden_states` (both conditions concatenated) is
+    /// required and `attention_mask` ignored, as [`DualTransformer2DModel::forward`] does; an
+    /// `encoder_attention_mask` is an error: diffusers 0.42.1 passes it to
+    /// `DualTransformer2DModel.forward`, which has no such parameter (a `TypeError` on every
+    /// call, `None` included: diffusers issue #13651); here `None` runs, as the mask-less call.
     pub fn forward(
         &self,
         hidden_states: &Tensor,
@@ -426,8 +567,14 @@ impl UNetMidBlock2DCrossAttn {
     ) -> Result<Tensor> {
         let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
         for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
-            h = trace::scope_at("attentions", i, || {
-                attn.forward(&h, encoder_hidden_states, attention_mask, encoder_attention_mask)
+            h = trace::scope_at("attentions", i, || match attn {
+                CrossAttention::Single(t) => {
+                    t.forward(&h, encoder_hidden_states, attention_mask, encoder_attention_mask)
+                }
+                CrossAttention::Dual(d) => {
+                    let context = dual_inputs(Self::BLOCK, encoder_hidden_states, encoder_attention_mask)?;
+                    d.forward(&h, context, attention_mask)
+                }
             })?;
             h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
         }

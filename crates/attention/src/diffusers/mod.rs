@@ -1,12 +1,13 @@
 //! Hugging Face diffusers (0.42.1): the `Attention` class with its default processors, and the
 //! Stable Diffusion transformer bottleneck (`FeedForward`/`GEGLU`, `BasicTransformerBlock`,
-//! `Transformer2DModel`), the ResNet blocks and the U-Net / VAE mid blocks (`ResnetBlock2D`, `ResnetBlockCondNorm2D`,
+//! `Transformer2DModel`, Versatile Diffusion's `DualTransformer2DModel`), the ResNet blocks and the U-Net / VAE mid blocks (`ResnetBlock2D`, `ResnetBlockCondNorm2D`,
 //! `UNetMidBlock2D`, `UNetMidBlock2DCrossAttn`, `UNetMidBlock2DSimpleCrossAttn`), the
 //! `ControlNetModel` bottleneck (`ControlNetMidBlock`: its mid block and `controlnet_mid_block`)
 //! and their configs from a model's `config.json`.
 
 pub mod attention;
 pub mod controlnet;
+pub mod dual_transformer;
 pub mod feed_forward;
 pub mod mid_block;
 pub mod mid_block_1d;
@@ -20,6 +21,7 @@ pub mod transformer;
 
 pub use attention::{Attention, AttentionConfig, Processor};
 pub use controlnet::{ControlNetMidBlock, ControlNetMidBlockConfig};
+pub use dual_transformer::{DualMix, DualTransformer2DModel, DualTransformer2DModelConfig};
 pub use feed_forward::{FeedForward, FeedForwardConfig, Geglu, GegluConfig};
 pub use mid_block::{UNetMidBlock2D, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
 pub use mid_block_1d::{UNetMidBlock1D, UNetMidBlock1DConfig};

@@ -9,7 +9,11 @@
 //! * `UNet2DConditionModel`: `get_mid_block(mid_block_type, ...)` with the per-block lists'
 //!   last entries (`num_attention_heads = num_attention_heads or attention_head_dim`, the
 //!   historical naming: SD's `attention_head_dim: 8` means 8 heads; `UNetMidBlock2DSimpleCrossAttn`
-//!   (IF, Kandinsky, UnCLIP) takes `attention_head_dim` as the per-head width);
+//!   (IF, Kandinsky, UnCLIP) takes `attention_head_dim` as the per-head width;
+//!   `dual_cross_attention: true`, Versatile Diffusion's converted image U-Net, gives
+//!   `DualTransformer2DModel` attentions, whose pipeline-set attributes are in no `config.json`:
+//!   diffusers' defaults unless the spec's config gets `mix_ratio` / `condition_lengths` /
+//!   `transformer_index_for_condition` keys);
 //! * `AutoencoderKL`: encoder and decoder `UNetMidBlock2D(in_channels=block_out_channels[-1],
 //!   resnet_eps=1e-6, output_scale_factor=1, attention_head_dim=block_out_channels[-1],
 //!   temb_channels=None, add_attention=mid_block_add_attention, ...)`;

@@ -139,7 +139,7 @@ pub(super) fn entries() -> Vec<BlockInfo> {
         },
         BlockInfo {
             id: UNetMidBlock2DCrossAttn::BLOCK,
-            pytorch: "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DCrossAttn (diffusers 0.28 – 0.42.1; UNet2DConditionModel mid block, SD 1.x / 2.x / XL)",
+            pytorch: "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DCrossAttn (diffusers 0.28 – 0.42.1; UNet2DConditionModel mid block, SD 1.x / 2.x / XL; dual_cross_attention: Versatile Diffusion's DualTransformer2DModel attentions, mix_ratio / condition_lengths / transformer_index_for_condition as optional config keys)",
             inputs: CROSS_ATTN_INPUTS,
             kwargs: &[],
             build: |vb, cfg| {

@@ -2,6 +2,7 @@ use super::{single, BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use unet_attention::diffusers::feed_forward::{FeedForward, Geglu};
 use unet_attention::diffusers::transformer::{BasicTransformerBlock, Transformer2DModel};
+use unet_attention::diffusers::DualTransformer2DModel;
 use unet_attention::{config, Result};
 
 impl Runnable for BasicTransformerBlock {
@@ -25,6 +26,18 @@ impl Runnable for Transformer2DModel {
             inputs.get("encoder_hidden_states"),
             inputs.get("attention_mask"),
             inputs.get("encoder_attention_mask"),
+        )?;
+        Ok(vec![out])
+    }
+}
+
+impl Runnable for DualTransformer2DModel {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        inputs.flag("return_dict", true)?;
+        let out = self.forward(
+            inputs.required("hidden_states")?,
+            inputs.required("encoder_hidden_states")?,
+            inputs.get("attention_mask"),
         )?;
         Ok(vec![out])
     }
@@ -64,6 +77,16 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             build: |vb, cfg| {
                 let cfg = config::from_json(Transformer2DModel::BLOCK, cfg)?;
                 Ok(Box::new(Transformer2DModel::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: DualTransformer2DModel::BLOCK,
+            pytorch: "diffusers.models.transformers.dual_transformer_2d.DualTransformer2DModel (diffusers 0.42.1, continuous input; Versatile Diffusion; mix_ratio / condition_lengths / transformer_index_for_condition as optional config keys; attention_mask ignored as diffusers ignores it)",
+            inputs: &["hidden_states", "encoder_hidden_states", "attention_mask"],
+            kwargs: &["return_dict"],
+            build: |vb, cfg| {
+                let cfg = config::from_json(DualTransformer2DModel::BLOCK, cfg)?;
+                Ok(Box::new(DualTransformer2DModel::new(vb, &cfg)?))
             },
         },
     ]
