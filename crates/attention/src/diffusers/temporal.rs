@@ -295,7 +295,13 @@ impl TransformerTemporalModel {
         let normed = self.norm.forward(&video)?;
         trace::record("norm", &normed);
         let tokens = normed.permute((0, 3, 4, 2, 1))?.reshape((b * h * w, f, c))?;
-        let mut x = self.proj_in.forward_tokens(&tokens)?;
+        // PyTorch's reshape is a copy (contiguous: one rounding in F.linear) unless the batch is
+        // 1, where it is a strided view (product and bias rounded apart in f16/bf16).
+        let mut x = if b == 1 && c > 1 && f * h * w > 1 {
+            self.proj_in.forward_tokens_strided(&tokens)?
+        } else {
+            self.proj_in.forward_tokens(&tokens)?
+        };
         trace::record("proj_in", &x);
         for (i, block) in self.blocks.iter().enumerate() {
             x = trace::scope_at("transformer_blocks", i, || {
