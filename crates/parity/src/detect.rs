@@ -275,7 +275,11 @@ fn diffusers_3d(ck: &Checkpoint, p: &str, c: usize) -> Found {
     config.insert("num_layers".into(), json!(count(ck, &format!("{p}attentions."))));
     config.insert(
         "resnet_time_scale_shift".into(),
-        json!(if temb_out == Some(2 * c) { "scale_shift" } else { "default" }),
+        json!(if temb_out == Some(2 * c) {
+            "scale_shift"
+        } else {
+            "default"
+        }),
     );
     config.insert(
         "cross_attention_dim".into(),

@@ -107,7 +107,7 @@ impl UNetMidBlock3DCrossAttn {
         let c = cfg.in_channels;
         let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
         let head_dim = cfg.num_attention_heads;
-        let heads = if head_dim == 0 { 0 } else { c / head_dim };
+        let heads = c.checked_div(head_dim).unwrap_or(0);
         if heads == 0 {
             return Err(Error::config(
                 block,

@@ -265,7 +265,10 @@ impl TransformerTemporalModel {
             norm_elementwise_affine: cfg.norm_elementwise_affine,
             positional_embeddings: cfg.positional_embeddings.clone(),
             num_positional_embeddings: cfg.num_positional_embeddings,
-            ..config::from_json(block, &serde_json::json!({"dim": 1, "num_attention_heads": 1, "attention_head_dim": 1}))?
+            ..config::from_json(
+                block,
+                &serde_json::json!({"dim": 1, "num_attention_heads": 1, "attention_head_dim": 1}),
+            )?
         };
         let spec = block_cfg.spec(block)?;
         let blocks = (0..cfg.num_layers)
@@ -310,7 +313,10 @@ impl TransformerTemporalModel {
         }
         let x = self.proj_out.forward_tokens(&x)?;
         trace::record("proj_out", &x);
-        let x = x.reshape((b, h, w, f, c))?.permute((0, 3, 4, 1, 2))?.reshape((bf, c, h, w))?;
+        let x = x
+            .reshape((b, h, w, f, c))?
+            .permute((0, 3, 4, 1, 2))?
+            .reshape((bf, c, h, w))?;
         let out = (x + hidden_states)?;
         trace::record("output", &out);
         Ok(out)

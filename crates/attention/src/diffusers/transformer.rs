@@ -539,16 +539,18 @@ impl Transformer2DModel {
         let spec = block_cfg.spec(block)?;
         let specs = vec![spec; cfg.num_layers];
         let out_channels = cfg.out_channels.unwrap_or(in_channels);
-        Ok(Self(SpatialTransformer::load(
-            vb,
-            block,
-            cfg.norm_num_groups,
-            in_channels,
-            out_channels,
-            cfg.use_linear_projection,
-            &specs,
-        )?
-        .with_strided_linear_input()))
+        Ok(Self(
+            SpatialTransformer::load(
+                vb,
+                block,
+                cfg.norm_num_groups,
+                in_channels,
+                out_channels,
+                cfg.use_linear_projection,
+                &specs,
+            )?
+            .with_strided_linear_input(),
+        ))
     }
 
     /// `forward(hidden_states, encoder_hidden_states=None, attention_mask=None,
