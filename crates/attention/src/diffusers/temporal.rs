@@ -322,3 +322,59 @@ impl TransformerTemporalModel {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+    use std::collections::HashMap;
+
+    /// diffusers' constructor zeroes conv4: the layer is then the identity, at any num_frames
+    /// that divides the batch; one that does not is an error naming `num_frames`.
+    #[test]
+    fn zero_last_conv_is_the_identity_and_num_frames_must_divide_the_batch() {
+        let dev = Device::Cpu;
+        let (c, groups) = (8, 2);
+        let mut t = HashMap::new();
+        for i in 1..=4 {
+            let conv = if i == 1 { 2 } else { 3 };
+            t.insert(format!("conv{i}.0.weight"), Tensor::ones(c, DType::F32, &dev).unwrap());
+            t.insert(format!("conv{i}.0.bias"), Tensor::zeros(c, DType::F32, &dev).unwrap());
+            let w = if i == 4 {
+                Tensor::zeros((c, c, 3, 1, 1), DType::F32, &dev).unwrap()
+            } else {
+                Tensor::randn(0f32, 0.3, (c, c, 3, 1, 1), &dev).unwrap()
+            };
+            t.insert(format!("conv{i}.{conv}.weight"), w);
+            t.insert(
+                format!("conv{i}.{conv}.bias"),
+                Tensor::zeros(c, DType::F32, &dev).unwrap(),
+            );
+        }
+        let vb = VarBuilder::from_tensors(t, DType::F32, &dev);
+        let cfg = TemporalConvLayerConfig {
+            in_dim: c,
+            out_dim: None,
+            dropout: 0.1,
+            norm_num_groups: groups,
+        };
+        let layer = TemporalConvLayer::new(vb, &cfg).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (6, c, 3, 2), &dev).unwrap();
+        for frames in [1, 2, 3, 6] {
+            let y = layer.forward(&x, frames).unwrap();
+            let d = (y - &x)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert_eq!(d, 0.0, "num_frames {frames}");
+        }
+        for frames in [0, 4] {
+            let e = layer.forward(&x, frames).unwrap_err().to_string();
+            assert!(e.contains("num_frames"), "{e}");
+        }
+    }
+}
