@@ -506,6 +506,11 @@ _openai_resnet = _resnet(norm1="in_layers.0", conv1="in_layers.2", temb="emb_lay
                          conv2="out_layers.3", shortcut="skip_connection")
 
 
+# diffusers TemporalConvLayer: convN = (GroupNorm, SiLU, [Dropout], Conv3d); stages (B, C, F, H, W)
+_temporal_conv = _resnet(norm1="conv1.0", conv1="conv1.2", norm2="conv2.0", conv2="conv2.3", norm3="conv3.0",
+                         conv3="conv3.3", norm4="conv4.0", conv4="conv4.3")
+
+
 def _ldm_shortcut_fix(make):
     """ldm ResnetBlock's shortcut is ``conv_shortcut`` (3×3) or ``nin_shortcut`` (1×1)."""
 
@@ -547,6 +552,10 @@ def _by_class(m):
         return TRACERS["diffusers.DualTransformer2DModel"]
     if name.startswith("Transformer2DModel"):
         return TRACERS["diffusers.Transformer2DModel"]
+    if name == "TransformerTemporalModel":
+        return TRACERS["diffusers.TransformerTemporalModel"]
+    if name == "TemporalConvLayer":
+        return _temporal_conv
     if name.startswith("SpatialTransformer"):
         return TRACERS["ldm.SpatialTransformer"]
     if name == "AttnBlock":
@@ -642,6 +651,16 @@ def _dual_transformers(m):
     return [(f"transformers.{i}", m.transformers[i], TRACERS["diffusers.Transformer2DModel"]) for i in order]
 
 
+def _diffusers_mid_3d(m):
+    # UNetMidBlock3DCrossAttn: resnets[0], temp_convs[0], then (attention, temporal attention, resnet,
+    # temporal conv) per layer
+    out = [(f"{n}.0", getattr(m, n)[0], _by_class(getattr(m, n)[0])) for n in ("resnets", "temp_convs")]
+    for i, mods in enumerate(zip(m.attentions, m.temp_attentions, m.resnets[1:], m.temp_convs[1:])):
+        names = (f"attentions.{i}", f"temp_attentions.{i}", f"resnets.{i + 1}", f"temp_convs.{i + 1}")
+        out += [(n, sub, _by_class(sub)) for n, sub in zip(names, mods)]
+    return out
+
+
 _diffusers_btb = _transformer_block(_diffusers)
 _ldm_btb = _transformer_block(_ldm_cross)
 
@@ -660,6 +679,10 @@ TRACERS = {
     "diffusers.ValueFunctionMidBlock1D": _sequence(_diffusers_mid_1d_temporal),
     "diffusers.UNetMidBlock2DCrossAttn": _sequence(_diffusers_mid),
     "diffusers.UNetMidBlock2DSimpleCrossAttn": _sequence(_diffusers_mid),
+    # TransformerTemporalModel: norm (B, C, F, H, W), proj_in / blocks / proj_out on (B*H*W, F, inner) tokens
+    "diffusers.TransformerTemporalModel": _spatial_transformer(_diffusers_btb),
+    "diffusers.TemporalConvLayer": _temporal_conv,
+    "diffusers.UNetMidBlock3DCrossAttn": _sequence(_diffusers_mid_3d),
     # ControlNetModel: the mid block's stages under mid_block/, the zero conv's output (before
     # conditioning_scale and the pooling) as controlnet_mid_block/output
     "diffusers.ControlNetMidBlock": _sequence(lambda m: [("mid_block", m.mid_block, _sequence(_diffusers_mid)),

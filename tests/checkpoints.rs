@@ -121,6 +121,10 @@ fn config_json_gives_the_mid_block_config() {
             "mid/controlnet_mid_block_ref.safetensors",
             "diffusers_controlnet/config.json",
         ),
+        (
+            "mid/unet_mid_block_3d_cross_attn_unet3d_ref.safetensors",
+            "diffusers_unet3d/config.json",
+        ),
     ] {
         let err = assert_pass(&["check", &w(bundle), "--config", &models(config)]);
         assert!(err.contains("config from"), "{bundle}: {err}");
@@ -227,6 +231,10 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
         (
             "diffusers_controlnet/diffusion_pytorch_model.safetensors",
             &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        ),
+        (
+            "diffusers_unet3d/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock3DCrossAttn")],
         ),
         (
             "diffusers_vd/diffusion_pytorch_model.safetensors",
@@ -839,19 +847,16 @@ fn controlnet_scale_pool_and_zero_conv_are_not_silently_ignored() {
     assert!(err.contains("controlnet_mid_block.weight"), "{err}");
 }
 
-/// Video and motion mid blocks have a `resnets.0.conv1` like the implemented ones: `detect`
-/// names them as not supported instead of taking them for a `UNetMidBlock2DCrossAttn`.
+/// Motion mid blocks have a `resnets.0.conv1` like the implemented ones: `detect` names them as
+/// not supported instead of taking them for a `UNetMidBlock2DCrossAttn`.
 #[test]
 fn unsupported_diffusers_mid_blocks_are_named_not_guessed() {
     let dir = scratch("detect-unsupported");
     let sd1 = weights().join("models/diffusers_sd1/diffusion_pytorch_model.safetensors");
-    for (extra, name) in [
-        ("mid_block.temp_convs.0.conv1.1.weight", "UNetMidBlock3DCrossAttn"),
-        (
-            "mid_block.motion_modules.0.proj_in.weight",
-            "UNetMidBlockCrossAttnMotion",
-        ),
-    ] {
+    for (extra, name) in [(
+        "mid_block.motion_modules.0.proj_in.weight",
+        "UNetMidBlockCrossAttnMotion",
+    )] {
         let mut b = RawBundle::read(&sd1);
         let zeros = candle_core::Tensor::zeros(4, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
         b.tensors.insert(extra.into(), zeros);
@@ -982,4 +987,87 @@ fn dual_cross_attention_attributes_are_not_silently_ignored() {
     let (code, _, err) = cli(&["check", masked.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("encoder_attention_mask"), "{err}");
+}
+
+/// The tiny `UNet3DConditionModel` (`weights/models/diffusers_unet3d`): `detect` names its
+/// `UNetMidBlock3DCrossAttn` and reads what the keys tell, `check --weights --prefix` runs the
+/// self-contained bundles (f32, f16, bf16; batch 2 of 3 frames) on the whole checkpoint's mid block,
+/// and `num_frames` counts: a wrong one that divides the batch is a FAIL, one that does not (or
+/// that is not a whole number ≥ 1) an error naming it, never a pass.
+#[test]
+fn video_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
+    let ckpt = models("diffusers_unet3d/diffusion_pytorch_model.safetensors");
+    let lone_dir = scratch("detect-lone-unet3d");
+    let lone = copy_to(&lone_dir, &ckpt, "m.safetensors");
+    let (code, out, err) = cli(&["detect", &lone]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("prefix `mid_block.`: diffusers.UNetMidBlock3DCrossAttn")
+            && out.contains("\"in_channels\":16")
+            && out.contains("\"temb_channels\":32")
+            && out.contains("\"cross_attention_dim\":8")
+            && out.contains("\"use_linear_projection\":true")
+            && out.contains("not in the keys: num_attention_heads")
+            && !out.contains("not supported"),
+        "{out}"
+    );
+    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let kwargs = &doc["mid_blocks"][0]["from_config"];
+    assert_eq!(kwargs["num_attention_heads"], 4, "{out}");
+    assert_eq!(kwargs["resnet_groups"], 4, "{out}");
+    assert_eq!(kwargs["resnet_eps"], 1e-5, "{out}");
+    let stem = "mid/unet_mid_block_3d_cross_attn_unet3d";
+    for suffix in ["", "_f16", "_bf16"] {
+        let b = w(&format!("{stem}{suffix}.safetensors"));
+        let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block."]);
+        assert!(err.contains("weights from"), "{suffix}: {err}");
+    }
+    let dir = scratch("unet3d-num-frames");
+    let with_frames = |name: &str, frames: serde_json::Value| {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        RawBundle::edited(&format!("{stem}.safetensors"), &d, |b| {
+            let kwargs = match frames {
+                serde_json::Value::Null => "{}".to_string(),
+                f => serde_json::json!({ "num_frames": f }).to_string(),
+            };
+            b.metadata.insert("parity.kwargs".into(), kwargs);
+        })
+    };
+    // 6 = 2 videos x 3 frames: 1 (the forward's default), 2 and 6 divide the batch but mix the
+    // wrong frames, or none.
+    for (name, frames) in [
+        ("default", serde_json::Value::Null),
+        ("two", serde_json::json!(2)),
+        ("six", serde_json::json!(6)),
+    ] {
+        let path = with_frames(name, frames);
+        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
+        assert_eq!(code, 1, "{name}: {out}\n{err}");
+        assert!(out.contains("FAIL") && !out.contains("PASS"), "{name}: {out}");
+    }
+    for (name, frames, needle) in [
+        ("four", serde_json::json!(4), "does not divide"),
+        ("zero", serde_json::json!(0), "num_frames"),
+        ("fraction", serde_json::json!(2.5), "num_frames"),
+    ] {
+        let path = with_frames(name, frames);
+        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
+        assert_eq!(code, 2, "{name}: {out}\n{err}");
+        assert!(err.contains(needle) && !out.contains("PASS"), "{name}: {err}");
+    }
+    // The forward takes attention_mask and, as diffusers' does, uses it nowhere (the exporter
+    // asserts PyTorch's output is the maskless one bit for bit): still a pass.
+    let masked = RawBundle::edited(&format!("{stem}.safetensors"), &dir, |b| {
+        let hs = &b.tensors["parity.input.hidden_states"];
+        let mask = candle_core::Tensor::full(-10000f32, (hs.dim(0).unwrap(), 1, 5), hs.device()).unwrap();
+        b.tensors.insert("parity.input.attention_mask".into(), mask);
+        b.metadata.insert(
+            "parity.inputs".into(),
+            r#"["hidden_states", "temb", "encoder_hidden_states", "attention_mask"]"#.into(),
+        );
+    });
+    assert_pass(&["check", masked.to_str().unwrap()]);
 }

@@ -5,13 +5,14 @@
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_sd1
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_if
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_controlnet
+//! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_unet3d
 //! ```
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use unet_attention::diffusers::model_config::mid_blocks;
 use unet_attention::diffusers::{
-    ControlNetMidBlock, UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn,
+    ControlNetMidBlock, UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn, UNetMidBlock3DCrossAttn,
 };
 
 fn main() -> anyhow::Result<()> {
@@ -54,6 +55,17 @@ fn main() -> anyhow::Result<()> {
         } else if spec.block == UNetMidBlock2DCrossAttn::BLOCK {
             let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
             UNetMidBlock2DCrossAttn::new(vb, &cfg)?.forward(&x, temb.as_ref(), Some(&context), None, None)?
+        } else if spec.block == UNetMidBlock3DCrossAttn::BLOCK {
+            // One video of 4 frames: (batch·frames, C, H, W), temb and context repeated per frame
+            // as UNet3DConditionModel repeats them.
+            let frames = 4;
+            let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
+            let x = x.repeat((frames, 1, 1, 1))?;
+            let temb = temb.map(|t| t.repeat((frames, 1))).transpose()?;
+            let context = context.repeat((frames, 1, 1))?;
+            let y = UNetMidBlock3DCrossAttn::new(vb, &cfg)?.forward(&x, temb.as_ref(), Some(&context), None, frames)?;
+            println!("{} at `{}`: {:?} -> {:?}", spec.block, spec.prefix, x.dims(), y.dims());
+            continue;
         } else if spec.block == UNetMidBlock2DSimpleCrossAttn::BLOCK {
             let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
             UNetMidBlock2DSimpleCrossAttn::new(vb, &cfg)?.forward(&x, temb.as_ref(), Some(&context), None, None)?

@@ -154,9 +154,7 @@ fn diffusers_unsupported(ck: &Checkpoint, p: &str) -> Option<&'static str> {
         let key = format!("{p}{sub}");
         ck.names().any(|n| n.starts_with(&key))
     };
-    if under("temp_convs.") || under("temp_attentions.") {
-        Some("diffusers UNetMidBlock3DCrossAttn (UNet3DConditionModel / I2VGenXLUNet video U-Net: temporal convolutions and attentions), not supported")
-    } else if under("motion_modules.") {
+    if under("motion_modules.") {
         Some("diffusers UNetMidBlockCrossAttnMotion (UNetMotionModel, AnimateDiff motion modules), not supported")
     } else {
         None
@@ -175,6 +173,9 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
         };
     }
     let c = dim(ck, &format!("{p}resnets.0.conv1.weight"), 1).unwrap_or(0);
+    if ck.names().any(|n| n.starts_with(&format!("{p}temp_convs."))) {
+        return diffusers_3d(ck, p, c);
+    }
     // MoVQ's ResnetBlockCondNorm2D: SpatialNorms whose 1x1 convs read the zq channels.
     let zq = dim(ck, &format!("{p}resnets.0.norm1.conv_y.weight"), 1);
     let temb = zq.or(dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1));
@@ -394,6 +395,53 @@ fn diffusers_dual_cross(ck: &Checkpoint, p: &str, mut config: Map<String, Value>
         prefix: p.to_string(),
         block: Some(unet_attention::diffusers::UNetMidBlock2DCrossAttn::BLOCK),
         variant,
+        config,
+        unknown,
+        from_config: None,
+    }
+}
+
+/// `UNetMidBlock3DCrossAttn` (`UNet3DConditionModel`, `I2VGenXLUNet`): `temp_convs.<i>`
+/// (`TemporalConvLayer`) beside the resnets and `temp_attentions.<i>` beside the attentions.
+fn diffusers_3d(ck: &Checkpoint, p: &str, c: usize) -> Found {
+    let t0 = format!("{p}attentions.0.transformer_blocks.0.");
+    let temb_out = dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 0);
+    let mut config = Map::new();
+    config.insert("in_channels".into(), json!(c));
+    config.insert(
+        "temb_channels".into(),
+        json!(dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1)),
+    );
+    config.insert("num_layers".into(), json!(count(ck, &format!("{p}attentions."))));
+    config.insert(
+        "resnet_time_scale_shift".into(),
+        json!(if temb_out == Some(2 * c) {
+            "scale_shift"
+        } else {
+            "default"
+        }),
+    );
+    config.insert(
+        "cross_attention_dim".into(),
+        json!(dim(ck, &format!("{t0}attn2.to_k.weight"), 1)),
+    );
+    let linear = ck
+        .shape(&format!("{p}attentions.0.proj_in.weight"))
+        .is_none_or(|s| s.len() == 2);
+    config.insert("use_linear_projection".into(), json!(linear));
+    let unknown = vec![
+        "num_attention_heads (the per-head width here: the config's `attention_head_dim`, last entry; ModelScope / \
+         Zeroscope: 64)"
+            .to_string(),
+        "resnet_groups (norm groups: the config's `norm_num_groups`, 32 in ModelScope)".to_string(),
+        "resnet_eps (UNet3DConditionModel: its norm_eps, 1e-5; I2VGenXLUNet: 1e-5)".to_string(),
+    ];
+    Found {
+        prefix: p.to_string(),
+        block: Some(unet_attention::diffusers::UNetMidBlock3DCrossAttn::BLOCK),
+        variant: "diffusers UNetMidBlock3DCrossAttn (UNet3DConditionModel / I2VGenXLUNet video U-Net: temporal \
+                  convolutions and attentions over num_frames)"
+            .to_string(),
         config,
         unknown,
         from_config: None,

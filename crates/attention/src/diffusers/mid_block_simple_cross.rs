@@ -270,7 +270,7 @@ mod tests {
         assert!(e.contains("rms_norm"), "{e}");
         let e = err(json!({"in_channels": 8, "temb_channels": 8, "resnet_time_scale_shift": "spatial"}));
         assert!(
-            e.contains("not supported") && e.contains("resnet_time_scale_shift"),
+            e.contains("resnet_time_scale_shift") && e.contains("diffusers refuses"),
             "{e}"
         );
         let e = err(json!({"in_channels": 8, "temb_channels": 8, "processor": "AttnProcessor2_0"}));

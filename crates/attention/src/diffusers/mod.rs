@@ -1,7 +1,8 @@
 //! Hugging Face diffusers (0.42.1): the `Attention` class with its default processors, and the
 //! Stable Diffusion transformer bottleneck (`FeedForward`/`GEGLU`, `BasicTransformerBlock`,
 //! `Transformer2DModel`, Versatile Diffusion's `DualTransformer2DModel`), the ResNet blocks and the U-Net / VAE mid blocks (`ResnetBlock2D`, `ResnetBlockCondNorm2D`,
-//! `UNetMidBlock2D`, `UNetMidBlock2DCrossAttn`, `UNetMidBlock2DSimpleCrossAttn`), the
+//! `UNetMidBlock2D`, `UNetMidBlock2DCrossAttn`, `UNetMidBlock2DSimpleCrossAttn`), the video U-Nets'
+//! `UNetMidBlock3DCrossAttn` with its temporal layers (`TemporalConvLayer`, `TransformerTemporalModel`), the
 //! `ControlNetModel` bottleneck (`ControlNetMidBlock`: its mid block and `controlnet_mid_block`)
 //! and their configs from a model's `config.json`.
 
@@ -12,11 +13,13 @@ pub mod feed_forward;
 pub mod mid_block;
 pub mod mid_block_1d;
 pub mod mid_block_1d_temporal;
+pub mod mid_block_3d;
 pub mod mid_block_simple_cross;
 pub mod model_config;
 mod model_keys;
 pub mod resnet;
 pub mod resnet_cond_norm;
+pub mod temporal;
 pub mod transformer;
 
 pub use attention::{Attention, AttentionConfig, Processor};
@@ -28,9 +31,13 @@ pub use mid_block_1d::{UNetMidBlock1D, UNetMidBlock1DConfig};
 pub use mid_block_1d_temporal::{
     MidResTemporalBlock1D, MidResTemporalBlock1DConfig, ValueFunctionMidBlock1D, ValueFunctionMidBlock1DConfig,
 };
+pub use mid_block_3d::{UNetMidBlock3DCrossAttn, UNetMidBlock3DCrossAttnConfig};
 pub use mid_block_simple_cross::{UNetMidBlock2DSimpleCrossAttn, UNetMidBlock2DSimpleCrossAttnConfig};
 pub use resnet::{ResnetBlock2D, ResnetBlock2DConfig};
 pub use resnet_cond_norm::{ResnetBlockCondNorm2D, ResnetBlockCondNorm2DConfig};
+pub use temporal::{
+    TemporalConvLayer, TemporalConvLayerConfig, TransformerTemporalModel, TransformerTemporalModelConfig,
+};
 pub use transformer::{
     BasicTransformerBlock, BasicTransformerBlockConfig, Transformer2DModel, Transformer2DModelConfig,
 };

@@ -23,6 +23,12 @@
 //! * `VQModel`: the same two, except that with `norm_type="spatial"` (Kandinsky 2.x's MoVQ) the
 //!   decoder's has `resnet_time_scale_shift="spatial"` and `temb_channels=latent_channels` (its
 //!   `temb` is the quantized latent);
+//! * `UNet3DConditionModel` (`unets/unet_3d_condition.py`, ModelScope / Zeroscope text-to-video):
+//!   `num_attention_heads` must be null (diffusers raises `NotImplementedError`), then
+//!   `UNetMidBlock3DCrossAttn(in_channels=block_out_channels[-1], temb_channels=block_out_channels[0] * 4,
+//!   resnet_eps=norm_eps, resnet_act_fn=act_fn, output_scale_factor=mid_block_scale_factor,
+//!   cross_attention_dim, num_attention_heads=attention_head_dim[-1], resnet_groups=norm_num_groups,
+//!   dual_cross_attention=False)` (the mid block reads `num_attention_heads` as the per-head width);
 //! * `ControlNetModel` (`controlnets/controlnet.py`): `UNetMidBlock2DCrossAttn(transformer_layers_per_block[-1],
 //!   in_channels=block_out_channels[-1], temb_channels=block_out_channels[0] * 4, resnet_eps=norm_eps,
 //!   resnet_act_fn=act_fn, output_scale_factor=mid_block_scale_factor, resnet_time_scale_shift,
@@ -40,6 +46,7 @@ use crate::diffusers::controlnet::ControlNetMidBlock;
 use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
 use crate::diffusers::mid_block_1d::UNetMidBlock1D;
 use crate::diffusers::mid_block_1d_temporal::{MidResTemporalBlock1D, ValueFunctionMidBlock1D};
+use crate::diffusers::mid_block_3d::UNetMidBlock3DCrossAttn;
 use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
 use crate::diffusers::model_keys::*;
 use crate::{Error, Result};
@@ -56,6 +63,8 @@ pub enum ModelClass {
     VQModel,
     /// The 1-D U-Net (Dance Diffusion).
     UNet1DModel,
+    /// The video U-Net of ModelScope text-to-video / Zeroscope.
+    UNet3DConditionModel,
 }
 
 impl ModelClass {
@@ -67,6 +76,7 @@ impl ModelClass {
             ModelClass::ControlNetModel => "ControlNetModel",
             ModelClass::VQModel => "VQModel",
             ModelClass::UNet1DModel => "UNet1DModel",
+            ModelClass::UNet3DConditionModel => "UNet3DConditionModel",
         }
     }
 
@@ -78,6 +88,7 @@ impl ModelClass {
             ModelClass::ControlNetModel => CONTROLNET_KEYS,
             ModelClass::VQModel => VQ_MODEL_KEYS,
             ModelClass::UNet1DModel => UNET_1D_KEYS,
+            ModelClass::UNet3DConditionModel => UNET_3D_CONDITION_KEYS,
         }
     }
 }
@@ -127,9 +138,13 @@ pub fn model_class(config: &Value) -> Result<Option<ModelClass>> {
         Some("ControlNetModel") => Ok(Some(ModelClass::ControlNetModel)),
         Some("VQModel") => Ok(Some(ModelClass::VQModel)),
         Some("UNet1DModel") => Ok(Some(ModelClass::UNet1DModel)),
+        Some("UNet3DConditionModel") => Ok(Some(ModelClass::UNet3DConditionModel)),
         Some(other) => Err(Error::unsupported(
             CONTEXT,
-            format!("model class `{other}`; known: UNet1DModel, UNet2DModel, UNet2DConditionModel, AutoencoderKL, VQModel, ControlNetModel"),
+            format!(
+                "model class `{other}`; known: UNet1DModel, UNet2DModel, UNet2DConditionModel, AutoencoderKL, VQModel, \
+                 ControlNetModel, UNet3DConditionModel"
+            ),
         )),
     }
 }
@@ -170,6 +185,7 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
         ModelClass::VQModel => vq_model(&c),
         ModelClass::UNet1DModel => unet_1d(&c).map(|s| s.into_iter().collect()),
         ModelClass::ControlNetModel => controlnet(&c),
+        ModelClass::UNet3DConditionModel => unet_3d_condition(&c).map(|s| vec![s]),
     }
 }
 
@@ -480,6 +496,32 @@ fn controlnet(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
     ])
 }
 
+/// `UNet3DConditionModel.__init__`: `UNetMidBlock3DCrossAttn(...)` (see the module docs).
+fn unet_3d_condition(c: &Cfg) -> Result<MidBlockSpec> {
+    if c.value("num_attention_heads", Value::Null) != Value::Null {
+        return Err(bad(
+            "`num_attention_heads` is set: UNet3DConditionModel raises NotImplementedError (\"not possible to define \
+             the number of attention heads via `num_attention_heads`\"); it takes `attention_head_dim`",
+        ));
+    }
+    let (first, last) = c.last_channels(&[320, 640, 1280, 1280])?;
+    Ok(MidBlockSpec {
+        block: UNetMidBlock3DCrossAttn::BLOCK,
+        config: json!({
+            "in_channels": last,
+            "temb_channels": first * 4,
+            "resnet_eps": c.value("norm_eps", json!(1e-5)),
+            "resnet_act_fn": c.value("act_fn", json!("silu")),
+            "output_scale_factor": c.value("mid_block_scale_factor", json!(1)),
+            "cross_attention_dim": c.value("cross_attention_dim", json!(1024)),
+            "num_attention_heads": c.last_of("attention_head_dim", json!(64))?,
+            "resnet_groups": c.value("norm_num_groups", json!(32)),
+            "dual_cross_attention": false,
+        }),
+        prefix: "mid_block",
+    })
+}
+
 const UNET_HID_TYPES: &[&str] = &["text_proj", "text_image_proj", "image_proj"];
 const UNET_ADDITION_TYPES: &[&str] = &["text", "text_image", "text_time", "image", "image_hint"];
 
@@ -757,10 +799,10 @@ mod tests {
         let e = mid_blocks(&cfg, None, false).unwrap_err().to_string();
         assert!(e.contains("mid_block_flavour"), "{e}");
         assert!(mid_blocks(&cfg, None, true).is_ok());
-        let e = mid_blocks(&json!({"_class_name": "UNet3DConditionModel"}), None, false)
+        let e = mid_blocks(&json!({"_class_name": "UNetSpatioTemporalConditionModel"}), None, false)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("UNet3DConditionModel"), "{e}");
+        assert!(e.contains("UNetSpatioTemporalConditionModel"), "{e}");
         let e = mid_blocks(&json!({"block_out_channels": [4]}), None, false)
             .unwrap_err()
             .to_string();
@@ -930,5 +972,37 @@ mod tests {
         v["encoder_hid_dim_type"] = json!("text_image_proj");
         v["addition_embed_type"] = json!("text_image");
         assert!(mid_blocks(&v, None, false).is_ok());
+    }
+
+    #[test]
+    fn unet_3d_condition_configs_give_the_video_mid_block() {
+        // shaped like ModelScope text-to-video (1.7b): attention_head_dim 64, 1280 mid channels, context 1024
+        let ms = json!({"_class_name": "UNet3DConditionModel", "_diffusers_version": "0.17.0.dev0", "act_fn": "silu",
+            "attention_head_dim": 64, "block_out_channels": [320, 640, 1280, 1280], "cross_attention_dim": 1024,
+            "down_block_types": ["CrossAttnDownBlock3D", "CrossAttnDownBlock3D", "CrossAttnDownBlock3D", "DownBlock3D"],
+            "downsample_padding": 1, "in_channels": 4, "layers_per_block": 2, "mid_block_scale_factor": 1,
+            "norm_eps": 1e-05, "norm_num_groups": 32, "out_channels": 4, "sample_size": 32,
+            "up_block_types": ["UpBlock3D", "CrossAttnUpBlock3D", "CrossAttnUpBlock3D", "CrossAttnUpBlock3D"]});
+        let spec = one(ms.clone());
+        assert_eq!(spec.block, UNetMidBlock3DCrossAttn::BLOCK);
+        assert_eq!(spec.prefix, "mid_block");
+        assert_eq!(
+            spec.config,
+            json!({"in_channels": 1280, "temb_channels": 1280, "resnet_eps": 1e-05, "resnet_act_fn": "silu",
+                "output_scale_factor": 1, "cross_attention_dim": 1024, "num_attention_heads": 64,
+                "resnet_groups": 32, "dual_cross_attention": false})
+        );
+        let cfg: crate::diffusers::UNetMidBlock3DCrossAttnConfig =
+            crate::config::from_json("test", &spec.config).unwrap();
+        assert!(cfg.use_linear_projection && cfg.num_layers == 1);
+        // Defaults (an empty config) and a per-block attention_head_dim list.
+        let spec = one(json!({"_class_name": "UNet3DConditionModel", "attention_head_dim": [8, 8, 16, 32]}));
+        assert_eq!(spec.config["num_attention_heads"], 32);
+        assert_eq!(spec.config["cross_attention_dim"], 1024);
+        // num_attention_heads set: diffusers raises.
+        let mut bad = ms;
+        bad["num_attention_heads"] = json!(8);
+        let e = mid_blocks(&bad, None, false).unwrap_err().to_string();
+        assert!(e.contains("NotImplementedError"), "{e}");
     }
 }

@@ -186,3 +186,23 @@ pub(super) const UNET_1D_KEYS: &[&str] = &[
     "layers_per_block",
     "downsample_each_block",
 ];
+
+/// `UNet3DConditionModel.__init__` arguments (0.42.1).
+pub(super) const UNET_3D_CONDITION_KEYS: &[&str] = &[
+    "sample_size",
+    "in_channels",
+    "out_channels",
+    "down_block_types",
+    "up_block_types",
+    "block_out_channels",
+    "layers_per_block",
+    "downsample_padding",
+    "mid_block_scale_factor",
+    "act_fn",
+    "norm_num_groups",
+    "norm_eps",
+    "cross_attention_dim",
+    "attention_head_dim",
+    "num_attention_heads",
+    "time_cond_proj_dim",
+];

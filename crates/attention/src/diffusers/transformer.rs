@@ -143,6 +143,10 @@ pub struct SpatialTransformer {
     blocks: Vec<TransformerBlock>,
     proj_out: Projection,
     linear: bool,
+    /// The linear `proj_in` reads a strided view (diffusers' `permute(0, 2, 3, 1).reshape(..)`;
+    /// ldm makes it `.contiguous()`): in f16/bf16 PyTorch's `F.linear` then rounds the product
+    /// and the bias sum separately.
+    strided_linear_input: bool,
 }
 
 impl SpatialTransformer {
@@ -171,7 +175,15 @@ impl SpatialTransformer {
             blocks,
             proj_out: Projection::load(vb.pp("proj_out"), block, inner, out_channels, true)?,
             linear,
+            strided_linear_input: false,
         })
+    }
+
+    /// Mark the linear `proj_in`'s input as the strided `(B, H·W, C)` view diffusers'
+    /// `Transformer2DModel` passes (non-contiguous where `C > 1` and `H·W > 1`).
+    pub fn with_strided_linear_input(mut self) -> Self {
+        self.strided_linear_input = true;
+        self
     }
 
     /// `x` `(B, C, H, W)` → `(B, out_channels, H, W)`; every block attends to `context`.
@@ -216,11 +228,15 @@ impl SpatialTransformer {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let (_, _, h, w) = x.dims4()?;
+        let (_, c, h, w) = x.dims4()?;
         let normed = self.norm.forward(x)?;
         trace::record("norm", &normed);
         let mut tokens = if self.linear {
-            let t = self.proj_in.forward_tokens(&image_to_tokens(&normed)?)?;
+            let t = if self.strided_linear_input && c > 1 && h * w > 1 {
+                self.proj_in.forward_tokens_strided(&image_to_tokens(&normed)?)?
+            } else {
+                self.proj_in.forward_tokens(&image_to_tokens(&normed)?)?
+            };
             trace::record("proj_in", &t);
             t
         } else {
@@ -523,15 +539,18 @@ impl Transformer2DModel {
         let spec = block_cfg.spec(block)?;
         let specs = vec![spec; cfg.num_layers];
         let out_channels = cfg.out_channels.unwrap_or(in_channels);
-        Ok(Self(SpatialTransformer::load(
-            vb,
-            block,
-            cfg.norm_num_groups,
-            in_channels,
-            out_channels,
-            cfg.use_linear_projection,
-            &specs,
-        )?))
+        Ok(Self(
+            SpatialTransformer::load(
+                vb,
+                block,
+                cfg.norm_num_groups,
+                in_channels,
+                out_channels,
+                cfg.use_linear_projection,
+                &specs,
+            )?
+            .with_strided_linear_input(),
+        ))
     }
 
     /// `forward(hidden_states, encoder_hidden_states=None, attention_mask=None,

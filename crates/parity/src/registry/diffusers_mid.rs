@@ -2,7 +2,7 @@ use super::{BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use unet_attention::diffusers::{
     ControlNetMidBlock, MidResTemporalBlock1D, ResnetBlock2D, UNetMidBlock1D, UNetMidBlock2D, UNetMidBlock2DCrossAttn,
-    UNetMidBlock2DSimpleCrossAttn, ValueFunctionMidBlock1D,
+    UNetMidBlock2DSimpleCrossAttn, UNetMidBlock3DCrossAttn, ValueFunctionMidBlock1D,
 };
 use unet_attention::{config, Result};
 
@@ -73,6 +73,21 @@ impl Runnable for ControlNetMidBlock {
             inputs.number("conditioning_scale", 1.0)?,
         )?;
         Ok(vec![res, sample])
+    }
+}
+
+/// The video U-Nets' mid block: `num_frames` from `parity.kwargs` (1 when absent, the
+/// forward's default).
+impl Runnable for UNetMidBlock3DCrossAttn {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let out = self.forward(
+            inputs.required("hidden_states")?,
+            inputs.get("temb"),
+            inputs.get("encoder_hidden_states"),
+            inputs.get("attention_mask"),
+            inputs.count("num_frames", 1)?,
+        )?;
+        Ok(vec![out])
     }
 }
 
@@ -165,6 +180,16 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             build: |vb, cfg| {
                 let cfg = config::from_json(ControlNetMidBlock::BLOCK, cfg)?;
                 Ok(Box::new(ControlNetMidBlock::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: UNetMidBlock3DCrossAttn::BLOCK,
+            pytorch: "diffusers.models.unets.unet_3d_blocks.UNetMidBlock3DCrossAttn (diffusers 0.42.1; UNet3DConditionModel / I2VGenXLUNet mid block: ResnetBlock2D + TemporalConvLayer, Transformer2DModel + TransformerTemporalModel; attention_mask taken and unused, as in diffusers)",
+            inputs: &["hidden_states", "temb", "encoder_hidden_states", "attention_mask"],
+            kwargs: &["num_frames"],
+            build: |vb, cfg| {
+                let cfg = config::from_json(UNetMidBlock3DCrossAttn::BLOCK, cfg)?;
+                Ok(Box::new(UNetMidBlock3DCrossAttn::new(vb, &cfg)?))
             },
         },
     ]

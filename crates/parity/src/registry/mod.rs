@@ -144,6 +144,23 @@ impl Inputs {
         }
     }
 
+    /// A count forward argument (`num_frames`): a whole number ≥ 1, `default` when absent.
+    pub fn count(&self, name: &str, default: usize) -> Result<usize> {
+        match self.kwargs.get(name) {
+            None | Some(serde_json::Value::Null) => Ok(default),
+            Some(serde_json::Value::Number(n)) => n
+                .as_u64()
+                .filter(|&k| k >= 1)
+                .and_then(|k| usize::try_from(k).ok())
+                .ok_or_else(|| Error::input(self.block, name, format!("expected a whole number ≥ 1, found {n}"))),
+            Some(other) => Err(Error::input(
+                self.block,
+                name,
+                format!("expected a whole number, found {other}"),
+            )),
+        }
+    }
+
     /// Check that an input has the rank the block expects.
     pub fn rank(&self, name: &str, t: &Tensor, ranks: &[usize]) -> Result<()> {
         if ranks.contains(&t.rank()) {
