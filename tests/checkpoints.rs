@@ -853,21 +853,20 @@ fn controlnet_scale_pool_and_zero_conv_are_not_silently_ignored() {
 fn unsupported_diffusers_mid_blocks_are_named_not_guessed() {
     let dir = scratch("detect-unsupported");
     let sd1 = weights().join("models/diffusers_sd1/diffusion_pytorch_model.safetensors");
-    for (extra, name) in [(
+    let (extra, name) = (
         "mid_block.motion_modules.0.proj_in.weight",
         "UNetMidBlockCrossAttnMotion",
-    )] {
-        let mut b = RawBundle::read(&sd1);
-        let zeros = candle_core::Tensor::zeros(4, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
-        b.tensors.insert(extra.into(), zeros);
-        let path = dir.join(format!("{name}.safetensors"));
-        b.write(&path);
-        let (_, out, err) = cli(&["detect", path.to_str().unwrap()]);
-        assert!(
-            out.contains(name) && out.contains("not supported") && !out.contains("diffusers.UNetMidBlock2DCrossAttn"),
-            "{name}: {out}\n{err}"
-        );
-    }
+    );
+    let mut b = RawBundle::read(&sd1);
+    let zeros = candle_core::Tensor::zeros(4, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    b.tensors.insert(extra.into(), zeros);
+    let path = dir.join(format!("{name}.safetensors"));
+    b.write(&path);
+    let (_, out, err) = cli(&["detect", path.to_str().unwrap()]);
+    assert!(
+        out.contains(name) && out.contains("not supported") && !out.contains("diffusers.UNetMidBlock2DCrossAttn"),
+        "{name}: {out}\n{err}"
+    );
 }
 
 /// The tiny `UNet2DConditionModel(dual_cross_attention=True)` (`weights/models/diffusers_vd`,
