@@ -187,7 +187,17 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     let (mut out, mut err) = (crate::terminal::Safe::new(out), crate::terminal::Safe::new(err));
-    run_unescaped(args, &mut out, &mut err)
+    let code = run_unescaped(args, &mut out, &mut err);
+    // Output that could not be written (a full disk, /dev/full) is a failed run, said once; a
+    // reader that went away (`| head`) is not worth a message.
+    match out.failed().map(|e| (e.kind(), e.to_string())) {
+        Some((std::io::ErrorKind::BrokenPipe, _)) => code,
+        Some((_, e)) => {
+            let _ = writeln!(err, "error: cannot write the output: {e}");
+            EXIT_UNUSABLE
+        }
+        None => code,
+    }
 }
 
 fn run_unescaped<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
@@ -372,18 +382,29 @@ pub fn open_device(spec: DeviceSpec) -> Result<candle_core::Device, String> {
 }
 
 fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
-    let files = match bundle::collect_with_skipped(paths) {
-        Ok((files, skipped)) => {
-            if !skipped.is_empty() {
-                let names: Vec<String> = skipped.iter().map(|p| p.display().to_string()).collect();
+    let files = match crate::files::collect(paths) {
+        Ok(found) => {
+            let names = |paths: &[PathBuf]| {
+                let names: Vec<String> = paths.iter().map(|p| line(&p.display().to_string())).collect();
+                names.join(", ")
+            };
+            if !found.skipped.is_empty() {
                 let _ = writeln!(
                     err,
                     "note: skipped {} safetensors files without parity.* metadata (model checkpoints, not bundles): {}",
-                    skipped.len(),
-                    names.join(", ")
+                    found.skipped.len(),
+                    names(&found.skipped)
                 );
             }
-            files
+            if !found.links.is_empty() {
+                let _ = writeln!(
+                    err,
+                    "note: did not follow {} symbolic links to folders (name the folder itself to check it): {}",
+                    found.links.len(),
+                    names(&found.links)
+                );
+            }
+            found.bundles
         }
         Err(e) => {
             let _ = writeln!(err, "error: {e}");
@@ -483,7 +504,7 @@ fn resolve_model(
     let prefix = match prefix {
         Some(p) => p,
         None => {
-            let text = crate::bundle::read_regular_string(&config)?;
+            let text = crate::files::read_text(&config)?;
             let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ParityError::Checkpoint {
                 path: config.clone(),
                 message: format!("not JSON: {e}"),
@@ -556,7 +577,7 @@ fn detect(
     let mut found = crate::detect::detect(&ck, prefix);
     let mut config_note = None;
     if let Some(config) = &config {
-        let text = crate::bundle::read_regular_string(config)?;
+        let text = crate::files::read_text(config)?;
         let json: Option<serde_json::Value> = serde_json::from_str(&text).ok();
         // A config.json that is not a diffusers model's is left out, with a note.
         config_note = Some(match json.map(|j| crate::detect::apply_config(&mut found, &j)) {
@@ -747,7 +768,7 @@ fn print_trace(file: &str, t: &crate::trace::TraceReport, out: &mut dyn Write) {
 }
 
 fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {
-    let is_pickle = bundle::open_regular(file).ok().and_then(|mut f| {
+    let is_pickle = crate::files::open_regular(file).ok().and_then(|mut f| {
         let mut magic = [0u8; 4];
         std::io::Read::read_exact(&mut f, &mut magic)
             .ok()
@@ -756,11 +777,12 @@ fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityErro
     if is_pickle == Some(true) {
         return inspect_checkpoint(file, out);
     }
-    let (metadata, infos, tensors) = bundle::read_file(file)?;
+    // The header only: a 5 GB file is listed without reading its tensors.
+    let (metadata, infos) = bundle::read_header(file)?;
     if metadata.contains_key("parity.format") {
         // Validate as a bundle too, so a broken bundle is reported here as well (before any
         // output: an error leaves no partial listing).
-        Bundle::from_raw(file, (metadata.clone(), infos.clone(), tensors))?;
+        Bundle::from_raw(file, (metadata.clone(), infos.clone(), Default::default()))?;
     }
     let _ = writeln!(out, "{}", line(&file.display().to_string()));
     let _ = writeln!(out, "metadata:");
