@@ -164,9 +164,11 @@ pub fn collect(paths: &[PathBuf]) -> Result<Found> {
     for path in paths {
         let meta = std::fs::metadata(path).map_err(io_err(path))?;
         if meta.is_dir() {
+            // A folder already searched (named twice, or inside one named before) adds nothing.
+            let seen = visited.contains(&std::fs::canonicalize(path).map_err(io_err(path))?);
             let before = found.bundles.len();
             walk(path, &mut found, &mut visited, 0)?;
-            if found.bundles.len() == before {
+            if found.bundles.len() == before && !seen {
                 return Err(ParityError::NoBundles { path: path.clone() });
             }
         } else {

@@ -174,7 +174,11 @@ fn fetch(agent: &ureq::Agent, meta: &Meta, token: Option<&str>, blob: &Path) -> 
     let written = (|| -> Result<u64, String> {
         let mut file = std::fs::File::create(&tmp).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
         let n = std::io::copy(&mut body, &mut file).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::TimedOut {
+            let timeout = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<ureq::Error>())
+                .is_some_and(|u| matches!(u, ureq::Error::Timeout(_)));
+            if timeout || e.kind() == std::io::ErrorKind::TimedOut {
                 "the download stalled (no data within HF_HUB_DOWNLOAD_TIMEOUT seconds)".to_string()
             } else {
                 format!("the download broke off: {e}")
