@@ -46,7 +46,7 @@ fn sparse_safetensors(path: &Path, metadata: &HashMap<String, String>, entries: 
         offset += n;
     }
     let mut text = serde_json::to_string(&header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(' ');
     }
     let mut f = std::fs::File::create(path).unwrap();
