@@ -5,7 +5,7 @@
 //! `~/.cache/huggingface/hub`. A file is looked up there first
 //! (`models--<org>--<name>/refs/<revision>` → `snapshots/<commit>/<subfolder>/<file>`, a
 //! 40-hex revision naming the snapshot directly). Only when it is not cached, and neither
-//! `--offline` nor `HF_HUB_OFFLINE=1` is set, is it downloaded into that cache ([`download`],
+//! `--offline` nor `HF_HUB_OFFLINE=1` is set, is it downloaded into that cache (`hub/download.rs`,
 //! with connect and read timeouts).
 //!
 //! Nothing a cache holds can lead the tool out of it: `--revision` must be a branch, tag or
