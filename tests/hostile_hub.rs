@@ -210,3 +210,21 @@ fn a_lying_endpoint_cannot_place_files() {
         assert!(!cache.parent().unwrap().join("hub-lies-escaped").exists());
     }
 }
+
+/// A cache whose `blobs` folder links out of it: a download does not write through it.
+#[test]
+fn a_download_does_not_write_through_a_planted_cache() {
+    let cache = scratch("hub-planted");
+    let outside = scratch("hub-planted-outside");
+    let repo = cache.join("models--acme--tiny");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::os::unix::fs::symlink(&outside, repo.join("blobs")).unwrap();
+    let c = check_from(&model_server(hex_etag, COMMIT), &cache, "5");
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(c.err.contains("leads out of the Hub cache"), "{}", c.err);
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "written outside the cache"
+    );
+}

@@ -172,7 +172,13 @@ fn fetch(agent: &ureq::Agent, meta: &Meta, token: Option<&str>, blob: &Path) -> 
     let mut body = resp.into_body().into_reader();
     let tmp = blob.with_extension(format!("incomplete.{}", std::process::id()));
     let written = (|| -> Result<u64, String> {
-        let mut file = std::fs::File::create(&tmp).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+        let _ = std::fs::remove_file(&tmp);
+        // A new file: nothing planted under its name is written through.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
         let n = std::io::copy(&mut body, &mut file).map_err(|e| {
             let timeout = e
                 .get_ref()
@@ -228,7 +234,12 @@ pub(super) fn download(repo: &str, revision: &str, file: &str, cache: &Path) -> 
     let meta = metadata(&agent(answer, idle, answer), &origin, &url, token.as_deref())?;
     let dir = super::repo_folder(cache, repo);
     let blobs = dir.join("blobs");
-    let mkdir = |d: &Path| std::fs::create_dir_all(d).map_err(|e| format!("cannot write {}: {e}", d.display()));
+    // Each folder written into must lie inside the cache (a folder of a planted cache may be a
+    // link out of it).
+    let mkdir = |d: &Path| {
+        std::fs::create_dir_all(d).map_err(|e| format!("cannot write {}: {e}", d.display()))?;
+        super::confined(cache, d).map_err(|e| e.to_string())
+    };
     mkdir(&blobs)?;
     let blob = blobs.join(&meta.etag);
     if !blob.is_file() {
@@ -240,7 +251,7 @@ pub(super) fn download(repo: &str, revision: &str, file: &str, cache: &Path) -> 
     if revision != meta.commit {
         let refs = dir.join("refs").join(revision);
         mkdir(refs.parent().expect("a ref has a folder"))?;
-        std::fs::write(&refs, &meta.commit).map_err(|e| format!("cannot write {}: {e}", refs.display()))?;
+        crate::files::write_new(&refs, |f| f.write_all(meta.commit.as_bytes())).map_err(|e| e.to_string())?;
     }
     Ok(pointer)
 }
