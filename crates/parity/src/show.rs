@@ -192,89 +192,7 @@ pub fn show(
         return Ok(pictures);
     };
     if torch.rank() == 4 && torch.dims() == ours.dims() {
-        let (b, c, h, w) = torch.dims4().map_err(err)?;
-        let diff: Vec<f64> = values(ours)
-            .map_err(err)?
-            .iter()
-            .zip(values(torch).map_err(err)?)
-            .map(|(a, t)| (a - t).abs())
-            .collect();
-        let at = |bi: usize, ci: usize, p: usize| diff[(bi * c + ci) * h * w + p];
-        let vmax = max_of(&diff);
-        // Drawn at most MAX_SIDE cells a side.
-        let (ph, pw) = pooled_dims(h, w);
-        let s = cell(ph, pw);
-        let pool = if (ph, pw) != (h, w) { " (max-pooled)" } else { "" };
-        let (drawn, note) = (b.min(MAX_ITEMS), drawn_note(b, "batch items"));
-        let sheet_err = |m: String| ParityError::bundle(path, m);
-        // per batch item: max over channels
-        let file = out.join("output_error.png");
-        let mut sheet = Sheet::new(
-            [
-                &format!("{}: output `{name}` ({})", file_name(&file), shape(torch.dims())),
-                &format!("{DIFF}, max over the {c} channels{pool}{note}"),
-            ],
-            &batch_columns(drawn, vmax),
-            1,
-            (pw * s, ph * s),
-        )
-        .map_err(sheet_err)?;
-        for bi in 0..drawn {
-            let map: Vec<f64> = (0..h * w)
-                .map(|p| (0..c).map(|ci| at(bi, ci, p)).fold(0.0, f64::max))
-                .collect();
-            let (map, _) = pooled(&map, (h, w));
-            sheet.map((0, bi), &map, (ph, pw), s, vmax);
-        }
-        sheet.write(&file)?;
-        pictures.push(Picture {
-            path: file,
-            caption: format!(
-                "output `{name}`: max over {c} channels of |ours − torch| at each of the {h}×{w} pixels, one panel per \
-                 batch item (left to right, {b}{note}); scale 0 (black) to {vmax:.3e} (white)"
-            ),
-        });
-        // worst channels
-        let mut worst: Vec<(usize, f64)> = (0..c)
-            .map(|ci| {
-                let m = (0..b)
-                    .flat_map(|bi| (0..h * w).map(move |p| (bi, p)))
-                    .map(|(bi, p)| at(bi, ci, p))
-                    .fold(0.0, f64::max);
-                (ci, m)
-            })
-            .collect();
-        worst.sort_by(|x, y| y.1.total_cmp(&x.1));
-        worst.truncate(4);
-        let file = out.join("output_worst_channels.png");
-        let channels: Vec<String> = worst.iter().map(|(ci, _)| ci.to_string()).collect();
-        let mut sheet = Sheet::new(
-            [
-                &format!("{}: output `{name}`", file_name(&file)),
-                &format!("{DIFF}{pool}; rows: channels {}{note}", channels.join(", ")),
-            ],
-            &batch_columns(drawn, vmax),
-            worst.len(),
-            (pw * s, ph * s),
-        )
-        .map_err(sheet_err)?;
-        for (row, (ci, _)) in worst.iter().enumerate() {
-            for bi in 0..drawn {
-                let map: Vec<f64> = (0..h * w).map(|p| at(bi, *ci, p)).collect();
-                let (map, _) = pooled(&map, (h, w));
-                sheet.map((row, bi), &map, (ph, pw), s, vmax);
-            }
-        }
-        sheet.write(&file)?;
-        let list: Vec<String> = worst.iter().map(|(ci, m)| format!("{ci} ({m:.3e})")).collect();
-        pictures.push(Picture {
-            path: file,
-            caption: format!(
-                "output `{name}`: |ours − torch| of the worst channels, one row each: {}; columns = batch items{note}; \
-                 scale 0 to {vmax:.3e}",
-                list.join(", ")
-            ),
-        });
+        pictures.extend(image_output_pictures(path, &name, torch, ours, out)?);
     }
     if torch.rank() == 3 && torch.dims() == ours.dims() {
         pictures.push(token_output_picture(path, &name, torch, ours, out)?);
@@ -325,6 +243,100 @@ pub fn show(
             ),
         ));
     }
+    Ok(pictures)
+}
+
+/// The (up to) four channels of `diff` (`B × C × HW`) with the largest values: (channel, max).
+fn worst_channels(diff: &[f64], (b, c, hw): (usize, usize, usize)) -> Vec<(usize, f64)> {
+    let mut worst: Vec<(usize, f64)> = (0..c)
+        .map(|ci| {
+            let m = (0..b)
+                .flat_map(|bi| diff[(bi * c + ci) * hw..(bi * c + ci + 1) * hw].iter().copied())
+                .fold(0.0, f64::max);
+            (ci, m)
+        })
+        .collect();
+    worst.sort_by(|x, y| y.1.total_cmp(&x.1));
+    worst.truncate(4);
+    worst
+}
+
+/// `output_error.png` and `output_worst_channels.png` of an image-shaped output `(B, C, H, W)`.
+fn image_output_pictures(path: &Path, name: &str, torch: &Tensor, ours: &Tensor, out: &Path) -> Result<Vec<Picture>> {
+    let err = |e: candle_core::Error| ParityError::bundle(path, e.to_string());
+    let mut pictures = vec![];
+    let (b, c, h, w) = torch.dims4().map_err(err)?;
+    let diff: Vec<f64> = values(ours)
+        .map_err(err)?
+        .iter()
+        .zip(values(torch).map_err(err)?)
+        .map(|(a, t)| (a - t).abs())
+        .collect();
+    let at = |bi: usize, ci: usize, p: usize| diff[(bi * c + ci) * h * w + p];
+    let vmax = max_of(&diff);
+    // Drawn at most MAX_SIDE cells a side.
+    let (ph, pw) = pooled_dims(h, w);
+    let s = cell(ph, pw);
+    let pool = if (ph, pw) != (h, w) { " (max-pooled)" } else { "" };
+    let (drawn, note) = (b.min(MAX_ITEMS), drawn_note(b, "batch items"));
+    let sheet_err = |m: String| ParityError::bundle(path, m);
+    // per batch item: max over channels
+    let file = out.join("output_error.png");
+    let mut sheet = Sheet::new(
+        [
+            &format!("{}: output `{name}` ({})", file_name(&file), shape(torch.dims())),
+            &format!("{DIFF}, max over the {c} channels{pool}{note}"),
+        ],
+        &batch_columns(drawn, vmax),
+        1,
+        (pw * s, ph * s),
+    )
+    .map_err(sheet_err)?;
+    for bi in 0..drawn {
+        let map: Vec<f64> = (0..h * w)
+            .map(|p| (0..c).map(|ci| at(bi, ci, p)).fold(0.0, f64::max))
+            .collect();
+        let (map, _) = pooled(&map, (h, w));
+        sheet.map((0, bi), &map, (ph, pw), s, vmax);
+    }
+    sheet.write(&file)?;
+    pictures.push(Picture {
+        path: file,
+        caption: format!(
+            "output `{name}`: max over {c} channels of |ours − torch| at each of the {h}×{w} pixels, one panel per \
+             batch item (left to right, {b}{note}); scale 0 (black) to {vmax:.3e} (white)"
+        ),
+    });
+    let worst = worst_channels(&diff, (b, c, h * w));
+    let file = out.join("output_worst_channels.png");
+    let channels: Vec<String> = worst.iter().map(|(ci, _)| ci.to_string()).collect();
+    let mut sheet = Sheet::new(
+        [
+            &format!("{}: output `{name}`", file_name(&file)),
+            &format!("{DIFF}{pool}; rows: channels {}{note}", channels.join(", ")),
+        ],
+        &batch_columns(drawn, vmax),
+        worst.len(),
+        (pw * s, ph * s),
+    )
+    .map_err(sheet_err)?;
+    for (row, (ci, _)) in worst.iter().enumerate() {
+        for bi in 0..drawn {
+            let map: Vec<f64> = (0..h * w).map(|p| at(bi, *ci, p)).collect();
+            let (map, _) = pooled(&map, (h, w));
+            sheet.map((row, bi), &map, (ph, pw), s, vmax);
+        }
+    }
+    sheet.write(&file)?;
+    let list: Vec<String> = worst.iter().map(|(ci, m)| format!("{ci} ({m:.3e})")).collect();
+    pictures.push(Picture {
+        path: file,
+        caption: format!(
+            "output `{name}`: |ours − torch| of the worst channels, one row each: {}; columns = batch items{note}; \
+             scale 0 to {vmax:.3e}",
+            list.join(", ")
+        ),
+    });
     Ok(pictures)
 }
 
