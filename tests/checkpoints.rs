@@ -68,7 +68,7 @@ fn a_prefix_that_is_not_there_is_a_clear_error() {
     let (code, _, err) = cli(&["check", &bundle, "--weights", &ckpt, "--prefix", "down_blocks.1."]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("resnets.0.norm1.weight") && err.contains("expected [16]"),
+        err.contains("resnets.0.norm1.weight") && err.contains("expected: [16]"),
         "{err}"
     );
 }
@@ -649,7 +649,7 @@ fn simple_cross_attn_models_detect_and_check_from_the_whole_checkpoint() {
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("attentions.0.norm_cross.weight") && err.contains("expected [16]"),
+        err.contains("attentions.0.norm_cross.weight") && err.contains("expected: [16]"),
         "{err}"
     );
     // The Kandinsky config on the IF bundle: a different block config, an error, not a pass.

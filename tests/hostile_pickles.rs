@@ -11,61 +11,20 @@
 
 mod common;
 use common::{cli, scratch, weights};
-use std::io::Read;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The environment variable that turns [`cli_child`] into the CLI: arguments, one a line.
-const CHILD: &str = "UNET_PARITY_TEST_CLI_ARGS";
-/// The child's address-space limit (`ulimit -v`, KiB): 4 GiB.
-const LIMIT_KIB: u64 = 4 << 20;
-/// The most a hostile file may take.
-const SECONDS: u64 = 20;
-
-/// Not a test of its own: when [`run_child`] runs this binary with [`CHILD`] set, it is the CLI
-/// (the same `cli::run` the binary calls) and exits with its code. Without it, it does nothing.
+/// Not a test of its own: the CLI when [`run_child`] runs this binary ([`common::cli_child`]).
 #[test]
 fn cli_child() {
-    let Ok(args) = std::env::var(CHILD) else { return };
-    let args: Vec<&str> = args.lines().collect();
-    let (code, out, err) = cli(&args);
-    print!("{out}");
-    eprint!("{err}");
-    std::process::exit(code);
+    common::cli_child()
 }
 
-/// `unet-parity ARGS` in a child process under the address-space limit: exit code (or
-/// `-signal`), stderr, time taken. The test fails if it runs past [`SECONDS`].
+/// `unet-parity ARGS` in a child process under the 4 GiB address-space limit: exit code (or
+/// `-signal`), stderr, time taken ([`common::run_limited`]).
 fn run_child(args: &[&str]) -> (i32, String, Duration) {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(format!("ulimit -v {LIMIT_KIB} && exec \"$0\" \"$@\""))
-        .arg(exe)
-        .args(["cli_child", "--exact", "--nocapture", "--test-threads=1", "-q"])
-        .env(CHILD, args.join("\n"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > Duration::from_secs(SECONDS) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{args:?} ran past {SECONDS} s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    let code = status.code().unwrap_or_else(|| -status.signal().unwrap_or(0));
-    (code, err, start.elapsed())
+    let c = common::run_limited(args, &[]);
+    (c.code, c.err, c.took)
 }
 
 /// `inspect FILE` in a child: exit code 2 and one error line naming the file and `needle`.
@@ -295,7 +254,8 @@ fn zip_headers_that_claim_more_than_the_entry_holds_are_refused() {
     std::fs::write(&file, zip(&entries, Some(("archive/data.pkl", 0xFFFF_FFF0)))).unwrap();
     assert_refused(&file, "4294967280");
     // A storage entry's headers claim 0xFFFFFFF0 bytes (it holds 120), and every mid-block weight
-    // asks for all of them: the archive opens, the first load is refused before allocating.
+    // (each of its right shape, so that the block asks for it) lies in it: the archive opens, the
+    // first load is refused by the entry's header before allocating.
     let real = weights().join("models/diffusers_unet2d_bin/diffusion_pytorch_model.bin");
     let real = unet_parity::checkpoint::Checkpoint::open(&real).unwrap();
     let names: Vec<&String> = real.names().filter(|n| n.starts_with("mid_block.")).collect();
@@ -304,7 +264,12 @@ fn zip_headers_that_claim_more_than_the_entry_holds_are_refused() {
     let pkl = names
         .iter()
         .fold(Pickle::new().op(b"}("), |p, n| {
-            p.str(n).tensor("FloatStorage", "0", numel, 0, &[numel], &[1])
+            let shape: Vec<i64> = real.shape(n).unwrap().iter().map(|&d| d as i64).collect();
+            let mut stride = vec![1i64; shape.len()];
+            for i in (0..shape.len().saturating_sub(1)).rev() {
+                stride[i] = stride[i + 1] * shape[i + 1];
+            }
+            p.str(n).tensor("FloatStorage", "0", numel, 0, &shape, &stride)
         })
         .op(b"u")
         .stop();

@@ -114,3 +114,78 @@ pub fn probs_panels_equal(path: &Path) -> bool {
         })
     })
 }
+
+// ---- The CLI in a child process, under limits ----
+
+/// The environment variable that turns a test binary's `cli_child` test into the CLI: its
+/// arguments, one a line. Every test file that calls [`run_limited`] defines
+/// `#[test] fn cli_child() { common::cli_child() }`.
+pub const CHILD: &str = "UNET_PARITY_TEST_CLI_ARGS";
+/// The child's address-space limit (`ulimit -v`, KiB): 4 GiB, the limit issue 20 sets.
+pub const LIMIT_KIB: u64 = 4 << 20;
+/// The most a hostile input may take.
+pub const SECONDS: u64 = 20;
+
+/// The body of each test binary's `cli_child` test: with [`CHILD`] set, be the CLI (the same
+/// `cli::run` the binary calls) and exit with its code; without it, nothing.
+pub fn cli_child() {
+    let Ok(args) = std::env::var(CHILD) else { return };
+    let args: Vec<&str> = args.lines().collect();
+    let (code, out, err) = cli(&args);
+    print!("{out}");
+    eprint!("{err}");
+    std::process::exit(code);
+}
+
+/// What a child run of the CLI did.
+pub struct Child {
+    /// The exit code, or `-signal`.
+    pub code: i32,
+    pub out: String,
+    pub err: String,
+    pub took: std::time::Duration,
+}
+
+/// `unet-parity ARGS` in a child process (this test binary's `cli_child`) under the
+/// address-space limit [`LIMIT_KIB`], with `env` added to its environment. The test fails if it
+/// runs past [`SECONDS`].
+pub fn run_limited(args: &[&str], env: &[(&str, &str)]) -> Child {
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::{Duration, Instant};
+    let dir = scratch(&format!(
+        "child-{}",
+        std::thread::current().name().unwrap_or("t").replace("::", "-")
+    ));
+    let (out_path, err_path) = (dir.join("stdout"), dir.join("stderr"));
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {LIMIT_KIB} && exec \"$0\" \"$@\""))
+        .arg(std::env::current_exe().unwrap())
+        .args(["cli_child", "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(CHILD, args.join("\n"))
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(SECONDS) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} ran past {SECONDS} s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned();
+    Child {
+        code: status.code().unwrap_or_else(|| -status.signal().unwrap_or(0)),
+        out: read(&out_path),
+        err: read(&err_path),
+        took: start.elapsed(),
+    }
+}

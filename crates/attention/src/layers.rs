@@ -21,6 +21,46 @@ pub struct Projection {
     out_dim: usize,
 }
 
+/// `<vb>.weight` of a projection in any of its stored layouts, `(out, in)`, `(out, in, 1, 1)` or
+/// `(out, in, 1)`, as `(out, in)`. Each layout is asked for by its shape, so a backend that knows
+/// a tensor's shape before reading it (unet-parity's checkpoints) refuses a wrong one without
+/// reading its data; Candle's backends report the mismatch as `UnexpectedShape` too.
+fn load_weight(vb: &VarBuilder, block: &'static str, in_dim: usize, out_dim: usize) -> Result<Tensor> {
+    let mut found = None;
+    // `vb.dtype()`: a `vb.to_dtype(..)` is honoured.
+    for shape in [
+        vec![out_dim, in_dim],
+        vec![out_dim, in_dim, 1, 1],
+        vec![out_dim, in_dim, 1],
+    ] {
+        match vb.get_with_hints_dtype(shape, "weight", candle_nn::Init::Const(0.), vb.dtype()) {
+            Ok(weight) => return Ok(weight.reshape((out_dim, in_dim))?),
+            Err(e) => match unexpected_shape(&e) {
+                Some(got) => found = Some(got.dims().to_vec()),
+                None => return Err(e.into()),
+            },
+        }
+    }
+    Err(Error::WeightShape {
+        block,
+        name: format!("{}.weight", vb.prefix()),
+        expected: format!("({out_dim}, {in_dim}) or ({out_dim}, {in_dim}, 1[, 1])"),
+        found: found.unwrap_or_default(),
+    })
+}
+
+/// The shape found, when `e` is (or wraps) Candle's shape-mismatch error.
+fn unexpected_shape(e: &candle_core::Error) -> Option<&candle_core::Shape> {
+    use candle_core::Error as E;
+    match e {
+        E::UnexpectedShape { got, .. } => Some(got),
+        E::WithBacktrace { inner, .. } | E::Context { inner, .. } | E::WithPath { inner, .. } => {
+            unexpected_shape(inner)
+        }
+        _ => None,
+    }
+}
+
 impl Projection {
     /// Load `<vb>.weight` (and `<vb>.bias` when `bias`) mapping `in_dim` to `out_dim` features.
     pub fn load(vb: VarBuilder, block: &'static str, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
@@ -40,19 +80,7 @@ impl Projection {
         bias: bool,
         gated: bool,
     ) -> Result<Self> {
-        // `vb.dtype()`, not `get_unchecked`'s dtype of the backend: a `vb.to_dtype(..)` is honoured.
-        let weight = vb.get_unchecked_dtype("weight", vb.dtype())?;
-        let dims = weight.dims().to_vec();
-        let ok = dims.len() >= 2 && dims[0] == out_dim && dims[1] == in_dim && dims[2..].iter().all(|&d| d == 1);
-        if !ok || dims.len() > 4 {
-            return Err(Error::WeightShape {
-                block,
-                name: format!("{}.weight", vb.prefix()),
-                expected: format!("({out_dim}, {in_dim}) or ({out_dim}, {in_dim}, 1[, 1])"),
-                found: dims,
-            });
-        }
-        let weight = weight.reshape((out_dim, in_dim))?;
+        let weight = load_weight(&vb, block, in_dim, out_dim)?;
         let bias = if bias { Some(vb.get(out_dim, "bias")?) } else { None };
         let packed = if gated {
             PackedLinear::new_gated(&weight)?
@@ -274,9 +302,9 @@ pub struct BatchNorm2d {
 
 impl BatchNorm2d {
     pub fn load(vb: VarBuilder, channels: usize, eps: f64) -> Result<Self> {
-        // `num_batches_tracked` only matters for training; it is part of the state dict.
+        // `num_batches_tracked` only matters for training; it is part of the state dict, a scalar.
         if vb.contains_tensor("num_batches_tracked") {
-            vb.get_unchecked_dtype("num_batches_tracked", DType::I64)?;
+            vb.get_with_hints_dtype((), "num_batches_tracked", candle_nn::Init::Const(0.), DType::I64)?;
         }
         let shape = (1, channels, 1, 1);
         Ok(Self {

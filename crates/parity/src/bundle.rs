@@ -3,6 +3,7 @@
 //! `parity.output.<name>.float64`), and `__metadata__` describing the block.
 
 use crate::error::{ParityError, Result};
+use crate::st_file::{Source, StFile};
 use candle_core::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -57,66 +58,51 @@ pub(crate) fn candle_dtype(dtype: safetensors::Dtype) -> Option<DType> {
 /// What [`read_file`] returns: metadata, the tensor table, and the tensors themselves.
 pub type RawFile = (BTreeMap<String, String>, Vec<TensorInfo>, BTreeMap<String, Tensor>);
 
-/// Read the raw metadata and tensor table of any safetensors file (used by `inspect` too).
-pub fn read_file(path: &Path) -> Result<RawFile> {
-    parse_file(path, &read_bytes(path)?)
+/// Which tensors of a file to load: the table always lists them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// Every tensor.
+    All,
+    /// Every tensor but the stage traces (`parity.trace.*`), which only `--trace` and `show` read:
+    /// they are most of a bundle's bytes.
+    NoStages,
 }
 
-/// The bytes of a regular file. A folder, a FIFO or a device is refused before reading, so a
-/// pipe named `*.safetensors` cannot block the tool.
-fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+/// Read the raw metadata and tensor table of any safetensors file, and its tensors. Neither
+/// mapped nor read whole: the header, then each tensor's bytes ([`crate::st_file`]).
+pub fn read_file(path: &Path) -> Result<RawFile> {
+    read_file_with(path, Load::All)
+}
+
+/// [`read_file`], loading the tensors `load` names; the others are not read from the disk.
+pub fn read_file_with(path: &Path, load: Load) -> Result<RawFile> {
+    load_tensors(path, &open_bundle(path)?, load)
+}
+
+/// The metadata and the tensor table of a safetensors file: only its header is read (`inspect`).
+pub fn read_header(path: &Path) -> Result<(BTreeMap<String, String>, Vec<TensorInfo>)> {
+    Ok(table(&open_bundle(path)?))
+}
+
+/// A bundle file opened: a folder, a FIFO or a device is refused before it is opened, so a pipe
+/// named `*.safetensors` cannot block the tool.
+fn open_bundle(path: &Path) -> Result<StFile<'static>> {
     let io = |source| ParityError::Io {
         path: path.to_path_buf(),
         source,
     };
-    if let Some(what) = not_regular(path).map_err(io)? {
+    if let Some(what) = crate::files::kind_if_not_regular(path).map_err(io)? {
         return Err(ParityError::Format {
             path: path.to_path_buf(),
             message: format!("{what}; a parity bundle is one .safetensors file"),
         });
     }
-    std::fs::read(path).map_err(io)
+    open_source(path, Source::file(crate::files::open_regular(path)?))
 }
 
-/// What `path` is when it is not a regular file (`None` when it is).
-fn not_regular(path: &Path) -> std::io::Result<Option<&'static str>> {
-    let meta = std::fs::metadata(path)?;
-    Ok(match () {
-        _ if meta.is_file() => None,
-        _ if meta.is_dir() => Some("a folder"),
-        _ => Some("not a regular file (a FIFO, socket or device)"),
-    })
-}
-
-/// `path` opened for reading once it is known to be a regular file: an `open` on a FIFO blocks
-/// until a writer comes, and a device may never end.
-pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File> {
-    let io = |source| ParityError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    if let Some(what) = not_regular(path).map_err(io)? {
-        return Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, what)));
-    }
-    std::fs::File::open(path).map_err(io)
-}
-
-/// The text of a regular file ([`open_regular`]).
-pub(crate) fn read_regular_string(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    open_regular(path)?
-        .read_to_string(&mut text)
-        .map_err(|source| ParityError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    Ok(text)
-}
-
-/// Whether `bytes` starts like a safetensors file: an 8-byte little-endian header length that
-/// fits the file, then the JSON header's `{`. (A header length such as 0x0580 starts with the
-/// bytes `80 05`, which alone would read as a pickle's PROTO opcode.)
+/// Whether `bytes` (a file's first bytes) start like a safetensors file: an 8-byte little-endian
+/// header length that fits the file, then the JSON header's `{`. (A header length such as 0x0580
+/// starts with the bytes `80 05`, which alone would read as a pickle's PROTO opcode.)
 pub(crate) fn safetensors_prefix(bytes: &[u8], file_len: u64) -> bool {
     match bytes {
         [l0, l1, l2, l3, l4, l5, l6, l7, b'{', ..] => {
@@ -127,9 +113,10 @@ pub(crate) fn safetensors_prefix(bytes: &[u8], file_len: u64) -> bool {
     }
 }
 
-/// Why `bytes` is a PyTorch checkpoint rather than safetensors, if it looks like one.
-fn pickle_checkpoint(bytes: &[u8]) -> Option<&'static str> {
-    if safetensors_prefix(bytes, bytes.len() as u64) {
+/// Why a file starting with `bytes` is a PyTorch checkpoint rather than safetensors, if it looks
+/// like one.
+fn pickle_checkpoint(bytes: &[u8], file_len: u64) -> Option<&'static str> {
+    if safetensors_prefix(bytes, file_len) {
         return None;
     }
     match bytes {
@@ -141,73 +128,109 @@ fn pickle_checkpoint(bytes: &[u8]) -> Option<&'static str> {
     }
 }
 
-/// Parse the bytes of a safetensors file; `path` only labels the errors.
 /// Tensors a bundle may list: the largest committed one lists a few hundred; a header of a
 /// million zero-size tensors (80 MB) took 1.3 GB and 14 s to parse before it was refused.
 pub const MAX_TENSORS: usize = 1 << 16;
 
 /// How many tensors a safetensors header lists, counted in its bytes before any parsing (each
 /// entry has one `"data_offsets"` key; a string holding that text can only raise the count).
-fn header_entries(bytes: &[u8]) -> usize {
-    let Some(len) = bytes
-        .get(..8)
-        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    else {
-        return 0;
-    };
-    let header = &bytes[8..bytes
-        .len()
-        .min(8usize.saturating_add(len.min(usize::MAX as u64) as usize))];
+fn header_entries(header: &[u8]) -> usize {
     let key = b"\"data_offsets\"";
     header.windows(key.len()).filter(|w| w == key).count()
 }
 
+/// Parse the bytes of a safetensors file; `path` only labels the errors.
 pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<RawFile> {
+    parse_file_with(path, bytes, Load::All)
+}
+
+/// [`parse_file`], loading the tensors `load` names (see [`Load`]).
+pub fn parse_file_with(path: &Path, bytes: &[u8], load: Load) -> Result<RawFile> {
+    load_tensors(path, &open_source(path, Source::Bytes(bytes))?, load)
+}
+
+/// The header of `source` read and checked: not a pickle, not too many tensors, valid safetensors.
+fn open_source<'a>(path: &Path, source: Source<'a>) -> Result<StFile<'a>> {
     let format_err = |message: String| ParityError::Format {
         path: path.to_path_buf(),
         message,
     };
-    if let Some(what) = pickle_checkpoint(bytes) {
+    let io = |source| ParityError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let len = source.size().map_err(io)?;
+    let mut first = [0u8; 9];
+    let first = &mut first[..len.min(9) as usize];
+    source.read_at(0, first).map_err(io)?;
+    if let Some(what) = pickle_checkpoint(first, len) {
         return Err(format_err(format!(
             "this is {what}, not safetensors: a bundle is never unpickled. Use the checkpoint as weights \
              (`check BUNDLE --weights FILE --prefix P`, `detect FILE`), or write a parity bundle with \
              scripts/parity_bundle.py `export_bundle`"
         )));
     }
-    let entries = header_entries(bytes);
-    if entries > MAX_TENSORS {
-        return Err(format_err(format!(
-            "the header lists {entries} tensors; a parity bundle holds at most {MAX_TENSORS} \
-             (parsing them all would take gigabytes)"
-        )));
-    }
-    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| format_err(e.to_string()))?;
-    let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| format_err(e.to_string()))?;
-    let metadata: BTreeMap<String, String> = header.metadata().clone().unwrap_or_default().into_iter().collect();
-    let mut infos = vec![];
+    let vet = |header: &[u8]| {
+        let entries = header_entries(header);
+        if entries > MAX_TENSORS {
+            return Err(format!(
+                "the header lists {entries} tensors; a parity bundle holds at most {MAX_TENSORS} \
+                 (parsing them all would take gigabytes)"
+            ));
+        }
+        Ok(())
+    };
+    StFile::open(source, vet).map_err(|e| match e {
+        crate::st_file::Error::Io(e) => io(e),
+        crate::st_file::Error::Format(m) => format_err(m),
+    })
+}
+
+/// The metadata and the sorted tensor table of an opened file.
+fn table(st: &StFile) -> (BTreeMap<String, String>, Vec<TensorInfo>) {
+    let metadata = st.metadata.metadata().clone().unwrap_or_default().into_iter().collect();
+    let mut infos: Vec<TensorInfo> = st
+        .metadata
+        .tensors()
+        .into_iter()
+        .map(|(name, info)| TensorInfo {
+            name,
+            dtype: format!("{:?}", info.dtype).to_lowercase(),
+            shape: info.shape.clone(),
+        })
+        .collect();
+    infos.sort_by(|a, b| a.name.cmp(&b.name));
+    (metadata, infos)
+}
+
+/// The table of `st` and the tensors `load` names, each read on its own.
+fn load_tensors(path: &Path, st: &StFile, load: Load) -> Result<RawFile> {
+    let format_err = |message: String| ParityError::Format {
+        path: path.to_path_buf(),
+        message,
+    };
+    let (metadata, infos) = table(st);
     let mut tensors = BTreeMap::new();
-    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
-    names.sort();
-    for name in names {
-        let view = st
-            .tensor(&name)
-            .map_err(|e| format_err(format!("tensor `{name}`: {e}")))?;
-        let shape = view.shape().to_vec();
-        infos.push(TensorInfo {
-            name: name.clone(),
-            dtype: format!("{:?}", view.dtype()).to_lowercase(),
-            shape: shape.clone(),
-        });
-        let dtype = candle_dtype(view.dtype()).ok_or_else(|| {
+    for info in &infos {
+        let name = &info.name;
+        let stored = st.metadata.info(name).expect("listed by the header");
+        let dtype = candle_dtype(stored.dtype).ok_or_else(|| {
             format_err(format!(
                 "tensor `{name}` has dtype {:?}, which this tool cannot read \
                  (it reads bool, u8, u32, i16, i32, i64, f16, bf16, f32, f64)",
-                view.dtype()
+                stored.dtype
             ))
         })?;
-        let t = Tensor::from_raw_buffer(view.data(), dtype, &shape, &Device::Cpu)
+        if load == Load::NoStages && name.starts_with(crate::trace::TRACE_PREFIX) {
+            continue;
+        }
+        let bytes = st.read(stored).map_err(|source| ParityError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let t = Tensor::from_raw_buffer(&bytes, dtype, &info.shape, &Device::Cpu)
             .map_err(|e| format_err(format!("tensor `{name}`: {e}")))?;
-        tensors.insert(name, t);
+        tensors.insert(name.clone(), t);
     }
     Ok((metadata, infos, tensors))
 }
@@ -227,9 +250,15 @@ fn json_field<T: serde::de::DeserializeOwned>(
 }
 
 impl Bundle {
-    /// Read and validate a bundle.
+    /// Read and validate a bundle (mapped: only the tensors' bytes are read).
     pub fn read(path: &Path) -> Result<Self> {
-        Self::from_raw(path, read_file(path)?)
+        Self::read_with(path, Load::All)
+    }
+
+    /// [`Bundle::read`], loading the tensors `load` names: `check` without `--trace` leaves the
+    /// stage traces on the disk.
+    pub fn read_with(path: &Path, load: Load) -> Result<Self> {
+        Self::from_raw(path, read_file_with(path, load)?)
     }
 
     /// Parse and validate a bundle held in memory; `path` only labels it (in errors and reports).
@@ -261,10 +290,11 @@ impl Bundle {
                 format!("metadata `parity.config` must be a JSON object, found {config}"),
             ));
         }
+        let listed: std::collections::BTreeSet<&str> = infos.iter().map(|i| i.name.as_str()).collect();
         let inputs: Vec<String> = json_field(path, &metadata, "parity.inputs", "a JSON array of strings")?
-            .unwrap_or_else(|| names_with_prefix(&tensors, INPUT_PREFIX, false));
+            .unwrap_or_else(|| names_with_prefix(&listed, INPUT_PREFIX, false));
         let outputs: Vec<String> = json_field(path, &metadata, "parity.outputs", "a JSON array of strings")?
-            .unwrap_or_else(|| names_with_prefix(&tensors, OUTPUT_PREFIX, true));
+            .unwrap_or_else(|| names_with_prefix(&listed, OUTPUT_PREFIX, true));
         let kwargs: serde_json::Map<String, serde_json::Value> =
             json_field(path, &metadata, "parity.kwargs", "a JSON object")?.unwrap_or_default();
         let float = |key: &str| -> Result<Option<f64>> {
@@ -299,7 +329,7 @@ impl Bundle {
             ));
         }
         for name in &inputs {
-            if !tensors.contains_key(&format!("{INPUT_PREFIX}{name}")) {
+            if !listed.contains(format!("{INPUT_PREFIX}{name}").as_str()) {
                 return Err(ParityError::bundle(
                     path,
                     format!("`parity.inputs` names `{name}` but tensor `{INPUT_PREFIX}{name}` is missing"),
@@ -307,7 +337,7 @@ impl Bundle {
             }
         }
         for name in &outputs {
-            if !tensors.contains_key(&format!("{OUTPUT_PREFIX}{name}")) {
+            if !listed.contains(format!("{OUTPUT_PREFIX}{name}").as_str()) {
                 return Err(ParityError::bundle(
                     path,
                     format!("`parity.outputs` names `{name}` but tensor `{OUTPUT_PREFIX}{name}` is missing"),
@@ -399,18 +429,10 @@ impl Bundle {
             if !t.dtype().is_float() || (name.starts_with("parity.") && input.is_none() && output.is_none()) {
                 continue;
             }
-            let values = t
-                .to_dtype(DType::F64)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1::<f64>())
-                .map_err(|e| ParityError::bundle(&self.path, format!("tensor `{name}`: {e}")))?;
-            let count = |f: fn(&f64) -> bool| values.iter().filter(|v| f(v)).count();
             let mask = input.is_some_and(|n| n.contains("mask"));
-            let counts = [
-                (count(|v| v.is_nan()), "NaN"),
-                (count(|v| *v == f64::INFINITY), "+inf"),
-                (if mask { 0 } else { count(|v| *v == f64::NEG_INFINITY) }, "-inf"),
-            ];
+            let [nan, pos, neg] =
+                non_finite(t).map_err(|e| ParityError::bundle(&self.path, format!("tensor `{name}`: {e}")))?;
+            let counts = [(nan, "NaN"), (pos, "+inf"), (if mask { 0 } else { neg }, "-inf")];
             let found: Vec<String> = counts
                 .iter()
                 .filter(|(n, _)| *n > 0)
@@ -439,9 +461,31 @@ impl Bundle {
     }
 }
 
-fn names_with_prefix(tensors: &BTreeMap<String, Tensor>, prefix: &str, skip_f64: bool) -> Vec<String> {
-    tensors
-        .keys()
+/// The NaN, +inf and −inf counts of a float tensor, read a million elements at a time (never a
+/// float64 copy of the whole tensor).
+fn non_finite(t: &Tensor) -> candle_core::Result<[usize; 3]> {
+    const CHUNK: usize = 1 << 20;
+    let flat = t.flatten_all()?;
+    let n = flat.elem_count();
+    let mut counts = [0usize; 3];
+    for start in (0..n).step_by(CHUNK) {
+        let chunk = flat.narrow(0, start, CHUNK.min(n - start))?;
+        for v in chunk.to_dtype(DType::F64)?.to_vec1::<f64>()? {
+            if v.is_nan() {
+                counts[0] += 1;
+            } else if v == f64::INFINITY {
+                counts[1] += 1;
+            } else if v == f64::NEG_INFINITY {
+                counts[2] += 1;
+            }
+        }
+    }
+    Ok(counts)
+}
+
+fn names_with_prefix(names: &std::collections::BTreeSet<&str>, prefix: &str, skip_f64: bool) -> Vec<String> {
+    names
+        .iter()
         .filter_map(|k| k.strip_prefix(prefix))
         .filter(|k| !(skip_f64 && k.ends_with(FLOAT64_SUFFIX)))
         .map(String::from)
@@ -459,107 +503,8 @@ pub fn parse_dtype(s: &str) -> Option<DType> {
     })
 }
 
-/// All bundles under `paths` (files as given, folders searched recursively), sorted.
+/// All bundles under `paths` (files as given, folders searched recursively, symbolic links to
+/// folders not followed: [`crate::files::collect`]).
 pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    collect_with_skipped(paths).map(|(files, _)| files)
-}
-
-/// [`collect`], also returning the safetensors files found in folders that are not bundles (whole
-/// checkpoints such as `diffusion_pytorch_model.safetensors`: no `parity.*` metadata or tensors).
-/// Files named explicitly are always kept.
-pub fn collect_with_skipped(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
-    let mut out = vec![];
-    let mut skipped = vec![];
-    for path in paths {
-        let meta = std::fs::metadata(path).map_err(|source| ParityError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        if meta.is_dir() {
-            let before = out.len();
-            walk(path, &mut out, &mut skipped)?;
-            if out.len() == before {
-                return Err(ParityError::NoBundles { path: path.clone() });
-            }
-        } else {
-            out.push(path.clone());
-        }
-    }
-    Ok((out, skipped))
-}
-
-/// Whether a safetensors file is plainly not a bundle: its header parses and names nothing
-/// `parity.*`. Unreadable headers count as bundles, so their errors are reported.
-fn is_plain_checkpoint(path: &Path) -> bool {
-    use std::io::Read;
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return false;
-    };
-    let mut len = [0u8; 8];
-    if f.read_exact(&mut len).is_err() {
-        return false;
-    }
-    let n = u64::from_le_bytes(len);
-    if n > 100_000_000 {
-        return false;
-    }
-    let mut header = vec![0u8; n as usize];
-    if f.read_exact(&mut header).is_err() {
-        return false;
-    }
-    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&header) {
-        Ok(h) => {
-            let meta_has = h
-                .get("__metadata__")
-                .and_then(|m| m.as_object())
-                .is_some_and(|m| m.keys().any(|k| k.starts_with("parity.")));
-            !meta_has && !h.keys().any(|k| k.starts_with("parity."))
-        }
-        Err(_) => false,
-    }
-}
-
-/// Folders are entered once each, by their canonical path: a symlink back up the tree (`self ->
-/// .`, or `a -> .` and `b -> .`) neither loops nor finds a bundle twice. Only regular files are
-/// opened to tell bundles from checkpoints; anything else named `*.safetensors` (a FIFO, a device)
-/// is kept, so that reading it reports it, and is never opened here (an `open` on a FIFO blocks).
-fn walk(dir: &Path, out: &mut Vec<PathBuf>, skipped: &mut Vec<PathBuf>) -> Result<()> {
-    walk_once(dir, out, skipped, &mut std::collections::HashSet::new())
-}
-
-fn walk_once(
-    dir: &Path,
-    out: &mut Vec<PathBuf>,
-    skipped: &mut Vec<PathBuf>,
-    visited: &mut std::collections::HashSet<PathBuf>,
-) -> Result<()> {
-    let io = |source| ParityError::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
-    if !visited.insert(std::fs::canonicalize(dir).map_err(io)?) {
-        return Ok(());
-    }
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(io)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()
-        .map_err(io)?;
-    entries.sort();
-    for p in entries {
-        // Follows symlinks; a dangling one is neither and is left out.
-        let Ok(meta) = std::fs::metadata(&p) else {
-            continue;
-        };
-        if meta.is_dir() {
-            walk_once(&p, out, skipped, visited)?;
-        } else if p.extension().is_some_and(|e| e == "safetensors") {
-            if meta.is_file() && is_plain_checkpoint(&p) {
-                skipped.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    Ok(())
+    crate::files::collect(paths).map(|found| found.bundles)
 }

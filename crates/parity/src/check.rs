@@ -110,7 +110,13 @@ pub struct Report {
 
 /// Check one bundle file.
 pub fn check_file(path: &Path, opts: &Options) -> Result<Report> {
-    let bundle = Bundle::read(path)?;
+    // The stage traces are read only to be compared.
+    let load = if opts.trace {
+        crate::bundle::Load::All
+    } else {
+        crate::bundle::Load::NoStages
+    };
+    let bundle = Bundle::read_with(path, load)?;
     check_bundle(&bundle, opts)
 }
 
@@ -447,7 +453,7 @@ fn block_config(
     let Some(file) = &opts.model_config else {
         return Ok((bundle.config.clone(), None));
     };
-    let text = crate::bundle::read_regular_string(file)?;
+    let text = crate::files::read_text(file)?;
     let bad = |message: String| ParityError::Checkpoint {
         path: file.clone(),
         message,

@@ -1,7 +1,8 @@
 //! Whole-model checkpoints, read lazily, so a block's weights can come from where they are:
 //!
-//! * safetensors (`diffusion_pytorch_model.safetensors`, `model.safetensors`): memory-mapped;
-//!   only the header is parsed up front and only the tensors a block asks for are touched;
+//! * safetensors (`diffusion_pytorch_model.safetensors`, `model.safetensors`): neither mapped
+//!   nor read whole ([`crate::st_file`]); only the header is read up front, and only the tensors a
+//!   block asks for are read, each after its dtype and shape passed the block's checks;
 //! * sharded safetensors (`*.safetensors.index.json` with its `weight_map`);
 //! * PyTorch `torch.save` zip archives (`.bin`, `.pt`, `.pth`, `.ckpt`): `data.pkl` (at most
 //!   [`pickle::MAX_PICKLE_BYTES`], read through `take`) is read by [`crate::pickle`], which
@@ -20,6 +21,7 @@
 
 use crate::error::{ParityError, Result};
 use crate::pickle::{self, TensorRecord};
+use crate::st_file::{Source, StFile};
 use crate::weights::WeightSource;
 use candle_core::{DType, Device, Layout, Shape, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
@@ -50,10 +52,8 @@ impl std::fmt::Display for Format {
 enum Stored {
     Safetensors {
         file: usize,
-        start: usize,
-        end: usize,
+        info: safetensors::tensor::TensorInfo,
         dtype: DType,
-        shape: Vec<usize>,
     },
     Pickle(PickledTensor),
     /// A tensor this tool cannot load (an unsupported dtype); an error only if a block asks for it.
@@ -80,7 +80,8 @@ pub struct Checkpoint {
     pub strings: BTreeMap<String, String>,
     /// Top-level entries holding nested tensors (`model`, `ema`, `state_dict`, ...).
     pub sections: Vec<String>,
-    maps: Vec<memmap2::Mmap>,
+    /// The safetensors files (one, or a sharded checkpoint's shards), their headers read.
+    files: Vec<StFile<'static>>,
     /// The open archive of a pickle, its central directory read once; tensors are read from it
     /// one at a time.
     archive: Option<std::sync::Mutex<Archive>>,
@@ -113,10 +114,8 @@ impl Checkpoint {
             path: path.to_path_buf(),
             source: e,
         };
-        let meta = std::fs::metadata(path).map_err(io)?;
-        if !meta.is_file() {
-            return Err(err(path, "not a regular file"));
-        }
+        let mut file = crate::files::open_regular(path)?;
+        let len = file.metadata().map_err(io)?.len();
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().to_string())
@@ -125,8 +124,8 @@ impl Checkpoint {
             return Self::open_sharded(path);
         }
         let mut magic = [0u8; 9];
-        let n = std::fs::File::open(path).map_err(io)?.read(&mut magic).map_err(io)?;
-        if crate::bundle::safetensors_prefix(&magic[..n], meta.len()) {
+        let n = file.read(&mut magic).map_err(io)?;
+        if crate::bundle::safetensors_prefix(&magic[..n], len) {
             return Self::open_safetensors(path);
         }
         match &magic[..n] {
@@ -153,38 +152,36 @@ impl Checkpoint {
             tensors: BTreeMap::new(),
             strings: BTreeMap::new(),
             sections: vec![],
-            maps: vec![],
+            files: vec![],
             archive: None,
             archive_len: 0,
         }
     }
 
-    /// Map one safetensors file and index its tensors (all of them, or only `only`).
+    /// Open one safetensors file and index its tensors (all of them, or only `only`): its header
+    /// only is read.
     fn add_safetensors_file(&mut self, file: &Path, only: Option<&BTreeSet<String>>) -> Result<()> {
-        let f = crate::bundle::open_regular(file)?;
-        // SAFETY: the map is read-only; the file must not be truncated while the tool runs, the
-        // same contract as Candle's `MmapedSafetensors`.
-        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| ParityError::Io {
-            path: file.to_path_buf(),
-            source: e,
+        let source = Source::file(crate::files::open_regular(file)?);
+        let st = StFile::open(source, |_| Ok(())).map_err(|e| match e {
+            crate::st_file::Error::Io(source) => ParityError::Io {
+                path: file.to_path_buf(),
+                source,
+            },
+            crate::st_file::Error::Format(message) => ParityError::Format {
+                path: file.to_path_buf(),
+                message,
+            },
         })?;
-        let (n, metadata) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| ParityError::Format {
-            path: file.to_path_buf(),
-            message: e.to_string(),
-        })?;
-        let index = self.maps.len();
-        let base = 8 + n;
-        for (name, info) in metadata.tensors() {
+        let index = self.files.len();
+        for (name, info) in st.metadata.tensors() {
             if only.is_some_and(|o| !o.contains(&name)) {
                 continue;
             }
             let stored = match crate::bundle::candle_dtype(info.dtype) {
                 Some(dtype) => Stored::Safetensors {
                     file: index,
-                    start: base + info.data_offsets.0,
-                    end: base + info.data_offsets.1,
+                    info: info.clone(),
                     dtype,
-                    shape: info.shape.clone(),
                 },
                 None => Stored::Unsupported {
                     why: format!("dtype {:?} is not supported", info.dtype),
@@ -192,12 +189,12 @@ impl Checkpoint {
             };
             self.tensors.insert(name, stored);
         }
-        self.maps.push(map);
+        self.files.push(st);
         Ok(())
     }
 
     fn open_sharded(path: &Path) -> Result<Self> {
-        let text = crate::bundle::read_regular_string(path)?;
+        let text = crate::files::read_text(path)?;
         let index: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| err(path, format!("not a JSON index: {e}")))?;
         let map = index
@@ -223,7 +220,7 @@ impl Checkpoint {
     }
 
     fn open_pickle(path: &Path) -> Result<Self> {
-        let file = crate::bundle::open_regular(path)?;
+        let file = crate::files::open_regular(path)?;
         let archive_len = file
             .metadata()
             .map_err(|e| ParityError::Io {
@@ -291,7 +288,7 @@ impl Checkpoint {
     /// The stored shape of `name`, when the tensor is loadable.
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
         match self.tensors.get(name)? {
-            Stored::Safetensors { shape, .. } => Some(shape.clone()),
+            Stored::Safetensors { info, .. } => Some(info.shape.clone()),
             Stored::Pickle(t) => Some(t.record.shape.clone()),
             Stored::Unsupported { .. } => None,
         }
@@ -314,15 +311,9 @@ impl Checkpoint {
         let fail = |m: String| candle_core::Error::Msg(format!("{}: tensor `{name}`: {m}", self.path.display()));
         match stored {
             Stored::Unsupported { why } => Err(fail(why.clone())),
-            Stored::Safetensors {
-                file,
-                start,
-                end,
-                dtype,
-                shape,
-            } => {
-                let bytes = &self.maps[*file][*start..*end];
-                Tensor::from_raw_buffer(bytes, *dtype, shape, &Device::Cpu).map(Some)
+            Stored::Safetensors { file, info, dtype } => {
+                let bytes = self.files[*file].read(info)?;
+                Tensor::from_raw_buffer(&bytes, *dtype, &info.shape, &Device::Cpu).map(Some)
             }
             Stored::Pickle(info) => {
                 // A hostile shape can overflow Candle's element count: an error, not a panic.
@@ -514,6 +505,11 @@ impl WeightSource for PrefixView {
 
     fn load(&self, name: &str) -> candle_core::Result<Option<Tensor>> {
         self.checkpoint.load(&format!("{}{name}", self.prefix))
+    }
+
+    fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+        let full = format!("{}{name}", self.prefix);
+        Some((self.checkpoint.dtype(&full)?, self.checkpoint.shape(&full)?))
     }
 
     fn location(&self) -> Option<String> {

@@ -75,7 +75,8 @@ pub fn check_reference(torch: &Tensor, reference: &Tensor, dtype: DType) -> cand
     let bound = 100.0 * default_tolerance(dtype).0 * scale;
     if diff > bound {
         return Ok(Err(format!(
-            "PyTorch's output and its float64 output differ by up to {diff:.3e}, more than a rounding error              could ({bound:.1e}): they are not two runs of the same computation"
+            "PyTorch's output and its float64 output differ by up to {diff:.3e}, more than a rounding error \
+             could ({bound:.1e}): they are not two runs of the same computation"
         )));
     }
     Ok(Ok(()))

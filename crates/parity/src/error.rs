@@ -9,6 +9,9 @@ use std::path::PathBuf;
 pub enum ParityError {
     #[error("{}: cannot read: {}", esc(path.display()), esc(source))]
     Io { path: PathBuf, source: std::io::Error },
+    /// A file or folder the tool writes (`show --out`) that could not be written.
+    #[error("{}: cannot write: {}", esc(path.display()), esc(source))]
+    Write { path: PathBuf, source: std::io::Error },
     #[error("{}: not a valid safetensors file: {}", esc(path.display()), esc(message))]
     Format { path: PathBuf, message: String },
     #[error("{}: not a parity bundle: {}", esc(path.display()), esc(message))]

@@ -16,8 +16,11 @@
 //!   (`attentions.0__probs_query_Y_X.png`, `mid_attn__probs_query_Y_X.png`).
 //!
 //! Maps wider or taller than `MAX_SIDE` (512) cells are max-pooled down to it (a pooled cell shows the
-//! largest value it covers), so a picture stays a few megapixels whatever the bundle holds. A
-//! bundle with nothing to draw is an error, not an empty folder.
+//! largest value it covers), and at most `MAX_ITEMS` (16) batch items and heads are drawn (the
+//! first ones; the title and the caption say how many of how many), so a picture stays a few
+//! megapixels whatever the bundle holds. A bundle with nothing to draw is an error, not an empty
+//! folder. The pictures are written as new files renamed into place, never through a symbolic
+//! link planted in the folder (`crate::files::write_new`).
 //!
 //! Colours: black → purple → red → yellow → white. The output panels share one scale (0 to the
 //! largest error); in the attention rows PyTorch's and our maps share one scale (0 to the largest
@@ -54,6 +57,17 @@ pub struct Picture {
 
 /// Longest side of a drawn map, in cells.
 const MAX_SIDE: usize = 512;
+/// The most batch items (columns) and heads (rows) a picture draws.
+pub const MAX_ITEMS: usize = 16;
+
+/// `""`, or `; batch items 0-15 of 250000 drawn` when only the first [`MAX_ITEMS`] of `n` are.
+fn drawn_note(n: usize, what: &str) -> String {
+    if n > MAX_ITEMS {
+        format!("; {what} 0-{} of {n} drawn", MAX_ITEMS - 1)
+    } else {
+        String::new()
+    }
+}
 
 /// The size of a `rows × cols` map once [`pooled`].
 fn pooled_dims(rows: usize, cols: usize) -> (usize, usize) {
@@ -167,10 +181,7 @@ pub fn show(
     batch: usize,
     opts: Options,
 ) -> Result<Vec<Picture>> {
-    std::fs::create_dir_all(out).map_err(|e| ParityError::Io {
-        path: out.to_path_buf(),
-        source: e,
-    })?;
+    crate::files::create_dir(out)?;
     let opts = Options { trace: true, ..opts };
     let run = run_bundle(bundle, &opts)?;
     let path = bundle.path.as_path();
@@ -181,88 +192,10 @@ pub fn show(
         return Ok(pictures);
     };
     if torch.rank() == 4 && torch.dims() == ours.dims() {
-        let (b, c, h, w) = torch.dims4().map_err(err)?;
-        let diff: Vec<f64> = values(ours)
-            .map_err(err)?
-            .iter()
-            .zip(values(torch).map_err(err)?)
-            .map(|(a, t)| (a - t).abs())
-            .collect();
-        let at = |bi: usize, ci: usize, p: usize| diff[(bi * c + ci) * h * w + p];
-        let vmax = max_of(&diff);
-        // Drawn at most MAX_SIDE cells a side.
-        let (ph, pw) = pooled_dims(h, w);
-        let s = cell(ph, pw);
-        let pool = if (ph, pw) != (h, w) { " (max-pooled)" } else { "" };
-        // per batch item: max over channels
-        let file = out.join("output_error.png");
-        let mut sheet = Sheet::new(
-            [
-                &format!("{}: output `{name}` ({})", file_name(&file), shape(torch.dims())),
-                &format!("{DIFF}, max over the {c} channels{pool}"),
-            ],
-            &batch_columns(b, vmax),
-            1,
-            (pw * s, ph * s),
-        );
-        for bi in 0..b {
-            let map: Vec<f64> = (0..h * w)
-                .map(|p| (0..c).map(|ci| at(bi, ci, p)).fold(0.0, f64::max))
-                .collect();
-            let (map, _) = pooled(&map, (h, w));
-            sheet.map((0, bi), &map, (ph, pw), s, vmax);
-        }
-        sheet.write(&file)?;
-        pictures.push(Picture {
-            path: file,
-            caption: format!(
-                "output `{name}`: max over {c} channels of |ours − torch| at each of the {h}×{w} pixels, one panel per \
-                 batch item (left to right, {b}); scale 0 (black) to {vmax:.3e} (white)"
-            ),
-        });
-        // worst channels
-        let mut worst: Vec<(usize, f64)> = (0..c)
-            .map(|ci| {
-                let m = (0..b)
-                    .flat_map(|bi| (0..h * w).map(move |p| (bi, p)))
-                    .map(|(bi, p)| at(bi, ci, p))
-                    .fold(0.0, f64::max);
-                (ci, m)
-            })
-            .collect();
-        worst.sort_by(|x, y| y.1.total_cmp(&x.1));
-        worst.truncate(4);
-        let file = out.join("output_worst_channels.png");
-        let channels: Vec<String> = worst.iter().map(|(ci, _)| ci.to_string()).collect();
-        let mut sheet = Sheet::new(
-            [
-                &format!("{}: output `{name}`", file_name(&file)),
-                &format!("{DIFF}{pool}; rows: channels {}", channels.join(", ")),
-            ],
-            &batch_columns(b, vmax),
-            worst.len(),
-            (pw * s, ph * s),
-        );
-        for (row, (ci, _)) in worst.iter().enumerate() {
-            for bi in 0..b {
-                let map: Vec<f64> = (0..h * w).map(|p| at(bi, *ci, p)).collect();
-                let (map, _) = pooled(&map, (h, w));
-                sheet.map((row, bi), &map, (ph, pw), s, vmax);
-            }
-        }
-        sheet.write(&file)?;
-        let list: Vec<String> = worst.iter().map(|(ci, m)| format!("{ci} ({m:.3e})")).collect();
-        pictures.push(Picture {
-            path: file,
-            caption: format!(
-                "output `{name}`: |ours − torch| of the worst channels, one row each: {}; columns = batch items; \
-                 scale 0 to {vmax:.3e}",
-                list.join(", ")
-            ),
-        });
+        pictures.extend(image_output_pictures(path, &name, torch, ours, out)?);
     }
     if torch.rank() == 3 && torch.dims() == ours.dims() {
-        pictures.push(token_output_picture(&name, torch, ours, out).map_err(|m| ParityError::bundle(path, m))?);
+        pictures.push(token_output_picture(path, &name, torch, ours, out)?);
         for (stage, pt, po) in probs_stages(bundle, &run)? {
             let b = pt.dim(0).map_err(err)?;
             if batch >= b {
@@ -272,7 +205,7 @@ pub fn show(
                 ));
             }
             let po = po.reshape(pt.dims()).map_err(err)?;
-            pictures.push(token_probs_picture(&stage, pt, &po, batch, out).map_err(|m| ParityError::bundle(path, m))?);
+            pictures.push(token_probs_picture(path, &stage, pt, &po, batch, out)?);
         }
     }
     // attention weights of one query pixel, for every `probs` stage over the image's pixels
@@ -297,10 +230,7 @@ pub fn show(
                 ));
             }
             let po = po.reshape(pt.dims()).map_err(err)?;
-            pictures.push(
-                probs_picture(&stage, pt, &po, (h, w), (qy, qx), batch, out)
-                    .map_err(|m| ParityError::bundle(path, m))?,
-            );
+            pictures.push(probs_picture(path, &stage, (pt, &po), (h, w), (qy, qx), batch, out)?);
         }
     }
     if pictures.is_empty() {
@@ -316,22 +246,117 @@ pub fn show(
     Ok(pictures)
 }
 
+/// The (up to) four channels of `diff` (`B × C × HW`) with the largest values: (channel, max).
+fn worst_channels(diff: &[f64], (b, c, hw): (usize, usize, usize)) -> Vec<(usize, f64)> {
+    let mut worst: Vec<(usize, f64)> = (0..c)
+        .map(|ci| {
+            let m = (0..b)
+                .flat_map(|bi| diff[(bi * c + ci) * hw..(bi * c + ci + 1) * hw].iter().copied())
+                .fold(0.0, f64::max);
+            (ci, m)
+        })
+        .collect();
+    worst.sort_by(|x, y| y.1.total_cmp(&x.1));
+    worst.truncate(4);
+    worst
+}
+
+/// `output_error.png` and `output_worst_channels.png` of an image-shaped output `(B, C, H, W)`.
+fn image_output_pictures(path: &Path, name: &str, torch: &Tensor, ours: &Tensor, out: &Path) -> Result<Vec<Picture>> {
+    let err = |e: candle_core::Error| ParityError::bundle(path, e.to_string());
+    let mut pictures = vec![];
+    let (b, c, h, w) = torch.dims4().map_err(err)?;
+    let diff: Vec<f64> = values(ours)
+        .map_err(err)?
+        .iter()
+        .zip(values(torch).map_err(err)?)
+        .map(|(a, t)| (a - t).abs())
+        .collect();
+    let at = |bi: usize, ci: usize, p: usize| diff[(bi * c + ci) * h * w + p];
+    let vmax = max_of(&diff);
+    // Drawn at most MAX_SIDE cells a side.
+    let (ph, pw) = pooled_dims(h, w);
+    let s = cell(ph, pw);
+    let pool = if (ph, pw) != (h, w) { " (max-pooled)" } else { "" };
+    let (drawn, note) = (b.min(MAX_ITEMS), drawn_note(b, "batch items"));
+    let sheet_err = |m: String| ParityError::bundle(path, m);
+    // per batch item: max over channels
+    let file = out.join("output_error.png");
+    let mut sheet = Sheet::new(
+        [
+            &format!("{}: output `{name}` ({})", file_name(&file), shape(torch.dims())),
+            &format!("{DIFF}, max over the {c} channels{pool}{note}"),
+        ],
+        &batch_columns(drawn, vmax),
+        1,
+        (pw * s, ph * s),
+    )
+    .map_err(sheet_err)?;
+    for bi in 0..drawn {
+        let map: Vec<f64> = (0..h * w)
+            .map(|p| (0..c).map(|ci| at(bi, ci, p)).fold(0.0, f64::max))
+            .collect();
+        let (map, _) = pooled(&map, (h, w));
+        sheet.map((0, bi), &map, (ph, pw), s, vmax);
+    }
+    sheet.write(&file)?;
+    pictures.push(Picture {
+        path: file,
+        caption: format!(
+            "output `{name}`: max over {c} channels of |ours − torch| at each of the {h}×{w} pixels, one panel per \
+             batch item (left to right, {b}{note}); scale 0 (black) to {vmax:.3e} (white)"
+        ),
+    });
+    let worst = worst_channels(&diff, (b, c, h * w));
+    let file = out.join("output_worst_channels.png");
+    let channels: Vec<String> = worst.iter().map(|(ci, _)| ci.to_string()).collect();
+    let mut sheet = Sheet::new(
+        [
+            &format!("{}: output `{name}`", file_name(&file)),
+            &format!("{DIFF}{pool}; rows: channels {}{note}", channels.join(", ")),
+        ],
+        &batch_columns(drawn, vmax),
+        worst.len(),
+        (pw * s, ph * s),
+    )
+    .map_err(sheet_err)?;
+    for (row, (ci, _)) in worst.iter().enumerate() {
+        for bi in 0..drawn {
+            let map: Vec<f64> = (0..h * w).map(|p| at(bi, *ci, p)).collect();
+            let (map, _) = pooled(&map, (h, w));
+            sheet.map((row, bi), &map, (ph, pw), s, vmax);
+        }
+    }
+    sheet.write(&file)?;
+    let list: Vec<String> = worst.iter().map(|(ci, m)| format!("{ci} ({m:.3e})")).collect();
+    pictures.push(Picture {
+        path: file,
+        caption: format!(
+            "output `{name}`: |ours − torch| of the worst channels, one row each: {}; columns = batch items{note}; \
+             scale 0 to {vmax:.3e}",
+            list.join(", ")
+        ),
+    });
+    Ok(pictures)
+}
+
 /// `<stage>_query_Y_X.png` (`/` in the stage name written `__`): the attention map of query pixel
 /// (Y, X) of batch item `batch`, one row per head: PyTorch | ours | difference.
 fn probs_picture(
+    path: &Path,
     stage: &str,
-    pt: &Tensor,
-    po: &Tensor,
+    (pt, po): (&Tensor, &Tensor),
     (h, w): (usize, usize),
     (qy, qx): (usize, usize),
     batch: usize,
     out: &Path,
-) -> std::result::Result<Picture, String> {
-    let e = |e: candle_core::Error| e.to_string();
-    let (_, heads, _, lk) = pt.dims4().map_err(e)?;
+) -> Result<Picture> {
+    let e = |e: candle_core::Error| ParityError::bundle(path, e.to_string());
+    let (_, all_heads, _, lk) = pt.dims4().map_err(e)?;
+    let (heads, note) = (all_heads.min(MAX_ITEMS), drawn_note(all_heads, "heads"));
     let n = qy * w + qx;
     let mem = lk - h * w;
-    let row = |t: &Tensor, hd: usize| -> std::result::Result<Vec<f64>, String> {
+    let row = |t: &Tensor, hd: usize| -> Result<Vec<f64>> {
         let r = t
             .get(batch)
             .and_then(|t| t.get(hd))
@@ -361,14 +386,15 @@ fn probs_picture(
         [
             &format!("`{stage}`: attention weights, batch item {batch}"),
             &format!(
-                "query pixel (y {qy}, x {qx}) in cyan; rows: {}{mem_label}",
+                "query pixel (y {qy}, x {qx}) in cyan; rows: {}{mem_label}{note}",
                 head_rows(heads)
             ),
         ],
         &probs_columns(vmax, dmax),
         heads,
         (w * s, h * s),
-    );
+    )
+    .map_err(|m| ParityError::bundle(path, m))?;
     for (hd, (a, o, d)) in rows.iter().enumerate() {
         sheet.map((hd, 0), a, (h, w), s, vmax);
         sheet.map((hd, 1), o, (h, w), s, vmax);
@@ -377,7 +403,7 @@ fn probs_picture(
             sheet.mark((hd, p), (qy, qx), s);
         }
     }
-    sheet.write(&file).map_err(|e| e.to_string())?;
+    sheet.write(&file)?;
     let mem_note = if mem > 0 {
         format!("; the {mem} memory keys are not drawn")
     } else {
@@ -387,7 +413,7 @@ fn probs_picture(
         path: file,
         caption: format!(
             "`{stage}`: attention weights of query pixel (y {qy}, x {qx}) (cyan) over the {h}×{w} key pixels, batch \
-             item {batch}, one row per head ({heads}): PyTorch | ours (shared scale 0 to {vmax:.3e}) | |ours − torch| \
+             item {batch}, one row per head ({all_heads}{note}): PyTorch | ours (shared scale 0 to {vmax:.3e}) | |ours − torch| \
              (scale 0 to {dmax:.3e}){mem_note}"
         ),
     })
@@ -395,13 +421,18 @@ fn probs_picture(
 
 /// `output_error.png` for a token output `(B, L, C)`: one panel per batch item, `|ours − torch|`
 /// over tokens (rows) × channels (columns), on one scale.
-fn token_output_picture(name: &str, torch: &Tensor, ours: &Tensor, out: &Path) -> std::result::Result<Picture, String> {
-    let e = |e: candle_core::Error| e.to_string();
+fn token_output_picture(path: &Path, name: &str, torch: &Tensor, ours: &Tensor, out: &Path) -> Result<Picture> {
+    let e = |e: candle_core::Error| ParityError::bundle(path, e.to_string());
     let (b, l, c) = torch.dims3().map_err(e)?;
     let (a, o) = (values(torch).map_err(e)?, values(ours).map_err(e)?);
     let diff: Vec<f64> = a.iter().zip(&o).map(|(x, y)| (x - y).abs()).collect();
     let vmax = max_of(&diff);
-    let panels: Vec<_> = diff.chunks_exact(l * c).map(|d| pooled(d, (l, c))).collect();
+    let (drawn, note) = (b.min(MAX_ITEMS), drawn_note(b, "batch items"));
+    let panels: Vec<_> = diff
+        .chunks_exact(l * c)
+        .take(drawn)
+        .map(|d| pooled(d, (l, c)))
+        .collect();
     let (rows, cols) = panels.first().map_or((0, 0), |p| p.1);
     let s = cell(rows, cols);
     let pool = if (rows, cols) != (l, c) { " (max-pooled)" } else { "" };
@@ -409,21 +440,22 @@ fn token_output_picture(name: &str, torch: &Tensor, ours: &Tensor, out: &Path) -
     let mut sheet = Sheet::new(
         [
             &format!("{}: output `{name}` ({})", file_name(&file), shape(torch.dims())),
-            &format!("{DIFF}{pool}; rows: tokens, columns: channels"),
+            &format!("{DIFF}{pool}; rows: tokens, columns: channels{note}"),
         ],
-        &batch_columns(b, vmax),
+        &batch_columns(drawn, vmax),
         1,
         (cols * s, rows * s),
-    );
+    )
+    .map_err(|m| ParityError::bundle(path, m))?;
     for (bi, (map, _)) in panels.iter().enumerate() {
         sheet.map((0, bi), map, (rows, cols), s, vmax);
     }
-    sheet.write(&file).map_err(|e| e.to_string())?;
+    sheet.write(&file)?;
     Ok(Picture {
         path: file,
         caption: format!(
             "output `{name}`: |ours − torch| over the {l} tokens (rows) × {c} channels (columns){pool}, one panel per \
-             batch item (left to right, {b}); scale 0 (black) to {vmax:.3e} (white)"
+             batch item (left to right, {b}{note}); scale 0 (black) to {vmax:.3e} (white)"
         ),
     })
 }
@@ -431,14 +463,16 @@ fn token_output_picture(name: &str, torch: &Tensor, ours: &Tensor, out: &Path) -
 /// `<stage>_tokens.png` (`/` written `__`): the attention weights `(Lq, Lk)` of batch item `batch`,
 /// one row per head: PyTorch | ours | difference.
 fn token_probs_picture(
+    path: &Path,
     stage: &str,
     pt: &Tensor,
     po: &Tensor,
     batch: usize,
     out: &Path,
-) -> std::result::Result<Picture, String> {
-    let e = |e: candle_core::Error| e.to_string();
-    let (_, heads, lq, lk) = pt.dims4().map_err(e)?;
+) -> Result<Picture> {
+    let e = |e: candle_core::Error| ParityError::bundle(path, e.to_string());
+    let (_, all_heads, lq, lk) = pt.dims4().map_err(e)?;
+    let (heads, note) = (all_heads.min(MAX_ITEMS), drawn_note(all_heads, "heads"));
     let (mut vmax, mut dmax, mut rows) = (0.0f64, 0.0f64, vec![]);
     for hd in 0..heads {
         let map = |t: &Tensor| t.get(batch).and_then(|t| t.get(hd)).and_then(|t| values(&t));
@@ -455,23 +489,24 @@ fn token_probs_picture(
     let mut sheet = Sheet::new(
         [
             &format!("`{stage}`: attention weights, batch item {batch}"),
-            &format!("rows: {}; queries down, keys across{pool}", head_rows(heads)),
+            &format!("rows: {}; queries down, keys across{pool}{note}", head_rows(heads)),
         ],
         &probs_columns(vmax, dmax),
         heads,
         (c * s, r * s),
-    );
+    )
+    .map_err(|m| ParityError::bundle(path, m))?;
     for (hd, maps) in rows.iter().enumerate() {
         for (p, (map, _)) in maps.iter().enumerate() {
             sheet.map((hd, p), map, (r, c), s, if p == 2 { dmax } else { vmax });
         }
     }
-    sheet.write(&file).map_err(|e| e.to_string())?;
+    sheet.write(&file)?;
     Ok(Picture {
         path: file,
         caption: format!(
             "`{stage}`: attention weights of the {lq} queries (rows) over the {lk} keys (columns){pool}, batch item \
-             {batch}, one row per head ({heads}): PyTorch | ours (shared scale 0 to {vmax:.3e}) | |ours − torch| \
+             {batch}, one row per head ({all_heads}{note}): PyTorch | ours (shared scale 0 to {vmax:.3e}) | |ours − torch| \
              (scale 0 to {dmax:.3e})"
         ),
     })

@@ -49,9 +49,13 @@ fn spell_out(s: &str, bad: impl Fn(char) -> bool) -> Cow<'_, str> {
 /// A writer that escapes what [`is_unsafe`] names in the UTF-8 text passed through it (bytes
 /// that are not UTF-8 are written as `\xNN`). A character split across two writes is held until
 /// the rest arrives.
+///
+/// The first error from the writer underneath is kept ([`Safe::failed`]): the CLI ignores errors
+/// line by line and reports a failed output once, at the end, as a write error.
 pub struct Safe<'a> {
     inner: &'a mut dyn Write,
     pending: Vec<u8>,
+    failed: Option<io::Error>,
 }
 
 impl<'a> Safe<'a> {
@@ -59,7 +63,21 @@ impl<'a> Safe<'a> {
         Safe {
             inner,
             pending: Vec::new(),
+            failed: None,
         }
+    }
+
+    /// Flush, then the first error any write or flush met, if one did.
+    pub fn failed(&mut self) -> Option<&io::Error> {
+        let _ = self.flush();
+        self.failed.as_ref()
+    }
+
+    fn keep<T>(&mut self, r: io::Result<T>) -> io::Result<T> {
+        if let (Err(e), None) = (&r, &self.failed) {
+            self.failed = Some(io::Error::new(e.kind(), e.to_string()));
+        }
+        r
     }
 }
 
@@ -95,17 +113,23 @@ impl Write for Safe<'_> {
             }
         }
         let keep = rest.to_vec();
-        self.inner.write_all(text.as_bytes())?;
+        let written = self.inner.write_all(text.as_bytes());
+        self.keep(written)?;
         self.pending = keep;
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
         let pending = std::mem::take(&mut self.pending);
+        let mut escaped = String::new();
         for b in pending {
-            write!(self.inner, "\\x{b:02x}")?;
+            escaped.push_str(&format!("\\x{b:02x}"));
         }
-        self.inner.flush()
+        let written = self
+            .inner
+            .write_all(escaped.as_bytes())
+            .and_then(|()| self.inner.flush());
+        self.keep(written)
     }
 }
 

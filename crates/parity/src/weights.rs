@@ -19,6 +19,12 @@ pub trait WeightSource: Send + Sync {
     fn names(&self) -> Vec<String>;
     /// The tensor `name`, `None` when absent.
     fn load(&self, name: &str) -> candle_core::Result<Option<Tensor>>;
+    /// The stored dtype and shape of `name` without reading its data (`None` when absent or not
+    /// known): a block's shape and dtype checks come before any byte of the tensor is read.
+    fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+        let _ = name;
+        None
+    }
     /// Where the weights live, for reports (`None`: inside the bundle).
     fn location(&self) -> Option<String> {
         None
@@ -32,6 +38,10 @@ impl WeightSource for BTreeMap<String, Tensor> {
 
     fn load(&self, name: &str) -> candle_core::Result<Option<Tensor>> {
         Ok(self.get(name).cloned())
+    }
+
+    fn describe(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+        self.get(name).map(|t| (t.dtype(), t.dims().to_vec()))
     }
 }
 
@@ -143,23 +153,32 @@ impl TrackedWeights {
         self.source.location()
     }
 
-    fn fetch(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        let t = self.source.load(name)?.ok_or_else(|| {
-            let hint = closest(name, self.names.iter())
-                .map(|c| format!(" (closest present: `{c}`)"))
-                .unwrap_or_default();
-            candle_core::Error::Msg(format!("missing weight `{name}`{hint}"))
-        })?;
+    /// The error for a weight that is absent.
+    fn missing(&self, name: &str) -> candle_core::Error {
+        let hint = closest(name, self.names.iter())
+            .map(|c| format!(" (closest present: `{c}`)"))
+            .unwrap_or_default();
+        candle_core::Error::Msg(format!("missing weight `{name}`{hint}"))
+    }
+
+    /// Load `name` for a block that needs `dtype` and, when `shape` is given, exactly that shape.
+    /// What the source can tell without reading the data (presence, dtype, shape) is checked
+    /// first, so a wrong tensor of any size is refused before a byte of it is read.
+    fn fetch(&self, name: &str, shape: Option<&Shape>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let described = self.source.describe(name);
+        if let Some((stored, dims)) = &described {
+            check_dtype(name, *stored, dtype)?;
+            if let Some(s) = shape.filter(|s| s.dims() != dims.as_slice()) {
+                return Err(wrong_shape(name, dims, s));
+            }
+        }
+        let t = self.source.load(name)?.ok_or_else(|| self.missing(name))?;
         if let Ok(mut used) = self.used.lock() {
             used.insert(name.to_string());
         }
-        // Integer buffers (BatchNorm's num_batches_tracked) are read as integers; an integer or
-        // bool tensor where the block needs a float one is an error, not a silent cast.
-        if dtype.is_float() && !t.dtype().is_float() {
-            return Err(candle_core::Error::Msg(format!(
-                "weight `{name}` has dtype {}, the block needs a floating-point tensor",
-                dtype_name(t.dtype())
-            )));
+        check_dtype(name, t.dtype(), dtype)?;
+        if let Some(s) = shape.filter(|s| *s != t.shape()) {
+            return Err(wrong_shape(name, t.dims(), s));
         }
         if t.dtype().is_float() && self.run_dtype.is_some_and(|run| run != t.dtype()) {
             self.record_conversion(name, t.dtype(), dtype);
@@ -168,21 +187,35 @@ impl TrackedWeights {
     }
 }
 
+/// Integer buffers (BatchNorm's num_batches_tracked) are read as integers; an integer or bool
+/// tensor where the block needs a float one is an error, not a silent cast.
+fn check_dtype(name: &str, stored: DType, needed: DType) -> candle_core::Result<()> {
+    if needed.is_float() && !stored.is_float() {
+        return Err(candle_core::Error::Msg(format!(
+            "weight `{name}` has dtype {}, the block needs a floating-point tensor",
+            dtype_name(stored)
+        )));
+    }
+    Ok(())
+}
+
+/// Candle's typed shape error (a block that accepts several layouts tries each by it); it reads
+/// "weight `name` has the wrong shape, expected: [..], got: [..]".
+fn wrong_shape(name: &str, found: &[usize], expected: &Shape) -> candle_core::Error {
+    candle_core::Error::UnexpectedShape {
+        msg: format!("weight `{name}` has the wrong shape"),
+        expected: expected.clone(),
+        got: Shape::from(found.to_vec()),
+    }
+}
+
 impl SimpleBackend for TrackedWeights {
     fn get(&self, s: Shape, name: &str, _: candle_nn::Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        let t = self.fetch(name, dtype, dev)?;
-        if t.shape() != &s {
-            return Err(candle_core::Error::Msg(format!(
-                "weight `{name}` has shape {:?}, expected {:?}",
-                t.dims(),
-                s.dims()
-            )));
-        }
-        Ok(t)
+        self.fetch(name, Some(&s), dtype, dev)
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        self.fetch(name, dtype, dev)
+        self.fetch(name, None, dtype, dev)
     }
 
     fn contains_tensor(&self, name: &str) -> bool {

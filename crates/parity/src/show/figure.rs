@@ -12,7 +12,7 @@
 //! ```
 
 use super::font;
-use crate::error::{ParityError, Result};
+use crate::error::Result;
 use std::path::Path;
 
 /// Pixels between panels and around the grid.
@@ -27,6 +27,9 @@ const BAR: usize = 6;
 /// Height of the strip below the panels (and their trailing gap): the scale bar, its labels and a
 /// margin.
 pub const SCALE_STRIP: usize = BAR + 2 + font::HEIGHT + GAP;
+/// The most pixels a picture may have (a safety net: `show` draws at most `MAX_ITEMS` batch items
+/// and heads, each at most 512 cells a side, well under it).
+pub const MAX_PIXELS: usize = 64 << 20;
 /// The title widens a picture to at most this many pixels; a longer title line is cut (`..`).
 const MAX_TITLE_WIDTH: usize = 640;
 
@@ -122,7 +125,13 @@ impl Sheet {
     /// A sheet of `rows` rows of `panel`-sized (w, h pixels) panels under `title`, one column per
     /// entry of `columns`, with the title, headings and scale bars drawn. A column is at least as
     /// wide as its heading and scale labels.
-    pub fn new(title: [&str; 2], columns: &[Column], rows: usize, panel: (usize, usize)) -> Self {
+    /// An error when the picture would have more than [`MAX_PIXELS`] pixels.
+    pub fn new(
+        title: [&str; 2],
+        columns: &[Column],
+        rows: usize,
+        panel: (usize, usize),
+    ) -> std::result::Result<Self, String> {
         let (pw, ph) = panel;
         let scale_width = |c: &Column| font::width("0") + font::ADVANCE + font::width(&scale_label(c.vmax));
         let slot = columns
@@ -132,7 +141,16 @@ impl Sheet {
         let pitch = slot + GAP;
         let title_width = title.iter().map(|t| font::width(t)).max().unwrap_or(0) + 2 * GAP;
         let w = (columns.len() * pitch + GAP).max(title_width.min(MAX_TITLE_WIDTH));
-        let h = TITLE_STRIP + rows * (ph + GAP) + GAP + SCALE_STRIP;
+        let h = rows
+            .checked_mul(ph + GAP)
+            .map(|panels| TITLE_STRIP + panels + GAP + SCALE_STRIP)
+            .filter(|h| h.checked_mul(w).is_some_and(|px| px <= MAX_PIXELS))
+            .ok_or_else(|| {
+                format!(
+                    "the picture would be {w} pixels wide and {rows} rows of {ph} pixels high, more than {MAX_PIXELS} \
+                     pixels"
+                )
+            })?;
         let mut canvas = Canvas::new(w, h);
         for (i, line) in title.iter().enumerate() {
             canvas.text(&fit(line, w - 2 * GAP), (GAP, 2 + i * LINE));
@@ -153,7 +171,7 @@ impl Sheet {
             let right = x + pw.max(scale_width(column));
             canvas.text(&top, (right - font::width(&top), y + BAR + 2));
         }
-        Self { canvas, panel, pitch }
+        Ok(Self { canvas, panel, pitch })
     }
 
     /// The top left pixel of the panel at (`row`, `column`).
@@ -199,30 +217,26 @@ impl Sheet {
         }
     }
 
+    /// Write the picture as a PNG file, never through a link planted at `path`
+    /// ([`crate::files::write_new`]); a failure is a write error.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let io = |e: std::io::Error| ParityError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        };
-        // A file planted as a symbolic link in the output folder is not written through.
-        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(ParityError::Usage(format!(
-                "{}: is a symbolic link; show does not write through links (remove it or choose another --out)",
-                path.display()
-            )));
-        }
-        let file = std::fs::File::create(path).map_err(io)?;
         let (w, h) = (self.canvas.w as u32, self.canvas.h as u32);
-        let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
-        enc.set_color(png::ColorType::Rgb);
-        enc.set_depth(png::BitDepth::Eight);
-        let png_err = |e: png::EncodingError| ParityError::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::other(e),
-        };
-        let mut writer = enc.write_header().map_err(png_err)?;
-        writer.write_image_data(&self.canvas.rgb).map_err(png_err)?;
-        writer.finish().map_err(png_err)
+        crate::files::write_new(path, |file| {
+            let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
+            enc.set_color(png::ColorType::Rgb);
+            enc.set_depth(png::BitDepth::Eight);
+            let mut writer = enc.write_header().map_err(png_io)?;
+            writer.write_image_data(&self.canvas.rgb).map_err(png_io)?;
+            writer.finish().map_err(png_io)
+        })
+    }
+}
+
+/// The PNG encoder's error as the I/O error it almost always is (a full disk).
+fn png_io(e: png::EncodingError) -> std::io::Error {
+    match e {
+        png::EncodingError::IoError(e) => e,
+        other => std::io::Error::other(other),
     }
 }
 
@@ -264,7 +278,7 @@ mod tests {
             },
         ];
         // narrow panels: columns widen to their labels
-        let s = Sheet::new(["a.png", "what"], &columns, 2, (8, 8));
+        let s = Sheet::new(["a.png", "what"], &columns, 2, (8, 8)).unwrap();
         assert_eq!(s.pitch, font::width("|ours - PyTorch|") + GAP);
         assert_eq!(s.canvas.h, TITLE_STRIP + 2 * 12 + GAP + SCALE_STRIP);
         let y = s.canvas.h - SCALE_STRIP;
@@ -278,7 +292,7 @@ mod tests {
         assert!(lit > 0, "title line drawn");
         // a title longer than the widest picture is cut
         let long = "x".repeat(200);
-        let s = Sheet::new([&long, ""], &columns, 1, (8, 8));
+        let s = Sheet::new([&long, ""], &columns, 1, (8, 8)).unwrap();
         assert_eq!(s.canvas.w, MAX_TITLE_WIDTH);
         assert!(fit(&long, 100).ends_with("..") && font::width(&fit(&long, 100)) <= 100);
         assert_eq!(fit("abc", 100), "abc");

@@ -1,16 +1,18 @@
 //! The `unet-parity` command line. `main.rs` only forwards to [`run`], so the tests drive the
 //! exact code path the binary runs.
 
-use crate::bundle::{self, parse_dtype, Bundle};
+use crate::bundle::{parse_dtype, Bundle};
 use crate::check::{check_file, Options, Report, WeightsFrom};
-use crate::checkpoint::Checkpoint;
 use crate::error::ParityError;
+use crate::guard;
 use crate::hub::HubRepo;
 use crate::weights::conversion_note;
-use crate::{guard, registry};
 use clap::{Args, Parser, Subcommand};
+use print::{blocks, detect, inspect, line, print_table, print_trace};
 use std::io::Write;
 use std::path::PathBuf;
+
+mod print;
 
 /// Exit code: every bundle passed.
 pub const EXIT_PASS: i32 = 0;
@@ -187,7 +189,17 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     let (mut out, mut err) = (crate::terminal::Safe::new(out), crate::terminal::Safe::new(err));
-    run_unescaped(args, &mut out, &mut err)
+    let code = run_unescaped(args, &mut out, &mut err);
+    // Output that could not be written (a full disk, /dev/full) is a failed run, said once; a
+    // reader that went away (`| head`) is not worth a message.
+    match out.failed().map(|e| (e.kind(), e.to_string())) {
+        Some((std::io::ErrorKind::BrokenPipe, _)) => code,
+        Some((_, e)) => {
+            let _ = writeln!(err, "error: cannot write the output: {e}");
+            EXIT_UNUSABLE
+        }
+        None => code,
+    }
 }
 
 fn run_unescaped<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
@@ -372,18 +384,29 @@ pub fn open_device(spec: DeviceSpec) -> Result<candle_core::Device, String> {
 }
 
 fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
-    let files = match bundle::collect_with_skipped(paths) {
-        Ok((files, skipped)) => {
-            if !skipped.is_empty() {
-                let names: Vec<String> = skipped.iter().map(|p| p.display().to_string()).collect();
+    let files = match crate::files::collect(paths) {
+        Ok(found) => {
+            let names = |paths: &[PathBuf]| {
+                let names: Vec<String> = paths.iter().map(|p| line(&p.display().to_string())).collect();
+                names.join(", ")
+            };
+            if !found.skipped.is_empty() {
                 let _ = writeln!(
                     err,
                     "note: skipped {} safetensors files without parity.* metadata (model checkpoints, not bundles): {}",
-                    skipped.len(),
-                    names.join(", ")
+                    found.skipped.len(),
+                    names(&found.skipped)
                 );
             }
-            files
+            if !found.links.is_empty() {
+                let _ = writeln!(
+                    err,
+                    "note: did not follow {} symbolic links to folders (name the folder itself to check it): {}",
+                    found.links.len(),
+                    names(&found.links)
+                );
+            }
+            found.bundles
         }
         Err(e) => {
             let _ = writeln!(err, "error: {e}");
@@ -483,7 +506,7 @@ fn resolve_model(
     let prefix = match prefix {
         Some(p) => p,
         None => {
-            let text = crate::bundle::read_regular_string(&config)?;
+            let text = crate::files::read_text(&config)?;
             let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ParityError::Checkpoint {
                 path: config.clone(),
                 message: format!("not JSON: {e}"),
@@ -527,286 +550,6 @@ fn key_prefix(mut prefix: String) -> String {
         prefix.push('.');
     }
     prefix
-}
-
-fn detect(
-    file: Option<PathBuf>,
-    prefix: Option<&str>,
-    json: bool,
-    hub: &HubArgs,
-    out: &mut dyn Write,
-) -> Result<(), ParityError> {
-    // The model's config.json: the repo's, or one beside a checkpoint in a diffusers folder.
-    let (file, config) = match (file, hub.repo()) {
-        (Some(f), None) => {
-            let beside = f.parent().map(|d| d.join("config.json")).filter(|c| c.is_file());
-            (f, beside)
-        }
-        (None, Some(repo)) => {
-            let (config, file) = repo.model_files()?;
-            (file, Some(config))
-        }
-        _ => {
-            return Err(ParityError::Usage(
-                "detect takes a checkpoint FILE or --repo, one of them".into(),
-            ))
-        }
-    };
-    let ck = Checkpoint::open(&file)?;
-    let mut found = crate::detect::detect(&ck, prefix);
-    let mut config_note = None;
-    if let Some(config) = &config {
-        let text = crate::bundle::read_regular_string(config)?;
-        let json: Option<serde_json::Value> = serde_json::from_str(&text).ok();
-        // A config.json that is not a diffusers model's is left out, with a note.
-        config_note = Some(match json.map(|j| crate::detect::apply_config(&mut found, &j)) {
-            Some(Ok(())) => format!("config: {}", config.display()),
-            Some(Err(e)) => format!("config: {} not used ({e})", config.display()),
-            None => format!("config: {} not used (not JSON)", config.display()),
-        });
-    }
-    if json {
-        let doc = serde_json::json!({ "file": file.display().to_string(), "format": ck.format.to_string(), "tensors": ck.len(), "sections": ck.sections, "config": config_note, "mid_blocks": found });
-        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-        return Ok(());
-    }
-    let sections = if ck.sections.is_empty() {
-        String::new()
-    } else {
-        format!(", sections: {}", ck.sections.join(", "))
-    };
-    let file_name = line(&file.display().to_string());
-    let _ = writeln!(
-        out,
-        "{file_name}: {}, {} tensors{}",
-        ck.format,
-        ck.len(),
-        line(&sections)
-    );
-    if let Some(note) = &config_note {
-        let _ = writeln!(out, "{}", line(note));
-    }
-    if found.is_empty() {
-        let _ = writeln!(out, "no mid block found");
-    }
-    for f in &found {
-        let at = if f.prefix.is_empty() && f.block == Some(unet_attention::diffusers::ControlNetMidBlock::BLOCK) {
-            "the top level (ControlNetModel: mid_block.* and controlnet_mid_block.*; no --prefix needed)".to_string()
-        } else if f.prefix.is_empty() {
-            "the top level (a bare mid-block state dict; no --prefix needed)".to_string()
-        } else {
-            format!("prefix `{}`", line(&f.prefix))
-        };
-        let _ = writeln!(out, "{at}: {}", f.block.unwrap_or("(not implemented)"));
-        let _ = writeln!(out, "  variant: {}", f.variant);
-        let _ = writeln!(out, "  from the keys: {}", serde_json::Value::Object(f.config.clone()));
-        match &f.from_config {
-            Some(kwargs) => {
-                let _ = writeln!(out, "  from config.json (what `check --config` builds): {kwargs}");
-            }
-            None => {
-                for u in &f.unknown {
-                    let _ = writeln!(out, "  not in the keys: {}", line(u));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A name or note from a file, on one line with nothing a terminal would act on
-/// ([`crate::terminal::one_line`]).
-fn line(s: &str) -> String {
-    crate::terminal::one_line(s).into_owned()
-}
-
-fn sci(x: f64) -> String {
-    if x.is_nan() {
-        "-".into()
-    } else {
-        format!("{x:.2e}")
-    }
-}
-
-fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn Write) {
-    let header = [
-        "FILE",
-        "BLOCK",
-        "INPUTS",
-        "MAX_ABS",
-        "MAX_REL",
-        "TOL(atol/rtol)",
-        "VS_F64(ours/torch)",
-        "RESULT",
-    ];
-    let mut rows: Vec<[String; 8]> = vec![header.map(String::from)];
-    for (file, r) in results {
-        match r {
-            Ok(rep) => {
-                // The row shows the worst output: the first failing one, else the largest error.
-                let worst = rep
-                    .outputs
-                    .iter()
-                    .find(|o| !o.pass)
-                    .or_else(|| rep.outputs.iter().max_by(|a, b| a.max_abs.total_cmp(&b.max_abs)));
-                let inputs = rep
-                    .inputs
-                    .iter()
-                    .map(|(n, s)| format!("{n}{s:?}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-                    .replace(' ', "");
-                let (abs, rel, tol, f64s) = match worst {
-                    Some(o) => (
-                        sci(o.max_abs),
-                        sci(o.max_rel),
-                        format!("{:.1e}/{:.1e}", o.atol, o.rtol),
-                        match (o.ours_vs_f64, o.torch_vs_f64) {
-                            (Some(a), Some(b)) => format!("{}/{}", sci(a), sci(b)),
-                            _ => "-".into(),
-                        },
-                    ),
-                    None => Default::default(),
-                };
-                let result = if rep.pass { "PASS" } else { "FAIL" };
-                rows.push([
-                    rep.file.clone(),
-                    rep.block.clone(),
-                    inputs,
-                    abs,
-                    rel,
-                    tol,
-                    f64s,
-                    result.into(),
-                ]);
-            }
-            Err(_) => rows.push([
-                file.display().to_string(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "ERROR".into(),
-            ]),
-        }
-    }
-    let rows: Vec<[String; 8]> = rows.into_iter().map(|r| r.map(|c| line(&c))).collect();
-    let widths: Vec<usize> = (0..8)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    for row in rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-    }
-}
-
-/// The `--trace` table of one bundle.
-fn print_trace(file: &str, t: &crate::trace::TraceReport, out: &mut dyn Write) {
-    let _ = writeln!(out, "trace {}:", line(file));
-    if let Some(note) = &t.note {
-        let _ = writeln!(out, "  ({})", line(note));
-    }
-    if !t.stages.is_empty() {
-        let mut rows: Vec<[String; 6]> =
-            vec![["STAGE", "SHAPE(torch)", "SHAPE(ours)", "MAX_ABS", "MAX_REL", "RESULT"].map(String::from)];
-        for s in &t.stages {
-            let (abs, rel) = s
-                .compare
-                .as_ref()
-                .map_or(("-".into(), "-".into()), |c| (sci(c.max_abs), sci(c.max_rel)));
-            let shape = |d: &[usize]| format!("{d:?}").replace(' ', "");
-            rows.push([
-                s.stage.clone(),
-                shape(&s.shape),
-                s.ours_shape.as_deref().map_or("-".into(), shape),
-                abs,
-                rel,
-                s.status.clone(),
-            ]);
-        }
-        let rows: Vec<[String; 6]> = rows.into_iter().map(|r| r.map(|c| line(&c))).collect();
-        let widths: Vec<usize> = (0..6)
-            .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-            .collect();
-        for row in rows {
-            let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-            let _ = writeln!(out, "  {}", line.join("  ").trim_end());
-        }
-    }
-    match (&t.first_divergence, &t.hint) {
-        (Some(stage), Some(hint)) => {
-            let _ = writeln!(out, "  first divergence: `{stage}` — usual causes: {hint}");
-        }
-        _ if !t.stages.is_empty() => {
-            let _ = writeln!(out, "  no stage diverges");
-        }
-        _ => {}
-    }
-}
-
-fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {
-    let is_pickle = bundle::open_regular(file).ok().and_then(|mut f| {
-        let mut magic = [0u8; 4];
-        std::io::Read::read_exact(&mut f, &mut magic)
-            .ok()
-            .map(|_| magic == *b"PK\x03\x04")
-    });
-    if is_pickle == Some(true) {
-        return inspect_checkpoint(file, out);
-    }
-    let (metadata, infos, tensors) = bundle::read_file(file)?;
-    if metadata.contains_key("parity.format") {
-        // Validate as a bundle too, so a broken bundle is reported here as well (before any
-        // output: an error leaves no partial listing).
-        Bundle::from_raw(file, (metadata.clone(), infos.clone(), tensors))?;
-    }
-    let _ = writeln!(out, "{}", line(&file.display().to_string()));
-    let _ = writeln!(out, "metadata:");
-    for (k, v) in &metadata {
-        let _ = writeln!(out, "  {} = {}", line(k), line(v));
-    }
-    let _ = writeln!(out, "tensors ({}):", infos.len());
-    let names: Vec<String> = infos.iter().map(|i| line(&i.name)).collect();
-    let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
-    for (i, name) in infos.iter().zip(&names) {
-        let _ = writeln!(out, "  {name:<width$}  {:<5}  {:?}", i.dtype, i.shape);
-    }
-    Ok(())
-}
-
-/// A `torch.save` checkpoint: sections, string entries, every tensor's flattened name, dtype, shape.
-fn inspect_checkpoint(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {
-    let ck = Checkpoint::open(file)?;
-    let _ = writeln!(out, "{}: {}", line(&file.display().to_string()), ck.format);
-    if !ck.sections.is_empty() {
-        let _ = writeln!(out, "sections: {}", line(&ck.sections.join(", ")));
-    }
-    for (k, v) in &ck.strings {
-        let _ = writeln!(out, "  {} = {}", line(k), line(&format!("{v:?}")));
-    }
-    let _ = writeln!(out, "tensors ({}):", ck.len());
-    let width = ck.names().map(|n| n.len()).max().unwrap_or(0);
-    for name in ck.names() {
-        let dtype = ck.dtype(name).map(crate::check::dtype_name).unwrap_or("unsupported");
-        let shape = ck.shape(name).map(|s| format!("{s:?}")).unwrap_or_default();
-        let _ = writeln!(out, "  {:<width$}  {dtype:<5}  {shape}", line(name));
-    }
-    Ok(())
-}
-
-fn blocks(out: &mut dyn Write) -> Result<(), ParityError> {
-    let all = registry::all();
-    let width = all.iter().map(|b| b.id.len()).max().unwrap_or(0);
-    for b in &all {
-        let _ = writeln!(out, "{:<width$}  {}", b.id, b.pytorch);
-        let _ = writeln!(out, "{:<width$}    inputs: {}", "", b.inputs.join(", "));
-        if !b.kwargs.is_empty() {
-            let _ = writeln!(out, "{:<width$}    kwargs: {}", "", b.kwargs.join(", "));
-        }
-    }
-    Ok(())
 }
 
 /// `--atol` / `--rtol`: a finite number ≥ 0 (an infinite, NaN or negative tolerance would pass

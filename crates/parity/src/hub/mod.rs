@@ -5,7 +5,16 @@
 //! `~/.cache/huggingface/hub`. A file is looked up there first
 //! (`models--<org>--<name>/refs/<revision>` → `snapshots/<commit>/<subfolder>/<file>`, a
 //! 40-hex revision naming the snapshot directly). Only when it is not cached, and neither
-//! `--offline` nor `HF_HUB_OFFLINE=1` is set, is it downloaded with `hf-hub` into that cache.
+//! `--offline` nor `HF_HUB_OFFLINE=1` is set, is it downloaded into that cache (`hub/download.rs`,
+//! with connect and read timeouts).
+//!
+//! Nothing a cache holds can lead the tool out of it: `--revision` must be a branch, tag or
+//! commit name (no `..`, no absolute path), `--subfolder` a relative path without `..`, a ref
+//! must hold a 40-hex-digit commit, and the file found (links followed: snapshots link to
+//! `blobs/`) must lie inside the cache folder.
+
+#[cfg(feature = "hub")]
+mod download;
 
 use crate::error::{ParityError, Result};
 use std::path::{Path, PathBuf};
@@ -79,20 +88,54 @@ impl HubRepo {
 
     fn repo_dir(&self, cache: &Path) -> Result<PathBuf> {
         let parts: Vec<&str> = self.repo.split('/').collect();
-        let valid = |p: &str| !p.is_empty() && p != "." && p != ".." && !p.contains('\\');
+        let valid =
+            |p: &str| !p.is_empty() && p != "." && p != ".." && !p.contains('\\') && !p.chars().any(char::is_control);
         if parts.len() != 2 || !parts.iter().all(|p| valid(p)) {
             return Err(usage(format!("--repo {:?}: expected `org/name`", self.repo)));
         }
         // A subfolder stays inside the repository: relative, no `..`.
         if let Some(sub) = &self.subfolder {
-            let inside = !sub.starts_with('/') && !sub.contains('\\') && sub.split('/').all(|p| p != "..");
+            let inside = !sub.starts_with('/')
+                && !sub.contains('\\')
+                && !sub.chars().any(char::is_control)
+                && sub.split('/').all(|p| p != "..");
             if !inside {
                 return Err(usage(format!(
                     "--subfolder {sub:?}: expected a relative path inside the repository, without `..`"
                 )));
             }
         }
-        Ok(cache.join(format!("models--{}--{}", parts[0], parts[1])))
+        if !is_commit(self.revision()) && !is_ref_name(self.revision()) {
+            return Err(usage(format!(
+                "--revision {:?} is not a branch, tag or commit (a name like `main`, `v1.0` or `refs/pr/1`, or 40 \
+                 hex digits)",
+                self.revision()
+            )));
+        }
+        Ok(repo_folder(cache, &self.repo))
+    }
+
+    /// The commit `refs/<revision>` names: `Ok(None)` when the ref is not cached.
+    fn commit_of_ref(&self, cache: &Path, dir: &Path) -> Result<Option<String>> {
+        let refs = dir.join("refs").join(self.revision());
+        if std::fs::symlink_metadata(&refs).is_err() {
+            return Ok(None);
+        }
+        confined(cache, &refs)?;
+        // A ref names a commit: anything else (`../../..`, an absolute path) would lead the
+        // snapshot path out of the cache.
+        let commit = crate::files::read_text_limited(&refs, 1024)?.trim().to_string();
+        if !is_commit(&commit) {
+            let shown: String = commit.chars().take(80).collect();
+            return Err(ParityError::Io {
+                path: refs,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("a Hub cache ref must hold a 40-hex-digit commit hash, found {shown:?}"),
+                ),
+            });
+        }
+        Ok(Some(commit))
     }
 
     /// The cached copy of `file`: `Ok(Some)` when present, `Ok(None)` when not cached.
@@ -103,28 +146,16 @@ impl HubRepo {
         let commit = if is_commit(rev) {
             rev.to_string()
         } else {
-            if rev.split('/').any(|p| p == "..") {
-                return Err(usage(format!("--revision {rev:?} is not a branch, tag or commit")));
+            match self.commit_of_ref(&cache, &dir)? {
+                Some(commit) => commit,
+                None => return Ok(None),
             }
-            let refs = dir.join("refs").join(rev);
-            if !refs.exists() {
-                return Ok(None);
-            }
-            // A ref names a commit: anything else (`../../..`, an absolute path) would lead the
-            // snapshot path out of the cache.
-            let commit = crate::bundle::read_regular_string(&refs)?.trim().to_string();
-            if !is_commit(&commit) {
-                return Err(ParityError::Io {
-                    path: refs,
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!("a Hub cache ref must hold a 40-hex-digit commit hash, found {commit:?}"),
-                    ),
-                });
-            }
-            commit
         };
         let path = dir.join("snapshots").join(&commit).join(self.in_repo(file));
+        if std::fs::symlink_metadata(&path).is_err() {
+            return Ok(None);
+        }
+        confined(&cache, &path)?;
         Ok(path.is_file().then_some(path))
     }
 
@@ -146,8 +177,10 @@ impl HubRepo {
                 cache.display()
             )));
         }
-        download(&self.repo, self.revision(), &self.in_repo(file), &cache)
-            .map_err(|e| usage(format!("{what}: not cached in {} and {e}", cache.display())))
+        let path = download(&self.repo, self.revision(), &self.in_repo(file), &cache)
+            .map_err(|e| usage(format!("{what}: not cached in {} and {e}", cache.display())))?;
+        confined(&cache, &path)?;
+        Ok(path)
     }
 
     /// `config.json` and the first weight file of [`WEIGHT_FILES`] the repository has.
@@ -170,19 +203,37 @@ impl HubRepo {
     }
 }
 
-/// A git commit hash as the Hub cache names snapshots: 40 hex digits.
+/// The cache folder of `repo` (`org/name`): `models--org--name`.
+fn repo_folder(cache: &Path, repo: &str) -> PathBuf {
+    cache.join(format!("models--{}", repo.replace('/', "--")))
+}
+
+/// `path` (links followed) must lie inside the cache folder: a snapshot's files link to its
+/// `blobs/`, and nothing else.
+fn confined(cache: &Path, path: &Path) -> Result<()> {
+    let io = |source| ParityError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let real = std::fs::canonicalize(path).map_err(io)?;
+    let root = std::fs::canonicalize(cache).map_err(io)?;
+    if real.starts_with(&root) {
+        return Ok(());
+    }
+    Err(io(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!(
+            "leads out of the Hub cache {} (to {}); a cache's files must stay inside it",
+            root.display(),
+            real.display()
+        ),
+    )))
+}
+
 /// `file` of `repo` at `revision`, downloaded into the Hub cache `cache`; the error says why not.
 #[cfg(feature = "hub")]
 fn download(repo: &str, revision: &str, file: &str, cache: &Path) -> std::result::Result<PathBuf, String> {
-    let api = hf_hub::api::sync::ApiBuilder::new()
-        .with_cache_dir(cache.to_path_buf())
-        .with_progress(false)
-        .build()
-        .map_err(|e| format!("the Hub client could not be set up: {e}"))?;
-    let repo = hf_hub::Repo::with_revision(repo.to_string(), hf_hub::RepoType::Model, revision.to_string());
-    api.repo(repo)
-        .get(file)
-        .map_err(|e| format!("the download failed: {e}"))
+    download::download(repo, revision, file, cache)
 }
 
 /// Without the `hub` feature nothing is downloaded.
@@ -195,6 +246,46 @@ fn download(_repo: &str, _revision: &str, _file: &str, _cache: &Path) -> std::re
     )
 }
 
-fn is_commit(s: &str) -> bool {
+/// A git commit hash as the Hub cache names snapshots: 40 hex digits.
+pub fn is_commit(s: &str) -> bool {
     s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// A branch or tag name as git allows it (`main`, `v1.0`, `refs/pr/1`), which is also a
+/// relative path inside `refs/`: components that are not empty, `.` or `..` nor start with a
+/// dot, and none of git's forbidden characters (control characters, space, `~^:?*[\`).
+pub fn is_ref_name(s: &str) -> bool {
+    let bad = |c: char| c.is_control() || " ~^:?*[\\".contains(c);
+    s.len() <= 255
+        && !s.chars().any(bad)
+        && s.split('/')
+            .all(|p| !p.is_empty() && !p.starts_with('.') && !p.ends_with(".lock"))
+        && !s.contains("@{")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ref_names() {
+        for ok in ["main", "v1.0", "refs/pr/1", "fp16", "release-2024_01"] {
+            assert!(is_ref_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "a/",
+            ".hidden",
+            "a b",
+            "x\ny",
+            "a:b",
+            "main.lock",
+        ] {
+            assert!(!is_ref_name(bad), "{bad}");
+        }
+    }
 }

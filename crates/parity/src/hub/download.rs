@@ -1,0 +1,288 @@
+//! One file of a Hub repository downloaded into the Hub cache, laid out as Python's
+//! `huggingface_hub` lays it out (`blobs/<etag>`, `snapshots/<commit>/<file>` a relative link to
+//! the blob, `refs/<revision>` holding the commit).
+//!
+//! Owned here rather than left to `hf-hub` 0.5, whose client cannot be given timeouts (a stalled
+//! connection waited forever) and which builds cache paths from the server's `ETag` and
+//! `X-Repo-Commit` headers unchecked. Here:
+//!
+//! * every connection has timeouts: resolving and connecting, and the answer's headers, within
+//!   `HF_HUB_ETAG_TIMEOUT` seconds; then no more than `HF_HUB_DOWNLOAD_TIMEOUT` seconds without a
+//!   byte of the body (a slow download goes on; a stalled one ends). Both default to 10, as in
+//!   `huggingface_hub`, whose variables these are;
+//! * the commit must be 40 hex digits and the ETag (the blob's name) 16 to 128 hex digits, so
+//!   neither can lead a path out of the cache;
+//! * `HF_ENDPOINT` (default `https://huggingface.co`) and the token (`HF_TOKEN`, else the file
+//!   `$HF_HOME/token`) are honoured; the token goes to the endpoint only, never to the CDN a
+//!   large file is redirected to.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use ureq::http::{HeaderMap, Response};
+
+const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
+/// Seconds from the environment variable `name` (a positive number), else `default`.
+fn seconds(name: &str, default: f64) -> Duration {
+    let secs = std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e6)
+        .unwrap_or(default);
+    Duration::from_secs_f64(secs)
+}
+
+/// Percent-encode everything but unreserved characters (and `/` when `keep_slash`).
+fn encode(s: &str, keep_slash: bool) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            b'/' if keep_slash => "/".into(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn token() -> Option<String> {
+    if let Some(t) = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
+        return Some(t.trim().to_string());
+    }
+    let home = std::env::var_os("HF_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("huggingface")))?;
+    let text = crate::files::read_text_limited(&home.join("token"), 4096).ok()?;
+    Some(text.trim().to_string()).filter(|t| !t.is_empty())
+}
+
+fn agent(answer_within: Duration, idle: Duration, connect: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_resolve(Some(connect))
+        .timeout_connect(Some(connect))
+        .timeout_recv_response(Some(answer_within))
+        .timeout_per_read(Some(idle))
+        .timeout_per_write(Some(idle))
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+fn describe(e: ureq::Error, what: &str) -> String {
+    match e {
+        ureq::Error::Timeout(t) => format!(
+            "{what}: timed out ({t}; HF_HUB_ETAG_TIMEOUT and HF_HUB_DOWNLOAD_TIMEOUT set the limits, in seconds)"
+        ),
+        ureq::Error::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => format!(
+            "{what}: timed out ({e}; HF_HUB_ETAG_TIMEOUT and HF_HUB_DOWNLOAD_TIMEOUT set the limits, in seconds)"
+        ),
+        other => format!("{what}: {other}"),
+    }
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+/// What the Hub says about a file before it is fetched.
+struct Meta {
+    commit: String,
+    etag: String,
+    size: Option<u64>,
+    /// Where the bytes are: the CDN a large file is redirected to, else the resolve URL.
+    location: String,
+    /// Whether `location` is on the endpoint (the token may be sent there).
+    on_endpoint: bool,
+}
+
+/// The file's commit, ETag and size from a HEAD request, following relative redirects (a
+/// renamed repository) only.
+fn metadata(agent: &ureq::Agent, origin: &str, url: &str, token: Option<&str>) -> Result<Meta, String> {
+    let mut url = url.to_string();
+    for _ in 0..5 {
+        let mut req = agent.head(&url);
+        if let Some(t) = token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let resp: Response<ureq::Body> = req.call().map_err(|e| describe(e, "the Hub did not answer"))?;
+        let status = resp.status();
+        let headers = resp.headers();
+        let location = header(headers, "location").map(str::to_string);
+        if status.is_redirection() {
+            if let Some(rel) = location.as_deref().filter(|l| l.starts_with('/')) {
+                url = format!("{origin}{rel}");
+                continue;
+            }
+        } else if !status.is_success() {
+            let hint = match status.as_u16() {
+                401 | 403 => " (a gated or private repository: set HF_TOKEN)",
+                404 => " (no such repository, revision or file)",
+                _ => "",
+            };
+            return Err(format!("the Hub answered HTTP {status}{hint}"));
+        }
+        let commit = header(headers, "x-repo-commit").unwrap_or_default().to_string();
+        let etag = header(headers, "x-linked-etag")
+            .or_else(|| header(headers, "etag"))
+            .unwrap_or_default()
+            .trim_start_matches("W/")
+            .trim_matches('"')
+            .to_string();
+        let size = header(headers, "x-linked-size")
+            .or_else(|| header(headers, "content-length"))
+            .and_then(|s| s.parse().ok());
+        if !super::is_commit(&commit) {
+            return Err(format!(
+                "the Hub's answer names commit {:?}, not a 40-hex-digit hash",
+                crate::terminal::one_line(&commit.chars().take(80).collect::<String>())
+            ));
+        }
+        let hex = |s: &str| (16..=128).contains(&s.len()) && s.chars().all(|c| c.is_ascii_hexdigit());
+        if !hex(&etag) {
+            return Err(format!(
+                "the Hub's answer names blob {:?}, not a hex hash",
+                crate::terminal::one_line(&etag.chars().take(80).collect::<String>())
+            ));
+        }
+        let (location, on_endpoint) = match location.filter(|_| status.is_redirection()) {
+            Some(l) => (l, false),
+            None => (url, true),
+        };
+        return Ok(Meta {
+            commit,
+            etag,
+            size,
+            location,
+            on_endpoint,
+        });
+    }
+    Err("the Hub redirected more than 5 times".into())
+}
+
+/// The body at `meta.location` written to `blob` (through a temporary file beside it).
+fn fetch(agent: &ureq::Agent, meta: &Meta, token: Option<&str>, blob: &Path) -> Result<(), String> {
+    let mut req = agent.get(&meta.location);
+    if let Some(t) = token.filter(|_| meta.on_endpoint) {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    let resp = req.call().map_err(|e| describe(e, "the download did not start"))?;
+    if !resp.status().is_success() {
+        return Err(format!("the download answered HTTP {}", resp.status()));
+    }
+    let mut body = resp.into_body().into_reader();
+    let tmp = blob.with_extension(format!("incomplete.{}", std::process::id()));
+    let written = (|| -> Result<u64, String> {
+        let _ = std::fs::remove_file(&tmp);
+        // A new file: nothing planted under its name is written through.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+        let n = std::io::copy(&mut body, &mut file).map_err(|e| {
+            let timeout = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<ureq::Error>())
+                .is_some_and(|u| matches!(u, ureq::Error::Timeout(_)));
+            if timeout || e.kind() == std::io::ErrorKind::TimedOut {
+                "the download stalled (no data within HF_HUB_DOWNLOAD_TIMEOUT seconds)".to_string()
+            } else {
+                format!("the download broke off: {e}")
+            }
+        })?;
+        file.flush()
+            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+        Ok(n)
+    })();
+    let checked = written.and_then(|n| match meta.size {
+        Some(size) if size != n => Err(format!("the download ended after {n} of {size} bytes")),
+        _ => Ok(()),
+    });
+    let renamed =
+        checked.and_then(|()| std::fs::rename(&tmp, blob).map_err(|e| format!("cannot write {}: {e}", blob.display())));
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    renamed
+}
+
+/// `file` (a path in the repository) of `repo` at `revision`, downloaded into the Hub cache
+/// `cache`; the error says why not.
+pub(super) fn download(repo: &str, revision: &str, file: &str, cache: &Path) -> Result<PathBuf, String> {
+    let endpoint = std::env::var("HF_ENDPOINT")
+        .ok()
+        .filter(|e| !e.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
+    let endpoint = endpoint.trim().trim_end_matches('/');
+    let origin = match endpoint.split_once("://") {
+        Some((scheme, rest)) if scheme == "https" || scheme == "http" => {
+            format!("{scheme}://{}", rest.split('/').next().unwrap_or(rest))
+        }
+        _ => return Err(format!("HF_ENDPOINT {endpoint:?} is not an http(s) URL")),
+    };
+    let url = format!(
+        "{endpoint}/{}/resolve/{}/{}",
+        encode(repo, true),
+        encode(revision, false),
+        encode(file, true)
+    );
+    let (answer, idle) = (
+        seconds("HF_HUB_ETAG_TIMEOUT", 10.0),
+        seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10.0),
+    );
+    let token = token();
+    let meta = metadata(&agent(answer, idle, answer), &origin, &url, token.as_deref())?;
+    let dir = super::repo_folder(cache, repo);
+    let blobs = dir.join("blobs");
+    // Each folder written into must lie inside the cache (a folder of a planted cache may be a
+    // link out of it).
+    let mkdir = |d: &Path| {
+        std::fs::create_dir_all(d).map_err(|e| format!("cannot write {}: {e}", d.display()))?;
+        super::confined(cache, d).map_err(|e| e.to_string())
+    };
+    mkdir(&blobs)?;
+    let blob = blobs.join(&meta.etag);
+    if !blob.is_file() {
+        fetch(&agent(idle, idle, answer), &meta, token.as_deref(), &blob)?;
+    }
+    let pointer = dir.join("snapshots").join(&meta.commit).join(file);
+    mkdir(pointer.parent().expect("a snapshot file has a folder"))?;
+    link_blob(&blob, &pointer, file).map_err(|e| format!("cannot write {}: {e}", pointer.display()))?;
+    if revision != meta.commit {
+        let refs = dir.join("refs").join(revision);
+        mkdir(refs.parent().expect("a ref has a folder"))?;
+        crate::files::write_new(&refs, |f| f.write_all(meta.commit.as_bytes())).map_err(|e| e.to_string())?;
+    }
+    Ok(pointer)
+}
+
+/// `pointer` made a relative link to `blob` (`../../blobs/<etag>`, one more `..` per folder of
+/// `file`), as `huggingface_hub` does; a copy where there are no symbolic links.
+fn link_blob(blob: &Path, pointer: &Path, file: &str) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(pointer).is_ok() {
+        std::fs::remove_file(pointer)?;
+    }
+    #[cfg(unix)]
+    {
+        let up = "../".repeat(1 + file.split('/').count());
+        let name = blob.file_name().expect("a blob has a name").to_string_lossy();
+        std::os::unix::fs::symlink(format!("{up}blobs/{name}"), pointer)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        std::fs::copy(blob, pointer).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_encoded() {
+        assert_eq!(encode("refs/pr/1", false), "refs%2Fpr%2F1");
+        assert_eq!(encode("unet/config.json", true), "unet/config.json");
+        assert_eq!(encode("a b?", true), "a%20b%3F");
+    }
+}

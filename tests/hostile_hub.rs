@@ -1,0 +1,230 @@
+//! Downloads from a Hub endpoint that stalls or lies (issue 20): connections have timeouts
+//! (`HF_HUB_ETAG_TIMEOUT` for the answer, `HF_HUB_DOWNLOAD_TIMEOUT` between bytes), and the
+//! commit and ETag a server names cannot lead a cache path anywhere. A well-behaved endpoint
+//! fills the cache as `huggingface_hub` lays it out, and the check passes from it.
+//!
+//! The endpoint is a small HTTP server in this test (`HF_ENDPOINT=http://127.0.0.1:PORT`); each
+//! run of the CLI is a child process ([`common::run_limited`]), so the environment stays its own.
+#![cfg(unix)]
+
+mod common;
+use common::{run_limited, scratch, weights};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+
+/// Not a test of its own: the CLI when [`run_limited`] runs this binary.
+#[test]
+fn cli_child() {
+    common::cli_child()
+}
+
+const COMMIT: &str = "89abcdef0123456789abcdef0123456789abcdef";
+
+/// How the test server answers one request.
+enum Reply {
+    /// Accept, read the request, never answer.
+    Stall,
+    /// Status, headers, body; `stall_after`: send that many body bytes, then nothing more.
+    Answer {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+        stall_after: Option<usize>,
+    },
+}
+
+/// An HTTP/1.1 server on 127.0.0.1 answering each request (method, path) with `reply`; its URL.
+fn serve(reply: impl Fn(&str, &str) -> Reply + Send + 'static) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut stalled: Vec<TcpStream> = vec![];
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = vec![];
+            let mut byte = [0u8];
+            while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                request.push(byte[0]);
+            }
+            let text = String::from_utf8_lossy(&request).into_owned();
+            let mut first = text.split_whitespace();
+            let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+            match reply(method, path) {
+                Reply::Stall => stalled.push(stream),
+                Reply::Answer {
+                    status,
+                    headers,
+                    body,
+                    stall_after,
+                } => {
+                    let mut head = format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\n", body.len());
+                    for (k, v) in headers {
+                        head.push_str(&format!("{k}: {v}\r\n"));
+                    }
+                    let _ = stream.write_all(head.as_bytes());
+                    let _ = stream.write_all(b"Connection: close\r\n\r\n");
+                    if method != "HEAD" {
+                        let n = stall_after.unwrap_or(body.len()).min(body.len());
+                        let _ = stream.write_all(&body[..n]);
+                        if stall_after.is_some() {
+                            stalled.push(stream);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    url
+}
+
+/// The files of the committed diffusers UNet2DModel, served as `acme/tiny` at [`COMMIT`] with
+/// the ETags `etag(name)`.
+fn model_server(etag: fn(&str) -> String, commit: &'static str) -> String {
+    serve(move |_, path| {
+        let prefix = "/acme/tiny/resolve/main/";
+        let Some(file) = path.strip_prefix(prefix) else {
+            return Reply::Answer {
+                status: 404,
+                headers: vec![],
+                body: vec![],
+                stall_after: None,
+            };
+        };
+        match std::fs::read(weights().join("models/diffusers_unet2d").join(file)) {
+            Ok(body) => Reply::Answer {
+                status: 200,
+                headers: vec![
+                    ("X-Repo-Commit".into(), commit.into()),
+                    ("ETag".into(), format!("\"{}\"", etag(file))),
+                ],
+                body,
+                stall_after: None,
+            },
+            Err(_) => Reply::Answer {
+                status: 404,
+                headers: vec![],
+                body: vec![],
+                stall_after: None,
+            },
+        }
+    })
+}
+
+fn hex_etag(file: &str) -> String {
+    format!("{:0>40}", file.len())
+}
+
+/// `check` of the UNet2DModel mid-block bundle with `--repo acme/tiny` against `endpoint`.
+fn check_from(endpoint: &str, cache: &Path, timeouts: &str) -> common::Child {
+    let bundle = weights().join("mid/unet_mid_block_2d_unet2d_ref.safetensors");
+    let args = [
+        "check",
+        bundle.to_str().unwrap(),
+        "--repo",
+        "acme/tiny",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    let env = [
+        ("HF_ENDPOINT", endpoint),
+        ("HF_HUB_ETAG_TIMEOUT", timeouts),
+        ("HF_HUB_DOWNLOAD_TIMEOUT", timeouts),
+        ("HF_HUB_OFFLINE", "0"),
+        ("HF_TOKEN", "test-token"),
+        ("NO_PROXY", "127.0.0.1,localhost"),
+        ("no_proxy", "127.0.0.1,localhost"),
+    ];
+    run_limited(&args, &env)
+}
+
+/// A server that accepts and never answers: the run ends after the timeout with one line.
+#[test]
+fn a_stalled_connection_times_out() {
+    let endpoint = serve(|_, _| Reply::Stall);
+    let c = check_from(&endpoint, &scratch("hub-stall"), "1");
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(c.err.contains("timed out"), "{}", c.err);
+    assert!(c.took.as_secs() < 10, "{:?}", c.took);
+}
+
+/// A server that answers, then stalls in the middle of the body.
+#[test]
+fn a_download_that_stalls_ends() {
+    let endpoint = serve(|method, _| Reply::Answer {
+        status: 200,
+        headers: vec![
+            ("X-Repo-Commit".into(), COMMIT.into()),
+            ("ETag".into(), format!("\"{}\"", "ab".repeat(32))),
+        ],
+        body: vec![b' '; 1000],
+        stall_after: (method == "GET").then_some(10),
+    });
+    let c = check_from(&endpoint, &scratch("hub-stall-body"), "1");
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(c.err.contains("stalled") || c.err.contains("timed out"), "{}", c.err);
+    assert!(c.took.as_secs() < 10, "{:?}", c.took);
+}
+
+/// A well-behaved endpoint: the files land in the cache as `huggingface_hub` lays them out
+/// (`blobs/<etag>`, `snapshots/<commit>/<file>` linking to it, `refs/main`), the check passes,
+/// and passes again offline from the cache.
+#[test]
+fn a_download_fills_the_cache_and_passes() {
+    let endpoint = model_server(hex_etag, COMMIT);
+    let cache = scratch("hub-good");
+    let c = check_from(&endpoint, &cache, "5");
+    assert_eq!(c.code, 0, "{}{}", c.out, c.err);
+    assert!(c.out.contains("1 passed, 0 failed"), "{}", c.out);
+    let repo = cache.join("models--acme--tiny");
+    assert_eq!(std::fs::read_to_string(repo.join("refs/main")).unwrap(), COMMIT);
+    let pointer = repo.join("snapshots").join(COMMIT).join("config.json");
+    let target = std::fs::read_link(&pointer).unwrap();
+    assert_eq!(target, Path::new("../../blobs").join(hex_etag("config.json")));
+    let c = check_from("http://127.0.0.1:9", &cache, "1");
+    assert_eq!(c.code, 0, "from the cache: {}{}", c.out, c.err);
+}
+
+/// An endpoint whose ETag or commit is a path: refused, nothing written outside the cache.
+#[test]
+fn a_lying_endpoint_cannot_place_files() {
+    let cache = scratch("hub-lies");
+    let escape = cache
+        .parent()
+        .unwrap()
+        .join(format!("hub-lies-escaped-{}", std::process::id()));
+    fn dotted(_: &str) -> String {
+        "../../../../hub-lies-escaped".into()
+    }
+    for (endpoint, needle) in [
+        (model_server(dotted, COMMIT), "not a hex hash"),
+        (
+            model_server(hex_etag, "../../../../hub-lies-escaped"),
+            "not a 40-hex-digit hash",
+        ),
+    ] {
+        let c = check_from(&endpoint, &cache, "5");
+        assert_eq!(c.code, 2, "{}", c.err);
+        assert!(c.err.contains(needle) && c.err.lines().count() == 1, "{}", c.err);
+        assert!(!escape.exists());
+        assert!(!cache.parent().unwrap().join("hub-lies-escaped").exists());
+    }
+}
+
+/// A cache whose `blobs` folder links out of it: a download does not write through it.
+#[test]
+fn a_download_does_not_write_through_a_planted_cache() {
+    let cache = scratch("hub-planted");
+    let outside = scratch("hub-planted-outside");
+    let repo = cache.join("models--acme--tiny");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::os::unix::fs::symlink(&outside, repo.join("blobs")).unwrap();
+    let c = check_from(&model_server(hex_etag, COMMIT), &cache, "5");
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(c.err.contains("leads out of the Hub cache"), "{}", c.err);
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "written outside the cache"
+    );
+}

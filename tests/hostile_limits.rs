@@ -1,0 +1,233 @@
+//! Big files under a 4 GiB address-space limit (issue 20): safetensors files are read by their
+//! header and by the tensors asked for, never whole nor mapped, and a weight of the wrong shape
+//! is refused before a byte of it is read; `show` draws a bounded picture of any bundle.
+//!
+//! The big files are sparse (a header, then a hole): gigabytes that take no disk. Each check runs
+//! in a child process under `ulimit -v` ([`common::run_limited`]), so reading one of those
+//! tensors whole would fail the test (before: an abort, exit 134, or "out of memory").
+#![cfg(unix)]
+
+mod common;
+use common::{run_limited, scratch, weights, RawBundle};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Not a test of its own: the CLI when [`run_limited`] runs this binary.
+#[test]
+fn cli_child() {
+    common::cli_child()
+}
+
+/// A tensor of a file being written: name, dtype, shape, and its bytes (`None`: a hole of the
+/// size the dtype and shape need).
+type Entry = (String, &'static str, Vec<usize>, Option<Vec<u8>>);
+
+fn size_of(dtype: &str) -> usize {
+    match dtype {
+        "F64" | "I64" => 8,
+        "F32" | "I32" => 4,
+        "F16" | "BF16" => 2,
+        _ => 1,
+    }
+}
+
+/// A safetensors file whose `None` tensors are holes (sparse), laid out in the given order.
+fn sparse_safetensors(path: &Path, metadata: &HashMap<String, String>, entries: &[Entry]) {
+    use std::io::Write;
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!(metadata));
+    let mut offset = 0usize;
+    for (name, dtype, shape, _) in entries {
+        let n = shape.iter().product::<usize>() * size_of(dtype);
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}),
+        );
+        offset += n;
+    }
+    let mut text = serde_json::to_string(&header).unwrap();
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(&(text.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    let start = 8 + text.len() as u64;
+    let mut at = 0u64;
+    for (_, dtype, shape, bytes) in entries {
+        if let Some(bytes) = bytes {
+            use std::io::{Seek, SeekFrom};
+            f.seek(SeekFrom::Start(start + at)).unwrap();
+            f.write_all(bytes).unwrap();
+        }
+        at += (shape.iter().product::<usize>() * size_of(dtype)) as u64;
+    }
+    f.set_len(start + at).unwrap();
+}
+
+/// The committed diffusers UNet2DModel checkpoint with `big` replaced by a 3 GB hole of shape
+/// [750,000,000] (placed last).
+fn unet_with_a_3gb(dir: &Path, big: &str) -> PathBuf {
+    let src = weights().join("models/diffusers_unet2d/diffusion_pytorch_model.safetensors");
+    let bytes = std::fs::read(&src).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let mut entries: Vec<Entry> = st
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name != big)
+        .map(|(name, view)| {
+            let dtype = match view.dtype() {
+                safetensors::Dtype::F32 => "F32",
+                other => panic!("{other:?}"),
+            };
+            (name, dtype, view.shape().to_vec(), Some(view.data().to_vec()))
+        })
+        .collect();
+    assert!(entries.len() + 1 == st.len(), "{big} is in the checkpoint");
+    entries.push((big.to_string(), "F32", vec![750_000_000], None));
+    let path = dir.join(format!("{big}.safetensors"));
+    sparse_safetensors(&path, &meta.metadata().clone().unwrap_or_default(), &entries);
+    assert!(std::fs::metadata(&path).unwrap().len() > 3_000_000_000);
+    path
+}
+
+/// A 3 GB weight of the wrong shape, asked for by exact shape (a norm) and by layout (a
+/// projection, `(out, in)` or 1×1 conv): refused by its shape, not read.
+#[test]
+fn a_wrong_3gb_weight_is_refused_before_it_is_read() {
+    let dir = scratch("limits-shape");
+    let bundle = weights().join("mid/unet_mid_block_2d_unet2d_ref.safetensors");
+    for (big, needle) in [
+        (
+            "mid_block.resnets.0.norm1.weight",
+            "weight `resnets.0.norm1.weight` has the wrong shape",
+        ),
+        (
+            "mid_block.attentions.0.to_q.weight",
+            "`attentions.0.to_q.weight` has shape [750000000]",
+        ),
+    ] {
+        let ck = unet_with_a_3gb(&dir, big);
+        let args = [
+            "check",
+            bundle.to_str().unwrap(),
+            "--weights",
+            ck.to_str().unwrap(),
+            "--prefix",
+            "mid_block.",
+        ];
+        let c = run_limited(&args, &[]);
+        assert_eq!(c.code, 2, "{big}: {}", c.err);
+        assert!(c.err.contains(needle) && c.err.lines().count() == 1, "{big}: {}", c.err);
+        assert!(c.err.contains("750000000"), "{}", c.err);
+        std::fs::remove_file(ck).unwrap();
+    }
+}
+
+/// `inspect` on a 5 GB file lists its header (it used to read the whole file).
+#[test]
+fn inspect_reads_only_the_header_of_a_5gb_file() {
+    let dir = scratch("limits-inspect");
+    let path = dir.join("big.safetensors");
+    let meta = HashMap::from([("note".to_string(), "five gigabytes".to_string())]);
+    sparse_safetensors(&path, &meta, &[("x".into(), "F32", vec![1_250_000_000], None)]);
+    let c = run_limited(&["inspect", path.to_str().unwrap()], &[]);
+    assert_eq!(c.code, 0, "{}", c.err);
+    assert!(
+        c.out.contains("five gigabytes") && c.out.contains("[1250000000]"),
+        "{}",
+        c.out
+    );
+}
+
+/// A bundle whose stage trace holds 3 GB: `check` (without `--trace`) never reads it.
+#[test]
+fn check_leaves_a_3gb_stage_trace_on_the_disk() {
+    let dir = scratch("limits-trace");
+    let raw = RawBundle::read(&weights().join("textbook/self_attention_dx6_d5_dv7.safetensors"));
+    let mut entries: Vec<Entry> = raw
+        .tensors
+        .iter()
+        .map(|(name, t)| {
+            let (dtype, bytes) = match t.dtype() {
+                candle_core::DType::F32 => (
+                    "F32",
+                    t.flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect(),
+                ),
+                candle_core::DType::F64 => (
+                    "F64",
+                    t.flatten_all()
+                        .unwrap()
+                        .to_vec1::<f64>()
+                        .unwrap()
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect::<Vec<u8>>(),
+                ),
+                other => panic!("{other:?}"),
+            };
+            (name.clone(), dtype, t.dims().to_vec(), Some(bytes))
+        })
+        .collect();
+    entries.push(("parity.trace.huge".into(), "F32", vec![750_000_000], None));
+    let path = dir.join("big_trace.safetensors");
+    sparse_safetensors(&path, &raw.metadata, &entries);
+    let c = run_limited(&["check", path.to_str().unwrap()], &[]);
+    assert_eq!(c.code, 0, "{}{}", c.out, c.err);
+    assert!(c.out.contains("1 passed, 0 failed"), "{}", c.out);
+}
+
+/// `show` on 250,000 batch items of 1×1 pixels draws the first 16 and says so (it used to
+/// allocate a picture 250,000 panels wide, 5 GB).
+#[test]
+fn show_draws_a_bounded_picture_of_250k_batch_items() {
+    let dir = scratch("limits-show");
+    let b = 250_000usize;
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let meta = HashMap::from([
+        ("parity.format".to_string(), "1".to_string()),
+        ("parity.block".into(), "annotated_diffusion.Attention".into()),
+        (
+            "parity.config".into(),
+            r#"{"dim": 1, "heads": 1, "dim_head": 1}"#.into(),
+        ),
+        ("parity.dtype".into(), "float32".into()),
+    ]);
+    let entries: Vec<Entry> = vec![
+        (
+            "to_qkv.weight".into(),
+            "F32",
+            vec![3, 1, 1, 1],
+            Some(f32s(&[0.5, 0.25, 1.0])),
+        ),
+        ("to_out.weight".into(), "F32", vec![1, 1, 1, 1], Some(f32s(&[1.0]))),
+        ("to_out.bias".into(), "F32", vec![1], Some(f32s(&[0.0]))),
+        (
+            "parity.input.x".into(),
+            "F32",
+            vec![b, 1, 1, 1],
+            Some(f32s(&vec![1.0; b])),
+        ),
+        (
+            "parity.output.out".into(),
+            "F32",
+            vec![b, 1, 1, 1],
+            Some(f32s(&vec![1.0; b])),
+        ),
+    ];
+    let path = dir.join("many.safetensors");
+    sparse_safetensors(&path, &meta, &entries);
+    let out = dir.join("pictures");
+    let c = run_limited(&["show", path.to_str().unwrap(), "--out", out.to_str().unwrap()], &[]);
+    assert_eq!(c.code, 0, "{}", c.err);
+    assert!(c.out.contains("batch items 0-15 of 250000 drawn"), "{}", c.out);
+    let (w, h, _) = common::read_png(&out.join("output_error.png"));
+    assert!(w < 2000 && h < 2000, "{w}×{h}");
+}
