@@ -24,7 +24,9 @@
 //! here), `return_dict` only changes the Python return type.
 
 use crate::diffusers::feed_forward::ActivationFn;
-use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
+use crate::diffusers::transformer::{
+    eighty_eight, geglu, one, sixteen, thirty_two, Transformer2DModel, Transformer2DModelConfig,
+};
 use crate::{config, Error, Result};
 use crate::{sdpa, trace};
 use candle_core::Tensor;
@@ -88,22 +90,6 @@ impl DualMix {
         }
         Ok(())
     }
-}
-
-fn sixteen() -> usize {
-    16
-}
-fn eighty_eight() -> usize {
-    88
-}
-fn one() -> usize {
-    1
-}
-fn thirty_two() -> usize {
-    32
-}
-fn geglu() -> ActivationFn {
-    ActivationFn::Geglu
 }
 
 /// Keyword arguments of `DualTransformer2DModel.__init__` (0.42.1: `num_attention_heads=16,

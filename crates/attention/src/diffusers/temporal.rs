@@ -24,7 +24,9 @@
 
 use crate::cpu_kernels::Swish;
 use crate::diffusers::feed_forward::ActivationFn;
-use crate::diffusers::transformer::{BasicTransformerBlockConfig, TransformerBlock};
+use crate::diffusers::transformer::{
+    eighty_eight, geglu, one, sixteen, thirty_two, BasicTransformerBlockConfig, TransformerBlock,
+};
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
 use crate::sdpa::upcast;
 use crate::trace;
@@ -106,12 +108,8 @@ pub struct TemporalConvLayerConfig {
     /// Identity in eval mode.
     #[serde(default)]
     pub dropout: f64,
-    #[serde(default = "groups_32")]
+    #[serde(default = "thirty_two")]
     pub norm_num_groups: usize,
-}
-
-fn groups_32() -> usize {
-    32
 }
 
 /// `diffusers.models.resnet.TemporalConvLayer`. Keys `conv1.0` (GroupNorm), `conv1.2` (Conv3d),
@@ -195,7 +193,7 @@ pub struct TransformerTemporalModelConfig {
     pub num_layers: usize,
     #[serde(default)]
     pub dropout: f64,
-    #[serde(default = "groups_32")]
+    #[serde(default = "thirty_two")]
     pub norm_num_groups: usize,
     #[serde(default)]
     pub cross_attention_dim: Option<usize>,
@@ -214,19 +212,6 @@ pub struct TransformerTemporalModelConfig {
     pub positional_embeddings: Option<String>,
     #[serde(default)]
     pub num_positional_embeddings: Option<usize>,
-}
-
-fn sixteen() -> usize {
-    16
-}
-fn eighty_eight() -> usize {
-    88
-}
-fn one() -> usize {
-    1
-}
-fn geglu() -> ActivationFn {
-    ActivationFn::Geglu
 }
 
 /// `diffusers.models.transformers.transformer_temporal.TransformerTemporalModel`. Keys `norm`

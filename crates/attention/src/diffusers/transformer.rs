@@ -313,7 +313,7 @@ pub struct BasicTransformerBlockConfig {
     pub attention_out_bias: bool,
 }
 
-fn geglu() -> ActivationFn {
+pub(super) fn geglu() -> ActivationFn {
     ActivationFn::Geglu
 }
 fn layer_norm() -> String {
@@ -480,16 +480,16 @@ pub struct Transformer2DModelConfig {
     pub use_additional_conditions: Option<bool>,
 }
 
-fn sixteen() -> usize {
+pub(super) fn sixteen() -> usize {
     16
 }
-fn eighty_eight() -> usize {
+pub(super) fn eighty_eight() -> usize {
     88
 }
-fn one() -> usize {
+pub(super) fn one() -> usize {
     1
 }
-fn thirty_two() -> usize {
+pub(super) fn thirty_two() -> usize {
     32
 }
 
