@@ -317,3 +317,29 @@ impl UNetMidBlock1D {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn bad_channels_and_lengths_are_named_errors() {
+        let vb = VarBuilder::zeros(DType::F32, &Device::Cpu);
+        let cfg = |mid| UNetMidBlock1DConfig {
+            mid_channels: mid,
+            in_channels: 32,
+            out_channels: None,
+        };
+        let e = UNetMidBlock1D::new(vb.clone(), &cfg(16)).unwrap_err().to_string();
+        assert!(e.contains("SelfAttention1d(16"), "{e}");
+        let block = UNetMidBlock1D::new(vb, &cfg(32)).unwrap();
+        for dims in [vec![2, 32, 4], vec![2, 16, 8], vec![2, 32]] {
+            let x = Tensor::zeros(dims.as_slice(), DType::F32, &Device::Cpu).unwrap();
+            let e = block.forward(&x, None).unwrap_err().to_string();
+            assert!(e.contains("hidden_states") && e.contains(&format!("{dims:?}")), "{e}");
+        }
+        let x = Tensor::zeros((2, 32, 7), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(block.forward(&x, None).unwrap().dims(), [2, 32, 6]);
+    }
+}

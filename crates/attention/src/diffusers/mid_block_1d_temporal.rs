@@ -18,6 +18,7 @@
 //!   res2 = RTB(in // 2, in // 4); down2 = Downsample1D(out // 4, use_conv=True)
 //! ```
 
+use crate::diffusers::mid_block::one;
 use crate::diffusers::mid_block_1d::Conv1d;
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
 use crate::trace;
@@ -168,10 +169,6 @@ pub struct MidResTemporalBlock1DConfig {
     pub non_linearity: Option<Activation>,
 }
 
-fn one() -> usize {
-    1
-}
-
 /// `diffusers.models.unets.unet_1d_blocks.MidResTemporalBlock1D`.
 #[derive(Debug, Clone)]
 pub struct MidResTemporalBlock1D {
@@ -288,5 +285,52 @@ impl ValueFunctionMidBlock1D {
         let h = trace::scope("down2", || self.down2.forward(&h))?;
         trace::record("output", &h);
         Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn bad_configs_and_inputs_are_named_errors() {
+        let vb = VarBuilder::zeros(DType::F32, &Device::Cpu);
+        let cfg = MidResTemporalBlock1DConfig {
+            in_channels: 16,
+            out_channels: 12,
+            embed_dim: 8,
+            num_layers: 1,
+            add_downsample: false,
+            add_upsample: false,
+            non_linearity: None,
+        };
+        let e = MidResTemporalBlock1D::new(vb.clone(), &cfg).unwrap_err().to_string();
+        assert!(e.contains("12 channels"), "{e}");
+        let both = MidResTemporalBlock1DConfig {
+            out_channels: 16,
+            add_downsample: true,
+            add_upsample: true,
+            ..cfg
+        };
+        let e = MidResTemporalBlock1D::new(vb.clone(), &both).unwrap_err().to_string();
+        assert!(e.contains("cannot downsample and upsample"), "{e}");
+        let value = ValueFunctionMidBlock1DConfig {
+            in_channels: 32,
+            out_channels: 32,
+            embed_dim: 8,
+        };
+        let block = ValueFunctionMidBlock1D::new(vb, &value).unwrap();
+        let x = Tensor::zeros((2, 32, 8), DType::F32, &Device::Cpu).unwrap();
+        let e = block.forward(&x, None).unwrap_err().to_string();
+        assert!(e.contains("`temb`") && e.contains("required"), "{e}");
+        let t = Tensor::zeros((2, 7), DType::F32, &Device::Cpu).unwrap();
+        let e = block.forward(&x, Some(&t)).unwrap_err().to_string();
+        assert!(e.contains("expected (2, 8), found [2, 7]"), "{e}");
+        let e = block
+            .forward(&x.narrow(1, 0, 16).unwrap(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`x`") && e.contains("(B, 32, L > 0)"), "{e}");
     }
 }

@@ -158,3 +158,36 @@ impl ResnetBlockCondNorm2D {
         Ok(zq)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn zq_is_required_and_checked() {
+        let vb = VarBuilder::zeros(DType::F32, &Device::Cpu);
+        let cfg = ResnetBlockCondNorm2DConfig {
+            in_channels: 32,
+            out_channels: 32,
+            temb_channels: 4,
+            non_linearity: Activation::Swish,
+            output_scale_factor: 1.0,
+        };
+        let block = ResnetBlockCondNorm2D::new(vb.clone(), &cfg).unwrap();
+        let x = Tensor::zeros((2, 32, 4, 4), DType::F32, &Device::Cpu).unwrap();
+        let e = block.forward(&x, None).unwrap_err().to_string();
+        assert!(e.contains("`temb`") && e.contains("zq"), "{e}");
+        for dims in [vec![2, 3, 4, 4], vec![3, 4, 4, 4], vec![2, 4, 0, 4], vec![2, 4]] {
+            let zq = Tensor::zeros(dims.as_slice(), DType::F32, &Device::Cpu).unwrap();
+            let e = block.forward(&x, Some(&zq)).unwrap_err().to_string();
+            assert!(e.contains(&format!("found {dims:?}")), "{e}");
+        }
+        let zq = Tensor::zeros((1, 4, 2, 3), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(block.forward(&x, Some(&zq)).unwrap().dims(), [2, 32, 4, 4]);
+        let e = ResnetBlockCondNorm2D::new(vb, &ResnetBlockCondNorm2DConfig { in_channels: 24, ..cfg })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("multiple of 32"), "{e}");
+    }
+}
