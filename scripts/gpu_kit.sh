@@ -11,7 +11,8 @@
 # `--features cuda` (release, stripped; PTX for CUDA_COMPUTE_CAP, default 90 = H100/H200; run.sh
 # unpacks them into a temporary folder), weights/ (the committed
 # bundles), scripts/ (bench_torch.py and what it imports), wheels/ (diffusers,
-# denoising-diffusion-pytorch and the packages they import that a plain PyTorch install lacks;
+# denoising-diffusion-pytorch, stable-diffusion-sdkit, guided-diffusion-sdk and the packages they
+# import that a plain PyTorch install lacks;
 # pure-Python, installed --no-deps by run.sh), run.sh and MANIFEST.json (commit, compute
 # capability, sizes). Copy the folder to the GPU machine and run `./run.sh` there (see its header).
 #
@@ -94,11 +95,16 @@ build() {
     rm -rf "$dir.partial/bin"
     cp -r weights "$dir.partial/weights"
     cp scripts/bench_torch.py scripts/export_models.py scripts/parity_bundle.py scripts/parity_trace.py \
-        "$dir.partial/scripts/"
+        scripts/upstream.py "$dir.partial/scripts/"
     cp -r scripts/reference "$dir.partial/scripts/reference"
     find "$dir.partial/scripts" -name __pycache__ -prune -exec rm -rf {} +
     python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
         --dest "$dir.partial/wheels" "${KIT_WHEELS[@]}" || cuda_fail "pip could not download ${KIT_WHEELS[*]}"
+    # The ldm and guided-diffusion packages the exporters import (scripts/upstream.py), pinned in
+    # requirements-nodeps.txt; guided-diffusion-sdk is published as a source archive only, so both
+    # are built into wheels here (run.sh installs wheels only, offline).
+    python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$dir.partial/wheels" \
+        -r scripts/requirements-nodeps.txt || cuda_fail "pip could not build wheels of scripts/requirements-nodeps.txt"
     cp scripts/gpu_kit/run.sh "$dir.partial/run.sh"
     chmod +x "$dir.partial/run.sh"
     python3 - "$dir.partial" "$cap" "$(git rev-parse HEAD)" "$(git status --porcelain | grep -c . || true)" <<'PY'
@@ -129,7 +135,7 @@ dry_run() {
     done
     python3 -m pip --version >/dev/null 2>&1 || { echo "gpu-kit dry run: python3 -m pip is missing" >&2; ok=0; }
     for f in scripts/gpu_kit/run.sh scripts/bench_torch.py scripts/export_models.py scripts/parity_bundle.py \
-        scripts/parity_trace.py scripts/reference weights; do
+        scripts/parity_trace.py scripts/upstream.py scripts/requirements-nodeps.txt scripts/reference weights; do
         [[ -e "$f" ]] || { echo "gpu-kit dry run: $f is missing" >&2; ok=0; }
     done
     bash -n scripts/gpu_kit/run.sh || ok=0
