@@ -85,14 +85,16 @@ impl UNetMidBlockSpatioTemporal {
         let layers = match &cfg.transformer_layers_per_block {
             LayersPerBlock::One(n) => vec![*n; cfg.num_layers],
             LayersPerBlock::PerLayer(list) if list.len() >= cfg.num_layers => list.clone(),
-            LayersPerBlock::PerLayer(list) => return Err(Error::config(
-                block,
-                format!(
+            LayersPerBlock::PerLayer(list) => {
+                return Err(Error::config(
+                    block,
+                    format!(
                     "transformer_layers_per_block has {} entries for num_layers {} (diffusers indexes it per layer)",
                     list.len(),
                     cfg.num_layers
                 ),
-            )),
+                ))
+            }
         };
         let resnet = SpatioTemporalResBlockSpec {
             in_channels: c,
