@@ -256,3 +256,108 @@ impl MidBlockTemporalDecoder {
         Ok(h)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+    use serde_json::json;
+
+    fn unet(cfg: serde_json::Value) -> Result<UNetMidBlockSpatioTemporal> {
+        let cfg: UNetMidBlockSpatioTemporalConfig = config::from_json("test", &cfg)?;
+        UNetMidBlockSpatioTemporal::new(VarBuilder::zeros(DType::F32, &Device::Cpu), &cfg)
+    }
+
+    fn decoder(cfg: serde_json::Value) -> Result<MidBlockTemporalDecoder> {
+        let cfg: MidBlockTemporalDecoderConfig = config::from_json("test", &cfg)?;
+        MidBlockTemporalDecoder::new(VarBuilder::zeros(DType::F32, &Device::Cpu), &cfg)
+    }
+
+    #[test]
+    fn svd_configs_take_diffusers_defaults_and_refuse_unknown_keys() {
+        let cfg = UNetMidBlockSpatioTemporalConfig::new(320, Some(1280));
+        assert_eq!(
+            (cfg.num_layers, cfg.num_attention_heads, cfg.cross_attention_dim),
+            (1, 1, 1280)
+        );
+        assert!(matches!(cfg.transformer_layers_per_block, LayersPerBlock::One(1)));
+        let cfg: MidBlockTemporalDecoderConfig =
+            config::from_json("test", &json!({"in_channels": 512, "out_channels": 512})).unwrap();
+        assert_eq!(
+            (cfg.attention_head_dim, cfg.num_layers, cfg.upcast_attention),
+            (512, 1, false)
+        );
+        // resnet_eps is fixed inside diffusers' constructors, not an argument
+        let e = unet(json!({"in_channels": 32, "temb_channels": 8, "resnet_eps": 1e-6}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("resnet_eps"), "{e}");
+        let e = decoder(json!({"in_channels": 32, "out_channels": 32, "merge_strategy": "fixed"}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("merge_strategy"), "{e}");
+    }
+
+    #[test]
+    fn svd_mid_blocks_refuse_what_diffusers_cannot_build_or_run() {
+        let e = unet(json!({"in_channels": 32, "temb_channels": 8, "num_attention_heads": 64}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("num_attention_heads 64"), "{e}");
+        let e =
+            unet(json!({"in_channels": 32, "temb_channels": 8, "num_layers": 2, "transformer_layers_per_block": [1]}))
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("transformer_layers_per_block"), "{e}");
+        let e = decoder(json!({"in_channels": 32, "out_channels": 64, "num_layers": 2, "attention_head_dim": 32}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("in_channels 32 != out_channels 64"), "{e}");
+        let e = decoder(json!({"in_channels": 32, "out_channels": 32}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("attention_head_dim 512"), "{e}");
+        let e = decoder(json!({"in_channels": 32, "out_channels": 32, "num_layers": 0, "attention_head_dim": 32}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("num_layers 0"), "{e}");
+        // in != out runs with one layer (resnets.0 only; the attention is built and never run)
+        assert!(decoder(json!({"in_channels": 32, "out_channels": 64, "attention_head_dim": 32})).is_ok());
+    }
+
+    /// diffusers reads the frame count from `image_only_indicator`: without it, or with a batch
+    /// it does not divide into, the blocks say so.
+    #[test]
+    fn svd_mid_blocks_need_image_only_indicator() {
+        let dev = Device::Cpu;
+        let x = Tensor::zeros((4, 32, 2, 3), DType::F32, &dev).unwrap();
+        let temb = Tensor::zeros((4, 8), DType::F32, &dev).unwrap();
+        let ctx = Tensor::zeros((4, 3, 16), DType::F32, &dev).unwrap();
+        let u =
+            unet(json!({"in_channels": 32, "temb_channels": 8, "num_attention_heads": 2, "cross_attention_dim": 16}))
+                .unwrap();
+        let d =
+            decoder(json!({"in_channels": 32, "out_channels": 32, "num_layers": 2, "attention_head_dim": 32})).unwrap();
+        let e = u.forward(&x, Some(&temb), Some(&ctx), None).unwrap_err().to_string();
+        assert!(e.contains("image_only_indicator"), "{e}");
+        let e = d.forward(&x, None).unwrap_err().to_string();
+        assert!(e.contains("image_only_indicator"), "{e}");
+        let three = Tensor::zeros((1, 3), DType::F32, &dev).unwrap();
+        let e = u
+            .forward(&x, Some(&temb), Some(&ctx), Some(&three))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("image_only_indicator") && e.contains("[1, 3]"), "{e}");
+        let e = d.forward(&x, Some(&three)).unwrap_err().to_string();
+        assert!(e.contains("image_only_indicator"), "{e}");
+        // the transformer's context is required (diffusers takes the temporal context from it)
+        let two = Tensor::zeros((2, 2), DType::F32, &dev).unwrap();
+        let e = u.forward(&x, Some(&temb), None, Some(&two)).unwrap_err().to_string();
+        assert!(e.contains("encoder_hidden_states"), "{e}");
+        assert_eq!(
+            u.forward(&x, Some(&temb), Some(&ctx), Some(&two)).unwrap().dims(),
+            x.dims()
+        );
+        assert_eq!(d.forward(&x, Some(&two)).unwrap().dims(), x.dims());
+    }
+}

@@ -815,10 +815,10 @@ mod tests {
         let e = mid_blocks(&cfg, None, false).unwrap_err().to_string();
         assert!(e.contains("mid_block_flavour"), "{e}");
         assert!(mid_blocks(&cfg, None, true).is_ok());
-        let e = mid_blocks(&json!({"_class_name": "UNetSpatioTemporalConditionModel"}), None, false)
+        let e = mid_blocks(&json!({"_class_name": "UNetControlNetXSModel"}), None, false)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("UNetSpatioTemporalConditionModel"), "{e}");
+        assert!(e.contains("UNetControlNetXSModel"), "{e}");
         let e = mid_blocks(&json!({"block_out_channels": [4]}), None, false)
             .unwrap_err()
             .to_string();

@@ -291,3 +291,55 @@ impl SpatioTemporalResBlock {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use std::collections::HashMap;
+
+    fn blender(m: f32, strategy: MergeStrategy, switch: bool) -> AlphaBlender {
+        let t = HashMap::from([("mix_factor".to_string(), Tensor::new(&[m], &Device::Cpu).unwrap())]);
+        AlphaBlender::new(VarBuilder::from_tensors(t, DType::F32, &Device::Cpu), strategy, switch).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    /// `alpha·x_spatial + (1 − alpha)·x_temporal` for each merge strategy; with
+    /// `learned_with_images` a frame marked as an image takes the spatial path exactly.
+    #[test]
+    fn svd_alpha_blender_strategies() {
+        let dev = Device::Cpu;
+        let (m, sig) = (0.7f32, 1.0 / (1.0 + (-0.7f32).exp()));
+        let xs = Tensor::randn(0f32, 1., (1, 4, 2, 3, 2), &dev).unwrap();
+        let xt = Tensor::randn(0f32, 1., (1, 4, 2, 3, 2), &dev).unwrap();
+        let mix = |a: f32| ((&xs * a as f64).unwrap() + (&xt * (1.0 - a) as f64).unwrap()).unwrap();
+        let ioi = Tensor::new(&[[0f32, 1.]], &dev).unwrap();
+        let y = blender(m, MergeStrategy::LearnedWithImages, false)
+            .forward(&xs, &xt, Some(&ioi))
+            .unwrap();
+        let frame = |t: &Tensor, f: usize| t.narrow(2, f, 1).unwrap();
+        assert_eq!(max_diff(&frame(&y, 1), &frame(&xs, 1)), 0.0);
+        assert!(max_diff(&frame(&y, 0), &frame(&mix(sig), 0)) < 1e-6);
+        let y = blender(m, MergeStrategy::Learned, true)
+            .forward(&xs, &xt, None)
+            .unwrap();
+        assert!(max_diff(&y, &mix(1.0 - sig)) < 1e-6);
+        let y = blender(m, MergeStrategy::Fixed, false).forward(&xs, &xt, None).unwrap();
+        assert!(max_diff(&y, &mix(m)) < 1e-6);
+        let e = blender(m, MergeStrategy::LearnedWithImages, false)
+            .forward(&xs, &xt, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("image_only_indicator"), "{e}");
+    }
+}

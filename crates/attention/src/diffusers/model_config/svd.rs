@@ -55,3 +55,87 @@ pub(super) fn autoencoder_temporal_decoder(c: &Cfg) -> Result<Vec<MidBlockSpec>>
     };
     Ok(vec![encoder, decoder])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{mid_blocks, MidBlockSpec};
+    use serde_json::{json, Value};
+
+    fn specs(config: Value) -> Vec<MidBlockSpec> {
+        mid_blocks(&config, None, false).unwrap()
+    }
+
+    #[test]
+    fn svd_configs_give_the_mid_blocks() {
+        // stabilityai/stable-video-diffusion-img2vid unet/config.json
+        let unet = json!({"_class_name": "UNetSpatioTemporalConditionModel", "_diffusers_version": "0.24.0.dev0",
+            "addition_time_embed_dim": 256, "block_out_channels": [320, 640, 1280, 1280], "cross_attention_dim": 1024,
+            "down_block_types": ["CrossAttnDownBlockSpatioTemporal", "CrossAttnDownBlockSpatioTemporal",
+                "CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"], "in_channels": 8, "layers_per_block": 2,
+            "num_attention_heads": [5, 10, 20, 20], "num_frames": 14, "out_channels": 4,
+            "projection_class_embeddings_input_dim": 768, "sample_size": 96, "transformer_layers_per_block": 1,
+            "up_block_types": ["UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal",
+                "CrossAttnUpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"]});
+        let s = specs(unet.clone());
+        assert_eq!(
+            (s.len(), s[0].block, s[0].prefix),
+            (1, "diffusers.UNetMidBlockSpatioTemporal", "mid_block")
+        );
+        assert_eq!(
+            s[0].config,
+            json!({"in_channels": 1280, "temb_channels": 1280, "transformer_layers_per_block": 1,
+                "cross_attention_dim": 1024, "num_attention_heads": 20})
+        );
+        let cfg: crate::diffusers::UNetMidBlockSpatioTemporalConfig =
+            crate::config::from_json("test", &s[0].config).unwrap();
+        assert_eq!(cfg.num_attention_heads, 20);
+        // the defaults (an empty config) are SVD's, per-block lists take their last entry
+        let s =
+            specs(json!({"_class_name": "UNetSpatioTemporalConditionModel", "cross_attention_dim": [8, 16, 24, 32]}));
+        assert_eq!(s[0].config["num_attention_heads"], 20);
+        assert_eq!(s[0].config["cross_attention_dim"], 32);
+        let mut bad = unet;
+        bad["attention_head_dim"] = json!(64);
+        let e = mid_blocks(&bad, None, false).unwrap_err().to_string();
+        assert!(e.contains("attention_head_dim"), "{e}");
+        // stabilityai/stable-video-diffusion-img2vid vae/config.json
+        let vae = json!({"_class_name": "AutoencoderKLTemporalDecoder", "_diffusers_version": "0.24.0.dev0",
+            "block_out_channels": [128, 256, 512, 512], "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D",
+                "DownEncoderBlock2D", "DownEncoderBlock2D"], "force_upcast": true, "in_channels": 3, "latent_channels": 4,
+            "layers_per_block": 2, "out_channels": 3, "sample_size": 768, "scaling_factor": 0.18215});
+        let s = specs(vae.clone());
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            (s[0].block, s[0].prefix),
+            ("diffusers.UNetMidBlock2D", "encoder.mid_block")
+        );
+        assert_eq!(
+            s[0].config,
+            json!({"in_channels": 512, "resnet_eps": 1e-6, "resnet_act_fn": "silu", "output_scale_factor": 1,
+                "resnet_time_scale_shift": "default", "attention_head_dim": 512, "resnet_groups": 32,
+                "temb_channels": null, "add_attention": true})
+        );
+        assert_eq!(
+            (s[1].block, s[1].prefix),
+            ("diffusers.MidBlockTemporalDecoder", "decoder.mid_block")
+        );
+        assert_eq!(
+            s[1].config,
+            json!({"num_layers": 2, "in_channels": 512, "out_channels": 512, "attention_head_dim": 512})
+        );
+        // keys of AutoencoderKL that this class does not take: refused, and ignored when allowed
+        let mut other = vae;
+        other["norm_num_groups"] = json!(16);
+        other["act_fn"] = json!("gelu");
+        let e = mid_blocks(&other, None, false).unwrap_err().to_string();
+        assert!(
+            e.contains("norm_num_groups") && e.contains("AutoencoderKLTemporalDecoder"),
+            "{e}"
+        );
+        let s = mid_blocks(&other, None, true).unwrap();
+        assert_eq!(
+            (&s[0].config["resnet_groups"], &s[0].config["resnet_act_fn"]),
+            (&json!(32), &json!("silu"))
+        );
+    }
+}
