@@ -1073,14 +1073,18 @@ def mix_factors_(model, seed):
     assert blenders and all(abs(float(m.mix_factor.detach())) > 0.05 for m in blenders)
 
 
-def save_diffusers_fp16(model, name):
-    """``save_diffusers`` of ``model.half()`` (as Stability publishes SVD's fp16 variants; half the bytes), the model
-    left in float32 holding exactly those float16 values: the whole model's float32 run that the bundles capture uses
-    the weights the checkpoint holds, and a float32 block built on the checkpoint converts them exactly."""
-    model.half()
+def svd_model_(ctx: Ctx, model, name, seed):
+    """``randomize_`` (seed) and ``mix_factors_`` (seed + 1) ``model``, then ``save_diffusers`` of ``model.half()``
+    (as Stability publishes SVD's fp16 variants; half the bytes), leaving the model in float32 holding exactly those
+    float16 values: the whole model's float32 run that the bundles capture uses the weights the checkpoint holds, and
+    a float32 block built on the checkpoint converts them exactly. Returns the weights' path relative to weights/."""
+    randomize_(model, seed)
+    mix_factors_(model, seed + 1)
+    model.eval().half()
     files = save_diffusers(model, name)
     model.float()
-    return files
+    ctx.files += files
+    return files[1].relative_to(WEIGHTS).as_posix()
 
 
 def diffusers_svd_unet(ctx: Ctx):
@@ -1097,12 +1101,7 @@ def diffusers_svd_unet(ctx: Ctx):
                                              addition_time_embed_dim=4, projection_class_embeddings_input_dim=12,
                                              layers_per_block=1, cross_attention_dim=8, num_attention_heads=2,
                                              num_frames=2)
-    randomize_(model, 7701)
-    mix_factors_(model, 7702)
-    model.eval()
-    files = save_diffusers_fp16(model, "diffusers_svd")
-    ctx.files += files
-    weights = files[1].relative_to(WEIGHTS).as_posix()
+    weights = svd_model_(ctx, model, "diffusers_svd", 7701)
     g = gen(7713)
     frames = 2
     cfg = svd_unet_mid_config(model)
@@ -1143,12 +1142,7 @@ def diffusers_svd_vae(ctx: Ctx):
     model = AutoencoderKLTemporalDecoder(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
                                          block_out_channels=(32,), layers_per_block=2, latent_channels=4,
                                          sample_size=4)
-    randomize_(model, 7801)
-    mix_factors_(model, 7802)
-    model.eval()
-    files = save_diffusers_fp16(model, "diffusers_svd_vae")
-    ctx.files += files
-    weights = files[1].relative_to(WEIGHTS).as_posix()
+    weights = svd_model_(ctx, model, "diffusers_svd_vae", 7801)
     g = gen(7803)
     frames = 2
     x = randn(g, frames, 3, 3, 2)

@@ -1094,6 +1094,24 @@ fn video_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
     assert_pass(&["check", masked.to_str().unwrap()]);
 }
 
+/// `detect` on a copy of `ckpt` alone in a scratch folder (no `config.json` beside it): its output.
+fn detect_alone(test: &str, ckpt: &str) -> String {
+    let dir = scratch(test);
+    let lone = copy_to(&dir, ckpt, "m.safetensors");
+    let (code, out, err) = cli(&["detect", &lone]);
+    assert_eq!(code, 0, "{err}");
+    out
+}
+
+/// The bundle `<stem>` and its f16 / bf16 twins pass on the block at `prefix` of `ckpt`.
+fn assert_twins_pass_on(stem: &str, ckpt: &str, prefix: &str) {
+    for suffix in ["", "_f16", "_bf16"] {
+        let b = w(&format!("{stem}{suffix}.safetensors"));
+        let err = assert_pass(&["check", &b, "--weights", ckpt, "--prefix", prefix]);
+        assert!(err.contains("weights from"), "{suffix}: {err}");
+    }
+}
+
 /// `image_only_indicator` as a bundle input: `(batch, num_frames)` values, or its absence.
 fn with_indicator(b: &mut RawBundle, values: Option<(&[f32], (usize, usize))>) {
     let key = "parity.input.image_only_indicator";
@@ -1122,10 +1140,7 @@ fn with_indicator(b: &mut RawBundle, values: Option<(&[f32], (usize, usize))>) {
 #[test]
 fn svd_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
     let ckpt = models("diffusers_svd/diffusion_pytorch_model.safetensors");
-    let lone_dir = scratch("detect-lone-svd");
-    let lone = copy_to(&lone_dir, &ckpt, "m.safetensors");
-    let (code, out, err) = cli(&["detect", &lone]);
-    assert_eq!(code, 0, "{err}");
+    let out = detect_alone("detect-lone-svd", &ckpt);
     assert!(
         out.contains("prefix `mid_block.`: diffusers.UNetMidBlockSpatioTemporal")
             && out.contains("\"in_channels\":32")
@@ -1141,11 +1156,7 @@ fn svd_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(doc["mid_blocks"][0]["from_config"]["num_attention_heads"], 2, "{out}");
     let stem = "mid/unet_mid_block_spatio_temporal_svd_mixed_ref";
-    for suffix in ["", "_f16", "_bf16"] {
-        let b = w(&format!("{stem}{suffix}.safetensors"));
-        let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block."]);
-        assert!(err.contains("weights from"), "{suffix}: {err}");
-    }
+    assert_twins_pass_on(stem, &ckpt, "mid_block.");
     let dir = scratch("svd-indicator");
     let edited = |name: &str, values: Option<(&[f32], (usize, usize))>| {
         let d = dir.join(name);
@@ -1183,10 +1194,7 @@ fn svd_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
 #[test]
 fn svd_vae_mid_blocks_detect_and_check_from_the_whole_checkpoint() {
     let ckpt = models("diffusers_svd_vae/diffusion_pytorch_model.safetensors");
-    let lone_dir = scratch("detect-lone-svd-vae");
-    let lone = copy_to(&lone_dir, &ckpt, "m.safetensors");
-    let (code, out, err) = cli(&["detect", &lone]);
-    assert_eq!(code, 0, "{err}");
+    let out = detect_alone("detect-lone-svd-vae", &ckpt);
     assert!(
         out.contains("prefix `decoder.mid_block.`: diffusers.MidBlockTemporalDecoder")
             && out.contains("\"num_layers\":2")
@@ -1197,10 +1205,7 @@ fn svd_vae_mid_blocks_detect_and_check_from_the_whole_checkpoint() {
         "{out}"
     );
     let stem = "mid/mid_block_temporal_decoder_svd_ref";
-    for suffix in ["", "_f16", "_bf16"] {
-        let b = w(&format!("{stem}{suffix}.safetensors"));
-        assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "decoder.mid_block."]);
-    }
+    assert_twins_pass_on(stem, &ckpt, "decoder.mid_block.");
     assert_pass(&[
         "check",
         &w("mid/mid_block_temporal_decoder_svd_3_frames_ref.safetensors"),

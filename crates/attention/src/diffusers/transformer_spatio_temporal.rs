@@ -23,7 +23,9 @@
 
 use crate::diffusers::feed_forward::{FeedForward, FeedForwardConfig};
 use crate::diffusers::spatio_temporal::{frames_of, AlphaBlender, MergeStrategy};
-use crate::diffusers::transformer::{BasicTransformerBlockConfig, TransformerBlock, TransformerBlockSpec};
+use crate::diffusers::transformer::{
+    eighty_eight, one, sixteen, BasicTransformerBlockConfig, TransformerBlock, TransformerBlockSpec,
+};
 use crate::layers::{group_norm, Activation, GroupNorm, LayerNorm, Projection};
 use crate::trace;
 use crate::{config, Error, Result};
@@ -31,17 +33,8 @@ use candle_core::{DType, Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
-fn sixteen() -> usize {
-    16
-}
-fn eighty_eight() -> usize {
-    88
-}
 fn c320() -> Option<usize> {
     Some(320)
-}
-fn one() -> usize {
-    1
 }
 
 /// Keyword arguments of `TransformerSpatioTemporalModel(num_attention_heads=16,
