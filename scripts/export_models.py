@@ -63,7 +63,10 @@ MID = WEIGHTS / "mid"
 # made it 62.4 MB. The GPU machine takes 64 MiB of working tree in all (tracked files and what
 # is carried): the kit's CUDA binary (about 7 MB compressed) no longer fits beside the tree, so a
 # GPU run must first make room (see scripts/gpu_kit.sh).
-MAX_WEIGHTS_BYTES = 60 * 1024 * 1024
+# Plus 2,943,914 bytes for Stable Video Diffusion's two tiny float16 models and 8 bundles (issue 17): 32 channels is
+# the least these blocks take (GroupNorm(32) hard-coded), a 3 x 2 latent the least that keeps those norms well
+# conditioned, and the half-precision twins carry float64 stages.
+MAX_WEIGHTS_BYTES = 60 * 1024 * 1024 + 2_943_914
 
 HALF_DTYPES = (("float16", "f16"), ("bfloat16", "bf16"))
 
@@ -146,6 +149,10 @@ def build_module(block: str, config: dict) -> nn.Module:
         from diffusers.models.unets.unet_3d_blocks import UNetMidBlock3DCrossAttn
 
         return UNetMidBlock3DCrossAttn(**cfg)
+    if block in ("diffusers.UNetMidBlockSpatioTemporal", "diffusers.MidBlockTemporalDecoder"):
+        from diffusers.models.unets import unet_3d_blocks
+
+        return getattr(unet_3d_blocks, block.split(".")[1])(**cfg)
     if block == "diffusers.ControlNetMidBlock":
         return mid_blocks.ControlNetMidBlock(**cfg)
     if block == "denoising_diffusion_pytorch.MidBlock":
@@ -1019,6 +1026,155 @@ def diffusers_unet3d(ctx: Ctx):
         assert torch.equal(model.mid_block(**tensor_inputs(ins), attention_mask=bias, **kwargs), out)
 
 
+def svd_unet_mid_config(model) -> dict:
+    """``UNetSpatioTemporalConditionModel.__init__`` (unets/unet_spatio_temporal_condition.py): per-block
+    ``num_attention_heads``, ``cross_attention_dim``, ``transformer_layers_per_block``, ``time_embed_dim =
+    block_out_channels[0] * 4``, then ``UNetMidBlockSpatioTemporal(block_out_channels[-1], temb_channels=
+    time_embed_dim, transformer_layers_per_block=transformer_layers_per_block[-1], cross_attention_dim=
+    cross_attention_dim[-1], num_attention_heads=num_attention_heads[-1])``."""
+    c = model.config
+    n = len(c.down_block_types)
+    temb = c.block_out_channels[0] * 4
+    assert temb == model.time_embedding.linear_2.out_features
+    return dict(in_channels=c.block_out_channels[-1], temb_channels=temb,
+                transformer_layers_per_block=_per_block(c.transformer_layers_per_block, n)[-1],
+                cross_attention_dim=_per_block(c.cross_attention_dim, n)[-1],
+                num_attention_heads=_per_block(c.num_attention_heads, n)[-1])
+
+
+def svd_vae_mid_config(model, part: str) -> dict:
+    """``AutoencoderKLTemporalDecoder.__init__`` (autoencoders/autoencoder_kl_temporal_decoder.py): the encoder is
+    vae.py's ``Encoder`` with its defaults (``act_fn="silu"``, ``norm_num_groups=32``, ``mid_block_add_attention=True``):
+    ``UNetMidBlock2D(in_channels=block_out_channels[-1], resnet_eps=1e-6, resnet_act_fn="silu", output_scale_factor=1,
+    resnet_time_scale_shift="default", attention_head_dim=block_out_channels[-1], resnet_groups=32, temb_channels=None,
+    add_attention=True)``; the decoder (``TemporalDecoder``) builds ``MidBlockTemporalDecoder(num_layers=
+    layers_per_block, in_channels=block_out_channels[-1], out_channels=block_out_channels[-1],
+    attention_head_dim=block_out_channels[-1])``."""
+    c = model.config
+    last = c.block_out_channels[-1]
+    if part == "decoder":
+        return dict(num_layers=c.layers_per_block, in_channels=last, out_channels=last, attention_head_dim=last)
+    return dict(in_channels=last, resnet_eps=1e-6, resnet_act_fn="silu", output_scale_factor=1,
+                resnet_time_scale_shift="default", attention_head_dim=last, resnet_groups=32, temb_channels=None,
+                add_attention=True)
+
+
+def mix_factors_(model, seed):
+    """Every ``AlphaBlender.mix_factor`` set to a distinct value away from its init (0.5 in the U-Net, 0.0 in the
+    VAE decoder), so that sigmoid(mix_factor) weighs the spatial and temporal paths unequally and differently per
+    blender (``randomize_`` has no rule for it)."""
+    from diffusers.models.resnet import AlphaBlender
+
+    g = gen(seed)
+    blenders = [m for m in model.modules() if isinstance(m, AlphaBlender)]
+    with torch.no_grad():
+        for m in blenders:
+            m.mix_factor.copy_(torch.empty(1).uniform_(-1.5, 1.5, generator=g))
+    assert blenders and all(abs(float(m.mix_factor.detach())) > 0.05 for m in blenders)
+
+
+def svd_model_(ctx: Ctx, model, name, seed):
+    """``randomize_`` (seed) and ``mix_factors_`` (seed + 1) ``model``, then ``save_diffusers`` of ``model.half()``
+    (as Stability publishes SVD's fp16 variants; half the bytes), leaving the model in float32 holding exactly those
+    float16 values: the whole model's float32 run that the bundles capture uses the weights the checkpoint holds, and
+    a float32 block built on the checkpoint converts them exactly. Returns the weights' path relative to weights/."""
+    randomize_(model, seed)
+    mix_factors_(model, seed + 1)
+    model.eval().half()
+    files = save_diffusers(model, name)
+    model.float()
+    ctx.files += files
+    return files[1].relative_to(WEIGHTS).as_posix()
+
+
+def diffusers_svd_unet(ctx: Ctx):
+    """``UNetSpatioTemporalConditionModel``: Stable Video Diffusion's U-Net, whose mid block
+    ``UNetMidBlockSpatioTemporal`` runs ``SpatioTemporalResBlock``s and a ``TransformerSpatioTemporalModel`` on
+    ``(batch * num_frames, C, H, W)``. One level (``GroupNorm(32)`` is hard-coded in these blocks, so 32 channels is
+    the smallest width), resnet-only down / up blocks, every ``mix_factor`` random."""
+    from diffusers import UNetSpatioTemporalConditionModel
+
+    torch.manual_seed(0)
+    model = UNetSpatioTemporalConditionModel(sample_size=4, in_channels=8, out_channels=4,
+                                             down_block_types=("DownBlockSpatioTemporal",),
+                                             up_block_types=("UpBlockSpatioTemporal",), block_out_channels=(32,),
+                                             addition_time_embed_dim=4, projection_class_embeddings_input_dim=12,
+                                             layers_per_block=1, cross_attention_dim=8, num_attention_heads=2,
+                                             num_frames=2)
+    weights = svd_model_(ctx, model, "diffusers_svd", 7701)
+    g = gen(7713)
+    frames = 2
+    cfg = svd_unet_mid_config(model)
+    # 3 x 2 is about the smallest latent that keeps GroupNorm(32) over 32 channels well conditioned (at 2 x 1 each
+    # group holds 2 values and float32 stages differ from PyTorch's by more than the tolerance)
+    sample, ehs, added = randn(g, 1, frames, 8, 3, 2), randn(g, 1, 4, 8), randn(g, 1, 3)
+    ins, _ = capture(model.mid_block, lambda: model(sample, torch.tensor([321.0]), encoder_hidden_states=ehs,
+                                                    added_time_ids=added))
+    assert ins["image_only_indicator"].shape == (1, frames) and not ins["image_only_indicator"].any()
+    # The U-Net passes image_only_indicator zeros and the same temb / context for every frame: here [[0, 1]] (frame 1
+    # an image: the learned_with_images mixers take it from the spatial path) and per-frame temb / context (the
+    # temporal blocks take frame 0's context, the temporal resnets each frame's temb), output by the same mid block.
+    mixed = OrderedDict(ins)
+    mixed["image_only_indicator"] = torch.tensor([[0.0, 1.0]])
+    mixed["temb"] = ins["temb"] + 0.5 * randn(g, *ins["temb"].shape)
+    mixed["encoder_hidden_states"] = randn(g, *ins["encoder_hidden_states"].shape)
+    with torch.no_grad():
+        mout = model.mid_block(**tensor_inputs(mixed))
+    src = (DIFF_BLOCKS.replace("unet_2d_blocks", "unet_3d_blocks").format("UNetMidBlockSpatioTemporal")
+           + f"; the mid_block of the whole UNetSpatioTemporalConditionModel weights/{weights} (saved in float16; "
+           "block_out_channels (32,), num_attention_heads 2 (2 heads of 16), cross_attention_dim 8, "
+           "transformer_layers_per_block 1; every AlphaBlender mix_factor random); hidden_states captured by a forward "
+           f"pre-hook while the float32 model ran on a random sample (1, {frames}, 8, 3, 2) (batch 1, {frames} frames), "
+           "timestep 321, encoder_hidden_states (1, 4, 8), added_time_ids (1, 3); the U-Net's temb plus 0.5 * N(0, 1) "
+           "noise and encoder_hidden_states N(0, 1) per frame (the U-Net repeats them per frame), image_only_indicator "
+           "[[0, 1]] (the U-Net passes zeros); the output is model.mid_block's on these inputs")
+    ctx.bundle("unet_mid_block_spatio_temporal_svd_mixed_ref", "diffusers.UNetMidBlockSpatioTemporal", cfg,
+               tensor_inputs(mixed), mout, ref=(weights, "mid_block."), source=src, half=True)
+
+
+def diffusers_svd_vae(ctx: Ctx):
+    """``AutoencoderKLTemporalDecoder``: Stable Video Diffusion's VAE. Its encoder's mid block is a plain
+    ``UNetMidBlock2D``; its decoder's is ``MidBlockTemporalDecoder`` (``layers_per_block`` 2: ``resnets.0``,
+    ``attentions.0``, ``resnets.1``). One level of 32 channels, every ``mix_factor`` random."""
+    from diffusers import AutoencoderKLTemporalDecoder
+
+    torch.manual_seed(0)
+    model = AutoencoderKLTemporalDecoder(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
+                                         block_out_channels=(32,), layers_per_block=2, latent_channels=4,
+                                         sample_size=4)
+    weights = svd_model_(ctx, model, "diffusers_svd_vae", 7801)
+    g = gen(7803)
+    frames = 2
+    x = randn(g, frames, 3, 3, 2)
+
+    def run():
+        return model(x, num_frames=frames)  # encode -> posterior mode -> decode(num_frames)
+
+    src = ("real library class diffusers.models.unets.{} ; the {}.mid_block of the whole AutoencoderKLTemporalDecoder "
+           f"weights/{weights} (saved in float16; block_out_channels (32,), layers_per_block 2; every AlphaBlender "
+           f"mix_factor random), inputs captured by a forward pre-hook while the float32 AutoencoderKLTemporalDecoder.forward ran on a random sample "
+           f"({frames}, 3, 3, 2) with num_frames={frames} (encode, posterior mode, decode)")
+    ins, out = capture(model.encoder.mid_block, run)
+    ctx.bundle("unet_mid_block_2d_svd_vae_encoder_ref", "diffusers.UNetMidBlock2D", svd_vae_mid_config(model, "encoder"),
+               tensor_inputs(ins), out, ref=(weights, "encoder.mid_block."),
+               source=src.format("unet_2d_blocks.UNetMidBlock2D", "encoder") + "; the VAE passes temb=None")
+    ins, out = capture(model.decoder.mid_block, run)
+    assert ins["image_only_indicator"].shape == (1, frames)
+    cfg = svd_vae_mid_config(model, "decoder")
+    dsrc = src.format("unet_3d_blocks.MidBlockTemporalDecoder", "decoder") + "; the decoder passes image_only_indicator zeros"
+    ctx.bundle("mid_block_temporal_decoder_svd_ref", "diffusers.MidBlockTemporalDecoder", cfg, tensor_inputs(ins), out,
+               ref=(weights, "decoder.mid_block."), source=dsrc, half=True)
+    # One video of 3 frames (the learned mixers do not read image_only_indicator's values, only its frame count)
+    z = randn(g, 3, 4, 2, 3)
+    ins, out = capture(model.decoder.mid_block, lambda: model.decode(z, num_frames=3))
+    ctx.bundle("mid_block_temporal_decoder_svd_3_frames_ref", "diffusers.MidBlockTemporalDecoder", cfg,
+               tensor_inputs(ins), out, ref=(weights, "decoder.mid_block."),
+               source=("real library class diffusers.models.unets.unet_3d_blocks.MidBlockTemporalDecoder; the "
+                       f"decoder.mid_block of the whole AutoencoderKLTemporalDecoder weights/{weights}, inputs captured "
+                       "by a forward pre-hook while AutoencoderKLTemporalDecoder.decode ran on a random latent (3, 4, 2, 3) "
+                       "with num_frames=3 (one video of 3 frames); the decoder passes image_only_indicator zeros (1, 3)"))
+
+
 def lucidrains(ctx: Ctx):
     from denoising_diffusion_pytorch.version import __version__
     from denoising_diffusion_pytorch import GaussianDiffusion, Unet
@@ -1334,7 +1490,8 @@ def diffusers_controlnet(ctx: Ctx):
 
 
 MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_vq_movq, diffusers_unet1d, diffusers_unet1d_rl, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
-                  diffusers_unet2d_condition_dual, diffusers_controlnet, diffusers_unet3d, lucidrains, sd_checkpoint, guided_diffusion_checkpoint,
+                  diffusers_unet2d_condition_dual, diffusers_controlnet, diffusers_unet3d, diffusers_svd_unet,
+                  diffusers_svd_vae, lucidrains, sd_checkpoint, guided_diffusion_checkpoint,
                   ddpm_model_checkpoint, standalone_restated)
 
 
@@ -1361,6 +1518,13 @@ def block_module(spec, dtype=torch.float32):
     cast_module(module, dtype)
     module.load_state_dict(state, strict=True)
     return module.eval()
+
+
+def _checkpoint_dtypes(spec):
+    """The dtypes of the floating tensors a referencing spec's block reads from its checkpoint."""
+    rel, prefix, *key = spec["ref"]
+    ckpt = load_checkpoint_state_dict(WEIGHTS / rel, key[0] if key else None)
+    return {v.dtype for k, v in ckpt.items() if k.startswith(prefix) and v.is_floating_point()}
 
 
 def _short(dtype):
@@ -1462,8 +1626,12 @@ def export_all(ctx: Ctx, only=None):
                         continue
                     raise RuntimeError(f"{hpath}: PyTorch now runs module.to({dname}) of this block")
                 hmod, extra = twin
+                # the twin of a referencing bundle in the dtype its checkpoint holds (a float16 checkpoint's
+                # f16 twin) references it too: the same weights, no conversion. (Any other twin holds its weights:
+                # a converted reference would differ where a block keeps a parameter in f32, e.g. GroupNorm's.)
+                twin_ref = ref if ref is not None and _checkpoint_dtypes(spec) == {dtype} else None
                 hinfo = export_bundle(hmod, spec["block"], spec["config"], spec["inputs"], hpath,
-                                      kwargs=spec["kwargs"], trace=True, **extra)
+                                      kwargs=spec["kwargs"], trace=True, weights_ref=twin_ref, **extra)
                 results.append(hinfo)
                 print(describe(dict(spec, path=f"mid/{stem}_{suffix}.safetensors"), hinfo, dtype,
                                mixed="input_dtypes" in extra))
@@ -1495,7 +1663,11 @@ def verify_bundle(path: Path) -> str:
     module = build_module(b["block"], b["config"])
     state = resolve_weights(path, b, list(module.state_dict()))
     if b["weights_ref"] is not None:
-        assert dtype == torch.float32 and not b["state_dict"], f"{path}: referencing bundles are float32, weightless"
+        # weightless; float32, or the half-precision twin of a referencing float32 bundle in the dtype its
+        # checkpoint holds (no conversion)
+        assert not b["state_dict"] and (dtype == torch.float32 or (path.stem.endswith(("_f16", "_bf16")) and all(
+            v.dtype == dtype for v in state.values() if v.is_floating_point()))), \
+            f"{path}: referencing bundles are weightless, float32 or a twin in the checkpoint's own dtype"
         assert (path.parent / b["weights_ref"][0]).resolve().is_relative_to(MODELS.resolve()), path
     mixed = CONVERT_TO_FP16_MARK in meta["parity.source"]
     if mixed:
@@ -1536,6 +1708,11 @@ def verify_half_twin(path: Path, f32_path: Path):
     h, f = load_bundle(path), load_bundle(f32_path)
     dtype = getattr(torch, h["metadata"]["parity.dtype"])
     assert (h["block"], h["config"]) == (f["block"], f["config"]), path
+    if f["weights_ref"] is not None and h["weights_ref"] is None:
+        # the self-contained twin of a referencing bundle holds the checkpoint's weights, cast
+        f = dict(f, state_dict=resolve_weights(f32_path, f, list(build_module(f["block"], f["config"]).state_dict())))
+    else:
+        assert h["weights_ref"] == f["weights_ref"], path
     # (sorted: safetensors orders the tensors of a mixed-dtype file by dtype first)
     assert sorted(h["state_dict"]) == sorted(f["state_dict"]) and list(h["inputs"]) == list(f["inputs"]), path
     held = {}
@@ -1553,8 +1730,9 @@ def verify_half_twin(path: Path, f32_path: Path):
 
 def verify_models():
     """Every checkpoint loads with its library's own loader."""
-    from diffusers import (AutoencoderKL, ControlNetModel, UNet1DModel, UNet2DConditionModel, UNet2DModel,
-                           UNet3DConditionModel, VQModel)
+    from diffusers import (AutoencoderKL, AutoencoderKLTemporalDecoder, ControlNetModel, UNet1DModel,
+                           UNet2DConditionModel, UNet2DModel, UNet3DConditionModel, UNetSpatioTemporalConditionModel,
+                           VQModel)
 
     _diffusers_quiet()
     classes = {"diffusers_unet2d": UNet2DModel, "diffusers_unet2d_scale_shift": UNet2DModel,
@@ -1563,6 +1741,7 @@ def verify_models():
                "diffusers_if": UNet2DConditionModel, "diffusers_kandinsky": UNet2DConditionModel,
                "diffusers_vd": UNet2DConditionModel,
                "diffusers_controlnet": ControlNetModel, "diffusers_unet3d": UNet3DConditionModel,
+               "diffusers_svd": UNetSpatioTemporalConditionModel, "diffusers_svd_vae": AutoencoderKLTemporalDecoder,
                "diffusers_movq": VQModel, "diffusers_unet1d": UNet1DModel, "diffusers_unet1d_trajectory": UNet1DModel,
                "diffusers_unet1d_value": UNet1DModel}
     for name, cls in classes.items():

@@ -556,6 +556,10 @@ def _by_class(m):
         return TRACERS["diffusers.TransformerTemporalModel"]
     if name == "TemporalConvLayer":
         return _temporal_conv
+    if name == "SpatioTemporalResBlock":
+        return _sequence(_spatio_temporal_res)
+    if name == "TransformerSpatioTemporalModel":
+        return TRACERS["diffusers.TransformerSpatioTemporalModel"]
     if name.startswith("SpatialTransformer"):
         return TRACERS["ldm.SpatialTransformer"]
     if name == "AttnBlock":
@@ -664,6 +668,61 @@ def _diffusers_mid_3d(m):
 _diffusers_btb = _transformer_block(_diffusers)
 _ldm_btb = _transformer_block(_ldm_cross)
 
+# Stable Video Diffusion. TemporalResnetBlock: stages (B, C, F, H, W), temb (B, F, C)
+_temporal_resnet = _resnet(norm1="norm1", conv1="conv1", temb="time_emb_proj", norm2="norm2", conv2="conv2")
+
+
+def _spatio_temporal_res(m):
+    # SpatioTemporalResBlock: spatial_res_block (B*F, C, H, W), temporal_res_block and time_mixer (B, C, F, H, W)
+    return [("spatial_res_block", m.spatial_res_block, _diffusers_resnet),
+            ("temporal_res_block", m.temporal_res_block, _temporal_resnet), ("time_mixer", m.time_mixer, None)]
+
+
+def _temporal_btb(m, h):
+    """TemporalBasicTransformerBlock: ff_in, then a BasicTransformerBlock's stages on (B*H*W, F, C) tokens (its
+    output is (B*F, H*W, C), as the block returns it)."""
+    ff_in = _nest(h, "ff_in", m.ff_in, _feed_forward)
+    inner = _diffusers_btb(m, h)
+
+    def finish(got):
+        st = ff_in(got)
+        st.update(inner(got))
+        return st
+
+    return finish
+
+
+def _spatio_temporal_transformer(m, h):
+    """TransformerSpatioTemporalModel: norm, proj_in, time_pos_embed, then per layer transformer_blocks.<i> and
+    temporal_transformer_blocks.<i>, proj_out (time_mixer runs once per layer: not a stage)."""
+    h.out(m.norm, "norm")
+    h.out(m.proj_in, "proj_in")
+    emb = _nest(h, "time_pos_embed", m.time_pos_embed, None)
+    parts = []
+    for i, (b, t) in enumerate(zip(m.transformer_blocks, m.temporal_transformer_blocks)):
+        parts.append(_nest(h, f"transformer_blocks.{i}", b, _diffusers_btb))
+        parts.append(_nest(h, f"temporal_transformer_blocks.{i}", t, _temporal_btb))
+    h.out(m.proj_out, "proj_out")
+
+    def finish(got):
+        st = OrderedDict(norm=got["norm"], proj_in=got["proj_in"])
+        st.update(emb(got))
+        for f in parts:
+            st.update(f(got))
+        st["proj_out"] = got["proj_out"]
+        return st
+
+    return finish
+
+
+def _temporal_decoder_mid(m):
+    # MidBlockTemporalDecoder: resnets[0], then zip(resnets[1:], attentions): attention, resnet
+    out = [("resnets.0", m.resnets[0], _by_class(m.resnets[0]))]
+    for i, (r, a) in enumerate(zip(m.resnets[1:], m.attentions)):
+        out += [(f"attentions.{i}", a, _by_class(a)), (f"resnets.{i + 1}", r, _by_class(r))]
+    return out
+
+
 TRACERS = {
     "diffusers.Attention": _diffusers,
     "diffusers.FeedForward": _feed_forward,
@@ -683,6 +742,10 @@ TRACERS = {
     "diffusers.TransformerTemporalModel": _spatial_transformer(_diffusers_btb),
     "diffusers.TemporalConvLayer": _temporal_conv,
     "diffusers.UNetMidBlock3DCrossAttn": _sequence(_diffusers_mid_3d),
+    "diffusers.TransformerSpatioTemporalModel": _spatio_temporal_transformer,
+    "diffusers.SpatioTemporalResBlock": _sequence(_spatio_temporal_res),
+    "diffusers.UNetMidBlockSpatioTemporal": _sequence(_diffusers_mid),
+    "diffusers.MidBlockTemporalDecoder": _sequence(_temporal_decoder_mid),
     # ControlNetModel: the mid block's stages under mid_block/, the zero conv's output (before
     # conditioning_scale and the pooling) as controlnet_mid_block/output
     "diffusers.ControlNetMidBlock": _sequence(lambda m: [("mid_block", m.mid_block, _sequence(_diffusers_mid)),

@@ -125,6 +125,18 @@ fn config_json_gives_the_mid_block_config() {
             "mid/unet_mid_block_3d_cross_attn_unet3d_ref.safetensors",
             "diffusers_unet3d/config.json",
         ),
+        (
+            "mid/unet_mid_block_spatio_temporal_svd_mixed_ref.safetensors",
+            "diffusers_svd/config.json",
+        ),
+        (
+            "mid/mid_block_temporal_decoder_svd_ref.safetensors",
+            "diffusers_svd_vae/config.json",
+        ),
+        (
+            "mid/unet_mid_block_2d_svd_vae_encoder_ref.safetensors",
+            "diffusers_svd_vae/config.json",
+        ),
     ] {
         let err = assert_pass(&["check", &w(bundle), "--config", &models(config)]);
         assert!(err.contains("config from"), "{bundle}: {err}");
@@ -235,6 +247,17 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
         (
             "diffusers_unet3d/diffusion_pytorch_model.safetensors",
             &[("mid_block.", "diffusers.UNetMidBlock3DCrossAttn")],
+        ),
+        (
+            "diffusers_svd/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlockSpatioTemporal")],
+        ),
+        (
+            "diffusers_svd_vae/diffusion_pytorch_model.safetensors",
+            &[
+                ("decoder.mid_block.", "diffusers.MidBlockTemporalDecoder"),
+                ("encoder.mid_block.", "diffusers.UNetMidBlock2D"),
+            ],
         ),
         (
             "diffusers_vd/diffusion_pytorch_model.safetensors",
@@ -1069,4 +1092,141 @@ fn video_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
         );
     });
     assert_pass(&["check", masked.to_str().unwrap()]);
+}
+
+/// `detect` on a copy of `ckpt` alone in a scratch folder (no `config.json` beside it): its output.
+fn detect_alone(test: &str, ckpt: &str) -> String {
+    let dir = scratch(test);
+    let lone = copy_to(&dir, ckpt, "m.safetensors");
+    let (code, out, err) = cli(&["detect", &lone]);
+    assert_eq!(code, 0, "{err}");
+    out
+}
+
+/// The bundle `<stem>` and its f16 / bf16 twins pass on the block at `prefix` of `ckpt`.
+fn assert_twins_pass_on(stem: &str, ckpt: &str, prefix: &str) {
+    for suffix in ["", "_f16", "_bf16"] {
+        let b = w(&format!("{stem}{suffix}.safetensors"));
+        let err = assert_pass(&["check", &b, "--weights", ckpt, "--prefix", prefix]);
+        assert!(err.contains("weights from"), "{suffix}: {err}");
+    }
+}
+
+/// `image_only_indicator` as a bundle input: `(batch, num_frames)` values, or its absence.
+fn with_indicator(b: &mut RawBundle, values: Option<(&[f32], (usize, usize))>) {
+    let key = "parity.input.image_only_indicator";
+    let mut names: Vec<String> = serde_json::from_str(&b.metadata["parity.inputs"]).unwrap();
+    match values {
+        Some((v, shape)) => {
+            let t = candle_core::Tensor::from_slice(v, shape, &candle_core::Device::Cpu).unwrap();
+            b.tensors.insert(key.into(), t);
+        }
+        None => {
+            b.tensors.remove(key);
+            names.retain(|n| n != "image_only_indicator");
+        }
+    }
+    b.metadata
+        .insert("parity.inputs".into(), serde_json::to_string(&names).unwrap());
+}
+
+/// Stable Video Diffusion's tiny U-Net (`weights/models/diffusers_svd`, saved in float16 as SVD's
+/// fp16 variants are): `detect` names its `UNetMidBlockSpatioTemporal` and reads what the keys
+/// tell, the f16 bundle (which references the checkpoint) and the bf16 one (own weights) pass on
+/// the whole checkpoint's mid block, and `image_only_indicator` counts: its values (frame 1 is an
+/// image in the bundle: the learned_with_images mixers take it from the spatial path) and its
+/// shape (the frame count) change the output, so a wrong one FAILs, a missing or ill-shaped one
+/// is an error naming it.
+#[test]
+fn svd_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
+    let ckpt = models("diffusers_svd/diffusion_pytorch_model.safetensors");
+    let out = detect_alone("detect-lone-svd", &ckpt);
+    assert!(
+        out.contains("prefix `mid_block.`: diffusers.UNetMidBlockSpatioTemporal")
+            && out.contains("\"in_channels\":32")
+            && out.contains("\"temb_channels\":128")
+            && out.contains("\"cross_attention_dim\":8")
+            && out.contains("\"transformer_layers_per_block\":1")
+            && out.contains("not in the keys: num_attention_heads")
+            && !out.contains("not supported"),
+        "{out}"
+    );
+    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["mid_blocks"][0]["from_config"]["num_attention_heads"], 2, "{out}");
+    let stem = "mid/unet_mid_block_spatio_temporal_svd_mixed_ref";
+    assert_twins_pass_on(stem, &ckpt, "mid_block.");
+    let dir = scratch("svd-indicator");
+    let edited = |name: &str, values: Option<(&[f32], (usize, usize))>| {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        let path = RawBundle::edited(&format!("{stem}.safetensors"), &d, |b| with_indicator(b, values));
+        let path = path.to_str().unwrap().to_string();
+        cli(&["check", &path, "--weights", &ckpt, "--prefix", "mid_block."])
+    };
+    // the bundle's [[0, 1]] is the pass; no image ([[0, 0]], what the U-Net passes), both images,
+    // and 2 videos of 1 frame (the same two values) are FAILs
+    for (name, values) in [
+        ("video", (&[0f32, 0.][..], (1, 2))),
+        ("images", (&[1f32, 1.][..], (1, 2))),
+        ("one_frame", (&[0f32, 1.][..], (2, 1))),
+    ] {
+        let (code, out, err) = edited(name, Some(values));
+        assert_eq!(code, 1, "{name}: {out}\n{err}");
+        assert!(out.contains("FAIL") && !out.contains("PASS"), "{name}: {out}");
+    }
+    // 3 frames do not divide the batch of 2; and diffusers reads the frame count from it
+    for (name, values) in [("three", Some((&[0f32, 0., 0.][..], (1, 3)))), ("none", None)] {
+        let (code, out, err) = edited(name, values);
+        assert_eq!(code, 2, "{name}: {out}\n{err}");
+        assert!(
+            err.contains("image_only_indicator") && !out.contains("PASS"),
+            "{name}: {err}"
+        );
+    }
+}
+
+/// Stable Video Diffusion's tiny VAE (`weights/models/diffusers_svd_vae`, float16): `detect` names
+/// the decoder's `MidBlockTemporalDecoder` and the encoder's plain `UNetMidBlock2D`; the decoder's
+/// bundles pass on the whole checkpoint; its `learned` mixers do not read `image_only_indicator`'s
+/// values (ones still pass), but its shape is the frame count (2 videos of 1 frame FAIL).
+#[test]
+fn svd_vae_mid_blocks_detect_and_check_from_the_whole_checkpoint() {
+    let ckpt = models("diffusers_svd_vae/diffusion_pytorch_model.safetensors");
+    let out = detect_alone("detect-lone-svd-vae", &ckpt);
+    assert!(
+        out.contains("prefix `decoder.mid_block.`: diffusers.MidBlockTemporalDecoder")
+            && out.contains("\"num_layers\":2")
+            && out.contains("\"out_channels\":32")
+            && out.contains("not in the keys: attention_head_dim")
+            && out.contains("prefix `encoder.mid_block.`: diffusers.UNetMidBlock2D")
+            && !out.contains("not supported"),
+        "{out}"
+    );
+    let stem = "mid/mid_block_temporal_decoder_svd_ref";
+    assert_twins_pass_on(stem, &ckpt, "decoder.mid_block.");
+    assert_pass(&[
+        "check",
+        &w("mid/mid_block_temporal_decoder_svd_3_frames_ref.safetensors"),
+    ]);
+    let dir = scratch("svd-vae-indicator");
+    for (name, values, code_want) in [
+        ("ones", (&[1f32, 1.][..], (1, 2)), 0),
+        ("one_frame", (&[0f32, 0.][..], (2, 1)), 1),
+    ] {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        let path = RawBundle::edited(&format!("{stem}.safetensors"), &d, |b| with_indicator(b, Some(values)));
+        let (code, out, err) = cli(&[
+            "check",
+            path.to_str().unwrap(),
+            "--weights",
+            &ckpt,
+            "--prefix",
+            "decoder.mid_block.",
+        ]);
+        assert_eq!(code, code_want, "{name}: {out}\n{err}");
+        assert_eq!(out.contains("PASS"), code_want == 0, "{name}: {out}");
+    }
 }

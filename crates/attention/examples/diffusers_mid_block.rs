@@ -6,14 +6,47 @@
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_if
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_controlnet
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_unet3d
+//! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_svd
+//! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_svd_vae
 //! ```
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use unet_attention::diffusers::model_config::mid_blocks;
+use unet_attention::diffusers::model_config::MidBlockSpec;
 use unet_attention::diffusers::{
-    ControlNetMidBlock, UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn, UNetMidBlock3DCrossAttn,
+    ControlNetMidBlock, MidBlockTemporalDecoder, UNetMidBlock2D, UNetMidBlock2DCrossAttn,
+    UNetMidBlock2DSimpleCrossAttn, UNetMidBlock3DCrossAttn, UNetMidBlockSpatioTemporal,
 };
+
+/// Stable Video Diffusion's mid blocks on one video of 4 frames: `(frames, C, H, W)`, temb and
+/// context repeated per frame as the U-Net repeats them, `image_only_indicator` zeros as the
+/// pipelines pass it. `None` for other blocks.
+fn svd(
+    spec: &MidBlockSpec,
+    vb: VarBuilder,
+    x: &Tensor,
+    temb: Option<&Tensor>,
+    context: &Tensor,
+) -> anyhow::Result<Option<Tensor>> {
+    let frames = 4;
+    let (x, ioi) = (
+        x.repeat((frames, 1, 1, 1))?,
+        Tensor::zeros((1, frames), DType::F32, x.device())?,
+    );
+    if spec.block == UNetMidBlockSpatioTemporal::BLOCK {
+        let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
+        let temb = temb.map(|t| t.repeat((frames, 1))).transpose()?;
+        let context = context.repeat((frames, 1, 1))?;
+        let mid = UNetMidBlockSpatioTemporal::new(vb, &cfg)?;
+        return Ok(Some(mid.forward(&x, temb.as_ref(), Some(&context), Some(&ioi))?));
+    }
+    if spec.block == MidBlockTemporalDecoder::BLOCK {
+        let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
+        return Ok(Some(MidBlockTemporalDecoder::new(vb, &cfg)?.forward(&x, Some(&ioi))?));
+    }
+    Ok(None)
+}
 
 fn main() -> anyhow::Result<()> {
     let dir = std::env::args()
@@ -46,6 +79,16 @@ fn main() -> anyhow::Result<()> {
         // The context as the block sees it (IF / Kandinsky: after `encoder_hid_proj`).
         let context_dim = mid["cross_attention_dim"].as_u64().unwrap_or(0) as usize;
         let context = Tensor::randn(0f32, 1.0, (1, 77, context_dim), &dev)?;
+        if let Some(y) = svd(&spec, vb.clone(), &x, temb.as_ref(), &context)? {
+            println!(
+                "{} at `{}`: {:?} -> {:?} (4 frames)",
+                spec.block,
+                spec.prefix,
+                x.dims(),
+                y.dims()
+            );
+            continue;
+        }
         let y = if spec.block == ControlNetMidBlock::BLOCK {
             let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
             // (mid_block_res_sample, sample); the residual at conditioning_scale 1.0

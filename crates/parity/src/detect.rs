@@ -3,6 +3,8 @@
 //! counts, memory key/values) and list what they cannot (heads, the qkv order, norm groups, eps).
 
 use crate::checkpoint::Checkpoint;
+
+mod svd;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -93,6 +95,12 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
     for p in prefixes(ck, "resnets.0.conv1.weight") {
         if p.ends_with("mid_block.") || (p.is_empty() && bare_diffusers_mid(ck)) {
             found.push(diffusers(ck, &p));
+        }
+    }
+    // Stable Video Diffusion: SpatioTemporalResBlocks.
+    for p in prefixes(ck, svd::ANCHOR) {
+        if svd::is_mid(ck, &p) {
+            found.push(svd::spatio_temporal(ck, &p));
         }
     }
     // UNet1DModel (Dance Diffusion): the cubic resampling buffers and ResConvBlocks.

@@ -4,7 +4,9 @@
 //! `UNetMidBlock2D`, `UNetMidBlock2DCrossAttn`, `UNetMidBlock2DSimpleCrossAttn`), the video U-Nets'
 //! `UNetMidBlock3DCrossAttn` with its temporal layers (`TemporalConvLayer`, `TransformerTemporalModel`), the
 //! `ControlNetModel` bottleneck (`ControlNetMidBlock`: its mid block and `controlnet_mid_block`)
-//! and their configs from a model's `config.json`.
+//! and their configs from a model's `config.json`; Stable Video Diffusion's
+//! `UNetMidBlockSpatioTemporal` and `MidBlockTemporalDecoder` (`SpatioTemporalResBlock`,
+//! `AlphaBlender`, `TransformerSpatioTemporalModel`).
 
 pub mod attention;
 pub mod controlnet;
@@ -15,12 +17,15 @@ pub mod mid_block_1d;
 pub mod mid_block_1d_temporal;
 pub mod mid_block_3d;
 pub mod mid_block_simple_cross;
+pub mod mid_block_spatio_temporal;
 pub mod model_config;
 mod model_keys;
 pub mod resnet;
 pub mod resnet_cond_norm;
+pub mod spatio_temporal;
 pub mod temporal;
 pub mod transformer;
+pub mod transformer_spatio_temporal;
 
 pub use attention::{Attention, AttentionConfig, Processor};
 pub use controlnet::{ControlNetMidBlock, ControlNetMidBlockConfig};
@@ -33,11 +38,17 @@ pub use mid_block_1d_temporal::{
 };
 pub use mid_block_3d::{UNetMidBlock3DCrossAttn, UNetMidBlock3DCrossAttnConfig};
 pub use mid_block_simple_cross::{UNetMidBlock2DSimpleCrossAttn, UNetMidBlock2DSimpleCrossAttnConfig};
+pub use mid_block_spatio_temporal::{
+    MidBlockTemporalDecoder, MidBlockTemporalDecoderConfig, UNetMidBlockSpatioTemporal,
+    UNetMidBlockSpatioTemporalConfig,
+};
 pub use resnet::{ResnetBlock2D, ResnetBlock2DConfig};
 pub use resnet_cond_norm::{ResnetBlockCondNorm2D, ResnetBlockCondNorm2DConfig};
+pub use spatio_temporal::{AlphaBlender, MergeStrategy, SpatioTemporalResBlock, SpatioTemporalResBlockSpec};
 pub use temporal::{
     TemporalConvLayer, TemporalConvLayerConfig, TransformerTemporalModel, TransformerTemporalModelConfig,
 };
 pub use transformer::{
     BasicTransformerBlock, BasicTransformerBlockConfig, Transformer2DModel, Transformer2DModelConfig,
 };
+pub use transformer_spatio_temporal::{TransformerSpatioTemporalModel, TransformerSpatioTemporalModelConfig};

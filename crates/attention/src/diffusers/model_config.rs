@@ -29,6 +29,8 @@
 //!   resnet_eps=norm_eps, resnet_act_fn=act_fn, output_scale_factor=mid_block_scale_factor,
 //!   cross_attention_dim, num_attention_heads=attention_head_dim[-1], resnet_groups=norm_num_groups,
 //!   dual_cross_attention=False)` (the mid block reads `num_attention_heads` as the per-head width);
+//! * `UNetSpatioTemporalConditionModel` and `AutoencoderKLTemporalDecoder` (Stable Video
+//!   Diffusion): see `model_config/svd.rs`;
 //! * `ControlNetModel` (`controlnets/controlnet.py`): `UNetMidBlock2DCrossAttn(transformer_layers_per_block[-1],
 //!   in_channels=block_out_channels[-1], temb_channels=block_out_channels[0] * 4, resnet_eps=norm_eps,
 //!   resnet_act_fn=act_fn, output_scale_factor=mid_block_scale_factor, resnet_time_scale_shift,
@@ -49,6 +51,8 @@ use crate::diffusers::mid_block_1d_temporal::{MidResTemporalBlock1D, ValueFuncti
 use crate::diffusers::mid_block_3d::UNetMidBlock3DCrossAttn;
 use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
 use crate::diffusers::model_keys::*;
+
+mod svd;
 use crate::{Error, Result};
 use serde_json::{json, Map, Value};
 
@@ -65,6 +69,10 @@ pub enum ModelClass {
     UNet1DModel,
     /// The video U-Net of ModelScope text-to-video / Zeroscope.
     UNet3DConditionModel,
+    /// Stable Video Diffusion's U-Net.
+    UNetSpatioTemporalConditionModel,
+    /// Stable Video Diffusion's VAE.
+    AutoencoderKLTemporalDecoder,
 }
 
 impl ModelClass {
@@ -77,6 +85,8 @@ impl ModelClass {
             ModelClass::VQModel => "VQModel",
             ModelClass::UNet1DModel => "UNet1DModel",
             ModelClass::UNet3DConditionModel => "UNet3DConditionModel",
+            ModelClass::UNetSpatioTemporalConditionModel => "UNetSpatioTemporalConditionModel",
+            ModelClass::AutoencoderKLTemporalDecoder => "AutoencoderKLTemporalDecoder",
         }
     }
 
@@ -89,6 +99,8 @@ impl ModelClass {
             ModelClass::VQModel => VQ_MODEL_KEYS,
             ModelClass::UNet1DModel => UNET_1D_KEYS,
             ModelClass::UNet3DConditionModel => UNET_3D_CONDITION_KEYS,
+            ModelClass::UNetSpatioTemporalConditionModel => UNET_SPATIO_TEMPORAL_KEYS,
+            ModelClass::AutoencoderKLTemporalDecoder => AUTOENCODER_KL_TEMPORAL_DECODER_KEYS,
         }
     }
 }
@@ -139,11 +151,13 @@ pub fn model_class(config: &Value) -> Result<Option<ModelClass>> {
         Some("VQModel") => Ok(Some(ModelClass::VQModel)),
         Some("UNet1DModel") => Ok(Some(ModelClass::UNet1DModel)),
         Some("UNet3DConditionModel") => Ok(Some(ModelClass::UNet3DConditionModel)),
+        Some("UNetSpatioTemporalConditionModel") => Ok(Some(ModelClass::UNetSpatioTemporalConditionModel)),
+        Some("AutoencoderKLTemporalDecoder") => Ok(Some(ModelClass::AutoencoderKLTemporalDecoder)),
         Some(other) => Err(Error::unsupported(
             CONTEXT,
             format!(
                 "model class `{other}`; known: UNet1DModel, UNet2DModel, UNet2DConditionModel, AutoencoderKL, VQModel, \
-                 ControlNetModel, UNet3DConditionModel"
+                 ControlNetModel, UNet3DConditionModel, UNetSpatioTemporalConditionModel, AutoencoderKLTemporalDecoder"
             ),
         )),
     }
@@ -173,7 +187,7 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
     let c = Cfg(obj);
     // Down blocks where the config does not list them: the class defaults' count.
     let default_blocks = match class {
-        ModelClass::AutoencoderKL | ModelClass::VQModel => 1,
+        ModelClass::AutoencoderKL | ModelClass::VQModel | ModelClass::AutoencoderKLTemporalDecoder => 1,
         ModelClass::UNet1DModel => 3,
         _ => 4,
     };
@@ -186,6 +200,8 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
         ModelClass::UNet1DModel => unet_1d(&c).map(|s| s.into_iter().collect()),
         ModelClass::ControlNetModel => controlnet(&c),
         ModelClass::UNet3DConditionModel => unet_3d_condition(&c).map(|s| vec![s]),
+        ModelClass::UNetSpatioTemporalConditionModel => svd::unet_spatio_temporal(&c).map(|s| vec![s]),
+        ModelClass::AutoencoderKLTemporalDecoder => svd::autoencoder_temporal_decoder(&c),
     }
 }
 
@@ -799,10 +815,10 @@ mod tests {
         let e = mid_blocks(&cfg, None, false).unwrap_err().to_string();
         assert!(e.contains("mid_block_flavour"), "{e}");
         assert!(mid_blocks(&cfg, None, true).is_ok());
-        let e = mid_blocks(&json!({"_class_name": "UNetSpatioTemporalConditionModel"}), None, false)
+        let e = mid_blocks(&json!({"_class_name": "UNetControlNetXSModel"}), None, false)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("UNetSpatioTemporalConditionModel"), "{e}");
+        assert!(e.contains("UNetControlNetXSModel"), "{e}");
         let e = mid_blocks(&json!({"block_out_channels": [4]}), None, false)
             .unwrap_err()
             .to_string();

@@ -206,3 +206,33 @@ pub(super) const UNET_3D_CONDITION_KEYS: &[&str] = &[
     "num_attention_heads",
     "time_cond_proj_dim",
 ];
+
+/// `UNetSpatioTemporalConditionModel.__init__` arguments (0.42.1).
+pub(super) const UNET_SPATIO_TEMPORAL_KEYS: &[&str] = &[
+    "sample_size",
+    "in_channels",
+    "out_channels",
+    "down_block_types",
+    "up_block_types",
+    "block_out_channels",
+    "addition_time_embed_dim",
+    "projection_class_embeddings_input_dim",
+    "layers_per_block",
+    "cross_attention_dim",
+    "transformer_layers_per_block",
+    "num_attention_heads",
+    "num_frames",
+];
+
+/// `AutoencoderKLTemporalDecoder.__init__` arguments (0.42.1).
+pub(super) const AUTOENCODER_KL_TEMPORAL_DECODER_KEYS: &[&str] = &[
+    "in_channels",
+    "out_channels",
+    "down_block_types",
+    "block_out_channels",
+    "layers_per_block",
+    "latent_channels",
+    "sample_size",
+    "scaling_factor",
+    "force_upcast",
+];

@@ -37,7 +37,7 @@ use serde::Deserialize;
 
 /// `hidden_states` `(B·F, C, H, W)` split into `(B, F)`: an error where `num_frames` is zero or
 /// does not divide the batch (PyTorch's reshape fails there too).
-fn split_frames(
+pub(crate) fn split_frames(
     block: &'static str,
     x: &Tensor,
     channels: usize,
@@ -69,14 +69,14 @@ fn split_frames(
 /// computed as a `(3, 1)` Conv2d on `(B, C, F, H·W)` with the frames zero-padded; f16/bf16 in
 /// f32 and rounded once.
 #[derive(Debug, Clone)]
-struct FrameConv {
+pub(crate) struct FrameConv {
     /// `(out, in, 3, 1)`.
     weight: Tensor,
     bias: Tensor,
 }
 
 impl FrameConv {
-    fn load(vb: VarBuilder, in_dim: usize, out_dim: usize) -> Result<Self> {
+    pub(crate) fn load(vb: VarBuilder, in_dim: usize, out_dim: usize) -> Result<Self> {
         let weight = vb.get((out_dim, in_dim, 3, 1, 1), "weight")?;
         Ok(Self {
             weight: weight.reshape((out_dim, in_dim, 3, 1))?,
@@ -85,7 +85,7 @@ impl FrameConv {
     }
 
     /// `x` `(B, C, F, H, W)` → `(B, out, F, H, W)`.
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, c, f, h, w) = x.dims5()?;
         let x32 = upcast(x)?.reshape((b, c, f, h * w))?.pad_with_zeros(2, 1, 1)?;
         let weight = self.weight.to_dtype(x32.dtype())?;

@@ -115,6 +115,20 @@ impl TransformerBlock {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        let out = self.forward_unrecorded(hidden_states, context, attention_mask, encoder_attention_mask)?;
+        trace::record("output", &out);
+        Ok(out)
+    }
+
+    /// [`Self::forward`] without recording its `output` stage (for a caller whose block output
+    /// is this one's in another layout: `TemporalBasicTransformerBlock`).
+    pub(crate) fn forward_unrecorded(
+        &self,
+        hidden_states: &Tensor,
+        context: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+        encoder_attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let attn1_context = if self.attn1_cross { context } else { None };
         let normed = self.norm1.forward(hidden_states)?;
         trace::record("norm1", &normed);
@@ -128,9 +142,7 @@ impl TransformerBlock {
         }
         let normed = self.norm3.forward(&h)?;
         trace::record("norm3", &normed);
-        let out = (trace::scope("ff", || self.ff.forward(&normed))? + h)?;
-        trace::record("output", &out);
-        Ok(out)
+        Ok((trace::scope("ff", || self.ff.forward(&normed))? + h)?)
     }
 }
 

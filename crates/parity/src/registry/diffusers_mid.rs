@@ -4,6 +4,7 @@ use unet_attention::diffusers::{
     ControlNetMidBlock, MidResTemporalBlock1D, ResnetBlock2D, UNetMidBlock1D, UNetMidBlock2D, UNetMidBlock2DCrossAttn,
     UNetMidBlock2DSimpleCrossAttn, UNetMidBlock3DCrossAttn, ValueFunctionMidBlock1D,
 };
+use unet_attention::diffusers::{MidBlockTemporalDecoder, UNetMidBlockSpatioTemporal};
 use unet_attention::{config, Result};
 
 impl Runnable for ResnetBlock2D {
@@ -87,6 +88,27 @@ impl Runnable for UNetMidBlock3DCrossAttn {
             inputs.get("attention_mask"),
             inputs.count("num_frames", 1)?,
         )?;
+        Ok(vec![out])
+    }
+}
+
+/// Stable Video Diffusion's U-Net mid block: `num_frames` from `image_only_indicator`'s last dim.
+impl Runnable for UNetMidBlockSpatioTemporal {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let out = self.forward(
+            inputs.required("hidden_states")?,
+            inputs.get("temb"),
+            inputs.get("encoder_hidden_states"),
+            inputs.get("image_only_indicator"),
+        )?;
+        Ok(vec![out])
+    }
+}
+
+/// Stable Video Diffusion's VAE decoder mid block.
+impl Runnable for MidBlockTemporalDecoder {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let out = self.forward(inputs.required("hidden_states")?, inputs.get("image_only_indicator"))?;
         Ok(vec![out])
     }
 }
@@ -190,6 +212,26 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             build: |vb, cfg| {
                 let cfg = config::from_json(UNetMidBlock3DCrossAttn::BLOCK, cfg)?;
                 Ok(Box::new(UNetMidBlock3DCrossAttn::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: UNetMidBlockSpatioTemporal::BLOCK,
+            pytorch: "diffusers.models.unets.unet_3d_blocks.UNetMidBlockSpatioTemporal (diffusers 0.42.1; UNetSpatioTemporalConditionModel mid block, Stable Video Diffusion: SpatioTemporalResBlock (ResnetBlock2D + Conv3d (3, 1, 1) TemporalResnetBlock + AlphaBlender), TransformerSpatioTemporalModel; num_frames from image_only_indicator)",
+            inputs: &["hidden_states", "temb", "encoder_hidden_states", "image_only_indicator"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(UNetMidBlockSpatioTemporal::BLOCK, cfg)?;
+                Ok(Box::new(UNetMidBlockSpatioTemporal::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: MidBlockTemporalDecoder::BLOCK,
+            pytorch: "diffusers.models.unets.unet_3d_blocks.MidBlockTemporalDecoder (diffusers 0.42.1; AutoencoderKLTemporalDecoder decoder mid block, Stable Video Diffusion's VAE: SpatioTemporalResBlock without temb, learned switched AlphaBlender, one VAE-style Attention)",
+            inputs: &["hidden_states", "image_only_indicator"],
+            kwargs: &[],
+            build: |vb, cfg| {
+                let cfg = config::from_json(MidBlockTemporalDecoder::BLOCK, cfg)?;
+                Ok(Box::new(MidBlockTemporalDecoder::new(vb, &cfg)?))
             },
         },
     ]
