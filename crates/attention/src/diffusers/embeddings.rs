@@ -12,8 +12,11 @@
 //!
 //! The buffer is persistent, so `save_pretrained` writes it (`<block>.pos_embed.pe`) and
 //! `from_pretrained` loads it over the computed table: the table is read from the checkpoint
-//! (its shape checked), never recomputed here, and a checkpoint without it is an error naming
-//! the key. diffusers' constructor fails for an odd `embed_dim` (the cosine half is one column
+//! (its shape checked: one of another length is an error, as diffusers' size-mismatch error).
+//! A checkpoint without it (the original AnimateDiff files' `pos_encoder.pe` are dropped by
+//! diffusers' converter) gets the constructor's table, computed here as PyTorch computes it
+//! ([`SinusoidalPositionalEmbedding::table`]), as `from_pretrained` keeps it then (it warns that
+//! the key was "newly initialized"). diffusers' constructor fails for an odd `embed_dim` (the cosine half is one column
 //! short), and `forward` on more tokens than `max_seq_length` fails to broadcast: both are
 //! errors here too.
 
@@ -46,14 +49,9 @@ impl SinusoidalPositionalEmbedding {
         }
         let name = format!("{}.pe", vb.prefix());
         if !vb.contains_tensor("pe") {
-            return Err(Error::config(
-                block,
-                format!(
-                    "weight `{name}` is missing: SinusoidalPositionalEmbedding's `pe` is a persistent buffer, which \
-                     diffusers writes to every checkpoint it saves and loads from it; expected (1, {max_seq_length}, \
-                     {embed_dim})"
-                ),
-            ));
+            // diffusers' from_pretrained keeps the constructor's table then ("newly initialized").
+            let pe = Self::table(embed_dim, max_seq_length, vb.device())?.to_dtype(vb.dtype())?;
+            return Ok(Self { pe, max_seq_length });
         }
         let shape = vec![1, max_seq_length, embed_dim];
         // Asked for by its shape: a backend that knows it before reading refuses a wrong one unread.
@@ -74,6 +72,25 @@ impl SinusoidalPositionalEmbedding {
         Ok(Self { pe, max_seq_length })
     }
 
+    /// The constructor's table `(1, max_seq_length, embed_dim)` in float32, computed as PyTorch
+    /// does: `div = exp(arange(0, D, 2) * (-ln 10000 / D))` and `pos * div` in float32 (the
+    /// Python float rounded to float32 first), `sin` in the even columns, `cos` in the odd ones.
+    pub fn table(embed_dim: usize, max_seq_length: usize, device: &candle_core::Device) -> Result<Tensor> {
+        let scale = (-(10000f64.ln()) / embed_dim as f64) as f32;
+        let div: Vec<f32> = (0..embed_dim).step_by(2).map(|i| (i as f32 * scale).exp()).collect();
+        let mut pe = vec![0f32; max_seq_length * embed_dim];
+        for (pos, row) in pe.chunks_mut(embed_dim).enumerate() {
+            for (j, d) in div.iter().enumerate() {
+                let angle = pos as f32 * d;
+                row[2 * j] = angle.sin();
+                if 2 * j + 1 < embed_dim {
+                    row[2 * j + 1] = angle.cos();
+                }
+            }
+        }
+        Ok(Tensor::from_vec(pe, (1, max_seq_length, embed_dim), device)?)
+    }
+
     /// `x + pe[:, :seq_length]` on `x` `(B, seq_length, embed_dim)`, in `x`'s dtype.
     pub fn forward(&self, block: &'static str, x: &Tensor) -> Result<Tensor> {
         let n = x.dim(1)?;
@@ -90,5 +107,50 @@ impl SinusoidalPositionalEmbedding {
         }
         let pe = self.pe.narrow(1, 0, n)?.to_dtype(x.dtype())?;
         Ok(x.broadcast_add(&pe)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+    use std::collections::HashMap;
+
+    /// The computed table is the sinusoid (checked in f64), and a checkpoint without `pe` gets it.
+    #[test]
+    fn missing_pe_gets_the_constructors_table() {
+        let dev = Device::Cpu;
+        let (d, n) = (8, 6);
+        let vb = VarBuilder::from_tensors(HashMap::new(), DType::F32, &dev);
+        let emb = SinusoidalPositionalEmbedding::load(vb.pp("pos_embed"), "test", d, n).unwrap();
+        let got = emb.pe.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for pos in 0..n {
+            for i in 0..d {
+                let div = ((i - i % 2) as f64 * -(10000f64.ln()) / d as f64).exp();
+                let want = if i % 2 == 0 { (pos as f64 * div).sin() } else { (pos as f64 * div).cos() };
+                assert!((got[pos * d + i] as f64 - want).abs() < 1e-6, "{pos} {i}");
+            }
+        }
+        // More positions than the table: an error naming the length.
+        let x = Tensor::zeros((2, n + 1, d), DType::F32, &dev).unwrap();
+        let e = emb.forward("test", &x).unwrap_err().to_string();
+        assert!(e.contains("max_seq_length 6"), "{e}");
+        let x = Tensor::zeros((2, 3, d), DType::F32, &dev).unwrap();
+        let y = emb.forward("test", &x).unwrap();
+        assert_eq!(y.dims(), &[2, 3, d]);
+    }
+
+    /// A table of another length or width is a shape error naming the key; an odd width cannot
+    /// be built.
+    #[test]
+    fn pe_shape_is_checked() {
+        let dev = Device::Cpu;
+        let mut t = HashMap::new();
+        t.insert("m.pe".to_string(), Tensor::zeros((1, 4, 8), DType::F32, &dev).unwrap());
+        let vb = VarBuilder::from_tensors(t, DType::F32, &dev);
+        let e = SinusoidalPositionalEmbedding::load(vb.pp("m"), "test", 8, 6).unwrap_err().to_string();
+        assert!(e.contains("m.pe") && e.contains("[1, 4, 8]") && e.contains("(1, 6, 8)"), "{e}");
+        let e = SinusoidalPositionalEmbedding::load(vb.pp("m"), "test", 7, 6).unwrap_err().to_string();
+        assert!(e.contains("odd width 7"), "{e}");
     }
 }

@@ -19,6 +19,7 @@ pub mod mid_block_3d;
 pub mod mid_block_motion;
 pub mod mid_block_simple_cross;
 pub mod model_config;
+pub mod model_config_video;
 mod model_keys;
 pub mod resnet;
 pub mod resnet_cond_norm;

@@ -36,7 +36,8 @@
 //!   resnet_groups=norm_num_groups, use_linear_projection, upcast_attention)` (or, for
 //!   `mid_block_type: "UNetMidBlock2D"`, `UNetMidBlock2D(..., num_layers=0, add_attention=False)`)
 //!   and the `controlnet_mid_block` convolution: two specs, the whole `ControlNetMidBlock` at the
-//!   top level (prefix `""`) and its mid block alone at `mid_block`.
+//!   top level (prefix `""`) and its mid block alone at `mid_block`;
+//! * `UNetMotionModel` (AnimateDiff) and `I2VGenXLUNet`: see [`super::model_config_video`].
 //!
 //! Keys the class does not have are an error (a config from another class or a newer diffusers
 //! may change the block) unless `allow_unknown`; keys starting with `_` (`_class_name`,
@@ -48,6 +49,7 @@ use crate::diffusers::mid_block_1d::UNetMidBlock1D;
 use crate::diffusers::mid_block_1d_temporal::{MidResTemporalBlock1D, ValueFunctionMidBlock1D};
 use crate::diffusers::mid_block_3d::UNetMidBlock3DCrossAttn;
 use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
+use crate::diffusers::model_config_video as video;
 use crate::diffusers::model_keys::*;
 use crate::{Error, Result};
 use serde_json::{json, Map, Value};
@@ -65,6 +67,10 @@ pub enum ModelClass {
     UNet1DModel,
     /// The video U-Net of ModelScope text-to-video / Zeroscope.
     UNet3DConditionModel,
+    /// AnimateDiff's U-Net (see [`super::model_config_video`]).
+    UNetMotionModel,
+    /// I2VGen-XL's image-to-video U-Net (see [`super::model_config_video`]).
+    I2VGenXLUNet,
 }
 
 impl ModelClass {
@@ -77,6 +83,8 @@ impl ModelClass {
             ModelClass::VQModel => "VQModel",
             ModelClass::UNet1DModel => "UNet1DModel",
             ModelClass::UNet3DConditionModel => "UNet3DConditionModel",
+            ModelClass::UNetMotionModel => "UNetMotionModel",
+            ModelClass::I2VGenXLUNet => "I2VGenXLUNet",
         }
     }
 
@@ -89,6 +97,8 @@ impl ModelClass {
             ModelClass::VQModel => VQ_MODEL_KEYS,
             ModelClass::UNet1DModel => UNET_1D_KEYS,
             ModelClass::UNet3DConditionModel => UNET_3D_CONDITION_KEYS,
+            ModelClass::UNetMotionModel => video::UNET_MOTION_KEYS,
+            ModelClass::I2VGenXLUNet => video::I2VGEN_XL_KEYS,
         }
     }
 }
@@ -122,9 +132,9 @@ impl MidBlockSpec {
     }
 }
 
-const CONTEXT: &str = "config.json";
+pub(super) const CONTEXT: &str = "config.json";
 
-fn bad(message: impl Into<String>) -> Error {
+pub(super) fn bad(message: impl Into<String>) -> Error {
     Error::config(CONTEXT, message)
 }
 
@@ -139,11 +149,14 @@ pub fn model_class(config: &Value) -> Result<Option<ModelClass>> {
         Some("VQModel") => Ok(Some(ModelClass::VQModel)),
         Some("UNet1DModel") => Ok(Some(ModelClass::UNet1DModel)),
         Some("UNet3DConditionModel") => Ok(Some(ModelClass::UNet3DConditionModel)),
+        Some("UNetMotionModel") => Ok(Some(ModelClass::UNetMotionModel)),
+        Some("I2VGenXLUNet") => Ok(Some(ModelClass::I2VGenXLUNet)),
+        Some("MotionAdapter") => Err(Error::unsupported(CONTEXT, video::MOTION_ADAPTER)),
         Some(other) => Err(Error::unsupported(
             CONTEXT,
             format!(
                 "model class `{other}`; known: UNet1DModel, UNet2DModel, UNet2DConditionModel, AutoencoderKL, VQModel, \
-                 ControlNetModel, UNet3DConditionModel"
+                 ControlNetModel, UNet3DConditionModel, UNetMotionModel, I2VGenXLUNet"
             ),
         )),
     }
@@ -186,14 +199,16 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
         ModelClass::UNet1DModel => unet_1d(&c).map(|s| s.into_iter().collect()),
         ModelClass::ControlNetModel => controlnet(&c),
         ModelClass::UNet3DConditionModel => unet_3d_condition(&c).map(|s| vec![s]),
+        ModelClass::UNetMotionModel => video::unet_motion(&c).map(|s| vec![s]),
+        ModelClass::I2VGenXLUNet => video::i2vgen_xl(&c).map(|s| vec![s]),
     }
 }
 
 /// Typed access to config keys with the class defaults.
-struct Cfg<'a>(&'a Map<String, Value>);
+pub(super) struct Cfg<'a>(&'a Map<String, Value>);
 
 impl Cfg<'_> {
-    fn value(&self, key: &str, default: Value) -> Value {
+    pub(super) fn value(&self, key: &str, default: Value) -> Value {
         match self.0.get(key) {
             Some(v) => v.clone(),
             None => default,
@@ -215,7 +230,7 @@ impl Cfg<'_> {
         }
     }
 
-    fn last_channels(&self, default: &[usize]) -> Result<(usize, usize)> {
+    pub(super) fn last_channels(&self, default: &[usize]) -> Result<(usize, usize)> {
         let channels = self.usize_list("block_out_channels", default)?;
         match (channels.first(), channels.last()) {
             (Some(&first), Some(&last)) => Ok((first, last)),
@@ -276,7 +291,7 @@ impl Cfg<'_> {
     }
 
     /// An int-or-list key's last entry (`cross_attention_dim: 768` or `[..., 1280]`).
-    fn last_of(&self, key: &str, default: Value) -> Result<Value> {
+    pub(super) fn last_of(&self, key: &str, default: Value) -> Result<Value> {
         match self.value(key, default) {
             Value::Array(items) => items
                 .last()
