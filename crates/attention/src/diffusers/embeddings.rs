@@ -127,7 +127,11 @@ mod tests {
         for pos in 0..n {
             for i in 0..d {
                 let div = ((i - i % 2) as f64 * -(10000f64.ln()) / d as f64).exp();
-                let want = if i % 2 == 0 { (pos as f64 * div).sin() } else { (pos as f64 * div).cos() };
+                let want = if i % 2 == 0 {
+                    (pos as f64 * div).sin()
+                } else {
+                    (pos as f64 * div).cos()
+                };
                 assert!((got[pos * d + i] as f64 - want).abs() < 1e-6, "{pos} {i}");
             }
         }
@@ -148,9 +152,16 @@ mod tests {
         let mut t = HashMap::new();
         t.insert("m.pe".to_string(), Tensor::zeros((1, 4, 8), DType::F32, &dev).unwrap());
         let vb = VarBuilder::from_tensors(t, DType::F32, &dev);
-        let e = SinusoidalPositionalEmbedding::load(vb.pp("m"), "test", 8, 6).unwrap_err().to_string();
-        assert!(e.contains("m.pe") && e.contains("[1, 4, 8]") && e.contains("(1, 6, 8)"), "{e}");
-        let e = SinusoidalPositionalEmbedding::load(vb.pp("m"), "test", 7, 6).unwrap_err().to_string();
+        let e = SinusoidalPositionalEmbedding::load(vb.pp("m"), "test", 8, 6)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("m.pe") && e.contains("[1, 4, 8]") && e.contains("(1, 6, 8)"),
+            "{e}"
+        );
+        let e = SinusoidalPositionalEmbedding::load(vb.pp("m"), "test", 7, 6)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("odd width 7"), "{e}");
     }
 }

@@ -234,10 +234,7 @@ impl UNetMidBlockCrossAttnMotion {
             )?;
             attentions.push(Transformer2DModel::new(vb.pp("attentions").pp(i), &spatial)?);
             resnets.push(ResnetBlock2D::new(vb_res.pp(i + 1), &resnet)?);
-            motion_modules.push(TransformerTemporalModel::new(
-                vb.pp("motion_modules").pp(i),
-                &motion,
-            )?);
+            motion_modules.push(TransformerTemporalModel::new(vb.pp("motion_modules").pp(i), &motion)?);
         }
         Ok(Self {
             resnets,
@@ -271,5 +268,51 @@ impl UNetMidBlockCrossAttnMotion {
         }
         trace::record("output", &h);
         Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    fn build(edit: impl FnOnce(&mut UNetMidBlockCrossAttnMotionConfig)) -> String {
+        let mut cfg = UNetMidBlockCrossAttnMotionConfig::new(8, Some(16));
+        cfg.resnet_groups = Some(4);
+        edit(&mut cfg);
+        let vb = VarBuilder::zeros(DType::F32, &Device::Cpu);
+        match UNetMidBlockCrossAttnMotion::new(vb, &cfg) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// diffusers' defaults, and the constructor's refusals as errors naming the option.
+    #[test]
+    fn defaults_and_refused_options() {
+        let cfg = UNetMidBlockCrossAttnMotionConfig::new(8, None);
+        assert_eq!(cfg.temporal_max_seq_length, 32);
+        assert_eq!((cfg.num_attention_heads, cfg.temporal_num_attention_heads), (1, 1));
+        assert!(!cfg.use_linear_projection && !cfg.dual_cross_attention);
+        assert_eq!(cfg.cross_attention_dim, 1280);
+        assert_eq!(build(|_| {}), "");
+        let e = build(|c| c.dual_cross_attention = true);
+        assert!(e.contains("not supported") && e.contains("dual_cross_attention"), "{e}");
+        let e = build(|c| c.transformer_layers_per_block = LayersPerBlock::PerLayer(vec![1, 1]));
+        assert!(e.contains("transformer_layers_per_block lists 2"), "{e}");
+        let e = build(|c| c.temporal_transformer_layers_per_block = LayersPerBlock::PerLayer(vec![]));
+        assert!(e.contains("temporal_transformer_layers_per_block lists 0"), "{e}");
+        let e = build(|c| c.temporal_num_attention_heads = 16);
+        assert!(e.contains("temporal_num_attention_heads 16"), "{e}");
+        let e = build(|c| c.num_attention_heads = 0);
+        assert!(e.contains("num_attention_heads 0"), "{e}");
+        // An odd motion-module width has no sinusoidal table (diffusers fails to build it too).
+        let e = build(|c| {
+            (c.in_channels, c.resnet_groups) = (9, Some(1));
+            c.temporal_num_attention_heads = 3;
+        });
+        assert!(e.contains("odd width 9"), "{e}");
+        let e = build(|c| c.resnet_time_scale_shift = "spatial".into());
+        assert!(e.contains("spatial"), "{e}");
     }
 }

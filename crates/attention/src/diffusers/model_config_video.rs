@@ -201,7 +201,10 @@ mod tests {
             "up_block_types": ["UpBlockMotion", "CrossAttnUpBlockMotion", "CrossAttnUpBlockMotion",
                 "CrossAttnUpBlockMotion"]});
         let spec = one(sd15.clone());
-        assert_eq!((spec.block, spec.prefix), (UNetMidBlockCrossAttnMotion::BLOCK, "mid_block"));
+        assert_eq!(
+            (spec.block, spec.prefix),
+            (UNetMidBlockCrossAttnMotion::BLOCK, "mid_block")
+        );
         assert_eq!(
             spec.config,
             json!({"in_channels": 1280, "temb_channels": 1280, "resnet_eps": 1e-05, "resnet_act_fn": "silu",

@@ -103,7 +103,12 @@ impl TransformerBlock {
             None => None,
         };
         let pos_embed = match spec.pos_embed {
-            Some(n) => Some(SinusoidalPositionalEmbedding::load(vb.pp("pos_embed"), block, spec.dim, n)?),
+            Some(n) => Some(SinusoidalPositionalEmbedding::load(
+                vb.pp("pos_embed"),
+                block,
+                spec.dim,
+                n,
+            )?),
             None => None,
         };
         Ok(Self {
