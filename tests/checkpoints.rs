@@ -1037,39 +1037,7 @@ fn video_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
         assert!(err.contains("weights from"), "{suffix}: {err}");
     }
     let dir = scratch("unet3d-num-frames");
-    let with_frames = |name: &str, frames: serde_json::Value| {
-        let d = dir.join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        RawBundle::edited(&format!("{stem}.safetensors"), &d, |b| {
-            let kwargs = match frames {
-                serde_json::Value::Null => "{}".to_string(),
-                f => serde_json::json!({ "num_frames": f }).to_string(),
-            };
-            b.metadata.insert("parity.kwargs".into(), kwargs);
-        })
-    };
-    // 6 = 2 videos x 3 frames: 1 (the forward's default), 2 and 6 divide the batch but mix the
-    // wrong frames, or none.
-    for (name, frames) in [
-        ("default", serde_json::Value::Null),
-        ("two", serde_json::json!(2)),
-        ("six", serde_json::json!(6)),
-    ] {
-        let path = with_frames(name, frames);
-        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
-        assert_eq!(code, 1, "{name}: {out}\n{err}");
-        assert!(out.contains("FAIL") && !out.contains("PASS"), "{name}: {out}");
-    }
-    for (name, frames, needle) in [
-        ("four", serde_json::json!(4), "does not divide"),
-        ("zero", serde_json::json!(0), "num_frames"),
-        ("fraction", serde_json::json!(2.5), "num_frames"),
-    ] {
-        let path = with_frames(name, frames);
-        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
-        assert_eq!(code, 2, "{name}: {out}\n{err}");
-        assert!(err.contains(needle) && !out.contains("PASS"), "{name}: {err}");
-    }
+    wrong_num_frames_never_pass(stem, &dir);
     // The forward takes attention_mask and, as diffusers' does, uses it nowhere (the exporter
     // asserts PyTorch's output is the maskless one bit for bit): still a pass.
     let masked = RawBundle::edited(&format!("{stem}.safetensors"), &dir, |b| {
@@ -1093,9 +1061,7 @@ fn video_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
 fn motion_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
     let ckpt = models("diffusers_unet_motion/diffusion_pytorch_model.safetensors");
     let lone_dir = scratch("detect-lone-motion");
-    let lone = copy_to(&lone_dir, &ckpt, "m.safetensors");
-    let (code, out, err) = cli(&["detect", &lone]);
-    assert_eq!(code, 0, "{err}");
+    let out = detect_without_config(&lone_dir, &ckpt);
     assert!(
         out.contains("prefix `mid_block.`: diffusers.UNetMidBlockCrossAttnMotion")
             && out.contains("\"in_channels\":8")
@@ -1121,36 +1087,7 @@ fn motion_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
         let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block."]);
         assert!(err.contains("weights from"), "{suffix}: {err}");
     }
-    let dir = scratch("motion-num-frames");
-    let with_frames = |name: &str, frames: serde_json::Value| {
-        let d = dir.join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        RawBundle::edited(&format!("{stem}.safetensors"), &d, |b| {
-            let kwargs = match frames {
-                serde_json::Value::Null => "{}".to_string(),
-                f => serde_json::json!({ "num_frames": f }).to_string(),
-            };
-            b.metadata.insert("parity.kwargs".into(), kwargs);
-        })
-    };
-    // 6 = 2 videos x 3 frames: 1 (the forward's default), 2 and 6 divide the batch but mix the
-    // wrong frames (and positions), or none.
-    for (name, frames) in [
-        ("default", serde_json::Value::Null),
-        ("two", serde_json::json!(2)),
-        ("six", serde_json::json!(6)),
-    ] {
-        let path = with_frames(name, frames);
-        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
-        assert_eq!(code, 1, "{name}: {out}\n{err}");
-        assert!(out.contains("FAIL") && !out.contains("PASS"), "{name}: {out}");
-    }
-    for (name, frames) in [("four", serde_json::json!(4)), ("zero", serde_json::json!(0))] {
-        let path = with_frames(name, frames);
-        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
-        assert_eq!(code, 2, "{name}: {out}\n{err}");
-        assert!(err.contains("num_frames") && !out.contains("PASS"), "{name}: {err}");
-    }
+    wrong_num_frames_never_pass(stem, &scratch("motion-num-frames"));
 }
 
 /// The motion modules' `pos_embed.pe` is a persistent buffer: the bundle's (random, as saved)
@@ -1213,9 +1150,7 @@ fn motion_adapter_files_are_named_with_what_to_do() {
 fn i2vgen_xl_mid_block_detects_and_checks_from_the_whole_checkpoint() {
     let ckpt = models("diffusers_i2vgen_xl/diffusion_pytorch_model.safetensors");
     let lone_dir = scratch("detect-lone-i2vgen");
-    let lone = copy_to(&lone_dir, &ckpt, "m.safetensors");
-    let (code, out, err) = cli(&["detect", &lone]);
-    assert_eq!(code, 0, "{err}");
+    let out = detect_without_config(&lone_dir, &ckpt);
     assert!(
         out.contains("prefix `mid_block.`: diffusers.UNetMidBlock3DCrossAttn")
             && out.contains("I2VGenXLUNet image-to-video")
@@ -1251,11 +1186,52 @@ fn i2vgen_xl_mid_block_detects_and_checks_from_the_whole_checkpoint() {
         "mid_block.",
     ]);
     assert!(err.contains("weights from"), "{err}");
-    let dir = scratch("i2vgen-num-frames");
-    let two = RawBundle::edited(&format!("{stem}.safetensors"), &dir, |b| {
-        b.metadata.insert("parity.kwargs".into(), r#"{"num_frames": 2}"#.into());
-    });
-    let (code, out, err) = cli(&["check", two.to_str().unwrap()]);
-    assert_eq!(code, 1, "{out}\n{err}");
-    assert!(out.contains("FAIL") && !out.contains("PASS"), "{out}");
+    wrong_num_frames_never_pass(stem, &scratch("i2vgen-num-frames"));
+}
+
+/// The video bundle `weights/<stem>.safetensors` of 2 videos x 3 frames with another
+/// `num_frames`: 1 (the forward's default), 2 and 6 divide the batch of 6 but mix the wrong
+/// frames, or none (a FAIL, exit 1); 4 does not divide it, 0 and 2.5 are not counts (an error
+/// naming it, exit 2).
+fn wrong_num_frames_never_pass(stem: &str, dir: &Path) {
+    let with_frames = |name: &str, frames: serde_json::Value| {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        RawBundle::edited(&format!("{stem}.safetensors"), &d, |b| {
+            let kwargs = match frames {
+                serde_json::Value::Null => "{}".to_string(),
+                f => serde_json::json!({ "num_frames": f }).to_string(),
+            };
+            b.metadata.insert("parity.kwargs".into(), kwargs);
+        })
+    };
+    for (name, frames) in [
+        ("default", serde_json::Value::Null),
+        ("two", serde_json::json!(2)),
+        ("six", serde_json::json!(6)),
+    ] {
+        let path = with_frames(name, frames);
+        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
+        assert_eq!(code, 1, "{stem} {name}: {out}\n{err}");
+        assert!(out.contains("FAIL") && !out.contains("PASS"), "{stem} {name}: {out}");
+    }
+    for (name, frames, needle) in [
+        ("four", serde_json::json!(4), "does not divide"),
+        ("zero", serde_json::json!(0), "num_frames"),
+        ("fraction", serde_json::json!(2.5), "num_frames"),
+    ] {
+        let path = with_frames(name, frames);
+        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
+        assert_eq!(code, 2, "{stem} {name}: {out}\n{err}");
+        assert!(err.contains(needle) && !out.contains("PASS"), "{stem} {name}: {err}");
+    }
+}
+
+/// `detect`'s answer on a copy of `ckpt` in `dir` (without the `config.json` beside the
+/// original): what the keys alone tell.
+fn detect_without_config(dir: &Path, ckpt: &str) -> String {
+    let lone = copy_to(dir, ckpt, "m.safetensors");
+    let (code, out, err) = cli(&["detect", &lone]);
+    assert_eq!(code, 0, "{err}");
+    out
 }

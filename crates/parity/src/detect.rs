@@ -382,6 +382,15 @@ fn diffusers_dual_cross(ck: &Checkpoint, p: &str, mut config: Map<String, Value>
     }
 }
 
+/// A `ResnetBlock2D`'s `time_embedding_norm` from its `time_emb_proj` output width.
+pub(crate) fn time_shift(temb_out: Option<usize>, channels: usize) -> &'static str {
+    if temb_out == Some(2 * channels) {
+        "scale_shift"
+    } else {
+        "default"
+    }
+}
+
 /// `UNetMidBlock3DCrossAttn` (`UNet3DConditionModel`, `I2VGenXLUNet`): `temp_convs.<i>`
 /// (`TemporalConvLayer`) beside the resnets and `temp_attentions.<i>` beside the attentions.
 fn diffusers_3d(ck: &Checkpoint, p: &str, c: usize) -> Found {
@@ -394,14 +403,7 @@ fn diffusers_3d(ck: &Checkpoint, p: &str, c: usize) -> Found {
         json!(dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1)),
     );
     config.insert("num_layers".into(), json!(count(ck, &format!("{p}attentions."))));
-    config.insert(
-        "resnet_time_scale_shift".into(),
-        json!(if temb_out == Some(2 * c) {
-            "scale_shift"
-        } else {
-            "default"
-        }),
-    );
+    config.insert("resnet_time_scale_shift".into(), json!(time_shift(temb_out, c)));
     config.insert(
         "cross_attention_dim".into(),
         json!(dim(ck, &format!("{t0}attn2.to_k.weight"), 1)),

@@ -5,7 +5,7 @@
 //! only, no mid block).
 
 use crate::checkpoint::Checkpoint;
-use crate::detect::{count, dim, has, prefixes, Found};
+use crate::detect::{count, dim, has, prefixes, time_shift, Found};
 use serde_json::{json, Map, Value};
 use unet_attention::diffusers::model_config_video::MOTION_ADAPTER;
 use unet_attention::diffusers::UNetMidBlockCrossAttnMotion;
@@ -48,14 +48,7 @@ pub(crate) fn motion(ck: &Checkpoint, p: &str, c: usize) -> Found {
         "temb_channels".into(),
         json!(dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1)),
     );
-    config.insert(
-        "resnet_time_scale_shift".into(),
-        json!(if temb_out == Some(2 * c) {
-            "scale_shift"
-        } else {
-            "default"
-        }),
-    );
+    config.insert("resnet_time_scale_shift".into(), json!(time_shift(temb_out, c)));
     config.insert("num_layers".into(), json!(layers));
     config.insert(
         "transformer_layers_per_block".into(),

@@ -659,10 +659,11 @@ fn vq_model(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn one(config: Value) -> MidBlockSpec {
+    /// The one spec of a config (also for [`super::super::model_config_video`]'s tests).
+    pub(in crate::diffusers) fn one(config: Value) -> MidBlockSpec {
         let mut specs = mid_blocks(&config, None, false).unwrap();
         assert_eq!(specs.len(), 1);
         specs.remove(0)

@@ -180,14 +180,8 @@ pub(super) fn i2vgen_xl(c: &Cfg) -> Result<MidBlockSpec> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::model_config::mid_blocks;
+    use super::super::model_config::{mid_blocks, tests::one};
     use super::*;
-
-    fn one(config: Value) -> MidBlockSpec {
-        let mut specs = mid_blocks(&config, None, false).unwrap();
-        assert_eq!(specs.len(), 1);
-        specs.remove(0)
-    }
 
     #[test]
     fn unet_motion_configs_give_the_motion_mid_block() {
