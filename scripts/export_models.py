@@ -14,6 +14,7 @@ state dict, built from stable-diffusion-sdkit and guided-diffusion-sdk).
 Bundles (format "1", see parity_bundle.py) for the block ids ``diffusers.ResnetBlock2D``,
 ``diffusers.UNetMidBlock2D``, ``diffusers.UNetMidBlock2DCrossAttn`` (``dual_cross_attention`` too),
 ``diffusers.DualTransformer2DModel``, ``diffusers.UNetMidBlock2DSimpleCrossAttn``, ``diffusers.UNetMidBlock3DCrossAttn``,
+``diffusers.UNetMidBlockCrossAttnMotion``,
 ``diffusers.UNetMidBlock1D``, ``diffusers.MidResTemporalBlock1D``, ``diffusers.ValueFunctionMidBlock1D``, ``diffusers.ControlNetMidBlock``,
 ``denoising_diffusion_pytorch.MidBlock``, ``ldm.MidBlock``, ``openai.MiddleBlock``. Inputs of
 the blocks inside a whole model are captured with a forward pre-hook while the whole model runs
@@ -1703,8 +1704,8 @@ def verify_half_twin(path: Path, f32_path: Path):
 
 def verify_models():
     """Every checkpoint loads with its library's own loader."""
-    from diffusers import (AutoencoderKL, ControlNetModel, UNet1DModel, UNet2DConditionModel, UNet2DModel,
-                           UNet3DConditionModel, VQModel)
+    from diffusers import (AutoencoderKL, ControlNetModel, I2VGenXLUNet, UNet1DModel, UNet2DConditionModel,
+                           UNet2DModel, UNet3DConditionModel, UNetMotionModel, VQModel)
 
     _diffusers_quiet()
     classes = {"diffusers_unet2d": UNet2DModel, "diffusers_unet2d_scale_shift": UNet2DModel,
@@ -1714,7 +1715,8 @@ def verify_models():
                "diffusers_vd": UNet2DConditionModel,
                "diffusers_controlnet": ControlNetModel, "diffusers_unet3d": UNet3DConditionModel,
                "diffusers_movq": VQModel, "diffusers_unet1d": UNet1DModel, "diffusers_unet1d_trajectory": UNet1DModel,
-               "diffusers_unet1d_value": UNet1DModel}
+               "diffusers_unet1d_value": UNet1DModel, "diffusers_unet_motion": UNetMotionModel,
+               "diffusers_i2vgen_xl": I2VGenXLUNet}
     for name, cls in classes.items():
         m = cls.from_pretrained(MODELS / name)
         files = {p.name for p in (MODELS / name).iterdir()}
