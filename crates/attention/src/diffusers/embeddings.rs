@@ -30,6 +30,8 @@ use candle_nn::VarBuilder;
 pub struct SinusoidalPositionalEmbedding {
     pe: Tensor,
     max_seq_length: usize,
+    /// The block named in errors.
+    block: &'static str,
 }
 
 impl SinusoidalPositionalEmbedding {
@@ -51,7 +53,11 @@ impl SinusoidalPositionalEmbedding {
         if !vb.contains_tensor("pe") {
             // diffusers' from_pretrained keeps the constructor's table then ("newly initialized").
             let pe = Self::table(embed_dim, max_seq_length, vb.device())?.to_dtype(vb.dtype())?;
-            return Ok(Self { pe, max_seq_length });
+            return Ok(Self {
+                pe,
+                max_seq_length,
+                block,
+            });
         }
         let shape = vec![1, max_seq_length, embed_dim];
         // Asked for by its shape: a backend that knows it before reading refuses a wrong one unread.
@@ -69,7 +75,11 @@ impl SinusoidalPositionalEmbedding {
                 None => return Err(e.into()),
             },
         };
-        Ok(Self { pe, max_seq_length })
+        Ok(Self {
+            pe,
+            max_seq_length,
+            block,
+        })
     }
 
     /// The constructor's table `(1, max_seq_length, embed_dim)` in float32, computed as PyTorch
@@ -91,12 +101,30 @@ impl SinusoidalPositionalEmbedding {
         Ok(Tensor::from_vec(pe, (1, max_seq_length, embed_dim), device)?)
     }
 
+    /// [`Self::load`] where `max_seq_length` is given (a transformer block's optional `pos_embed`).
+    pub fn load_for(
+        vb: VarBuilder,
+        block: &'static str,
+        embed_dim: usize,
+        max_seq_length: Option<usize>,
+    ) -> Result<Option<Self>> {
+        max_seq_length.map(|n| Self::load(vb, block, embed_dim, n)).transpose()
+    }
+
+    /// `x` with `pe` added where there is one (a transformer block's optional `pos_embed`).
+    pub fn add(pe: Option<&Self>, x: Tensor) -> Result<Tensor> {
+        match pe {
+            Some(pe) => pe.forward(&x),
+            None => Ok(x),
+        }
+    }
+
     /// `x + pe[:, :seq_length]` on `x` `(B, seq_length, embed_dim)`, in `x`'s dtype.
-    pub fn forward(&self, block: &'static str, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let n = x.dim(1)?;
         if n > self.max_seq_length {
             return Err(Error::input(
-                block,
+                self.block,
                 "hidden_states",
                 format!(
                     "{n} positions (the frames, for a motion module) but the sinusoidal table has max_seq_length {} \
@@ -107,6 +135,22 @@ impl SinusoidalPositionalEmbedding {
         }
         let pe = self.pe.narrow(1, 0, n)?.to_dtype(x.dtype())?;
         Ok(x.broadcast_add(&pe)?)
+    }
+}
+
+/// `BasicTransformerBlock`'s `positional_embeddings` as its constructor reads it: the sinusoidal
+/// table's length, or `None`. Any value needs `num_positional_embeddings` (a `ValueError`
+/// otherwise); `"sinusoidal"` adds a [`SinusoidalPositionalEmbedding`], and any other string is
+/// ignored, as diffusers ignores it.
+pub fn sinusoidal_length(block: &'static str, kind: &Option<String>, length: Option<usize>) -> Result<Option<usize>> {
+    match (kind.as_deref(), length) {
+        (None | Some(""), _) => Ok(None),
+        (Some(_), None) => Err(Error::config(
+            block,
+            "positional_embeddings is set without num_positional_embeddings (diffusers raises ValueError)",
+        )),
+        (Some("sinusoidal"), Some(n)) => Ok(Some(n)),
+        (Some(_), Some(_)) => Ok(None),
     }
 }
 
@@ -137,11 +181,25 @@ mod tests {
         }
         // More positions than the table: an error naming the length.
         let x = Tensor::zeros((2, n + 1, d), DType::F32, &dev).unwrap();
-        let e = emb.forward("test", &x).unwrap_err().to_string();
+        let e = emb.forward(&x).unwrap_err().to_string();
         assert!(e.contains("max_seq_length 6"), "{e}");
         let x = Tensor::zeros((2, 3, d), DType::F32, &dev).unwrap();
-        let y = emb.forward("test", &x).unwrap();
+        let y = emb.forward(&x).unwrap();
         assert_eq!(y.dims(), &[2, 3, d]);
+    }
+
+    #[test]
+    fn positional_embeddings_are_read_as_diffusers_reads_them() {
+        assert_eq!(sinusoidal_length("t", &None, None).unwrap(), None);
+        assert_eq!(
+            sinusoidal_length("t", &Some("sinusoidal".into()), Some(32)).unwrap(),
+            Some(32)
+        );
+        assert_eq!(sinusoidal_length("t", &Some("learned".into()), Some(32)).unwrap(), None);
+        let e = sinusoidal_length("t", &Some("sinusoidal".into()), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("num_positional_embeddings"), "{e}");
     }
 
     /// A table of another length or width is a shape error naming the key; an odd width cannot

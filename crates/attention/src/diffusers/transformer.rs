@@ -7,7 +7,7 @@
 //! and differ only in how they are configured (see [`crate::ldm::transformer`]).
 
 use crate::diffusers::attention::{Attention, AttentionConfig, Processor};
-use crate::diffusers::embeddings::SinusoidalPositionalEmbedding;
+use crate::diffusers::embeddings::{sinusoidal_length, SinusoidalPositionalEmbedding};
 use crate::diffusers::feed_forward::{ActivationFn, FeedForward, FeedForwardConfig};
 use crate::heads::{image_to_tokens, tokens_to_image};
 use crate::layers::{group_norm, LayerNorm, Projection};
@@ -64,7 +64,6 @@ pub struct TransformerBlock {
     norm3: LayerNorm,
     ff: FeedForward,
     pos_embed: Option<SinusoidalPositionalEmbedding>,
-    block: &'static str,
 }
 
 fn attention(
@@ -102,15 +101,7 @@ impl TransformerBlock {
             Some(source) => Some((norm("norm2")?, attention(vb.pp("attn2"), block, spec, source)?)),
             None => None,
         };
-        let pos_embed = match spec.pos_embed {
-            Some(n) => Some(SinusoidalPositionalEmbedding::load(
-                vb.pp("pos_embed"),
-                block,
-                spec.dim,
-                n,
-            )?),
-            None => None,
-        };
+        let pos_embed = SinusoidalPositionalEmbedding::load_for(vb.pp("pos_embed"), block, spec.dim, spec.pos_embed)?;
         Ok(Self {
             norm1: norm("norm1")?,
             attn1: attention(vb.pp("attn1"), block, spec, spec.attn1)?,
@@ -119,16 +110,7 @@ impl TransformerBlock {
             norm3: norm("norm3")?,
             ff: FeedForward::load(vb.pp("ff"), block, &spec.ff, spec.ff_project_in_key)?,
             pos_embed,
-            block,
         })
-    }
-
-    /// The positional embedding added to normed tokens, where the block has one.
-    fn with_pos_embed(&self, normed: Tensor) -> Result<Tensor> {
-        match &self.pos_embed {
-            Some(pe) => pe.forward(self.block, &normed),
-            None => Ok(normed),
-        }
     }
 
     /// `hidden_states` `(B, N, dim)`; `context` `(B, S, cross_dim)` for the cross-attention
@@ -143,13 +125,13 @@ impl TransformerBlock {
         let attn1_context = if self.attn1_cross { context } else { None };
         let normed = self.norm1.forward(hidden_states)?;
         trace::record("norm1", &normed);
-        let normed = self.with_pos_embed(normed)?;
+        let normed = SinusoidalPositionalEmbedding::add(self.pos_embed.as_ref(), normed)?;
         let attn = trace::scope("attn1", || self.attn1.forward(&normed, attn1_context, attention_mask))?;
         let mut h = (attn + hidden_states)?;
         if let Some((norm2, attn2)) = &self.attn2 {
             let normed = norm2.forward(&h)?;
             trace::record("norm2", &normed);
-            let normed = self.with_pos_embed(normed)?;
+            let normed = SinusoidalPositionalEmbedding::add(self.pos_embed.as_ref(), normed)?;
             let attn = trace::scope("attn2", || attn2.forward(&normed, context, encoder_attention_mask))?;
             h = (attn + h)?;
         }
@@ -375,7 +357,7 @@ impl BasicTransformerBlockConfig {
     /// The shared block description.
     pub fn spec(&self, block: &'static str) -> Result<TransformerBlockSpec> {
         check_layer_norm_path(block, &self.norm_type, self.num_embeds_ada_norm, &self.attention_type)?;
-        let pos_embed = self.pos_embed(block)?;
+        let pos_embed = sinusoidal_length(block, &self.positional_embeddings, self.num_positional_embeddings)?;
         let cross = self.cross_attention_dim;
         let attn1 = match (self.only_cross_attention, cross) {
             (true, Some(d)) => AttentionSource::Context(d),
@@ -406,21 +388,6 @@ impl BasicTransformerBlockConfig {
             ff_project_in_key: "net.0.proj",
             pos_embed,
         })
-    }
-
-    /// `positional_embeddings` as diffusers' constructor reads it: any value needs
-    /// `num_positional_embeddings` (a `ValueError` otherwise); `"sinusoidal"` adds a
-    /// `SinusoidalPositionalEmbedding`, and any other string is ignored, as diffusers ignores it.
-    fn pos_embed(&self, block: &'static str) -> Result<Option<usize>> {
-        match (self.positional_embeddings.as_deref(), self.num_positional_embeddings) {
-            (None | Some(""), _) => Ok(None),
-            (Some(_), None) => Err(Error::config(
-                block,
-                "positional_embeddings is set without num_positional_embeddings (diffusers raises ValueError)",
-            )),
-            (Some("sinusoidal"), Some(n)) => Ok(Some(n)),
-            (Some(_), Some(_)) => Ok(None),
-        }
     }
 }
 
