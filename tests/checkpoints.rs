@@ -1118,9 +1118,10 @@ fn motion_pe_buffer_is_read_from_the_checkpoint() {
     );
 }
 
-/// A `MotionAdapter`'s file (the motion modules alone, here cut from the tiny `UNetMotionModel`
-/// as `MotionAdapter` holds them): `detect` says it is not a whole mid block and what to do, and
-/// names no block.
+/// A `MotionAdapter`'s file (the motion modules alone, here cut from the tiny `UNetMotionModel`:
+/// the same 108 keys as `MotionAdapter(block_out_channels=(8,), motion_layers_per_block=1, ...)
+/// .save_pretrained` writes in diffusers 0.42.1): `detect` says it is not a whole mid block and
+/// what to do, and names no block.
 #[test]
 fn motion_adapter_files_are_named_with_what_to_do() {
     let ckpt = weights().join("models/diffusers_unet_motion/diffusion_pytorch_model.safetensors");
