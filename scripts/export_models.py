@@ -14,6 +14,7 @@ state dict, built from stable-diffusion-sdkit and guided-diffusion-sdk).
 Bundles (format "1", see parity_bundle.py) for the block ids ``diffusers.ResnetBlock2D``,
 ``diffusers.UNetMidBlock2D``, ``diffusers.UNetMidBlock2DCrossAttn`` (``dual_cross_attention`` too),
 ``diffusers.DualTransformer2DModel``, ``diffusers.UNetMidBlock2DSimpleCrossAttn``, ``diffusers.UNetMidBlock3DCrossAttn``,
+``diffusers.UNetMidBlockCrossAttnMotion``,
 ``diffusers.UNetMidBlock1D``, ``diffusers.MidResTemporalBlock1D``, ``diffusers.ValueFunctionMidBlock1D``, ``diffusers.ControlNetMidBlock``,
 ``denoising_diffusion_pytorch.MidBlock``, ``ldm.MidBlock``, ``openai.MiddleBlock``. Inputs of
 the blocks inside a whole model are captured with a forward pre-hook while the whole model runs
@@ -66,7 +67,8 @@ MID = WEIGHTS / "mid"
 # Plus 2,943,914 bytes for Stable Video Diffusion's two tiny float16 models and 8 bundles (issue 17): 32 channels is
 # the least these blocks take (GroupNorm(32) hard-coded), a 3 x 2 latent the least that keeps those norms well
 # conditioned, and the half-precision twins carry float64 stages.
-MAX_WEIGHTS_BYTES = 60 * 1024 * 1024 + 2_943_914
+# Plus 1,315,362 bytes for issue 17's AnimateDiff UNetMotionModel and I2VGenXLUNet models and bundles.
+MAX_WEIGHTS_BYTES = 60 * 1024 * 1024 + 2_943_914 + 1_315_362
 
 HALF_DTYPES = (("float16", "f16"), ("bfloat16", "bf16"))
 
@@ -153,6 +155,10 @@ def build_module(block: str, config: dict) -> nn.Module:
         from diffusers.models.unets import unet_3d_blocks
 
         return getattr(unet_3d_blocks, block.split(".")[1])(**cfg)
+    if block == "diffusers.UNetMidBlockCrossAttnMotion":
+        from diffusers.models.unets.unet_motion_model import UNetMidBlockCrossAttnMotion
+
+        return UNetMidBlockCrossAttnMotion(**cfg)
     if block == "diffusers.ControlNetMidBlock":
         return mid_blocks.ControlNetMidBlock(**cfg)
     if block == "denoising_diffusion_pytorch.MidBlock":
@@ -1488,10 +1494,156 @@ def diffusers_controlnet(ctx: Ctx):
             ctx.bundle(f"{stem}_ref", "diffusers.ControlNetMidBlock", cfg, tensor_inputs(ins), (res, mid_out),
                        ref=(weights, ""), source=src, kwargs=kwargs)
 
+# --- AnimateDiff (UNetMotionModel) and I2VGenXLUNet --------------------------------------------
+
+
+def unet_motion_mid_config(model) -> dict:
+    """``UNetMotionModel.__init__`` (unets/unet_motion_model.py), ``use_motion_mid_block=True``:
+    ``UNetMidBlockCrossAttnMotion(in_channels=block_out_channels[-1], temb_channels=block_out_channels[0] * 4,
+    resnet_eps=norm_eps, resnet_act_fn=act_fn, output_scale_factor=mid_block_scale_factor,
+    cross_attention_dim=cross_attention_dim[-1], num_attention_heads=num_attention_heads[-1],
+    resnet_groups=norm_num_groups, dual_cross_attention=False, use_linear_projection, num_layers=mid_block_layers,
+    temporal_num_attention_heads=motion_num_attention_heads[-1], temporal_max_seq_length=motion_max_seq_length,
+    transformer_layers_per_block=transformer_layers_per_mid_block (None: transformer_layers_per_block[-1] when an
+    int, else 1), temporal_transformer_layers_per_block=temporal_transformer_layers_per_mid_block)``."""
+    c = model.config
+    n = len(c.down_block_types)
+    tl = c.transformer_layers_per_mid_block
+    if tl is None:
+        last = _per_block(c.transformer_layers_per_block, n)[-1]
+        tl = last if isinstance(last, int) else 1
+    temb = c.block_out_channels[0] * 4
+    assert temb == model.time_embedding.linear_2.out_features
+    return dict(in_channels=c.block_out_channels[-1], temb_channels=temb, resnet_eps=c.norm_eps, resnet_act_fn=c.act_fn,
+                output_scale_factor=c.mid_block_scale_factor,
+                cross_attention_dim=_per_block(c.cross_attention_dim, n)[-1],
+                num_attention_heads=_per_block(c.num_attention_heads, n)[-1], resnet_groups=c.norm_num_groups,
+                dual_cross_attention=False, use_linear_projection=c.use_linear_projection, num_layers=c.mid_block_layers,
+                temporal_num_attention_heads=_per_block(c.motion_num_attention_heads, n)[-1],
+                temporal_max_seq_length=c.motion_max_seq_length, transformer_layers_per_block=tl,
+                temporal_transformer_layers_per_block=c.temporal_transformer_layers_per_mid_block)
+
+
+def diffusers_unet_motion(ctx: Ctx):
+    """``UNetMotionModel``: AnimateDiff's U-Net, whose mid block ``UNetMidBlockCrossAttnMotion`` adds an
+    ``AnimateDiffTransformer3D`` motion module (attention over the frames, sinusoidal positional embedding)
+    after each spatial transformer, on ``(batch * num_frames, C, H, W)``. One down and one up block without
+    cross-attention (the mid block is what is checked; the rest only has to be a real model, kept small).
+    ``randomize_`` also replaces every ``pos_embed.pe`` buffer (persistent, saved with the weights) with random
+    values: a port that recomputes the sinusoid instead of loading the checkpoint's table fails."""
+    from diffusers import UNetMotionModel
+
+    torch.manual_seed(0)
+    model = UNetMotionModel(sample_size=4, in_channels=4, out_channels=4, down_block_types=("DownBlockMotion",),
+                            up_block_types=("UpBlockMotion",), block_out_channels=(8,), layers_per_block=1,
+                            norm_num_groups=4, cross_attention_dim=8, num_attention_heads=2,
+                            motion_num_attention_heads=2, motion_max_seq_length=6)
+    randomize_(model, 7701)
+    model.eval()
+    pe = model.mid_block.motion_modules[0].transformer_blocks[0].pos_embed.pe
+    assert "mid_block.motion_modules.0.transformer_blocks.0.pos_embed.pe" in model.state_dict()
+    assert tuple(pe.shape) == (1, 6, 8)
+    files = save_diffusers(model, "diffusers_unet_motion")
+    ctx.files += files
+    weights = files[1].relative_to(WEIGHTS).as_posix()
+    g = gen(7702)
+    frames = 3
+    # AnimateDiffPipeline repeats the prompt per frame before it calls the U-Net
+    sample, t, ehs = randn(g, 2, 4, frames, 2, 2), torch.tensor([17, 503]), randn(g, 2, 5, 8)
+    ehs = ehs.repeat_interleave(frames, dim=0)
+
+    def run():
+        return model(sample, t, encoder_hidden_states=ehs)
+
+    ins, out = capture(model.mid_block, run)
+    assert ins["num_frames"] == frames and ins["attention_mask"] is None
+    cfg = unet_motion_mid_config(model)
+    kwargs = {"num_frames": frames}
+    src = ("real library class diffusers.models.unets.unet_motion_model.UNetMidBlockCrossAttnMotion; the mid_block of "
+           f"the whole UNetMotionModel weights/{weights} (block_out_channels (8,), num_attention_heads 2, "
+           "motion_num_attention_heads 2, motion_max_seq_length 6, norm_num_groups 4, cross_attention_dim 8; every "
+           "pos_embed.pe buffer randomized, as saved), inputs captured by a forward pre-hook while the model ran on "
+           f"random sample (2, 4, {frames}, 2, 2) (batch 2, {frames} frames), timesteps [17, 503], encoder_hidden_states "
+           f"(2, 5, 8) repeated per frame as AnimateDiffPipeline does; the mid block sees (batch * frames, C, H, W) and "
+           f"num_frames={frames} (parity.kwargs), temb repeated per frame")
+    state = sub_state(model.state_dict(), "mid_block.")
+    stem = "unet_mid_block_cross_attn_motion"
+    block = "diffusers.UNetMidBlockCrossAttnMotion"
+    ctx.bundle(stem, block, cfg, tensor_inputs(ins), out, state=state, source=src, half=True, kwargs=kwargs)
+    ctx.bundle(f"{stem}_ref", block, cfg, tensor_inputs(ins), out, ref=(weights, "mid_block."), source=src,
+               kwargs=kwargs)
+
+
+def i2vgen_xl_mid_config(model) -> dict:
+    """``I2VGenXLUNet.__init__`` (unets/unet_i2vgen_xl.py): ``num_attention_heads = attention_head_dim`` (the config's
+    ``num_attention_heads`` is ignored) made per-block, ``time_embed_dim = block_out_channels[0] * 4``, then
+    ``UNetMidBlock3DCrossAttn(in_channels=block_out_channels[-1], temb_channels=time_embed_dim, resnet_eps=1e-05,
+    resnet_act_fn="silu", output_scale_factor=1, cross_attention_dim, num_attention_heads=num_attention_heads[-1],
+    resnet_groups=norm_num_groups, dual_cross_attention=False)``."""
+    c = model.config
+    n = len(c.down_block_types)
+    temb = c.block_out_channels[0] * 4
+    assert temb == model.time_embedding.linear_2.out_features
+    return dict(in_channels=c.block_out_channels[-1], temb_channels=temb, resnet_eps=1e-05, resnet_act_fn="silu",
+                output_scale_factor=1, cross_attention_dim=c.cross_attention_dim,
+                num_attention_heads=_per_block(c.attention_head_dim, n)[-1], resnet_groups=c.norm_num_groups,
+                dual_cross_attention=False)
+
+
+def diffusers_i2vgen_xl(ctx: Ctx):
+    """``I2VGenXLUNet``: the image-to-video U-Net of I2VGen-XL, whose mid block is ``UNetMidBlock3DCrossAttn`` (built
+    with fixed eps 1e-5 and SiLU, ``attention_head_dim`` as its per-head width). One down and one up block without
+    cross-attention; the context the mid block attends to is the text, the image latents' context embedding (an
+    AdaptiveAvgPool2d to 32 x 32, two stride-2 convs: 64 tokens) and the image embedding's ``in_channels`` tokens.
+    ``randomize_`` also replaces the zero init of each ``TemporalConvLayer.conv4`` conv."""
+    from diffusers import I2VGenXLUNet
+
+    torch.manual_seed(0)
+    model = I2VGenXLUNet(sample_size=4, in_channels=4, out_channels=4, down_block_types=("DownBlock3D",),
+                         up_block_types=("UpBlock3D",), block_out_channels=(8,), layers_per_block=1,
+                         norm_num_groups=4, cross_attention_dim=8, attention_head_dim=2)
+    randomize_(model, 7801)
+    model.eval()
+    assert all(bool(tc.conv4[-1].weight.detach().abs().max() > 0) for tc in model.mid_block.temp_convs)
+    files = save_diffusers(model, "diffusers_i2vgen_xl")
+    ctx.files += files
+    weights = files[1].relative_to(WEIGHTS).as_posix()
+    g = gen(7802)
+    frames = 3
+    sample, t, ehs = randn(g, 2, 4, frames, 2, 2), torch.tensor([17, 503]), randn(g, 2, 5, 8)
+    fps, image_latents, image_embeddings = torch.tensor([8, 16]), randn(g, 2, 4, frames, 2, 2), randn(g, 2, 8)
+
+    def run():
+        return model(sample, t, fps=fps, image_latents=image_latents, image_embeddings=image_embeddings,
+                     encoder_hidden_states=ehs)
+
+    ins, out = capture(model.mid_block, run)
+    assert ins["num_frames"] == frames and ins.get("attention_mask") is None
+    cfg = i2vgen_xl_mid_config(model)
+    kwargs = {"num_frames": frames}
+    ctx_len = ins["encoder_hidden_states"].shape[1]
+    src = (DIFF_BLOCKS.format("UNetMidBlock3DCrossAttn").replace("unet_2d_blocks", "unet_3d_blocks")
+           + f"; the mid_block of the whole I2VGenXLUNet weights/{weights} (block_out_channels (8,), "
+           "attention_head_dim 2 -> the mid block's num_attention_heads 2 = 4 heads of width 2, norm_num_groups 4, "
+           "cross_attention_dim 8; every TemporalConvLayer conv4 randomized, not zero), inputs captured by a forward "
+           f"pre-hook while the model ran on random sample (2, 4, {frames}, 2, 2) (batch 2, {frames} frames), "
+           "timesteps [17, 503], fps [8, 16], image_latents (2, 4, 3, 2, 2), image_embeddings (2, 8), "
+           f"encoder_hidden_states (2, 5, 8); the mid block sees (batch * frames, C, H, W), num_frames={frames} "
+           f"(parity.kwargs), temb and the {ctx_len}-token context (text, image latents, image embedding) repeated "
+           "per frame")
+    state = sub_state(model.state_dict(), "mid_block.")
+    stem = "unet_mid_block_3d_cross_attn_i2vgen_xl"
+    block = "diffusers.UNetMidBlock3DCrossAttn"
+    # the same class as UNet3DConditionModel's mid block, whose bundles have the f16 / bf16 twins: f32 here
+    ctx.bundle(stem, block, cfg, tensor_inputs(ins), out, state=state, source=src, kwargs=kwargs)
+    ctx.bundle(f"{stem}_ref", block, cfg, tensor_inputs(ins), out, ref=(weights, "mid_block."), source=src,
+               kwargs=kwargs)
+
 
 MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_vq_movq, diffusers_unet1d, diffusers_unet1d_rl, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
                   diffusers_unet2d_condition_dual, diffusers_controlnet, diffusers_unet3d, diffusers_svd_unet,
-                  diffusers_svd_vae, lucidrains, sd_checkpoint, guided_diffusion_checkpoint,
+                  diffusers_svd_vae, diffusers_unet_motion, diffusers_i2vgen_xl, lucidrains, sd_checkpoint,
+                  guided_diffusion_checkpoint,
                   ddpm_model_checkpoint, standalone_restated)
 
 
@@ -1730,9 +1882,9 @@ def verify_half_twin(path: Path, f32_path: Path):
 
 def verify_models():
     """Every checkpoint loads with its library's own loader."""
-    from diffusers import (AutoencoderKL, AutoencoderKLTemporalDecoder, ControlNetModel, UNet1DModel,
-                           UNet2DConditionModel, UNet2DModel, UNet3DConditionModel, UNetSpatioTemporalConditionModel,
-                           VQModel)
+    from diffusers import (AutoencoderKL, AutoencoderKLTemporalDecoder, ControlNetModel, I2VGenXLUNet, UNet1DModel,
+                           UNet2DConditionModel, UNet2DModel, UNet3DConditionModel, UNetMotionModel,
+                           UNetSpatioTemporalConditionModel, VQModel)
 
     _diffusers_quiet()
     classes = {"diffusers_unet2d": UNet2DModel, "diffusers_unet2d_scale_shift": UNet2DModel,
@@ -1743,7 +1895,8 @@ def verify_models():
                "diffusers_controlnet": ControlNetModel, "diffusers_unet3d": UNet3DConditionModel,
                "diffusers_svd": UNetSpatioTemporalConditionModel, "diffusers_svd_vae": AutoencoderKLTemporalDecoder,
                "diffusers_movq": VQModel, "diffusers_unet1d": UNet1DModel, "diffusers_unet1d_trajectory": UNet1DModel,
-               "diffusers_unet1d_value": UNet1DModel}
+               "diffusers_unet1d_value": UNet1DModel, "diffusers_unet_motion": UNetMotionModel,
+               "diffusers_i2vgen_xl": I2VGenXLUNet}
     for name, cls in classes.items():
         m = cls.from_pretrained(MODELS / name)
         files = {p.name for p in (MODELS / name).iterdir()}

@@ -552,7 +552,7 @@ def _by_class(m):
         return TRACERS["diffusers.DualTransformer2DModel"]
     if name.startswith("Transformer2DModel"):
         return TRACERS["diffusers.Transformer2DModel"]
-    if name == "TransformerTemporalModel":
+    if name in ("TransformerTemporalModel", "AnimateDiffTransformer3D"):
         return TRACERS["diffusers.TransformerTemporalModel"]
     if name == "TemporalConvLayer":
         return _temporal_conv
@@ -665,6 +665,15 @@ def _diffusers_mid_3d(m):
     return out
 
 
+def _diffusers_mid_motion(m):
+    # UNetMidBlockCrossAttnMotion: resnets[0], then (attention, motion module, resnet) per layer
+    out = [("resnets.0", m.resnets[0], _by_class(m.resnets[0]))]
+    for i, mods in enumerate(zip(m.attentions, m.motion_modules, m.resnets[1:])):
+        names = (f"attentions.{i}", f"motion_modules.{i}", f"resnets.{i + 1}")
+        out += [(n, sub, _by_class(sub)) for n, sub in zip(names, mods)]
+    return out
+
+
 _diffusers_btb = _transformer_block(_diffusers)
 _ldm_btb = _transformer_block(_ldm_cross)
 
@@ -746,6 +755,8 @@ TRACERS = {
     "diffusers.SpatioTemporalResBlock": _sequence(_spatio_temporal_res),
     "diffusers.UNetMidBlockSpatioTemporal": _sequence(_diffusers_mid),
     "diffusers.MidBlockTemporalDecoder": _sequence(_temporal_decoder_mid),
+    # AnimateDiff: the motion modules (AnimateDiffTransformer3D) trace as TransformerTemporalModel
+    "diffusers.UNetMidBlockCrossAttnMotion": _sequence(_diffusers_mid_motion),
     # ControlNetModel: the mid block's stages under mid_block/, the zero conv's output (before
     # conditioning_scale and the pooling) as controlnet_mid_block/output
     "diffusers.ControlNetMidBlock": _sequence(lambda m: [("mid_block", m.mid_block, _sequence(_diffusers_mid)),

@@ -137,6 +137,14 @@ fn config_json_gives_the_mid_block_config() {
             "mid/unet_mid_block_2d_svd_vae_encoder_ref.safetensors",
             "diffusers_svd_vae/config.json",
         ),
+        (
+            "mid/unet_mid_block_cross_attn_motion_ref.safetensors",
+            "diffusers_unet_motion/config.json",
+        ),
+        (
+            "mid/unet_mid_block_3d_cross_attn_i2vgen_xl_ref.safetensors",
+            "diffusers_i2vgen_xl/config.json",
+        ),
     ] {
         let err = assert_pass(&["check", &w(bundle), "--config", &models(config)]);
         assert!(err.contains("config from"), "{bundle}: {err}");
@@ -258,6 +266,14 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
                 ("decoder.mid_block.", "diffusers.MidBlockTemporalDecoder"),
                 ("encoder.mid_block.", "diffusers.UNetMidBlock2D"),
             ],
+        ),
+        (
+            "diffusers_unet_motion/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlockCrossAttnMotion")],
+        ),
+        (
+            "diffusers_i2vgen_xl/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.UNetMidBlock3DCrossAttn")],
         ),
         (
             "diffusers_vd/diffusion_pytorch_model.safetensors",
@@ -870,25 +886,22 @@ fn controlnet_scale_pool_and_zero_conv_are_not_silently_ignored() {
     assert!(err.contains("controlnet_mid_block.weight"), "{err}");
 }
 
-/// Motion mid blocks have a `resnets.0.conv1` like the implemented ones: `detect` names them as
-/// not supported instead of taking them for a `UNetMidBlock2DCrossAttn`.
+/// A motion module beside a mid block's resnets is AnimateDiff's mid block: `detect` names it
+/// instead of taking it for a `UNetMidBlock2DCrossAttn`.
 #[test]
-fn unsupported_diffusers_mid_blocks_are_named_not_guessed() {
-    let dir = scratch("detect-unsupported");
+fn motion_modules_are_not_taken_for_a_cross_attention_mid_block() {
+    let dir = scratch("detect-motion-key");
     let sd1 = weights().join("models/diffusers_sd1/diffusion_pytorch_model.safetensors");
-    let (extra, name) = (
-        "mid_block.motion_modules.0.proj_in.weight",
-        "UNetMidBlockCrossAttnMotion",
-    );
     let mut b = RawBundle::read(&sd1);
     let zeros = candle_core::Tensor::zeros(4, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
-    b.tensors.insert(extra.into(), zeros);
-    let path = dir.join(format!("{name}.safetensors"));
+    b.tensors
+        .insert("mid_block.motion_modules.0.proj_in.weight".into(), zeros);
+    let path = dir.join("sd1_motion.safetensors");
     b.write(&path);
     let (_, out, err) = cli(&["detect", path.to_str().unwrap()]);
     assert!(
-        out.contains(name) && out.contains("not supported") && !out.contains("diffusers.UNetMidBlock2DCrossAttn"),
-        "{name}: {out}\n{err}"
+        out.contains("diffusers.UNetMidBlockCrossAttnMotion") && !out.contains("diffusers.UNetMidBlock2DCrossAttn"),
+        "{out}\n{err}"
     );
 }
 
@@ -1047,39 +1060,7 @@ fn video_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
         assert!(err.contains("weights from"), "{suffix}: {err}");
     }
     let dir = scratch("unet3d-num-frames");
-    let with_frames = |name: &str, frames: serde_json::Value| {
-        let d = dir.join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        RawBundle::edited(&format!("{stem}.safetensors"), &d, |b| {
-            let kwargs = match frames {
-                serde_json::Value::Null => "{}".to_string(),
-                f => serde_json::json!({ "num_frames": f }).to_string(),
-            };
-            b.metadata.insert("parity.kwargs".into(), kwargs);
-        })
-    };
-    // 6 = 2 videos x 3 frames: 1 (the forward's default), 2 and 6 divide the batch but mix the
-    // wrong frames, or none.
-    for (name, frames) in [
-        ("default", serde_json::Value::Null),
-        ("two", serde_json::json!(2)),
-        ("six", serde_json::json!(6)),
-    ] {
-        let path = with_frames(name, frames);
-        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
-        assert_eq!(code, 1, "{name}: {out}\n{err}");
-        assert!(out.contains("FAIL") && !out.contains("PASS"), "{name}: {out}");
-    }
-    for (name, frames, needle) in [
-        ("four", serde_json::json!(4), "does not divide"),
-        ("zero", serde_json::json!(0), "num_frames"),
-        ("fraction", serde_json::json!(2.5), "num_frames"),
-    ] {
-        let path = with_frames(name, frames);
-        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
-        assert_eq!(code, 2, "{name}: {out}\n{err}");
-        assert!(err.contains(needle) && !out.contains("PASS"), "{name}: {err}");
-    }
+    wrong_num_frames_never_pass(stem, &dir);
     // The forward takes attention_mask and, as diffusers' does, uses it nowhere (the exporter
     // asserts PyTorch's output is the maskless one bit for bit): still a pass.
     let masked = RawBundle::edited(&format!("{stem}.safetensors"), &dir, |b| {
@@ -1094,10 +1075,186 @@ fn video_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
     assert_pass(&["check", masked.to_str().unwrap()]);
 }
 
-/// `detect` on a copy of `ckpt` alone in a scratch folder (no `config.json` beside it): its output.
-fn detect_alone(test: &str, ckpt: &str) -> String {
-    let dir = scratch(test);
-    let lone = copy_to(&dir, ckpt, "m.safetensors");
+/// The tiny `UNetMotionModel` (`weights/models/diffusers_unet_motion`, AnimateDiff): `detect`
+/// names its `UNetMidBlockCrossAttnMotion` and reads what the keys tell (the sinusoidal table's
+/// length included), `check --weights --prefix` runs the self-contained bundles (f32, f16, bf16;
+/// batch 2 of 3 frames) on the whole checkpoint's mid block, and `num_frames` counts: a wrong
+/// one that divides the batch is a FAIL, one that does not an error naming it, never a pass.
+#[test]
+fn motion_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
+    let ckpt = models("diffusers_unet_motion/diffusion_pytorch_model.safetensors");
+    let lone_dir = scratch("detect-lone-motion");
+    let out = detect_without_config(&lone_dir, &ckpt);
+    assert!(
+        out.contains("prefix `mid_block.`: diffusers.UNetMidBlockCrossAttnMotion")
+            && out.contains("\"in_channels\":8")
+            && out.contains("\"temb_channels\":32")
+            && out.contains("\"cross_attention_dim\":8")
+            && out.contains("\"temporal_max_seq_length\":6")
+            && out.contains("not in the keys: num_attention_heads")
+            && out.contains("not in the keys: temporal_num_attention_heads")
+            && !out.contains("not supported"),
+        "{out}"
+    );
+    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let kwargs = &doc["mid_blocks"][0]["from_config"];
+    assert_eq!(kwargs["num_attention_heads"], 2, "{out}");
+    assert_eq!(kwargs["temporal_num_attention_heads"], 2, "{out}");
+    assert_eq!(kwargs["temporal_max_seq_length"], 6, "{out}");
+    assert_eq!(kwargs["resnet_groups"], 4, "{out}");
+    let stem = "mid/unet_mid_block_cross_attn_motion";
+    for suffix in ["", "_f16", "_bf16"] {
+        let b = w(&format!("{stem}{suffix}.safetensors"));
+        let err = assert_pass(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block."]);
+        assert!(err.contains("weights from"), "{suffix}: {err}");
+    }
+    wrong_num_frames_never_pass(stem, &scratch("motion-num-frames"));
+}
+
+/// The motion modules' `pos_embed.pe` is a persistent buffer: the bundle's (random, as saved)
+/// table is what PyTorch used, so a bundle without it runs on the constructor's sinusoid and
+/// FAILs (it is used, not recomputed); a table of another length is an error naming the key and
+/// both shapes.
+#[test]
+fn motion_pe_buffer_is_read_from_the_checkpoint() {
+    let key = "motion_modules.0.transformer_blocks.0.pos_embed.pe";
+    let stem = "mid/unet_mid_block_cross_attn_motion.safetensors";
+    let dir = scratch("motion-pe-missing");
+    let missing = RawBundle::edited(stem, &dir, |b| {
+        assert!(b.tensors.remove(key).is_some());
+    });
+    let (code, out, err) = cli(&["check", missing.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(out.contains("FAIL") && !out.contains("PASS"), "{out}");
+    let dir = scratch("motion-pe-short");
+    let short = RawBundle::edited(stem, &dir, |b| {
+        let pe = b.tensors[key].narrow(1, 0, 4).unwrap();
+        b.tensors.insert(key.into(), pe);
+    });
+    let (code, out, err) = cli(&["check", short.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(
+        err.contains(key) && err.contains("[1, 4, 8]") && err.contains("(1, 6, 8)"),
+        "{err}"
+    );
+}
+
+/// A `MotionAdapter`'s file (the motion modules alone, here cut from the tiny `UNetMotionModel`:
+/// the same 108 keys as `MotionAdapter(block_out_channels=(8,), motion_layers_per_block=1, ...)
+/// .save_pretrained` writes in diffusers 0.42.1): `detect` says it is not a whole mid block and
+/// what to do, and names no block.
+#[test]
+fn motion_adapter_files_are_named_with_what_to_do() {
+    let ckpt = weights().join("models/diffusers_unet_motion/diffusion_pytorch_model.safetensors");
+    let mut b = RawBundle::read(&ckpt);
+    b.tensors.retain(|k, _| k.contains(".motion_modules."));
+    assert!(b.tensors.keys().any(|k| k.starts_with("mid_block.motion_modules.0.")));
+    let dir = scratch("detect-motion-adapter");
+    let path = dir.join("diffusion_pytorch_model.safetensors");
+    b.write(&path);
+    let (code, out, err) = cli(&["detect", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("prefix `mid_block.`: (not implemented)")
+            && out.contains("MotionAdapter")
+            && out.contains("not a whole mid block")
+            && out.contains("from_unet2d")
+            && !out.contains("diffusers.UNetMidBlockCrossAttnMotion\n"),
+        "{out}"
+    );
+}
+
+/// The tiny `I2VGenXLUNet` (`weights/models/diffusers_i2vgen_xl`): `detect` tells it from a
+/// `UNet3DConditionModel` by the keys around the mid block (its fixed eps then comes from the
+/// keys), a bare mid block cannot be told and says so, and the bundle passes on the whole
+/// checkpoint and fails with a wrong `num_frames`.
+#[test]
+fn i2vgen_xl_mid_block_detects_and_checks_from_the_whole_checkpoint() {
+    let ckpt = models("diffusers_i2vgen_xl/diffusion_pytorch_model.safetensors");
+    let lone_dir = scratch("detect-lone-i2vgen");
+    let out = detect_without_config(&lone_dir, &ckpt);
+    assert!(
+        out.contains("prefix `mid_block.`: diffusers.UNetMidBlock3DCrossAttn")
+            && out.contains("I2VGenXLUNet image-to-video")
+            && out.contains("\"resnet_eps\":0.00001")
+            && !out.contains("not in the keys: resnet_eps"),
+        "{out}"
+    );
+    let (_, out, _) = cli(&[
+        "detect",
+        &models("diffusers_unet3d/diffusion_pytorch_model.safetensors"),
+    ]);
+    assert!(
+        out.contains("UNet3DConditionModel video U-Net") && !out.contains("I2VGenXLUNet"),
+        "{out}"
+    );
+    // The mid block's own keys alone: the same class and keys in both models.
+    let mut bare = RawBundle::read(Path::new(&ckpt));
+    bare.tensors.retain(|k, _| k.starts_with("mid_block."));
+    let bare_path = lone_dir.join("mid_only.safetensors");
+    bare.write(&bare_path);
+    let (_, out, _) = cli(&["detect", bare_path.to_str().unwrap()]);
+    assert!(
+        out.contains("UNet3DConditionModel or I2VGenXLUNet") && out.contains("not in the keys: resnet_eps"),
+        "{out}"
+    );
+    let stem = "mid/unet_mid_block_3d_cross_attn_i2vgen_xl";
+    let err = assert_pass(&[
+        "check",
+        &w(&format!("{stem}.safetensors")),
+        "--weights",
+        &ckpt,
+        "--prefix",
+        "mid_block.",
+    ]);
+    assert!(err.contains("weights from"), "{err}");
+    wrong_num_frames_never_pass(stem, &scratch("i2vgen-num-frames"));
+}
+
+/// The video bundle `weights/<stem>.safetensors` of 2 videos x 3 frames with another
+/// `num_frames`: 1 (the forward's default), 2 and 6 divide the batch of 6 but mix the wrong
+/// frames, or none (a FAIL, exit 1); 4 does not divide it, 0 and 2.5 are not counts (an error
+/// naming it, exit 2).
+fn wrong_num_frames_never_pass(stem: &str, dir: &Path) {
+    let with_frames = |name: &str, frames: serde_json::Value| {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        RawBundle::edited(&format!("{stem}.safetensors"), &d, |b| {
+            let kwargs = match frames {
+                serde_json::Value::Null => "{}".to_string(),
+                f => serde_json::json!({ "num_frames": f }).to_string(),
+            };
+            b.metadata.insert("parity.kwargs".into(), kwargs);
+        })
+    };
+    for (name, frames) in [
+        ("default", serde_json::Value::Null),
+        ("two", serde_json::json!(2)),
+        ("six", serde_json::json!(6)),
+    ] {
+        let path = with_frames(name, frames);
+        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
+        assert_eq!(code, 1, "{stem} {name}: {out}\n{err}");
+        assert!(out.contains("FAIL") && !out.contains("PASS"), "{stem} {name}: {out}");
+    }
+    for (name, frames, needle) in [
+        ("four", serde_json::json!(4), "does not divide"),
+        ("zero", serde_json::json!(0), "num_frames"),
+        ("fraction", serde_json::json!(2.5), "num_frames"),
+    ] {
+        let path = with_frames(name, frames);
+        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
+        assert_eq!(code, 2, "{stem} {name}: {out}\n{err}");
+        assert!(err.contains(needle) && !out.contains("PASS"), "{stem} {name}: {err}");
+    }
+}
+
+/// `detect`'s answer on a copy of `ckpt` in `dir` (without the `config.json` beside the
+/// original): what the keys alone tell.
+fn detect_without_config(dir: &Path, ckpt: &str) -> String {
+    let lone = copy_to(dir, ckpt, "m.safetensors");
     let (code, out, err) = cli(&["detect", &lone]);
     assert_eq!(code, 0, "{err}");
     out
@@ -1140,7 +1297,7 @@ fn with_indicator(b: &mut RawBundle, values: Option<(&[f32], (usize, usize))>) {
 #[test]
 fn svd_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
     let ckpt = models("diffusers_svd/diffusion_pytorch_model.safetensors");
-    let out = detect_alone("detect-lone-svd", &ckpt);
+    let out = detect_without_config(&scratch("detect-lone-svd"), &ckpt);
     assert!(
         out.contains("prefix `mid_block.`: diffusers.UNetMidBlockSpatioTemporal")
             && out.contains("\"in_channels\":32")
@@ -1194,7 +1351,7 @@ fn svd_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
 #[test]
 fn svd_vae_mid_blocks_detect_and_check_from_the_whole_checkpoint() {
     let ckpt = models("diffusers_svd_vae/diffusion_pytorch_model.safetensors");
-    let out = detect_alone("detect-lone-svd-vae", &ckpt);
+    let out = detect_without_config(&scratch("detect-lone-svd-vae"), &ckpt);
     assert!(
         out.contains("prefix `decoder.mid_block.`: diffusers.MidBlockTemporalDecoder")
             && out.contains("\"num_layers\":2")

@@ -8,6 +8,8 @@
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_unet3d
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_svd
 //! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_svd_vae
+//! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_i2vgen_xl
+//! cargo run --release -p unet-attention --example diffusers_mid_block -- weights/models/diffusers_unet_motion
 //! ```
 
 use candle_core::{DType, Device, Tensor};
@@ -16,7 +18,7 @@ use unet_attention::diffusers::model_config::mid_blocks;
 use unet_attention::diffusers::model_config::MidBlockSpec;
 use unet_attention::diffusers::{
     ControlNetMidBlock, MidBlockTemporalDecoder, UNetMidBlock2D, UNetMidBlock2DCrossAttn,
-    UNetMidBlock2DSimpleCrossAttn, UNetMidBlock3DCrossAttn, UNetMidBlockSpatioTemporal,
+    UNetMidBlock2DSimpleCrossAttn, UNetMidBlock3DCrossAttn, UNetMidBlockCrossAttnMotion, UNetMidBlockSpatioTemporal,
 };
 
 /// Stable Video Diffusion's mid blocks on one video of 4 frames: `(frames, C, H, W)`, temb and
@@ -98,15 +100,27 @@ fn main() -> anyhow::Result<()> {
         } else if spec.block == UNetMidBlock2DCrossAttn::BLOCK {
             let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
             UNetMidBlock2DCrossAttn::new(vb, &cfg)?.forward(&x, temb.as_ref(), Some(&context), None, None)?
-        } else if spec.block == UNetMidBlock3DCrossAttn::BLOCK {
+        } else if [UNetMidBlock3DCrossAttn::BLOCK, UNetMidBlockCrossAttnMotion::BLOCK].contains(&spec.block) {
             // One video of 4 frames: (batch·frames, C, H, W), temb and context repeated per frame
-            // as UNet3DConditionModel repeats them.
+            // as UNet3DConditionModel / I2VGenXLUNet repeat them (and AnimateDiff's pipeline).
             let frames = 4;
-            let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
             let x = x.repeat((frames, 1, 1, 1))?;
             let temb = temb.map(|t| t.repeat((frames, 1))).transpose()?;
             let context = context.repeat((frames, 1, 1))?;
-            let y = UNetMidBlock3DCrossAttn::new(vb, &cfg)?.forward(&x, temb.as_ref(), Some(&context), None, frames)?;
+            let y = if spec.block == UNetMidBlock3DCrossAttn::BLOCK {
+                let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
+                UNetMidBlock3DCrossAttn::new(vb, &cfg)?.forward(&x, temb.as_ref(), Some(&context), None, frames)?
+            } else {
+                let cfg = unet_attention::config::from_json(spec.block, &spec.config)?;
+                UNetMidBlockCrossAttnMotion::new(vb, &cfg)?.forward(
+                    &x,
+                    temb.as_ref(),
+                    Some(&context),
+                    None,
+                    None,
+                    frames,
+                )?
+            };
             println!("{} at `{}`: {:?} -> {:?}", spec.block, spec.prefix, x.dims(), y.dims());
             continue;
         } else if spec.block == UNetMidBlock2DSimpleCrossAttn::BLOCK {

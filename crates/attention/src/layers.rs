@@ -50,7 +50,7 @@ fn load_weight(vb: &VarBuilder, block: &'static str, in_dim: usize, out_dim: usi
 }
 
 /// The shape found, when `e` is (or wraps) Candle's shape-mismatch error.
-fn unexpected_shape(e: &candle_core::Error) -> Option<&candle_core::Shape> {
+pub(crate) fn unexpected_shape(e: &candle_core::Error) -> Option<&candle_core::Shape> {
     use candle_core::Error as E;
     match e {
         E::UnexpectedShape { got, .. } => Some(got),

@@ -43,23 +43,23 @@ pub fn apply_config(found: &mut [Found], config: &Value) -> Result<(), String> {
     Ok(())
 }
 
-fn dim(ck: &Checkpoint, name: &str, i: usize) -> Option<usize> {
+pub(crate) fn dim(ck: &Checkpoint, name: &str, i: usize) -> Option<usize> {
     ck.shape(name).and_then(|s| s.get(i).copied())
 }
 
-fn has(ck: &Checkpoint, name: &str) -> bool {
+pub(crate) fn has(ck: &Checkpoint, name: &str) -> bool {
     ck.shape(name).is_some()
 }
 
 /// How many `<prefix><i>.` groups exist.
-fn count(ck: &Checkpoint, prefix: &str) -> usize {
+pub(crate) fn count(ck: &Checkpoint, prefix: &str) -> usize {
     (0..)
         .take_while(|i| ck.names().any(|n| n.starts_with(&format!("{prefix}{i}."))))
         .count()
 }
 
 /// Every prefix `P` with a key `P + anchor`.
-fn prefixes(ck: &Checkpoint, anchor: &str) -> Vec<String> {
+pub(crate) fn prefixes(ck: &Checkpoint, anchor: &str) -> Vec<String> {
     ck.names()
         .filter_map(|n| n.strip_suffix(anchor).map(str::to_string))
         .collect()
@@ -120,6 +120,8 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
             found.push(diffusers_1d_temporal(ck, &p, true));
         }
     }
+    // AnimateDiff MotionAdapter files: motion modules without a mid block (named, not built).
+    found.extend(crate::detect_video::motion_adapters(ck));
     // ControlNetModel: its mid block and the `controlnet_mid_block` zero convolution beside it.
     for p in prefixes(ck, "controlnet_mid_block.weight") {
         if has(ck, &format!("{p}mid_block.resnets.0.conv1.weight")) {
@@ -155,32 +157,11 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
     found
 }
 
-/// The diffusers mid blocks with a ResNet at `resnets.0.conv1` that are not implemented, told
-/// apart by the submodules the implemented ones lack.
-fn diffusers_unsupported(ck: &Checkpoint, p: &str) -> Option<&'static str> {
-    let under = |sub: &str| {
-        let key = format!("{p}{sub}");
-        ck.names().any(|n| n.starts_with(&key))
-    };
-    if under("motion_modules.") {
-        Some("diffusers UNetMidBlockCrossAttnMotion (UNetMotionModel, AnimateDiff motion modules), not supported")
-    } else {
-        None
-    }
-}
-
 fn diffusers(ck: &Checkpoint, p: &str) -> Found {
-    if let Some(variant) = diffusers_unsupported(ck, p) {
-        return Found {
-            prefix: p.to_string(),
-            block: None,
-            variant: variant.to_string(),
-            config: Map::new(),
-            unknown: vec![],
-            from_config: None,
-        };
-    }
     let c = dim(ck, &format!("{p}resnets.0.conv1.weight"), 1).unwrap_or(0);
+    if crate::detect_video::is_motion(ck, p) {
+        return crate::detect_video::motion(ck, p, c);
+    }
     if ck.names().any(|n| n.starts_with(&format!("{p}temp_convs."))) {
         return diffusers_3d(ck, p, c);
     }
@@ -409,6 +390,15 @@ fn diffusers_dual_cross(ck: &Checkpoint, p: &str, mut config: Map<String, Value>
     }
 }
 
+/// A `ResnetBlock2D`'s `time_embedding_norm` from its `time_emb_proj` output width.
+pub(crate) fn time_shift(temb_out: Option<usize>, channels: usize) -> &'static str {
+    if temb_out == Some(2 * channels) {
+        "scale_shift"
+    } else {
+        "default"
+    }
+}
+
 /// `UNetMidBlock3DCrossAttn` (`UNet3DConditionModel`, `I2VGenXLUNet`): `temp_convs.<i>`
 /// (`TemporalConvLayer`) beside the resnets and `temp_attentions.<i>` beside the attentions.
 fn diffusers_3d(ck: &Checkpoint, p: &str, c: usize) -> Found {
@@ -421,14 +411,7 @@ fn diffusers_3d(ck: &Checkpoint, p: &str, c: usize) -> Found {
         json!(dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1)),
     );
     config.insert("num_layers".into(), json!(count(ck, &format!("{p}attentions."))));
-    config.insert(
-        "resnet_time_scale_shift".into(),
-        json!(if temb_out == Some(2 * c) {
-            "scale_shift"
-        } else {
-            "default"
-        }),
-    );
+    config.insert("resnet_time_scale_shift".into(), json!(time_shift(temb_out, c)));
     config.insert(
         "cross_attention_dim".into(),
         json!(dim(ck, &format!("{t0}attn2.to_k.weight"), 1)),
@@ -437,19 +420,23 @@ fn diffusers_3d(ck: &Checkpoint, p: &str, c: usize) -> Found {
         .shape(&format!("{p}attentions.0.proj_in.weight"))
         .is_none_or(|s| s.len() == 2);
     config.insert("use_linear_projection".into(), json!(linear));
-    let unknown = vec![
+    let mut unknown = vec![
         "num_attention_heads (the per-head width here: the config's `attention_head_dim`, last entry; ModelScope / \
          Zeroscope: 64)"
             .to_string(),
         "resnet_groups (norm groups: the config's `norm_num_groups`, 32 in ModelScope)".to_string(),
-        "resnet_eps (UNet3DConditionModel: its norm_eps, 1e-5; I2VGenXLUNet: 1e-5)".to_string(),
     ];
+    let (variant, eps) = crate::detect_video::unet_3d_model(ck, p);
+    match eps {
+        Some(eps) => {
+            config.insert("resnet_eps".into(), json!(eps));
+        }
+        None => unknown.push("resnet_eps (UNet3DConditionModel: its norm_eps, 1e-5; I2VGenXLUNet: 1e-5)".to_string()),
+    }
     Found {
         prefix: p.to_string(),
         block: Some(unet_attention::diffusers::UNetMidBlock3DCrossAttn::BLOCK),
-        variant: "diffusers UNetMidBlock3DCrossAttn (UNet3DConditionModel / I2VGenXLUNet video U-Net: temporal \
-                  convolutions and attentions over num_frames)"
-            .to_string(),
+        variant,
         config,
         unknown,
         from_config: None,

@@ -2,7 +2,8 @@
 //! Stable Diffusion transformer bottleneck (`FeedForward`/`GEGLU`, `BasicTransformerBlock`,
 //! `Transformer2DModel`, Versatile Diffusion's `DualTransformer2DModel`), the ResNet blocks and the U-Net / VAE mid blocks (`ResnetBlock2D`, `ResnetBlockCondNorm2D`,
 //! `UNetMidBlock2D`, `UNetMidBlock2DCrossAttn`, `UNetMidBlock2DSimpleCrossAttn`), the video U-Nets'
-//! `UNetMidBlock3DCrossAttn` with its temporal layers (`TemporalConvLayer`, `TransformerTemporalModel`), the
+//! `UNetMidBlock3DCrossAttn` with its temporal layers (`TemporalConvLayer`, `TransformerTemporalModel`),
+//! AnimateDiff's `UNetMidBlockCrossAttnMotion` (motion modules with `SinusoidalPositionalEmbedding`), the
 //! `ControlNetModel` bottleneck (`ControlNetMidBlock`: its mid block and `controlnet_mid_block`)
 //! and their configs from a model's `config.json`; Stable Video Diffusion's
 //! `UNetMidBlockSpatioTemporal` and `MidBlockTemporalDecoder` (`SpatioTemporalResBlock`,
@@ -11,14 +12,17 @@
 pub mod attention;
 pub mod controlnet;
 pub mod dual_transformer;
+pub mod embeddings;
 pub mod feed_forward;
 pub mod mid_block;
 pub mod mid_block_1d;
 pub mod mid_block_1d_temporal;
 pub mod mid_block_3d;
+pub mod mid_block_motion;
 pub mod mid_block_simple_cross;
 pub mod mid_block_spatio_temporal;
 pub mod model_config;
+pub mod model_config_video;
 mod model_keys;
 pub mod resnet;
 pub mod resnet_cond_norm;
@@ -30,6 +34,7 @@ pub mod transformer_spatio_temporal;
 pub use attention::{Attention, AttentionConfig, Processor};
 pub use controlnet::{ControlNetMidBlock, ControlNetMidBlockConfig};
 pub use dual_transformer::{DualMix, DualTransformer2DModel, DualTransformer2DModelConfig};
+pub use embeddings::SinusoidalPositionalEmbedding;
 pub use feed_forward::{FeedForward, FeedForwardConfig, Geglu, GegluConfig};
 pub use mid_block::{UNetMidBlock2D, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
 pub use mid_block_1d::{UNetMidBlock1D, UNetMidBlock1DConfig};
@@ -37,6 +42,7 @@ pub use mid_block_1d_temporal::{
     MidResTemporalBlock1D, MidResTemporalBlock1DConfig, ValueFunctionMidBlock1D, ValueFunctionMidBlock1DConfig,
 };
 pub use mid_block_3d::{UNetMidBlock3DCrossAttn, UNetMidBlock3DCrossAttnConfig};
+pub use mid_block_motion::{UNetMidBlockCrossAttnMotion, UNetMidBlockCrossAttnMotionConfig};
 pub use mid_block_simple_cross::{UNetMidBlock2DSimpleCrossAttn, UNetMidBlock2DSimpleCrossAttnConfig};
 pub use mid_block_spatio_temporal::{
     MidBlockTemporalDecoder, MidBlockTemporalDecoderConfig, UNetMidBlockSpatioTemporal,

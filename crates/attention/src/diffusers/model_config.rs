@@ -38,7 +38,8 @@
 //!   resnet_groups=norm_num_groups, use_linear_projection, upcast_attention)` (or, for
 //!   `mid_block_type: "UNetMidBlock2D"`, `UNetMidBlock2D(..., num_layers=0, add_attention=False)`)
 //!   and the `controlnet_mid_block` convolution: two specs, the whole `ControlNetMidBlock` at the
-//!   top level (prefix `""`) and its mid block alone at `mid_block`.
+//!   top level (prefix `""`) and its mid block alone at `mid_block`;
+//! * `UNetMotionModel` (AnimateDiff) and `I2VGenXLUNet`: see [`super::model_config_video`].
 //!
 //! Keys the class does not have are an error (a config from another class or a newer diffusers
 //! may change the block) unless `allow_unknown`; keys starting with `_` (`_class_name`,
@@ -50,6 +51,7 @@ use crate::diffusers::mid_block_1d::UNetMidBlock1D;
 use crate::diffusers::mid_block_1d_temporal::{MidResTemporalBlock1D, ValueFunctionMidBlock1D};
 use crate::diffusers::mid_block_3d::UNetMidBlock3DCrossAttn;
 use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
+use crate::diffusers::model_config_video as video;
 use crate::diffusers::model_keys::*;
 
 mod svd;
@@ -73,6 +75,10 @@ pub enum ModelClass {
     UNetSpatioTemporalConditionModel,
     /// Stable Video Diffusion's VAE.
     AutoencoderKLTemporalDecoder,
+    /// AnimateDiff's U-Net (see [`super::model_config_video`]).
+    UNetMotionModel,
+    /// I2VGen-XL's image-to-video U-Net (see [`super::model_config_video`]).
+    I2VGenXLUNet,
 }
 
 impl ModelClass {
@@ -87,6 +93,8 @@ impl ModelClass {
             ModelClass::UNet3DConditionModel => "UNet3DConditionModel",
             ModelClass::UNetSpatioTemporalConditionModel => "UNetSpatioTemporalConditionModel",
             ModelClass::AutoencoderKLTemporalDecoder => "AutoencoderKLTemporalDecoder",
+            ModelClass::UNetMotionModel => "UNetMotionModel",
+            ModelClass::I2VGenXLUNet => "I2VGenXLUNet",
         }
     }
 
@@ -101,6 +109,8 @@ impl ModelClass {
             ModelClass::UNet3DConditionModel => UNET_3D_CONDITION_KEYS,
             ModelClass::UNetSpatioTemporalConditionModel => UNET_SPATIO_TEMPORAL_KEYS,
             ModelClass::AutoencoderKLTemporalDecoder => AUTOENCODER_KL_TEMPORAL_DECODER_KEYS,
+            ModelClass::UNetMotionModel => video::UNET_MOTION_KEYS,
+            ModelClass::I2VGenXLUNet => video::I2VGEN_XL_KEYS,
         }
     }
 }
@@ -134,9 +144,9 @@ impl MidBlockSpec {
     }
 }
 
-const CONTEXT: &str = "config.json";
+pub(super) const CONTEXT: &str = "config.json";
 
-fn bad(message: impl Into<String>) -> Error {
+pub(super) fn bad(message: impl Into<String>) -> Error {
     Error::config(CONTEXT, message)
 }
 
@@ -153,11 +163,15 @@ pub fn model_class(config: &Value) -> Result<Option<ModelClass>> {
         Some("UNet3DConditionModel") => Ok(Some(ModelClass::UNet3DConditionModel)),
         Some("UNetSpatioTemporalConditionModel") => Ok(Some(ModelClass::UNetSpatioTemporalConditionModel)),
         Some("AutoencoderKLTemporalDecoder") => Ok(Some(ModelClass::AutoencoderKLTemporalDecoder)),
+        Some("UNetMotionModel") => Ok(Some(ModelClass::UNetMotionModel)),
+        Some("I2VGenXLUNet") => Ok(Some(ModelClass::I2VGenXLUNet)),
+        Some("MotionAdapter") => Err(Error::unsupported(CONTEXT, video::MOTION_ADAPTER)),
         Some(other) => Err(Error::unsupported(
             CONTEXT,
             format!(
                 "model class `{other}`; known: UNet1DModel, UNet2DModel, UNet2DConditionModel, AutoencoderKL, VQModel, \
-                 ControlNetModel, UNet3DConditionModel, UNetSpatioTemporalConditionModel, AutoencoderKLTemporalDecoder"
+                 ControlNetModel, UNet3DConditionModel, UNetSpatioTemporalConditionModel, AutoencoderKLTemporalDecoder, \
+                 UNetMotionModel, I2VGenXLUNet"
             ),
         )),
     }
@@ -202,14 +216,16 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
         ModelClass::UNet3DConditionModel => unet_3d_condition(&c).map(|s| vec![s]),
         ModelClass::UNetSpatioTemporalConditionModel => svd::unet_spatio_temporal(&c).map(|s| vec![s]),
         ModelClass::AutoencoderKLTemporalDecoder => svd::autoencoder_temporal_decoder(&c),
+        ModelClass::UNetMotionModel => video::unet_motion(&c).map(|s| vec![s]),
+        ModelClass::I2VGenXLUNet => video::i2vgen_xl(&c).map(|s| vec![s]),
     }
 }
 
 /// Typed access to config keys with the class defaults.
-struct Cfg<'a>(&'a Map<String, Value>);
+pub(super) struct Cfg<'a>(&'a Map<String, Value>);
 
 impl Cfg<'_> {
-    fn value(&self, key: &str, default: Value) -> Value {
+    pub(super) fn value(&self, key: &str, default: Value) -> Value {
         match self.0.get(key) {
             Some(v) => v.clone(),
             None => default,
@@ -231,7 +247,7 @@ impl Cfg<'_> {
         }
     }
 
-    fn last_channels(&self, default: &[usize]) -> Result<(usize, usize)> {
+    pub(super) fn last_channels(&self, default: &[usize]) -> Result<(usize, usize)> {
         let channels = self.usize_list("block_out_channels", default)?;
         match (channels.first(), channels.last()) {
             (Some(&first), Some(&last)) => Ok((first, last)),
@@ -292,7 +308,7 @@ impl Cfg<'_> {
     }
 
     /// An int-or-list key's last entry (`cross_attention_dim: 768` or `[..., 1280]`).
-    fn last_of(&self, key: &str, default: Value) -> Result<Value> {
+    pub(super) fn last_of(&self, key: &str, default: Value) -> Result<Value> {
         match self.value(key, default) {
             Value::Array(items) => items
                 .last()
@@ -660,10 +676,11 @@ fn vq_model(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn one(config: Value) -> MidBlockSpec {
+    /// The one spec of a config (also for [`super::super::model_config_video`]'s tests).
+    pub(in crate::diffusers) fn one(config: Value) -> MidBlockSpec {
         let mut specs = mid_blocks(&config, None, false).unwrap();
         assert_eq!(specs.len(), 1);
         specs.remove(0)

@@ -7,6 +7,7 @@
 //! and differ only in how they are configured (see [`crate::ldm::transformer`]).
 
 use crate::diffusers::attention::{Attention, AttentionConfig, Processor};
+use crate::diffusers::embeddings::{sinusoidal_length, SinusoidalPositionalEmbedding};
 use crate::diffusers::feed_forward::{ActivationFn, FeedForward, FeedForwardConfig};
 use crate::heads::{image_to_tokens, tokens_to_image};
 use crate::layers::{group_norm, LayerNorm, Projection};
@@ -48,6 +49,9 @@ pub struct TransformerBlockSpec {
     pub ff: FeedForwardConfig,
     /// Key of the feed-forward's input projection (`net.0.proj`, or ldm's `net.0.0`).
     pub ff_project_in_key: &'static str,
+    /// diffusers `positional_embeddings="sinusoidal"`: the `pos_embed.pe` table's length
+    /// (`num_positional_embeddings`), added after `norm1` and `norm2`.
+    pub pos_embed: Option<usize>,
 }
 
 /// `norm1 → attn1 → + x`, `norm2 → attn2 → + x`, `norm3 → ff → + x`.
@@ -59,6 +63,7 @@ pub struct TransformerBlock {
     attn2: Option<(LayerNorm, Attention)>,
     norm3: LayerNorm,
     ff: FeedForward,
+    pos_embed: Option<SinusoidalPositionalEmbedding>,
 }
 
 fn attention(
@@ -96,6 +101,7 @@ impl TransformerBlock {
             Some(source) => Some((norm("norm2")?, attention(vb.pp("attn2"), block, spec, source)?)),
             None => None,
         };
+        let pos_embed = SinusoidalPositionalEmbedding::load_for(vb.pp("pos_embed"), block, spec.dim, spec.pos_embed)?;
         Ok(Self {
             norm1: norm("norm1")?,
             attn1: attention(vb.pp("attn1"), block, spec, spec.attn1)?,
@@ -103,6 +109,7 @@ impl TransformerBlock {
             attn2,
             norm3: norm("norm3")?,
             ff: FeedForward::load(vb.pp("ff"), block, &spec.ff, spec.ff_project_in_key)?,
+            pos_embed,
         })
     }
 
@@ -132,11 +139,13 @@ impl TransformerBlock {
         let attn1_context = if self.attn1_cross { context } else { None };
         let normed = self.norm1.forward(hidden_states)?;
         trace::record("norm1", &normed);
+        let normed = SinusoidalPositionalEmbedding::add(self.pos_embed.as_ref(), normed)?;
         let attn = trace::scope("attn1", || self.attn1.forward(&normed, attn1_context, attention_mask))?;
         let mut h = (attn + hidden_states)?;
         if let Some((norm2, attn2)) = &self.attn2 {
             let normed = norm2.forward(&h)?;
             trace::record("norm2", &normed);
+            let normed = SinusoidalPositionalEmbedding::add(self.pos_embed.as_ref(), normed)?;
             let attn = trace::scope("attn2", || attn2.forward(&normed, context, encoder_attention_mask))?;
             h = (attn + h)?;
         }
@@ -360,9 +369,7 @@ impl BasicTransformerBlockConfig {
     /// The shared block description.
     pub fn spec(&self, block: &'static str) -> Result<TransformerBlockSpec> {
         check_layer_norm_path(block, &self.norm_type, self.num_embeds_ada_norm, &self.attention_type)?;
-        if self.positional_embeddings.is_some() {
-            return Err(Error::unsupported(block, "positional_embeddings are not implemented"));
-        }
+        let pos_embed = sinusoidal_length(block, &self.positional_embeddings, self.num_positional_embeddings)?;
         let cross = self.cross_attention_dim;
         let attn1 = match (self.only_cross_attention, cross) {
             (true, Some(d)) => AttentionSource::Context(d),
@@ -391,6 +398,7 @@ impl BasicTransformerBlockConfig {
             norm_elementwise_affine: self.norm_elementwise_affine,
             ff,
             ff_project_in_key: "net.0.proj",
+            pos_embed,
         })
     }
 }

@@ -151,6 +151,7 @@ impl BasicTransformerBlockConfig {
             norm_elementwise_affine: true,
             ff,
             ff_project_in_key: if self.gated_ff { "net.0.proj" } else { "net.0.0" },
+            pos_embed: None,
         }
     }
 }

@@ -2,7 +2,7 @@ use super::{BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use unet_attention::diffusers::{
     ControlNetMidBlock, MidResTemporalBlock1D, ResnetBlock2D, UNetMidBlock1D, UNetMidBlock2D, UNetMidBlock2DCrossAttn,
-    UNetMidBlock2DSimpleCrossAttn, UNetMidBlock3DCrossAttn, ValueFunctionMidBlock1D,
+    UNetMidBlock2DSimpleCrossAttn, UNetMidBlock3DCrossAttn, UNetMidBlockCrossAttnMotion, ValueFunctionMidBlock1D,
 };
 use unet_attention::diffusers::{MidBlockTemporalDecoder, UNetMidBlockSpatioTemporal};
 use unet_attention::{config, Result};
@@ -86,6 +86,22 @@ impl Runnable for UNetMidBlock3DCrossAttn {
             inputs.get("temb"),
             inputs.get("encoder_hidden_states"),
             inputs.get("attention_mask"),
+            inputs.count("num_frames", 1)?,
+        )?;
+        Ok(vec![out])
+    }
+}
+
+/// AnimateDiff's mid block: the cross-attention inputs, `num_frames` from `parity.kwargs` (1 when
+/// absent, the forward's default).
+impl Runnable for UNetMidBlockCrossAttnMotion {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let out = self.forward(
+            inputs.required("hidden_states")?,
+            inputs.get("temb"),
+            inputs.get("encoder_hidden_states"),
+            inputs.get("attention_mask"),
+            inputs.get("encoder_attention_mask"),
             inputs.count("num_frames", 1)?,
         )?;
         Ok(vec![out])
@@ -212,6 +228,16 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             build: |vb, cfg| {
                 let cfg = config::from_json(UNetMidBlock3DCrossAttn::BLOCK, cfg)?;
                 Ok(Box::new(UNetMidBlock3DCrossAttn::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: UNetMidBlockCrossAttnMotion::BLOCK,
+            pytorch: "diffusers.models.unets.unet_motion_model.UNetMidBlockCrossAttnMotion (diffusers 0.42.1; UNetMotionModel mid block, AnimateDiff: ResnetBlock2D, Transformer2DModel, AnimateDiffTransformer3D motion modules with a sinusoidal positional embedding over num_frames)",
+            inputs: CROSS_ATTN_INPUTS,
+            kwargs: &["num_frames"],
+            build: |vb, cfg| {
+                let cfg = config::from_json(UNetMidBlockCrossAttnMotion::BLOCK, cfg)?;
+                Ok(Box::new(UNetMidBlockCrossAttnMotion::new(vb, &cfg)?))
             },
         },
         BlockInfo {

@@ -1,0 +1,318 @@
+//! diffusers' `UNetMidBlockCrossAttnMotion` (`models/unets/unet_motion_model.py`, 0.42.1): the
+//! mid block of AnimateDiff's `UNetMotionModel`. A `UNetMidBlock2DCrossAttn` (resnets and
+//! `Transformer2DModel`s) with a motion module after each transformer: an
+//! `AnimateDiffTransformer3D`, attention over the frames of each pixel with a sinusoidal
+//! positional embedding; `hidden_states` is `(batch·num_frames, C, H, W)`.
+//!
+//! ```text
+//! forward(h, temb, encoder_hidden_states, attention_mask, cross_attention_kwargs, encoder_attention_mask, num_frames):
+//!   h = resnets[0](h, temb)
+//!   for attn, resnet, motion_module in zip(attentions, resnets[1:], motion_modules):
+//!     h = attn(h, encoder_hidden_states, attention_mask=attention_mask, encoder_attention_mask=encoder_attention_mask)
+//!     h = motion_module(h, None, None, None, num_frames, None)   # no context
+//!     h = resnet(h, temb)
+//! ```
+//!
+//! `AnimateDiffTransformer3D` has `TransformerTemporalModel`'s constructor and forward line for
+//! line (GroupNorm over `(B, C, F, H, W)`, `proj_in`, `BasicTransformerBlock`s over `(B·H·W, F,
+//! inner)` tokens, `proj_out`, residual), so it runs as a [`TransformerTemporalModel`], built as
+//! the mid block builds it: `temporal_num_attention_heads` heads of width `in_channels //
+//! temporal_num_attention_heads`, `temporal_transformer_layers_per_block` blocks,
+//! `double_self_attention` (both attentions self-attention: `temporal_cross_attention_dim` is
+//! taken and reaches no weight, and the block passes no context), `positional_embeddings=
+//! "sinusoidal"` with `num_positional_embeddings=temporal_max_seq_length` (the `pos_embed.pe`
+//! table is a persistent buffer read from the checkpoint; see
+//! [`crate::diffusers::embeddings`]), GroupNorm `resnet_groups`, no attention bias, `geglu`.
+//!
+//! As in diffusers: `num_attention_heads` is the spatial transformers' head *count* (width
+//! `in_channels // num_attention_heads`); `cross_attention_kwargs` only reach the processors and
+//! with the default ones change nothing, so this forward does not take them. Not supported:
+//! `dual_cross_attention=True`, whose forward passes `encoder_attention_mask` to
+//! `DualTransformer2DModel.forward`, which has no such parameter (a `TypeError` on every call;
+//! `UNetMotionModel` always passes `False`).
+
+use crate::diffusers::mid_block::{
+    default_shift, from_required, groups_32, one, resnet_config, time_norm, LayersPerBlock,
+};
+use crate::diffusers::resnet::{eps_1e6, one_f, swish, ResnetBlock2D};
+use crate::diffusers::temporal::{TransformerTemporalModel, TransformerTemporalModelConfig};
+use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
+use crate::layers::Activation;
+use crate::trace;
+use crate::{config, Error, Result};
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+
+fn cross_1280() -> usize {
+    1280
+}
+fn thirty_two() -> usize {
+    32
+}
+
+/// Keyword arguments of `UNetMidBlockCrossAttnMotion(in_channels, temb_channels, dropout=0.0,
+/// num_layers=1, transformer_layers_per_block=1, resnet_eps=1e-6, resnet_time_scale_shift="default",
+/// resnet_act_fn="swish", resnet_groups=32, resnet_pre_norm=True, num_attention_heads=1,
+/// output_scale_factor=1.0, cross_attention_dim=1280, dual_cross_attention=False,
+/// use_linear_projection=False, upcast_attention=False, attention_type="default",
+/// temporal_num_attention_heads=1, temporal_cross_attention_dim=None, temporal_max_seq_length=32,
+/// temporal_transformer_layers_per_block=1)`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UNetMidBlockCrossAttnMotionConfig {
+    pub in_channels: usize,
+    pub temb_channels: Option<usize>,
+    #[serde(default)]
+    pub dropout: f64,
+    #[serde(default = "one")]
+    pub num_layers: usize,
+    /// One count, or one per layer (exactly `num_layers` of them, as diffusers checks).
+    #[serde(default)]
+    pub transformer_layers_per_block: LayersPerBlock,
+    #[serde(default = "eps_1e6")]
+    pub resnet_eps: f64,
+    #[serde(default = "default_shift")]
+    pub resnet_time_scale_shift: String,
+    #[serde(default = "swish")]
+    pub resnet_act_fn: Activation,
+    /// `null`: `min(in_channels // 4, 32)` (for the transformers and motion modules too).
+    #[serde(default = "groups_32")]
+    pub resnet_groups: Option<usize>,
+    #[serde(default = "config::yes")]
+    pub resnet_pre_norm: bool,
+    /// The spatial transformers' head count.
+    #[serde(default = "one")]
+    pub num_attention_heads: usize,
+    #[serde(default = "one_f")]
+    pub output_scale_factor: f64,
+    #[serde(default = "cross_1280")]
+    pub cross_attention_dim: usize,
+    /// Not supported when true (see the module docs).
+    #[serde(default)]
+    pub dual_cross_attention: bool,
+    #[serde(default)]
+    pub use_linear_projection: bool,
+    #[serde(default)]
+    pub upcast_attention: bool,
+    #[serde(default = "default_shift")]
+    pub attention_type: String,
+    /// The motion modules' head count.
+    #[serde(default = "one")]
+    pub temporal_num_attention_heads: usize,
+    /// Taken and unused, as in diffusers (see the module docs).
+    #[serde(default)]
+    pub temporal_cross_attention_dim: Option<usize>,
+    /// The sinusoidal table's length: the most frames the motion modules take.
+    #[serde(default = "thirty_two")]
+    pub temporal_max_seq_length: usize,
+    /// One count, or one per layer (exactly `num_layers`).
+    #[serde(default)]
+    pub temporal_transformer_layers_per_block: LayersPerBlock,
+}
+
+impl UNetMidBlockCrossAttnMotionConfig {
+    /// `UNetMidBlockCrossAttnMotion(in_channels, temb_channels)` with diffusers' defaults for the
+    /// rest; change fields after (`num_attention_heads`, `temporal_num_attention_heads`, ...).
+    pub fn new(in_channels: usize, temb_channels: Option<usize>) -> Self {
+        from_required(in_channels, temb_channels)
+    }
+}
+
+/// A per-layer count list as diffusers' constructor makes it: an int repeated, or a list of
+/// exactly `num_layers` entries (a `ValueError` otherwise).
+fn per_layer(key: &str, v: &LayersPerBlock, num_layers: usize) -> Result<Vec<usize>> {
+    match v {
+        LayersPerBlock::One(n) => Ok(vec![*n; num_layers]),
+        LayersPerBlock::PerLayer(list) if list.len() == num_layers => Ok(list.clone()),
+        LayersPerBlock::PerLayer(list) => Err(Error::config(
+            UNetMidBlockCrossAttnMotion::BLOCK,
+            format!(
+                "{key} lists {} counts for num_layers {num_layers} (diffusers raises ValueError)",
+                list.len()
+            ),
+        )),
+    }
+}
+
+/// `in_channels // heads` as Python computes it; zero heads or a zero width is an error.
+fn head_width(key: &str, channels: usize, heads: usize) -> Result<usize> {
+    match channels.checked_div(heads) {
+        Some(w) if w > 0 => Ok(w),
+        _ => Err(Error::config(
+            UNetMidBlockCrossAttnMotion::BLOCK,
+            format!("{key} {heads} at {channels} channels gives heads of width in_channels // {key} = 0 or none"),
+        )),
+    }
+}
+
+/// `diffusers.models.unets.unet_motion_model.UNetMidBlockCrossAttnMotion`. Keys `resnets.<i>`,
+/// `attentions.<i>` (`Transformer2DModel`), `motion_modules.<i>` (`AnimateDiffTransformer3D`:
+/// `norm`, `proj_in`, `transformer_blocks.<j>` with `pos_embed.pe`, `proj_out`).
+#[derive(Debug, Clone)]
+pub struct UNetMidBlockCrossAttnMotion {
+    resnets: Vec<ResnetBlock2D>,
+    attentions: Vec<Transformer2DModel>,
+    motion_modules: Vec<TransformerTemporalModel>,
+}
+
+impl UNetMidBlockCrossAttnMotion {
+    pub const BLOCK: &'static str = "diffusers.UNetMidBlockCrossAttnMotion";
+
+    pub fn new(vb: VarBuilder, cfg: &UNetMidBlockCrossAttnMotionConfig) -> Result<Self> {
+        let block = Self::BLOCK;
+        if cfg.dual_cross_attention {
+            return Err(Error::unsupported(
+                block,
+                "dual_cross_attention: diffusers' forward passes encoder_attention_mask to \
+                 DualTransformer2DModel.forward, which has no such parameter (a TypeError on every call); \
+                 UNetMotionModel always builds this block with dual_cross_attention=False",
+            ));
+        }
+        let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
+        let c = cfg.in_channels;
+        let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
+        let layers = per_layer(
+            "transformer_layers_per_block",
+            &cfg.transformer_layers_per_block,
+            cfg.num_layers,
+        )?;
+        let temporal_layers = per_layer(
+            "temporal_transformer_layers_per_block",
+            &cfg.temporal_transformer_layers_per_block,
+            cfg.num_layers,
+        )?;
+        let width = head_width("num_attention_heads", c, cfg.num_attention_heads)?;
+        let t_heads = cfg.temporal_num_attention_heads;
+        let t_width = head_width("temporal_num_attention_heads", c, t_heads)?;
+        let resnet = resnet_config(
+            c,
+            c,
+            groups,
+            None,
+            cfg.temb_channels,
+            cfg.resnet_eps,
+            cfg.resnet_act_fn,
+            norm,
+            cfg.dropout,
+            cfg.output_scale_factor,
+            cfg.resnet_pre_norm,
+        );
+        let vb_res = vb.pp("resnets");
+        let mut resnets = vec![ResnetBlock2D::new(vb_res.pp(0), &resnet)?];
+        let (mut attentions, mut motion_modules) = (vec![], vec![]);
+        for (i, (&n, &tn)) in layers.iter().zip(&temporal_layers).enumerate() {
+            let spatial: Transformer2DModelConfig = config::from_json(
+                block,
+                &serde_json::json!({
+                    "num_attention_heads": cfg.num_attention_heads,
+                    "attention_head_dim": width,
+                    "in_channels": c,
+                    "num_layers": n,
+                    "cross_attention_dim": cfg.cross_attention_dim,
+                    "norm_num_groups": groups,
+                    "use_linear_projection": cfg.use_linear_projection,
+                    "upcast_attention": cfg.upcast_attention,
+                    "attention_type": cfg.attention_type,
+                }),
+            )?;
+            // AnimateDiffTransformer3D(...), as the module docs list its arguments.
+            let motion: TransformerTemporalModelConfig = config::from_json(
+                block,
+                &serde_json::json!({
+                    "num_attention_heads": t_heads,
+                    "attention_head_dim": t_width,
+                    "in_channels": c,
+                    "num_layers": tn,
+                    "norm_num_groups": groups,
+                    "cross_attention_dim": cfg.temporal_cross_attention_dim,
+                    "attention_bias": false,
+                    "positional_embeddings": "sinusoidal",
+                    "num_positional_embeddings": cfg.temporal_max_seq_length,
+                    "activation_fn": "geglu",
+                }),
+            )?;
+            attentions.push(Transformer2DModel::new(vb.pp("attentions").pp(i), &spatial)?);
+            resnets.push(ResnetBlock2D::new(vb_res.pp(i + 1), &resnet)?);
+            motion_modules.push(TransformerTemporalModel::new(vb.pp("motion_modules").pp(i), &motion)?);
+        }
+        Ok(Self {
+            resnets,
+            attentions,
+            motion_modules,
+        })
+    }
+
+    /// `forward(hidden_states, temb=None, encoder_hidden_states=None, attention_mask=None,
+    /// encoder_attention_mask=None, num_frames=1)`: `hidden_states` `(B·F, C, H, W)`, `temb`
+    /// `(B·F, temb_channels)` (the U-Net repeats it per frame) and `encoder_hidden_states` `(B·F,
+    /// S, cross_attention_dim)` (AnimateDiff's pipeline repeats the prompt per frame); the masks
+    /// go to the spatial transformers, as [`Transformer2DModel::forward`] takes them.
+    pub fn forward(
+        &self,
+        hidden_states: &Tensor,
+        temb: Option<&Tensor>,
+        encoder_hidden_states: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+        encoder_attention_mask: Option<&Tensor>,
+        num_frames: usize,
+    ) -> Result<Tensor> {
+        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
+        let layers = self.attentions.iter().zip(&self.resnets[1..]).zip(&self.motion_modules);
+        for (i, ((attn, resnet), motion)) in layers.enumerate() {
+            h = trace::scope_at("attentions", i, || {
+                attn.forward(&h, encoder_hidden_states, attention_mask, encoder_attention_mask)
+            })?;
+            h = trace::scope_at("motion_modules", i, || motion.forward(&h, None, num_frames))?;
+            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
+        }
+        trace::record("output", &h);
+        Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    fn build(edit: impl FnOnce(&mut UNetMidBlockCrossAttnMotionConfig)) -> String {
+        let mut cfg = UNetMidBlockCrossAttnMotionConfig::new(8, Some(16));
+        cfg.resnet_groups = Some(4);
+        edit(&mut cfg);
+        let vb = VarBuilder::zeros(DType::F32, &Device::Cpu);
+        match UNetMidBlockCrossAttnMotion::new(vb, &cfg) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// diffusers' defaults, and the constructor's refusals as errors naming the option.
+    #[test]
+    fn defaults_and_refused_options() {
+        let cfg = UNetMidBlockCrossAttnMotionConfig::new(8, None);
+        assert_eq!(cfg.temporal_max_seq_length, 32);
+        assert_eq!((cfg.num_attention_heads, cfg.temporal_num_attention_heads), (1, 1));
+        assert!(!cfg.use_linear_projection && !cfg.dual_cross_attention);
+        assert_eq!(cfg.cross_attention_dim, 1280);
+        assert_eq!(build(|_| {}), "");
+        let e = build(|c| c.dual_cross_attention = true);
+        assert!(e.contains("not supported") && e.contains("dual_cross_attention"), "{e}");
+        let e = build(|c| c.transformer_layers_per_block = LayersPerBlock::PerLayer(vec![1, 1]));
+        assert!(e.contains("transformer_layers_per_block lists 2"), "{e}");
+        let e = build(|c| c.temporal_transformer_layers_per_block = LayersPerBlock::PerLayer(vec![]));
+        assert!(e.contains("temporal_transformer_layers_per_block lists 0"), "{e}");
+        let e = build(|c| c.temporal_num_attention_heads = 16);
+        assert!(e.contains("temporal_num_attention_heads 16"), "{e}");
+        let e = build(|c| c.num_attention_heads = 0);
+        assert!(e.contains("num_attention_heads 0"), "{e}");
+        // An odd motion-module width has no sinusoidal table (diffusers fails to build it too).
+        let e = build(|c| {
+            (c.in_channels, c.resnet_groups) = (9, Some(1));
+            c.temporal_num_attention_heads = 3;
+        });
+        assert!(e.contains("odd width 9"), "{e}");
+        let e = build(|c| c.resnet_time_scale_shift = "spatial".into());
+        assert!(e.contains("spatial"), "{e}");
+    }
+}
