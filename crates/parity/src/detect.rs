@@ -4,7 +4,9 @@
 
 use crate::checkpoint::Checkpoint;
 
+mod one_d;
 mod svd;
+mod video;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -106,22 +108,22 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
     // UNet1DModel (Dance Diffusion): the cubic resampling buffers and ResConvBlocks.
     for p in prefixes(ck, "down.kernel") {
         if (p.ends_with("mid_block.") || p.is_empty()) && has(ck, &format!("{p}resnets.0.conv_1.weight")) {
-            found.push(diffusers_1d(ck, &p));
+            found.push(one_d::diffusers_1d(ck, &p));
         }
     }
     // UNet1DModel (the Diffuser planning models): ResidualTemporalBlock1D stacks.
     for p in prefixes(ck, "resnets.0.conv_in.conv1d.weight") {
         if p.ends_with("mid_block.") || p.is_empty() {
-            found.push(diffusers_1d_temporal(ck, &p, false));
+            found.push(one_d::diffusers_1d_temporal(ck, &p, false));
         }
     }
     for p in prefixes(ck, "res1.conv_in.conv1d.weight") {
         if p.ends_with("mid_block.") || p.is_empty() {
-            found.push(diffusers_1d_temporal(ck, &p, true));
+            found.push(one_d::diffusers_1d_temporal(ck, &p, true));
         }
     }
     // AnimateDiff MotionAdapter files: motion modules without a mid block (named, not built).
-    found.extend(crate::detect_video::motion_adapters(ck));
+    found.extend(video::motion_adapters(ck));
     // ControlNetModel: its mid block and the `controlnet_mid_block` zero convolution beside it.
     for p in prefixes(ck, "controlnet_mid_block.weight") {
         if has(ck, &format!("{p}mid_block.resnets.0.conv1.weight")) {
@@ -159,11 +161,11 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
 
 fn diffusers(ck: &Checkpoint, p: &str) -> Found {
     let c = dim(ck, &format!("{p}resnets.0.conv1.weight"), 1).unwrap_or(0);
-    if crate::detect_video::is_motion(ck, p) {
-        return crate::detect_video::motion(ck, p, c);
+    if video::is_motion(ck, p) {
+        return video::motion(ck, p, c);
     }
     if ck.names().any(|n| n.starts_with(&format!("{p}temp_convs."))) {
-        return diffusers_3d(ck, p, c);
+        return video::diffusers_3d(ck, p, c);
     }
     // MoVQ's ResnetBlockCondNorm2D: SpatialNorms whose 1x1 convs read the zq channels.
     let zq = dim(ck, &format!("{p}resnets.0.norm1.conv_y.weight"), 1);
@@ -272,77 +274,6 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
     }
 }
 
-/// `UNetMidBlock1D` (UNet1DModel, Dance Diffusion): everything its constructor takes is in the
-/// keys.
-fn diffusers_1d(ck: &Checkpoint, p: &str) -> Found {
-    let mut config = Map::new();
-    config.insert(
-        "in_channels".into(),
-        json!(dim(ck, &format!("{p}resnets.0.conv_1.weight"), 1)),
-    );
-    config.insert(
-        "mid_channels".into(),
-        json!(dim(ck, &format!("{p}resnets.0.conv_1.weight"), 0)),
-    );
-    config.insert(
-        "out_channels".into(),
-        json!(dim(ck, &format!("{p}resnets.5.conv_2.weight"), 0)),
-    );
-    Found {
-        prefix: p.to_string(),
-        block: Some(unet_attention::diffusers::UNetMidBlock1D::BLOCK),
-        variant: "diffusers UNetMidBlock1D (UNet1DModel, Dance Diffusion)".into(),
-        config,
-        unknown: vec![],
-        from_config: None,
-    }
-}
-
-/// `MidResTemporalBlock1D` / `ValueFunctionMidBlock1D` (UNet1DModel of the Diffuser planning
-/// models): channels, time embedding width, layers and resampling from the keys.
-fn diffusers_1d_temporal(ck: &Checkpoint, p: &str, value: bool) -> Found {
-    let first = if value { "res1" } else { "resnets.0" };
-    let c_in = dim(ck, &format!("{p}{first}.conv_in.conv1d.weight"), 1);
-    let embed = dim(ck, &format!("{p}{first}.time_emb.weight"), 1);
-    let mut config = Map::new();
-    config.insert("in_channels".into(), json!(c_in));
-    config.insert("embed_dim".into(), json!(embed));
-    let (block, variant) = if value {
-        config.insert("out_channels".into(), json!(c_in));
-        (
-            unet_attention::diffusers::ValueFunctionMidBlock1D::BLOCK,
-            "diffusers ValueFunctionMidBlock1D (UNet1DModel value function, Diffuser)",
-        )
-    } else {
-        let out = dim(ck, &format!("{p}resnets.0.conv_in.conv1d.weight"), 0);
-        config.insert("out_channels".into(), json!(out));
-        config.insert(
-            "num_layers".into(),
-            json!(count(ck, &format!("{p}resnets.")).saturating_sub(1)),
-        );
-        config.insert(
-            "add_downsample".into(),
-            json!(has(ck, &format!("{p}downsample.conv.weight"))),
-        );
-        config.insert(
-            "add_upsample".into(),
-            json!(has(ck, &format!("{p}upsample.conv.weight"))),
-        );
-        (
-            unet_attention::diffusers::MidResTemporalBlock1D::BLOCK,
-            "diffusers MidResTemporalBlock1D (UNet1DModel trajectory U-Net, Diffuser)",
-        )
-    };
-    Found {
-        prefix: p.to_string(),
-        block: Some(block),
-        variant: variant.into(),
-        config,
-        unknown: vec![],
-        from_config: None,
-    }
-}
-
 /// `UNetMidBlock2DCrossAttn(dual_cross_attention=True)` (Versatile Diffusion's image U-Net):
 /// `DualTransformer2DModel` attentions, two `Transformer2DModel`s each (`transformers.0/1`).
 fn diffusers_dual_cross(ck: &Checkpoint, p: &str, mut config: Map<String, Value>, mut unknown: Vec<String>) -> Found {
@@ -396,50 +327,6 @@ pub(crate) fn time_shift(temb_out: Option<usize>, channels: usize) -> &'static s
         "scale_shift"
     } else {
         "default"
-    }
-}
-
-/// `UNetMidBlock3DCrossAttn` (`UNet3DConditionModel`, `I2VGenXLUNet`): `temp_convs.<i>`
-/// (`TemporalConvLayer`) beside the resnets and `temp_attentions.<i>` beside the attentions.
-fn diffusers_3d(ck: &Checkpoint, p: &str, c: usize) -> Found {
-    let t0 = format!("{p}attentions.0.transformer_blocks.0.");
-    let temb_out = dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 0);
-    let mut config = Map::new();
-    config.insert("in_channels".into(), json!(c));
-    config.insert(
-        "temb_channels".into(),
-        json!(dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1)),
-    );
-    config.insert("num_layers".into(), json!(count(ck, &format!("{p}attentions."))));
-    config.insert("resnet_time_scale_shift".into(), json!(time_shift(temb_out, c)));
-    config.insert(
-        "cross_attention_dim".into(),
-        json!(dim(ck, &format!("{t0}attn2.to_k.weight"), 1)),
-    );
-    let linear = ck
-        .shape(&format!("{p}attentions.0.proj_in.weight"))
-        .is_none_or(|s| s.len() == 2);
-    config.insert("use_linear_projection".into(), json!(linear));
-    let mut unknown = vec![
-        "num_attention_heads (the per-head width here: the config's `attention_head_dim`, last entry; ModelScope / \
-         Zeroscope: 64)"
-            .to_string(),
-        "resnet_groups (norm groups: the config's `norm_num_groups`, 32 in ModelScope)".to_string(),
-    ];
-    let (variant, eps) = crate::detect_video::unet_3d_model(ck, p);
-    match eps {
-        Some(eps) => {
-            config.insert("resnet_eps".into(), json!(eps));
-        }
-        None => unknown.push("resnet_eps (UNet3DConditionModel: its norm_eps, 1e-5; I2VGenXLUNet: 1e-5)".to_string()),
-    }
-    Found {
-        prefix: p.to_string(),
-        block: Some(unet_attention::diffusers::UNetMidBlock3DCrossAttn::BLOCK),
-        variant,
-        config,
-        unknown,
-        from_config: None,
     }
 }
 

@@ -10,7 +10,6 @@ pub mod checkpoint;
 pub mod cli;
 pub mod compare;
 pub mod detect;
-mod detect_video;
 pub mod error;
 pub mod files;
 pub mod guard;

@@ -22,7 +22,6 @@ pub mod mid_block_motion;
 pub mod mid_block_simple_cross;
 pub mod mid_block_spatio_temporal;
 pub mod model_config;
-pub mod model_config_video;
 mod model_keys;
 pub mod resnet;
 pub mod resnet_cond_norm;

@@ -39,7 +39,7 @@
 //!   `mid_block_type: "UNetMidBlock2D"`, `UNetMidBlock2D(..., num_layers=0, add_attention=False)`)
 //!   and the `controlnet_mid_block` convolution: two specs, the whole `ControlNetMidBlock` at the
 //!   top level (prefix `""`) and its mid block alone at `mid_block`;
-//! * `UNetMotionModel` (AnimateDiff) and `I2VGenXLUNet`: see [`super::model_config_video`].
+//! * `UNetMotionModel` (AnimateDiff) and `I2VGenXLUNet`: see [`video`].
 //!
 //! Keys the class does not have are an error (a config from another class or a newer diffusers
 //! may change the block) unless `allow_unknown`; keys starting with `_` (`_class_name`,
@@ -47,14 +47,13 @@
 
 use crate::diffusers::controlnet::ControlNetMidBlock;
 use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
-use crate::diffusers::mid_block_1d::UNetMidBlock1D;
-use crate::diffusers::mid_block_1d_temporal::{MidResTemporalBlock1D, ValueFunctionMidBlock1D};
-use crate::diffusers::mid_block_3d::UNetMidBlock3DCrossAttn;
 use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
-use crate::diffusers::model_config_video as video;
 use crate::diffusers::model_keys::*;
 
+mod autoencoder;
 mod svd;
+mod unet_1d;
+pub mod video;
 use crate::{Error, Result};
 use serde_json::{json, Map, Value};
 
@@ -75,9 +74,9 @@ pub enum ModelClass {
     UNetSpatioTemporalConditionModel,
     /// Stable Video Diffusion's VAE.
     AutoencoderKLTemporalDecoder,
-    /// AnimateDiff's U-Net (see [`super::model_config_video`]).
+    /// AnimateDiff's U-Net (see [`video`]).
     UNetMotionModel,
-    /// I2VGen-XL's image-to-video U-Net (see [`super::model_config_video`]).
+    /// I2VGen-XL's image-to-video U-Net (see [`video`]).
     I2VGenXLUNet,
 }
 
@@ -209,11 +208,11 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
     match class {
         ModelClass::UNet2DModel => unet_2d(&c).map(|s| s.into_iter().collect()),
         ModelClass::UNet2DConditionModel => unet_2d_condition(&c).map(|s| s.into_iter().collect()),
-        ModelClass::AutoencoderKL => autoencoder(&c, None),
-        ModelClass::VQModel => vq_model(&c),
-        ModelClass::UNet1DModel => unet_1d(&c).map(|s| s.into_iter().collect()),
+        ModelClass::AutoencoderKL => autoencoder::autoencoder(&c, None),
+        ModelClass::VQModel => autoencoder::vq_model(&c),
+        ModelClass::UNet1DModel => unet_1d::unet_1d(&c).map(|s| s.into_iter().collect()),
         ModelClass::ControlNetModel => controlnet(&c),
-        ModelClass::UNet3DConditionModel => unet_3d_condition(&c).map(|s| vec![s]),
+        ModelClass::UNet3DConditionModel => video::unet_3d_condition(&c).map(|s| vec![s]),
         ModelClass::UNetSpatioTemporalConditionModel => svd::unet_spatio_temporal(&c).map(|s| vec![s]),
         ModelClass::AutoencoderKLTemporalDecoder => svd::autoencoder_temporal_decoder(&c),
         ModelClass::UNetMotionModel => video::unet_motion(&c).map(|s| vec![s]),
@@ -528,32 +527,6 @@ fn controlnet(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
     ])
 }
 
-/// `UNet3DConditionModel.__init__`: `UNetMidBlock3DCrossAttn(...)` (see the module docs).
-fn unet_3d_condition(c: &Cfg) -> Result<MidBlockSpec> {
-    if c.value("num_attention_heads", Value::Null) != Value::Null {
-        return Err(bad(
-            "`num_attention_heads` is set: UNet3DConditionModel raises NotImplementedError (\"not possible to define \
-             the number of attention heads via `num_attention_heads`\"); it takes `attention_head_dim`",
-        ));
-    }
-    let (first, last) = c.last_channels(&[320, 640, 1280, 1280])?;
-    Ok(MidBlockSpec {
-        block: UNetMidBlock3DCrossAttn::BLOCK,
-        config: json!({
-            "in_channels": last,
-            "temb_channels": first * 4,
-            "resnet_eps": c.value("norm_eps", json!(1e-5)),
-            "resnet_act_fn": c.value("act_fn", json!("silu")),
-            "output_scale_factor": c.value("mid_block_scale_factor", json!(1)),
-            "cross_attention_dim": c.value("cross_attention_dim", json!(1024)),
-            "num_attention_heads": c.last_of("attention_head_dim", json!(64))?,
-            "resnet_groups": c.value("norm_num_groups", json!(32)),
-            "dual_cross_attention": false,
-        }),
-        prefix: "mid_block",
-    })
-}
-
 const UNET_HID_TYPES: &[&str] = &["text_proj", "text_image_proj", "image_proj"];
 const UNET_ADDITION_TYPES: &[&str] = &["text", "text_image", "text_time", "image", "image_hint"];
 
@@ -592,94 +565,13 @@ fn check_encoder_hid_and_addition(c: &Cfg, hid_types: &[&str], addition_types: &
     }
 }
 
-/// `UNet1DModel`: `get_mid_block(mid_block_type, num_layers=layers_per_block,
-/// in_channels=mid_channels=out_channels=block_out_channels[-1], embed_dim=block_out_channels[0],
-/// add_downsample=downsample_each_block)`, each class taking the arguments it has.
-fn unet_1d(c: &Cfg) -> Result<Option<MidBlockSpec>> {
-    let (first, last) = c.last_channels(&[32, 32, 64])?;
-    let (block, config) = match c.value("mid_block_type", json!("UNetMidBlock1D")) {
-        Value::String(s) if s == "UNetMidBlock1D" => (
-            UNetMidBlock1D::BLOCK,
-            json!({"in_channels": last, "mid_channels": last, "out_channels": last}),
-        ),
-        Value::String(s) if s == "MidResTemporalBlock1D" => (
-            MidResTemporalBlock1D::BLOCK,
-            json!({"in_channels": last, "out_channels": last, "embed_dim": first,
-                   "num_layers": c.value("layers_per_block", json!(1)),
-                   "add_downsample": c.value("downsample_each_block", json!(false))}),
-        ),
-        Value::String(s) if s == "ValueFunctionMidBlock1D" => (
-            ValueFunctionMidBlock1D::BLOCK,
-            json!({"in_channels": last, "out_channels": last, "embed_dim": first}),
-        ),
-        other => {
-            return Err(bad(format!(
-                "UNet1DModel mid_block_type {other} (diffusers raises too)"
-            )))
-        }
-    };
-    Ok(Some(MidBlockSpec {
-        block,
-        config,
-        prefix: "mid_block",
-    }))
-}
-
-/// The encoder and decoder mid blocks of `AutoencoderKL` and `VQModel`: `UNetMidBlock2D(
-/// in_channels=block_out_channels[-1], resnet_eps=1e-6, resnet_act_fn=act_fn, output_scale_factor=1,
-/// attention_head_dim=block_out_channels[-1], resnet_groups=norm_num_groups, temb_channels=None,
-/// add_attention=mid_block_add_attention)`; `spatial_zq`: the decoder's `"spatial"` time scale
-/// shift with `temb_channels=latent_channels` (`VQModel(norm_type="spatial")`).
-fn autoencoder(c: &Cfg, spatial_zq: Option<Value>) -> Result<Vec<MidBlockSpec>> {
-    let (_, last) = c.last_channels(&[64])?;
-    let encoder = json!({
-        "in_channels": last,
-        "resnet_eps": 1e-6,
-        "resnet_act_fn": c.value("act_fn", json!("silu")),
-        "output_scale_factor": 1,
-        "resnet_time_scale_shift": "default",
-        "attention_head_dim": last,
-        "resnet_groups": c.value("norm_num_groups", json!(32)),
-        "temb_channels": null,
-        "add_attention": c.value("mid_block_add_attention", json!(true)),
-    });
-    let mut decoder = encoder.clone();
-    if let Some(zq) = spatial_zq {
-        decoder["resnet_time_scale_shift"] = json!("spatial");
-        decoder["temb_channels"] = zq;
-    }
-    Ok(vec![
-        MidBlockSpec {
-            block: UNetMidBlock2D::BLOCK,
-            config: encoder,
-            prefix: "encoder.mid_block",
-        },
-        MidBlockSpec {
-            block: UNetMidBlock2D::BLOCK,
-            config: decoder,
-            prefix: "decoder.mid_block",
-        },
-    ])
-}
-
-/// `VQModel`: the encoder's mid block as `AutoencoderKL`'s; the decoder's conditions on the
-/// quantized latent with `norm_type="spatial"` (`temb_channels=latent_channels`, default 3).
-fn vq_model(c: &Cfg) -> Result<Vec<MidBlockSpec>> {
-    match c.value("norm_type", json!("group")).as_str() {
-        Some("group") => autoencoder(c, None),
-        Some("spatial") => autoencoder(c, Some(c.value("latent_channels", json!(3)))),
-        _ => Err(bad(format!(
-            "norm_type {}: VQModel takes \"group\" or \"spatial\"",
-            c.value("norm_type", Value::Null)
-        ))),
-    }
-}
-
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::diffusers::mid_block_1d::UNetMidBlock1D;
+    use crate::diffusers::mid_block_3d::UNetMidBlock3DCrossAttn;
 
-    /// The one spec of a config (also for [`super::super::model_config_video`]'s tests).
+    /// The one spec of a config (also for [`video`]'s tests).
     pub(in crate::diffusers) fn one(config: Value) -> MidBlockSpec {
         let mut specs = mid_blocks(&config, None, false).unwrap();
         assert_eq!(specs.len(), 1);

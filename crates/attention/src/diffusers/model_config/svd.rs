@@ -13,7 +13,8 @@
 //!   `MidBlockTemporalDecoder(num_layers=layers_per_block, in_channels=block_out_channels[-1],
 //!   out_channels=block_out_channels[-1], attention_head_dim=block_out_channels[-1])`.
 
-use super::{autoencoder, Cfg, MidBlockSpec};
+use super::autoencoder::autoencoder;
+use super::{Cfg, MidBlockSpec};
 use crate::diffusers::mid_block_spatio_temporal::{MidBlockTemporalDecoder, UNetMidBlockSpatioTemporal};
 use crate::Result;
 use serde_json::json;

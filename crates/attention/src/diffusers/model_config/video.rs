@@ -1,5 +1,5 @@
 //! The mid-block kwargs of two more video U-Nets' `config.json` (diffusers 0.42.1), following
-//! their `__init__`s line for line (used by [`super::model_config::mid_blocks`]):
+//! their `__init__`s line for line (used by [`super::mid_blocks`]):
 //!
 //! * `UNetMotionModel` (`unets/unet_motion_model.py`, AnimateDiff): with `use_motion_mid_block`
 //!   (default true) `UNetMidBlockCrossAttnMotion(in_channels=block_out_channels[-1],
@@ -25,7 +25,7 @@
 //! A `MotionAdapter` config (AnimateDiff's motion modules alone) is refused with what to do
 //! instead ([`MOTION_ADAPTER`]).
 
-use super::model_config::{bad, Cfg, MidBlockSpec};
+use super::{bad, Cfg, MidBlockSpec};
 use crate::diffusers::mid_block::UNetMidBlock2DCrossAttn;
 use crate::diffusers::mid_block_3d::UNetMidBlock3DCrossAttn;
 use crate::diffusers::mid_block_motion::UNetMidBlockCrossAttnMotion;
@@ -178,9 +178,35 @@ pub(super) fn i2vgen_xl(c: &Cfg) -> Result<MidBlockSpec> {
     })
 }
 
+/// `UNet3DConditionModel.__init__`: `UNetMidBlock3DCrossAttn(...)` (see the module docs).
+pub(super) fn unet_3d_condition(c: &Cfg) -> Result<MidBlockSpec> {
+    if c.value("num_attention_heads", Value::Null) != Value::Null {
+        return Err(bad(
+            "`num_attention_heads` is set: UNet3DConditionModel raises NotImplementedError (\"not possible to define \
+             the number of attention heads via `num_attention_heads`\"); it takes `attention_head_dim`",
+        ));
+    }
+    let (first, last) = c.last_channels(&[320, 640, 1280, 1280])?;
+    Ok(MidBlockSpec {
+        block: UNetMidBlock3DCrossAttn::BLOCK,
+        config: json!({
+            "in_channels": last,
+            "temb_channels": first * 4,
+            "resnet_eps": c.value("norm_eps", json!(1e-5)),
+            "resnet_act_fn": c.value("act_fn", json!("silu")),
+            "output_scale_factor": c.value("mid_block_scale_factor", json!(1)),
+            "cross_attention_dim": c.value("cross_attention_dim", json!(1024)),
+            "num_attention_heads": c.last_of("attention_head_dim", json!(64))?,
+            "resnet_groups": c.value("norm_num_groups", json!(32)),
+            "dual_cross_attention": false,
+        }),
+        prefix: "mid_block",
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::model_config::{mid_blocks, tests::one};
+    use super::super::{mid_blocks, tests::one};
     use super::*;
 
     #[test]

@@ -1,13 +1,13 @@
-//! `detect` for the video U-Nets' mid blocks beyond `UNet3DConditionModel`'s: AnimateDiff's
+//! `detect` for the video U-Nets' mid blocks: `UNetMidBlock3DCrossAttn`, AnimateDiff's
 //! `UNetMidBlockCrossAttnMotion` (`motion_modules.<i>` beside the attentions), the model a
 //! `UNetMidBlock3DCrossAttn` sits in (`I2VGenXLUNet` and `UNet3DConditionModel` share the class
 //! and its keys, and differ in the keys around it), and `MotionAdapter` files (motion modules
 //! only, no mid block).
 
+use super::{count, dim, has, prefixes, time_shift, Found};
 use crate::checkpoint::Checkpoint;
-use crate::detect::{count, dim, has, prefixes, time_shift, Found};
 use serde_json::{json, Map, Value};
-use unet_attention::diffusers::model_config_video::MOTION_ADAPTER;
+use unet_attention::diffusers::model_config::video::MOTION_ADAPTER;
 use unet_attention::diffusers::UNetMidBlockCrossAttnMotion;
 
 /// Whether any key starts with `prefix`.
@@ -157,4 +157,48 @@ pub(crate) fn motion_adapters(ck: &Checkpoint) -> Vec<Found> {
             }
         })
         .collect()
+}
+
+/// `UNetMidBlock3DCrossAttn` (`UNet3DConditionModel`, `I2VGenXLUNet`): `temp_convs.<i>`
+/// (`TemporalConvLayer`) beside the resnets and `temp_attentions.<i>` beside the attentions.
+pub(super) fn diffusers_3d(ck: &Checkpoint, p: &str, c: usize) -> Found {
+    let t0 = format!("{p}attentions.0.transformer_blocks.0.");
+    let temb_out = dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 0);
+    let mut config = Map::new();
+    config.insert("in_channels".into(), json!(c));
+    config.insert(
+        "temb_channels".into(),
+        json!(dim(ck, &format!("{p}resnets.0.time_emb_proj.weight"), 1)),
+    );
+    config.insert("num_layers".into(), json!(count(ck, &format!("{p}attentions."))));
+    config.insert("resnet_time_scale_shift".into(), json!(time_shift(temb_out, c)));
+    config.insert(
+        "cross_attention_dim".into(),
+        json!(dim(ck, &format!("{t0}attn2.to_k.weight"), 1)),
+    );
+    let linear = ck
+        .shape(&format!("{p}attentions.0.proj_in.weight"))
+        .is_none_or(|s| s.len() == 2);
+    config.insert("use_linear_projection".into(), json!(linear));
+    let mut unknown = vec![
+        "num_attention_heads (the per-head width here: the config's `attention_head_dim`, last entry; ModelScope / \
+         Zeroscope: 64)"
+            .to_string(),
+        "resnet_groups (norm groups: the config's `norm_num_groups`, 32 in ModelScope)".to_string(),
+    ];
+    let (variant, eps) = unet_3d_model(ck, p);
+    match eps {
+        Some(eps) => {
+            config.insert("resnet_eps".into(), json!(eps));
+        }
+        None => unknown.push("resnet_eps (UNet3DConditionModel: its norm_eps, 1e-5; I2VGenXLUNet: 1e-5)".to_string()),
+    }
+    Found {
+        prefix: p.to_string(),
+        block: Some(unet_attention::diffusers::UNetMidBlock3DCrossAttn::BLOCK),
+        variant,
+        config,
+        unknown,
+        from_config: None,
+    }
 }
