@@ -17,12 +17,13 @@
 # capability, sizes). Copy the folder to the GPU machine and run `./run.sh` there (see its header).
 #
 # Room on a lent GPU machine: where the working tree is copied to the GPU machine with a 64 MiB
-# limit on tree plus carried paths, the tracked tree alone is about 62 MiB (weights/ 59.5 MiB), so
+# limit on tree plus carried paths, the tracked tree alone is about 66 MiB (weights/ 64 MiB), so
 # carry a folder with only bin.tar.xz, run.sh and scripts/ (no weights/, no wheels/: no PyTorch
 # timings), set UNET_KIT_WEIGHTS to the copied tree's weights/, and make room by leaving
 # weights/accuracy (15.5 MB) out of the copy for that run: add it to .git/info/exclude and
 # `git rm -r -q --cached weights/accuracy`, then `git reset -q weights/accuracy` and remove the
-# exclude line afterwards (nothing is committed).
+# exclude line afterwards (nothing is committed). The timing stages (`core`, `whole`) need wheels/
+# but no bundles (they export their own): for them, leave all of weights/ out the same way.
 #
 # Building links against CUDA 13.0: scripts/cuda_toolkit.sh installs nvcc, cuBLAS, cuRAND and NVRTC
 # from PyPI wheels into ~/.cache/unet-attention/cuda-13.0 (about 1.2 GB, once) and builds a stub
