@@ -1387,3 +1387,27 @@ fn svd_vae_mid_blocks_detect_and_check_from_the_whole_checkpoint() {
         assert_eq!(out.contains("PASS"), code_want == 0, "{name}: {out}");
     }
 }
+
+/// A half-precision bundle run on a wider checkpoint (`--weights` of a float32 model) rounds
+/// every parameter to the bundle's dtype first, GroupNorm's included, as PyTorch's
+/// `module.to(dtype)` does: the output is the one the bundle's own (rounded) weights give. (The
+/// GroupNorm parameters were once held at the checkpoint's float32 values: 9.4e-2 off in bf16.)
+#[test]
+fn half_bundles_on_a_wider_checkpoint_round_every_parameter() {
+    let max_abs = |args: &[&str]| {
+        let (code, out, err) = cli(args);
+        assert_eq!(code, 0, "{err}");
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        doc["bundles"][0]["outputs"][0]["max_abs"].as_f64().unwrap()
+    };
+    for stem in [
+        "mid/unet_mid_block_3d_cross_attn_unet3d_bf16",
+        "mid/unet_mid_block_3d_cross_attn_unet3d_f16",
+    ] {
+        let b = w(&format!("{stem}.safetensors"));
+        let own = max_abs(&["check", &b, "--json"]);
+        let ckpt = models("diffusers_unet3d/diffusion_pytorch_model.safetensors");
+        let wider = max_abs(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block.", "--json"]);
+        assert_eq!(own, wider, "{stem}");
+    }
+}

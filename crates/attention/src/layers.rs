@@ -361,10 +361,13 @@ impl GroupNorm {
                 format!("{groups} norm groups do not divide {channels} channels"),
             ));
         }
-        let vb = vb.to_dtype(crate::sdpa::compute_dtype(vb.dtype()));
+        // Rounded to the block's dtype first, as PyTorch's `module.to(dtype)` rounds a wider
+        // checkpoint's parameters, then held in the compute dtype. (A block that keeps its norms
+        // wider, as guided-diffusion's `convert_to_fp16` does, passes a `vb` of that dtype.)
+        let compute = crate::sdpa::compute_dtype(vb.dtype());
         Ok(Self {
-            weight: vb.get(channels, "weight")?,
-            bias: vb.get(channels, "bias")?,
+            weight: vb.get(channels, "weight")?.to_dtype(compute)?,
+            bias: vb.get(channels, "bias")?.to_dtype(compute)?,
             groups,
             channels,
             eps,

@@ -102,7 +102,13 @@ impl ResBlock {
         };
         Ok(Self {
             channels: c,
-            in_norm: GroupNorm::load(vb.pp("in_layers.0"), block, NORM_GROUPS, c, NORM_EPS)?,
+            in_norm: GroupNorm::load(
+                vb.pp("in_layers.0").to_dtype(crate::sdpa::compute_dtype(vb.dtype())),
+                block,
+                NORM_GROUPS,
+                c,
+                NORM_EPS,
+            )?,
             in_conv: Conv2d::load(vb.pp("in_layers.2"), c, out, 3, true)?,
             // `emb_layers` is not converted by `convert_to_fp16`: its Linear keeps f32 weights (a
             // half-precision weight upcasts exactly); it runs in `emb`'s dtype (see `forward`).
@@ -113,7 +119,13 @@ impl ResBlock {
                 emb_out,
                 true,
             )?,
-            out_norm: GroupNorm::load(vb.pp("out_layers.0"), block, NORM_GROUPS, out, NORM_EPS)?,
+            out_norm: GroupNorm::load(
+                vb.pp("out_layers.0").to_dtype(crate::sdpa::compute_dtype(vb.dtype())),
+                block,
+                NORM_GROUPS,
+                out,
+                NORM_EPS,
+            )?,
             out_conv: Conv2d::load(vb.pp("out_layers.3"), out, out, 3, true)?,
             skip,
             scale_shift: cfg.use_scale_shift_norm,

@@ -157,7 +157,13 @@ impl AttentionBlock {
             } else {
                 QkvOrder::Legacy
             },
-            norm: GroupNorm::load(vb.pp("norm"), block, NORM_GROUPS, c, NORM_EPS)?,
+            norm: GroupNorm::load(
+                vb.pp("norm").to_dtype(crate::sdpa::compute_dtype(vb.dtype())),
+                block,
+                NORM_GROUPS,
+                c,
+                NORM_EPS,
+            )?,
             qkv: Projection::load(vb.pp("qkv"), block, c, 3 * c, true)?,
             proj_out: Projection::load(vb.pp("proj_out"), block, c, c, true)?,
         })
