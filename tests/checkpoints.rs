@@ -122,6 +122,14 @@ fn config_json_gives_the_mid_block_config() {
             "diffusers_controlnet/config.json",
         ),
         (
+            "mid/controlnet_xs_mid_block_ref.safetensors",
+            "diffusers_controlnet_xs/config.json",
+        ),
+        (
+            "mid/controlnet_xs_mid_block_no_control_ref.safetensors",
+            "diffusers_controlnet_xs/config.json",
+        ),
+        (
             "mid/unet_mid_block_3d_cross_attn_unet3d_ref.safetensors",
             "diffusers_unet3d/config.json",
         ),
@@ -251,6 +259,10 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
         (
             "diffusers_controlnet/diffusion_pytorch_model.safetensors",
             &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        ),
+        (
+            "diffusers_controlnet_xs/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.ControlNetXSCrossAttnMidBlock2D")],
         ),
         (
             "diffusers_unet3d/diffusion_pytorch_model.safetensors",
@@ -1386,4 +1398,134 @@ fn svd_vae_mid_blocks_detect_and_check_from_the_whole_checkpoint() {
         assert_eq!(code, code_want, "{name}: {out}\n{err}");
         assert_eq!(out.contains("PASS"), code_want == 0, "{name}: {out}");
     }
+}
+
+/// The tiny `UNetControlNetXSModel` (`weights/models/diffusers_controlnet_xs`): `detect` names its
+/// `ControlNetXSCrossAttnMidBlock2D` at `mid_block.`, the bundles pass on the whole checkpoint
+/// (`--weights --prefix`, and `--config` from its `config.json`), and wrong configs fail.
+#[test]
+fn controlnet_xs_mid_block_detects_and_checks_from_the_whole_checkpoint() {
+    let ckpt = models("diffusers_controlnet_xs/diffusion_pytorch_model.safetensors");
+    let out = detect_without_config(&scratch("detect-lone-controlnet-xs"), &ckpt);
+    assert!(
+        out.contains("prefix `mid_block.`: diffusers.ControlNetXSCrossAttnMidBlock2D")
+            && out.contains("\"base_channels\":8")
+            && out.contains("\"ctrl_channels\":4")
+            && out.contains("\"transformer_layers_per_block\":2")
+            && out.contains("not in the keys: base_num_attention_heads"),
+        "{out}"
+    );
+    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let found = &doc["mid_blocks"][0];
+    assert_eq!(found["from_config"]["ctrl_max_norm_num_groups"], 3, "{out}");
+    assert_eq!(found["from_config"]["ctrl_num_attention_heads"], 2, "{out}");
+    assert_twins_pass_on("mid/controlnet_xs_mid_block", &ckpt, "mid_block.");
+    let config = models("diffusers_controlnet_xs/config.json");
+    for b in [
+        "mid/controlnet_xs_mid_block_ref",
+        "mid/controlnet_xs_mid_block_no_control_ref",
+    ] {
+        assert_pass(&["check", &w(&format!("{b}.safetensors")), "--config", &config]);
+    }
+    // Wrong configs: 4 groups in ctrl_midblock instead of find_largest_factor(gcd(4, 12), 3) = 2,
+    // one base head instead of two, one ctrl head instead of two, no upcast (the same here: the
+    // softmax runs in f32 either way; not in the list), one transformer layer; each fails.
+    let dir = scratch("controlnet-xs-wrong-config");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let bundle = w("mid/controlnet_xs_mid_block_ref.safetensors");
+    for (i, (key, value)) in [
+        ("ctrl_max_norm_num_groups", serde_json::json!(4)),
+        ("num_attention_heads", serde_json::json!([1, 1])),
+        ("ctrl_num_attention_heads", serde_json::json!([1, 1])),
+        ("transformer_layers_per_block", serde_json::json!([1, 1])),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        json[key] = value;
+        let path = dir.join(format!("config{i}.json"));
+        std::fs::write(&path, json.to_string()).unwrap();
+        let (code, out, err) = cli(&["check", &bundle, "--config", path.to_str().unwrap()]);
+        assert_ne!(code, 0, "{key}: {out}\n{err}");
+        assert!(!out.contains("PASS"), "{key}: {out}");
+    }
+}
+
+/// `conditioning_scale` and `apply_control` are not silently ignored: the bundle with either
+/// changed fails, a non-boolean `apply_control` is an error naming it, and a control stream of
+/// the wrong width is an error naming the input and both shapes.
+#[test]
+fn controlnet_xs_scale_and_apply_control_are_not_silently_ignored() {
+    let dir = scratch("controlnet-xs-options");
+    let edit = |sub: &str, f: &dyn Fn(&mut RawBundle)| {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).unwrap();
+        RawBundle::edited("mid/controlnet_xs_mid_block.safetensors", &d, |b| f(b))
+    };
+    let kwargs = |text: &'static str| {
+        move |b: &mut RawBundle| {
+            b.metadata.insert("parity.kwargs".into(), text.into());
+        }
+    };
+    for (sub, text) in [
+        ("scale", r#"{"conditioning_scale": 1.0, "apply_control": true}"#),
+        ("no-scale", r#"{"apply_control": true}"#),
+        ("no-control", r#"{"conditioning_scale": 0.6, "apply_control": false}"#),
+    ] {
+        let path = edit(sub, &kwargs(text));
+        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
+        assert_eq!(code, 1, "{sub}: {out}\n{err}");
+        assert!(out.contains("FAIL"), "{sub}: {out}");
+    }
+    let path = edit(
+        "bad-flag",
+        &kwargs(r#"{"conditioning_scale": 0.6, "apply_control": "yes"}"#),
+    );
+    let (code, _, err) = cli(&["check", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("apply_control") && err.contains("expected a boolean"),
+        "{err}"
+    );
+    let path = edit("wide-ctrl", &|b| {
+        let base = b.tensors["parity.input.hidden_states_base"].clone();
+        b.tensors.insert("parity.input.hidden_states_ctrl".into(), base);
+    });
+    let (code, _, err) = cli(&["check", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("hidden_states_ctrl") && err.contains("[2, 4, 2, 3]") && err.contains("[2, 8, 2, 3]"),
+        "{err}"
+    );
+}
+
+/// A `ControlNetXSAdapter`'s mid block (`mid_block.base_to_ctrl`, `mid_block.midblock`,
+/// `mid_block.ctrl_to_base`; here cut from the tiny `UNetControlNetXSModel`, whose
+/// `ctrl_midblock` is the adapter's `midblock`, as `from_unet` copies it): `detect` names no
+/// block and says what to do.
+#[test]
+fn controlnet_xs_adapter_files_are_named_with_what_to_do() {
+    let ckpt = weights().join("models/diffusers_controlnet_xs/diffusion_pytorch_model.safetensors");
+    let mut b = RawBundle::read(&ckpt);
+    b.tensors
+        .retain(|k, _| k.starts_with("mid_block.") && !k.starts_with("mid_block.base_midblock."));
+    b.tensors = std::mem::take(&mut b.tensors)
+        .into_iter()
+        .map(|(k, v)| (k.replace("mid_block.ctrl_midblock.", "mid_block.midblock."), v))
+        .collect();
+    let dir = scratch("detect-controlnet-xs-adapter");
+    let path = dir.join("diffusion_pytorch_model.safetensors");
+    b.write(&path);
+    let (code, out, err) = cli(&["detect", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("prefix `mid_block.`: (not implemented)")
+            && out.contains("ControlNetXSAdapter")
+            && out.contains("UNetControlNetXSModel.from_unet(unet, controlnet)")
+            && !out.contains("diffusers.ControlNetXSCrossAttnMidBlock2D\n"),
+        "{out}"
+    );
 }

@@ -119,7 +119,8 @@ impl ControlNetXSCrossAttnMidBlock2DConfig {
             return Err(Error::config(block, "base_channels and ctrl_channels must be positive"));
         }
         let mut c = UNetMidBlock2DCrossAttnConfig::new(self.base_channels, self.temb_channels);
-        c.transformer_layers_per_block = crate::diffusers::mid_block::LayersPerBlock::One(self.transformer_layers_per_block);
+        c.transformer_layers_per_block =
+            crate::diffusers::mid_block::LayersPerBlock::One(self.transformer_layers_per_block);
         c.cross_attention_dim = self.cross_attention_dim;
         c.use_linear_projection = self.use_linear_projection.unwrap_or(false);
         c.upcast_attention = self.upcast_attention;
@@ -219,13 +220,21 @@ impl ControlNetXSCrossAttnMidBlock2D {
     /// `torch.cat` on dim 1 needs).
     fn check_streams(&self, base: &Tensor, ctrl: &Tensor) -> Result<()> {
         let (b, c, h, w) = base.dims4().map_err(|_| {
-            Error::input(Self::BLOCK, "hidden_states_base", format!("expected (B, C, H, W), found {:?}", base.dims()))
+            Error::input(
+                Self::BLOCK,
+                "hidden_states_base",
+                format!("expected (B, C, H, W), found {:?}", base.dims()),
+            )
         })?;
         if c != self.base_channels {
             return Err(Error::input(
                 Self::BLOCK,
                 "hidden_states_base",
-                format!("expected {} channels (base_channels), found shape {:?}", self.base_channels, base.dims()),
+                format!(
+                    "expected {} channels (base_channels), found shape {:?}",
+                    self.base_channels,
+                    base.dims()
+                ),
             ));
         }
         let want = [b, self.ctrl_channels, h, w];
@@ -233,7 +242,10 @@ impl ControlNetXSCrossAttnMidBlock2D {
             return Err(Error::input(
                 Self::BLOCK,
                 "hidden_states_ctrl",
-                format!("expected shape {want:?} (ctrl_channels, base's B, H, W), found {:?}", ctrl.dims()),
+                format!(
+                    "expected shape {want:?} (ctrl_channels, base's B, H, W), found {:?}",
+                    ctrl.dims()
+                ),
             ));
         }
         Ok(())
@@ -267,12 +279,21 @@ mod tests {
         let c = cfg(json!({"base_channels": 16, "ctrl_channels": 8, "temb_channels": 32,
                            "ctrl_max_norm_num_groups": 4, "norm_num_groups": 4}))
         .unwrap();
-        assert_eq!((c.cross_attention_dim, c.use_linear_projection, c.upcast_attention), (1024, Some(true), false));
+        assert_eq!(
+            (c.cross_attention_dim, c.use_linear_projection, c.upcast_attention),
+            (1024, Some(true), false)
+        );
         let ctrl = c.mid_block(true).unwrap();
-        assert_eq!((ctrl.in_channels, ctrl.out_channels, ctrl.resnet_groups), (24, Some(8), Some(4)));
+        assert_eq!(
+            (ctrl.in_channels, ctrl.out_channels, ctrl.resnet_groups),
+            (24, Some(8), Some(4))
+        );
         assert!(ctrl.use_linear_projection);
         let base = c.mid_block(false).unwrap();
-        assert_eq!((base.in_channels, base.out_channels, base.resnet_groups), (16, None, Some(4)));
+        assert_eq!(
+            (base.in_channels, base.out_channels, base.resnet_groups),
+            (16, None, Some(4))
+        );
         let e = cfg(json!({"base_channels": 16, "ctrl_channels": 8, "ctrl_groups": 2}))
             .unwrap_err()
             .to_string();
@@ -284,12 +305,15 @@ mod tests {
     #[test]
     fn bad_configs_and_missing_weights_are_named() {
         let vb = || VarBuilder::from_tensors(HashMap::new(), DType::F32, &Device::Cpu);
-        let c = cfg(json!({"base_channels": 16, "ctrl_channels": 8, "ctrl_max_norm_num_groups": 0, "norm_num_groups": 4}))
-            .unwrap();
+        let c =
+            cfg(json!({"base_channels": 16, "ctrl_channels": 8, "ctrl_max_norm_num_groups": 0, "norm_num_groups": 4}))
+                .unwrap();
         let e = ControlNetXSCrossAttnMidBlock2D::new(vb(), &c).unwrap_err().to_string();
         assert!(e.contains("ctrl_max_norm_num_groups"), "{e}");
-        let c = cfg(json!({"base_channels": 16, "ctrl_channels": 8, "ctrl_num_attention_heads": 3,
-                           "norm_num_groups": 4}))
+        let c = cfg(
+            json!({"base_channels": 16, "ctrl_channels": 8, "ctrl_num_attention_heads": 3,
+                           "norm_num_groups": 4}),
+        )
         .unwrap();
         let e = ControlNetXSCrossAttnMidBlock2D::new(vb(), &c).unwrap_err().to_string();
         assert!(e.contains('3') && e.contains('8'), "{e}");

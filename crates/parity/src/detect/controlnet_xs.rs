@@ -30,8 +30,14 @@ pub(super) fn find(ck: &Checkpoint) -> Vec<Found> {
 fn block(ck: &Checkpoint, p: &str) -> Found {
     let base = diffusers(ck, &format!("{p}base_midblock."));
     let mut config = Map::new();
-    config.insert("base_channels".into(), json!(dim(ck, &format!("{p}base_to_ctrl.weight"), 0)));
-    config.insert("ctrl_channels".into(), json!(dim(ck, &format!("{p}ctrl_to_base.weight"), 1)));
+    config.insert(
+        "base_channels".into(),
+        json!(dim(ck, &format!("{p}base_to_ctrl.weight"), 0)),
+    );
+    config.insert(
+        "ctrl_channels".into(),
+        json!(dim(ck, &format!("{p}ctrl_to_base.weight"), 1)),
+    );
     for (ours, theirs) in [
         ("temb_channels", "temb_channels"),
         ("transformer_layers_per_block", "transformer_layers_per_block"),
@@ -42,7 +48,13 @@ fn block(ck: &Checkpoint, p: &str) -> Found {
             config.insert(ours.into(), v.clone());
         }
     }
-    let inner = |m: &str| dim(ck, &format!("{p}{m}.attentions.0.transformer_blocks.0.attn1.to_q.weight"), 0);
+    let inner = |m: &str| {
+        dim(
+            ck,
+            &format!("{p}{m}.attentions.0.transformer_blocks.0.attn1.to_q.weight"),
+            0,
+        )
+    };
     Found {
         prefix: p.to_string(),
         block: Some(ControlNetXSCrossAttnMidBlock2D::BLOCK),
@@ -70,8 +82,14 @@ fn block(ck: &Checkpoint, p: &str) -> Found {
 
 fn adapter(ck: &Checkpoint, p: &str) -> Found {
     let mut config = Map::new();
-    config.insert("base_channels".into(), json!(dim(ck, &format!("{p}base_to_ctrl.weight"), 0)));
-    config.insert("ctrl_channels".into(), json!(dim(ck, &format!("{p}ctrl_to_base.weight"), 1)));
+    config.insert(
+        "base_channels".into(),
+        json!(dim(ck, &format!("{p}base_to_ctrl.weight"), 0)),
+    );
+    config.insert(
+        "ctrl_channels".into(),
+        json!(dim(ck, &format!("{p}ctrl_to_base.weight"), 1)),
+    );
     Found {
         prefix: p.to_string(),
         block: None,

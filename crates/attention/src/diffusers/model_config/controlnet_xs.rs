@@ -143,10 +143,17 @@ mod tests {
             (&json!(1280), &json!(64), &json!(1280))
         );
         assert_eq!(
-            (&c["transformer_layers_per_block"], &c["base_num_attention_heads"], &c["ctrl_num_attention_heads"]),
+            (
+                &c["transformer_layers_per_block"],
+                &c["base_num_attention_heads"],
+                &c["ctrl_num_attention_heads"]
+            ),
             (&json!(10), &json!(20), &json!(3))
         );
-        assert_eq!((&c["cross_attention_dim"], &c["upcast_attention"]), (&json!(2048), &json!(false)));
+        assert_eq!(
+            (&c["cross_attention_dim"], &c["upcast_attention"]),
+            (&json!(2048), &json!(false))
+        );
     }
 
     #[test]
@@ -162,7 +169,12 @@ mod tests {
         assert!(e.contains("between 0 and 1"), "{e}");
         let e = err(xs(json!({"time_embedding_mix": 0.5})));
         assert!(e.contains("ctrl_learn_time_embedding"), "{e}");
-        assert!(mid_blocks(&xs(json!({"time_embedding_mix": 0.5, "ctrl_learn_time_embedding": true})), None, false).is_ok());
+        assert!(mid_blocks(
+            &xs(json!({"time_embedding_mix": 0.5, "ctrl_learn_time_embedding": true})),
+            None,
+            false
+        )
+        .is_ok());
         let e = err(xs(json!({"addition_embed_type": "text"})));
         assert!(e.contains("addition_embed_type"), "{e}");
         let e = err(xs(json!({"ctrl_block_out_channels": []})));
