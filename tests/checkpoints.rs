@@ -528,9 +528,7 @@ fn detect_reads_the_config_beside_the_checkpoint() {
         "{out}"
     );
     assert!(!out.contains("not in the keys"), "{out}");
-    let (code, out, err) = cli(&["detect", &file, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&file);
     assert_eq!(doc["mid_blocks"][0]["from_config"]["num_attention_heads"], 2, "{out}");
     // A lone checkpoint (no config.json beside it) lists what the keys cannot tell.
     let dir = scratch("detect-lone");
@@ -611,9 +609,7 @@ fn diffuser_1d_mid_blocks_check_from_the_whole_checkpoints() {
 #[test]
 fn movq_decoder_mid_block_conditions_on_the_quantized_latent() {
     let ckpt = models("diffusers_movq/diffusion_pytorch_model.safetensors");
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let dec = doc["mid_blocks"]
         .as_array()
         .unwrap()
@@ -675,9 +671,7 @@ fn simple_cross_attn_models_detect_and_check_from_the_whole_checkpoint() {
             "{model}: {out}"
         );
         // Beside its config.json, detect gives the full kwargs.
-        let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-        assert_eq!(code, 0, "{err}");
-        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let (doc, out) = detect_json(&ckpt);
         let kwargs = &doc["mid_blocks"][0]["from_config"];
         assert_eq!(kwargs["attention_head_dim"], 4, "{out}");
         assert_eq!(kwargs["skip_time_act"], true, "{out}");
@@ -801,9 +795,7 @@ fn controlnet_detects_and_checks_from_the_whole_checkpoint() {
         "{out}"
     );
     // Beside its config.json, detect gives the full kwargs of both.
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let (whole, mid) = (&doc["mid_blocks"][0], &doc["mid_blocks"][1]);
     assert_eq!(
         (whole["prefix"].as_str(), mid["prefix"].as_str()),
@@ -824,26 +816,18 @@ fn controlnet_detects_and_checks_from_the_whole_checkpoint() {
     // the residual pooled, one transformer layer instead of two; each an error or a FAIL, never a
     // pass. (`use_linear_projection` is not among them: a 1x1 conv before the reshape and a linear
     // after it are the same function of the same weights, and the loader takes either layout.)
-    let dir = scratch("controlnet-wrong-config");
-    let text = std::fs::read_to_string(models("diffusers_controlnet/config.json")).unwrap();
     let bundle = w("mid/controlnet_mid_block_ref.safetensors");
-    for (i, (key, value)) in [
-        ("attention_head_dim", serde_json::json!([1, 1])),
-        ("mid_block_scale_factor", serde_json::json!(1)),
-        ("global_pool_conditions", serde_json::json!(true)),
-        ("transformer_layers_per_block", serde_json::json!([1, 1])),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
-        json[key] = value;
-        let path = dir.join(format!("config{i}.json"));
-        std::fs::write(&path, json.to_string()).unwrap();
-        let (code, out, err) = cli(&["check", &bundle, "--config", path.to_str().unwrap()]);
-        assert_ne!(code, 0, "{key}: {out}\n{err}");
-        assert!(!out.contains("PASS"), "{key}: {out}");
-    }
+    assert_wrong_configs_fail(
+        "controlnet-wrong-config",
+        &bundle,
+        &models("diffusers_controlnet/config.json"),
+        [
+            ("attention_head_dim", serde_json::json!([1, 1])),
+            ("mid_block_scale_factor", serde_json::json!(1)),
+            ("global_pool_conditions", serde_json::json!(true)),
+            ("transformer_layers_per_block", serde_json::json!([1, 1])),
+        ],
+    );
     // Another model's config has no ControlNet bottleneck.
     let (code, _, err) = cli(&["check", &bundle, "--config", &models("diffusers_sd1/config.json")]);
     assert_eq!(code, 2, "{err}");
@@ -938,9 +922,7 @@ fn dual_cross_attention_model_detects_and_checks_from_the_whole_checkpoint() {
             && !out.contains("not supported"),
         "{out}"
     );
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let kwargs = &doc["mid_blocks"][0]["from_config"];
     assert_eq!(kwargs["dual_cross_attention"], true, "{out}");
     assert_eq!(kwargs["num_attention_heads"], 2, "{out}");
@@ -1058,9 +1040,7 @@ fn video_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
             && !out.contains("not supported"),
         "{out}"
     );
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let kwargs = &doc["mid_blocks"][0]["from_config"];
     assert_eq!(kwargs["num_attention_heads"], 4, "{out}");
     assert_eq!(kwargs["resnet_groups"], 4, "{out}");
@@ -1108,9 +1088,7 @@ fn motion_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
             && !out.contains("not supported"),
         "{out}"
     );
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let kwargs = &doc["mid_blocks"][0]["from_config"];
     assert_eq!(kwargs["num_attention_heads"], 2, "{out}");
     assert_eq!(kwargs["temporal_num_attention_heads"], 2, "{out}");
@@ -1265,6 +1243,13 @@ fn wrong_num_frames_never_pass(stem: &str, dir: &Path) {
 
 /// `detect`'s answer on a copy of `ckpt` in `dir` (without the `config.json` beside the
 /// original): what the keys alone tell.
+/// `detect --json` on `ckpt`: the parsed document and the text.
+fn detect_json(ckpt: &str) -> (serde_json::Value, String) {
+    let (code, out, err) = cli(&["detect", ckpt, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    (serde_json::from_str(&out).unwrap(), out)
+}
+
 fn detect_without_config(dir: &Path, ckpt: &str) -> String {
     let lone = copy_to(dir, ckpt, "m.safetensors");
     let (code, out, err) = cli(&["detect", &lone]);
@@ -1320,9 +1305,7 @@ fn svd_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
             && !out.contains("not supported"),
         "{out}"
     );
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     assert_eq!(doc["mid_blocks"][0]["from_config"]["num_attention_heads"], 2, "{out}");
     let stem = "mid/unet_mid_block_spatio_temporal_svd_mixed_ref";
     assert_twins_pass_on(stem, &ckpt, "mid_block.");
@@ -1415,9 +1398,7 @@ fn controlnet_xs_mid_block_detects_and_checks_from_the_whole_checkpoint() {
             && out.contains("not in the keys: base_num_attention_heads"),
         "{out}"
     );
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let found = &doc["mid_blocks"][0];
     assert_eq!(found["from_config"]["ctrl_max_norm_num_groups"], 3, "{out}");
     assert_eq!(found["from_config"]["ctrl_num_attention_heads"], 2, "{out}");
@@ -1432,23 +1413,35 @@ fn controlnet_xs_mid_block_detects_and_checks_from_the_whole_checkpoint() {
     // Wrong configs: 4 groups in ctrl_midblock instead of find_largest_factor(gcd(4, 12), 3) = 2,
     // one base head instead of two, one ctrl head instead of two, no upcast (the same here: the
     // softmax runs in f32 either way; not in the list), one transformer layer; each fails.
-    let dir = scratch("controlnet-xs-wrong-config");
-    let text = std::fs::read_to_string(&config).unwrap();
-    let bundle = w("mid/controlnet_xs_mid_block_ref.safetensors");
-    for (i, (key, value)) in [
-        ("ctrl_max_norm_num_groups", serde_json::json!(4)),
-        ("num_attention_heads", serde_json::json!([1, 1])),
-        ("ctrl_num_attention_heads", serde_json::json!([1, 1])),
-        ("transformer_layers_per_block", serde_json::json!([1, 1])),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    assert_wrong_configs_fail(
+        "controlnet-xs-wrong-config",
+        &w("mid/controlnet_xs_mid_block_ref.safetensors"),
+        &config,
+        [
+            ("ctrl_max_norm_num_groups", serde_json::json!(4)),
+            ("num_attention_heads", serde_json::json!([1, 1])),
+            ("ctrl_num_attention_heads", serde_json::json!([1, 1])),
+            ("transformer_layers_per_block", serde_json::json!([1, 1])),
+        ],
+    );
+}
+
+/// `check bundle --config <config with key = value>` for each edit: an error or a FAIL, never a
+/// pass.
+fn assert_wrong_configs_fail<const N: usize>(
+    scratch_name: &str,
+    bundle: &str,
+    config: &str,
+    edits: [(&str, serde_json::Value); N],
+) {
+    let dir = scratch(scratch_name);
+    let text = std::fs::read_to_string(config).unwrap();
+    for (i, (key, value)) in edits.into_iter().enumerate() {
         let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
         json[key] = value;
         let path = dir.join(format!("config{i}.json"));
         std::fs::write(&path, json.to_string()).unwrap();
-        let (code, out, err) = cli(&["check", &bundle, "--config", path.to_str().unwrap()]);
+        let (code, out, err) = cli(&["check", bundle, "--config", path.to_str().unwrap()]);
         assert_ne!(code, 0, "{key}: {out}\n{err}");
         assert!(!out.contains("PASS"), "{key}: {out}");
     }

@@ -87,7 +87,7 @@ pub fn find_largest_factor(number: usize, max_factor: usize) -> Option<usize> {
     if max_factor >= number {
         return Some(number);
     }
-    (1..=max_factor).rev().find(|f| number % f == 0)
+    (1..=max_factor).rev().find(|f| number.is_multiple_of(*f))
 }
 
 fn gcd(a: usize, b: usize) -> usize {

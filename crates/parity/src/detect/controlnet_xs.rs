@@ -6,7 +6,7 @@
 
 use super::{diffusers, dim, has, prefixes, Found};
 use crate::checkpoint::Checkpoint;
-use serde_json::{json, Map};
+use serde_json::{json, Map, Value};
 use unet_attention::diffusers::model_config::controlnet_xs::CONTROLNET_XS_ADAPTER;
 use unet_attention::diffusers::ControlNetXSCrossAttnMidBlock2D;
 
@@ -27,8 +27,8 @@ pub(super) fn find(ck: &Checkpoint) -> Vec<Found> {
         .collect()
 }
 
-fn block(ck: &Checkpoint, p: &str) -> Found {
-    let base = diffusers(ck, &format!("{p}base_midblock."));
+/// `base_channels` and `ctrl_channels` from the zero convolutions.
+fn channels(ck: &Checkpoint, p: &str) -> Map<String, Value> {
     let mut config = Map::new();
     config.insert(
         "base_channels".into(),
@@ -38,6 +38,12 @@ fn block(ck: &Checkpoint, p: &str) -> Found {
         "ctrl_channels".into(),
         json!(dim(ck, &format!("{p}ctrl_to_base.weight"), 1)),
     );
+    config
+}
+
+fn block(ck: &Checkpoint, p: &str) -> Found {
+    let base = diffusers(ck, &format!("{p}base_midblock."));
+    let mut config = channels(ck, p);
     for (ours, theirs) in [
         ("temb_channels", "temb_channels"),
         ("transformer_layers_per_block", "transformer_layers_per_block"),
@@ -81,20 +87,11 @@ fn block(ck: &Checkpoint, p: &str) -> Found {
 }
 
 fn adapter(ck: &Checkpoint, p: &str) -> Found {
-    let mut config = Map::new();
-    config.insert(
-        "base_channels".into(),
-        json!(dim(ck, &format!("{p}base_to_ctrl.weight"), 0)),
-    );
-    config.insert(
-        "ctrl_channels".into(),
-        json!(dim(ck, &format!("{p}ctrl_to_base.weight"), 1)),
-    );
     Found {
         prefix: p.to_string(),
         block: None,
         variant: format!("diffusers ControlNetXSAdapter mid block, not supported as it is: {CONTROLNET_XS_ADAPTER}"),
-        config,
+        config: channels(ck, p),
         unknown: vec![],
         from_config: None,
     }
