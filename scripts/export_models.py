@@ -68,7 +68,8 @@ MID = WEIGHTS / "mid"
 # the least these blocks take (GroupNorm(32) hard-coded), a 3 x 2 latent the least that keeps those norms well
 # conditioned, and the half-precision twins carry float64 stages.
 # Plus 1,315,362 bytes for issue 17's AnimateDiff UNetMotionModel and I2VGenXLUNet models and bundles.
-MAX_WEIGHTS_BYTES = 60 * 1024 * 1024 + 2_943_914 + 1_315_362
+# Plus 789,459 bytes for the tiny UNetControlNetXSModel and its ControlNetXSCrossAttnMidBlock2D bundles.
+MAX_WEIGHTS_BYTES = 60 * 1024 * 1024 + 2_943_914 + 1_315_362 + 789_459
 
 HALF_DTYPES = (("float16", "f16"), ("bfloat16", "bf16"))
 
