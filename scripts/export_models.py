@@ -68,7 +68,8 @@ MID = WEIGHTS / "mid"
 # the least these blocks take (GroupNorm(32) hard-coded), a 3 x 2 latent the least that keeps those norms well
 # conditioned, and the half-precision twins carry float64 stages.
 # Plus 1,315,362 bytes for issue 17's AnimateDiff UNetMotionModel and I2VGenXLUNet models and bundles.
-MAX_WEIGHTS_BYTES = 60 * 1024 * 1024 + 2_943_914 + 1_315_362
+# Plus 789,459 bytes for the tiny UNetControlNetXSModel and its ControlNetXSCrossAttnMidBlock2D bundles.
+MAX_WEIGHTS_BYTES = 60 * 1024 * 1024 + 2_943_914 + 1_315_362 + 789_459
 
 HALF_DTYPES = (("float16", "f16"), ("bfloat16", "bf16"))
 
@@ -161,6 +162,13 @@ def build_module(block: str, config: dict) -> nn.Module:
         return UNetMidBlockCrossAttnMotion(**cfg)
     if block == "diffusers.ControlNetMidBlock":
         return mid_blocks.ControlNetMidBlock(**cfg)
+    if block == "diffusers.ControlNetXSCrossAttnMidBlock2D":
+        from diffusers.models.controlnets.controlnet_xs import ControlNetXSCrossAttnMidBlock2D
+
+        module = ControlNetXSCrossAttnMidBlock2D(**cfg)
+        # the real class returns the tuple (h_base, h_ctrl): its outputs named after the forward's locals
+        module.output_names = ("h_base", "h_ctrl")
+        return module
     if block == "denoising_diffusion_pytorch.MidBlock":
         return mid_blocks.LucidrainsMidBlock(**cfg)
     if block == "ldm.MidBlock":
@@ -379,16 +387,20 @@ def cross_attn_resnet0_config(mid_cfg: dict) -> dict:
 # capturing a submodule's inputs and output while the whole model runs
 
 
-def capture(module: nn.Module, run, names=None):
+def capture(module: nn.Module, run, names=None, all_outputs=False):
     """Run ``run()`` and return (inputs, output) of the (single) call of ``module`` during it:
-    inputs = OrderedDict forward-parameter name -> value (bound by the forward's signature; cloned)."""
+    inputs = OrderedDict forward-parameter name -> value (bound by the forward's signature; cloned);
+    output: the first of a tuple, or (``all_outputs``) the tuple of every output."""
     rec = []
 
     def pre(mod, args, kwargs):
         rec.append([args, kwargs, None])
 
     def post(mod, args, kwargs, out):
-        rec[-1][2] = out
+        # cloned now: the model may update the returned tensors in place later (UNetControlNetXSModel's
+        # up blocks add into h_base)
+        rec[-1][2] = (tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o for o in out)
+                      if isinstance(out, (tuple, list)) else out.detach().clone())
 
     h1 = module.register_forward_pre_hook(pre, with_kwargs=True)
     h2 = module.register_forward_hook(post, with_kwargs=True)
@@ -410,6 +422,8 @@ def capture(module: nn.Module, run, names=None):
         # contiguous copies (see Ctx.bundle)
         ins[name] = value.detach().clone() if isinstance(value, torch.Tensor) else value
     if isinstance(out, (tuple, list)):
+        if all_outputs:
+            return ins, tuple(o.detach().clone() for o in out)
         out = out[0]
     return ins, out.detach().clone()
 
@@ -1494,6 +1508,78 @@ def diffusers_controlnet(ctx: Ctx):
             ctx.bundle(f"{stem}_ref", "diffusers.ControlNetMidBlock", cfg, tensor_inputs(ins), (res, mid_out),
                        ref=(weights, ""), source=src, kwargs=kwargs)
 
+def controlnet_xs_mid_config(model) -> dict:
+    """``UNetControlNetXSModel.__init__`` (controlnets/controlnet_xs.py): ``time_embed_dim = block_out_channels[0] * 4``,
+    ``transformer_layers_per_block``, ``cross_attention_dim``, ``num_attention_heads`` and ``ctrl_num_attention_heads``
+    made per-block, then ``ControlNetXSCrossAttnMidBlock2D(base_channels=block_out_channels[-1],
+    ctrl_channels=ctrl_block_out_channels[-1], temb_channels=time_embed_dim, norm_num_groups, ctrl_max_norm_num_groups,
+    transformer_layers_per_block[-1], base_num_attention_heads=num_attention_heads[-1],
+    ctrl_num_attention_heads=ctrl_num_attention_heads[-1], cross_attention_dim[-1], upcast_attention,
+    use_linear_projection)``."""
+    c = model.config
+    n = len(c.down_block_types)
+    temb = c.block_out_channels[0] * 4
+    assert temb == model.base_time_embedding.linear_2.out_features
+    return dict(base_channels=c.block_out_channels[-1], ctrl_channels=c.ctrl_block_out_channels[-1], temb_channels=temb,
+                norm_num_groups=c.norm_num_groups, ctrl_max_norm_num_groups=c.ctrl_max_norm_num_groups,
+                transformer_layers_per_block=_per_block(c.transformer_layers_per_block, n)[-1],
+                base_num_attention_heads=_per_block(c.num_attention_heads, n)[-1],
+                ctrl_num_attention_heads=_per_block(c.ctrl_num_attention_heads, n)[-1],
+                cross_attention_dim=_per_block(c.cross_attention_dim, n)[-1], upcast_attention=c.upcast_attention,
+                use_linear_projection=c.use_linear_projection)
+
+
+def diffusers_controlnet_xs(ctx: Ctx):
+    """``UNetControlNetXSModel`` (diffusers 0.42.1 controlnets/controlnet_xs.py): a U-Net fused with a ControlNet-XS
+    adapter, whose mid block ``ControlNetXSCrossAttnMidBlock2D`` runs the base and the control mid blocks side by
+    side, joined by the ``base_to_ctrl`` / ``ctrl_to_base`` zero convolutions (random non-zero weights here, so a
+    port that drops either fails). Bundles from the real class's mid block inside the whole model's forward, with
+    ``conditioning_scale`` 0.6 and, once, ``apply_control=False`` (the model's own path that leaves the control
+    stream out: the mid block then returns the control input as it came)."""
+    from diffusers import UNetControlNetXSModel
+
+    torch.manual_seed(0)
+    model = UNetControlNetXSModel(
+        sample_size=8, down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"), block_out_channels=(4, 8), norm_num_groups=4,
+        cross_attention_dim=12, transformer_layers_per_block=(1, 2), num_attention_heads=(1, 2),
+        ctrl_conditioning_embedding_out_channels=(4, 8), ctrl_block_out_channels=(4, 4), ctrl_num_attention_heads=(1, 2),
+        ctrl_max_norm_num_groups=3, ctrl_learn_time_embedding=True, time_embedding_mix=0.75)
+    randomize_(model, 7601)
+    model.eval()
+    for conv in (model.mid_block.base_to_ctrl, model.mid_block.ctrl_to_base):
+        assert conv.weight.abs().min() > 0, "the zero convs must be randomised"
+    assert model.mid_block.ctrl_midblock.resnets[0].norm1.num_groups == 2  # find_largest_factor(gcd(4, 12), 3)
+    files = save_diffusers(model, "diffusers_controlnet_xs")
+    ctx.files += files
+    weights = files[1].relative_to(WEIGHTS).as_posix()
+    cfg = controlnet_xs_mid_config(model)
+    g = gen(7602)
+    sample, t = randn(g, 2, 4, 4, 6), torch.tensor([17, 503])
+    ehs, cond = randn(g, 2, 5, 12), randn(g, 2, 3, 8, 12)
+    what = ("tiny UNetControlNetXSModel (block_out_channels [4, 8], ctrl_block_out_channels [4, 4], DownBlock2D / UpBlock2D "
+            "around the mid, 2 base and 2 ctrl heads and 2 transformer layers at the mid, use_linear_projection, "
+            "upcast_attention, ctrl_max_norm_num_groups 3 -> 2 groups in ctrl_midblock (find_largest_factor(gcd(4, 12), 3)), "
+            "ctrl_learn_time_embedding with time_embedding_mix 0.75)")
+    for stem, scale, apply in (("controlnet_xs_mid_block", 0.6, True), ("controlnet_xs_mid_block_no_control_ref", 0.6, False)):
+        def run():
+            return model(sample, t, encoder_hidden_states=ehs, controlnet_cond=cond, conditioning_scale=scale,
+                         apply_control=apply, return_dict=False)
+
+        ins, outs = capture(model.mid_block, run, all_outputs=True)
+        kwargs = {"conditioning_scale": scale, "apply_control": apply}
+        src = (f"real library class diffusers.models.controlnets.controlnet_xs.ControlNetXSCrossAttnMidBlock2D: the "
+               f"mid_block of the whole UNetControlNetXSModel weights/{weights}; {what}; inputs captured by a forward "
+               f"pre-hook while the model ran on random sample (2, 4, 4, 6), timesteps [17, 503], encoder_hidden_states "
+               f"(2, 5, 12), controlnet_cond (2, 3, 8, 12), conditioning_scale {scale}, apply_control {apply}; outputs: "
+               f"the mid block's (h_base, h_ctrl)")
+        block = "diffusers.ControlNetXSCrossAttnMidBlock2D"
+        if apply:
+            state = sub_state(model.state_dict(), "mid_block.")
+            ctx.bundle(stem, block, cfg, tensor_inputs(ins), outs, state=state, source=src, half=True, kwargs=kwargs)
+        # referencing (weightless): the checkpoint's mid_block.*
+        ctx.bundle(f"{stem}_ref" if apply else stem, block, cfg, tensor_inputs(ins), outs, ref=(weights, "mid_block."),
+                   source=src, kwargs=kwargs)
+
 # --- AnimateDiff (UNetMotionModel) and I2VGenXLUNet --------------------------------------------
 
 
@@ -1641,7 +1727,7 @@ def diffusers_i2vgen_xl(ctx: Ctx):
 
 
 MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_vq_movq, diffusers_unet1d, diffusers_unet1d_rl, diffusers_unet2d_condition, diffusers_unet2d_condition_simple_cross,
-                  diffusers_unet2d_condition_dual, diffusers_controlnet, diffusers_unet3d, diffusers_svd_unet,
+                  diffusers_unet2d_condition_dual, diffusers_controlnet, diffusers_controlnet_xs, diffusers_unet3d, diffusers_svd_unet,
                   diffusers_svd_vae, diffusers_unet_motion, diffusers_i2vgen_xl, lucidrains, sd_checkpoint,
                   guided_diffusion_checkpoint,
                   ddpm_model_checkpoint, standalone_restated)
@@ -1883,7 +1969,7 @@ def verify_half_twin(path: Path, f32_path: Path):
 def verify_models():
     """Every checkpoint loads with its library's own loader."""
     from diffusers import (AutoencoderKL, AutoencoderKLTemporalDecoder, ControlNetModel, I2VGenXLUNet, UNet1DModel,
-                           UNet2DConditionModel, UNet2DModel, UNet3DConditionModel, UNetMotionModel,
+                           UNet2DConditionModel, UNet2DModel, UNet3DConditionModel, UNetControlNetXSModel, UNetMotionModel,
                            UNetSpatioTemporalConditionModel, VQModel)
 
     _diffusers_quiet()
@@ -1896,7 +1982,7 @@ def verify_models():
                "diffusers_svd": UNetSpatioTemporalConditionModel, "diffusers_svd_vae": AutoencoderKLTemporalDecoder,
                "diffusers_movq": VQModel, "diffusers_unet1d": UNet1DModel, "diffusers_unet1d_trajectory": UNet1DModel,
                "diffusers_unet1d_value": UNet1DModel, "diffusers_unet_motion": UNetMotionModel,
-               "diffusers_i2vgen_xl": I2VGenXLUNet}
+               "diffusers_i2vgen_xl": I2VGenXLUNet, "diffusers_controlnet_xs": UNetControlNetXSModel}
     for name, cls in classes.items():
         m = cls.from_pretrained(MODELS / name)
         files = {p.name for p in (MODELS / name).iterdir()}

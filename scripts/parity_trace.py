@@ -522,17 +522,20 @@ def _ldm_shortcut_fix(make):
     return wrapped
 
 
-def _sequence(children):
+def _sequence(children, ran_only=False):
     """A block that runs named submodules in order: each child's stages nested under its name.
-    ``children(m)`` lists ``(name, submodule, tracer)``; a ``None`` tracer nests only ``output``."""
+    ``children(m)`` lists ``(name, submodule, tracer)``; a ``None`` tracer nests only ``output``.
+    ``ran_only``: a child whose output was not recorded (a branch the forward's arguments skipped)
+    has no stages (otherwise every child must run)."""
 
     def make(m, h):
-        parts = [_nest(h, name, sub, tracer) for name, sub, tracer in children(m)]
+        parts = [(name, _nest(h, name, sub, tracer)) for name, sub, tracer in children(m)]
 
         def finish(got):
             st = OrderedDict()
-            for f in parts:
-                st.update(f(got))
+            for name, f in parts:
+                if not ran_only or f"{name}/output" in got:
+                    st.update(f(got))
             return st
 
         return finish
@@ -761,6 +764,12 @@ TRACERS = {
     # conditioning_scale and the pooling) as controlnet_mid_block/output
     "diffusers.ControlNetMidBlock": _sequence(lambda m: [("mid_block", m.mid_block, _sequence(_diffusers_mid)),
                                                          ("controlnet_mid_block", m.controlnet_mid_block, None)]),
+    # UNetControlNetXSModel: the zero convs' outputs and both mid blocks' stages, in forward order; with
+    # apply_control=False only base_midblock runs (the parts that did not run are left out)
+    "diffusers.ControlNetXSCrossAttnMidBlock2D": _sequence(lambda m: [
+        ("base_to_ctrl", m.base_to_ctrl, None), ("base_midblock", m.base_midblock, _sequence(_diffusers_mid)),
+        ("ctrl_midblock", m.ctrl_midblock, _sequence(_diffusers_mid)), ("ctrl_to_base", m.ctrl_to_base, None)],
+        ran_only=True),
     "denoising_diffusion_pytorch.Attention": _ddpm,
     "denoising_diffusion_pytorch.LinearAttention": _linear,
     "denoising_diffusion_pytorch.MidBlock": _sequence(_children(("mid_block1", "mid_attn", "mid_block2"))),

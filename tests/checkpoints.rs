@@ -122,6 +122,14 @@ fn config_json_gives_the_mid_block_config() {
             "diffusers_controlnet/config.json",
         ),
         (
+            "mid/controlnet_xs_mid_block_ref.safetensors",
+            "diffusers_controlnet_xs/config.json",
+        ),
+        (
+            "mid/controlnet_xs_mid_block_no_control_ref.safetensors",
+            "diffusers_controlnet_xs/config.json",
+        ),
+        (
             "mid/unet_mid_block_3d_cross_attn_unet3d_ref.safetensors",
             "diffusers_unet3d/config.json",
         ),
@@ -251,6 +259,10 @@ fn detect_names_the_variant_of_every_committed_checkpoint() {
         (
             "diffusers_controlnet/diffusion_pytorch_model.safetensors",
             &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        ),
+        (
+            "diffusers_controlnet_xs/diffusion_pytorch_model.safetensors",
+            &[("mid_block.", "diffusers.ControlNetXSCrossAttnMidBlock2D")],
         ),
         (
             "diffusers_unet3d/diffusion_pytorch_model.safetensors",
@@ -516,9 +528,7 @@ fn detect_reads_the_config_beside_the_checkpoint() {
         "{out}"
     );
     assert!(!out.contains("not in the keys"), "{out}");
-    let (code, out, err) = cli(&["detect", &file, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&file);
     assert_eq!(doc["mid_blocks"][0]["from_config"]["num_attention_heads"], 2, "{out}");
     // A lone checkpoint (no config.json beside it) lists what the keys cannot tell.
     let dir = scratch("detect-lone");
@@ -599,9 +609,7 @@ fn diffuser_1d_mid_blocks_check_from_the_whole_checkpoints() {
 #[test]
 fn movq_decoder_mid_block_conditions_on_the_quantized_latent() {
     let ckpt = models("diffusers_movq/diffusion_pytorch_model.safetensors");
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let dec = doc["mid_blocks"]
         .as_array()
         .unwrap()
@@ -663,9 +671,7 @@ fn simple_cross_attn_models_detect_and_check_from_the_whole_checkpoint() {
             "{model}: {out}"
         );
         // Beside its config.json, detect gives the full kwargs.
-        let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-        assert_eq!(code, 0, "{err}");
-        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let (doc, out) = detect_json(&ckpt);
         let kwargs = &doc["mid_blocks"][0]["from_config"];
         assert_eq!(kwargs["attention_head_dim"], 4, "{out}");
         assert_eq!(kwargs["skip_time_act"], true, "{out}");
@@ -789,9 +795,7 @@ fn controlnet_detects_and_checks_from_the_whole_checkpoint() {
         "{out}"
     );
     // Beside its config.json, detect gives the full kwargs of both.
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let (whole, mid) = (&doc["mid_blocks"][0], &doc["mid_blocks"][1]);
     assert_eq!(
         (whole["prefix"].as_str(), mid["prefix"].as_str()),
@@ -812,26 +816,18 @@ fn controlnet_detects_and_checks_from_the_whole_checkpoint() {
     // the residual pooled, one transformer layer instead of two; each an error or a FAIL, never a
     // pass. (`use_linear_projection` is not among them: a 1x1 conv before the reshape and a linear
     // after it are the same function of the same weights, and the loader takes either layout.)
-    let dir = scratch("controlnet-wrong-config");
-    let text = std::fs::read_to_string(models("diffusers_controlnet/config.json")).unwrap();
     let bundle = w("mid/controlnet_mid_block_ref.safetensors");
-    for (i, (key, value)) in [
-        ("attention_head_dim", serde_json::json!([1, 1])),
-        ("mid_block_scale_factor", serde_json::json!(1)),
-        ("global_pool_conditions", serde_json::json!(true)),
-        ("transformer_layers_per_block", serde_json::json!([1, 1])),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
-        json[key] = value;
-        let path = dir.join(format!("config{i}.json"));
-        std::fs::write(&path, json.to_string()).unwrap();
-        let (code, out, err) = cli(&["check", &bundle, "--config", path.to_str().unwrap()]);
-        assert_ne!(code, 0, "{key}: {out}\n{err}");
-        assert!(!out.contains("PASS"), "{key}: {out}");
-    }
+    assert_wrong_configs_fail(
+        "controlnet-wrong-config",
+        &bundle,
+        &models("diffusers_controlnet/config.json"),
+        [
+            ("attention_head_dim", serde_json::json!([1, 1])),
+            ("mid_block_scale_factor", serde_json::json!(1)),
+            ("global_pool_conditions", serde_json::json!(true)),
+            ("transformer_layers_per_block", serde_json::json!([1, 1])),
+        ],
+    );
     // Another model's config has no ControlNet bottleneck.
     let (code, _, err) = cli(&["check", &bundle, "--config", &models("diffusers_sd1/config.json")]);
     assert_eq!(code, 2, "{err}");
@@ -926,9 +922,7 @@ fn dual_cross_attention_model_detects_and_checks_from_the_whole_checkpoint() {
             && !out.contains("not supported"),
         "{out}"
     );
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let kwargs = &doc["mid_blocks"][0]["from_config"];
     assert_eq!(kwargs["dual_cross_attention"], true, "{out}");
     assert_eq!(kwargs["num_attention_heads"], 2, "{out}");
@@ -1046,9 +1040,7 @@ fn video_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
             && !out.contains("not supported"),
         "{out}"
     );
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let kwargs = &doc["mid_blocks"][0]["from_config"];
     assert_eq!(kwargs["num_attention_heads"], 4, "{out}");
     assert_eq!(kwargs["resnet_groups"], 4, "{out}");
@@ -1096,9 +1088,7 @@ fn motion_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
             && !out.contains("not supported"),
         "{out}"
     );
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     let kwargs = &doc["mid_blocks"][0]["from_config"];
     assert_eq!(kwargs["num_attention_heads"], 2, "{out}");
     assert_eq!(kwargs["temporal_num_attention_heads"], 2, "{out}");
@@ -1253,6 +1243,13 @@ fn wrong_num_frames_never_pass(stem: &str, dir: &Path) {
 
 /// `detect`'s answer on a copy of `ckpt` in `dir` (without the `config.json` beside the
 /// original): what the keys alone tell.
+/// `detect --json` on `ckpt`: the parsed document and the text.
+fn detect_json(ckpt: &str) -> (serde_json::Value, String) {
+    let (code, out, err) = cli(&["detect", ckpt, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    (serde_json::from_str(&out).unwrap(), out)
+}
+
 fn detect_without_config(dir: &Path, ckpt: &str) -> String {
     let lone = copy_to(dir, ckpt, "m.safetensors");
     let (code, out, err) = cli(&["detect", &lone]);
@@ -1308,9 +1305,7 @@ fn svd_unet_mid_block_detects_and_checks_from_the_whole_checkpoint() {
             && !out.contains("not supported"),
         "{out}"
     );
-    let (code, out, err) = cli(&["detect", &ckpt, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (doc, out) = detect_json(&ckpt);
     assert_eq!(doc["mid_blocks"][0]["from_config"]["num_attention_heads"], 2, "{out}");
     let stem = "mid/unet_mid_block_spatio_temporal_svd_mixed_ref";
     assert_twins_pass_on(stem, &ckpt, "mid_block.");
@@ -1410,4 +1405,143 @@ fn half_bundles_on_a_wider_checkpoint_round_every_parameter() {
         let wider = max_abs(&["check", &b, "--weights", &ckpt, "--prefix", "mid_block.", "--json"]);
         assert_eq!(own, wider, "{stem}");
     }
+}
+/// The tiny `UNetControlNetXSModel` (`weights/models/diffusers_controlnet_xs`): `detect` names its
+/// `ControlNetXSCrossAttnMidBlock2D` at `mid_block.`, the bundles pass on the whole checkpoint
+/// (`--weights --prefix`, and `--config` from its `config.json`), and wrong configs fail.
+#[test]
+fn controlnet_xs_mid_block_detects_and_checks_from_the_whole_checkpoint() {
+    let ckpt = models("diffusers_controlnet_xs/diffusion_pytorch_model.safetensors");
+    let out = detect_without_config(&scratch("detect-lone-controlnet-xs"), &ckpt);
+    assert!(
+        out.contains("prefix `mid_block.`: diffusers.ControlNetXSCrossAttnMidBlock2D")
+            && out.contains("\"base_channels\":8")
+            && out.contains("\"ctrl_channels\":4")
+            && out.contains("\"transformer_layers_per_block\":2")
+            && out.contains("not in the keys: base_num_attention_heads"),
+        "{out}"
+    );
+    let (doc, out) = detect_json(&ckpt);
+    let found = &doc["mid_blocks"][0];
+    assert_eq!(found["from_config"]["ctrl_max_norm_num_groups"], 3, "{out}");
+    assert_eq!(found["from_config"]["ctrl_num_attention_heads"], 2, "{out}");
+    assert_twins_pass_on("mid/controlnet_xs_mid_block", &ckpt, "mid_block.");
+    let config = models("diffusers_controlnet_xs/config.json");
+    for b in [
+        "mid/controlnet_xs_mid_block_ref",
+        "mid/controlnet_xs_mid_block_no_control_ref",
+    ] {
+        assert_pass(&["check", &w(&format!("{b}.safetensors")), "--config", &config]);
+    }
+    // Wrong configs: 4 groups in ctrl_midblock instead of find_largest_factor(gcd(4, 12), 3) = 2,
+    // one base head instead of two, one ctrl head instead of two, no upcast (the same here: the
+    // softmax runs in f32 either way; not in the list), one transformer layer; each fails.
+    assert_wrong_configs_fail(
+        "controlnet-xs-wrong-config",
+        &w("mid/controlnet_xs_mid_block_ref.safetensors"),
+        &config,
+        [
+            ("ctrl_max_norm_num_groups", serde_json::json!(4)),
+            ("num_attention_heads", serde_json::json!([1, 1])),
+            ("ctrl_num_attention_heads", serde_json::json!([1, 1])),
+            ("transformer_layers_per_block", serde_json::json!([1, 1])),
+        ],
+    );
+}
+
+/// `check bundle --config <config with key = value>` for each edit: an error or a FAIL, never a
+/// pass.
+fn assert_wrong_configs_fail<const N: usize>(
+    scratch_name: &str,
+    bundle: &str,
+    config: &str,
+    edits: [(&str, serde_json::Value); N],
+) {
+    let dir = scratch(scratch_name);
+    let text = std::fs::read_to_string(config).unwrap();
+    for (i, (key, value)) in edits.into_iter().enumerate() {
+        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        json[key] = value;
+        let path = dir.join(format!("config{i}.json"));
+        std::fs::write(&path, json.to_string()).unwrap();
+        let (code, out, err) = cli(&["check", bundle, "--config", path.to_str().unwrap()]);
+        assert_ne!(code, 0, "{key}: {out}\n{err}");
+        assert!(!out.contains("PASS"), "{key}: {out}");
+    }
+}
+
+/// `conditioning_scale` and `apply_control` are not silently ignored: the bundle with either
+/// changed fails, a non-boolean `apply_control` is an error naming it, and a control stream of
+/// the wrong width is an error naming the input and both shapes.
+#[test]
+fn controlnet_xs_scale_and_apply_control_are_not_silently_ignored() {
+    let dir = scratch("controlnet-xs-options");
+    let edit = |sub: &str, f: &dyn Fn(&mut RawBundle)| {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).unwrap();
+        RawBundle::edited("mid/controlnet_xs_mid_block.safetensors", &d, |b| f(b))
+    };
+    let kwargs = |text: &'static str| {
+        move |b: &mut RawBundle| {
+            b.metadata.insert("parity.kwargs".into(), text.into());
+        }
+    };
+    for (sub, text) in [
+        ("scale", r#"{"conditioning_scale": 1.0, "apply_control": true}"#),
+        ("no-scale", r#"{"apply_control": true}"#),
+        ("no-control", r#"{"conditioning_scale": 0.6, "apply_control": false}"#),
+    ] {
+        let path = edit(sub, &kwargs(text));
+        let (code, out, err) = cli(&["check", path.to_str().unwrap()]);
+        assert_eq!(code, 1, "{sub}: {out}\n{err}");
+        assert!(out.contains("FAIL"), "{sub}: {out}");
+    }
+    let path = edit(
+        "bad-flag",
+        &kwargs(r#"{"conditioning_scale": 0.6, "apply_control": "yes"}"#),
+    );
+    let (code, _, err) = cli(&["check", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("apply_control") && err.contains("expected a boolean"),
+        "{err}"
+    );
+    let path = edit("wide-ctrl", &|b| {
+        let base = b.tensors["parity.input.hidden_states_base"].clone();
+        b.tensors.insert("parity.input.hidden_states_ctrl".into(), base);
+    });
+    let (code, _, err) = cli(&["check", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("hidden_states_ctrl") && err.contains("[2, 4, 2, 3]") && err.contains("[2, 8, 2, 3]"),
+        "{err}"
+    );
+}
+
+/// A `ControlNetXSAdapter`'s mid block (`mid_block.base_to_ctrl`, `mid_block.midblock`,
+/// `mid_block.ctrl_to_base`; here cut from the tiny `UNetControlNetXSModel`, whose
+/// `ctrl_midblock` is the adapter's `midblock`, as `from_unet` copies it): `detect` names no
+/// block and says what to do.
+#[test]
+fn controlnet_xs_adapter_files_are_named_with_what_to_do() {
+    let ckpt = weights().join("models/diffusers_controlnet_xs/diffusion_pytorch_model.safetensors");
+    let mut b = RawBundle::read(&ckpt);
+    b.tensors
+        .retain(|k, _| k.starts_with("mid_block.") && !k.starts_with("mid_block.base_midblock."));
+    b.tensors = std::mem::take(&mut b.tensors)
+        .into_iter()
+        .map(|(k, v)| (k.replace("mid_block.ctrl_midblock.", "mid_block.midblock."), v))
+        .collect();
+    let dir = scratch("detect-controlnet-xs-adapter");
+    let path = dir.join("diffusion_pytorch_model.safetensors");
+    b.write(&path);
+    let (code, out, err) = cli(&["detect", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("prefix `mid_block.`: (not implemented)")
+            && out.contains("ControlNetXSAdapter")
+            && out.contains("UNetControlNetXSModel.from_unet(unet, controlnet)")
+            && !out.contains("diffusers.ControlNetXSCrossAttnMidBlock2D\n"),
+        "{out}"
+    );
 }

@@ -4,6 +4,7 @@
 
 use crate::checkpoint::Checkpoint;
 
+mod controlnet_xs;
 mod one_d;
 mod svd;
 mod video;
@@ -130,6 +131,8 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
             found.push(controlnet(ck, &p));
         }
     }
+    // UNetControlNetXSModel's mid block, and a ControlNetXSAdapter's (named, not built).
+    found.extend(controlnet_xs::find(ck));
     for p in prefixes(ck, "mid_block1.block1.proj.weight") {
         found.push(lucidrains(ck, &p));
     }

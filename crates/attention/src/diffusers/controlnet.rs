@@ -65,8 +65,29 @@ enum Mid {
 #[derive(Debug, Clone)]
 pub struct ControlNetMidBlock {
     mid: Mid,
-    controlnet_mid_block: Conv2d,
+    controlnet_mid_block: ZeroConv,
     global_pool_conditions: bool,
+}
+
+/// diffusers' `zero_module(nn.Conv2d(in_channels, out_channels, 1))` (`ControlNetModel`'s
+/// `controlnet_mid_block`, ControlNet-XS's `make_zero_conv`): a 1×1 convolution with a bias,
+/// zero-initialised in training and loaded as the checkpoint holds it.
+#[derive(Debug, Clone)]
+pub(crate) struct ZeroConv(Conv2d);
+
+impl ZeroConv {
+    pub(crate) fn load(vb: VarBuilder, in_channels: usize, out_channels: usize) -> Result<Self> {
+        Ok(Self(Conv2d::load(vb, in_channels, out_channels, 1, true)?))
+    }
+
+    /// `conv(x)`, its output traced as `<name>/output`.
+    pub(crate) fn forward(&self, name: &str, x: &Tensor) -> Result<Tensor> {
+        trace::scope(name, || -> Result<Tensor> {
+            let r = self.0.forward_with(x, ConvExtras::default())?;
+            trace::record("output", &r);
+            Ok(r)
+        })
+    }
 }
 
 impl ControlNetMidBlock {
@@ -102,7 +123,7 @@ impl ControlNetMidBlock {
                 ))
             }
         };
-        let controlnet_mid_block = Conv2d::load(vb.pp("controlnet_mid_block"), channels, channels, 1, true)?;
+        let controlnet_mid_block = ZeroConv::load(vb.pp("controlnet_mid_block"), channels, channels)?;
         Ok(Self {
             mid,
             controlnet_mid_block,
@@ -129,11 +150,7 @@ impl ControlNetMidBlock {
             Mid::CrossAttn(m) => m.forward(hidden_states, temb, encoder_hidden_states, attention_mask, None),
             Mid::Plain(m) => m.forward(hidden_states, temb),
         })?;
-        let res = trace::scope("controlnet_mid_block", || -> Result<Tensor> {
-            let r = self.controlnet_mid_block.forward_with(&sample, ConvExtras::default())?;
-            trace::record("output", &r);
-            Ok(r)
-        })?;
+        let res = self.controlnet_mid_block.forward("controlnet_mid_block", &sample)?;
         let mut res = scale(&res, conditioning_scale)?;
         if self.global_pool_conditions {
             res = mean_hw(&res)?;
@@ -151,7 +168,7 @@ fn is_half(dtype: DType) -> bool {
 
 /// `x * conditioning_scale` as PyTorch does it with a Python float: in float32 for f16 / bf16
 /// (the scalar not rounded to the half type first), rounded once.
-fn scale(x: &Tensor, s: f64) -> candle_core::Result<Tensor> {
+pub(crate) fn scale(x: &Tensor, s: f64) -> candle_core::Result<Tensor> {
     if is_half(x.dtype()) {
         x.to_dtype(DType::F32)?.affine(s, 0.0)?.to_dtype(x.dtype())
     } else {

@@ -4,13 +4,15 @@
 //! `UNetMidBlock2D`, `UNetMidBlock2DCrossAttn`, `UNetMidBlock2DSimpleCrossAttn`), the video U-Nets'
 //! `UNetMidBlock3DCrossAttn` with its temporal layers (`TemporalConvLayer`, `TransformerTemporalModel`),
 //! AnimateDiff's `UNetMidBlockCrossAttnMotion` (motion modules with `SinusoidalPositionalEmbedding`), the
-//! `ControlNetModel` bottleneck (`ControlNetMidBlock`: its mid block and `controlnet_mid_block`)
+//! `ControlNetModel` bottleneck (`ControlNetMidBlock`: its mid block and `controlnet_mid_block`),
+//! `UNetControlNetXSModel`'s `ControlNetXSCrossAttnMidBlock2D`
 //! and their configs from a model's `config.json`; Stable Video Diffusion's
 //! `UNetMidBlockSpatioTemporal` and `MidBlockTemporalDecoder` (`SpatioTemporalResBlock`,
 //! `AlphaBlender`, `TransformerSpatioTemporalModel`).
 
 pub mod attention;
 pub mod controlnet;
+pub mod controlnet_xs;
 pub mod dual_transformer;
 pub mod embeddings;
 pub mod feed_forward;
@@ -32,6 +34,7 @@ pub mod transformer_spatio_temporal;
 
 pub use attention::{Attention, AttentionConfig, Processor};
 pub use controlnet::{ControlNetMidBlock, ControlNetMidBlockConfig};
+pub use controlnet_xs::{ControlNetXSCrossAttnMidBlock2D, ControlNetXSCrossAttnMidBlock2DConfig, JointArgs};
 pub use dual_transformer::{DualMix, DualTransformer2DModel, DualTransformer2DModelConfig};
 pub use embeddings::SinusoidalPositionalEmbedding;
 pub use feed_forward::{FeedForward, FeedForwardConfig, Geglu, GegluConfig};

@@ -39,7 +39,9 @@
 //!   `mid_block_type: "UNetMidBlock2D"`, `UNetMidBlock2D(..., num_layers=0, add_attention=False)`)
 //!   and the `controlnet_mid_block` convolution: two specs, the whole `ControlNetMidBlock` at the
 //!   top level (prefix `""`) and its mid block alone at `mid_block`;
-//! * `UNetMotionModel` (AnimateDiff) and `I2VGenXLUNet`: see [`video`].
+//! * `UNetMotionModel` (AnimateDiff) and `I2VGenXLUNet`: see [`video`];
+//! * `UNetControlNetXSModel` (ControlNet-XS): `ControlNetXSCrossAttnMidBlock2D` at `mid_block`, see
+//!   [`controlnet_xs`] (a `ControlNetXSAdapter` config is refused with what to do).
 //!
 //! Keys the class does not have are an error (a config from another class or a newer diffusers
 //! may change the block) unless `allow_unknown`; keys starting with `_` (`_class_name`,
@@ -51,6 +53,7 @@ use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
 use crate::diffusers::model_keys::*;
 
 mod autoencoder;
+pub mod controlnet_xs;
 mod svd;
 mod unet_1d;
 pub mod video;
@@ -78,6 +81,8 @@ pub enum ModelClass {
     UNetMotionModel,
     /// I2VGen-XL's image-to-video U-Net (see [`video`]).
     I2VGenXLUNet,
+    /// A U-Net fused with a ControlNet-XS adapter (see [`controlnet_xs`]).
+    UNetControlNetXSModel,
 }
 
 impl ModelClass {
@@ -94,6 +99,7 @@ impl ModelClass {
             ModelClass::AutoencoderKLTemporalDecoder => "AutoencoderKLTemporalDecoder",
             ModelClass::UNetMotionModel => "UNetMotionModel",
             ModelClass::I2VGenXLUNet => "I2VGenXLUNet",
+            ModelClass::UNetControlNetXSModel => "UNetControlNetXSModel",
         }
     }
 
@@ -110,6 +116,7 @@ impl ModelClass {
             ModelClass::AutoencoderKLTemporalDecoder => AUTOENCODER_KL_TEMPORAL_DECODER_KEYS,
             ModelClass::UNetMotionModel => video::UNET_MOTION_KEYS,
             ModelClass::I2VGenXLUNet => video::I2VGEN_XL_KEYS,
+            ModelClass::UNetControlNetXSModel => controlnet_xs::UNET_CONTROLNET_XS_KEYS,
         }
     }
 }
@@ -164,13 +171,15 @@ pub fn model_class(config: &Value) -> Result<Option<ModelClass>> {
         Some("AutoencoderKLTemporalDecoder") => Ok(Some(ModelClass::AutoencoderKLTemporalDecoder)),
         Some("UNetMotionModel") => Ok(Some(ModelClass::UNetMotionModel)),
         Some("I2VGenXLUNet") => Ok(Some(ModelClass::I2VGenXLUNet)),
+        Some("UNetControlNetXSModel") => Ok(Some(ModelClass::UNetControlNetXSModel)),
         Some("MotionAdapter") => Err(Error::unsupported(CONTEXT, video::MOTION_ADAPTER)),
+        Some("ControlNetXSAdapter") => Err(Error::unsupported(CONTEXT, controlnet_xs::CONTROLNET_XS_ADAPTER)),
         Some(other) => Err(Error::unsupported(
             CONTEXT,
             format!(
                 "model class `{other}`; known: UNet1DModel, UNet2DModel, UNet2DConditionModel, AutoencoderKL, VQModel, \
                  ControlNetModel, UNet3DConditionModel, UNetSpatioTemporalConditionModel, AutoencoderKLTemporalDecoder, \
-                 UNetMotionModel, I2VGenXLUNet"
+                 UNetMotionModel, I2VGenXLUNet, UNetControlNetXSModel"
             ),
         )),
     }
@@ -217,6 +226,7 @@ pub fn mid_blocks(config: &Value, class: Option<ModelClass>, allow_unknown: bool
         ModelClass::AutoencoderKLTemporalDecoder => svd::autoencoder_temporal_decoder(&c),
         ModelClass::UNetMotionModel => video::unet_motion(&c).map(|s| vec![s]),
         ModelClass::I2VGenXLUNet => video::i2vgen_xl(&c).map(|s| vec![s]),
+        ModelClass::UNetControlNetXSModel => controlnet_xs::unet_controlnet_xs(&c).map(|s| vec![s]),
     }
 }
 
@@ -724,10 +734,10 @@ pub(super) mod tests {
         let e = mid_blocks(&cfg, None, false).unwrap_err().to_string();
         assert!(e.contains("mid_block_flavour"), "{e}");
         assert!(mid_blocks(&cfg, None, true).is_ok());
-        let e = mid_blocks(&json!({"_class_name": "UNetControlNetXSModel"}), None, false)
+        let e = mid_blocks(&json!({"_class_name": "Kandinsky3UNet"}), None, false)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("UNetControlNetXSModel"), "{e}");
+        assert!(e.contains("Kandinsky3UNet"), "{e}");
         let e = mid_blocks(&json!({"block_out_channels": [4]}), None, false)
             .unwrap_err()
             .to_string();

@@ -4,6 +4,7 @@ use unet_attention::diffusers::{
     ControlNetMidBlock, MidResTemporalBlock1D, ResnetBlock2D, UNetMidBlock1D, UNetMidBlock2D, UNetMidBlock2DCrossAttn,
     UNetMidBlock2DSimpleCrossAttn, UNetMidBlock3DCrossAttn, UNetMidBlockCrossAttnMotion, ValueFunctionMidBlock1D,
 };
+use unet_attention::diffusers::{ControlNetXSCrossAttnMidBlock2D, JointArgs};
 use unet_attention::diffusers::{MidBlockTemporalDecoder, UNetMidBlockSpatioTemporal};
 use unet_attention::{config, Result};
 
@@ -74,6 +75,26 @@ impl Runnable for ControlNetMidBlock {
             inputs.number("conditioning_scale", 1.0)?,
         )?;
         Ok(vec![res, sample])
+    }
+}
+
+/// `UNetControlNetXSModel`'s mid block: outputs `h_base`, `h_ctrl`.
+impl Runnable for ControlNetXSCrossAttnMidBlock2D {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let joint = JointArgs {
+            temb: inputs.get("temb"),
+            encoder_hidden_states: inputs.get("encoder_hidden_states"),
+            attention_mask: inputs.get("attention_mask"),
+            encoder_attention_mask: inputs.get("encoder_attention_mask"),
+        };
+        let (h_base, h_ctrl) = self.forward(
+            inputs.required("hidden_states_base")?,
+            inputs.required("hidden_states_ctrl")?,
+            &joint,
+            inputs.number("conditioning_scale", 1.0)?,
+            inputs.flag("apply_control", true)?,
+        )?;
+        Ok(vec![h_base, h_ctrl])
     }
 }
 
@@ -218,6 +239,16 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             build: |vb, cfg| {
                 let cfg = config::from_json(ControlNetMidBlock::BLOCK, cfg)?;
                 Ok(Box::new(ControlNetMidBlock::new(vb, &cfg)?))
+            },
+        },
+        BlockInfo {
+            id: ControlNetXSCrossAttnMidBlock2D::BLOCK,
+            pytorch: "diffusers.models.controlnets.controlnet_xs.ControlNetXSCrossAttnMidBlock2D (diffusers 0.42.1; UNetControlNetXSModel mid block: base_to_ctrl zero conv concatenated into the control stream, base_midblock and ctrl_midblock (UNetMidBlock2DCrossAttn, the control one with out_channels), ctrl_to_base zero conv added to the base stream times conditioning_scale; outputs h_base, h_ctrl)",
+            inputs: &["hidden_states_base", "temb", "encoder_hidden_states", "hidden_states_ctrl", "attention_mask", "encoder_attention_mask"],
+            kwargs: &["conditioning_scale", "apply_control"],
+            build: |vb, cfg| {
+                let cfg = config::from_json(ControlNetXSCrossAttnMidBlock2D::BLOCK, cfg)?;
+                Ok(Box::new(ControlNetXSCrossAttnMidBlock2D::new(vb, &cfg)?))
             },
         },
         BlockInfo {
