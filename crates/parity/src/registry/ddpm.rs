@@ -1,7 +1,7 @@
 use super::{single, BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use unet_attention::ddpm::{Attention, LinearAttention, MidBlock};
-use unet_attention::{config, Result};
+use unet_attention::Result;
 
 impl Runnable for MidBlock {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -32,10 +32,7 @@ pub(super) fn entries() -> Vec<BlockInfo> {
                       mid_block2 (lucidrains denoising-diffusion-pytorch 2.0.0 – 2.3.4; keys of the Unet)",
             inputs: &["x", "time_emb"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(MidBlock::BLOCK, cfg)?;
-                Ok(Box::new(MidBlock::new(vb, &cfg)?))
-            },
+            build: from_config!(MidBlock),
         },
     ]
 }

@@ -6,7 +6,7 @@ use unet_attention::diffusers::{
 };
 use unet_attention::diffusers::{ControlNetXSCrossAttnMidBlock2D, JointArgs};
 use unet_attention::diffusers::{MidBlockTemporalDecoder, UNetMidBlockSpatioTemporal};
-use unet_attention::{config, Result};
+use unet_attention::Result;
 
 impl Runnable for ResnetBlock2D {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -166,130 +166,91 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             pytorch: "diffusers.models.resnet.ResnetBlock2D (diffusers 0.17 – 0.42.1; time_embedding_norm default / scale_shift)",
             inputs: &["input_tensor", "temb"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(ResnetBlock2D::BLOCK, cfg)?;
-                Ok(Box::new(ResnetBlock2D::new(vb, &cfg)?))
-            },
+            build: from_config!(ResnetBlock2D),
         },
         BlockInfo {
             id: UNetMidBlock2D::BLOCK,
             pytorch: "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2D (diffusers 0.22 – 0.42.1; UNet2DModel and AutoencoderKL mid blocks)",
             inputs: &["hidden_states", "temb"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(UNetMidBlock2D::BLOCK, cfg)?;
-                Ok(Box::new(UNetMidBlock2D::new(vb, &cfg)?))
-            },
+            build: from_config!(UNetMidBlock2D),
         },
         BlockInfo {
             id: UNetMidBlock1D::BLOCK,
             pytorch: "diffusers.models.unets.unet_1d_blocks.UNetMidBlock1D (diffusers 0.7 – 0.42.1; UNet1DModel mid block, Dance Diffusion: cubic Downsample1d, 6 ResConvBlock + SelfAttention1d, cubic Upsample1d)",
             inputs: &["hidden_states", "temb"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(UNetMidBlock1D::BLOCK, cfg)?;
-                Ok(Box::new(UNetMidBlock1D::new(vb, &cfg)?))
-            },
+            build: from_config!(UNetMidBlock1D),
         },
         BlockInfo {
             id: MidResTemporalBlock1D::BLOCK,
             pytorch: "diffusers.models.unets.unet_1d_blocks.MidResTemporalBlock1D (diffusers 0.8 – 0.42.1; UNet1DModel mid block of the Diffuser trajectory U-Net: ResidualTemporalBlock1D stack, optional Downsample1D / Upsample1D)",
             inputs: &["hidden_states", "temb"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(MidResTemporalBlock1D::BLOCK, cfg)?;
-                Ok(Box::new(MidResTemporalBlock1D::new(vb, &cfg)?))
-            },
+            build: from_config!(MidResTemporalBlock1D),
         },
         BlockInfo {
             id: ValueFunctionMidBlock1D::BLOCK,
             pytorch: "diffusers.models.unets.unet_1d_blocks.ValueFunctionMidBlock1D (diffusers 0.8 – 0.42.1; UNet1DModel mid block of the Diffuser value function: two ResidualTemporalBlock1D, each followed by a strided Conv1d)",
             inputs: &["x", "temb"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(ValueFunctionMidBlock1D::BLOCK, cfg)?;
-                Ok(Box::new(ValueFunctionMidBlock1D::new(vb, &cfg)?))
-            },
+            build: from_config!(ValueFunctionMidBlock1D),
         },
         BlockInfo {
             id: UNetMidBlock2DCrossAttn::BLOCK,
             pytorch: "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DCrossAttn (diffusers 0.28 – 0.42.1; UNet2DConditionModel mid block, SD 1.x / 2.x / XL; dual_cross_attention: Versatile Diffusion's DualTransformer2DModel attentions, mix_ratio / condition_lengths / transformer_index_for_condition as optional config keys)",
             inputs: CROSS_ATTN_INPUTS,
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(UNetMidBlock2DCrossAttn::BLOCK, cfg)?;
-                Ok(Box::new(UNetMidBlock2DCrossAttn::new(vb, &cfg)?))
-            },
+            build: from_config!(UNetMidBlock2DCrossAttn),
         },
         BlockInfo {
             id: UNetMidBlock2DSimpleCrossAttn::BLOCK,
             pytorch: "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DSimpleCrossAttn (diffusers 0.42.1; UNet2DConditionModel mid block of DeepFloyd IF, Kandinsky 2.1 / 2.2, UnCLIP; AttnAddedKVProcessor2_0 / AttnAddedKVProcessor)",
             inputs: CROSS_ATTN_INPUTS,
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(UNetMidBlock2DSimpleCrossAttn::BLOCK, cfg)?;
-                Ok(Box::new(UNetMidBlock2DSimpleCrossAttn::new(vb, &cfg)?))
-            },
+            build: from_config!(UNetMidBlock2DSimpleCrossAttn),
         },
         BlockInfo {
             id: ControlNetMidBlock::BLOCK,
             pytorch: "diffusers.models.controlnets.controlnet.ControlNetModel (diffusers 0.42.1) mid_block (UNetMidBlock2DCrossAttn / UNetMidBlock2D) + controlnet_mid_block (1x1 Conv2d), times conditioning_scale, global_pool_conditions; outputs mid_block_res_sample, sample",
             inputs: &["hidden_states", "temb", "encoder_hidden_states", "attention_mask"],
             kwargs: &["conditioning_scale"],
-            build: |vb, cfg| {
-                let cfg = config::from_json(ControlNetMidBlock::BLOCK, cfg)?;
-                Ok(Box::new(ControlNetMidBlock::new(vb, &cfg)?))
-            },
+            build: from_config!(ControlNetMidBlock),
         },
         BlockInfo {
             id: ControlNetXSCrossAttnMidBlock2D::BLOCK,
             pytorch: "diffusers.models.controlnets.controlnet_xs.ControlNetXSCrossAttnMidBlock2D (diffusers 0.42.1; UNetControlNetXSModel mid block: base_to_ctrl zero conv concatenated into the control stream, base_midblock and ctrl_midblock (UNetMidBlock2DCrossAttn, the control one with out_channels), ctrl_to_base zero conv added to the base stream times conditioning_scale; outputs h_base, h_ctrl)",
             inputs: &["hidden_states_base", "temb", "encoder_hidden_states", "hidden_states_ctrl", "attention_mask", "encoder_attention_mask"],
             kwargs: &["conditioning_scale", "apply_control"],
-            build: |vb, cfg| {
-                let cfg = config::from_json(ControlNetXSCrossAttnMidBlock2D::BLOCK, cfg)?;
-                Ok(Box::new(ControlNetXSCrossAttnMidBlock2D::new(vb, &cfg)?))
-            },
+            build: from_config!(ControlNetXSCrossAttnMidBlock2D),
         },
         BlockInfo {
             id: UNetMidBlock3DCrossAttn::BLOCK,
             pytorch: "diffusers.models.unets.unet_3d_blocks.UNetMidBlock3DCrossAttn (diffusers 0.42.1; UNet3DConditionModel / I2VGenXLUNet mid block: ResnetBlock2D + TemporalConvLayer, Transformer2DModel + TransformerTemporalModel; attention_mask taken and unused, as in diffusers)",
             inputs: &["hidden_states", "temb", "encoder_hidden_states", "attention_mask"],
             kwargs: &["num_frames"],
-            build: |vb, cfg| {
-                let cfg = config::from_json(UNetMidBlock3DCrossAttn::BLOCK, cfg)?;
-                Ok(Box::new(UNetMidBlock3DCrossAttn::new(vb, &cfg)?))
-            },
+            build: from_config!(UNetMidBlock3DCrossAttn),
         },
         BlockInfo {
             id: UNetMidBlockCrossAttnMotion::BLOCK,
             pytorch: "diffusers.models.unets.unet_motion_model.UNetMidBlockCrossAttnMotion (diffusers 0.42.1; UNetMotionModel mid block, AnimateDiff: ResnetBlock2D, Transformer2DModel, AnimateDiffTransformer3D motion modules with a sinusoidal positional embedding over num_frames)",
             inputs: CROSS_ATTN_INPUTS,
             kwargs: &["num_frames"],
-            build: |vb, cfg| {
-                let cfg = config::from_json(UNetMidBlockCrossAttnMotion::BLOCK, cfg)?;
-                Ok(Box::new(UNetMidBlockCrossAttnMotion::new(vb, &cfg)?))
-            },
+            build: from_config!(UNetMidBlockCrossAttnMotion),
         },
         BlockInfo {
             id: UNetMidBlockSpatioTemporal::BLOCK,
             pytorch: "diffusers.models.unets.unet_3d_blocks.UNetMidBlockSpatioTemporal (diffusers 0.42.1; UNetSpatioTemporalConditionModel mid block, Stable Video Diffusion: SpatioTemporalResBlock (ResnetBlock2D + Conv3d (3, 1, 1) TemporalResnetBlock + AlphaBlender), TransformerSpatioTemporalModel; num_frames from image_only_indicator)",
             inputs: &["hidden_states", "temb", "encoder_hidden_states", "image_only_indicator"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(UNetMidBlockSpatioTemporal::BLOCK, cfg)?;
-                Ok(Box::new(UNetMidBlockSpatioTemporal::new(vb, &cfg)?))
-            },
+            build: from_config!(UNetMidBlockSpatioTemporal),
         },
         BlockInfo {
             id: MidBlockTemporalDecoder::BLOCK,
             pytorch: "diffusers.models.unets.unet_3d_blocks.MidBlockTemporalDecoder (diffusers 0.42.1; AutoencoderKLTemporalDecoder decoder mid block, Stable Video Diffusion's VAE: SpatioTemporalResBlock without temb, learned switched AlphaBlender, one VAE-style Attention)",
             inputs: &["hidden_states", "image_only_indicator"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(MidBlockTemporalDecoder::BLOCK, cfg)?;
-                Ok(Box::new(MidBlockTemporalDecoder::new(vb, &cfg)?))
-            },
+            build: from_config!(MidBlockTemporalDecoder),
         },
     ]
 }

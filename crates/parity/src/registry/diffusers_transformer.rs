@@ -3,7 +3,7 @@ use candle_core::Tensor;
 use unet_attention::diffusers::feed_forward::{FeedForward, Geglu};
 use unet_attention::diffusers::transformer::{BasicTransformerBlock, Transformer2DModel};
 use unet_attention::diffusers::DualTransformer2DModel;
-use unet_attention::{config, Result};
+use unet_attention::Result;
 
 impl Runnable for BasicTransformerBlock {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -64,30 +64,21 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             pytorch: "diffusers.models.attention.BasicTransformerBlock (diffusers 0.42.1, norm_type \"layer_norm\")",
             inputs: &["hidden_states", "attention_mask", "encoder_hidden_states", "encoder_attention_mask"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(BasicTransformerBlock::BLOCK, cfg)?;
-                Ok(Box::new(BasicTransformerBlock::new(vb, &cfg)?))
-            },
+            build: from_config!(BasicTransformerBlock),
         },
         BlockInfo {
             id: Transformer2DModel::BLOCK,
             pytorch: "diffusers.models.transformers.transformer_2d.Transformer2DModel (diffusers 0.42.1, continuous input; conv or linear proj_in/proj_out)",
             inputs: &["hidden_states", "encoder_hidden_states", "attention_mask", "encoder_attention_mask"],
             kwargs: &["return_dict"],
-            build: |vb, cfg| {
-                let cfg = config::from_json(Transformer2DModel::BLOCK, cfg)?;
-                Ok(Box::new(Transformer2DModel::new(vb, &cfg)?))
-            },
+            build: from_config!(Transformer2DModel),
         },
         BlockInfo {
             id: DualTransformer2DModel::BLOCK,
             pytorch: "diffusers.models.transformers.dual_transformer_2d.DualTransformer2DModel (diffusers 0.42.1, continuous input; Versatile Diffusion; mix_ratio / condition_lengths / transformer_index_for_condition as optional config keys; attention_mask ignored as diffusers ignores it)",
             inputs: &["hidden_states", "encoder_hidden_states", "attention_mask"],
             kwargs: &["return_dict"],
-            build: |vb, cfg| {
-                let cfg = config::from_json(DualTransformer2DModel::BLOCK, cfg)?;
-                Ok(Box::new(DualTransformer2DModel::new(vb, &cfg)?))
-            },
+            build: from_config!(DualTransformer2DModel),
         },
     ]
 }

@@ -2,7 +2,7 @@ use super::{single, BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use unet_attention::ldm::transformer::{BasicTransformerBlock, CrossAttention, SpatialTransformer};
 use unet_attention::ldm::LinearAttention;
-use unet_attention::{config, Result};
+use unet_attention::Result;
 
 impl Runnable for CrossAttention {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -46,30 +46,21 @@ pub(super) fn entries() -> Vec<BlockInfo> {
             pytorch: "ldm.modules.attention.CrossAttention (CompVis latent-diffusion a506df5 / SD 1.x; Stability stablediffusion cf1d67a / SD 2.x)",
             inputs: &["x", "context", "mask"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(CrossAttention::BLOCK, cfg)?;
-                Ok(Box::new(CrossAttention::new(vb, &cfg)?))
-            },
+            build: from_config!(CrossAttention),
         },
         BlockInfo {
             id: BasicTransformerBlock::BLOCK,
             pytorch: "ldm.modules.attention.BasicTransformerBlock (SD 1.x a506df5; SD 2.x cf1d67a with disable_self_attn)",
             inputs: &["x", "context"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(BasicTransformerBlock::BLOCK, cfg)?;
-                Ok(Box::new(BasicTransformerBlock::new(vb, &cfg)?))
-            },
+            build: from_config!(BasicTransformerBlock),
         },
         BlockInfo {
             id: SpatialTransformer::BLOCK,
             pytorch: "ldm.modules.attention.SpatialTransformer (SD 1.x conv projections a506df5; SD 2.x cf1d67a use_linear, context_dim per depth, disable_self_attn)",
             inputs: &["x", "context", "context.*"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(SpatialTransformer::BLOCK, cfg)?;
-                Ok(Box::new(SpatialTransformer::new(vb, &cfg)?))
-            },
+            build: from_config!(SpatialTransformer),
         },
     ]
 }

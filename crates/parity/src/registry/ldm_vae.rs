@@ -2,7 +2,7 @@ use super::{single, BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use unet_attention::ldm::mid_block::MidBlock;
 use unet_attention::ldm::vae::{AttnBlock, LinAttnBlock, SpatialSelfAttention};
-use unet_attention::{config, Result};
+use unet_attention::Result;
 
 impl Runnable for MidBlock {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -42,10 +42,7 @@ pub(super) fn entries() -> Vec<BlockInfo> {
                       (make_attn vanilla / linear / none) → block_2 (CompVis latent-diffusion a506df5 = stable-diffusion 1.x, SD 2.x cf1d67a)",
             inputs: &["x", "temb"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(MidBlock::BLOCK, cfg)?;
-                Ok(Box::new(MidBlock::new(vb, &cfg)?))
-            },
+            build: from_config!(MidBlock),
         },
     ]
 }

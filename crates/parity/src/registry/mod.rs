@@ -2,6 +2,17 @@
 //! and weights, and how to feed it the bundle's inputs. The rest of the crate knows blocks only
 //! through [`all`] and [`find`].
 
+/// The [`BuildFn`] of a block whose constructor is `new(vb, &config)` with the config read from
+/// `parity.config` by [`unet_attention::config::from_json`] (unknown keys refused).
+macro_rules! from_config {
+    ($block:ident) => {
+        |vb, cfg| {
+            let cfg = unet_attention::config::from_json($block::BLOCK, cfg)?;
+            Ok(Box::new($block::new(vb, &cfg)?))
+        }
+    };
+}
+
 mod annotated_diffusion;
 mod ddpm;
 mod diffusers;

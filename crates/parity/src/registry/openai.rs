@@ -2,7 +2,7 @@ use super::{BlockInfo, Inputs, Runnable};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use unet_attention::openai::{AttentionBlock, AttentionBlockConfig, MiddleBlock};
-use unet_attention::{config, Result};
+use unet_attention::Result;
 
 impl Runnable for MiddleBlock {
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -47,10 +47,7 @@ pub(super) fn entries() -> Vec<BlockInfo> {
                       ResBlock) (guided-diffusion 22e0df8; ldm openaimodel.py a506df5 / SD 2.x cf1d67a)",
             inputs: &["x", "emb", "context", "context.*"],
             kwargs: &[],
-            build: |vb, cfg| {
-                let cfg = config::from_json(MiddleBlock::BLOCK, cfg)?;
-                Ok(Box::new(MiddleBlock::new(vb, &cfg)?))
-            },
+            build: from_config!(MiddleBlock),
         },
     ]
 }
