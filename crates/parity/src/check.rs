@@ -21,7 +21,7 @@
 
 use crate::bundle::Bundle;
 use crate::checkpoint::{Checkpoint, PrefixView};
-use crate::compare::{check_reference, compare, default_tolerance, OutputReport};
+use crate::compare::{check_reference, compare, default_tolerance, OutputReport, Verdict, ERROR_FACTOR};
 use crate::error::{ParityError, Result};
 use crate::registry::{self, BlockInfo, Inputs, Runnable};
 use crate::trace::{self, TraceReport};
@@ -61,6 +61,10 @@ pub struct Options {
     pub allow_unknown_config: bool,
     /// Record our stages and compare them with the bundle's `parity.trace.*` ([`crate::trace`]).
     pub trace: bool,
+    /// Exactness only: an output passes when it is bit-identical to PyTorch's or within the
+    /// dtype's tolerance of it (rule (a)), not by PyTorch's own error (rule (b)); a tolerance above
+    /// the dtype's default, from the bundle or the options, is refused.
+    pub strict: bool,
 }
 
 impl Default for Options {
@@ -75,6 +79,7 @@ impl Default for Options {
             model_config: None,
             allow_unknown_config: false,
             trace: false,
+            strict: false,
         }
     }
 }
@@ -106,6 +111,10 @@ pub struct Report {
     /// The stage-by-stage comparison (`--trace`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceReport>,
+    /// Tolerances above the dtype's defaults that rule (a) used, and where they came from
+    /// (`atol 1e30 from the bundle (default 1e-5)`): shown beside the result.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub loosened: Vec<String>,
 }
 
 /// Check one bundle file.
@@ -281,6 +290,7 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
     let prepared = prepare_bundle(bundle, opts)?;
     let (block, inputs) = (&prepared.block, &prepared.inputs);
     let (dtype, bundle_dtype) = (prepared.dtype, prepared.bundle_dtype);
+    let Tolerances { rtol, atol, loosened } = tolerances(bundle, opts, dtype, bundle_dtype)?;
     let (ours, stages) = if opts.trace {
         unet_attention::trace::with_trace(|| block.run(inputs))
     } else {
@@ -307,8 +317,10 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
         ));
     }
 
-    let (rtol, atol) = tolerances(bundle, opts, dtype, bundle_dtype);
-    let outputs = compare_outputs(bundle, inputs.block, &ours, dtype, bundle_dtype, rtol, atol)?;
+    let mut outputs = compare_outputs(bundle, inputs.block, &ours, dtype, bundle_dtype, rtol, atol)?;
+    if opts.strict {
+        outputs.iter_mut().for_each(apply_strict);
+    }
     let same_dtype = dtype == bundle_dtype;
     let trace = if !opts.trace {
         None
@@ -344,24 +356,60 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
         weights: prepared.weights.location(),
         config_from: prepared.config_from,
         trace,
+        loosened,
     };
     Ok(Run { report, ours, stages })
 }
 
-/// `(rtol, atol)`: the options', else the bundle's (in its own dtype only), else the run dtype's
-/// defaults.
-fn tolerances(bundle: &Bundle, opts: &Options, dtype: DType, bundle_dtype: DType) -> (f64, f64) {
+/// Rule (a)'s tolerances for a run: the options', else the bundle's (in its own dtype only), else
+/// the run dtype's defaults; with each one above its default named in `loosened`.
+struct Tolerances {
+    rtol: f64,
+    atol: f64,
+    loosened: Vec<String>,
+}
+
+fn tolerances(bundle: &Bundle, opts: &Options, dtype: DType, bundle_dtype: DType) -> Result<Tolerances> {
     let (def_rtol, def_atol) = default_tolerance(dtype);
     let same_dtype = dtype == bundle_dtype;
-    let rtol = opts
-        .rtol
-        .or(if same_dtype { bundle.rtol } else { None })
-        .unwrap_or(def_rtol);
-    let atol = opts
-        .atol
-        .or(if same_dtype { bundle.atol } else { None })
-        .unwrap_or(def_atol);
-    (rtol, atol)
+    let mut loosened = vec![];
+    let mut pick = |name: &str, flag: Option<f64>, from_bundle: Option<f64>, default: f64| {
+        let (value, source) = match (flag, from_bundle.filter(|_| same_dtype)) {
+            (Some(v), _) => (v, format!("--{name}")),
+            (None, Some(v)) => (v, format!("the bundle (parity.{name})")),
+            (None, None) => (default, String::new()),
+        };
+        if value > default {
+            loosened.push(format!("{name} {value:e} from {source} (default {default:e})"));
+        }
+        value
+    };
+    let rtol = pick("rtol", opts.rtol, bundle.rtol, def_rtol);
+    let atol = pick("atol", opts.atol, bundle.atol, def_atol);
+    if opts.strict && !loosened.is_empty() {
+        return Err(ParityError::bundle(
+            &bundle.path,
+            format!(
+                "--strict refuses tolerances above {}'s defaults: {}",
+                dtype_name(dtype),
+                loosened.join(", ")
+            ),
+        ));
+    }
+    Ok(Tolerances { rtol, atol, loosened })
+}
+
+/// Under `--strict`, an output that passed only within PyTorch's own error (rule (b)) fails.
+fn apply_strict(report: &mut OutputReport) {
+    if report.pass && report.verdict == Verdict::TorchError {
+        report.pass = false;
+        report.verdict = Verdict::Fail;
+        report.reason = Some(format!(
+            "--strict: {} elements are neither equal to PyTorch's output nor within atol {:.1e} + rtol {:.1e}·|expected| \
+             of it (they are within {ERROR_FACTOR} × PyTorch's own error against float64, which --strict does not accept)",
+            report.torch_error_elements, report.atol, report.rtol
+        ));
+    }
 }
 
 /// Our outputs (on the CPU, in the bundle's output order) against the bundle's, under the pass
@@ -521,8 +569,9 @@ pub fn device_name(device: &Device) -> String {
 }
 
 /// The comparison of a run in `dtype`, another dtype than the bundle's (see the module docs):
-/// rule (a) against the float64 output `reference`; rule (b) with PyTorch's own error
-/// `max|torch − reference|` at the bundle's dtype. f64 runs: rule (a) only.
+/// rule (a) against the float64 output `reference`; rule (b) with PyTorch's own error at the
+/// bundle's dtype (`torch` against `reference`) in each element's neighbourhood. f64 runs: rule (a)
+/// only.
 fn compare_across_dtypes(
     name: &str,
     ours: &candle_core::Tensor,
@@ -532,28 +581,12 @@ fn compare_across_dtypes(
     rtol: f64,
     atol: f64,
 ) -> candle_core::Result<OutputReport> {
-    let mut report = compare(name, ours, reference, None, rtol, atol)?;
-    if dtype == DType::F64 || report.non_finite > 0 || ours.dims() != reference.dims() {
-        return Ok(report);
+    if dtype == DType::F64 {
+        return compare(name, ours, reference, None, rtol, atol);
     }
-    // PyTorch's error in the bundle's dtype, and ours, both against the float64 output.
-    let errors = compare(name, ours, torch, Some(reference), rtol, atol)?;
-    report.ours_vs_f64 = errors.ours_vs_f64;
-    report.torch_vs_f64 = errors.torch_vs_f64;
-    let within = match (report.ours_vs_f64, report.torch_vs_f64) {
-        (Some(o), Some(t)) => o <= 2.0 * t,
-        _ => false,
-    };
-    report.pass = report.close || within;
-    report.reason = match (report.pass, report.ours_vs_f64, report.torch_vs_f64) {
-        (true, ..) => None,
-        (false, Some(o), Some(t)) => Some(format!(
-            "run in {}: max abs error vs float64 {:.3e} > atol {atol:.1e} + rtol {rtol:.1e}·|float64|, \
-             and {o:.3e} > 2 × PyTorch's error in the bundle's dtype {t:.3e}",
-            dtype_name(dtype),
-            report.max_abs
-        )),
-        (false, ..) => report.reason,
-    };
+    let mut report = crate::compare::compare_across_dtypes(name, ours, torch, reference, rtol, atol)?;
+    report.reason = report
+        .reason
+        .map(|why| format!("run in {} against the float64 output: {why}", dtype_name(dtype)));
     Ok(report)
 }

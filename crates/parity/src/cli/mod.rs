@@ -83,6 +83,11 @@ enum Command {
         /// proj, output) and name the first stage that diverges, with its usual causes.
         #[arg(long)]
         trace: bool,
+        /// Exactness only: pass an output only when it is bit-identical to PyTorch's or within
+        /// the dtype's tolerance of it, never by PyTorch's own error against float64; refuse
+        /// tolerances above the dtype's defaults (from the bundle or --atol/--rtol).
+        #[arg(long)]
+        strict: bool,
         #[command(flatten)]
         hub: HubArgs,
     },
@@ -233,6 +238,7 @@ where
             config,
             allow_unknown_config,
             trace,
+            strict,
             hub,
         } => {
             let device = match open_device(device) {
@@ -259,6 +265,7 @@ where
                 model_config: config,
                 allow_unknown_config,
                 trace,
+                strict,
             };
             return check(&paths, &opts, json, out, err);
         }

@@ -150,17 +150,13 @@ pub(super) fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], ou
                     ),
                     None => Default::default(),
                 };
-                let result = if rep.pass { "PASS" } else { "FAIL" };
-                rows.push([
-                    rep.file.clone(),
-                    rep.block.clone(),
-                    inputs,
-                    abs,
-                    rel,
-                    tol,
-                    f64s,
-                    result.into(),
-                ]);
+                let verdict = if rep.pass { "PASS" } else { "FAIL" };
+                let result = if rep.loosened.is_empty() {
+                    verdict.to_string()
+                } else {
+                    format!("{verdict} (loosened: {})", rep.loosened.join(", "))
+                };
+                rows.push([rep.file.clone(), rep.block.clone(), inputs, abs, rel, tol, f64s, result]);
             }
             Err(_) => rows.push([
                 file.display().to_string(),
