@@ -471,7 +471,7 @@ def export_bundle(
 
     trace_names = None
     if trace:
-        from parity_trace import trace_module
+        from parity_trace import DELTA_SUFFIX, float64_delta, trace_module
 
         traced, stages = trace_module(block, module, ins, kwargs, output_names)
         for name, t in outs.items():
@@ -481,8 +481,9 @@ def export_bundle(
             for name, t in stages.items():
                 put(f"parity.trace.{name}", t)
             trace_names = list(stages) + ["output"]
-            if dtype in (torch.float16, torch.bfloat16):
-                # the float64 copy's stages: the reference a half-precision stage is judged by
+            if dtype in (torch.float16, torch.bfloat16, torch.float32):
+                # the float64 copy's stages: the reference a stage is judged by (float32 bundles store
+                # them as bfloat16 deltas from the stage, see parity_trace.float64_delta)
                 traced64, stages64 = trace_module(block, m64, _cast_inputs(ins, torch.float64), kwargs, output_names)
                 for name, t in outs64.items():
                     if not torch.equal(traced64[name], t):
@@ -490,7 +491,10 @@ def export_bundle(
                 if list(stages64) != list(stages):
                     raise RuntimeError(f"{path}: float64 stages {list(stages64)} differ from {list(stages)}")
                 for name, t in stages64.items():
-                    put(f"parity.trace.{name}.float64", t.double())
+                    if dtype == torch.float32:
+                        put(f"parity.trace.{name}{DELTA_SUFFIX}", float64_delta(stages[name], t))
+                    else:
+                        put(f"parity.trace.{name}.float64", t.double())
 
     src = library_versions(module)
     if source:
@@ -561,6 +565,17 @@ def _canonicalize_header(path: str) -> None:
         f.write(struct.pack("<Q", len(text)) + text + raw[8 + n :])
 
 
+def _trace_f64(meta: dict, tensors: dict) -> "OrderedDict[str, torch.Tensor]":
+    """Stage name -> the float64 run's stage, for the stages that have one."""
+    out = OrderedDict()
+    for n in json.loads(meta.get("parity.trace", "[]")):
+        if f"parity.trace.{n}.float64" in tensors:
+            out[n] = tensors[f"parity.trace.{n}.float64"]
+        elif f"parity.trace.{n}.float64_delta" in tensors:
+            out[n] = tensors[f"parity.trace.{n}"].double() + tensors[f"parity.trace.{n}.float64_delta"].double()
+    return out
+
+
 def load_bundle(path: str | os.PathLike) -> dict:
     """Read a bundle back: ``{"metadata", "block", "config", "inputs", "outputs", "kwargs",
     "state_dict", "expected", "expected_f64"}`` (inputs/expected in stored order)."""
@@ -586,10 +601,9 @@ def load_bundle(path: str | os.PathLike) -> dict:
         # stage name -> tensor (``output`` excluded: it is the first expected output), in order
         "trace": OrderedDict((n, tensors[f"parity.trace.{n}"]) for n in json.loads(meta.get("parity.trace", "[]"))
                              if n != "output"),
-        # half-precision bundles: the float64 run's stages
-        "trace_f64": OrderedDict((n, tensors[f"parity.trace.{n}.float64"])
-                                 for n in json.loads(meta.get("parity.trace", "[]"))
-                                 if f"parity.trace.{n}.float64" in tensors),
+        # the float64 run's stages: stored as they are (half-precision bundles), or as bfloat16 deltas
+        # from the float32 stage (``parity.trace.<stage>.float64_delta``, float32 bundles)
+        "trace_f64": _trace_f64(meta, tensors),
         # referencing bundle: (checkpoint path relative to the bundle's folder, prefix, entry key or None)
         "weights_ref": ((meta["parity.weights"], meta.get("parity.prefix", ""), meta.get("parity.weights_key"))
                         if "parity.weights" in meta else None),

@@ -35,9 +35,13 @@ Stage layouts (the same on the Rust side, ``unet_attention::trace``):
   ``parity.output.<first output>``).
 
 Bundles store stage ``s`` as ``parity.trace.<s>`` and the metadata ``parity.trace`` = JSON list of
-the stage names in forward order (``output`` last). Half-precision bundles also store the float64
-run's stages as ``parity.trace.<s>.float64`` (the stages of the float64 copy of the module on the
-same inputs), so that an intermediate stage is judged like an output: against PyTorch's own error.
+the stage names in forward order (``output`` last). Every bundle also stores the float64 run's
+stages (the stages of the float64 copy of the module on the same inputs), so that an intermediate
+stage is judged like an output: against PyTorch's own error. Half-precision bundles store them as
+``parity.trace.<s>.float64``; float32 bundles as ``parity.trace.<s>.float64_delta``, the bfloat16
+rounding of ``float64 stage - float32 stage`` (``float64_delta``): the float64 stage is the stored
+stage plus the delta, exact to 2^-9 of PyTorch's own error at each element, at a quarter of the
+bytes of a float64 copy.
 """
 
 from __future__ import annotations
@@ -49,6 +53,15 @@ from collections import OrderedDict
 import torch
 
 PROBS_MAX_ELEMENTS = 1 << 16
+# Key suffix of a float32 bundle's float64 stages, stored as deltas (``float64_delta``).
+DELTA_SUFFIX = ".float64_delta"
+
+
+def float64_delta(stage, stage64):
+    """``stage64 - stage`` (float64 minus float32) rounded to bfloat16: what a float32 bundle stores for
+    its float64 stage (0 where the two are the same value, infinities included)."""
+    s = stage.double()
+    return torch.where(stage64 == s, torch.zeros_like(s), stage64 - s).to(torch.bfloat16).contiguous()
 # Stage names (the last path component, without a trailing digit); a tracer may not invent others.
 STAGES = {"spatial_norm", "norm", "q", "k", "v", "probs", "context", "attn", "proj", "proj_in", "act",
           "proj_out", "conv", "temb", "shortcut", "output"}
@@ -832,10 +845,15 @@ def verify_traces(path, bundle, module, inputs, module64, inputs64, kwargs=None,
     assert want == list(stages) + ["output"], f"{path}: parity.trace {want}, hooks give {list(stages)}"
     for n, t in stages.items():
         assert t.dtype == bundle["trace"][n].dtype and torch.equal(t, bundle["trace"][n]), f"{path}: trace {n} differs"
-    if meta["parity.dtype"] in ("float16", "bfloat16"):
+    if meta["parity.dtype"] in ("float16", "bfloat16", "float32"):
         _, stages64 = trace_module(bundle["block"], module64, inputs64, kwargs, output_names)
         assert list(bundle["trace_f64"]) == list(stages64), f"{path}: float64 stages {list(bundle['trace_f64'])}"
         for n, t in stages64.items():
-            assert torch.equal(t.double(), bundle["trace_f64"][n]), f"{path}: float64 trace {n} differs"
+            if meta["parity.dtype"] == "float32":
+                stored = bundle["trace"][n]
+                want = stored.double() + float64_delta(stored, t).double()
+            else:
+                want = t.double()
+            assert torch.equal(want, bundle["trace_f64"][n]), f"{path}: float64 trace {n} differs"
     else:
         assert not bundle["trace_f64"], f"{path}: float64 stages in a {meta['parity.dtype']} bundle"

@@ -100,19 +100,35 @@ pub fn panel_columns(w: usize, px: &[u8]) -> (Vec<usize>, usize) {
     (starts, width)
 }
 
-/// The PyTorch and ours panels of the attention picture (its first two panel columns, between the
-/// title strip and the scale bars): equal for a correct port, not for a broken one.
-pub fn probs_panels_equal(path: &Path) -> bool {
+/// How far apart a correct port's attention maps may be drawn, in colour levels (0–255) of any
+/// channel: PyTorch's and our weights differ by rounding (~1e-6 of the scale, which depends on the
+/// CPU's kernels), which moves a pixel by at most one level of the colour map (its steepest
+/// channel climbs 680 levels over the whole scale); a broken port moves them by tens to hundreds.
+pub const PANEL_LEVELS: u8 = 2;
+
+/// The largest difference, in colour levels of any channel, between the PyTorch and ours panels of
+/// the attention picture (its first two panel columns, between the title strip and the scale bars).
+pub fn probs_panels_max_diff(path: &Path) -> u8 {
     let (w, h, px) = read_png(path);
     let (starts, panel) = panel_columns(w, &px);
     assert_eq!(starts.len(), 3, "{}: PyTorch | ours | difference", path.display());
-    (TITLE_STRIP..h - SCALE_STRIP).all(|y| {
-        (0..panel).all(|x| {
+    let mut most = 0;
+    for y in TITLE_STRIP..h - SCALE_STRIP {
+        for x in 0..panel {
             let a = (y * w + starts[0] + x) * 3;
             let b = (y * w + starts[1] + x) * 3;
-            px[a..a + 3] == px[b..b + 3]
-        })
-    })
+            for k in 0..3 {
+                most = most.max(px[a + k].abs_diff(px[b + k]));
+            }
+        }
+    }
+    most
+}
+
+/// PyTorch's and our attention maps are the same picture, up to [`PANEL_LEVELS`]: true for a
+/// correct port on any CPU, false for a broken one.
+pub fn probs_panels_agree(path: &Path) -> bool {
+    probs_panels_max_diff(path) <= PANEL_LEVELS
 }
 
 // ---- The CLI in a child process, under limits ----

@@ -3,22 +3,28 @@
 //! [`unet_attention::trace`], in the bundle's stage order. The first stage that fails names where
 //! the port diverges, with the usual causes for that stage.
 //!
-//! A stage passes under the rules of [`crate::compare`] at the run's tolerances: rule (a) against
-//! PyTorch's stage, or rule (b) against the float64 copy's stage where the bundle holds one
-//! (`parity.trace.<stage>.float64`, stored by half-precision bundles); the `output` stage is the
-//! bundle's first output and is judged exactly as the check judges it. Our stage is reshaped to PyTorch's when the element
-//! counts agree (layouts are documented in `unet_attention::trace`).
+//! A stage passes under the rules of [`crate::compare`] at the run's tolerances, the rules an
+//! output passes by: against PyTorch's stage and against the float64 copy's stage, with PyTorch's
+//! own error as the yardstick. Bundles store the float64 stages as `parity.trace.<stage>.float64`
+//! (half-precision bundles) or as `parity.trace.<stage>.float64_delta` (float32 bundles: the
+//! float64 stage minus the float32 one, in bfloat16, so the reference is the stage plus the
+//! delta, exact to 2^-9 of PyTorch's own error at each element). A stage without one (bundles
+//! exported before) is judged by rule (a) alone. The `output` stage is the bundle's first output
+//! and is judged exactly as the check judges it. Our stage is reshaped to PyTorch's when the
+//! element counts agree (layouts are documented in `unet_attention::trace`).
 
 use crate::bundle::{Bundle, FLOAT64_SUFFIX};
 use crate::compare::{compare, OutputReport};
 use crate::error::{ParityError, Result};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
 /// Metadata key listing a bundle's stages in forward order.
 pub const TRACE_KEY: &str = "parity.trace";
 /// Tensor name prefix of a bundle's stages.
 pub const TRACE_PREFIX: &str = "parity.trace.";
+/// Suffix of a float32 bundle's float64 stages, stored as deltas from the stage.
+pub const DELTA_SUFFIX: &str = ".float64_delta";
 
 /// One stage of the trace table.
 #[derive(Debug, Clone, Serialize)]
@@ -153,12 +159,8 @@ pub fn compare_stages(bundle: &Bundle, ours: &[(String, Tensor)], rtol: f64, ato
                     Ok(t)
                 }
                 .map_err(|e| ParityError::bundle(&bundle.path, format!("stage {name}: {e}")))?;
-                let f64_ref = if name == "output" {
-                    bundle.outputs.first().and_then(|o| bundle.output_f64(o))
-                } else {
-                    bundle.tensors.get(&format!("{TRACE_PREFIX}{name}{FLOAT64_SUFFIX}"))
-                };
-                let r = compare(name, &t, torch, f64_ref, rtol, atol)
+                let f64_ref = float64_stage(bundle, name, torch)?;
+                let r = compare(name, &t, torch, f64_ref.as_ref(), rtol, atol)
                     .map_err(|e| ParityError::bundle(&bundle.path, format!("stage {name}: {e}")))?;
                 (Some(shape), Some(r))
             }
@@ -196,6 +198,37 @@ pub fn compare_stages(bundle: &Bundle, ours: &[(String, Tensor)], rtol: f64, ato
         },
         stages,
     })
+}
+
+/// The float64 copy's stage `name` (`output`: the bundle's float64 output), if the bundle holds
+/// it: stored as it is, or as a delta from PyTorch's stage `torch` (which must have its shape).
+pub fn float64_stage(bundle: &Bundle, name: &str, torch: &Tensor) -> Result<Option<Tensor>> {
+    if name == "output" {
+        return Ok(bundle.outputs.first().and_then(|o| bundle.output_f64(o)).cloned());
+    }
+    if let Some(t) = bundle.tensors.get(&format!("{TRACE_PREFIX}{name}{FLOAT64_SUFFIX}")) {
+        return Ok(Some(t.clone()));
+    }
+    let key = format!("{TRACE_PREFIX}{name}{DELTA_SUFFIX}");
+    let Some(delta) = bundle.tensors.get(&key) else {
+        return Ok(None);
+    };
+    if delta.dims() != torch.dims() || !delta.dtype().is_float() {
+        return Err(ParityError::bundle(
+            &bundle.path,
+            format!(
+                "tensor `{key}` must be a float tensor of the stage's shape {:?}, found {:?} {:?}",
+                torch.dims(),
+                delta.dtype(),
+                delta.dims()
+            ),
+        ));
+    }
+    let sum = torch
+        .to_dtype(DType::F64)
+        .and_then(|t| t.add(&delta.to_dtype(DType::F64)?))
+        .map_err(|e| ParityError::bundle(&bundle.path, format!("stage {name}: {e}")))?;
+    Ok(Some(sum))
 }
 
 /// A trace report without a table.

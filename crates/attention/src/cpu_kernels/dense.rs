@@ -46,9 +46,11 @@ pub fn set_layer_path(path: Option<LayerPath>) {
 }
 
 /// The path calls take now. An unparsable `UNET_ATTENTION_LAYERS` (or `UNET_ATTENTION_ISA`, the
-/// cap on the vector instructions the kernels use) is an error on every call.
+/// cap on the vector instructions the kernels use, or `UNET_ATTENTION_CACHE`, the cache sizes
+/// they block for) is an error on every call.
 pub fn layer_path() -> Result<LayerPath> {
     crate::sdpa::cpu_isa_cap().map_err(candle_core::Error::msg)?;
+    crate::sdpa::cpu_cache_setting().map_err(candle_core::Error::msg)?;
     match OVERRIDE.load(Ordering::Relaxed) {
         1 => return Ok(LayerPath::Auto),
         2 => return Ok(LayerPath::Candle),

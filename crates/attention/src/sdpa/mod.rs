@@ -72,6 +72,7 @@ pub(crate) fn cpu_gemm_tile(
     cpu::tiles::gemm_tile(rows, a, b, kc, c, ldc, accumulate)
 }
 
+pub(crate) use cpu::caches::setting as cpu_cache_setting;
 pub(crate) use cpu::caches::sizes as cpu_cache_sizes;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use cpu::isa::avx512 as cpu_avx512_allowed;

@@ -79,10 +79,11 @@ pub fn set_sdpa_path(path: Option<SdpaPath>) {
 }
 
 /// The path calls take now. An unparsable `UNET_ATTENTION_SDPA` (or `UNET_ATTENTION_ISA`, the
-/// cap on the vector instructions the CPU kernels use) is an error (on every call), never
-/// silently ignored.
+/// cap on the vector instructions the CPU kernels use, or `UNET_ATTENTION_CACHE`, the cache sizes
+/// they block for) is an error (on every call), never silently ignored.
 pub fn sdpa_path() -> Result<SdpaPath> {
     super::cpu::isa::cap().map_err(candle_core::Error::msg)?;
+    super::cpu::caches::setting().map_err(candle_core::Error::msg)?;
     let code = OVERRIDE.load(Ordering::Relaxed);
     if let Some(p) = SdpaPath::ALL.into_iter().find(|p| p.code() == code) {
         return Ok(p);
