@@ -46,7 +46,7 @@ impl Attention {
     pub const BLOCK: &'static str = "annotated_diffusion.Attention";
 
     pub fn new(vb: VarBuilder, cfg: &Config) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let hidden = cfg.heads * cfg.dim_head;
         Ok(Self {
             to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,
@@ -97,7 +97,7 @@ impl LinearAttention {
     pub const BLOCK: &'static str = "annotated_diffusion.LinearAttention";
 
     pub fn new(vb: VarBuilder, cfg: &Config) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let hidden = cfg.heads * cfg.dim_head;
         Ok(Self {
             to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,

@@ -79,7 +79,7 @@ impl SelfAttention {
     pub const BLOCK: &'static str = "fastai.SelfAttention";
 
     pub fn new(vb: VarBuilder, cfg: &SelfAttentionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let (block, ni) = (Self::BLOCK, cfg.ni);
         check_ni(block, ni)?;
         let fused = vb.contains_tensor("qkv.weight") || vb.contains_tensor("norm.running_mean");
@@ -166,7 +166,7 @@ impl SelfAttentionMultiHead {
     pub const BLOCK: &'static str = "fastai.SelfAttentionMultiHead";
 
     pub fn new(vb: VarBuilder, cfg: &SelfAttentionMultiHeadConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let (block, ni) = (Self::BLOCK, cfg.ni);
         check_ni(block, ni)?;
         check_divides(block, ni, cfg.nheads)?;

@@ -14,7 +14,10 @@ pub(crate) fn choice<T: Copy>(name: &str, choices: &[(&str, T)]) -> Result<T, St
 
 /// [`choice`] on a given value (`None`: unset).
 fn parse<T: Copy>(name: &str, value: Option<&std::ffi::OsStr>, choices: &[(&str, T)]) -> Result<T, String> {
-    let default = choices.first().map(|c| c.1).ok_or_else(|| format!("{name}: no choices"))?;
+    let default = choices
+        .first()
+        .map(|c| c.1)
+        .ok_or_else(|| format!("{name}: no choices"))?;
     let Some(value) = value else { return Ok(default) };
     let Some(text) = value.to_str() else {
         return Err(format!(
@@ -71,6 +74,9 @@ mod tests {
     fn non_utf8_is_an_error_not_auto() {
         use std::os::unix::ffi::OsStrExt;
         let err = parse("V", Some(OsStr::from_bytes(b"avx\xff")), &CHOICES).unwrap_err();
-        assert!(err.starts_with("V=") && err.contains("not valid UTF-8; expected auto, avx2 or none"), "{err}");
+        assert!(
+            err.starts_with("V=") && err.contains("not valid UTF-8; expected auto, avx2 or none"),
+            "{err}"
+        );
     }
 }

@@ -50,7 +50,7 @@ impl SelfAttention {
     pub const BLOCK: &'static str = "textbook.SelfAttention";
 
     pub fn new(vb: VarBuilder, cfg: &SelfAttentionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         if cfg.d == 0 {
             return Err(Error::config(
                 Self::BLOCK,
@@ -171,7 +171,7 @@ impl MultiHeadAttention {
     pub const BLOCK: &'static str = "textbook.MultiHeadAttention";
 
     pub fn new(vb: VarBuilder, cfg: &MultiHeadAttentionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let (all, _dh, divisor) = cfg.resolve(Self::BLOCK)?;
         Ok(Self {
             q: Projection::load(vb.pp("q"), Self::BLOCK, cfg.input_dim, all, true)?,

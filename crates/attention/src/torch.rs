@@ -161,7 +161,7 @@ impl MultiheadAttention {
     pub const BLOCK: &'static str = "torch.nn.MultiheadAttention";
 
     pub fn new(vb: VarBuilder, cfg: &MultiheadAttentionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         for (name, value) in [("device", &cfg.device), ("dtype", &cfg.dtype)] {
             if let Some(value) = value {

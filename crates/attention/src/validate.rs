@@ -6,9 +6,8 @@
 //!   rank, with no dimension of size 0;
 //! * [`mask`]: a mask is a float tensor, or `u8` where the block reads it as a boolean;
 //! * [`same_dtype`]: inputs that meet in one operation (`q`, `k`, `v`) share a dtype;
-//! * [`config`]: a config built in Rust passes the same integer bound as one read from JSON
-//!   ([`crate::config::MAX_CONFIG_INT`]), so sizes computed from it cannot overflow;
-//! * [`product`]: a size computed from config values, with checked arithmetic.
+//! * [`constructor`]: weights load as a float dtype, and [`config`]: a config built in Rust passes the same integer bound as one read from JSON
+//!   ([`crate::config::MAX_CONFIG_INT`]), so sizes computed from it cannot overflow.
 
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
@@ -97,7 +96,11 @@ pub(crate) fn mask(block: &'static str, name: &str, t: Option<&Tensor>, ranks: &
         return Err(Error::input(
             block,
             name,
-            format!("expected {expected}, found {} of shape {:?}", dtype_name(t.dtype()), t.dims()),
+            format!(
+                "expected {expected}, found {} of shape {:?}",
+                dtype_name(t.dtype()),
+                t.dims()
+            ),
         ));
     }
     shape(block, name, t, ranks)
@@ -120,58 +123,26 @@ pub(crate) fn same_dtype(block: &'static str, name: &str, t: &Tensor, like_name:
     ))
 }
 
+/// A constructor's arguments: weights loaded as a float dtype (an integer one would reach
+/// Candle's float-only ops, which panic on integers) and [`config`].
+pub(crate) fn constructor<C: serde::Serialize>(block: &'static str, vb: &candle_nn::VarBuilder, cfg: &C) -> Result<()> {
+    if !vb.dtype().is_float() {
+        return Err(Error::config(
+            block,
+            format!(
+                "weights must load as a float dtype (f16, bf16, f32 or f64), found {}",
+                dtype_name(vb.dtype())
+            ),
+        ));
+    }
+    config(block, cfg)
+}
+
 /// A config built in Rust (not only one read by [`crate::config::from_json`]) passes the JSON
 /// integer bound: every integer within ±[`crate::config::MAX_CONFIG_INT`].
 pub(crate) fn config<C: serde::Serialize>(block: &'static str, cfg: &C) -> Result<()> {
     let value = serde_json::to_value(cfg).map_err(|e| Error::config(block, e.to_string()))?;
     crate::config::check_integers(block, &value, "")
-}
-
-/// The product of `factors` (a size computed from config values), or an error naming `what`
-/// where it overflows `usize`.
-pub(crate) fn product(block: &'static str, what: &str, factors: &[usize]) -> Result<usize> {
-    factors
-        .iter()
-        .try_fold(1usize, |acc, &f| acc.checked_mul(f))
-        .ok_or_else(|| Error::config(block, format!("{what} = {factors:?} multiplied overflows")))
-}
-
-/// The arguments of the attention core ([`crate::sdpa::sdpa`], [`crate::sdpa::eager_attention`],
-/// named `func`): `q`, `k`, `v` float tensors of one dtype and one rank ≥ 2, no dimension 0,
-/// `q` and `k` with one head dim, `k` and `v` with one length; `mask` a float tensor (PyTorch's
-/// SDPA refuses `uint8` masks: a boolean mask is turned additive by the block first).
-pub(crate) fn attention(func: &'static str, q: &Tensor, k: &Tensor, v: &Tensor, mask_: Option<&Tensor>) -> Result<()> {
-    input(func, "q", q, &[])?;
-    for (name, t) in [("k", k), ("v", v)] {
-        input(func, name, t, &[])?;
-        same_dtype(func, name, t, "q", q)?;
-    }
-    if q.rank() < 2 || k.rank() != q.rank() || v.rank() != q.rank() {
-        return Err(Error::input(
-            func,
-            "q`, `k`, `v",
-            format!(
-                "expected one rank ≥ 2, found shapes {:?}, {:?}, {:?}",
-                q.dims(),
-                k.dims(),
-                v.dims()
-            ),
-        ));
-    }
-    let r = q.rank();
-    if q.dims()[r - 1] != k.dims()[r - 1] || k.dims()[r - 2] != v.dims()[r - 2] {
-        return Err(Error::input(
-            func,
-            "q`, `k`, `v",
-            format!(
-                "expected q (.., L, E), k (.., S, E), v (.., S, Ev), found {:?}, {:?}, {:?}",
-                q.dims(),
-                k.dims(),
-                v.dims()
-            ),
-        ));
-    }
-    mask(func, "mask", mask_, &[], false)
 }
 
 #[cfg(test)]
@@ -193,11 +164,5 @@ mod tests {
         assert!(msg.contains("expected rank 3, found rank 4"), "{msg}");
         assert!(mask("b", "m", Some(&u8s), &[], false).is_err());
         mask("b", "m", Some(&u8s), &[], true).unwrap();
-    }
-
-    #[test]
-    fn products_that_overflow_are_errors() {
-        assert_eq!(product("b", "inner", &[3, 4]).unwrap(), 12);
-        assert!(product("b", "inner", &[1 << 33, 1 << 33]).is_err());
     }
 }

@@ -85,7 +85,7 @@ impl ResnetBlock {
     pub const BLOCK: &'static str = "denoising_diffusion_pytorch.ResnetBlock";
 
     pub fn new(vb: VarBuilder, cfg: &ResnetBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         if cfg.dim == 0 || cfg.dim_out == 0 {
             return Err(Error::config(Self::BLOCK, "dim and dim_out must be greater than 0"));
         }
@@ -194,7 +194,7 @@ impl MidBlock {
     /// `vb` at the `Unet`'s prefix (`model.` in a `GaussianDiffusion` state dict,
     /// `ema_model.model.` in its EMA's).
     pub fn new(vb: VarBuilder, cfg: &MidBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let resnet = ResnetBlockConfig {
             dim: cfg.dim,
             dim_out: cfg.dim,

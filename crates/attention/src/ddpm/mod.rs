@@ -78,7 +78,7 @@ impl Attention {
     pub const BLOCK: &'static str = "denoising_diffusion_pytorch.Attention";
 
     pub fn new(vb: VarBuilder, cfg: &AttentionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let hidden = cfg.heads * cfg.dim_head;
         Ok(Self {
             norm: RmsNorm::load(vb.pp("norm"), cfg.dim)?,
@@ -137,7 +137,7 @@ impl LinearAttention {
     pub const BLOCK: &'static str = "denoising_diffusion_pytorch.LinearAttention";
 
     pub fn new(vb: VarBuilder, cfg: &LinearAttentionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let hidden = cfg.heads * cfg.dim_head;
         Ok(Self {
             norm: RmsNorm::load(vb.pp("norm"), cfg.dim)?,

@@ -63,7 +63,7 @@ pub enum Processor {
     /// additive (0 = attend); every non-zero entry is filled. SD 2.x's `ATTN_PRECISION="fp32"`
     /// branch cannot run in half precision on the CPU (its `einsum` mixes f32 and f16), so the
     /// SD 1.x arithmetic is the one followed.
-    #[serde(skip)]
+    #[serde(skip_deserializing)]
     Ldm,
 }
 
@@ -408,7 +408,7 @@ impl Attention {
     pub const BLOCK: &'static str = "diffusers.Attention";
 
     pub fn new(vb: VarBuilder, cfg: &AttentionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let joint = [
             ("out_context_dim", cfg.out_context_dim.is_some()),

@@ -94,7 +94,7 @@ impl ControlNetMidBlock {
     pub const BLOCK: &'static str = "diffusers.ControlNetMidBlock";
 
     pub fn new(vb: VarBuilder, cfg: &ControlNetMidBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let vb_mid = vb.pp("mid_block");
         let (mid, channels) = match cfg.mid_block_type.as_str() {
             "UNetMidBlock2DCrossAttn" => {

@@ -163,7 +163,7 @@ impl ControlNetXSCrossAttnMidBlock2D {
     pub const BLOCK: &'static str = "diffusers.ControlNetXSCrossAttnMidBlock2D";
 
     pub fn new(vb: VarBuilder, cfg: &ControlNetXSCrossAttnMidBlock2DConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let (base, ctrl) = (cfg.base_channels, cfg.ctrl_channels);
         let (base_cfg, ctrl_cfg) = (cfg.mid_block(false)?, cfg.mid_block(true)?);
         let base_midblock = UNetMidBlock2DCrossAttn::new(vb.pp("base_midblock"), &base_cfg)?;

@@ -182,7 +182,7 @@ impl DualTransformer2DModel {
 
     /// Both transformers from `vb.pp("transformers").pp(0 / 1)`.
     pub fn new(vb: VarBuilder, cfg: &DualTransformer2DModelConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let t = cfg.transformer(Self::BLOCK)?;
         let vb = vb.pp("transformers");
         let transformers = [

@@ -133,7 +133,7 @@ impl Geglu {
     pub const BLOCK: &'static str = "diffusers.GEGLU";
 
     pub fn new(vb: VarBuilder, cfg: &GegluConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Ok(Self(ProjectIn::load(
             vb.pp("proj"),
             Self::BLOCK,
@@ -218,7 +218,7 @@ impl FeedForward {
     pub const BLOCK: &'static str = "diffusers.FeedForward";
 
     pub fn new(vb: VarBuilder, cfg: &FeedForwardConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Self::load(vb, Self::BLOCK, cfg, "net.0.proj")
     }
 

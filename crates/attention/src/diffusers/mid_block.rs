@@ -183,7 +183,7 @@ impl UNetMidBlock2D {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlock2D";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg.in_channels;
         let spatial = cfg.resnet_time_scale_shift == "spatial";
@@ -443,7 +443,7 @@ impl UNetMidBlock2DCrossAttn {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlock2DCrossAttn";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DCrossAttnConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let dual = cfg.dual_transformer()?;
         let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;

@@ -54,7 +54,8 @@ fn reflect_pad(x: &Tensor, left: usize, right: usize) -> candle_core::Result<Ten
     index.extend((0..l).map(|i| i as u32));
     index.extend((0..right).map(|i| (l - 2 - i) as u32));
     let index = Tensor::new(index, x.device())?;
-    x.index_select(&index, D::Minus1)
+    // Candle's index_select takes contiguous tensors only: a strided view is copied first.
+    x.contiguous()?.index_select(&index, D::Minus1)
 }
 
 /// Every second element of the last dimension from `start`, `n` of them (`x` long enough for
@@ -252,7 +253,7 @@ impl UNetMidBlock1D {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlock1D";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock1DConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c_in, mid) = (cfg.in_channels, cfg.mid_channels);
         let c_out = cfg.out_channels.unwrap_or(c_in);

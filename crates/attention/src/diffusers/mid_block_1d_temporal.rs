@@ -181,7 +181,7 @@ impl MidResTemporalBlock1D {
     pub const BLOCK: &'static str = "diffusers.MidResTemporalBlock1D";
 
     pub fn new(vb: VarBuilder, cfg: &MidResTemporalBlock1DConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c_in, c_out, e) = (cfg.in_channels, cfg.out_channels, cfg.embed_dim);
         check_groups(block, &[c_out])?;
@@ -255,7 +255,7 @@ impl ValueFunctionMidBlock1D {
     pub const BLOCK: &'static str = "diffusers.ValueFunctionMidBlock1D";
 
     pub fn new(vb: VarBuilder, cfg: &ValueFunctionMidBlock1DConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c, o, e) = (cfg.in_channels, cfg.out_channels, cfg.embed_dim);
         check_groups(block, &[c / 2, c / 4])?;

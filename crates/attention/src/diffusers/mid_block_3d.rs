@@ -102,7 +102,7 @@ impl UNetMidBlock3DCrossAttn {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlock3DCrossAttn";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock3DCrossAttnConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
         let c = cfg.in_channels;

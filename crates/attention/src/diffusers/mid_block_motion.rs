@@ -160,7 +160,7 @@ impl UNetMidBlockCrossAttnMotion {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlockCrossAttnMotion";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlockCrossAttnMotionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         if cfg.dual_cross_attention {
             return Err(Error::unsupported(

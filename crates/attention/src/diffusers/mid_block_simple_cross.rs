@@ -153,7 +153,7 @@ impl UNetMidBlock2DSimpleCrossAttn {
     }
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DSimpleCrossAttnConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg.in_channels;
         if c == 0 {

@@ -72,7 +72,7 @@ impl UNetMidBlockSpatioTemporal {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlockSpatioTemporal";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlockSpatioTemporalConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg.in_channels;
         let heads = cfg.num_attention_heads;
@@ -189,7 +189,7 @@ impl MidBlockTemporalDecoder {
     pub const BLOCK: &'static str = "diffusers.MidBlockTemporalDecoder";
 
     pub fn new(vb: VarBuilder, cfg: &MidBlockTemporalDecoderConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c_in, c_out) = (cfg.in_channels, cfg.out_channels);
         if cfg.num_layers == 0 {

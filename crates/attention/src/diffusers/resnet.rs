@@ -122,7 +122,7 @@ impl ResnetBlock2D {
     pub const BLOCK: &'static str = "diffusers.ResnetBlock2D";
 
     pub fn new(vb: VarBuilder, cfg: &ResnetBlock2DConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         if cfg.up || cfg.down || cfg.kernel.is_some() {
             return Err(Error::unsupported(

@@ -55,7 +55,7 @@ impl ResnetBlockCondNorm2D {
     pub const BLOCK: &'static str = "diffusers.ResnetBlockCondNorm2D";
 
     pub fn new(vb: VarBuilder, cfg: &ResnetBlockCondNorm2DConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c_in, c_out, zq) = (cfg.in_channels, cfg.out_channels, cfg.temb_channels);
         if c_in == 0 || c_out == 0 || zq == 0 {

@@ -86,7 +86,7 @@ impl FrameConv {
 
     /// `x` `(B, C, F, H, W)` → `(B, out, F, H, W)`.
     pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-     crate::validate::input("diffusers.TemporalConvLayer", "x", x, &[])?;
+        crate::validate::input("diffusers.TemporalConvLayer", "x", x, &[])?;
         let (b, c, f, h, w) = x.dims5()?;
         let x32 = upcast(x)?.reshape((b, c, f, h * w))?.pad_with_zeros(2, 1, 1)?;
         let weight = self.weight.to_dtype(x32.dtype())?;
@@ -125,7 +125,7 @@ impl TemporalConvLayer {
     pub const BLOCK: &'static str = "diffusers.TemporalConvLayer";
 
     pub fn new(vb: VarBuilder, cfg: &TemporalConvLayerConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c, out) = (cfg.in_dim, cfg.out_dim.unwrap_or(cfg.in_dim));
         if out != c {
@@ -233,7 +233,7 @@ impl TransformerTemporalModel {
     pub const BLOCK: &'static str = "diffusers.TransformerTemporalModel";
 
     pub fn new(vb: VarBuilder, cfg: &TransformerTemporalModelConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg
             .in_channels

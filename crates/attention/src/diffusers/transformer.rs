@@ -125,7 +125,11 @@ impl TransformerBlock {
         crate::validate::input("diffusers.BasicTransformerBlock", "hidden_states", hidden_states, &[])?;
         crate::validate::optional("diffusers.BasicTransformerBlock", "context", context, &[])?;
         crate::validate::optional_shape("diffusers.BasicTransformerBlock", "attention_mask", attention_mask)?;
-        crate::validate::optional_shape("diffusers.BasicTransformerBlock", "encoder_attention_mask", encoder_attention_mask)?;
+        crate::validate::optional_shape(
+            "diffusers.BasicTransformerBlock",
+            "encoder_attention_mask",
+            encoder_attention_mask,
+        )?;
         let out = self.forward_unrecorded(hidden_states, context, attention_mask, encoder_attention_mask)?;
         trace::record("output", &out);
         Ok(out)
@@ -222,7 +226,11 @@ impl SpatialTransformer {
         crate::validate::input("diffusers.Transformer2DModel", "x", x, &[])?;
         crate::validate::optional("diffusers.Transformer2DModel", "context", context, &[])?;
         crate::validate::optional_shape("diffusers.Transformer2DModel", "attention_mask", attention_mask)?;
-        crate::validate::optional_shape("diffusers.Transformer2DModel", "encoder_attention_mask", encoder_attention_mask)?;
+        crate::validate::optional_shape(
+            "diffusers.Transformer2DModel",
+            "encoder_attention_mask",
+            encoder_attention_mask,
+        )?;
         let contexts = vec![context; self.blocks.len()];
         self.run(x, &contexts, attention_mask, encoder_attention_mask)
     }
@@ -240,7 +248,11 @@ impl SpatialTransformer {
             crate::validate::input("diffusers.Transformer2DModel", "contexts", t, &[])?;
         }
         crate::validate::optional_shape("diffusers.Transformer2DModel", "attention_mask", attention_mask)?;
-        crate::validate::optional_shape("diffusers.Transformer2DModel", "encoder_attention_mask", encoder_attention_mask)?;
+        crate::validate::optional_shape(
+            "diffusers.Transformer2DModel",
+            "encoder_attention_mask",
+            encoder_attention_mask,
+        )?;
         if contexts.len() < self.blocks.len() {
             return Err(Error::input(
                 "SpatialTransformer",
@@ -425,7 +437,7 @@ impl BasicTransformerBlock {
     pub const BLOCK: &'static str = "diffusers.BasicTransformerBlock";
 
     pub fn new(vb: VarBuilder, cfg: &BasicTransformerBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Ok(Self(TransformerBlock::load(vb, Self::BLOCK, &cfg.spec(Self::BLOCK)?)?))
     }
 
@@ -540,7 +552,7 @@ impl Transformer2DModel {
     pub const BLOCK: &'static str = "diffusers.Transformer2DModel";
 
     pub fn new(vb: VarBuilder, cfg: &Transformer2DModelConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let in_channels = match (cfg.in_channels, cfg.num_vector_embeds, cfg.patch_size) {
             (Some(c), None, None) => c,

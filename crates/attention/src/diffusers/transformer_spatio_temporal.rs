@@ -162,7 +162,7 @@ impl TransformerSpatioTemporalModel {
     pub const BLOCK: &'static str = "diffusers.TransformerSpatioTemporalModel";
 
     pub fn new(vb: VarBuilder, cfg: &TransformerSpatioTemporalModelConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg
             .in_channels

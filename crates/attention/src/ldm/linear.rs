@@ -25,7 +25,7 @@ impl LinearAttention {
     pub const BLOCK: &'static str = "ldm.LinearAttention";
 
     pub fn new(vb: VarBuilder, cfg: &LinearAttentionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let hidden = cfg.heads * cfg.dim_head;
         Ok(Self {
             to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,

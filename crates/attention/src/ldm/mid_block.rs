@@ -81,7 +81,7 @@ impl ResnetBlock {
     pub const BLOCK: &'static str = "ldm.ResnetBlock";
 
     pub fn new(vb: VarBuilder, cfg: &ResnetBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c, out) = (cfg.in_channels, cfg.out_channels.unwrap_or(cfg.in_channels));
         let shortcut = match (c != out, cfg.conv_shortcut) {
@@ -217,7 +217,7 @@ impl MidBlock {
 
     /// `vb` at the `mid.` prefix (e.g. `first_stage_model.decoder.mid`).
     pub fn new(vb: VarBuilder, cfg: &MidBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let resnet = ResnetBlockConfig {
             in_channels: cfg.in_channels,
             out_channels: Some(cfg.in_channels),

@@ -63,7 +63,7 @@ impl CrossAttention {
     pub const BLOCK: &'static str = "ldm.CrossAttention";
 
     pub fn new(vb: VarBuilder, cfg: &CrossAttentionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         // to_q/to_k/to_v Linear(.., bias=False), to_out = Sequential(Linear(inner, query_dim), Dropout),
         // scale dim_head ** -0.5 after q·kᵀ: diffusers' Attention with bias=False.
         let mut attn: AttentionConfig = config::from_json(
@@ -168,7 +168,7 @@ impl BasicTransformerBlock {
     pub const BLOCK: &'static str = "ldm.BasicTransformerBlock";
 
     pub fn new(vb: VarBuilder, cfg: &BasicTransformerBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Ok(Self(TransformerBlock::load(vb, Self::BLOCK, &cfg.spec())?))
     }
 
@@ -233,7 +233,7 @@ impl SpatialTransformer {
     pub const BLOCK: &'static str = "ldm.SpatialTransformer";
 
     pub fn new(vb: VarBuilder, cfg: &SpatialTransformerConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let inner = cfg.n_heads * cfg.d_head;
         if cfg.use_linear && inner != cfg.in_channels {

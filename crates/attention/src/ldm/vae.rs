@@ -129,7 +129,7 @@ impl AttnBlock {
     pub const BLOCK: &'static str = "ldm.AttnBlock";
 
     pub fn new(vb: VarBuilder, cfg: &AttnBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Ok(Self(VanillaAttention::new(Self::BLOCK, vb, cfg)?))
     }
 
@@ -156,7 +156,7 @@ impl SpatialSelfAttention {
     pub const BLOCK: &'static str = "ldm.SpatialSelfAttention";
 
     pub fn new(vb: VarBuilder, cfg: &SpatialSelfAttentionConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Ok(Self(VanillaAttention::new(Self::BLOCK, vb, cfg)?))
     }
 
@@ -191,7 +191,7 @@ impl LinAttnBlock {
     pub const BLOCK: &'static str = "ldm.LinAttnBlock";
 
     pub fn new(vb: VarBuilder, cfg: &LinAttnBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let c = cfg.in_channels;
         check_channels(Self::BLOCK, c)?;
         // super().__init__(dim=in_channels, heads=1, dim_head=in_channels)

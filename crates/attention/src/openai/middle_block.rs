@@ -83,7 +83,7 @@ impl ResBlock {
     pub const BLOCK: &'static str = "openai.ResBlock";
 
     pub fn new(vb: VarBuilder, cfg: &ResBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         if cfg.dims != 2 || cfg.up || cfg.down {
             return Err(Error::unsupported(
@@ -267,7 +267,7 @@ impl MiddleBlock {
 
     /// `vb` at `middle_block` (`model.diffusion_model.middle_block` in SD checkpoints).
     pub fn new(vb: VarBuilder, cfg: &MiddleBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let ch = cfg.channels;
         let positive = |name: &str, v: i64| -> Result<usize> {

@@ -146,7 +146,7 @@ impl AttentionBlock {
     pub const BLOCK: &'static str = "openai.AttentionBlock";
 
     pub fn new(vb: VarBuilder, cfg: &AttentionBlockConfig) -> Result<Self> {
-        crate::validate::config(Self::BLOCK, cfg)?;
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg.channels;
         let heads = cfg.heads(block)?;

@@ -22,7 +22,10 @@ pub(crate) enum Cap {
 pub(crate) fn cap() -> Result<Cap, String> {
     static CAP: std::sync::OnceLock<Result<Cap, String>> = std::sync::OnceLock::new();
     CAP.get_or_init(|| {
-        crate::setting::choice("UNET_ATTENTION_ISA", &[("auto", Cap::Auto), ("avx2", Cap::Avx2), ("none", Cap::None)])
+        crate::setting::choice(
+            "UNET_ATTENTION_ISA",
+            &[("auto", Cap::Auto), ("avx2", Cap::Avx2), ("none", Cap::None)],
+        )
     })
     .clone()
 }
