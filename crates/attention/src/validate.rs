@@ -145,6 +145,44 @@ pub(crate) fn config<C: serde::Serialize>(block: &'static str, cfg: &C) -> Resul
     crate::config::check_integers(block, &value, "")
 }
 
+/// The arguments of the attention core ([`crate::sdpa::sdpa`], [`crate::sdpa::eager_attention`],
+/// named `func`): `q`, `k`, `v` float tensors of one dtype and one rank ≥ 2, no dimension 0,
+/// `q` and `k` with one head dim, `k` and `v` with one length; `mask` a float tensor (PyTorch's
+/// SDPA refuses `uint8` masks: a boolean mask is turned additive by the block first).
+pub(crate) fn attention(func: &'static str, q: &Tensor, k: &Tensor, v: &Tensor, mask_: Option<&Tensor>) -> Result<()> {
+    input(func, "q", q, &[])?;
+    for (name, t) in [("k", k), ("v", v)] {
+        input(func, name, t, &[])?;
+        same_dtype(func, name, t, "q", q)?;
+    }
+    if q.rank() < 2 || k.rank() != q.rank() || v.rank() != q.rank() {
+        return Err(Error::input(
+            func,
+            "q`, `k`, `v",
+            format!(
+                "expected one rank ≥ 2, found shapes {:?}, {:?}, {:?}",
+                q.dims(),
+                k.dims(),
+                v.dims()
+            ),
+        ));
+    }
+    let r = q.rank();
+    if q.dims()[r - 1] != k.dims()[r - 1] || k.dims()[r - 2] != v.dims()[r - 2] {
+        return Err(Error::input(
+            func,
+            "q`, `k`, `v",
+            format!(
+                "expected q (.., L, E), k (.., S, E), v (.., S, Ev), found {:?}, {:?}, {:?}",
+                q.dims(),
+                k.dims(),
+                v.dims()
+            ),
+        ));
+    }
+    mask(func, "mask", mask_, &[], false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
