@@ -61,7 +61,7 @@ pub(crate) fn shape(block: &'static str, name: &str, t: &Tensor, ranks: &[usize]
         return Err(Error::input(
             block,
             name,
-            format!("expected every dimension ≥ 1, found shape {:?}", t.dims()),
+            format!("expected every dimension ≥ 1, found {:?}", t.dims()),
         ));
     }
     Ok(())
