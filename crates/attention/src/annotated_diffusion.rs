@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 /// Keyword arguments of `Attention(dim, heads=4, dim_head=32)` and
 /// `LinearAttention(dim, heads=4, dim_head=32)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub dim: usize,
@@ -46,6 +46,7 @@ impl Attention {
     pub const BLOCK: &'static str = "annotated_diffusion.Attention";
 
     pub fn new(vb: VarBuilder, cfg: &Config) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let hidden = cfg.heads * cfg.dim_head;
         Ok(Self {
             to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,
@@ -58,6 +59,7 @@ impl Attention {
 impl Module for Attention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         let (b, _, h, w) = x.dims4()?;
         let [q, k, v] = self.to_qkv.forward(x)?;
         // Stages q, k, v: (B, H, N, D), q before its scale.
@@ -95,6 +97,7 @@ impl LinearAttention {
     pub const BLOCK: &'static str = "annotated_diffusion.LinearAttention";
 
     pub fn new(vb: VarBuilder, cfg: &Config) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let hidden = cfg.heads * cfg.dim_head;
         Ok(Self {
             to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,
@@ -108,6 +111,7 @@ impl LinearAttention {
 impl Module for LinearAttention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         let (b, _, h, w) = x.dims4()?;
         let [q, k, v] = self.to_qkv.forward(x)?;
         let out = linear_attention(&q, &k, &v, Some(self.scale))?.reshape((b, (), h, w))?;

@@ -23,7 +23,7 @@ pub fn from_json<T: DeserializeOwned>(block: &'static str, config: &serde_json::
 /// `3 * heads * dim_head` far from overflow, and a `depth` of 2^40 from allocating.
 pub const MAX_CONFIG_INT: u64 = 1 << 20;
 
-fn check_integers(block: &'static str, value: &serde_json::Value, key: &str) -> Result<()> {
+pub(crate) fn check_integers(block: &'static str, value: &serde_json::Value, key: &str) -> Result<()> {
     match value {
         serde_json::Value::Number(n) => {
             let magnitude = n.as_u64().or_else(|| n.as_i64().map(|i| i.unsigned_abs()));

@@ -28,14 +28,14 @@ use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 /// Keyword arguments of `SelfAttention(ni)` (both notebook classes).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SelfAttentionConfig {
     pub ni: usize,
 }
 
 /// Keyword arguments of `SelfAttentionMultiHead(ni, nheads)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SelfAttentionMultiHeadConfig {
     pub ni: usize,
@@ -79,6 +79,7 @@ impl SelfAttention {
     pub const BLOCK: &'static str = "fastai.SelfAttention";
 
     pub fn new(vb: VarBuilder, cfg: &SelfAttentionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let (block, ni) = (Self::BLOCK, cfg.ni);
         check_ni(block, ni)?;
         let fused = vb.contains_tensor("qkv.weight") || vb.contains_tensor("norm.running_mean");
@@ -113,6 +114,7 @@ impl SelfAttention {
 impl Module for SelfAttention {
     /// `x` / `inp`: `(n, ni, h, w)` → `(n, ni, h, w)`.
     fn forward(&self, inp: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "inp", inp, &[])?;
         let (_, _, h, w) = inp.dims4()?;
         // x.view(n, c, -1).transpose(1, 2) is a transposed view: PyTorch's Linear rounds twice
         // on it in half precision (`forward_tokens_strided`).
@@ -164,6 +166,7 @@ impl SelfAttentionMultiHead {
     pub const BLOCK: &'static str = "fastai.SelfAttentionMultiHead";
 
     pub fn new(vb: VarBuilder, cfg: &SelfAttentionMultiHeadConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let (block, ni) = (Self::BLOCK, cfg.ni);
         check_ni(block, ni)?;
         check_divides(block, ni, cfg.nheads)?;
@@ -181,6 +184,7 @@ impl SelfAttentionMultiHead {
 impl Module for SelfAttentionMultiHead {
     /// `inp`: `(n, ni, h, w)` → `(n, ni, h, w)`.
     fn forward(&self, inp: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "inp", inp, &[])?;
         let (_, _, h, w) = inp.dims4()?;
         let normed = self.norm.forward(inp)?;
         trace::record("norm", &normed);

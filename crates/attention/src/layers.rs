@@ -678,7 +678,7 @@ impl Module for Conv2d {
 
 /// The nonlinearities diffusers' `get_activation` names (`swish`/`silu`, `mish`, `gelu`,
 /// `relu`), elementwise in at least f32 and rounded once, as PyTorch's CPU kernels do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Activation {
     #[serde(alias = "silu")]

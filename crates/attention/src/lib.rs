@@ -58,8 +58,10 @@ pub mod layers;
 pub mod ldm;
 pub mod openai;
 pub mod sdpa;
+mod setting;
 pub mod textbook;
 pub mod torch;
 pub mod trace;
+mod validate;
 
 pub use error::{Error, Result};

@@ -22,7 +22,7 @@ use candle_nn::VarBuilder;
 use serde::{Deserialize, Deserializer};
 
 /// Keyword arguments of `Self_Attention(Dx, D, Dv)` (capitalised, as in Python).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SelfAttentionConfig {
     /// Input features.
@@ -50,6 +50,7 @@ impl SelfAttention {
     pub const BLOCK: &'static str = "textbook.SelfAttention";
 
     pub fn new(vb: VarBuilder, cfg: &SelfAttentionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         if cfg.d == 0 {
             return Err(Error::config(
                 Self::BLOCK,
@@ -69,6 +70,7 @@ impl SelfAttention {
 impl Module for SelfAttention {
     /// `x`: `(b, N, Dx)` (any number of leading dimensions, at least `(N, Dx)`) → `(b, N, Dv)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         let dims = x.dims().to_vec();
         if dims.len() < 2 {
             candle_core::bail!("{}: expected x of shape (.., N, Dx), found {dims:?}", Self::BLOCK);
@@ -94,7 +96,7 @@ impl Module for SelfAttention {
 /// Keyword arguments of `MultiHead_Attention`: either `(input_dim, nh, dh)` (first published
 /// form) or `(input_dim, d_all, nh)` (second form). Exactly one of `dh` and `d_all` must be
 /// given.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MultiHeadAttentionConfig {
     pub input_dim: usize,
@@ -169,6 +171,7 @@ impl MultiHeadAttention {
     pub const BLOCK: &'static str = "textbook.MultiHeadAttention";
 
     pub fn new(vb: VarBuilder, cfg: &MultiHeadAttentionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let (all, _dh, divisor) = cfg.resolve(Self::BLOCK)?;
         Ok(Self {
             q: Projection::load(vb.pp("q"), Self::BLOCK, cfg.input_dim, all, true)?,
@@ -184,6 +187,7 @@ impl MultiHeadAttention {
 impl Module for MultiHeadAttention {
     /// `x`: `(b, nq, input_dim)` → `(b, nq, nh·dh)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         // 'b nq (nh dh) -> b nh nq dh'
         let q = split_tokens(&self.q.forward_tokens(x)?, self.nh)?;
         let k = split_tokens(&self.k.forward_tokens(x)?, self.nh)?;

@@ -42,7 +42,7 @@ use std::collections::HashMap;
 /// Keyword arguments of `MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
 /// add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None, batch_first=False,
 /// device=None, dtype=None)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MultiheadAttentionConfig {
     pub embed_dim: usize,
@@ -161,6 +161,7 @@ impl MultiheadAttention {
     pub const BLOCK: &'static str = "torch.nn.MultiheadAttention";
 
     pub fn new(vb: VarBuilder, cfg: &MultiheadAttentionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         for (name, value) in [("device", &cfg.device), ("dtype", &cfg.dtype)] {
             if let Some(value) = value {
@@ -252,6 +253,11 @@ impl MultiheadAttention {
     /// heads or `(N, H, L, S)` (the batch dimension dropped for unbatched input), where `S`
     /// counts the appended `bias_k` / zero-attention keys.
     pub fn forward(&self, query: &Tensor, args: MultiheadAttentionArgs) -> Result<(Tensor, Option<Tensor>)> {
+        crate::validate::input(Self::BLOCK, "query", query, &[])?;
+        crate::validate::optional(Self::BLOCK, "key", args.key, &[])?;
+        crate::validate::optional(Self::BLOCK, "value", args.value, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "key_padding_mask", args.key_padding_mask)?;
+        crate::validate::optional_shape(Self::BLOCK, "attn_mask", args.attn_mask)?;
         let key = args.key.unwrap_or(query);
         let value = args.value.unwrap_or(key);
         let self_attention = key.id() == query.id() && value.id() == key.id();

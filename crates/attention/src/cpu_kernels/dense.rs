@@ -59,17 +59,14 @@ pub fn layer_path() -> Result<LayerPath> {
         _ => {}
     }
     static ENV: OnceLock<std::result::Result<LayerPath, String>> = OnceLock::new();
-    ENV.get_or_init(|| match std::env::var("UNET_ATTENTION_LAYERS") {
-        Ok(s) => match s.trim().to_ascii_lowercase().as_str() {
-            "" | "auto" => Ok(LayerPath::Auto),
-            "candle" => Ok(LayerPath::Candle),
-            "direct" => Ok(LayerPath::Direct),
-            "winograd" => Ok(LayerPath::Winograd),
-            _ => Err(format!(
-                "UNET_ATTENTION_LAYERS={s:?}: expected auto, direct, winograd or candle"
-            )),
-        },
-        Err(_) => Ok(LayerPath::Auto),
+    ENV.get_or_init(|| {
+        let choices = [
+            ("auto", LayerPath::Auto),
+            ("direct", LayerPath::Direct),
+            ("winograd", LayerPath::Winograd),
+            ("candle", LayerPath::Candle),
+        ];
+        crate::setting::choice("UNET_ATTENTION_LAYERS", &choices)
     })
     .clone()
     .map_err(candle_core::Error::msg)

@@ -59,7 +59,7 @@ impl Block {
 }
 
 /// Keyword arguments of `ResnetBlock(dim, dim_out, *, time_emb_dim=None, dropout=0.)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResnetBlockConfig {
     pub dim: usize,
@@ -85,6 +85,7 @@ impl ResnetBlock {
     pub const BLOCK: &'static str = "denoising_diffusion_pytorch.ResnetBlock";
 
     pub fn new(vb: VarBuilder, cfg: &ResnetBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         if cfg.dim == 0 || cfg.dim_out == 0 {
             return Err(Error::config(Self::BLOCK, "dim and dim_out must be greater than 0"));
         }
@@ -107,6 +108,8 @@ impl ResnetBlock {
     /// `forward(x, time_emb=None)`: `x` `(B, dim, H, W)`, `time_emb` `(B, time_emb_dim)` (used
     /// only when the block has an `mlp`, as in PyTorch).
     pub fn forward(&self, x: &Tensor, time_emb: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::optional(Self::BLOCK, "time_emb", time_emb, &[])?;
         if x.rank() != 4 || x.dim(1)? != self.dim {
             return Err(Error::input(
                 Self::BLOCK,
@@ -148,7 +151,7 @@ impl ResnetBlock {
 
 /// The `Unet` arguments that shape its bottleneck: `mid_dim = dim · dim_mults[-1]`,
 /// `time_emb_dim = 4 · dim`, `heads = attn_heads[-1]`, `dim_head = attn_dim_head[-1]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MidBlockConfig {
     /// `mid_dim`, the channels at the bottleneck.
@@ -191,6 +194,7 @@ impl MidBlock {
     /// `vb` at the `Unet`'s prefix (`model.` in a `GaussianDiffusion` state dict,
     /// `ema_model.model.` in its EMA's).
     pub fn new(vb: VarBuilder, cfg: &MidBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let resnet = ResnetBlockConfig {
             dim: cfg.dim,
             dim_out: cfg.dim,
@@ -213,6 +217,8 @@ impl MidBlock {
 
     /// `x` `(B, dim, H, W)`, `time_emb` `(B, time_emb_dim)` (the output of `Unet.time_mlp`).
     pub fn forward(&self, x: &Tensor, time_emb: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::optional(Self::BLOCK, "time_emb", time_emb, &[])?;
         let x = trace::scope("mid_block1", || self.mid_block1.forward(x, time_emb))?;
         let x = (trace::scope("mid_attn", || self.mid_attn.forward(&x))? + x)?;
         let out = trace::scope("mid_block2", || self.mid_block2.forward(&x, time_emb))?;

@@ -20,7 +20,7 @@ pub mod mid_block;
 pub use mid_block::{MidBlock, MidBlockConfig, ResnetBlock, ResnetBlockConfig};
 
 /// Keyword arguments of `Attention(dim, heads=4, dim_head=32, num_mem_kv=4, flash=False)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttentionConfig {
     pub dim: usize,
@@ -38,7 +38,7 @@ pub struct AttentionConfig {
 }
 
 /// Keyword arguments of `LinearAttention(dim, heads=4, dim_head=32, num_mem_kv=4)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LinearAttentionConfig {
     pub dim: usize,
@@ -78,6 +78,7 @@ impl Attention {
     pub const BLOCK: &'static str = "denoising_diffusion_pytorch.Attention";
 
     pub fn new(vb: VarBuilder, cfg: &AttentionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let hidden = cfg.heads * cfg.dim_head;
         Ok(Self {
             norm: RmsNorm::load(vb.pp("norm"), cfg.dim)?,
@@ -93,6 +94,7 @@ impl Attention {
 impl Module for Attention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         let (b, _, h, w) = x.dims4()?;
         let normed = self.norm.forward(x)?;
         trace::record("norm", &normed);
@@ -135,6 +137,7 @@ impl LinearAttention {
     pub const BLOCK: &'static str = "denoising_diffusion_pytorch.LinearAttention";
 
     pub fn new(vb: VarBuilder, cfg: &LinearAttentionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let hidden = cfg.heads * cfg.dim_head;
         Ok(Self {
             norm: RmsNorm::load(vb.pp("norm"), cfg.dim)?,
@@ -151,6 +154,7 @@ impl LinearAttention {
 impl Module for LinearAttention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         let (b, _, h, w) = x.dims4()?;
         let normed = self.norm.forward(x)?;
         trace::record("norm", &normed);

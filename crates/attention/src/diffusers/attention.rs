@@ -42,7 +42,7 @@ use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 /// Which diffusers attention processor produced the reference.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 pub enum Processor {
     /// `AttnProcessor2_0`: `F.scaled_dot_product_attention` with its default scale
     /// `1/sqrt(head_dim)`; ignores `scale_qk` and the upcast flags; applies `qk_norm`.
@@ -63,7 +63,7 @@ pub enum Processor {
     /// additive (0 = attend); every non-zero entry is filled. SD 2.x's `ATTN_PRECISION="fp32"`
     /// branch cannot run in half precision on the CPU (its `einsum` mixes f32 and f16), so the
     /// SD 1.x arithmetic is the one followed.
-    #[serde(skip)]
+    #[serde(skip_deserializing)]
     Ldm,
 }
 
@@ -84,7 +84,7 @@ impl Processor {
 
 /// `qk_norm` of `Attention.__init__`: the norm `norm_q`/`norm_k` apply to each head's queries
 /// and keys (`(B, heads, N, head_dim)`, over the last dimension) under `AttnProcessor2_0`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QkNorm {
     /// `nn.LayerNorm(dim_head, eps, elementwise_affine)`.
@@ -103,7 +103,7 @@ pub enum QkNorm {
 
 /// `cross_attention_norm` of `Attention.__init__`: the norm `norm_cross` applied to
 /// `encoder_hidden_states` when they are given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CrossAttentionNorm {
     /// `nn.LayerNorm(cross_attention_dim)` (eps 1e-5).
@@ -115,7 +115,7 @@ pub enum CrossAttentionNorm {
 
 /// Keyword arguments of `Attention.__init__` (0.42.1), plus `processor` naming the processor
 /// class that ran (absent: diffusers' default for the config).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttentionConfig {
     pub query_dim: usize,
@@ -408,6 +408,7 @@ impl Attention {
     pub const BLOCK: &'static str = "diffusers.Attention";
 
     pub fn new(vb: VarBuilder, cfg: &AttentionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let joint = [
             ("out_context_dim", cfg.out_context_dim.is_some()),
@@ -683,6 +684,9 @@ impl Attention {
         encoder_hidden_states: Option<&Tensor>,
         attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
         self.forward_with_temb(hidden_states, encoder_hidden_states, attention_mask, None)
     }
 
@@ -697,6 +701,10 @@ impl Attention {
         attention_mask: Option<&Tensor>,
         temb: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         if let Some(context) = encoder_hidden_states {
             self.check_context(hidden_states, context)?;
         }

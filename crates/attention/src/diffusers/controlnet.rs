@@ -40,7 +40,7 @@ fn cross_attn_type() -> String {
 /// arguments `ControlNetModel.__init__` passes to the mid block's class (what
 /// [`crate::diffusers::model_config`] derives from a ControlNet `config.json`). The zero
 /// convolution is `mid_block`'s `in_channels` square.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControlNetMidBlockConfig {
     /// `"UNetMidBlock2DCrossAttn"` (the default, every released ControlNet) or `"UNetMidBlock2D"`.
@@ -94,6 +94,7 @@ impl ControlNetMidBlock {
     pub const BLOCK: &'static str = "diffusers.ControlNetMidBlock";
 
     pub fn new(vb: VarBuilder, cfg: &ControlNetMidBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let vb_mid = vb.pp("mid_block");
         let (mid, channels) = match cfg.mid_block_type.as_str() {
             "UNetMidBlock2DCrossAttn" => {
@@ -146,6 +147,10 @@ impl ControlNetMidBlock {
         attention_mask: Option<&Tensor>,
         conditioning_scale: f64,
     ) -> Result<(Tensor, Tensor)> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
         let sample = trace::scope("mid_block", || match &self.mid {
             Mid::CrossAttn(m) => m.forward(hidden_states, temb, encoder_hidden_states, attention_mask, None),
             Mid::Plain(m) => m.forward(hidden_states, temb),

@@ -54,7 +54,7 @@ fn linear_default() -> Option<bool> {
 /// temb_channels=None, norm_num_groups=32, ctrl_max_norm_num_groups=32,
 /// transformer_layers_per_block=1, base_num_attention_heads=1, ctrl_num_attention_heads=1,
 /// cross_attention_dim=1024, upcast_attention=False, use_linear_projection=True)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControlNetXSCrossAttnMidBlock2DConfig {
     pub base_channels: usize,
@@ -163,6 +163,7 @@ impl ControlNetXSCrossAttnMidBlock2D {
     pub const BLOCK: &'static str = "diffusers.ControlNetXSCrossAttnMidBlock2D";
 
     pub fn new(vb: VarBuilder, cfg: &ControlNetXSCrossAttnMidBlock2DConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let (base, ctrl) = (cfg.base_channels, cfg.ctrl_channels);
         let (base_cfg, ctrl_cfg) = (cfg.mid_block(false)?, cfg.mid_block(true)?);
         let base_midblock = UNetMidBlock2DCrossAttn::new(vb.pp("base_midblock"), &base_cfg)?;
@@ -191,6 +192,12 @@ impl ControlNetXSCrossAttnMidBlock2D {
         conditioning_scale: f64,
         apply_control: bool,
     ) -> Result<(Tensor, Tensor)> {
+        crate::validate::input(Self::BLOCK, "hidden_states_base", hidden_states_base, &[])?;
+        crate::validate::input(Self::BLOCK, "hidden_states_ctrl", hidden_states_ctrl, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", joint.temb, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", joint.encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "attention_mask", joint.attention_mask)?;
+        crate::validate::optional_shape(Self::BLOCK, "encoder_attention_mask", joint.encoder_attention_mask)?;
         let base_mid = |h: &Tensor, m: &UNetMidBlock2DCrossAttn| {
             m.forward(
                 h,

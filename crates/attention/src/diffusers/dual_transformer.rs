@@ -35,7 +35,7 @@ use serde::Deserialize;
 
 /// The attributes a pipeline sets on a `DualTransformer2DModel` (not constructor arguments);
 /// [`Default`] is what the constructor leaves: `0.5`, `[77, 257]`, `[1, 0]`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DualMix {
     /// The weight of the first condition's update (`1 - mix_ratio` for the second's);
@@ -98,7 +98,7 @@ impl DualMix {
 /// activation_fn="geglu", num_embeds_ada_norm=None`), passed as they are to both
 /// `Transformer2DModel`s, plus the [`DualMix`] attributes as optional extra keys (`mix_ratio`,
 /// `condition_lengths`, `transformer_index_for_condition`; diffusers' defaults when absent).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DualTransformer2DModelConfig {
     #[serde(default = "sixteen")]
@@ -182,6 +182,7 @@ impl DualTransformer2DModel {
 
     /// Both transformers from `vb.pp("transformers").pp(0 / 1)`.
     pub fn new(vb: VarBuilder, cfg: &DualTransformer2DModelConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let t = cfg.transformer(Self::BLOCK)?;
         let vb = vb.pp("transformers");
         let transformers = [
@@ -220,6 +221,8 @@ impl DualTransformer2DModel {
         encoder_hidden_states: &Tensor,
         _attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::input(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
         let block = Self::BLOCK;
         if encoder_hidden_states.rank() != 3 {
             return Err(Error::input(

@@ -127,6 +127,7 @@ impl SinusoidalPositionalEmbedding {
 
     /// `x + pe[:, :seq_length]` on `x` `(B, seq_length, embed_dim)`, in `x`'s dtype.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         let n = x.dim(1)?;
         if n > self.max_seq_length {
             return Err(Error::input(

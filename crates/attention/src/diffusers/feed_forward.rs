@@ -16,7 +16,7 @@ use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 /// `FeedForward(activation_fn=...)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 pub enum ActivationFn {
     /// `GEGLU`: `hidden · gelu(gate)`, exact GELU.
     #[serde(rename = "geglu")]
@@ -75,6 +75,7 @@ impl ProjectIn {
 
 impl Module for ProjectIn {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input("diffusers.FeedForward", "x", x, &[])?;
         // GEGLU straight from the projection's GEMM where it runs (unless the trace wants the
         // projection's output).
         if self.activation == ActivationFn::Geglu && !trace::enabled() {
@@ -115,7 +116,7 @@ impl Module for ProjectIn {
 }
 
 /// Keyword arguments of `GEGLU(dim_in, dim_out, bias=True)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GegluConfig {
     pub dim_in: usize,
@@ -132,6 +133,7 @@ impl Geglu {
     pub const BLOCK: &'static str = "diffusers.GEGLU";
 
     pub fn new(vb: VarBuilder, cfg: &GegluConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Ok(Self(ProjectIn::load(
             vb.pp("proj"),
             Self::BLOCK,
@@ -146,6 +148,7 @@ impl Geglu {
 impl Module for Geglu {
     /// `hidden_states`: `(.., dim_in)` → `(.., dim_out)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         let out = self.0.forward(x)?;
         trace::record("output", &out);
         Ok(out)
@@ -154,7 +157,7 @@ impl Module for Geglu {
 
 /// Keyword arguments of `FeedForward(dim, dim_out=None, mult=4, dropout=0.0,
 /// activation_fn="geglu", final_dropout=False, inner_dim=None, bias=True)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FeedForwardConfig {
     pub dim: usize,
@@ -215,6 +218,7 @@ impl FeedForward {
     pub const BLOCK: &'static str = "diffusers.FeedForward";
 
     pub fn new(vb: VarBuilder, cfg: &FeedForwardConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Self::load(vb, Self::BLOCK, cfg, "net.0.proj")
     }
 
@@ -243,6 +247,7 @@ impl FeedForward {
 impl Module for FeedForward {
     /// `hidden_states`: `(.., dim)` → `(.., dim_out)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         let act = self.project_in.forward(x)?;
         trace::record("act", &act);
         let out = self.project_out.forward_tokens(&act)?;

@@ -99,7 +99,7 @@ pub(super) fn groups_32() -> Option<usize> {
 /// resnet_eps=1e-6, resnet_time_scale_shift="default", resnet_act_fn="swish", resnet_groups=32,
 /// attn_groups=None, resnet_pre_norm=True, add_attention=True, attention_head_dim=1,
 /// output_scale_factor=1.0)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UNetMidBlock2DConfig {
     pub in_channels: usize,
@@ -183,6 +183,7 @@ impl UNetMidBlock2D {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlock2D";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg.in_channels;
         let spatial = cfg.resnet_time_scale_shift == "spatial";
@@ -252,6 +253,8 @@ impl UNetMidBlock2D {
     /// `forward(hidden_states, temb=None)`: `(B, in_channels, H, W)`, `temb` `(B, temb_channels)`
     /// (the zq map `(B, temb_channels, h, w)` with `"spatial"`).
     pub fn forward(&self, hidden_states: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
         for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
             if let Some(attn) = attn {
@@ -265,7 +268,7 @@ impl UNetMidBlock2D {
 }
 
 /// `transformer_layers_per_block`: one count for every layer, or one per layer.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(untagged)]
 pub enum LayersPerBlock {
     One(usize),
@@ -288,7 +291,7 @@ fn cross_1280() -> usize {
 /// resnet_groups_out=None, resnet_pre_norm=True, num_attention_heads=1, output_scale_factor=1.0,
 /// cross_attention_dim=1280, dual_cross_attention=False, use_linear_projection=False,
 /// upcast_attention=False, attention_type="default")`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UNetMidBlock2DCrossAttnConfig {
     pub in_channels: usize,
@@ -440,6 +443,7 @@ impl UNetMidBlock2DCrossAttn {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlock2DCrossAttn";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DCrossAttnConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let dual = cfg.dual_transformer()?;
         let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
@@ -565,6 +569,11 @@ impl UNetMidBlock2DCrossAttn {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
+        crate::validate::optional_shape(Self::BLOCK, "encoder_attention_mask", encoder_attention_mask)?;
         let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
         for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
             h = trace::scope_at("attentions", i, || match attn {

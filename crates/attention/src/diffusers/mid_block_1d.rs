@@ -35,7 +35,7 @@ const TAPS: usize = 8;
 const EPS: f64 = 1e-5;
 
 /// Keyword arguments of `UNetMidBlock1D(mid_channels, in_channels, out_channels=None)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UNetMidBlock1DConfig {
     pub mid_channels: usize,
@@ -54,7 +54,8 @@ fn reflect_pad(x: &Tensor, left: usize, right: usize) -> candle_core::Result<Ten
     index.extend((0..l).map(|i| i as u32));
     index.extend((0..right).map(|i| (l - 2 - i) as u32));
     let index = Tensor::new(index, x.device())?;
-    x.index_select(&index, D::Minus1)
+    // Candle's index_select takes contiguous tensors only: a strided view is copied first.
+    x.contiguous()?.index_select(&index, D::Minus1)
 }
 
 /// Every second element of the last dimension from `start`, `n` of them (`x` long enough for
@@ -252,6 +253,7 @@ impl UNetMidBlock1D {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlock1D";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock1DConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c_in, mid) = (cfg.in_channels, cfg.mid_channels);
         let c_out = cfg.out_channels.unwrap_or(c_in);
@@ -287,6 +289,7 @@ impl UNetMidBlock1D {
     /// `forward(hidden_states, temb=None)`: `(B, in_channels, L)` → `(B, out_channels, 2·⌊L/2⌋)`,
     /// `L` at least 6 (the reflect padding around the halved length); `temb` is ignored.
     pub fn forward(&self, hidden_states: &Tensor, _temb: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
         let block = Self::BLOCK;
         let dims = hidden_states.dims();
         if dims.len() != 3 || dims[1] != self.in_channels || dims[2] < 6 {

@@ -152,7 +152,7 @@ fn check_groups(block: &'static str, channels: &[usize]) -> Result<()> {
 
 /// Keyword arguments of `MidResTemporalBlock1D(in_channels, out_channels, embed_dim,
 /// num_layers=1, add_downsample=False, add_upsample=False, non_linearity=None)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MidResTemporalBlock1DConfig {
     pub in_channels: usize,
@@ -181,6 +181,7 @@ impl MidResTemporalBlock1D {
     pub const BLOCK: &'static str = "diffusers.MidResTemporalBlock1D";
 
     pub fn new(vb: VarBuilder, cfg: &MidResTemporalBlock1DConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c_in, c_out, e) = (cfg.in_channels, cfg.out_channels, cfg.embed_dim);
         check_groups(block, &[c_out])?;
@@ -210,6 +211,8 @@ impl MidResTemporalBlock1D {
 
     /// `forward(hidden_states, temb)`: `(B, in_channels, L)`, `temb` `(B, embed_dim)`.
     pub fn forward(&self, hidden_states: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         let e = self.resnets[0].embed_dim;
         let t = check_inputs(Self::BLOCK, "hidden_states", hidden_states, temb, self.in_channels, e)?;
         let mut h = hidden_states.clone();
@@ -230,7 +233,7 @@ impl MidResTemporalBlock1D {
 }
 
 /// Keyword arguments of `ValueFunctionMidBlock1D(in_channels, out_channels, embed_dim)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ValueFunctionMidBlock1DConfig {
     pub in_channels: usize,
@@ -252,6 +255,7 @@ impl ValueFunctionMidBlock1D {
     pub const BLOCK: &'static str = "diffusers.ValueFunctionMidBlock1D";
 
     pub fn new(vb: VarBuilder, cfg: &ValueFunctionMidBlock1DConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c, o, e) = (cfg.in_channels, cfg.out_channels, cfg.embed_dim);
         check_groups(block, &[c / 2, c / 4])?;
@@ -278,6 +282,8 @@ impl ValueFunctionMidBlock1D {
 
     /// `forward(x, temb)`: `(B, in_channels, L)`, `temb` `(B, embed_dim)` → `(B, in // 4, ⌈⌈L/2⌉/2⌉)`.
     pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         let t = check_inputs(Self::BLOCK, "x", x, temb, self.in_channels, self.res1.embed_dim)?;
         let h = trace::scope("res1", || self.res1.forward(x, &t))?;
         let h = trace::scope("down1", || self.down1.forward(&h))?;

@@ -44,7 +44,7 @@ fn cross_1280() -> usize {
 /// resnet_groups=32, resnet_pre_norm=True, num_attention_heads=1, output_scale_factor=1.0,
 /// cross_attention_dim=1280, dual_cross_attention=False, use_linear_projection=True,
 /// upcast_attention=False)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UNetMidBlock3DCrossAttnConfig {
     pub in_channels: usize,
@@ -102,6 +102,7 @@ impl UNetMidBlock3DCrossAttn {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlock3DCrossAttn";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock3DCrossAttnConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
         let c = cfg.in_channels;
@@ -190,6 +191,10 @@ impl UNetMidBlock3DCrossAttn {
         attention_mask: Option<&Tensor>,
         num_frames: usize,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
         let _unused_as_in_diffusers = attention_mask;
         let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
         h = trace::scope("temp_convs.0", || self.temp_convs[0].forward(&h, num_frames))?;

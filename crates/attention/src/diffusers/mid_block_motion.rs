@@ -58,7 +58,7 @@ fn thirty_two() -> usize {
 /// use_linear_projection=False, upcast_attention=False, attention_type="default",
 /// temporal_num_attention_heads=1, temporal_cross_attention_dim=None, temporal_max_seq_length=32,
 /// temporal_transformer_layers_per_block=1)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UNetMidBlockCrossAttnMotionConfig {
     pub in_channels: usize,
@@ -160,6 +160,7 @@ impl UNetMidBlockCrossAttnMotion {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlockCrossAttnMotion";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlockCrossAttnMotionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         if cfg.dual_cross_attention {
             return Err(Error::unsupported(
@@ -257,6 +258,11 @@ impl UNetMidBlockCrossAttnMotion {
         encoder_attention_mask: Option<&Tensor>,
         num_frames: usize,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
+        crate::validate::optional_shape(Self::BLOCK, "encoder_attention_mask", encoder_attention_mask)?;
         let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
         let layers = self.attentions.iter().zip(&self.resnets[1..]).zip(&self.motion_modules);
         for (i, ((attn, resnet), motion)) in layers.enumerate() {

@@ -45,7 +45,7 @@ fn cross_1280() -> usize {
 /// cross_attention_dim=1280, skip_time_act=False, only_cross_attention=False,
 /// cross_attention_norm=None)`, plus `processor` (not a constructor argument): the processor
 /// class the attentions run.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UNetMidBlock2DSimpleCrossAttnConfig {
     pub in_channels: usize,
@@ -153,6 +153,7 @@ impl UNetMidBlock2DSimpleCrossAttn {
     }
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DSimpleCrossAttnConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg.in_channels;
         if c == 0 {
@@ -207,6 +208,11 @@ impl UNetMidBlock2DSimpleCrossAttn {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
+        crate::validate::optional_shape(Self::BLOCK, "encoder_attention_mask", encoder_attention_mask)?;
         let mask = match attention_mask {
             Some(m) => Some(m),
             None => encoder_hidden_states.and(encoder_attention_mask),

@@ -37,7 +37,7 @@ fn head_512() -> usize {
 
 /// Keyword arguments of `UNetMidBlockSpatioTemporal(in_channels, temb_channels, num_layers=1,
 /// transformer_layers_per_block=1, num_attention_heads=1, cross_attention_dim=1280)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UNetMidBlockSpatioTemporalConfig {
     pub in_channels: usize,
@@ -72,6 +72,7 @@ impl UNetMidBlockSpatioTemporal {
     pub const BLOCK: &'static str = "diffusers.UNetMidBlockSpatioTemporal";
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlockSpatioTemporalConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg.in_channels;
         let heads = cfg.num_attention_heads;
@@ -137,6 +138,10 @@ impl UNetMidBlockSpatioTemporal {
         encoder_hidden_states: Option<&Tensor>,
         image_only_indicator: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "image_only_indicator", image_only_indicator)?;
         let ioi = required_indicator(Self::BLOCK, image_only_indicator)?;
         let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb, ioi))?;
         for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
@@ -160,7 +165,7 @@ fn required_indicator<'a>(block: &'static str, ioi: Option<&'a Tensor>) -> Resul
 
 /// Keyword arguments of `MidBlockTemporalDecoder(in_channels, out_channels,
 /// attention_head_dim=512, num_layers=1, upcast_attention=False)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MidBlockTemporalDecoderConfig {
     pub in_channels: usize,
@@ -184,6 +189,7 @@ impl MidBlockTemporalDecoder {
     pub const BLOCK: &'static str = "diffusers.MidBlockTemporalDecoder";
 
     pub fn new(vb: VarBuilder, cfg: &MidBlockTemporalDecoderConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c_in, c_out) = (cfg.in_channels, cfg.out_channels);
         if cfg.num_layers == 0 {
@@ -246,6 +252,8 @@ impl MidBlockTemporalDecoder {
     /// `image_only_indicator` `(B, F)` (its values do not matter to the `learned` mixers; its
     /// shape gives the frame count).
     pub fn forward(&self, hidden_states: &Tensor, image_only_indicator: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "image_only_indicator", image_only_indicator)?;
         let ioi = required_indicator(Self::BLOCK, image_only_indicator)?;
         let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, None, ioi))?;
         if let Some(resnet) = self.resnets.get(1) {

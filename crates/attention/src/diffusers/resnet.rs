@@ -23,7 +23,7 @@ use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 /// `time_embedding_norm` of `ResnetBlock2D`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TimeEmbeddingNorm {
     /// The time embedding is added before `norm2`.
@@ -37,7 +37,7 @@ pub enum TimeEmbeddingNorm {
 /// non_linearity="swish", skip_time_act=False, time_embedding_norm="default", kernel=None,
 /// output_scale_factor=1.0, use_in_shortcut=None, up=False, down=False, conv_shortcut_bias=True,
 /// conv_2d_out_channels=None)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResnetBlock2DConfig {
     pub in_channels: usize,
@@ -122,6 +122,7 @@ impl ResnetBlock2D {
     pub const BLOCK: &'static str = "diffusers.ResnetBlock2D";
 
     pub fn new(vb: VarBuilder, cfg: &ResnetBlock2DConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         if cfg.up || cfg.down || cfg.kernel.is_some() {
             return Err(Error::unsupported(
@@ -229,6 +230,8 @@ impl ResnetBlock2D {
     /// `(B, temb_channels)`, required when the block has a `time_emb_proj`, ignored otherwise
     /// (as in diffusers).
     pub fn forward(&self, input_tensor: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "input_tensor", input_tensor, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         let block = Self::BLOCK;
         if input_tensor.rank() != 4 || input_tensor.dim(1)? != self.in_channels {
             return Err(Error::input(

@@ -28,7 +28,7 @@ use candle_nn::VarBuilder;
 /// time_embedding_norm="spatial", output_scale_factor=1.0, use_in_shortcut=None,
 /// conv_shortcut_bias=True, conv_2d_out_channels=None)` that a mid block sets; `temb_channels` is
 /// the channel count of `zq`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct ResnetBlockCondNorm2DConfig {
     pub in_channels: usize,
     pub out_channels: usize,
@@ -55,6 +55,7 @@ impl ResnetBlockCondNorm2D {
     pub const BLOCK: &'static str = "diffusers.ResnetBlockCondNorm2D";
 
     pub fn new(vb: VarBuilder, cfg: &ResnetBlockCondNorm2DConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c_in, c_out, zq) = (cfg.in_channels, cfg.out_channels, cfg.temb_channels);
         if c_in == 0 || c_out == 0 || zq == 0 {
@@ -98,6 +99,8 @@ impl ResnetBlockCondNorm2D {
     /// `forward(input_tensor, temb)`: `input_tensor` `(B, in_channels, H, W)`, `temb` the quantized
     /// latent `zq` `(B, temb_channels, h, w)` (nearest-resized to `(H, W)`).
     pub fn forward(&self, input_tensor: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "input_tensor", input_tensor, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         let zq = self.check_inputs(input_tensor, temb)?;
         let norm = |n: &SpatialNorm, x: &Tensor, stage: &str| -> candle_core::Result<Tensor> {
             let normed = n.forward(x, zq)?;

@@ -33,7 +33,7 @@ use candle_core::{DType, Module, Tensor};
 use candle_nn::VarBuilder;
 
 /// `AlphaBlender(merge_strategy=...)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MergeStrategy {
     /// `alpha = mix_factor` (a buffer).
@@ -122,6 +122,9 @@ impl AlphaBlender {
         x_temporal: &Tensor,
         image_only_indicator: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x_spatial", x_spatial, &[])?;
+        crate::validate::input(Self::BLOCK, "x_temporal", x_temporal, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "image_only_indicator", image_only_indicator)?;
         let dtype = x_spatial.dtype();
         let alpha = self.alpha(image_only_indicator, x_spatial)?;
         let rest = rounded(dtype, || upcast(&alpha)?.affine(-1.0, 1.0))?;
@@ -270,6 +273,9 @@ impl SpatioTemporalResBlock {
         temb: Option<&Tensor>,
         image_only_indicator: &Tensor,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
+        crate::validate::input(Self::BLOCK, "image_only_indicator", image_only_indicator, &[])?;
         let block = Self::BLOCK;
         let h = trace::scope("spatial_res_block", || {
             self.spatial_res_block.forward(hidden_states, temb)

@@ -86,6 +86,7 @@ impl FrameConv {
 
     /// `x` `(B, C, F, H, W)` → `(B, out, F, H, W)`.
     pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input("diffusers.TemporalConvLayer", "x", x, &[])?;
         let (b, c, f, h, w) = x.dims5()?;
         let x32 = upcast(x)?.reshape((b, c, f, h * w))?.pad_with_zeros(2, 1, 1)?;
         let weight = self.weight.to_dtype(x32.dtype())?;
@@ -97,7 +98,7 @@ impl FrameConv {
 }
 
 /// Keyword arguments of `TemporalConvLayer(in_dim, out_dim=None, dropout=0.0, norm_num_groups=32)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TemporalConvLayerConfig {
     pub in_dim: usize,
@@ -124,6 +125,7 @@ impl TemporalConvLayer {
     pub const BLOCK: &'static str = "diffusers.TemporalConvLayer";
 
     pub fn new(vb: VarBuilder, cfg: &TemporalConvLayerConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c, out) = (cfg.in_dim, cfg.out_dim.unwrap_or(cfg.in_dim));
         if out != c {
@@ -151,6 +153,7 @@ impl TemporalConvLayer {
     /// `forward(hidden_states, num_frames=1)` on `(B·F, C, H, W)`. Stages `norm1`..`norm4` and
     /// `conv1`..`conv4` are `(B, C, F, H, W)`, as PyTorch holds them.
     pub fn forward(&self, hidden_states: &Tensor, num_frames: usize) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
         let (b, h, w, bf) = split_frames(Self::BLOCK, hidden_states, self.channels, num_frames)?;
         let c = self.channels;
         let identity = hidden_states
@@ -176,7 +179,7 @@ impl TemporalConvLayer {
 /// cross_attention_dim=None, attention_bias=False, sample_size=None, activation_fn="geglu",
 /// norm_elementwise_affine=True, double_self_attention=True, positional_embeddings=None,
 /// num_positional_embeddings=None)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransformerTemporalModelConfig {
     #[serde(default = "sixteen")]
@@ -230,6 +233,7 @@ impl TransformerTemporalModel {
     pub const BLOCK: &'static str = "diffusers.TransformerTemporalModel";
 
     pub fn new(vb: VarBuilder, cfg: &TransformerTemporalModelConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg
             .in_channels
@@ -277,6 +281,8 @@ impl TransformerTemporalModel {
         encoder_hidden_states: Option<&Tensor>,
         num_frames: usize,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
         let (b, h, w, bf) = split_frames(Self::BLOCK, hidden_states, self.channels, num_frames)?;
         let (c, f) = (self.channels, num_frames);
         let video = hidden_states.reshape((b, f, c, h, w))?.permute((0, 2, 1, 3, 4))?;

@@ -122,6 +122,14 @@ impl TransformerBlock {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input("diffusers.BasicTransformerBlock", "hidden_states", hidden_states, &[])?;
+        crate::validate::optional("diffusers.BasicTransformerBlock", "context", context, &[])?;
+        crate::validate::optional_shape("diffusers.BasicTransformerBlock", "attention_mask", attention_mask)?;
+        crate::validate::optional_shape(
+            "diffusers.BasicTransformerBlock",
+            "encoder_attention_mask",
+            encoder_attention_mask,
+        )?;
         let out = self.forward_unrecorded(hidden_states, context, attention_mask, encoder_attention_mask)?;
         trace::record("output", &out);
         Ok(out)
@@ -215,6 +223,14 @@ impl SpatialTransformer {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input("diffusers.Transformer2DModel", "x", x, &[])?;
+        crate::validate::optional("diffusers.Transformer2DModel", "context", context, &[])?;
+        crate::validate::optional_shape("diffusers.Transformer2DModel", "attention_mask", attention_mask)?;
+        crate::validate::optional_shape(
+            "diffusers.Transformer2DModel",
+            "encoder_attention_mask",
+            encoder_attention_mask,
+        )?;
         let contexts = vec![context; self.blocks.len()];
         self.run(x, &contexts, attention_mask, encoder_attention_mask)
     }
@@ -227,6 +243,16 @@ impl SpatialTransformer {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input("diffusers.Transformer2DModel", "x", x, &[])?;
+        for t in contexts {
+            crate::validate::input("diffusers.Transformer2DModel", "contexts", t, &[])?;
+        }
+        crate::validate::optional_shape("diffusers.Transformer2DModel", "attention_mask", attention_mask)?;
+        crate::validate::optional_shape(
+            "diffusers.Transformer2DModel",
+            "encoder_attention_mask",
+            encoder_attention_mask,
+        )?;
         if contexts.len() < self.blocks.len() {
             return Err(Error::input(
                 "SpatialTransformer",
@@ -286,7 +312,7 @@ impl SpatialTransformer {
 }
 
 /// Keyword arguments of `BasicTransformerBlock.__init__` (0.42.1).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BasicTransformerBlockConfig {
     pub dim: usize,
@@ -411,6 +437,7 @@ impl BasicTransformerBlock {
     pub const BLOCK: &'static str = "diffusers.BasicTransformerBlock";
 
     pub fn new(vb: VarBuilder, cfg: &BasicTransformerBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Ok(Self(TransformerBlock::load(vb, Self::BLOCK, &cfg.spec(Self::BLOCK)?)?))
     }
 
@@ -423,6 +450,10 @@ impl BasicTransformerBlock {
         encoder_hidden_states: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "encoder_attention_mask", encoder_attention_mask)?;
         if hidden_states.rank() != 3 {
             return Err(Error::input(
                 Self::BLOCK,
@@ -441,7 +472,7 @@ impl BasicTransformerBlock {
 
 /// Keyword arguments of `Transformer2DModel.__init__` (0.42.1). Only the continuous-input,
 /// layer-norm configuration (the U-Net bottleneck) is implemented; the others are rejected.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Transformer2DModelConfig {
     #[serde(default = "sixteen")]
@@ -521,6 +552,7 @@ impl Transformer2DModel {
     pub const BLOCK: &'static str = "diffusers.Transformer2DModel";
 
     pub fn new(vb: VarBuilder, cfg: &Transformer2DModelConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let in_channels = match (cfg.in_channels, cfg.num_vector_embeds, cfg.patch_size) {
             (Some(c), None, None) => c,
@@ -583,6 +615,10 @@ impl Transformer2DModel {
         attention_mask: Option<&Tensor>,
         encoder_attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
+        crate::validate::optional_shape(Self::BLOCK, "encoder_attention_mask", encoder_attention_mask)?;
         if hidden_states.rank() != 4 {
             return Err(Error::input(
                 Self::BLOCK,

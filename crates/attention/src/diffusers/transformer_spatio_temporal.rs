@@ -40,7 +40,7 @@ fn c320() -> Option<usize> {
 /// Keyword arguments of `TransformerSpatioTemporalModel(num_attention_heads=16,
 /// attention_head_dim=88, in_channels=320, out_channels=None, num_layers=1,
 /// cross_attention_dim=None)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransformerSpatioTemporalModelConfig {
     #[serde(default = "sixteen")]
@@ -162,6 +162,7 @@ impl TransformerSpatioTemporalModel {
     pub const BLOCK: &'static str = "diffusers.TransformerSpatioTemporalModel";
 
     pub fn new(vb: VarBuilder, cfg: &TransformerSpatioTemporalModelConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg
             .in_channels
@@ -216,6 +217,9 @@ impl TransformerSpatioTemporalModel {
         encoder_hidden_states: Option<&Tensor>,
         image_only_indicator: &Tensor,
     ) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
+        crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
+        crate::validate::input(Self::BLOCK, "image_only_indicator", image_only_indicator, &[])?;
         let block = Self::BLOCK;
         let dims = hidden_states.dims();
         if dims.len() != 4 || dims[1] != self.channels {

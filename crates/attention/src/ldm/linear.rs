@@ -25,6 +25,7 @@ impl LinearAttention {
     pub const BLOCK: &'static str = "ldm.LinearAttention";
 
     pub fn new(vb: VarBuilder, cfg: &LinearAttentionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let hidden = cfg.heads * cfg.dim_head;
         Ok(Self {
             to_qkv: FusedQkvConv::load(vb.pp("to_qkv"), Self::BLOCK, cfg.dim, cfg.heads, cfg.dim_head)?,
@@ -36,6 +37,7 @@ impl LinearAttention {
 impl Module for LinearAttention {
     /// `x`: `(B, dim, H, W)` → `(B, dim, H, W)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         let (b, _, h, w) = x.dims4()?;
         // '(qkv heads c)' has the same channel order as chunk(3) followed by '(heads c)'.
         let [q, k, v] = self.to_qkv.forward(x)?;

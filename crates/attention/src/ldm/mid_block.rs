@@ -45,7 +45,7 @@ fn nonlinearity(x: &Tensor) -> candle_core::Result<Tensor> {
 
 /// Keyword arguments of `ResnetBlock(*, in_channels, out_channels=None, conv_shortcut=False,
 /// dropout, temb_channels=512)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResnetBlockConfig {
     pub in_channels: usize,
@@ -81,6 +81,7 @@ impl ResnetBlock {
     pub const BLOCK: &'static str = "ldm.ResnetBlock";
 
     pub fn new(vb: VarBuilder, cfg: &ResnetBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let (c, out) = (cfg.in_channels, cfg.out_channels.unwrap_or(cfg.in_channels));
         let shortcut = match (c != out, cfg.conv_shortcut) {
@@ -105,6 +106,8 @@ impl ResnetBlock {
     /// `forward(x, temb)`: `x` `(B, in_channels, H, W)`; `temb` `(B, temb_channels)` or `None`
     /// (a `temb` for a block without `temb_proj` is an error, as in PyTorch).
     pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         let block = Self::BLOCK;
         if x.rank() != 4 || x.dim(1)? != self.in_channels {
             return Err(Error::input(
@@ -167,7 +170,7 @@ impl ResnetBlock {
 }
 
 /// `make_attn`'s `attn_type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttnType {
     Vanilla,
@@ -182,7 +185,7 @@ fn vanilla() -> AttnType {
 /// The `Model`/`Encoder`/`Decoder` arguments that shape the mid block: `in_channels = block_in`
 /// (`ch · ch_mult[-1]`), `temb_channels = temb_ch` (`4 · ch` for the DDPM `Model`, `0` for the
 /// VAE), `attn_type`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MidBlockConfig {
     pub in_channels: usize,
@@ -214,6 +217,7 @@ impl MidBlock {
 
     /// `vb` at the `mid.` prefix (e.g. `first_stage_model.decoder.mid`).
     pub fn new(vb: VarBuilder, cfg: &MidBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let resnet = ResnetBlockConfig {
             in_channels: cfg.in_channels,
             out_channels: Some(cfg.in_channels),
@@ -237,6 +241,8 @@ impl MidBlock {
 
     /// `x` `(B, in_channels, H, W)`; `temb` `(B, temb_channels)`, `None` for the VAE.
     pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         let h = trace::scope("block_1", || self.block_1.forward(x, temb))?;
         let h = trace::scope("attn_1", || -> Result<Tensor> {
             let h = match &self.attn_1 {

@@ -33,7 +33,7 @@ use serde::Deserialize;
 
 /// Keyword arguments of `CrossAttention(query_dim, context_dim=None, heads=8, dim_head=64,
 /// dropout=0.)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CrossAttentionConfig {
     pub query_dim: usize,
@@ -63,6 +63,7 @@ impl CrossAttention {
     pub const BLOCK: &'static str = "ldm.CrossAttention";
 
     pub fn new(vb: VarBuilder, cfg: &CrossAttentionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         // to_q/to_k/to_v Linear(.., bias=False), to_out = Sequential(Linear(inner, query_dim), Dropout),
         // scale dim_head ** -0.5 after q·kᵀ: diffusers' Attention with bias=False.
         let mut attn: AttentionConfig = config::from_json(
@@ -83,6 +84,9 @@ impl CrossAttention {
     /// `(B, S, context_dim)`, `mask` boolean (as `U8`, non-zero = attend) `(B, ...)` with S
     /// elements per batch item.
     pub fn forward(&self, x: &Tensor, context: Option<&Tensor>, mask: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::optional(Self::BLOCK, "context", context, &[])?;
+        crate::validate::optional_shape(Self::BLOCK, "mask", mask)?;
         let bias = match mask {
             Some(m) => Some(mask_bias(m)?),
             None => None,
@@ -104,7 +108,7 @@ fn mask_bias(mask: &Tensor) -> Result<Tensor> {
 
 /// Keyword arguments of `BasicTransformerBlock(dim, n_heads, d_head, dropout=0.,
 /// context_dim=None, gated_ff=True, checkpoint=True[, disable_self_attn=False])` (SD 1.x / 2.x).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BasicTransformerBlockConfig {
     pub dim: usize,
@@ -164,11 +168,14 @@ impl BasicTransformerBlock {
     pub const BLOCK: &'static str = "ldm.BasicTransformerBlock";
 
     pub fn new(vb: VarBuilder, cfg: &BasicTransformerBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Ok(Self(TransformerBlock::load(vb, Self::BLOCK, &cfg.spec())?))
     }
 
     /// `forward(x, context=None)`: `x` `(B, N, dim)`.
     pub fn forward(&self, x: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::optional(Self::BLOCK, "context", context, &[])?;
         if x.rank() != 3 {
             return Err(Error::input(
                 Self::BLOCK,
@@ -184,7 +191,7 @@ impl BasicTransformerBlock {
 /// without context (its `attn2` attends to `x`). SD 2.x indexes the list by depth, so
 /// `context_dim=[None]` is how that tree builds a transformer without context (`None` itself
 /// fails there at `context_dim[d]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(untagged)]
 pub enum ContextDim {
     One(usize),
@@ -193,7 +200,7 @@ pub enum ContextDim {
 
 /// Keyword arguments of `SpatialTransformer(in_channels, n_heads, d_head, depth=1, dropout=0.,
 /// context_dim=None[, disable_self_attn=False, use_linear=False, use_checkpoint=True])`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpatialTransformerConfig {
     pub in_channels: usize,
@@ -226,6 +233,7 @@ impl SpatialTransformer {
     pub const BLOCK: &'static str = "ldm.SpatialTransformer";
 
     pub fn new(vb: VarBuilder, cfg: &SpatialTransformerConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let inner = cfg.n_heads * cfg.d_head;
         if cfg.use_linear && inner != cfg.in_channels {
@@ -281,6 +289,8 @@ impl SpatialTransformer {
     /// `forward(x, context=None)`: `x` `(B, C, H, W)`; one context serves every block (a list
     /// of identical contexts in SD2's terms).
     pub fn forward(&self, x: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::optional(Self::BLOCK, "context", context, &[])?;
         if x.rank() != 4 {
             return Err(Error::input(
                 Self::BLOCK,
@@ -293,6 +303,10 @@ impl SpatialTransformer {
 
     /// SD2's `forward(x, context=[c0, c1, ...])`: block `i` attends to `contexts[i]`.
     pub fn forward_per_block(&self, x: &Tensor, contexts: &[&Tensor]) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        for t in contexts {
+            crate::validate::input(Self::BLOCK, "contexts", t, &[])?;
+        }
         if x.rank() != 4 {
             return Err(Error::input(
                 Self::BLOCK,

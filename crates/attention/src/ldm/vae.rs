@@ -27,7 +27,7 @@ use serde::Deserialize;
 
 /// Keyword arguments of `AttnBlock(in_channels)`, `SpatialSelfAttention(in_channels)` and
 /// `LinAttnBlock(in_channels)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttnBlockConfig {
     pub in_channels: usize,
@@ -129,11 +129,13 @@ impl AttnBlock {
     pub const BLOCK: &'static str = "ldm.AttnBlock";
 
     pub fn new(vb: VarBuilder, cfg: &AttnBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Ok(Self(VanillaAttention::new(Self::BLOCK, vb, cfg)?))
     }
 
     /// The forward with the crate's errors: a wrong input shape is [`Error::Input`].
     pub fn forward_checked(&self, x: &Tensor) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         self.0.forward(x)
     }
 }
@@ -141,6 +143,7 @@ impl AttnBlock {
 impl Module for AttnBlock {
     /// `x`: `(B, C, H, W)` → `x + proj_out(attention(norm(x)))`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         self.0.forward(x).map_err(Into::into)
     }
 }
@@ -153,11 +156,13 @@ impl SpatialSelfAttention {
     pub const BLOCK: &'static str = "ldm.SpatialSelfAttention";
 
     pub fn new(vb: VarBuilder, cfg: &SpatialSelfAttentionConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         Ok(Self(VanillaAttention::new(Self::BLOCK, vb, cfg)?))
     }
 
     /// The forward with the crate's errors: a wrong input shape is [`Error::Input`].
     pub fn forward_checked(&self, x: &Tensor) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         self.0.forward(x)
     }
 }
@@ -165,6 +170,7 @@ impl SpatialSelfAttention {
 impl Module for SpatialSelfAttention {
     /// `x`: `(B, C, H, W)` → `x + proj_out(attention(norm(x)))`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         // q 'b c h w -> b (h w) c', k 'b c h w -> b c (h w)', einsum('bij,bjk->bik', q, k)
         // * int(c)**(-0.5), softmax(dim=2), v 'b c h w -> b c (h w)', w_ 'b i j -> b j i',
         // einsum('bij,bjk->bik', v, w_), 'b c (h w) -> b c h w', proj_out, x + h_:
@@ -185,6 +191,7 @@ impl LinAttnBlock {
     pub const BLOCK: &'static str = "ldm.LinAttnBlock";
 
     pub fn new(vb: VarBuilder, cfg: &LinAttnBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let c = cfg.in_channels;
         check_channels(Self::BLOCK, c)?;
         // super().__init__(dim=in_channels, heads=1, dim_head=in_channels)
@@ -201,6 +208,7 @@ impl LinAttnBlock {
 
     /// The forward with the crate's errors: a wrong input shape is [`Error::Input`].
     pub fn forward_checked(&self, x: &Tensor) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         check_image(Self::BLOCK, x, self.in_channels)?;
         Ok(self.attention.forward(x)?)
     }
@@ -209,6 +217,7 @@ impl LinAttnBlock {
 impl Module for LinAttnBlock {
     /// `x`: `(B, C, H, W)` → `(B, C, H, W)`; no norm, no residual.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         self.forward_checked(x).map_err(Into::into)
     }
 }

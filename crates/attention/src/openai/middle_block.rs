@@ -41,7 +41,7 @@ fn two() -> usize {
 }
 
 /// Keyword arguments of `ResBlock(...)` (see the module docs).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResBlockConfig {
     pub channels: usize,
@@ -83,6 +83,7 @@ impl ResBlock {
     pub const BLOCK: &'static str = "openai.ResBlock";
 
     pub fn new(vb: VarBuilder, cfg: &ResBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         if cfg.dims != 2 || cfg.up || cfg.down {
             return Err(Error::unsupported(
@@ -134,6 +135,8 @@ impl ResBlock {
 
     /// `forward(x, emb)`: `x` `(B, channels, H, W)`, `emb` `(B, emb_channels)`.
     pub fn forward(&self, x: &Tensor, emb: &Tensor) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::input(Self::BLOCK, "emb", emb, &[])?;
         let block = Self::BLOCK;
         if x.rank() != 4 || x.dim(1)? != self.channels {
             return Err(Error::input(
@@ -207,7 +210,7 @@ fn one() -> usize {
 /// AttentionBlock(ch, num_heads=num_heads, num_head_channels=dim_head, use_new_attention_order)
 /// SpatialTransformer(ch, num_heads, dim_head, depth=transformer_depth, context_dim, ...)
 /// ```
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MiddleBlockConfig {
     pub channels: usize,
@@ -264,6 +267,7 @@ impl MiddleBlock {
 
     /// `vb` at `middle_block` (`model.diffusion_model.middle_block` in SD checkpoints).
     pub fn new(vb: VarBuilder, cfg: &MiddleBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let ch = cfg.channels;
         let positive = |name: &str, v: i64| -> Result<usize> {
@@ -332,6 +336,9 @@ impl MiddleBlock {
     /// `forward(x, emb, context=None)` (`TimestepEmbedSequential`): `x` `(B, channels, H, W)`,
     /// `emb` `(B, emb_channels)`, `context` `(B, S, context_dim)` for the spatial transformer.
     pub fn forward(&self, x: &Tensor, emb: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::input(Self::BLOCK, "emb", emb, &[])?;
+        crate::validate::optional(Self::BLOCK, "context", context, &[])?;
         self.forward_with(x, emb, |t, h| t.forward(h, context))
     }
 
@@ -339,6 +346,11 @@ impl MiddleBlock {
     /// indexes `context[i]` per block, so `transformer_depth > 1` takes one context per depth).
     /// The middle block's attention must be a spatial transformer.
     pub fn forward_per_block(&self, x: &Tensor, emb: &Tensor, contexts: &[&Tensor]) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
+        crate::validate::input(Self::BLOCK, "emb", emb, &[])?;
+        for t in contexts {
+            crate::validate::input(Self::BLOCK, "contexts", t, &[])?;
+        }
         if matches!(self.attn, MiddleAttention::Attention(_)) {
             return Err(Error::input(
                 Self::BLOCK,

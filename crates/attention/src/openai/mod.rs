@@ -36,7 +36,7 @@ pub use middle_block::{MiddleBlock, MiddleBlockConfig, ResBlock, ResBlockConfig}
 
 /// Keyword arguments of `AttentionBlock(channels, num_heads=1, num_head_channels=-1,
 /// use_checkpoint=False, use_new_attention_order=False)`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttentionBlockConfig {
     pub channels: usize,
@@ -146,6 +146,7 @@ impl AttentionBlock {
     pub const BLOCK: &'static str = "openai.AttentionBlock";
 
     pub fn new(vb: VarBuilder, cfg: &AttentionBlockConfig) -> Result<Self> {
+        crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg.channels;
         let heads = cfg.heads(block)?;
@@ -182,6 +183,7 @@ impl AttentionBlock {
     /// The forward with the crate's errors: an input that is not `(B, C, *spatial)` with at
     /// least one spatial dimension is [`Error::Input`].
     pub fn forward_checked(&self, x: &Tensor) -> Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         let dims = x.dims();
         if dims.len() < 3 || dims[1] != self.channels {
             return Err(Error::input(
@@ -212,6 +214,7 @@ impl AttentionBlock {
 impl Module for AttentionBlock {
     /// `x`: `(B, C, *spatial)` → `(B, C, *spatial)`, residual inside.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::validate::input(Self::BLOCK, "x", x, &[])?;
         Ok(self.forward_checked(x)?)
     }
 }

@@ -255,6 +255,7 @@ pub fn sdpa_with(
     mask: Option<&Tensor>,
     scale: f64,
 ) -> Result<Tensor> {
+    crate::validate::attention("sdpa", q, k, v, mask)?;
     trace_probs(q, k, mask, Scale::Mul(scale));
     let fast_cpu = || cpu::supports(q, k, v, mask);
     match path {
@@ -404,6 +405,7 @@ pub fn eager_attention_with(
     mask: Option<&Tensor>,
     scale: Scale,
 ) -> Result<Tensor> {
+    crate::validate::attention("eager_attention", q, k, v, mask)?;
     trace_probs(q, k, mask, scale);
     match path {
         SdpaPath::Reference => eager_reference(q, k, v, mask, scale),

@@ -89,9 +89,9 @@ pub fn sdpa_path() -> Result<SdpaPath> {
         return Ok(p);
     }
     static ENV: OnceLock<std::result::Result<SdpaPath, String>> = OnceLock::new();
-    ENV.get_or_init(|| match std::env::var("UNET_ATTENTION_SDPA") {
-        Ok(s) if !s.trim().is_empty() => s.parse(),
-        _ => Ok(SdpaPath::Auto),
+    ENV.get_or_init(|| {
+        let choices = SdpaPath::ALL.map(|p| (p.name(), p));
+        crate::setting::choice("UNET_ATTENTION_SDPA", &choices)
     })
     .clone()
     .map_err(candle_core::Error::msg)

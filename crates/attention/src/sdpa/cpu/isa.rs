@@ -21,14 +21,11 @@ pub(crate) enum Cap {
 /// The setting, or the error an unparsable value gives.
 pub(crate) fn cap() -> Result<Cap, String> {
     static CAP: std::sync::OnceLock<Result<Cap, String>> = std::sync::OnceLock::new();
-    CAP.get_or_init(|| match std::env::var("UNET_ATTENTION_ISA") {
-        Err(_) => Ok(Cap::Auto),
-        Ok(s) => match s.trim().to_ascii_lowercase().as_str() {
-            "" | "auto" => Ok(Cap::Auto),
-            "avx2" => Ok(Cap::Avx2),
-            "none" => Ok(Cap::None),
-            _ => Err(format!("UNET_ATTENTION_ISA={s:?}: expected auto, avx2 or none")),
-        },
+    CAP.get_or_init(|| {
+        crate::setting::choice(
+            "UNET_ATTENTION_ISA",
+            &[("auto", Cap::Auto), ("avx2", Cap::Avx2), ("none", Cap::None)],
+        )
     })
     .clone()
 }
