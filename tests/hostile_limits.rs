@@ -146,9 +146,12 @@ fn inspect_reads_only_the_header_of_a_5gb_file() {
 fn check_leaves_a_3gb_stage_trace_on_the_disk() {
     let dir = scratch("limits-trace");
     let raw = RawBundle::read(&weights().join("textbook/self_attention_dx6_d5_dv7.safetensors"));
+    // The float32 stages' float64 deltas (bfloat16) are left out: the bundle's traces are
+    // optional to `check`, and this test is about one huge stage.
     let mut entries: Vec<Entry> = raw
         .tensors
         .iter()
+        .filter(|(_, t)| t.dtype() != candle_core::DType::BF16)
         .map(|(name, t)| {
             let (dtype, bytes) = match t.dtype() {
                 candle_core::DType::F32 => (

@@ -23,6 +23,9 @@ use unet_parity::bundle::{self, Bundle};
 use unet_parity::registry::{self, Runnable};
 use unet_parity::{prepare_bundle, Options};
 
+/// One attention entry point, called on prepared arguments.
+type AttentionCall<'a> = Box<dyn Fn() -> candle_core::Result<Tensor> + 'a>;
+
 mod common;
 
 /// What a call gave: `Ok`, `Err` (its message), or a panic (its message).
@@ -475,7 +478,7 @@ fn attention_core_returns_err() {
     let mut failures = vec![];
     for (case, [q, k, v], mask) in &cases {
         for path in [None, Some(sdpa::SdpaPath::Reference), Some(sdpa::SdpaPath::Chunked)] {
-            let calls: [(&str, Box<dyn Fn() -> candle_core::Result<Tensor>>); 2] = [
+            let calls: [(&str, AttentionCall); 2] = [
                 (
                     "sdpa",
                     Box::new(|| match path {

@@ -585,8 +585,11 @@ fn compare_across_dtypes(
         return compare(name, ours, reference, None, rtol, atol);
     }
     let mut report = crate::compare::compare_across_dtypes(name, ours, torch, reference, rtol, atol)?;
-    report.reason = report
-        .reason
-        .map(|why| format!("run in {} against the float64 output: {why}", dtype_name(dtype)));
+    report.reason = report.reason.map(|why| {
+        format!(
+            "run in {} against the float64 output, with PyTorch's own error in the bundle's dtype: {why}",
+            dtype_name(dtype)
+        )
+    });
     Ok(report)
 }

@@ -29,19 +29,26 @@ pub(crate) fn sizes() -> Sizes {
     })
 }
 
-/// The sizes `UNET_ATTENTION_CACHE` forces (`None`: the reported one), or why it cannot be read.
-pub(crate) fn setting() -> Result<(Option<usize>, Option<usize>), String> {
-    static SETTING: std::sync::OnceLock<Result<(Option<usize>, Option<usize>), String>> = std::sync::OnceLock::new();
+/// Forced `(L1d, L2)` sizes in bytes (`None`: the reported one).
+type Forced = (Option<usize>, Option<usize>);
+
+/// The sizes `UNET_ATTENTION_CACHE` forces, or why it cannot be read (a non-UTF-8 value is an
+/// error, as for the other settings).
+pub(crate) fn setting() -> Result<Forced, String> {
+    static SETTING: std::sync::OnceLock<Result<Forced, String>> = std::sync::OnceLock::new();
     SETTING
         .get_or_init(|| match std::env::var("UNET_ATTENTION_CACHE") {
-            Err(_) => Ok((None, None)),
+            Err(std::env::VarError::NotPresent) => Ok((None, None)),
+            Err(std::env::VarError::NotUnicode(s)) => Err(format!(
+                "UNET_ATTENTION_CACHE={s:?}: not valid UTF-8; expected e.g. l1d=48K,l2=2M"
+            )),
             Ok(s) => parse(&s).map_err(|e| format!("UNET_ATTENTION_CACHE={s:?}: {e}")),
         })
         .clone()
 }
 
 /// `l1d=48K,l2=2M` (keys optional, in any order; empty: nothing forced).
-fn parse(s: &str) -> Result<(Option<usize>, Option<usize>), String> {
+fn parse(s: &str) -> Result<Forced, String> {
     let (mut l1, mut l2) = (None, None);
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let Some((key, value)) = part.split_once('=') else {
