@@ -226,6 +226,7 @@ fn address_space_left() -> Option<u64> {
     if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
         return None;
     }
+    #[allow(clippy::unnecessary_cast)] // `rlim_t` is not u64 on every unix
     let cap = limit.rlim_cur as u64;
     let mapped = std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -310,12 +311,16 @@ pub fn check_bundle_fits(
     Err(crate::error::ParityError::Invalid {
         path: path.to_path_buf(),
         message: format!(
-            "checking it would take about {} of memory ({}), more than the limit of {} ({}); \
-             raise it with --max-memory if the machine has the memory",
+            "checking it would take about {} of memory ({}), more than the limit of {} ({}); {}",
             human(estimate.bytes),
             parts.join(", "),
             human(limit.bytes),
-            limit.from
+            limit.from,
+            if limit.from.contains("ulimit") {
+                "raise `ulimit -v` to check it"
+            } else {
+                "raise it with --max-memory if the machine has the memory"
+            }
         ),
     })
 }
