@@ -562,3 +562,101 @@ fn headers_of_too_many_tensors_are_refused_unparsed() {
     let (code, _, err) = cli(&["inspect", path.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
 }
+
+// ---- Issue 32, item 7: checked before the forward, nothing ignored silently ----
+
+/// An input tensor that `parity.inputs` does not list was silently not given to the block.
+#[test]
+fn an_input_tensor_not_listed_in_parity_inputs_is_named() {
+    let dir = scratch("unlisted-input");
+    let p = RawBundle::edited("textbook/self_attention_dx6_d5_dv7.safetensors", &dir, |b| {
+        let x = b.tensors["parity.input.x"].clone();
+        b.tensors.insert("parity.input.mask".into(), x);
+    });
+    expect_unusable(&p, &["`parity.input.mask`", "`parity.inputs`", "does not list it"]);
+}
+
+/// `--dtype` needs the float64 outputs: said before anything is built or run (a bundle whose
+/// block cannot even be built gets the float64 message, not the build's).
+#[test]
+fn dtype_without_float64_outputs_is_refused_before_the_forward() {
+    let dir = scratch("dtype-no-f64");
+    let p = RawBundle::edited(VAE, &dir, |b| {
+        b.tensors.retain(|k, _| !k.ends_with(".float64"));
+        b.tensors.remove("to_v.bias");
+    });
+    let (code, out, err) = cli(&["check", p.to_str().unwrap(), "--dtype", "f64"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("--dtype f64 needs `parity.output.out.float64`") || err.contains(".float64` to compare"),
+        "{err}"
+    );
+    assert!(!err.contains("to_v.bias"), "{err}");
+}
+
+/// `detect` on a parity bundle says what it is and what to run, exit 2 (it said "no mid block
+/// found", exit 0).
+#[test]
+fn detect_on_a_bundle_points_to_check() {
+    let bundle = weights().join(VAE);
+    let (code, out, err) = cli(&["detect", bundle.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("parity bundle") && err.contains("unet-parity check"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!out.contains("no mid block"), "{out}");
+}
+
+/// A config.json whose model has no down block, and one whose model has no mid block.
+#[test]
+fn config_json_without_down_or_mid_blocks() {
+    let dir = scratch("config-empty");
+    let bundle = weights().join("mid/unet_mid_block_2d_cross_attn_sd1_ref.safetensors");
+    let text = std::fs::read_to_string(weights().join("models/diffusers_sd1/config.json")).unwrap();
+    let write = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        edit(&mut json);
+        let path = dir.join(name);
+        std::fs::write(&path, json.to_string()).unwrap();
+        path
+    };
+    let empty = write("empty.json", &|j| j["down_block_types"] = serde_json::json!([]));
+    let (code, _, err) = cli(&["check", bundle.to_str().unwrap(), "--config", empty.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("`down_block_types` is empty"), "{err}");
+    let no_mid = write("no_mid.json", &|j| j["mid_block_type"] = serde_json::Value::Null);
+    let (code, _, err) = cli(&["check", bundle.to_str().unwrap(), "--config", no_mid.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the model has no mid block"), "{err}");
+    assert!(!err.contains("is , not"), "{err}");
+}
+
+/// A reader that closed its end of standard output (`EPIPE`: Rust ignores `SIGPIPE`, so every
+/// write fails with `BrokenPipe`) loses the table: exit 2, said on stderr (it was exit 0).
+#[test]
+fn a_closed_stdout_is_exit_2() {
+    struct Closed;
+    impl std::io::Write for Closed {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let folder = weights().join("textbook");
+    let mut err = vec![];
+    let code = unet_parity::cli::run(
+        ["unet-parity", "check", folder.to_str().unwrap()],
+        &mut Closed,
+        &mut err,
+    );
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("cannot write the output") && err.lines().count() == 1,
+        "{err}"
+    );
+}

@@ -234,3 +234,140 @@ fn show_draws_a_bounded_picture_of_250k_batch_items() {
     let (w, h, _) = common::read_png(&out.join("output_error.png"));
     assert!(w < 2000 && h < 2000, "{w}×{h}");
 }
+
+// ---- Issue 32, item 4: memory known before it is spent ----
+
+/// `torch.nn.MultiheadAttention` with `need_weights` at L = S = `l` tokens, batch first, one head
+/// of width 8: a 1 GB bundle at 16,384 tokens (its weights output), every tensor a hole.
+fn mha_with_weights(dir: &Path, l: usize) -> PathBuf {
+    let meta = HashMap::from([
+        ("parity.format".to_string(), "1".to_string()),
+        ("parity.block".into(), "torch.nn.MultiheadAttention".into()),
+        (
+            "parity.config".into(),
+            r#"{"embed_dim": 8, "num_heads": 1, "batch_first": true}"#.into(),
+        ),
+        ("parity.dtype".into(), "float32".into()),
+        ("parity.inputs".into(), r#"["query"]"#.into()),
+        ("parity.outputs".into(), r#"["attn_output", "attn_weights"]"#.into()),
+        ("parity.kwargs".into(), r#"{"need_weights": true}"#.into()),
+    ]);
+    let entries: Vec<Entry> = vec![
+        ("in_proj_weight".into(), "F32", vec![24, 8], None),
+        ("in_proj_bias".into(), "F32", vec![24], None),
+        ("out_proj.weight".into(), "F32", vec![8, 8], None),
+        ("out_proj.bias".into(), "F32", vec![8], None),
+        ("parity.input.query".into(), "F32", vec![1, l, 8], None),
+        ("parity.output.attn_output".into(), "F32", vec![1, l, 8], None),
+        ("parity.output.attn_weights".into(), "F32", vec![1, l, l], None),
+    ];
+    let path = dir.join(format!("mha_{l}.safetensors"));
+    sparse_safetensors(&path, &meta, &entries);
+    path
+}
+
+/// The one refusal line of a bundle too big for the memory.
+fn assert_refused(c: &common::Child, file: &str, limit_from: &str) {
+    assert_eq!(c.code, 2, "{}{}", c.out, c.err);
+    let errors: Vec<&str> = c.err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{}", c.err);
+    let e = errors[0];
+    assert!(
+        e.contains(file) && e.contains("of memory") && e.contains("more than the limit") && e.contains(limit_from),
+        "{e}"
+    );
+    assert!(!c.err.contains("memory allocation"), "{}", c.err);
+    assert!(c.took.as_secs() < 10, "{:?}", c.took);
+}
+
+/// MHA with `need_weights` at 16,384 tokens needs the whole (1, 1, L, S) score matrix three times
+/// over: refused under 4 GiB from its header, in one line (it aborted: "memory allocation of
+/// 2147483648 bytes failed", exit 134), also with `--max-memory 8G` (the address space left still
+/// bounds it) and under a lower `--max-memory`.
+#[test]
+fn mha_with_weights_at_16k_tokens_is_refused_before_it_runs() {
+    let dir = scratch("limits-mha");
+    let path = mha_with_weights(&dir, 16_384);
+    let file = path.to_str().unwrap();
+    assert_refused(&run_limited(&["check", file], &[]), "mha_16384", "ulimit -v");
+    assert_refused(
+        &run_limited(&["check", file, "--max-memory", "8G"], &[]),
+        "mha_16384",
+        "ulimit -v",
+    );
+    assert_refused(
+        &run_limited(&["check", file, "--max-memory", "1G"], &[]),
+        "mha_16384",
+        "--max-memory",
+    );
+    let pictures = dir.join("pictures");
+    let c = run_limited(&["show", file, "--out", pictures.to_str().unwrap()], &[]);
+    assert_refused(&c, "mha_16384", "ulimit -v");
+}
+
+/// A 940 MB textbook bundle (`x` of 2 × 7,300,000 × 8, its output and float64 twin): refused
+/// under 4 GiB (it aborted).
+#[test]
+fn a_940mb_textbook_bundle_is_refused_under_4gib() {
+    let dir = scratch("limits-textbook");
+    let n = 7_300_000;
+    let meta = HashMap::from([
+        ("parity.format".to_string(), "1".to_string()),
+        ("parity.block".into(), "textbook.SelfAttention".into()),
+        ("parity.config".into(), r#"{"Dx": 8, "D": 8, "Dv": 8}"#.into()),
+        ("parity.dtype".into(), "float32".into()),
+    ]);
+    let mut entries: Vec<Entry> = vec![];
+    for p in ["q", "k", "v"] {
+        entries.push((format!("{p}.weight"), "F32", vec![8, 8], None));
+        entries.push((format!("{p}.bias"), "F32", vec![8], None));
+    }
+    entries.push(("parity.input.x".into(), "F32", vec![2, n, 8], None));
+    entries.push(("parity.output.output".into(), "F32", vec![2, n, 8], None));
+    entries.push(("parity.output.output.float64".into(), "F64", vec![2, n, 8], None));
+    let path = dir.join("textbook_940mb.safetensors");
+    sparse_safetensors(&path, &meta, &entries);
+    assert!(std::fs::metadata(&path).unwrap().len() > 900_000_000);
+    assert_refused(
+        &run_limited(&["check", path.to_str().unwrap()], &[]),
+        "textbook_940mb",
+        "ulimit -v",
+    );
+}
+
+/// Small bundles pass under the default limit; `--max-memory` below their estimate refuses them.
+#[test]
+fn max_memory_sets_the_limit() {
+    let textbook = weights().join("textbook/self_attention_dx6_d5_dv7.safetensors");
+    let file = textbook.to_str().unwrap();
+    let c = run_limited(&["check", file], &[]);
+    assert_eq!(c.code, 0, "{}{}", c.out, c.err);
+    assert_refused(
+        &run_limited(&["check", file, "--max-memory", "1M"], &[]),
+        "self_attention",
+        "--max-memory",
+    );
+    let c = run_limited(&["check", file, "--max-memory", "lots"], &[]);
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(c.err.contains("expected a size"), "{}", c.err);
+}
+
+// ---- Issue 32, item 6: the thread count capped by the machine ----
+
+/// `RAYON_NUM_THREADS=100000` under 4 GiB: the pools could not be built (a rayon panic reported
+/// as an internal error for every bundle); capped to the CPUs, with a note.
+#[test]
+fn a_huge_thread_count_is_capped_by_the_machine() {
+    let folder = weights().join("textbook");
+    for var in ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"] {
+        let c = run_limited(&["check", folder.to_str().unwrap()], &[(var, "100000")]);
+        assert_eq!(c.code, 0, "{var}: {}{}", c.out, c.err);
+        assert!(c.out.contains("8 passed, 0 failed"), "{}", c.out);
+        assert!(
+            c.err.contains(&format!("note: {var}=100000 is more than the")),
+            "{}",
+            c.err
+        );
+        assert!(!c.err.contains("internal error"), "{}", c.err);
+    }
+}

@@ -171,6 +171,20 @@ pub fn prepare_bundle(bundle: &Bundle, opts: &Options) -> Result<Prepared> {
     bundle.check_values()?;
     let bundle_dtype = bundle.run_dtype()?;
     let dtype = opts.dtype.unwrap_or(bundle_dtype);
+    // A run in another dtype is compared with the float64 outputs: known missing before it runs.
+    if dtype != bundle_dtype {
+        if let Some(name) = bundle.outputs.iter().find(|n| bundle.output_f64(n).is_none()) {
+            return Err(ParityError::bundle(
+                path,
+                format!(
+                    "--dtype {} needs `parity.output.{name}.float64` to compare a run in another dtype than \
+                     the bundle's ({}), and the bundle lacks it",
+                    dtype_name(dtype),
+                    dtype_name(bundle_dtype)
+                ),
+            ));
+        }
+    }
     let weights = weight_source(bundle, opts)?;
     let (config, config_from) = block_config(bundle, opts, info.id, weights.location().as_deref())?;
     let vb = weights.var_builder(dtype, &opts.device);
@@ -187,9 +201,28 @@ pub fn prepare_bundle(bundle: &Bundle, opts: &Options) -> Result<Prepared> {
     })
 }
 
-/// The bundle's inputs and `parity.kwargs` must be ones the block's forward takes.
+/// The bundle's inputs and `parity.kwargs` must be ones the block's forward takes, and every
+/// input tensor it stores must be listed in `parity.inputs` (one left out would silently not be
+/// given to the block: PyTorch's outputs were computed with it).
 fn check_forward_args(bundle: &Bundle, info: &BlockInfo) -> Result<()> {
     let path = bundle.path.as_path();
+    let stored_inputs = bundle
+        .infos
+        .iter()
+        .filter_map(|i| i.name.strip_prefix(crate::bundle::INPUT_PREFIX));
+    for name in stored_inputs {
+        if !bundle.inputs.iter().any(|listed| listed == name) {
+            return Err(ParityError::bundle(
+                path,
+                format!(
+                    "tensor `{}{name}` is an input but `parity.inputs` ({}) does not list it; list it or \
+                     remove the tensor",
+                    crate::bundle::INPUT_PREFIX,
+                    bundle.inputs.join(", ")
+                ),
+            ));
+        }
+    }
     for name in &bundle.inputs {
         if !info.accepts_input(name) {
             return Err(ParityError::bundle(
@@ -519,10 +552,14 @@ fn block_config(
         })
         .or(matching.first())
         .ok_or_else(|| {
-            bad(format!(
-                "the model's mid block is {}, not {block}",
-                specs.iter().map(|s| s.block).collect::<Vec<_>>().join(", ")
-            ))
+            bad(if specs.is_empty() {
+                format!("the model has no mid block, and the bundle's block is {block}")
+            } else {
+                format!(
+                    "the model's mid block is {}, not {block}",
+                    specs.iter().map(|s| s.block).collect::<Vec<_>>().join(", ")
+                )
+            })
         })?;
     Ok((spec.config.clone(), Some(file.display().to_string())))
 }

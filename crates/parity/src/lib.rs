@@ -14,6 +14,7 @@ pub mod error;
 pub mod files;
 pub mod guard;
 pub mod hub;
+pub mod memory;
 pub mod pickle;
 pub mod registry;
 pub mod show;

@@ -126,10 +126,18 @@ impl<'a> StFile<'a> {
         })
     }
 
-    /// The bytes of one tensor of this file's header.
+    /// The bytes of one tensor of this file's header. An allocation the system refuses is an
+    /// `OutOfMemory` error, not an abort.
     pub fn read(&self, info: &TensorInfo) -> std::io::Result<Vec<u8>> {
         let (start, end) = info.data_offsets;
-        let mut bytes = vec![0u8; end - start];
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(end - start).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("cannot allocate {} bytes for a tensor", end - start),
+            )
+        })?;
+        bytes.resize(end - start, 0);
         self.source.read_at(self.data_start + start as u64, &mut bytes)?;
         Ok(bytes)
     }

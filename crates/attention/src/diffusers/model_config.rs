@@ -270,6 +270,12 @@ impl Cfg<'_> {
     /// `transformer_layers_per_block`) hold one entry per down block, and the counts among them
     /// are whole numbers (a `layers_per_block` of `1e308` is not a model).
     fn check_shapes(&self, default_blocks: usize) -> Result<()> {
+        // Every model class indexes its first down block (`block_out_channels[0]`): none is no model.
+        if matches!(self.0.get("down_block_types"), Some(Value::Array(types)) if types.is_empty()) {
+            return Err(bad(
+                "`down_block_types` is empty; the model has at least one down block",
+            ));
+        }
         let blocks = match (self.0.get("down_block_types"), self.0.get("block_out_channels")) {
             (Some(Value::Array(types)), _) => Some(types.len()),
             (_, Some(Value::Array(channels))) => Some(channels.len()),
@@ -604,6 +610,8 @@ pub(super) mod tests {
             e.contains("`attention_head_dim` has 1000000 entries") && e.contains("(4)"),
             "{e}"
         );
+        let e = err(&|c| c["down_block_types"] = json!([]));
+        assert!(e.contains("`down_block_types` is empty"), "{e}");
         let e = err(&|c| c["layers_per_block"] = json!(1e308));
         assert!(e.contains("`layers_per_block` must be a whole number"), "{e}");
         let e = err(&|c| c["cross_attention_dim"] = json!([768, 768]));

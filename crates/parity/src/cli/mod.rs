@@ -1,11 +1,12 @@
 //! The `unet-parity` command line. `main.rs` only forwards to [`run`], so the tests drive the
 //! exact code path the binary runs.
 
-use crate::bundle::{parse_dtype, Bundle};
+use crate::bundle::{parse_dtype, Bundle, Load};
 use crate::check::{check_file, Options, Report, WeightsFrom};
 use crate::error::ParityError;
 use crate::guard;
 use crate::hub::HubRepo;
+use crate::memory::Limit;
 use crate::weights::conversion_note;
 use clap::{Args, Parser, Subcommand};
 use print::{blocks, detect, inspect, line, print_table, print_trace};
@@ -13,6 +14,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 mod print;
+mod threads;
 
 /// Exit code: every bundle passed.
 pub const EXIT_PASS: i32 = 0;
@@ -89,6 +91,8 @@ enum Command {
         #[arg(long)]
         strict: bool,
         #[command(flatten)]
+        memory: MemoryArgs,
+        #[command(flatten)]
         hub: HubArgs,
     },
     /// Find the mid blocks in a checkpoint: family, variant, the config its keys tell and what
@@ -139,8 +143,37 @@ enum Command {
         #[arg(long)]
         allow_unknown_config: bool,
         #[command(flatten)]
+        memory: MemoryArgs,
+        #[command(flatten)]
         hub: HubArgs,
     },
+}
+
+/// The memory a bundle may take ([`crate::memory`]).
+#[derive(Args, Debug, Clone)]
+struct MemoryArgs {
+    /// Refuse a bundle whose estimated peak memory is above this (`8G`, `512M`, bytes; default:
+    /// the memory available, and the address space left under `ulimit -v`).
+    #[arg(long, value_name = "SIZE", value_parser = crate::memory::parse_size)]
+    max_memory: Option<u64>,
+}
+
+impl MemoryArgs {
+    /// The limit now: `--max-memory`, else the machine's (none where the machine tells none).
+    fn limit(&self) -> Option<Limit> {
+        match self.max_memory {
+            Some(bytes) => Some(Limit::given(bytes)),
+            None => Limit::from_machine(),
+        }
+    }
+
+    /// Refuse the bundle at `path` when it would not fit (see [`crate::memory`]).
+    fn check_fits(&self, path: &std::path::Path, load: Load, dtype: Option<&str>) -> Result<(), ParityError> {
+        match self.limit() {
+            Some(limit) => crate::memory::check_bundle_fits(path, load, dtype, &limit),
+            None => Ok(()),
+        }
+    }
 }
 
 fn parse_query(s: &str) -> Result<(usize, usize), String> {
@@ -194,11 +227,18 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     let (mut out, mut err) = (crate::terminal::Safe::new(out), crate::terminal::Safe::new(err));
+    threads::cap(&mut err);
     let code = run_unescaped(args, &mut out, &mut err);
-    // Output that could not be written (a full disk, /dev/full) is a failed run, said once; a
-    // reader that went away (`| head`) is not worth a message.
+    // Output that could not be written (a full disk, /dev/full, a reader that went away) is a
+    // failed run, said once: the table or the JSON was lost.
     match out.failed().map(|e| (e.kind(), e.to_string())) {
-        Some((std::io::ErrorKind::BrokenPipe, _)) => code,
+        Some((std::io::ErrorKind::BrokenPipe, _)) => {
+            let _ = writeln!(
+                err,
+                "error: cannot write the output: standard output was closed before everything was written"
+            );
+            EXIT_UNUSABLE
+        }
         Some((_, e)) => {
             let _ = writeln!(err, "error: cannot write the output: {e}");
             EXIT_UNUSABLE
@@ -239,6 +279,7 @@ where
             allow_unknown_config,
             trace,
             strict,
+            memory,
             hub,
         } => {
             let device = match open_device(device) {
@@ -267,7 +308,7 @@ where
                 trace,
                 strict,
             };
-            return check(&paths, &opts, json, out, err);
+            return check(&paths, &opts, &memory, json, out, err);
         }
         Command::Detect {
             file,
@@ -291,9 +332,11 @@ where
             prefix,
             config,
             allow_unknown_config,
+            memory,
             hub,
         } => guard::catch(&bundle, || {
             let (weights, model_config) = resolve_model(weights, prefix, config, &hub)?;
+            memory.check_fits(&bundle, Load::All, None)?;
             let opts = Options {
                 weights,
                 model_config,
@@ -390,7 +433,14 @@ pub fn open_device(spec: DeviceSpec) -> Result<candle_core::Device, String> {
     })
 }
 
-fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+fn check(
+    paths: &[PathBuf],
+    opts: &Options,
+    memory: &MemoryArgs,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
     let files = match crate::files::collect(paths) {
         Ok(found) => {
             let names = |paths: &[PathBuf]| {
@@ -422,7 +472,14 @@ fn check(paths: &[PathBuf], opts: &Options, json: bool, out: &mut dyn Write, err
     };
     let results: Vec<(PathBuf, Result<Report, ParityError>)> = files
         .iter()
-        .map(|f| (f.clone(), guard::catch(f, || check_file(f, opts))))
+        .map(|f| {
+            let load = if opts.trace { Load::All } else { Load::NoStages };
+            let checked = guard::catch(f, || {
+                memory.check_fits(f, load, opts.dtype.map(crate::check::dtype_name))?;
+                check_file(f, opts)
+            });
+            (f.clone(), checked)
+        })
         .collect();
     let passed = results.iter().filter(|(_, r)| matches!(r, Ok(r) if r.pass)).count();
     let failed = results.iter().filter(|(_, r)| matches!(r, Ok(r) if !r.pass)).count();

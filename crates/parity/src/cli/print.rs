@@ -11,6 +11,26 @@ use crate::registry;
 use std::io::Write;
 use std::path::PathBuf;
 
+/// `detect` reads model checkpoints: a parity bundle (safetensors with `parity.*` metadata) is
+/// not one, and saying "no mid block found" of it would mislead.
+fn refuse_bundle(file: &std::path::Path) -> Result<(), ParityError> {
+    let Ok((metadata, _)) = crate::bundle::read_header(file) else {
+        return Ok(());
+    };
+    if !metadata.keys().any(|k| k.starts_with("parity.")) {
+        return Ok(());
+    }
+    let block = metadata
+        .get("parity.block")
+        .map(|b| format!(" of `{}`", line(b)))
+        .unwrap_or_default();
+    Err(ParityError::Usage(format!(
+        "{}: this is a parity bundle{block}, not a model checkpoint: `detect` finds mid blocks in \
+         checkpoints; check the bundle with `unet-parity check {0}`, or list it with `unet-parity inspect {0}`",
+        line(&file.display().to_string())
+    )))
+}
+
 pub(super) fn detect(
     file: Option<PathBuf>,
     prefix: Option<&str>,
@@ -34,6 +54,7 @@ pub(super) fn detect(
             ))
         }
     };
+    refuse_bundle(&file)?;
     let ck = Checkpoint::open(&file)?;
     let mut found = crate::detect::detect(&ck, prefix);
     let mut config_note = None;

@@ -1,0 +1,395 @@
+//! Memory known before it is spent: an estimate of the peak memory checking a bundle takes,
+//! computed from its header alone (block id, `parity.kwargs`, `parity.config`, every tensor's
+//! dtype and shape), and the limit it is held to.
+//!
+//! **The estimate** adds what `check` holds at its peak ([`estimate`]):
+//! * the tensors it loads, in their stored dtype (the stage traces only with `--trace`), plus the
+//!   largest of them once more: the bytes read from the file before they become a tensor;
+//! * the weights and float inputs converted to the run dtype when stored in another one;
+//! * the forward's activations: [`ACTIVATIONS`] copies of the largest input or output, in the run
+//!   dtype (at least 4 bytes an element: half-precision blocks compute in f32 in places);
+//! * a score matrix the block forms whole: `torch.MultiheadAttention` with `need_weights` (the
+//!   default) forms the `(N, heads, L, S)` scores, their softmax and the head mean (3 copies);
+//!   a run in f64, f16 or bf16 may take the chunked reference path, whose score blocks are capped
+//!   at 2^24 elements (3 copies, 8 bytes each);
+//! * the comparison: [`COMPARE`] float64 copies of the largest output.
+//!
+//! The constants were calibrated by peak RSS (`examples/memory_peak.rs`) on committed bundles and
+//! on bundles scaled up to hundreds of megabytes: the estimate stays above the measured peak.
+//!
+//! **The limit** ([`Limit::from_machine`]): the memory the system reports available
+//! (`MemAvailable` in `/proc/meminfo`) and, when an address-space limit is set (`ulimit -v`,
+//! `RLIMIT_AS`), what of it this process has not yet mapped; `--max-memory` sets another.
+
+use crate::bundle::{Load, TensorInfo, FLOAT64_SUFFIX, INPUT_PREFIX, OUTPUT_PREFIX};
+use std::collections::BTreeMap;
+
+/// Copies of the largest input or output the forward holds at its peak (measured: up to 7 on the
+/// mid blocks, whose resnets keep a normalised, an activated and a convolved copy next to the
+/// residual; attention blocks 4–5).
+pub const ACTIVATIONS: u64 = 10;
+/// Float64 copies of the largest output the comparison holds (ours, PyTorch's and the float64
+/// twin as `f64` values, and one conversion in flight).
+pub const COMPARE: u64 = 5;
+/// What the process holds before any bundle: code, the thread pools, the allocator's arenas.
+pub const BASELINE: u64 = 64 << 20;
+/// The chunked reference attention's score block (`unet_attention::sdpa`, on the CPU).
+const SCORE_CHUNK: u64 = 1 << 24;
+
+/// An estimate of a check's peak memory, with its largest parts (for the refusal's message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Estimate {
+    pub bytes: u64,
+    /// `(what, bytes)`, the largest first.
+    pub parts: Vec<(&'static str, u64)>,
+}
+
+/// Bytes an element of a safetensors dtype (as [`TensorInfo::dtype`] spells it) takes; unknown
+/// dtypes count 8 (the reader refuses them anyway).
+fn stored_size(dtype: &str) -> u64 {
+    match dtype {
+        "bool" | "u8" | "i8" | "f8_e4m3" | "f8_e5m2" => 1,
+        "f16" | "bf16" | "i16" | "u16" => 2,
+        "f32" | "i32" | "u32" => 4,
+        _ => 8,
+    }
+}
+
+/// Bytes of an element of the run dtype (`float32`, `f16` ...; unknown: 4).
+fn run_size(run_dtype: &str) -> u64 {
+    match crate::bundle::parse_dtype(run_dtype) {
+        Some(d) => d.size_in_bytes() as u64,
+        None => 4,
+    }
+}
+
+fn elements(info: &TensorInfo) -> u64 {
+    info.shape.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64))
+}
+
+/// The peak memory of checking a bundle whose header holds `metadata` and `infos`, loading the
+/// tensors `load` names, run in `run_dtype` (`--dtype`, else `parity.dtype`, else float32).
+pub fn estimate(
+    metadata: &BTreeMap<String, String>,
+    infos: &[TensorInfo],
+    load: Load,
+    run_dtype: Option<&str>,
+) -> Estimate {
+    let stored_dtype = metadata.get("parity.dtype").map(String::as_str);
+    let run = run_size(run_dtype.or(stored_dtype).unwrap_or("float32"));
+    let loaded: Vec<&TensorInfo> = infos
+        .iter()
+        .filter(|i| load == Load::All || !i.name.starts_with(crate::trace::TRACE_PREFIX))
+        .collect();
+    let bytes_of = |i: &TensorInfo| elements(i).saturating_mul(stored_size(&i.dtype));
+    let tensors = loaded.iter().fold(0u64, |n, i| n.saturating_add(bytes_of(i)));
+    let reading = loaded.iter().map(|i| bytes_of(i)).max().unwrap_or(0);
+    // Weights (not `parity.*`) and inputs, converted when their float dtype is not the run's.
+    let converted = loaded
+        .iter()
+        .filter(|i| !i.name.starts_with("parity.") || i.name.starts_with(INPUT_PREFIX))
+        .filter(|i| i.dtype.starts_with('f') || i.dtype.starts_with("bf"))
+        .filter(|i| stored_size(&i.dtype) != run)
+        .fold(0u64, |n, i| n.saturating_add(elements(i).saturating_mul(run)));
+    let is_output = |i: &&&TensorInfo| i.name.starts_with(OUTPUT_PREFIX) && !i.name.ends_with(FLOAT64_SUFFIX);
+    let largest_input = loaded
+        .iter()
+        .filter(|i| i.name.starts_with(INPUT_PREFIX))
+        .map(|i| elements(i))
+        .max()
+        .unwrap_or(0);
+    let largest_output = loaded.iter().filter(is_output).map(|i| elements(i)).max().unwrap_or(0);
+    let largest = largest_input.max(largest_output);
+    let activations = largest.saturating_mul(run.max(4)).saturating_mul(ACTIVATIONS);
+    let scores = scores(metadata, infos, run, largest_input);
+    let compare = largest_output.saturating_mul(8).saturating_mul(COMPARE);
+    let mut parts = vec![
+        ("tensors", tensors),
+        ("reading", reading),
+        ("conversions", converted),
+        ("activations", activations),
+        ("attention scores", scores),
+        ("comparison", compare),
+        ("baseline", BASELINE),
+    ];
+    let bytes = parts.iter().fold(0u64, |n, (_, b)| n.saturating_add(*b));
+    parts.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+    parts.retain(|(_, b)| *b > 0);
+    Estimate { bytes, parts }
+}
+
+/// The score matrices a block forms whole (see the module docs).
+fn scores(metadata: &BTreeMap<String, String>, infos: &[TensorInfo], run: u64, largest_input: u64) -> u64 {
+    let block = metadata.get("parity.block").map(String::as_str).unwrap_or("");
+    let json = |key: &str| -> serde_json::Value {
+        metadata
+            .get(key)
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or(serde_json::Value::Null)
+    };
+    let mut bytes = 0u64;
+    if block == unet_attention::torch::MultiheadAttention::BLOCK {
+        let kwargs = json("parity.kwargs");
+        if kwargs.get("need_weights").and_then(|v| v.as_bool()).unwrap_or(true) {
+            let heads = json("parity.config")
+                .get("num_heads")
+                .and_then(|h| h.as_u64())
+                .unwrap_or(1)
+                .max(1);
+            // The second output is the weights, `(N, L, S)` averaged over heads, or `(N, H, L, S)`
+            // (`parity.outputs`; without it, the largest output).
+            let listed: Vec<String> = serde_json::from_value(json("parity.outputs")).unwrap_or_default();
+            let is_weights = |i: &&TensorInfo| match listed.get(1) {
+                Some(name) => i.name.strip_prefix(OUTPUT_PREFIX) == Some(name.as_str()),
+                None => i.name.starts_with(OUTPUT_PREFIX) && !i.name.ends_with(FLOAT64_SUFFIX),
+            };
+            let weights = infos
+                .iter()
+                .filter(is_weights)
+                .map(|i| (elements(i), i.shape.len()))
+                .max()
+                .unwrap_or((0, 0));
+            let per_head = if weights.1 == 4 { 1 } else { heads };
+            bytes = weights.0.saturating_mul(per_head).saturating_mul(3 * run.max(4));
+        }
+    }
+    if run != 4 {
+        let chunk = largest_input.saturating_mul(largest_input).min(SCORE_CHUNK);
+        bytes = bytes.saturating_add(chunk.saturating_mul(3 * 8));
+    }
+    bytes
+}
+
+/// The most memory a check may take, and where that number came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    pub bytes: u64,
+    /// `--max-memory`, `available memory`, `address-space limit (ulimit -v)`.
+    pub from: String,
+}
+
+impl Limit {
+    /// The machine's limit now: the smaller of the available memory and the address space left
+    /// under `RLIMIT_AS` (`None` where neither is known: other systems than Linux without a limit).
+    pub fn from_machine() -> Option<Limit> {
+        let available = available_memory().map(|bytes| Limit {
+            bytes,
+            from: "the memory available".into(),
+        });
+        let address = address_space_left().map(|bytes| Limit {
+            bytes,
+            from: "the address space left under ulimit -v".into(),
+        });
+        match (available, address) {
+            (Some(a), Some(b)) => Some(if b.bytes < a.bytes { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// `--max-memory BYTES`: in place of the available memory (swap, or a share of the machine),
+    /// but never above the address space left under `RLIMIT_AS`, which no allocation can pass.
+    pub fn given(bytes: u64) -> Limit {
+        match address_space_left() {
+            Some(left) if left < bytes => Limit {
+                bytes: left,
+                from: "the address space left under ulimit -v, below --max-memory".into(),
+            },
+            _ => Limit {
+                bytes,
+                from: "--max-memory".into(),
+            },
+        }
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    kib_field(&text, "MemAvailable:")
+}
+
+/// A `Key:   N kB` line of a `/proc` file, in bytes.
+fn kib_field(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kib: u64 = line[key.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// `RLIMIT_AS` (soft) less what the process has mapped (`VmSize`), when a limit is set.
+#[cfg(unix)]
+fn address_space_left() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given and reads nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)] // `rlim_t` is not u64 on every unix
+    let cap = limit.rlim_cur as u64;
+    let mapped = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| kib_field(&s, "VmSize:"))
+        .unwrap_or(0);
+    Some(cap.saturating_sub(mapped))
+}
+
+#[cfg(not(unix))]
+fn address_space_left() -> Option<u64> {
+    None
+}
+
+/// A `--max-memory` value: bytes, or a number with `K`, `M`, `G`, `T` (powers of 1024; `KiB`,
+/// `GB` ... are read the same), e.g. `8G`, `1.5G`, `512M`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale: u64 = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches('B')
+        .trim_end_matches('I')
+    {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(format!("{s:?}: expected a size such as 8G, 512M or 1073741824")),
+    };
+    let n: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a size such as 8G, 512M or 1073741824"))?;
+    let bytes = n * scale as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes >= u64::MAX as f64 {
+        return Err(format!("{s:?}: a memory limit must be at least 1 byte and finite"));
+    }
+    Ok(bytes as u64)
+}
+
+/// `bytes` for a person: `3.2 GiB`, `512 MiB`, `100 KiB`.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// Read the header of the bundle at `path` and refuse it, as [`crate::ParityError::Invalid`],
+/// when checking it would take more than `limit` by [`estimate`]. Files that are not bundles
+/// pass: reading them says what is wrong.
+pub fn check_bundle_fits(
+    path: &std::path::Path,
+    load: Load,
+    run_dtype: Option<&str>,
+    limit: &Limit,
+) -> crate::error::Result<()> {
+    let Ok((metadata, infos)) = crate::bundle::read_header(path) else {
+        return Ok(());
+    };
+    let estimate = estimate(&metadata, &infos, load, run_dtype);
+    if estimate.bytes <= limit.bytes {
+        return Ok(());
+    }
+    let parts: Vec<String> = estimate
+        .parts
+        .iter()
+        .take(3)
+        .map(|(what, b)| format!("{what} {}", human(*b)))
+        .collect();
+    Err(crate::error::ParityError::Invalid {
+        path: path.to_path_buf(),
+        message: format!(
+            "checking it would take about {} of memory ({}), more than the limit of {} ({}); {}",
+            human(estimate.bytes),
+            parts.join(", "),
+            human(limit.bytes),
+            limit.from,
+            if limit.from.contains("ulimit") {
+                "raise `ulimit -v` to check it"
+            } else {
+                "raise it with --max-memory if the machine has the memory"
+            }
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str, dtype: &str, shape: &[usize]) -> TensorInfo {
+        TensorInfo {
+            name: name.into(),
+            dtype: dtype.into(),
+            shape: shape.to_vec(),
+        }
+    }
+
+    #[test]
+    fn sizes_parse_and_print() {
+        assert_eq!(parse_size("8G"), Ok(8 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        for bad in ["", "G", "-1G", "0", "1e400", "NaN", "8Q", "inf"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(human(3 << 29), "1.5 GiB");
+        assert_eq!(human(100), "100 B");
+    }
+
+    #[test]
+    fn mha_with_weights_counts_the_whole_score_matrix() {
+        let l = 16_384;
+        let meta: BTreeMap<String, String> = [
+            ("parity.block", unet_attention::torch::MultiheadAttention::BLOCK),
+            ("parity.dtype", "float32"),
+            ("parity.config", r#"{"embed_dim": 8, "num_heads": 2}"#),
+            ("parity.outputs", r#"["attn_output", "attn_output_weights"]"#),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let infos = vec![
+            info("parity.input.query", "f32", &[l, 1, 8]),
+            info("parity.output.attn_output", "f32", &[l, 1, 8]),
+            info("parity.output.attn_output_weights", "f32", &[1, l, l]),
+        ];
+        let e = estimate(&meta, &infos, Load::NoStages, None);
+        let scores = e.parts.iter().find(|(w, _)| *w == "attention scores").unwrap().1;
+        assert_eq!(scores, (l * l * 2 * 3 * 4) as u64);
+        assert!(e.bytes > 8 << 30, "{e:?}");
+        // Without the weights, no score matrix.
+        let mut meta = meta;
+        meta.insert("parity.kwargs".into(), r#"{"need_weights": false}"#.into());
+        let infos = &infos[..2];
+        let e = estimate(&meta, infos, Load::NoStages, None);
+        assert!(e.parts.iter().all(|(w, _)| *w != "attention scores"), "{e:?}");
+        assert!(e.bytes < 100 << 20, "{e:?}");
+    }
+
+    #[test]
+    fn stage_traces_count_only_when_loaded() {
+        let meta = BTreeMap::new();
+        let infos = vec![
+            info("parity.input.x", "f32", &[1, 4]),
+            info("parity.output.out", "f32", &[1, 4]),
+            info("parity.trace.q", "f32", &[1 << 28]),
+        ];
+        let without = estimate(&meta, &infos, Load::NoStages, None).bytes;
+        let with = estimate(&meta, &infos, Load::All, None).bytes;
+        assert!(without < BASELINE + 4096 && with > 2 << 30, "{without} {with}");
+    }
+}
