@@ -19,7 +19,7 @@
 //   256) and doubles the CTAs where there are few. The probabilities `exp(s − m)` are rounded to
 //   the input dtype before p·v (PyTorch's GPU kernels do so); the row sum `l` is taken before
 //   rounding; `m` is the running maximum.
-// * `fattn_f32_ni{1,2,4,8,16}`: plain f32 FMA, no tensor cores: 4 warps of `RW` query rows each;
+// * `fattn_f32_ni{1,2,4,8,16}`: plain f32 FMA, no tensor cores: 4 warps of `RW` query rows each (4 up to head dim 128, else 2);
 //   key tiles of 32, one key per lane for q·kᵀ, output columns spread over the lanes (`NI` per
 //   lane) for p·v.
 // * `fattn_merge_{f16,bf16,f32}`: split-KV. When the grid above has too few CTAs to fill the
@@ -457,7 +457,7 @@ FATTN_MMA(fattn_bf16_dv256, BF16, 256, 32)
 FATTN_F32(fattn_f32_ni1, 1, 4)
 FATTN_F32(fattn_f32_ni2, 2, 4)
 FATTN_F32(fattn_f32_ni4, 4, 4)
-FATTN_F32(fattn_f32_ni8, 8, 4)
+FATTN_F32(fattn_f32_ni8, 8, 2)
 FATTN_F32(fattn_f32_ni16, 16, 2)
 
 extern "C" __global__ void fattn_merge_f32(const float* ws_o, const float* ws_ml, float* out, int rows, int d, int splits) {

@@ -68,7 +68,7 @@ impl Plan {
         let (dp, chunks, rows, key_tile, smem, kernel, merge) = match dtype {
             DType::F32 => {
                 let ni = s.d.div_ceil(32).next_power_of_two();
-                let rows = if ni <= 8 { 16 } else { 8 };
+                let rows = if ni <= 4 { 16 } else { 8 };
                 let smem = (rows * s.d + 32 * (s.d | 1) + 32 * s.d) * 4;
                 (s.d, 1, rows, 32, smem, format!("fattn_f32_ni{ni}"), "fattn_merge_f32")
             }
