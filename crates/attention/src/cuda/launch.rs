@@ -177,10 +177,7 @@ fn input_ptr<'a>(st: &'a CudaStorage, offset: usize, stream: &'a CudaStream) -> 
         CudaStorageSlice::F16(x) => at(x, offset, stream),
         CudaStorageSlice::BF16(x) => at(x, offset, stream),
         CudaStorageSlice::F32(x) => at(x, offset, stream),
-        _ => bail!(
-            "fused attention: expected f16, bf16 or f32 storage, found {:?}",
-            st.dtype()
-        ),
+        _ => bail!("fused attention: expected f16, bf16 or f32 storage, found another dtype"),
     })
 }
 
@@ -211,8 +208,8 @@ impl FusedAttention {
         let mut ws_o = dev.alloc_zeros::<f32>(if p.splits > 1 { p.splits * rows * s.d } else { 1 })?;
         let mut ws_ml = dev.alloc_zeros::<f32>(if p.splits > 1 { p.splits * rows * 2 } else { 1 })?;
         let (q_s, k_s, v_s) = (strides3(ql)?, strides3(kl)?, strides3(vl)?);
-        let aligned = |st: &[i64; 3], off: usize| st.iter().all(|x| x % 8 == 0) && off % 8 == 0;
-        let vec = s.d % 8 == 0
+        let aligned = |st: &[i64; 3], off: usize| st.iter().all(|x| x % 8 == 0) && off.is_multiple_of(8);
+        let vec = s.d.is_multiple_of(8)
             && aligned(&q_s, ql.start_offset())
             && aligned(&k_s, kl.start_offset())
             && aligned(&v_s, vl.start_offset());
