@@ -5,25 +5,29 @@
 #   scripts/gpu_kit.sh build --dry-run  only check that what the build needs is here, and say what it
 #                                       would do (CI runs this)
 #   scripts/gpu_kit.sh selftest         on a machine without a GPU: the kit's run.sh must stop with
-#                                       exit code 3 and one line (CI runs this)
+#                                       exit code 3 and one line, for every stage; and every binary
+#                                       run.sh calls must be one the build puts in the kit (CI runs this)
+#   scripts/gpu_kit.sh lend-tree on|off|size
+#                                       on: leave weights/ out of this checkout's working tree (git
+#                                       sparse-checkout; the index's entries stay, nothing is staged),
+#                                       so that tree + kit fit the 64 MiB a lent GPU machine copies;
+#                                       off: bring weights/ back; size: what would travel, in MiB
 #
-# The kit (about 56 MiB): bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle} built with
+# The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check} built with
 # `--features cuda` (release, stripped; PTX for CUDA_COMPUTE_CAP, default 90 = H100/H200; run.sh
-# unpacks them into a temporary folder), weights/ (the committed
-# bundles), scripts/ (bench_torch.py and what it imports), wheels/ (diffusers,
-# denoising-diffusion-pytorch, stable-diffusion-sdkit, guided-diffusion-sdk and the packages they
-# import that a plain PyTorch install lacks;
-# pure-Python, installed --no-deps by run.sh), run.sh and MANIFEST.json (commit, compute
-# capability, sizes). Copy the folder to the GPU machine and run `./run.sh` there (see its header).
+# unpacks them into a temporary folder), weights.tar.xz (the committed bundles, about 48 MiB
+# packed; run.sh unpacks them likewise), scripts/ (bench_torch.py and what it imports), wheels/
+# (diffusers, denoising-diffusion-pytorch, stable-diffusion-sdkit, guided-diffusion-sdk and the
+# packages they import that a plain PyTorch install lacks; pure-Python, installed --no-deps by
+# run.sh), run.sh and MANIFEST.json (commit, compute capability, sizes). Copy the folder to the GPU
+# machine and run `./run.sh` there (see its header).
 #
-# Room on a lent GPU machine: where the working tree is copied to the GPU machine with a 64 MiB
-# limit on tree plus carried paths, the tracked tree alone is about 66 MiB (weights/ 64 MiB), so
-# carry a folder with only bin.tar.xz, run.sh and scripts/ (no weights/, no wheels/: no PyTorch
-# timings), set UNET_KIT_WEIGHTS to the copied tree's weights/, and make room by leaving
-# weights/accuracy (15.5 MB) out of the copy for that run: add it to .git/info/exclude and
-# `git rm -r -q --cached weights/accuracy`, then `git reset -q weights/accuracy` and remove the
-# exclude line afterwards (nothing is committed). The timing stages (`core`, `whole`) need wheels/
-# but no bundles (they export their own): for them, leave all of weights/ out the same way.
+# Room on a lent GPU machine: the working tree travels with the carried paths under a 64 MiB
+# limit, and the tracked tree alone is about 67 MiB (weights/ 65 MiB). So, before the call,
+# `scripts/gpu_kit.sh lend-tree on` (weights/ leaves the working tree: about 3 MiB travel), carry
+# target/gpu-kit (about 60 MiB: its weights.tar.xz holds the bundles), run
+# `target/gpu-kit/run.sh all "$OUT"` there, and `scripts/gpu_kit.sh lend-tree off` afterwards.
+# `lend-tree size` prints tree + kit and fails over 64 MiB.
 #
 # Building links against CUDA 13.0: scripts/cuda_toolkit.sh installs nvcc, cuBLAS, cuRAND and NVRTC
 # from PyPI wheels into ~/.cache/unet-attention/cuda-13.0 (about 1.2 GB, once) and builds a stub
@@ -42,30 +46,48 @@ source scripts/cuda_toolkit.sh
 
 # Wheels of the Python packages bench_torch.py's whole-block cases import, pinned as in
 # scripts/requirements.txt, and those they pull in that PyTorch's own install does not have.
+# The binaries of the kit (`--bin unet-parity`, the rest `--example`): run.sh calls these only.
+KIT_BINS=(unet-parity bench_sdpa bench_bundle fused_check)
 KIT_WHEELS=(diffusers==0.42.1 denoising-diffusion-pytorch==2.3.4 ema-pytorch==0.8.3 accelerate==1.15.0
     pytorch-fid==0.3.0 "psutil==7.2.2")
 
 usage() {
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
 selftest() {
-    local tmp err code
-    tmp=$(mktemp -d)
-    # A PATH without nvidia-smi: what a machine without a GPU looks like to run.sh.
-    set +e
-    err=$(PATH=/usr/bin:/bin bash scripts/gpu_kit/run.sh all "$tmp/out" 2>&1 >/dev/null)
-    code=$?
-    set -e
-    rm -rf "$tmp"
+    local tmp err code stage
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         echo "gpu-kit selftest: skipped, this machine has a GPU"
         return 0
     fi
-    [[ $code -eq 3 ]] || cuda_fail "selftest: run.sh without a GPU exited $code, expected 3: $err"
-    [[ $(printf '%s\n' "$err" | grep -c .) -eq 1 ]] || cuda_fail "selftest: expected one line, got: $err"
-    echo "gpu-kit selftest: run.sh without a GPU: exit 3, \"$err\""
+    tmp=$(mktemp -d)
+    set +e
+    # A PATH without nvidia-smi: what a machine without a GPU looks like to run.sh.
+    for stage in all fused check core fusedcore whole; do
+        err=$(PATH=/usr/bin:/bin bash scripts/gpu_kit/run.sh "$stage" "$tmp/out" 2>&1 >/dev/null)
+        code=$?
+        [[ $code -eq 3 ]] || { rm -rf "$tmp"; cuda_fail "selftest: run.sh $stage without a GPU exited $code, expected 3: $err"; }
+        [[ $(printf '%s\n' "$err" | grep -c .) -eq 1 ]] || { rm -rf "$tmp"; cuda_fail "selftest: run.sh $stage: expected one line, got: $err"; }
+    done
+    PATH=/usr/bin:/bin bash scripts/gpu_kit/run.sh nosuchstage "$tmp/out" >/dev/null 2>&1
+    code=$?
+    set -e
+    rm -rf "$tmp"
+    [[ $code -eq 2 ]] || cuda_fail "selftest: run.sh with an unknown stage exited $code, expected 2"
+    # Wiring: every binary run.sh calls is one the build puts in the kit, and `all` runs the fused
+    # kernel's stage.
+    local called name
+    called=$(grep -oE '"\$bin/[A-Za-z0-9_-]+"' scripts/gpu_kit/run.sh | sed 's/"\$bin\///; s/"$//' | sort -u)
+    for name in $called; do
+        [[ " ${KIT_BINS[*]} " == *" $name "* ]] || cuda_fail "selftest: run.sh calls $name, which the kit does not build (KIT_BINS)"
+    done
+    [[ " $called " == *fused_check* ]] || cuda_fail "selftest: run.sh never calls fused_check"
+    grep -qE '^all\).*run_fused' scripts/gpu_kit/run.sh || cuda_fail "selftest: run.sh all does not run the fused stage"
+    [[ -f crates/attention/examples/fused_check.rs ]] || cuda_fail "selftest: crates/attention/examples/fused_check.rs is missing"
+    echo "gpu-kit selftest: run.sh without a GPU: exit 3 and one line for every stage, exit 2 for an unknown one;" \
+        "binaries called: $(echo $called)"
 }
 
 build() {
@@ -77,15 +99,18 @@ build() {
     export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-L native=$cuda_link_dir"
     local start
     start=$(date +%s)
+    local examples=() name
+    for name in "${KIT_BINS[@]:1}"; do examples+=(--example "$name"); done
     cargo build --release --features cuda -p unet-parity -p unet-attention --bin unet-parity \
-        --example bench_sdpa --example bench_bundle --target-dir "$target_dir" ||
+        "${examples[@]}" --target-dir "$target_dir" ||
         cuda_fail "cargo build --release --features cuda"
     echo "== gpu-kit: cargo build took $(($(date +%s) - start)) s"
 
     rm -rf "$dir.partial"
     mkdir -p "$dir.partial"/{bin,scripts,wheels}
     local rel="$target_dir/release"
-    cp "$rel/unet-parity" "$rel/examples/bench_sdpa" "$rel/examples/bench_bundle" "$dir.partial/bin/"
+    cp "$rel/unet-parity" "$dir.partial/bin/"
+    for name in "${KIT_BINS[@]:1}"; do cp "$rel/examples/$name" "$dir.partial/bin/"; done
     strip "$dir.partial"/bin/* 2>/dev/null || echo "== gpu-kit: strip not found; binaries left unstripped"
     # Each binary is about 55 MB (candle-kernels' PTX and its sm_90a GGUF cubins, linked whole);
     # the three share most bytes, so one xz stream with a dictionary larger than a binary packs
@@ -94,7 +119,9 @@ build() {
     tar -C "$dir.partial" -cf - bin | xz -9 -T2 --lzma2=preset=9,dict=192MiB >"$dir.partial/bin.tar.xz" ||
         cuda_fail "tar | xz of the binaries"
     rm -rf "$dir.partial/bin"
-    cp -r weights "$dir.partial/weights"
+    # The bundles packed (about 48 MiB of 65): kit and a tree without weights/ fit a 64 MiB copy.
+    echo "== gpu-kit: packing weights/ (xz, about 1 min)"
+    tar -cf - weights | xz -6 -T2 >"$dir.partial/weights.tar.xz" || cuda_fail "tar | xz of weights/"
     cp scripts/bench_torch.py scripts/export_models.py scripts/parity_bundle.py scripts/parity_trace.py \
         scripts/upstream.py "$dir.partial/scripts/"
     cp -r scripts/reference "$dir.partial/scripts/reference"
@@ -126,6 +153,35 @@ PY
     echo "== gpu-kit: $dir, $(du -sh "$dir" | cut -f1): $(cat "$dir/MANIFEST.json" | tr -d '\n ')"
 }
 
+# What a lent machine's copy would hold: the working tree's tracked files that are present and
+# its untracked files that git does not ignore, plus the kit folder; fails over 64 MiB.
+tree_size() {
+    local kit="${1:-$repo/target/gpu-kit}" tree kitb total
+    # Files left out by sparse checkout are still listed: stat skips them (and fails, hence || true).
+    tree=$({ git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null || true; } |
+        awk '{ s += $1 } END { print s + 0 }')
+    kitb=$([[ -d "$kit" ]] && du -sb "$kit" | cut -f1 || echo 0)
+    total=$((tree + kitb))
+    echo "gpu-kit lend-tree: working tree $((tree >> 20)) MiB + kit $((kitb >> 20)) MiB ($kit) = $((total >> 20)) MiB of 64"
+    [[ $total -le $((64 << 20)) ]] || cuda_fail "over the 64 MiB a lent machine copies: run scripts/gpu_kit.sh lend-tree on"
+}
+
+lend_tree() {
+    case "${1:-}" in
+    on)
+        git sparse-checkout set --no-cone '/*' '!/weights/' || cuda_fail "git sparse-checkout set"
+        echo "gpu-kit lend-tree: weights/ left out of the working tree (scripts/gpu_kit.sh lend-tree off brings it back)"
+        tree_size
+        ;;
+    off)
+        git sparse-checkout disable || cuda_fail "git sparse-checkout disable"
+        echo "gpu-kit lend-tree: weights/ back in the working tree"
+        ;;
+    size) tree_size ;;
+    *) usage ;;
+    esac
+}
+
 dry_run() {
     local ok=1 tool
     for tool in python3 cc cargo strip git xz tar; do
@@ -155,5 +211,6 @@ build)
     if [[ "${2:-}" == --dry-run ]]; then dry_run; else build "${2:-}"; fi
     ;;
 selftest) selftest ;;
+lend-tree) lend_tree "${2:-}" ;;
 *) usage ;;
 esac

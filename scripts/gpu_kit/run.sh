@@ -2,13 +2,20 @@
 # The GPU kit's runner (copied into the kit by `scripts/gpu_kit.sh build`; run it there, on a
 # machine with an NVIDIA GPU, its driver and PyTorch with CUDA as `python3`; no Rust needed).
 #
-#   ./run.sh [all|check|core|whole] [OUT]     (default: all, into $OUT or ./results)
+#   ./run.sh [all|fused|check|core|fusedcore|whole] [OUT]     (default: all, into $OUT or ./results)
 #
+#   fused   the crate's own fused CUDA attention kernel against the chunked path (fused_check:
+#           every head-dim bucket 8-512, odd lengths, masks, f16/bf16/f32, split-KV on and off;
+#           fused.jsonl, one line a case), then unet-parity check over the bundles with
+#           UNET_ATTENTION_SDPA=fused in each bundle's dtype (check_fused.json). Runs first in
+#           `all`: the kernel has not run on a GPU before this stage.
 #   check   unet-parity check over the kit's bundles on cuda: in each bundle's dtype, then
 #           --dtype f16 and --dtype bf16 (check_<dtype>.json, the CLI's JSON, and one summary line
 #           each in summary.jsonl).
 #   core    the attention core and the attention blocks, ours (bench_sdpa) against PyTorch's SDPA
 #           and the same PyTorch blocks, in f32 and f16 (bench_<dtype>.jsonl, bench_core_<dtype>.md).
+#   fusedcore  the core shapes with UNET_ATTENTION_SDPA=fused against PyTorch's SDPA, in f16 and
+#           bf16 (DTYPES_FUSED; bench_fused_<dtype>.jsonl, bench_fusedcore_<dtype>.md).
 #   whole   the whole mid blocks of scripts/bench_torch.py (diffusers, guided-diffusion,
 #           denoising-diffusion-pytorch; their wheels come with the kit and are installed with
 #           --no-deps into a temporary folder), exported on the CPU, timed on the GPU in f32 and
@@ -24,8 +31,8 @@ set -uo pipefail
 kit="$(cd "$(dirname "$0")" && pwd)"
 stage="${1:-all}"
 out="${2:-${OUT:-$PWD/results}}"
-case "$stage" in all | check | core | whole) ;; *)
-    echo "usage: run.sh [all|check|core|whole] [OUT]" >&2
+case "$stage" in all | fused | check | core | fusedcore | whole) ;; *)
+    echo "usage: run.sh [all|fused|check|core|fusedcore|whole] [OUT]" >&2
     exit 2
     ;;
 esac
@@ -65,7 +72,20 @@ if [[ -n "$missing" ]]; then
     exit 4
 fi
 
-# The bundles: the kit's own, or UNET_KIT_WEIGHTS (a repository checkout's weights/).
+# The bundles: UNET_KIT_WEIGHTS (a repository checkout's weights/), else the kit's weights.tar.xz
+# unpacked (once per kit build; packed so that kit and tree fit a 64 MiB copy), else kit/weights.
+if [[ -z "${UNET_KIT_WEIGHTS:-}" && -f "$kit/weights.tar.xz" ]]; then
+    UNET_KIT_WEIGHTS="${TMPDIR:-/tmp}/unet-gpu-kit-weights-$(cksum <"$kit/weights.tar.xz" | cut -d' ' -f1)"
+    if [[ ! -d "$UNET_KIT_WEIGHTS" ]]; then
+        rm -rf "$UNET_KIT_WEIGHTS.partial" && mkdir -p "$UNET_KIT_WEIGHTS.partial"
+        if command -v xz >/dev/null 2>&1; then
+            tar -C "$UNET_KIT_WEIGHTS.partial" -xJf "$kit/weights.tar.xz"
+        else
+            python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$kit/weights.tar.xz" "$UNET_KIT_WEIGHTS.partial"
+        fi || { echo "run.sh: could not unpack $kit/weights.tar.xz" >&2; exit 1; }
+        mv "$UNET_KIT_WEIGHTS.partial/weights" "$UNET_KIT_WEIGHTS" && rm -rf "$UNET_KIT_WEIGHTS.partial"
+    fi
+fi
 weights="${UNET_KIT_WEIGHTS:-$kit/weights}"
 [[ -d "$weights" ]] || { echo "run.sh: no bundles at $weights (set UNET_KIT_WEIGHTS to a weights/ folder)" >&2; exit 2; }
 mkdir -p "$out"
@@ -122,6 +142,50 @@ PY
     done
 }
 
+# The fused kernel against the chunked path, then the bundles through it.
+run_fused() {
+    local start rc
+    note "fused_check (the fused CUDA kernel against the chunked path)"
+    start=$SECONDS
+    "$bin/fused_check" --out "$out/fused.jsonl" 2>"$out/fused.stderr"
+    rc=$?
+    python3 - "$out/fused.jsonl" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
+import json, sys
+path, rc, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+try:
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+except Exception as e:  # noqa: BLE001
+    print(json.dumps({"stage": "fused", "exit": rc, "error": f"no JSON lines: {e}"}))
+    sys.exit(0)
+cases = [r for r in rows if not r.get("summary")]
+bad = [r for r in cases if not r.get("pass")]
+print(json.dumps({"stage": "fused", "exit": rc, "seconds": round(secs, 1), "cases": len(cases),
+                  "passed": len(cases) - len(bad), "failed": len(bad),
+                  "worst": max((r.get("max_abs") or 0 for r in cases), default=None), "not_passing": bad[:20]}))
+PY
+    tail -n 1 "$summary" >&2
+    [[ $rc -eq 0 ]] || failed=1
+    note "unet-parity check weights --device cuda with UNET_ATTENTION_SDPA=fused"
+    start=$SECONDS
+    UNET_ATTENTION_SDPA=fused "$bin/unet-parity" check "$weights" --device cuda --json \
+        >"$out/check_fused.json" 2>"$out/check_fused.stderr"
+    rc=$?
+    python3 - "$out/check_fused.json" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
+import json, sys
+path, rc, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+try:
+    doc = json.load(open(path))
+except Exception as e:  # noqa: BLE001
+    print(json.dumps({"stage": "check_fused", "exit": rc, "error": f"no JSON: {e}"}))
+    sys.exit(0)
+bad = [r["file"] for r in doc["bundles"] if not r.get("pass", False)]
+print(json.dumps({"stage": "check_fused", "exit": rc, "seconds": round(secs, 1), "bundles": len(doc["bundles"]),
+                  "passed": doc["passed"], "failed": doc["failed"], "errors": doc["errors"], "not_passing": bad}))
+PY
+    tail -n 1 "$summary" >&2
+    [[ $rc -le 1 ]] || failed=1
+}
+
 python_packages() {
     local py="${TMPDIR:-/tmp}/unet-gpu-kit-py"
     if [[ ! -f "$py/.done" ]]; then
@@ -134,20 +198,26 @@ python_packages() {
 }
 
 run_bench() {
-    local only="$1" dt
-    for dt in ${DTYPES:-f32 f16}; do
+    local only="$1" dt dtypes="${DTYPES:-f32 f16}" tag="$1"
+    # fusedcore: the core shapes on the fused kernel, in half precision.
+    if [[ "$only" == fusedcore ]]; then only=core dtypes="${DTYPES_FUSED:-f16 bf16}"; fi
+    for dt in $dtypes; do
         note "bench_torch.py compare --only $only --device cuda --dtype $dt ${BENCH_ARGS:-}"
-        python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
-            --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$out/bench_$dt.jsonl" ${BENCH_ARGS:-} \
-            >"$out/bench_${only}_$dt.md" 2>>"$out/bench.stderr" || { note "the $only benchmarks in $dt failed (bench.stderr)"; failed=1; }
-        cat "$out/bench_${only}_$dt.md" >&2
+        local jsonl="$out/bench_$dt.jsonl" sdpa="${UNET_ATTENTION_SDPA:-}"
+        [[ "$tag" == fusedcore ]] && jsonl="$out/bench_fused_$dt.jsonl" sdpa=fused
+        UNET_ATTENTION_SDPA="$sdpa" python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
+            --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$jsonl" ${BENCH_ARGS:-} \
+            >"$out/bench_${tag}_$dt.md" 2>>"$out/bench.stderr" || { note "the $tag benchmarks in $dt failed (bench.stderr)"; failed=1; }
+        cat "$out/bench_${tag}_$dt.md" >&2
     done
 }
 
 record_env
 python_packages || { note "could not install the kit's wheels"; failed=1; }
 case "$stage" in
-all) run_check; run_bench core; run_bench block; run_bench whole ;;
+all) run_fused; run_check; run_bench core; run_bench fusedcore; run_bench block; run_bench whole ;;
+fused) run_fused ;;
+fusedcore) run_bench fusedcore ;;
 check) run_check ;;
 core) run_bench core; run_bench block ;;
 whole) run_bench whole ;;

@@ -49,6 +49,8 @@
 pub mod annotated_diffusion;
 pub mod config;
 pub mod cpu_kernels;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod ddpm;
 pub mod diffusers;
 pub mod error;

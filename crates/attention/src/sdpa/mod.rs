@@ -33,6 +33,8 @@
 //!   time, any device and dtype (f64, GPUs without a fused kernel);
 //! * fused GPU kernels under [`SdpaPath::Auto`]: CUDA FlashAttention-2 (feature `flash-attn`)
 //!   and Metal's `candle_nn::ops::sdpa`, where their dtype, head-dim and mask limits allow;
+//! * [`SdpaPath::Fused`]: this crate's own fused CUDA kernel (feature `cuda`, module `cuda`),
+//!   opt-in until it has run on a GPU (then `Auto` takes it too), in [`sdpa`] only;
 //! * [`SdpaPath::Reference`]: the plain ops with the full score matrix, what the others are
 //!   tested against (`tests/sdpa_paths.rs`).
 
@@ -257,6 +259,13 @@ pub fn sdpa_with(
 ) -> Result<Tensor> {
     crate::validate::attention("sdpa", q, k, v, mask)?;
     trace_probs(q, k, mask, Scale::Mul(scale));
+    #[cfg(feature = "cuda")]
+    if path == SdpaPath::Fused || (path == SdpaPath::Auto && crate::cuda::AUTO_PICKS_FUSED) {
+        if let Some(out) = crate::cuda::fused_sdpa(q, k, v, mask, scale, Default::default())? {
+            return Ok(out);
+        }
+    }
+    let path = if path == SdpaPath::Fused { SdpaPath::Auto } else { path };
     let fast_cpu = || cpu::supports(q, k, v, mask);
     match path {
         SdpaPath::Reference => return sdpa_reference(q, k, v, mask, scale),
@@ -264,7 +273,7 @@ pub fn sdpa_with(
         SdpaPath::Flash | SdpaPath::Auto if fast_cpu() => {
             return cpu::attention(q, k, v, mask, cpu::ScoreScale::Mul(scale as f32), cpu::Empty::Zero)
         }
-        SdpaPath::Flash | SdpaPath::Auto => {}
+        SdpaPath::Flash | SdpaPath::Auto | SdpaPath::Fused => {}
     }
     if path == SdpaPath::Auto {
         #[cfg(feature = "flash-attn")]
@@ -409,7 +418,9 @@ pub fn eager_attention_with(
     trace_probs(q, k, mask, scale);
     match path {
         SdpaPath::Reference => eager_reference(q, k, v, mask, scale),
-        SdpaPath::Flash | SdpaPath::Auto if q.dtype() == DType::F32 && cpu::supports(q, k, v, mask) => {
+        SdpaPath::Flash | SdpaPath::Auto | SdpaPath::Fused
+            if q.dtype() == DType::F32 && cpu::supports(q, k, v, mask) =>
+        {
             let s = match scale {
                 Scale::Mul(s) => cpu::ScoreScale::Mul(s as f32),
                 Scale::Div(d) => cpu::ScoreScale::Div(d as f32),
@@ -417,7 +428,7 @@ pub fn eager_attention_with(
             cpu::attention(q, k, v, mask, s, cpu::Empty::Nan)
         }
         SdpaPath::Chunked => path::chunked(q, k, mask, |q, m| eager_reference(q, k, v, m, scale)),
-        SdpaPath::Flash | SdpaPath::Auto => {
+        SdpaPath::Flash | SdpaPath::Auto | SdpaPath::Fused => {
             let rows = path::chunk_rows(q.device(), q.dims()[..q.rank() - 2].iter().product(), k.dim(D::Minus2)?);
             if rows >= q.dim(D::Minus2)? {
                 eager_reference(q, k, v, mask, scale)

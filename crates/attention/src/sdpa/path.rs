@@ -2,7 +2,7 @@
 //! [`sdpa`](super::sdpa) and [`eager_attention`](super::eager_attention).
 //!
 //! The choice is, in order: the programmatic override ([`set_sdpa_path`]), else the environment
-//! variable `UNET_ATTENTION_SDPA` (`auto`, `reference`, `chunked` or `flash`; read once, on the
+//! variable `UNET_ATTENTION_SDPA` (`auto`, `reference`, `chunked`, `flash` or `fused`; read once, on the
 //! first call), else [`SdpaPath::Auto`].
 
 use candle_core::{DType, Device, Result, Tensor, D};
@@ -27,6 +27,10 @@ pub enum SdpaPath {
     /// The tiled online-softmax CPU kernel where it applies (CPU, f32/f16/bf16), else
     /// [`SdpaPath::Chunked`] (never the fused GPU kernels).
     Flash,
+    /// This crate's fused CUDA kernel (module `cuda`, feature `cuda`, f16/bf16/f32, head dims up
+    /// to 512, any additive mask) where it applies, else what [`SdpaPath::Auto`] picks. Opt-in:
+    /// `Auto` takes the kernel only once `cuda::AUTO_PICKS_FUSED` is flipped.
+    Fused,
 }
 
 impl SdpaPath {
@@ -37,10 +41,17 @@ impl SdpaPath {
             SdpaPath::Reference => "reference",
             SdpaPath::Chunked => "chunked",
             SdpaPath::Flash => "flash",
+            SdpaPath::Fused => "fused",
         }
     }
 
-    const ALL: [SdpaPath; 4] = [SdpaPath::Auto, SdpaPath::Reference, SdpaPath::Chunked, SdpaPath::Flash];
+    const ALL: [SdpaPath; 5] = [
+        SdpaPath::Auto,
+        SdpaPath::Reference,
+        SdpaPath::Chunked,
+        SdpaPath::Flash,
+        SdpaPath::Fused,
+    ];
 
     fn code(self) -> u8 {
         match self {
@@ -48,6 +59,7 @@ impl SdpaPath {
             SdpaPath::Reference => 2,
             SdpaPath::Chunked => 3,
             SdpaPath::Flash => 4,
+            SdpaPath::Fused => 5,
         }
     }
 }
@@ -59,7 +71,7 @@ impl std::str::FromStr for SdpaPath {
         SdpaPath::ALL
             .into_iter()
             .find(|p| p.name() == t)
-            .ok_or_else(|| format!("UNET_ATTENTION_SDPA={s:?}: expected one of auto, reference, chunked, flash"))
+            .ok_or_else(|| format!("UNET_ATTENTION_SDPA={s:?}: expected one of auto, reference, chunked, flash, fused"))
     }
 }
 

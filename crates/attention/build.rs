@@ -1,0 +1,100 @@
+//! Build script: under the `cuda` feature, compiles `kernels/fused_attention.cu` to PTX with nvcc
+//! for `CUDA_COMPUTE_CAP` and writes `$OUT_DIR/fused_ptx.rs` (`pub(crate) const PTX: Option<&str>`), which
+//! `src/cuda/mod.rs` includes. Below compute capability 8.0 (no `mma.sync.m16n8k16` on f16/bf16,
+//! no `cp.async`) nothing is compiled and `PTX` is `None`: attention then takes the chunked path.
+//! Without the feature the script does nothing (no nvcc needed).
+//!
+//! nvcc: `$NVCC`, else `$CUDA_HOME/bin/nvcc` or `$CUDA_PATH/bin/nvcc`, else `nvcc` on the PATH.
+//! Compute capability: `CUDA_COMPUTE_CAP` (`80`, `8.0`, `90a`...), else the first GPU that
+//! `nvidia-smi` lists, else 80.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const KERNEL: &str = "kernels/fused_attention.cu";
+
+fn main() {
+    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-changed={KERNEL}");
+    for var in ["CUDA_COMPUTE_CAP", "NVCC", "CUDA_HOME", "CUDA_PATH"] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
+    if env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let (arch, cap) = compute_cap();
+    let rs = out_dir.join("fused_ptx.rs");
+    if cap < 80 {
+        println!(
+            "cargo::warning=CUDA_COMPUTE_CAP {arch} is below 8.0: no fused attention kernel (the chunked path runs)"
+        );
+        write(
+            &rs,
+            "/// No PTX: built for a GPU below compute capability 8.0.\npub(crate) const PTX: Option<&str> = None;\n",
+        );
+        return;
+    }
+    let ptx = out_dir.join("fused_attention.ptx");
+    let nvcc = nvcc();
+    let status = Command::new(&nvcc)
+        .args(["--ptx", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
+        .arg(format!("-arch=sm_{arch}"))
+        .arg("-o")
+        .arg(&ptx)
+        .arg(KERNEL)
+        .status()
+        .unwrap_or_else(|e| panic!("could not run nvcc ({}): {e}; set NVCC or CUDA_HOME", nvcc.display()));
+    if !status.success() {
+        panic!("nvcc failed on {KERNEL} for sm_{arch} ({status})");
+    }
+    write(
+        &rs,
+        &format!(
+            "/// PTX of `kernels/fused_attention.cu` for sm_{arch}.\npub(crate) const PTX: Option<&str> = Some(include_str!({:?}));\n",
+            ptx.display().to_string()
+        ),
+    );
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("could not write {}: {e}", path.display()));
+}
+
+/// `(arch for -arch=sm_XX, numeric capability)`, e.g. `("90a", 90)`.
+fn compute_cap() -> (String, u32) {
+    let raw = env::var("CUDA_COMPUTE_CAP")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .or_else(|| {
+            let out = Command::new("nvidia-smi")
+                .args(["--query-gpu=compute_cap", "--format=csv,noheader"])
+                .output()
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            text.lines().next().map(str::to_string).filter(|s| !s.trim().is_empty())
+        });
+    let raw = raw.unwrap_or_else(|| "80".to_string());
+    let arch: String = raw.trim().chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+    let digits: String = arch.chars().take_while(char::is_ascii_digit).collect();
+    let cap = digits
+        .parse()
+        .unwrap_or_else(|_| panic!("CUDA_COMPUTE_CAP={raw:?}: expected a compute capability such as 80, 8.0 or 90a"));
+    (arch, cap)
+}
+
+fn nvcc() -> PathBuf {
+    if let Some(p) = env::var_os("NVCC") {
+        return PathBuf::from(p);
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(home) = env::var_os(var) {
+            let p = Path::new(&home).join("bin").join("nvcc");
+            if p.exists() {
+                return p;
+            }
+        }
+    }
+    PathBuf::from("nvcc")
+}

@@ -1,0 +1,268 @@
+//! The fused CUDA attention kernel (`unet_attention::cuda`) against the chunked tensor-op path,
+//! on a GPU: the GPU kit's `fused` stage (`scripts/gpu_kit/run.sh fused`).
+//!
+//! ```text
+//! cargo run --release -p unet-attention --features cuda --example fused_check -- [--out FILE] [--quick]
+//! ```
+//!
+//! Random q, k, v (N(0, 1)) on `cuda:0` over every head-dim bucket from 8 to 512 (and head dims
+//! that are not multiples of 8), odd query and key counts (never a multiple of the key tile),
+//! cross-attention with 77 keys, memory key/values (4 extra keys), the masks the blocks pass
+//! (none, additive float broadcast over heads, boolean as −inf, key padding), f16, bf16 and f32,
+//! split-KV automatic, off (1) and forced (3); the VAE and SDXL core shapes once each. Each case
+//! writes one JSON line (to `--out`, default stdout): the shape, `max_abs` (fused vs chunked),
+//! `tol`, `pass`, `fused_ms` and `chunked_ms` (median of 5 synchronised calls after a warm-up).
+//! Tolerances, set before any GPU run from each dtype's rounding (the kernel rounds the
+//! probabilities relative to the running row max, the chunked path relative to the final one):
+//! f32 5e-5, f16 5e-3, bf16 4e-2 (outputs are of order 1). Exit 0: every case passed; 1: some
+//! failed; 3: no CUDA device or no kernel in this build.
+
+#[cfg(feature = "cuda")]
+fn main() {
+    std::process::exit(gpu::main())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn main() {
+    eprintln!("fused_check: built without the `cuda` feature");
+    std::process::exit(3)
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use candle_core::{DType, Device, Result, Tensor};
+    use std::io::Write;
+    use std::time::Instant;
+    use unet_attention::cuda::{fused_sdpa, kernel_built, FusedOptions};
+    use unet_attention::sdpa::{default_scale, sdpa_with, SdpaPath};
+
+    #[derive(Clone, Copy, Debug)]
+    enum Mask {
+        None,
+        Additive,
+        Boolean,
+        KeyPadding,
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    struct Case {
+        dtype: DType,
+        dims: (usize, usize, usize, usize, usize),
+        mask: Mask,
+        splits: Option<usize>,
+    }
+
+    fn cases(quick: bool) -> Vec<Case> {
+        let mut out = vec![];
+        let head_dims: &[usize] = &[8, 16, 20, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256, 320, 512];
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            for &d in head_dims {
+                let dims = (2, 3, 77, 131, d);
+                for splits in [None, Some(1), Some(3)] {
+                    out.push(Case {
+                        dtype,
+                        dims,
+                        mask: Mask::None,
+                        splits,
+                    });
+                }
+                if quick && d != 64 && d != 512 {
+                    continue;
+                }
+                for mask in [Mask::Additive, Mask::Boolean, Mask::KeyPadding] {
+                    out.push(Case {
+                        dtype,
+                        dims,
+                        mask,
+                        splits: None,
+                    });
+                }
+            }
+            // Cross-attention with 77 context keys (SD 1.5), memory key/values (lucidrains),
+            // a single query, and the core shapes of BENCHMARKS.md.
+            for dims in [
+                (2, 8, 64, 77, 160),
+                (4, 4, 256, 260, 32),
+                (1, 2, 1, 300, 64),
+                (2, 20, 1024, 1024, 64),
+            ] {
+                out.push(Case {
+                    dtype,
+                    dims,
+                    mask: Mask::None,
+                    splits: None,
+                });
+                out.push(Case {
+                    dtype,
+                    dims,
+                    mask: Mask::KeyPadding,
+                    splits: Some(2),
+                });
+            }
+            out.push(Case {
+                dtype,
+                dims: (1, 1, 4096, 4096, 512),
+                mask: Mask::None,
+                splits: None,
+            });
+            if !quick {
+                out.push(Case {
+                    dtype,
+                    dims: (1, 1, 4096, 4096, 512),
+                    mask: Mask::None,
+                    splits: Some(1),
+                });
+                out.push(Case {
+                    dtype,
+                    dims: (1, 1, 16384, 16384, 512),
+                    mask: Mask::None,
+                    splits: None,
+                });
+            }
+        }
+        out
+    }
+
+    fn mask_tensor(mask: Mask, b: usize, lq: usize, lk: usize, dev: &Device) -> Result<Option<Tensor>> {
+        let neg = f32::NEG_INFINITY;
+        Ok(match mask {
+            Mask::None => None,
+            // (B, 1, Lq, Lk): broadcast over heads.
+            Mask::Additive => Some((Tensor::randn(0f32, 1., (b, 1, lq, lk), &Device::Cpu)? * 2.0)?.to_device(dev)?),
+            // Every third key masked except key 0 (no row without keys).
+            Mask::Boolean => {
+                let m: Vec<f32> = (0..lq * lk)
+                    .map(|i| if i % lk != 0 && (i * 7) % 3 == 0 { neg } else { 0.0 })
+                    .collect();
+                Some(Tensor::from_vec(m, (lq, lk), &Device::Cpu)?.to_device(dev)?)
+            }
+            // (B, 1, 1, Lk): batch i pads its last 5·(i + 1) keys.
+            Mask::KeyPadding => {
+                let m: Vec<f32> = (0..b * lk)
+                    .map(|i| {
+                        if i % lk >= lk.saturating_sub(5 * (i / lk + 1)).max(1) {
+                            neg
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                Some(Tensor::from_vec(m, (b, 1, 1, lk), &Device::Cpu)?.to_device(dev)?)
+            }
+        })
+    }
+
+    fn median_ms(dev: &Device, mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
+        f()?;
+        dev.synchronize()?;
+        let mut ms = vec![];
+        for _ in 0..5 {
+            let t = Instant::now();
+            f()?;
+            dev.synchronize()?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        ms.sort_by(f64::total_cmp);
+        Ok(ms[ms.len() / 2])
+    }
+
+    fn run(c: &Case, dev: &Device) -> Result<serde_json::Value> {
+        let (b, h, lq, lk, d) = c.dims;
+        let r = |l: usize| -> Result<Tensor> {
+            Tensor::randn(0f32, 1., (b, h, l, d), &Device::Cpu)?
+                .to_device(dev)?
+                .to_dtype(c.dtype)
+        };
+        let (q, k, v) = (r(lq)?, r(lk)?, r(lk)?);
+        let mask = mask_tensor(c.mask, b, lq, lk, dev)?
+            .map(|m| m.to_dtype(c.dtype))
+            .transpose()?;
+        let scale = default_scale(d);
+        let opts = FusedOptions { splits: c.splits };
+        let Some(got) = fused_sdpa(&q, &k, &v, mask.as_ref(), scale, opts)? else {
+            candle_core::bail!("the fused kernel declined this case")
+        };
+        let want = sdpa_with(SdpaPath::Chunked, &q, &k, &v, mask.as_ref(), scale)?;
+        let diff = (got.to_dtype(DType::F32)? - want.to_dtype(DType::F32)?)?.abs()?;
+        let max_abs = diff.flatten_all()?.max(0)?.to_scalar::<f32>()? as f64;
+        let finite = got
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .all(|x| x.is_finite());
+        let tol = match c.dtype {
+            DType::F32 => 5e-5,
+            DType::F16 => 5e-3,
+            _ => 4e-2,
+        };
+        let fused_ms = median_ms(dev, || {
+            Ok(fused_sdpa(&q, &k, &v, mask.as_ref(), scale, opts)?.expect("ran above"))
+        })?;
+        let chunked_ms = median_ms(dev, || sdpa_with(SdpaPath::Chunked, &q, &k, &v, mask.as_ref(), scale))?;
+        let flops = 4.0 * (b * h * lq * lk * d) as f64;
+        Ok(serde_json::json!({
+            "max_abs": max_abs, "tol": tol, "finite": finite, "pass": finite && max_abs <= tol,
+            "fused_ms": fused_ms, "chunked_ms": chunked_ms, "fused_tflops": flops / fused_ms / 1e9,
+        }))
+    }
+
+    pub fn main() -> i32 {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let quick = args.iter().any(|a| a == "--quick");
+        let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1));
+        let mut out: Box<dyn Write> = match out_path {
+            Some(p) => match std::fs::File::create(p) {
+                Ok(f) => Box::new(f),
+                Err(e) => {
+                    eprintln!("fused_check: cannot create {p}: {e}");
+                    return 2;
+                }
+            },
+            None => Box::new(std::io::stdout()),
+        };
+        let dev = match Device::new_cuda(0) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("fused_check: no CUDA device: {e}");
+                return 3;
+            }
+        };
+        if !kernel_built() {
+            eprintln!("fused_check: this build has no fused kernel (CUDA_COMPUTE_CAP below 8.0)");
+            return 3;
+        }
+        let (mut passed, mut failed) = (0, 0);
+        for c in cases(quick) {
+            let (b, h, lq, lk, d) = c.dims;
+            let mut line = serde_json::json!({
+                "stage": "fused", "dtype": format!("{:?}", c.dtype).to_lowercase(), "b": b, "h": h, "lq": lq,
+                "lk": lk, "d": d, "mask": format!("{:?}", c.mask).to_lowercase(), "splits": c.splits,
+            });
+            match run(&c, &dev) {
+                Ok(v) => line
+                    .as_object_mut()
+                    .expect("an object")
+                    .extend(v.as_object().expect("an object").clone()),
+                Err(e) => {
+                    line["pass"] = false.into();
+                    line["error"] = e.to_string().into();
+                }
+            }
+            if line["pass"] == true {
+                passed += 1;
+            } else {
+                failed += 1;
+                eprintln!("fused_check: FAILED {line}");
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        eprintln!("fused_check: {passed} passed, {failed} failed");
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::json!({"stage": "fused", "summary": true, "passed": passed, "failed": failed})
+        );
+        i32::from(failed > 0)
+    }
+}

@@ -1,0 +1,471 @@
+// Fused attention forward for CUDA: softmax(q·kᵀ·scale + mask)·v without the score matrix.
+//
+// Written for this project from the published FlashAttention-2 algorithm (Dao, 2023): each
+// thread block (CTA) owns a tile of queries; key/value tiles stream through shared memory; a
+// running row maximum `m` and row sum `l` rescale the output accumulator (online softmax); the
+// output is divided by `l` once at the end. No code was copied from any implementation.
+//
+// Kernels (all `extern "C"`, launched from crates/attention/src/cuda/mod.rs):
+//
+// * `fattn_{f16,bf16}_dv{16,32,64,96,128,160,192,256}`: 4 warps, 64 queries per CTA (16 rows a
+//   warp), key tiles of 64 (32 when the output chunk is wider than 160 columns). q·kᵀ and p·v
+//   with `mma.sync.aligned.m16n8k16` (f32 accumulate) on fragments read with `ldmatrix`
+//   (`.trans` for v); q, k and v tiles copied with `cp.async` (16 bytes, zero-filled past the
+//   ends) when every row is 16-byte aligned, element by element otherwise. The head dim is
+//   padded with zeros to `dp`, a multiple of 16, in shared memory; shared rows are 8 elements
+//   longer than `dp` so that the 8 row addresses of an `ldmatrix` fall in 8 different banks. The
+//   output columns are split into chunks of `DVC` (grid y), each chunk's CTA recomputing q·kᵀ:
+//   this keeps the accumulator at most 128 f32 registers a thread (head dim 512 = 2 chunks of
+//   256) and doubles the CTAs where there are few. The probabilities `exp(s − m)` are rounded to
+//   the input dtype before p·v (PyTorch's GPU kernels do so); the row sum `l` is taken before
+//   rounding; `m` is the running maximum.
+// * `fattn_f32_ni{1,2,4,8,16}`: plain f32 FMA, no tensor cores: 4 warps of `RW` query rows each (4 up to head dim 128, else 2);
+//   key tiles of 32, one key per lane for q·kᵀ, output columns spread over the lanes (`NI` per
+//   lane) for p·v.
+// * `fattn_merge_{f16,bf16,f32}`: split-KV. When the grid above has too few CTAs to fill the
+//   GPU, grid z splits the key tiles; each split writes its unnormalised f32 output and its
+//   `(m, l)` to a workspace, and this kernel merges them: `M = max m_s`,
+//   `out = Σ o_s·exp(m_s − M) / Σ l_s·exp(m_s − M)`.
+//
+// Layouts: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, D) with any batch/head/row strides
+// (in elements) and a contiguous last dim; out contiguous (B, H, Lq, D). `mask` (nullable) is
+// additive f32 with strides (b, h, q, k), 0 where broadcast. Keys past Lk score −inf; a row with
+// every key at −inf gives 0 (as PyTorch's fused kernels). Memory: O(tokens × head dim) (the
+// split workspace is splits × B·H·Lq·(D + 2) floats).
+//
+// Requires sm_80+ for the mma/ldmatrix/cp.async kernels (build.rs builds nothing below that).
+// Status: compiled by nvcc in CI; it has NOT yet run on a GPU (see crates/attention/src/cuda).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define NEG_INF __int_as_float(0xff800000)
+
+namespace {
+
+constexpr int BR = 64;       // queries per CTA (mma kernels)
+constexpr int THREADS = 128; // 4 warps
+
+struct F16 {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+    static __device__ __forceinline__ uint16_t bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+struct BF16 {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+    static __device__ __forceinline__ uint16_t bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global → shared, asynchronously; zero-filled when `valid` is false (nothing is read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// Fill dst[r][c] (r < rows, c < cols, cols a multiple of 8, row stride dst_stride) with
+// src[r·src_stride + col0 + c] where r < rows_valid and col0 + c < d, else 0. 16-bit elements.
+// `vec`: every 8-element chunk is 16-byte aligned and wholly inside or outside d (cp.async).
+__device__ __forceinline__ void load_tile16(uint16_t* dst, int dst_stride, const uint16_t* src, long long src_stride,
+                                            int rows, int rows_valid, int col0, int cols, int d, bool vec) {
+    const int chunks = cols / 8;
+    for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
+        const int r = i / chunks, c = (i % chunks) * 8;
+        uint16_t* out = dst + r * dst_stride + c;
+        if (vec) {
+            const bool ok = r < rows_valid && col0 + c < d;
+            cp_async16(out, ok ? src + r * src_stride + col0 + c : src, ok);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const bool ok = r < rows_valid && col0 + c + e < d;
+                out[e] = ok ? src[r * src_stride + col0 + c + e] : uint16_t(0);
+            }
+        }
+    }
+}
+
+struct Args {
+    const void* q;
+    const void* k;
+    const void* v;
+    const float* mask;
+    void* out;
+    float* ws_o;
+    float* ws_ml;
+    int heads, bhs, lq, lk, d, dp, chunks, splits, tiles_per_split, vec;
+    long long q_sb, q_sh, q_sr, k_sb, k_sh, k_sr, v_sb, v_sh, v_sr;
+    long long m_sb, m_sh, m_sq, m_sk;
+    float scale;
+};
+
+// One output element: normalised by `l` and stored through `put` (one split), or the f32 partial
+// into the split workspace.
+template <typename Put>
+__device__ __forceinline__ void store_out(const Args& a, int bh, int split, int q, int col, float o, float l, Put put) {
+    const long long row = (long long)bh * a.lq + q;
+    if (a.splits > 1) {
+        a.ws_o[((long long)split * a.bhs * a.lq + row) * a.d + col] = o;
+    } else {
+        put(row * a.d + col, l > 0.f ? o * (1.f / l) : 0.f);
+    }
+}
+
+// Where a kernel's results go: f32, or 16-bit bits of `T`.
+struct PutF32 {
+    float* out;
+    __device__ __forceinline__ void operator()(long long i, float x) const { out[i] = x; }
+};
+template <typename T>
+struct PutHalf {
+    uint16_t* out;
+    __device__ __forceinline__ void operator()(long long i, float x) const { out[i] = T::bits(x); }
+};
+
+// The (m, l) of one row of one split.
+__device__ __forceinline__ void store_ml(const Args& a, int bh, int split, int q, float m, float l) {
+    float* ml = a.ws_ml + (((long long)split * a.bhs + bh) * a.lq + q) * 2;
+    ml[0] = m;
+    ml[1] = l;
+}
+
+template <typename T, int DVC, int BC>
+__device__ void attention_mma(const Args a) {
+    extern __shared__ __align__(16) uint16_t smem[];
+    const int qs_stride = a.dp + 8, ks_stride = a.dp + 8, vs_stride = DVC + 8;
+    uint16_t* qs = smem;
+    uint16_t* ks = qs + BR * qs_stride;
+    uint16_t* vs = ks + BC * ks_stride;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    const int q0 = blockIdx.x * BR;
+    const int bh = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks, split = blockIdx.z;
+    const int b = bh / a.heads, h = bh % a.heads;
+    const int col0 = chunk * DVC;
+    const bool vec = a.vec != 0;
+    const uint16_t* qg = static_cast<const uint16_t*>(a.q) + b * a.q_sb + h * a.q_sh + q0 * a.q_sr;
+    const uint16_t* kg = static_cast<const uint16_t*>(a.k) + b * a.k_sb + h * a.k_sh;
+    const uint16_t* vg = static_cast<const uint16_t*>(a.v) + b * a.v_sb + h * a.v_sh;
+    const float* mg = a.mask ? a.mask + b * a.m_sb + h * a.m_sh : nullptr;
+
+    const int tiles = (a.lk + BC - 1) / BC;
+    const int kt_begin = split * a.tiles_per_split;
+    const int kt_end = min(tiles, kt_begin + a.tiles_per_split);
+
+    load_tile16(qs, qs_stride, qg, a.q_sr, BR, a.lq - q0, 0, a.dp, a.d, vec);
+    if (kt_begin < kt_end) {
+        load_tile16(ks, ks_stride, kg + (long long)kt_begin * BC * a.k_sr, a.k_sr, BC, a.lk - kt_begin * BC, 0, a.dp, a.d, vec);
+    }
+    cp_async_commit();
+
+    float o[DVC / 8][4];
+#pragma unroll
+    for (int j = 0; j < DVC / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const int qrow[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
+        const int kv0 = kt * BC;
+        cp_async_wait_all();
+        __syncthreads(); // k tile kt (and q) in shared memory; every warp done with the last v tile
+        load_tile16(vs, vs_stride, vg + (long long)kv0 * a.v_sr, a.v_sr, BC, a.lk - kv0, col0, DVC, a.d, vec);
+        cp_async_commit();
+
+        // s = q·kᵀ for this warp's 16 rows × BC keys.
+        float s[BC / 8][4];
+#pragma unroll
+        for (int j = 0; j < BC / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int k0 = 0; k0 < a.dp; k0 += 16) {
+            uint32_t af[4];
+            ldsm_x4(af, qs + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * qs_stride + k0 + (lane / 16) * 8);
+#pragma unroll
+            for (int n = 0; n < BC / 16; ++n) {
+                uint32_t bf[4];
+                ldsm_x4(bf, ks + (n * 16 + (lane % 8) + (lane / 16) * 8) * ks_stride + k0 + ((lane / 8) % 2) * 8);
+                T::mma(s[2 * n], af, bf[0], bf[1]);
+                T::mma(s[2 * n + 1], af, bf[2], bf[3]);
+            }
+        }
+
+        // Scale, mask, key bounds; online softmax over rows g and g + 8.
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < BC / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2, key = kv0 + j * 8 + 2 * t + (e & 1);
+                float x = NEG_INF;
+                if (key < a.lk) {
+                    x = s[j][e] * a.scale;
+                    if (mg && qrow[r] < a.lq) x += mg[qrow[r] * a.m_sq + key * a.m_sk];
+                }
+                s[j][e] = x;
+                mx[r] = fmaxf(mx[r], x);
+            }
+        }
+        float m_use[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+            const float m_new = fmaxf(m[r], mx[r]);
+            m_use[r] = m_new == NEG_INF ? 0.f : m_new;
+            const float alpha = expf(m[r] - m_use[r]);
+            m[r] = m_new;
+            l[r] *= alpha;
+#pragma unroll
+            for (int j = 0; j < DVC / 8; ++j) {
+                o[j][2 * r] *= alpha;
+                o[j][2 * r + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < BC / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float p = expf(s[j][e] - m_use[e / 2]);
+                s[j][e] = p;
+                l[e / 2] += p;
+            }
+        }
+
+        cp_async_wait_all();
+        __syncthreads(); // v tile in shared memory; every warp done with the k tile
+        if (kt + 1 < kt_end) {
+            load_tile16(ks, ks_stride, kg + (long long)(kv0 + BC) * a.k_sr, a.k_sr, BC, a.lk - kv0 - BC, 0, a.dp, a.d, vec);
+        }
+        cp_async_commit();
+
+        // o += round(p)·v (p rounded to the input dtype, as PyTorch's kernels do).
+#pragma unroll
+        for (int ks16 = 0; ks16 < BC / 16; ++ks16) {
+            const uint32_t af[4] = {T::pack(s[2 * ks16][0], s[2 * ks16][1]), T::pack(s[2 * ks16][2], s[2 * ks16][3]),
+                                    T::pack(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]),
+                                    T::pack(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3])};
+#pragma unroll
+            for (int n = 0; n < DVC / 16; ++n) {
+                uint32_t bf[4];
+                ldsm_x4_t(bf, vs + (ks16 * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * vs_stride + n * 16 + (lane / 16) * 8);
+                T::mma(o[2 * n], af, bf[0], bf[1]);
+                T::mma(o[2 * n + 1], af, bf[2], bf[3]);
+            }
+        }
+    }
+    cp_async_wait_all();
+
+    const PutHalf<T> put{static_cast<uint16_t*>(a.out)};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    }
+#pragma unroll
+    for (int j = 0; j < DVC / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = e / 2, col = col0 + j * 8 + 2 * t + (e & 1);
+            if (qrow[r] < a.lq && col < a.d) store_out(a, bh, split, qrow[r], col, o[j][e], l[r], put);
+        }
+    }
+    if (a.splits > 1 && chunk == 0 && t == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (qrow[r] < a.lq) store_ml(a, bh, split, qrow[r], m[r], l[r]);
+        }
+    }
+}
+
+// f32: RW query rows a warp, key tiles of 32 (one key a lane for q·kᵀ), NI output columns a lane.
+template <int NI, int RW>
+__device__ void attention_f32(const Args a) {
+    extern __shared__ __align__(16) float fsm[];
+    constexpr int KT = 32, ROWS = 4 * RW;
+    const int d = a.d, ksd = a.d | 1; // odd k row stride: lane-per-key reads hit 32 banks
+    float* qs = fsm;
+    float* ks = qs + ROWS * d;
+    float* vs = ks + KT * ksd;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int q0 = blockIdx.x * ROWS, bh = blockIdx.y, split = blockIdx.z;
+    const int b = bh / a.heads, h = bh % a.heads;
+    const float* qg = static_cast<const float*>(a.q) + b * a.q_sb + h * a.q_sh;
+    const float* kg = static_cast<const float*>(a.k) + b * a.k_sb + h * a.k_sh;
+    const float* vg = static_cast<const float*>(a.v) + b * a.v_sb + h * a.v_sh;
+    const float* mg = a.mask ? a.mask + b * a.m_sb + h * a.m_sh : nullptr;
+    for (int i = threadIdx.x; i < ROWS * d; i += blockDim.x) {
+        const int r = i / d, c = i % d;
+        qs[i] = q0 + r < a.lq ? qg[(long long)(q0 + r) * a.q_sr + c] : 0.f;
+    }
+    const int tiles = (a.lk + KT - 1) / KT;
+    const int kt_begin = split * a.tiles_per_split, kt_end = min(tiles, kt_begin + a.tiles_per_split);
+
+    float o[RW][NI], m[RW], l[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        m[r] = NEG_INF;
+        l[r] = 0.f;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) o[r][i] = 0.f;
+    }
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
+        const int kv0 = kt * KT;
+        __syncthreads(); // every warp done with the last tiles
+        for (int i = threadIdx.x; i < KT * d; i += blockDim.x) {
+            const int r = i / d, c = i % d;
+            const bool ok = kv0 + r < a.lk;
+            ks[r * ksd + c] = ok ? kg[(long long)(kv0 + r) * a.k_sr + c] : 0.f;
+            vs[i] = ok ? vg[(long long)(kv0 + r) * a.v_sr + c] : 0.f;
+        }
+        __syncthreads();
+        const int key = kv0 + lane;
+        float s[RW];
+#pragma unroll
+        for (int r = 0; r < RW; ++r) s[r] = 0.f;
+        for (int c = 0; c < d; ++c) {
+            const float kc = ks[lane * ksd + c];
+#pragma unroll
+            for (int r = 0; r < RW; ++r) s[r] = fmaf(qs[(warp * RW + r) * d + c], kc, s[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < RW; ++r) {
+            const int qr = q0 + warp * RW + r;
+            float x = NEG_INF;
+            if (key < a.lk) {
+                x = s[r] * a.scale;
+                if (mg && qr < a.lq) x += mg[qr * a.m_sq + key * a.m_sk];
+            }
+            float mx = x;
+#pragma unroll
+            for (int w = 16; w > 0; w /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, w));
+            const float m_new = fmaxf(m[r], mx);
+            const float m_use = m_new == NEG_INF ? 0.f : m_new;
+            const float alpha = expf(m[r] - m_use);
+            const float p = expf(x - m_use);
+            float ps = p;
+#pragma unroll
+            for (int w = 16; w > 0; w /= 2) ps += __shfl_xor_sync(0xffffffff, ps, w);
+            m[r] = m_new;
+            l[r] = l[r] * alpha + ps;
+#pragma unroll
+            for (int i = 0; i < NI; ++i) o[r][i] *= alpha;
+            for (int j = 0; j < KT; ++j) {
+                const float pj = __shfl_sync(0xffffffff, p, j);
+#pragma unroll
+                for (int i = 0; i < NI; ++i) {
+                    const int c = lane + 32 * i;
+                    if (c < d) o[r][i] = fmaf(pj, vs[j * d + c], o[r][i]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        const int qr = q0 + warp * RW + r;
+        if (qr >= a.lq) continue;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const int c = lane + 32 * i;
+            if (c < d) store_out(a, bh, split, qr, c, o[r][i], l[r], PutF32{static_cast<float*>(a.out)});
+        }
+        if (a.splits > 1 && lane == 0) store_ml(a, bh, split, qr, m[r], l[r]);
+    }
+}
+
+// Merge the splits of one (b·h, query) row: grid x = rows, threads over columns.
+template <typename Put>
+__device__ void merge_rows(const float* ws_o, const float* ws_ml, int rows, int d, int splits, Put put) {
+    const long long row = blockIdx.x;
+    float big = NEG_INF;
+    for (int s = 0; s < splits; ++s) big = fmaxf(big, ws_ml[((long long)s * rows + row) * 2]);
+    float l = 0.f;
+    for (int s = 0; s < splits; ++s) {
+        const float* ml = ws_ml + ((long long)s * rows + row) * 2;
+        if (big != NEG_INF) l += ml[1] * expf(ml[0] - big);
+    }
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float o = 0.f;
+        if (big != NEG_INF) {
+            for (int s = 0; s < splits; ++s) {
+                const float ms = ws_ml[((long long)s * rows + row) * 2];
+                o += ws_o[((long long)s * rows + row) * d + c] * expf(ms - big);
+            }
+        }
+        put(row * d + c, l > 0.f ? o * (1.f / l) : 0.f);
+    }
+}
+
+} // namespace
+
+#define FATTN_MMA(NAME, T, DVC, BC)                                                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const Args a) { attention_mma<T, DVC, BC>(a); }
+
+FATTN_MMA(fattn_f16_dv16, F16, 16, 64)
+FATTN_MMA(fattn_f16_dv32, F16, 32, 64)
+FATTN_MMA(fattn_f16_dv64, F16, 64, 64)
+FATTN_MMA(fattn_f16_dv96, F16, 96, 64)
+FATTN_MMA(fattn_f16_dv128, F16, 128, 64)
+FATTN_MMA(fattn_f16_dv160, F16, 160, 64)
+FATTN_MMA(fattn_f16_dv192, F16, 192, 32)
+FATTN_MMA(fattn_f16_dv256, F16, 256, 32)
+FATTN_MMA(fattn_bf16_dv16, BF16, 16, 64)
+FATTN_MMA(fattn_bf16_dv32, BF16, 32, 64)
+FATTN_MMA(fattn_bf16_dv64, BF16, 64, 64)
+FATTN_MMA(fattn_bf16_dv96, BF16, 96, 64)
+FATTN_MMA(fattn_bf16_dv128, BF16, 128, 64)
+FATTN_MMA(fattn_bf16_dv160, BF16, 160, 64)
+FATTN_MMA(fattn_bf16_dv192, BF16, 192, 32)
+FATTN_MMA(fattn_bf16_dv256, BF16, 256, 32)
+
+#define FATTN_F32(NAME, NI, RW)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const Args a) { attention_f32<NI, RW>(a); }
+
+FATTN_F32(fattn_f32_ni1, 1, 4)
+FATTN_F32(fattn_f32_ni2, 2, 4)
+FATTN_F32(fattn_f32_ni4, 4, 4)
+FATTN_F32(fattn_f32_ni8, 8, 2)
+FATTN_F32(fattn_f32_ni16, 16, 2)
+
+extern "C" __global__ void fattn_merge_f32(const float* ws_o, const float* ws_ml, float* out, int rows, int d, int splits) {
+    merge_rows(ws_o, ws_ml, rows, d, splits, PutF32{out});
+}
+extern "C" __global__ void fattn_merge_f16(const float* ws_o, const float* ws_ml, uint16_t* out, int rows, int d, int splits) {
+    merge_rows(ws_o, ws_ml, rows, d, splits, PutHalf<F16>{out});
+}
+extern "C" __global__ void fattn_merge_bf16(const float* ws_o, const float* ws_ml, uint16_t* out, int rows, int d, int splits) {
+    merge_rows(ws_o, ws_ml, rows, d, splits, PutHalf<BF16>{out});
+}

@@ -1,0 +1,132 @@
+//! This crate's own fused attention forward on CUDA (feature `cuda`): `softmax(q·kᵀ·scale +
+//! mask)·v` in one kernel, without the score matrix in memory.
+//!
+//! **Status: compiled in CI, never run on a GPU yet.** [`SdpaPath::Auto`](crate::sdpa::SdpaPath)
+//! does not pick it ([`AUTO_PICKS_FUSED`] is `false`); `UNET_ATTENTION_SDPA=fused` (or
+//! [`SdpaPath::Fused`](crate::sdpa::SdpaPath::Fused)) does. The GPU kit's `fused` stage
+//! (`examples/fused_check.rs`) checks it against the chunked path; once that passes on a GPU,
+//! flip [`AUTO_PICKS_FUSED`].
+//!
+//! **Algorithm** (FlashAttention-2, written from the paper; `kernels/fused_attention.cu`): a thread
+//! block of 4 warps owns 64 queries (16 per warp); key/value tiles of 64 keys (32 when the head
+//! dim is over 160) stream through shared memory (`cp.async`, the next k tile loading during
+//! p·v, the v tile during q·kᵀ); `mma.sync.m16n8k16` on `ldmatrix` fragments, f32 accumulation;
+//! running row max and sum (online softmax), one division at the end. The probabilities are
+//! rounded to f16/bf16 before p·v, as PyTorch's CUDA kernels do. Head dims 1 – 512 (padded with
+//! zeros to a multiple of 16 in shared memory); the output columns are computed in chunks of at
+//! most 256 (head dim 512: two thread blocks per query tile, each recomputing q·kᵀ). f32: plain
+//! FMA, no tensor cores. **Split-KV**: when (batch·heads·query tiles·chunks) is below twice the
+//! number of SMs, the key tiles are split over up to 64 thread blocks per tile, and a merge kernel
+//! combines their f32 partial outputs and `(max, sum)`.
+//!
+//! **Limits** (outside them [`fused_sdpa`] returns `None` and the caller falls back): a CUDA
+//! device of compute capability ≥ 8.0 and PTX built for ≥ 8.0 (`CUDA_COMPUTE_CAP`); q, k, v
+//! f16, bf16 or f32, all one dtype, rank 4 `(B, H, L, D)` with equal batch and heads and equal
+//! head dims `1 ≤ D ≤ 512` (v's head dim too); at least one query and one key; an additive mask
+//! that broadcasts to `(B, H, Lq, Lk)` (boolean and key-padding masks arrive here as additive
+//! ones). A row whose keys are all masked gives 0 in every dtype (PyTorch's fused kernels do; the
+//! chunked path gives NaN in f32). Memory: the output, plus `splits × B·H·Lq·(D + 2)` f32 of
+//! workspace when the keys are split.
+
+mod launch;
+
+use candle_core::{DType, Device, Result, Tensor};
+
+/// Whether [`SdpaPath::Auto`](crate::sdpa::SdpaPath::Auto) runs the fused kernel on CUDA. `false`
+/// until the GPU kit's `fused` stage has passed on a GPU: flip it then.
+pub const AUTO_PICKS_FUSED: bool = false;
+
+/// Knobs of [`fused_sdpa`], for tests and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FusedOptions {
+    /// Split the keys over this many thread blocks per query tile (clamped to the number of key
+    /// tiles; 1 turns split-KV off). `None`: chosen from the GPU's SM count.
+    pub splits: Option<usize>,
+}
+
+/// Whether this build carries the kernel's PTX (built for compute capability ≥ 8.0).
+pub fn kernel_built() -> bool {
+    launch::PTX.is_some()
+}
+
+/// The fused attention forward where it applies (see the module docs), `None` where it does
+/// not (the caller then takes another path). Shapes and semantics as [`crate::sdpa::sdpa`].
+pub fn fused_sdpa(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f64,
+    opts: FusedOptions,
+) -> Result<Option<Tensor>> {
+    let Device::Cuda(dev) = q.device() else {
+        return Ok(None);
+    };
+    let Some(shape) = supported_dims(q, k, v)? else {
+        return Ok(None);
+    };
+    let Some(gpu) = launch::Gpu::query(dev)? else {
+        return Ok(None);
+    };
+    let mask = match mask {
+        None => None,
+        Some(m) if !m.device().same_device(q.device()) || !m.dtype().is_float() => return Ok(None),
+        Some(m) => match m
+            .to_dtype(DType::F32)?
+            .broadcast_as((shape.b, shape.h, shape.lq, shape.lk))
+        {
+            Ok(full) => Some(full),
+            Err(_) => return Ok(None),
+        },
+    };
+    let Some(plan) = launch::Plan::new(&shape, q.dtype(), &gpu, opts) else {
+        return Ok(None);
+    };
+    let last_dim_contiguous = |t: &Tensor| -> Result<Tensor> {
+        if t.stride()[3] == 1 {
+            Ok(t.clone())
+        } else {
+            t.contiguous()
+        }
+    };
+    let (q, k, v) = (
+        last_dim_contiguous(q)?,
+        last_dim_contiguous(k)?,
+        last_dim_contiguous(v)?,
+    );
+    let op = launch::FusedAttention {
+        mask,
+        scale: scale as f32,
+        plan,
+    };
+    Ok(Some(q.apply_op3_no_bwd(&k, &v, &op)?))
+}
+
+/// `(B, H, Lq, Lk, D)` of a q, k, v the kernel takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dims {
+    pub b: usize,
+    pub h: usize,
+    pub lq: usize,
+    pub lk: usize,
+    pub d: usize,
+}
+
+fn supported_dims(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Option<Dims>> {
+    let dtype = q.dtype();
+    if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32)
+        || k.dtype() != dtype
+        || v.dtype() != dtype
+        || q.rank() != 4
+        || k.rank() != 4
+        || v.rank() != 4
+        || !k.device().same_device(q.device())
+        || !v.device().same_device(q.device())
+    {
+        return Ok(None);
+    }
+    let (b, h, lq, d) = q.dims4()?;
+    let (kb, kh, lk, kd) = k.dims4()?;
+    let ok = (kb, kh, kd) == (b, h, d) && v.dims() == [b, h, lk, d] && (1..=512).contains(&d) && lq > 0 && lk > 0;
+    Ok(ok.then_some(Dims { b, h, lq, lk, d }))
+}
