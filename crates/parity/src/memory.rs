@@ -28,9 +28,10 @@ use std::collections::BTreeMap;
 /// mid blocks, whose resnets keep a normalised, an activated and a convolved copy next to the
 /// residual; attention blocks 4–5).
 pub const ACTIVATIONS: u64 = 10;
-/// Float64 copies of the largest output the comparison holds (ours, PyTorch's and the float64
-/// twin as `f64` values, and one conversion in flight).
-pub const COMPARE: u64 = 5;
+/// Float64 copies of the largest output the comparison holds: ours, PyTorch's, the float64 twin
+/// and PyTorch's error as `f64` values, the error's neighbourhood maximum (the elementwise rule
+/// of `compare`), PyTorch's output again in a run in another dtype, and two conversions in flight.
+pub const COMPARE: u64 = 8;
 /// What the process holds before any bundle: code, the thread pools, the allocator's arenas.
 pub const BASELINE: u64 = 64 << 20;
 /// The chunked reference attention's score block (`unet_attention::sdpa`, on the CPU).
