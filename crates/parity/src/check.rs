@@ -7,11 +7,12 @@
 //! * f64: rule (a) at float64 tolerances (`1e-7`/`1e-7`) only: a float64 port must reproduce
 //!   PyTorch's float64 run;
 //! * f32, f16, bf16: rule (a) at the run dtype's tolerances against the float64 output, or rule (b)
-//!   with PyTorch's own error at the *bundle's* dtype (`max|torch − float64|`, the only PyTorch error
-//!   the bundle holds): `max|ours − float64| ≤ 2 × max|torch − float64|`. Running more precisely than
-//!   the bundle (an f16 bundle in f32) must therefore be at least half as accurate as PyTorch in
-//!   the bundle's dtype; running less precisely (an f32 bundle in f16) is held to PyTorch's f32
-//!   error and normally fails: check an f16/bf16 bundle itself for PyTorch's half-precision error.
+//!   element by element with PyTorch's own error at the *bundle's* dtype (`|torch − float64|`, the
+//!   only PyTorch error the bundle holds) in each element's neighbourhood ([`crate::compare`]).
+//!   Running more precisely than the bundle (an f16 bundle in f32) must therefore be about as
+//!   accurate as PyTorch in the bundle's dtype; running less precisely (an f32 bundle in f16) is
+//!   held to PyTorch's f32 error and normally fails: check an f16/bf16 bundle itself for PyTorch's
+//!   half-precision error.
 //!
 //! **Mixed-dtype bundles**: an f16/bf16 bundle may store some inputs in f32 (PyTorch was given them
 //! in f32, e.g. guided-diffusion's `emb` under `convert_to_fp16`). Run in the bundle's own dtype,

@@ -54,7 +54,7 @@ enum Command {
         #[arg(long, value_parser = parse_tolerance)]
         rtol: Option<f64>,
         /// Run in this dtype instead of the bundle's, and compare with PyTorch's float64 output
-        /// (f64: at float64 tolerances; f32/f16/bf16: also passes within 2× PyTorch's own error
+        /// (f64: at float64 tolerances; f32/f16/bf16: also passes within PyTorch's own error
         /// in the bundle's dtype).
         #[arg(long, value_parser = ["f32", "f16", "bf16", "f64"])]
         dtype: Option<String>,
