@@ -188,7 +188,8 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
     config.insert("resnet_time_scale_shift".into(), json!(shift));
     let mut unknown = vec![
         "resnet_groups (norm groups: 32 in SD / most configs)".to_string(),
-        "resnet_eps (UNet2DModel norm_eps 1e-5, VAE and SD 1e-6 ... pass the model's config.json)".to_string(),
+        "resnet_eps (the U-Nets' norm_eps, 1e-5 in SD and UNet2DModel; the VAE's 1e-6 ... pass the model's config.json)"
+            .to_string(),
     ];
     let t0 = format!("{p}attentions.0.transformer_blocks.0.");
     if has(ck, &format!("{p}attentions.0.add_k_proj.weight")) {
