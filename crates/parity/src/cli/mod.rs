@@ -6,15 +6,16 @@ use crate::check::{check_file, Options, Report, WeightsFrom};
 use crate::error::ParityError;
 use crate::guard;
 use crate::hub::HubRepo;
-use crate::memory::Limit;
 use crate::weights::conversion_note;
 use clap::{Args, Parser, Subcommand};
 use print::{blocks, detect, inspect, line, print_table, print_trace};
 use std::io::Write;
 use std::path::PathBuf;
 
+mod memory_args;
 mod print;
 mod threads;
+use memory_args::MemoryArgs;
 
 /// Exit code: every bundle passed.
 pub const EXIT_PASS: i32 = 0;
@@ -147,33 +148,6 @@ enum Command {
         #[command(flatten)]
         hub: HubArgs,
     },
-}
-
-/// The memory a bundle may take ([`crate::memory`]).
-#[derive(Args, Debug, Clone)]
-struct MemoryArgs {
-    /// Refuse a bundle whose estimated peak memory is above this (`8G`, `512M`, bytes; default:
-    /// the memory available, and the address space left under `ulimit -v`).
-    #[arg(long, value_name = "SIZE", value_parser = crate::memory::parse_size)]
-    max_memory: Option<u64>,
-}
-
-impl MemoryArgs {
-    /// The limit now: `--max-memory`, else the machine's (none where the machine tells none).
-    fn limit(&self) -> Option<Limit> {
-        match self.max_memory {
-            Some(bytes) => Some(Limit::given(bytes)),
-            None => Limit::from_machine(),
-        }
-    }
-
-    /// Refuse the bundle at `path` when it would not fit (see [`crate::memory`]).
-    fn check_fits(&self, path: &std::path::Path, load: Load, dtype: Option<&str>) -> Result<(), ParityError> {
-        match self.limit() {
-            Some(limit) => crate::memory::check_bundle_fits(path, load, dtype, &limit),
-            None => Ok(()),
-        }
-    }
 }
 
 fn parse_query(s: &str) -> Result<(usize, usize), String> {
