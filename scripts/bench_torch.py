@@ -8,6 +8,9 @@
     python scripts/bench_torch.py export vae_mid_64             # only write the bundle of a whole-block case
     python scripts/bench_torch.py all [--reps 5]      # every case, one subprocess each
     python scripts/bench_torch.py compare [RUST_EXAMPLE] [--bundle-bin BIN] [--rounds 5] [--reps N] [--only SUBSTR] [--out FILE] [--mkl-avx512]
+    python scripts/bench_torch.py SUBCOMMAND --help             # each subcommand's options (argparse)
+
+Unknown options, missing values and unknown case names are errors (exit status 2).
 
 ``compare`` runs each case alternately here and with the Rust example binary
 (``target/release/examples/bench_sdpa``), ``--rounds`` times each, so both see the same machine
@@ -58,6 +61,7 @@ autograd (``torch.inference_mode``), float32, CPU. The core case is
 the real library classes with random weights.
 """
 
+import argparse
 import json
 import os
 import resource
@@ -122,22 +126,17 @@ def rss_mib(key):
     return float("nan")
 
 
-def opt(args, name, default):
-    return int(args[args.index(name) + 1]) if name in args else default
-
-
 def placement(args):
     """``(device, dtype)`` from ``--device`` / ``--dtype``; ``--strict-f32`` turns TF32 off in cuDNN
     (PyTorch's default lets its float32 convolutions run in TF32) and cuBLAS."""
     import torch
 
-    if "--strict-f32" in args:
+    if args.strict_f32:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
 
     dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-    device = torch.device(sopt(args, "--device", "cpu"))
-    return device, dtypes[sopt(args, "--dtype", "f32")]
+    return torch.device(args.device), dtypes[args.dtype]
 
 
 class Timer:
@@ -166,7 +165,7 @@ class Timer:
         if not self.cuda:
             return {}
         cuda = self.torch.cuda
-        return {"device": sopt(args, "--device", "cpu"), "dtype": sopt(args, "--dtype", "f32"),
+        return {"device": args.device, "dtype": args.dtype,
                 "tf32_convs": self.torch.backends.cudnn.allow_tf32,
                 "tf32_matmuls": self.torch.backends.cuda.matmul.allow_tf32,
                 "gpu": cuda.get_device_name(), "gpu_before_mib": round(self.before / 2**20, 1),
@@ -179,11 +178,11 @@ def one(args):
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    reps, warmup = opt(args, "--reps", 5), opt(args, "--warmup", 1)
+    reps, warmup = args.reps, args.warmup
     device, dtype = placement(args)
     size = torch.tensor([], dtype=dtype).element_size()
-    if args[0] == "core":
-        b, h, lq, lk, d = (int(x) for x in args[1:6])
+    if args.command == "core":
+        b, h, lq, lk, d = args.b, args.h, args.lq, args.lk, args.d
         q = torch.randn(b, h, lq, d).to(device, dtype)
         k = torch.randn(b, h, lk, d).to(device, dtype)
         v = torch.randn(b, h, lk, d).to(device, dtype)
@@ -194,7 +193,7 @@ def one(args):
             return F.scaled_dot_product_attention(q, k, v)
 
     else:
-        kind, side = args[1], int(args[2])
+        kind, side = args.kind, args.side
         if kind == "vae":
             from diffusers.models.attention_processor import Attention
 
@@ -394,8 +393,8 @@ def time_whole(args):
     import torch
 
     torch.set_num_threads(2)
-    reps, warmup = opt(args, "--reps", 5), opt(args, "--warmup", 1)
-    path = ensure_whole(args[1])
+    reps, warmup = args.reps, args.warmup
+    path = ensure_whole(args.name)
     module, inputs, kwargs, expected64, case, block = load_whole(path)
     device, dtype = placement(args)
     keep_f32 = set()
@@ -474,37 +473,28 @@ DEFAULT_REPS = {
 }
 
 
-def sopt(args, name, default):
-    return args[args.index(name) + 1] if name in args else default
-
-
 def compare(args):
-    binary = args[0] if args and not args[0].startswith("--") else SDPA_BIN
-    bundle_bin = sopt(args, "--bundle-bin", BUNDLE_BIN)
-    rounds = opt(args, "--rounds", 5)
-    reps = opt(args, "--reps", 0)
-    only = sopt(args, "--only", None)
-    out = sopt(args, "--out", "bench_results.jsonl")
-    cases = [c for c in case_args() if not only or only in " ".join(c)]
-    place = [x for f in ("--device", "--dtype") if f in args for x in (f, sopt(args, f, None))]
-    strict = ["--strict-f32"] if "--strict-f32" in args else []
-    on_gpu = not sopt(args, "--device", "cpu").startswith("cpu")
+    cases = [c for c in case_args() if not args.only or args.only in " ".join(c)]
+    # --device / --dtype go to both sides only where given (the Rust binaries' defaults otherwise)
+    place = [x for f, v in (("--device", args.device), ("--dtype", args.dtype)) if v is not None for x in (f, v)]
+    strict = ["--strict-f32"] if args.strict_f32 else []
+    on_gpu = not (args.device or "cpu").startswith("cpu")
     # Whole-block bundles are written before any timing (the float64 reference runs take a while).
     for c in cases:
         if c[0] == "whole":
             ensure_whole(c[1])
     # The shim is built once; only PyTorch's runs get it.
-    torch_env = mkl_avx512_env() if "--mkl-avx512" in args else None
+    torch_env = mkl_avx512_env() if args.mkl_avx512 else None
     rows = {}
     for c in cases:
-        extra = ["--reps", str(reps or (20 if on_gpu else DEFAULT_REPS.get(" ".join(c), 5))), *place]
-        ours = [bundle_bin, whole_path(c[1])] if c[0] == "whole" else [binary, *c]
-        for _ in range(rounds):
+        extra = ["--reps", str(args.reps or (20 if on_gpu else DEFAULT_REPS.get(" ".join(c), 5))), *place]
+        ours = [args.bundle_bin, whole_path(c[1])] if c[0] == "whole" else [args.rust_example, *c]
+        for _ in range(args.rounds):
             for cmd, env in (([sys.executable, __file__, *c, *extra, *strict], torch_env), ([*ours, *extra], None)):
                 run = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
                 line = run.stdout.strip().splitlines()[-1]
                 rec = json.loads(line)
-                with open(out, "a") as f:
+                with open(args.out, "a") as f:
                     f.write(line + "\n")
                 rows.setdefault(" ".join(c), {}).setdefault(rec["impl"], []).append(rec)
                 print(line, file=sys.stderr, flush=True)
@@ -523,27 +513,90 @@ def compare(args):
         print(f"| {by['torch'][0]['case']} | {tm:.2f} | {om:.2f} | {tm / om:.2f} | {fastest} | {tmem:.0f} | {omem:.0f} | {by['torch'][0]['io_mib']:.1f} |")
 
 
-def main():
-    args = sys.argv[1:]
-    if not args:
+def run_options(device_default="cpu", dtype_default="f32", reps_default=5, warmup=True):
+    """The options shared by the subcommands that run PyTorch (a parent parser)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--reps", type=int, default=reps_default, metavar="N",
+                   help=f"timed repetitions after the warm-up (default {reps_default})")
+    if warmup:
+        p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed calls first (default 1)")
+    p.add_argument("--device", default=device_default, metavar="DEV",
+                   help=f"cpu or cuda[:N] (default {device_default or 'the CPU'})")
+    p.add_argument("--dtype", default=dtype_default, choices=("f32", "f16", "bf16"),
+                   help=f"(default {dtype_default or 'f32'})")
+    p.add_argument("--strict-f32", action="store_true", help="TF32 off in cuDNN and cuBLAS")
+    p.add_argument("--mkl-avx512", action="store_true", help="run PyTorch with MKL's Intel code paths forced")
+    return p
+
+
+def parser():
+    ap = argparse.ArgumentParser(prog="bench_torch.py", description=__doc__.split("\n\n", 1)[0],
+                                 epilog="See the module docstring (python -c 'import bench_torch; help(bench_torch)')"
+                                 " for the JSON fields.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = run_options()
+
+    core = sub.add_parser("core", parents=[run], help="F.scaled_dot_product_attention on one shape",
+                          description="Time F.scaled_dot_product_attention on q (B, H, LQ, D), k and v (B, H, LK, D).")
+    for name in ("b", "h", "lq", "lk", "d"):
+        core.add_argument(name, type=int, metavar=name.upper())
+
+    block = sub.add_parser("block", parents=[run], help="a real library attention block at 512 channels",
+                           description="Time diffusers' Attention (vae) or denoising_diffusion_pytorch's Attention "
+                           "(ddpm) on a (1, 512, SIDE, SIDE) input.")
+    block.add_argument("kind", choices=("vae", "ddpm"))
+    block.add_argument("side", type=int)
+
+    whole = sub.add_parser("whole", parents=[run], help="a whole block on its bundle (exported first if missing)",
+                           description="Time a whole block rebuilt from its bundle in target/bench_blocks/.")
+    whole.add_argument("name", choices=list(WHOLE))
+
+    export = sub.add_parser("export", help="only write the bundle of a whole-block case",
+                            description="Write target/bench_blocks/NAME.safetensors (float32 and float64 runs).")
+    export.add_argument("name", choices=list(WHOLE))
+    export.add_argument("--mkl-avx512", action="store_true", help="accepted for symmetry (the export ignores it)")
+
+    sub.add_parser("all", parents=[run], help="every case, one subprocess each (the options go to each)",
+                   description="Run every core, block and whole case, one subprocess each, with these options.")
+
+    cmp = sub.add_parser("compare", help="alternate PyTorch and the Rust examples, print the Markdown table",
+                         description="Run each case alternately here and with the Rust example binaries, append "
+                         "every JSON line to --out and print a Markdown table of the medians.")
+    cmp.add_argument("rust_example", nargs="?", default=SDPA_BIN, metavar="RUST_EXAMPLE",
+                     help="the bench_sdpa binary (default target/release/examples/bench_sdpa)")
+    cmp.add_argument("--bundle-bin", default=BUNDLE_BIN, metavar="BIN",
+                     help="the bench_bundle binary (default target/release/examples/bench_bundle)")
+    cmp.add_argument("--rounds", type=int, default=5, metavar="N", help="rounds per case (default 5)")
+    cmp.add_argument("--reps", type=int, default=0, metavar="N",
+                     help="repetitions per run (default: about half a second of calls; 20 on a GPU)")
+    cmp.add_argument("--only", metavar="SUBSTR", help="only the cases whose command line contains SUBSTR")
+    cmp.add_argument("--out", default="bench_results.jsonl", metavar="FILE",
+                     help="JSON lines appended here (default bench_results.jsonl)")
+    cmp.add_argument("--device", default=None, metavar="DEV", help="passed to both sides (default the CPU)")
+    cmp.add_argument("--dtype", default=None, choices=("f32", "f16", "bf16"), help="passed to both sides (default f32)")
+    cmp.add_argument("--strict-f32", action="store_true", help="TF32 off in PyTorch's runs")
+    cmp.add_argument("--mkl-avx512", action="store_true", help="PyTorch's runs with MKL's Intel code paths forced")
+    return ap
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
         sys.exit(__doc__)
-    if "--mkl-avx512" in args and args[0] != "compare":
-        mkl_avx512_reexec(args)
-    if args[0] == "compare":
-        compare(args[1:])
-        return
-    if args[0] == "export":
-        export_whole(args[1])
-        return
-    if args[0] == "whole":
+    args = parser().parse_args(argv)
+    if args.mkl_avx512 and args.command != "compare":
+        mkl_avx512_reexec(argv)
+    if args.command == "compare":
+        compare(args)
+    elif args.command == "export":
+        export_whole(args.name)
+    elif args.command == "whole":
         time_whole(args)
-        return
-    if args[0] != "all":
+    elif args.command == "all":
+        for c in case_args():
+            subprocess.run([sys.executable, __file__, *c, *argv[1:]], check=True)
+    else:
         one(args)
-        return
-    extra = args[1:]
-    for c in case_args():
-        subprocess.run([sys.executable, __file__, *c, *extra], check=True)
 
 
 if __name__ == "__main__":
