@@ -5,7 +5,7 @@ tensor and the metadata as they are.
     python scripts/add_trace_twins.py [BUNDLE ...]     # default: every float32 bundle under weights/
 
 Each bundle is first rebuilt from its metadata and verified by its exporter's own check
-(``export_models.verify_bundle`` for ``weights/mid``, ``weights/accuracy`` and ``weights/own``,
+(``export_models.verify_bundle``, in ``scripts/export/verify.py``, for ``weights/mid``, ``weights/accuracy`` and ``weights/own``,
 ``export_reference.verify_file`` for the family folders): outputs, float64 outputs and stages
 bit-identical to the stored ones. The float64 copy the check builds is then run with the stage
 hooks, and its stages are stored as ``parity.trace.<stage>.float64_delta``
@@ -32,8 +32,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import export_models  # noqa: E402
 import export_reference  # noqa: E402
+from export import verify as export_verify  # noqa: E402
 from parity_bundle import _canonicalize_header  # noqa: E402
 from parity_trace import DELTA_SUFFIX, float64_delta, trace_module  # noqa: E402
 
@@ -44,7 +44,8 @@ def verifier(path: Path):
     """The exporter module and check function that own ``path``."""
     family = path.relative_to(WEIGHTS).parts[0]
     if family in ("mid", "accuracy", "own"):
-        return export_models, export_models.verify_bundle
+        # the module whose globals (verify_traces, run_module) verify_bundle calls
+        return export_verify, export_verify.verify_bundle
     if family in export_reference.FAMILIES:
         return export_reference, export_reference.verify_file
     raise SystemExit(f"{path}: no exporter owns weights/{family}")

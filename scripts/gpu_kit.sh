@@ -16,7 +16,7 @@
 # The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check} built with
 # `--features cuda` (release, stripped; PTX for CUDA_COMPUTE_CAP, default 90 = H100/H200; run.sh
 # unpacks them into a temporary folder), weights.tar.xz (the committed bundles less
-# weights/accuracy, about 42 MiB packed; run.sh unpacks them likewise), scripts/ (bench_torch.py and what it imports), wheels/
+# weights/accuracy, about 42 MiB packed; run.sh unpacks them likewise), scripts/ (bench_torch.py and what it imports, the export/ package included), wheels/
 # (diffusers, denoising-diffusion-pytorch, stable-diffusion-sdkit, guided-diffusion-sdk and the
 # packages they import that a plain PyTorch install lacks; pure-Python, installed --no-deps by
 # run.sh), run.sh and MANIFEST.json (commit, compute capability, sizes). Copy the folder to the GPU
@@ -129,6 +129,7 @@ build() {
     cp scripts/bench_torch.py scripts/export_models.py scripts/parity_bundle.py scripts/parity_trace.py \
         scripts/upstream.py "$dir.partial/scripts/"
     cp -r scripts/reference "$dir.partial/scripts/reference"
+    cp -r scripts/export "$dir.partial/scripts/export"
     find "$dir.partial/scripts" -name __pycache__ -prune -exec rm -rf {} +
     python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
         --dest "$dir.partial/wheels" "${KIT_WHEELS[@]}" || cuda_fail "pip could not download ${KIT_WHEELS[*]}"
@@ -196,7 +197,7 @@ dry_run() {
     done
     python3 -m pip --version >/dev/null 2>&1 || { echo "gpu-kit dry run: python3 -m pip is missing" >&2; ok=0; }
     for f in scripts/gpu_kit/run.sh scripts/bench_torch.py scripts/export_models.py scripts/parity_bundle.py \
-        scripts/parity_trace.py scripts/upstream.py scripts/requirements-nodeps.txt scripts/reference weights; do
+        scripts/parity_trace.py scripts/upstream.py scripts/requirements-nodeps.txt scripts/reference scripts/export weights; do
         [[ -e "$f" ]] || { echo "gpu-kit dry run: $f is missing" >&2; ok=0; }
     done
     bash -n scripts/gpu_kit/run.sh || ok=0
