@@ -77,43 +77,48 @@ def diffusers_unet2d_condition(ctx: Ctx):
         ctx.bundle(f"unet_mid_block_2d_cross_attn_{short}_ref", "diffusers.UNetMidBlock2DCrossAttn", cfg,
                    tensor_inputs(ins), out, ref=(weights, "mid_block."), source=src)
         if name == "diffusers_sd1":
-            # the UNet turns a (B, S) 1/0 encoder_attention_mask into a (B, 1, S) additive bias
-            # (1 - m) * -10000 before the mid block sees it
-            keep = torch.tensor([[1., 1., 1., 1., 1., 0., 0.], [1., 1., 1., 0., 0., 0., 0.]])
-            mins, mout = capture(model.mid_block, lambda: run(keep))
-            assert mins["encoder_attention_mask"].shape == (2, 1, 7)
-            ctx.bundle("unet_mid_block_2d_cross_attn_sd1_encoder_mask_bias_ref", "diffusers.UNetMidBlock2DCrossAttn",
-                       cfg, tensor_inputs(mins), mout, ref=(weights, "mid_block."),
-                       source=src + "; UNet2DConditionModel called with encoder_attention_mask [[1,1,1,1,1,0,0],"
-                       "[1,1,1,0,0,0,0]] (B, S), which it converts to the additive (B, 1, S) bias (1 - m) * -10000.0 "
-                       "the mid block receives (stored as captured)")
-            # the same 1/0 mask given to the mid block directly as (B, S) floats: Transformer2DModel converts a
-            # 2-D encoder_attention_mask itself, the same way
-            dins = OrderedDict(tensor_inputs(mins))
-            dins["encoder_attention_mask"] = keep
-            standalone = build_module("diffusers.UNetMidBlock2DCrossAttn", cfg)
-            standalone.load_state_dict(sub_state(model.state_dict(), "mid_block."), strict=True)
-            standalone.eval()
-            dout = run_module(standalone, dins)["output"]
-            assert torch.equal(dout, mout), "2-D 1/0 mask and the UNet's bias disagree"
-            ctx.bundle("unet_mid_block_2d_cross_attn_sd1_encoder_mask_2d_ref", "diffusers.UNetMidBlock2DCrossAttn",
-                       cfg, dins, mout, ref=(weights, "mid_block."),
-                       source=src + "; encoder_attention_mask [[1,1,1,1,1,0,0],[1,1,1,0,0,0,0]] (B, S) float 1 = keep, "
-                       "0 = discard, passed straight to the mid block (Transformer2DModel converts a 2-D mask to "
-                       "(1 - m) * -10000.0); output asserted equal to the whole model's mid block given the same mask")
-            rins, rout = capture(model.mid_block.resnets[0], run)
-            ctx.bundle("resnet_block_2d_sd1_groups_out_ref", "diffusers.ResnetBlock2D", cross_attn_resnet0_config(cfg),
-                       tensor_inputs(rins), rout, ref=(weights, "mid_block.resnets.0."),
-                       source=DIFF_RESNET + f"; mid_block.resnets.0 of the whole UNet2DConditionModel weights/{weights} "
-                       "(UNetMidBlock2DCrossAttn passes groups_out), inputs captured by a forward pre-hook while the "
-                       "model ran on random inputs")
+            _sd1_mask_bundles(ctx, model, run, cfg, src, weights)
+
+
+def _sd1_mask_bundles(ctx: Ctx, model, run, cfg: dict, src: str, weights: str):
+    """The SD 1.x-like U-Net's extra referencing bundles: its mid block given an encoder mask (as
+    the UNet's additive bias and as a 2-D 1/0 mask) and its first resnet (``groups_out``)."""
+    # the UNet turns a (B, S) 1/0 encoder_attention_mask into a (B, 1, S) additive bias
+    # (1 - m) * -10000 before the mid block sees it
+    keep = torch.tensor([[1., 1., 1., 1., 1., 0., 0.], [1., 1., 1., 0., 0., 0., 0.]])
+    mins, mout = capture(model.mid_block, lambda: run(keep))
+    assert mins["encoder_attention_mask"].shape == (2, 1, 7)
+    ctx.bundle("unet_mid_block_2d_cross_attn_sd1_encoder_mask_bias_ref", "diffusers.UNetMidBlock2DCrossAttn",
+               cfg, tensor_inputs(mins), mout, ref=(weights, "mid_block."),
+               source=src + "; UNet2DConditionModel called with encoder_attention_mask [[1,1,1,1,1,0,0],"
+               "[1,1,1,0,0,0,0]] (B, S), which it converts to the additive (B, 1, S) bias (1 - m) * -10000.0 "
+               "the mid block receives (stored as captured)")
+    # the same 1/0 mask given to the mid block directly as (B, S) floats: Transformer2DModel converts a
+    # 2-D encoder_attention_mask itself, the same way
+    dins = OrderedDict(tensor_inputs(mins))
+    dins["encoder_attention_mask"] = keep
+    standalone = build_module("diffusers.UNetMidBlock2DCrossAttn", cfg)
+    standalone.load_state_dict(sub_state(model.state_dict(), "mid_block."), strict=True)
+    standalone.eval()
+    dout = run_module(standalone, dins)["output"]
+    assert torch.equal(dout, mout), "2-D 1/0 mask and the UNet's bias disagree"
+    ctx.bundle("unet_mid_block_2d_cross_attn_sd1_encoder_mask_2d_ref", "diffusers.UNetMidBlock2DCrossAttn",
+               cfg, dins, mout, ref=(weights, "mid_block."),
+               source=src + "; encoder_attention_mask [[1,1,1,1,1,0,0],[1,1,1,0,0,0,0]] (B, S) float 1 = keep, "
+               "0 = discard, passed straight to the mid block (Transformer2DModel converts a 2-D mask to "
+               "(1 - m) * -10000.0); output asserted equal to the whole model's mid block given the same mask")
+    rins, rout = capture(model.mid_block.resnets[0], run)
+    ctx.bundle("resnet_block_2d_sd1_groups_out_ref", "diffusers.ResnetBlock2D", cross_attn_resnet0_config(cfg),
+               tensor_inputs(rins), rout, ref=(weights, "mid_block.resnets.0."),
+               source=DIFF_RESNET + f"; mid_block.resnets.0 of the whole UNet2DConditionModel weights/{weights} "
+               "(UNetMidBlock2DCrossAttn passes groups_out), inputs captured by a forward pre-hook while the "
+               "model ran on random inputs")
 
 
 def diffusers_unet2d_condition_simple_cross(ctx: Ctx):
     """``UNet2DConditionModel(mid_block_type="UNetMidBlock2DSimpleCrossAttn")``: the IF / Kandinsky /
     UnCLIP U-Net, whose mid block runs added key/value attention (``AttnAddedKVProcessor2_0``)."""
     from diffusers import UNet2DConditionModel
-    from diffusers.models.attention_processor import AttnAddedKVProcessor
 
     common = dict(sample_size=8, layers_per_block=1, block_out_channels=(8, 16),
                   down_block_types=("ResnetDownsampleBlock2D", "SimpleCrossAttnDownBlock2D"),
@@ -172,25 +177,33 @@ def diffusers_unet2d_condition_simple_cross(ctx: Ctx):
         ctx.bundle(f"{stem}_ref", "diffusers.UNetMidBlock2DSimpleCrossAttn", cfg, tensor_inputs(ins), out,
                    ref=(weights, "mid_block."), source=src)
         if name == "diffusers_if":
-            # the UNet turns a (B, S) 1/0 encoder_attention_mask into a (B, 1, S) additive bias; the added-KV
-            # processor pads it by the H*W self tokens (prepare_attention_mask), which the keys append
-            keep = torch.tensor([[1., 1., 1., 1., 1., 0., 0.], [1., 1., 1., 0., 0., 0., 0.]])
-            mins, mout = capture(model.mid_block, lambda: run(keep))
-            assert mins["encoder_attention_mask"].shape == (2, 1, 7)
-            ctx.bundle(f"{stem}_encoder_mask_bias", "diffusers.UNetMidBlock2DSimpleCrossAttn", cfg,
-                       tensor_inputs(mins), mout, state=state,
-                       source=src + "; UNet2DConditionModel called with encoder_attention_mask [[1,1,1,1,1,0,0],"
-                       "[1,1,1,0,0,0,0]] (B, S), which it converts to the additive (B, 1, S) bias (1 - m) * -10000.0 "
-                       "the mid block receives (stored as captured) and passes to its attentions (attention_mask None)")
-            # AttnAddedKVProcessor (baddbmm, upcast_softmax) after model.set_attn_processor
-            model.set_attn_processor(AttnAddedKVProcessor())
-            pins, pout = capture(model.mid_block, run)
-            pcfg = dict(cfg, processor="AttnAddedKVProcessor")
-            ctx.bundle(f"{stem}_attn_added_kv_processor", "diffusers.UNetMidBlock2DSimpleCrossAttn", pcfg,
-                       tensor_inputs(pins), pout, state=state, half=True,
-                       source=src.replace("AttnAddedKVProcessor2_0 (the constructor's choice under torch >= 2)",
-                                          "AttnAddedKVProcessor after model.set_attn_processor(AttnAddedKVProcessor()) "
-                                          "(baddbmm scores, upcast_softmax=True; the processor torch < 2 gets)"))
+            _if_extra_bundles(ctx, model, run, cfg, src, stem, state)
+
+
+def _if_extra_bundles(ctx: Ctx, model, run, cfg: dict, src: str, stem: str, state):
+    """The IF-like U-Net's extra bundles: its mid block given an encoder mask, and run by
+    ``AttnAddedKVProcessor`` (the processor torch < 2 gets) after ``model.set_attn_processor``."""
+    from diffusers.models.attention_processor import AttnAddedKVProcessor
+
+    # the UNet turns a (B, S) 1/0 encoder_attention_mask into a (B, 1, S) additive bias; the added-KV
+    # processor pads it by the H*W self tokens (prepare_attention_mask), which the keys append
+    keep = torch.tensor([[1., 1., 1., 1., 1., 0., 0.], [1., 1., 1., 0., 0., 0., 0.]])
+    mins, mout = capture(model.mid_block, lambda: run(keep))
+    assert mins["encoder_attention_mask"].shape == (2, 1, 7)
+    ctx.bundle(f"{stem}_encoder_mask_bias", "diffusers.UNetMidBlock2DSimpleCrossAttn", cfg,
+               tensor_inputs(mins), mout, state=state,
+               source=src + "; UNet2DConditionModel called with encoder_attention_mask [[1,1,1,1,1,0,0],"
+               "[1,1,1,0,0,0,0]] (B, S), which it converts to the additive (B, 1, S) bias (1 - m) * -10000.0 "
+               "the mid block receives (stored as captured) and passes to its attentions (attention_mask None)")
+    # AttnAddedKVProcessor (baddbmm, upcast_softmax) after model.set_attn_processor
+    model.set_attn_processor(AttnAddedKVProcessor())
+    pins, pout = capture(model.mid_block, run)
+    pcfg = dict(cfg, processor="AttnAddedKVProcessor")
+    ctx.bundle(f"{stem}_attn_added_kv_processor", "diffusers.UNetMidBlock2DSimpleCrossAttn", pcfg,
+               tensor_inputs(pins), pout, state=state, half=True,
+               source=src.replace("AttnAddedKVProcessor2_0 (the constructor's choice under torch >= 2)",
+                                  "AttnAddedKVProcessor after model.set_attn_processor(AttnAddedKVProcessor()) "
+                                  "(baddbmm scores, upcast_softmax=True; the processor torch < 2 gets)"))
 
 
 def diffusers_unet2d_condition_dual(ctx: Ctx):
