@@ -100,6 +100,34 @@ def _module_dtype(module: nn.Module) -> torch.dtype:
     return torch.float32
 
 
+def _floating_dtypes(module: nn.Module) -> set:
+    return {t.dtype for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()}
+
+
+def module_in_dtype(module: nn.Module, dtype: torch.dtype) -> tuple:
+    """``(module to run, converted?)`` for ``export_bundle(..., dtype=dtype)``.
+
+    A module whose floating parameters and buffers are all in one dtype other than ``dtype`` is
+    converted: a deep copy ``.to(dtype)`` (the caller's module is left as it is), so that the
+    weights, the inputs (cast by ``export_bundle``) and the float64 copy (made from the
+    ``dtype``-rounded weights) agree. A module already in ``dtype``, or a mixed-dtype module
+    that holds some tensors in ``dtype`` (e.g. after ``convert_convs_to_half_``: the caller chose
+    which parts stay float32), runs as given. A mixed-dtype module with nothing in ``dtype``, or
+    a non-floating ``dtype``, is a ``TypeError``: which parts to convert is not this function's
+    guess to make."""
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype={dtype}: a bundle's dtype is a floating dtype (float16, bfloat16, float32, float64)")
+    held = _floating_dtypes(module)
+    if not held or held == {dtype} or (len(held) > 1 and dtype in held):
+        return module, False
+    if len(held) > 1:
+        raise TypeError(f"dtype={dtype}: the {type(module).__name__} holds floating tensors in "
+                        f"{', '.join(sorted(_dtype_name(d) for d in held))} and none in {_dtype_name(dtype)}; convert "
+                        f"the parts that should run in {_dtype_name(dtype)} yourself (e.g. convert_convs_to_half_) and "
+                        "pass the module with dtype=")
+    return copy.deepcopy(module).to(dtype), True
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -400,9 +428,14 @@ def export_bundle(
             level is the state dict. Stored as metadata ``parity.weights``, ``parity.prefix`` and
             (when given) ``parity.weights_key``. The module must already hold those weights.
         dtype: the bundle's ``parity.dtype``, the dtype PyTorch runs the block in; default the
-            module's dtype (of its first floating parameter or buffer). Give it for a module holding
-            mixed dtypes, e.g. ``torch.float16`` after ``convert_convs_to_half_`` (whose first
-            parameter, a GroupNorm32 weight, stays float32).
+            module's dtype (of its first floating parameter or buffer). A module held in one other
+            floating dtype is converted first (``module_in_dtype``: a deep copy ``.to(dtype)``; the
+            float inputs are cast as always), so a float32 module exports as a float16 bundle with
+            ``dtype=torch.float16``; a run that PyTorch then refuses is a ``RuntimeError`` saying so.
+            Give it too for a module holding mixed dtypes, e.g. ``torch.float16`` after
+            ``convert_convs_to_half_`` (whose first parameter, a GroupNorm32 weight, stays float32):
+            such a module runs as given. Converting is refused with ``weights_ref`` or
+            ``state_dict`` (they would describe weights other than the ones PyTorch ran).
         input_dtypes: input name -> dtype for floating inputs PyTorch is given in another dtype
             than ``dtype`` (guided-diffusion's half mode: ``{"emb": torch.float32}``); stored in
             that dtype.
@@ -425,9 +458,18 @@ def export_bundle(
         dict with ``path``, ``bytes``, ``outputs`` (name -> shape) and ``max_abs_diff_f64``
         (name -> max |output - output.float64|, PyTorch's own rounding error).
     """
-    module.eval()
     kwargs = dict(kwargs or {})
-    dtype = _module_dtype(module) if dtype is None else dtype
+    if dtype is None:
+        dtype = _module_dtype(module)
+        converted = False
+    else:
+        held = ", ".join(sorted(_dtype_name(d) for d in _floating_dtypes(module)))
+        module, converted = module_in_dtype(module, dtype)
+        if converted and (weights_ref is not None or state_dict is not None):
+            raise ValueError(f"dtype={dtype} would convert the module's {held} weights: weights_ref / state_dict "
+                             "would then describe other weights than the ones PyTorch ran; convert the module "
+                             "yourself (module.to(dtype)) and pass weights that match it")
+    module.eval()
     clean = OrderedDict((k, v) for k, v in _flatten_list_inputs(inputs).items() if v is not None)
     for name, value in clean.items():
         if not isinstance(value, torch.Tensor):
@@ -436,7 +478,15 @@ def export_bundle(
     if unknown:
         raise KeyError(f"input_dtypes names inputs {unknown} that are not among {list(clean)}")
     ins = _cast_inputs(clean, dtype, input_dtypes)
-    outs = run_module(module, ins, kwargs, output_names)
+    try:
+        outs = run_module(module, ins, kwargs, output_names)
+    except RuntimeError as e:
+        if not converted:
+            raise
+        raise RuntimeError(f"{block}: PyTorch cannot run this module after module.to({dtype}): "
+                           f"{str(e).splitlines()[0]}; convert it yourself, keeping the parts that must stay "
+                           "float32 (e.g. convert_convs_to_half_ for guided-diffusion's GroupNorm32), and pass the "
+                           "module with dtype=") from e
 
     m64 = float64_copy(module, prepare_float64)
     outs64 = run_module(m64, _cast_inputs(ins, torch.float64), kwargs, output_names)
