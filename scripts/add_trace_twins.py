@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 import export_reference  # noqa: E402
 from export import verify as export_verify  # noqa: E402
 from parity_bundle import _canonicalize_header  # noqa: E402
-from parity_trace import DELTA_SUFFIX, float64_delta, trace_module  # noqa: E402
+from parity_trace import DELTA_SUFFIX, NAMED, TRACE_MODE_KEY, float64_delta, trace_module  # noqa: E402
 
 WEIGHTS = HERE.parent / "weights"
 
@@ -58,9 +58,10 @@ def float64_stages(path: Path) -> dict:
     original = owner.verify_traces
 
     def capture(p, bundle, module, inputs, module64, inputs64, kwargs=None, output_names=None):
-        _, stages = trace_module(bundle["block"], module, inputs, kwargs, output_names)
+        mode = bundle["metadata"].get(TRACE_MODE_KEY, NAMED)
+        _, stages = trace_module(bundle["block"], module, inputs, kwargs, output_names, mode)
         assert stages is not None and list(stages) == list(bundle["trace"]), f"{p}: stages {list(stages or [])}"
-        _, stages64 = trace_module(bundle["block"], module64, inputs64, kwargs, output_names)
+        _, stages64 = trace_module(bundle["block"], module64, inputs64, kwargs, output_names, mode)
         assert list(stages64) == list(stages), f"{p}: float64 stages {list(stages64)}"
         stored = bundle["trace"]
         got.update((n, float64_delta(stored[n], t)) for n, t in stages64.items())

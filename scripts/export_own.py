@@ -5,6 +5,7 @@ block(s) receive, and write *referencing* parity bundles (with stage traces) for
     python scripts/export_own.py MODEL [--out DIR] [--name NAME] [--size H W] [--batch B] [--seed S]
                                  [--inputs FILE.safetensors] [--variant V] [--threads N]
     python scripts/export_own.py model-10.pt --unet-kwargs '{"dim": 64, "dim_mults": [1, 2, 4, 8]}' [--entry ema]
+    python scripts/export_own.py MODEL --trace modules [--only decoder_mid_block]   # module-path stages
 
 MODEL is a folder that diffusers' ``save_pretrained`` wrote (``config.json`` + the weights:
 ``diffusion_pytorch_model.safetensors``, its sharded index, or ``.bin``), or the weights file in
@@ -23,6 +24,14 @@ and the config its parent passes it (the kwargs ``scripts/export_models.py`` wri
 checkpoint file, and must reproduce the in-model output bit for bit on the captured tensors. Each
 bundle references the checkpoint (``parity.weights``, relative to the bundle's folder) instead
 of holding the weights. Then: ``unet-parity check --trace DIR`` and ``unet-parity show BUNDLE``.
+
+Stage traces: by default the block's named stages (``parity_trace.TRACERS``: ``resnets.0/conv1``,
+``attentions.0/transformer_blocks.0/attn1/q``, ...). ``--trace modules`` records instead the
+output of every submodule that runs, named by its module path (``resnets.0/norm1``,
+``attentions.0/transformer_blocks.0/attn1/to_q``, a second call ``resnets.0/nonlinearity#2``; the
+rules are in ``parity_trace.py``'s docstring), for a port whose forward records its submodules'
+outputs under the same paths. ``--only SITE ...`` writes only those mid blocks (file-name
+suffixes: ``mid_block``, ``encoder_mid_block``, ``decoder_mid_block``, ``controlnet_mid_block``).
 """
 
 from __future__ import annotations
@@ -386,7 +395,7 @@ def rebuilt(block, cfg, weights: Path, key, prefix):
     return module.eval()
 
 
-def export_site(site, ins, expected, kwargs, weights: Path, key, out: Path, source: str):
+def export_site(site, ins, expected, kwargs, weights: Path, key, out: Path, source: str, trace="named"):
     suffix, block, cfg, prefix, _ = site
     module = rebuilt(block, cfg, weights, key, prefix)
     got = list(run_module(module, ins, kwargs).values())
@@ -402,7 +411,8 @@ def export_site(site, ins, expected, kwargs, weights: Path, key, out: Path, sour
     rel = os.path.relpath(weights.resolve(), out.parent.resolve()).replace(os.sep, "/")
     ref = (rel, prefix) if key is None else (rel, prefix, key)
     contiguous = OrderedDict((k, v.contiguous()) for k, v in ins.items())
-    info = export_bundle(module, block, cfg, contiguous, out, kwargs=kwargs, weights_ref=ref, trace=True,
+    info = export_bundle(module, block, cfg, contiguous, out, kwargs=kwargs, weights_ref=ref,
+                         trace=True if trace == "named" else trace,
                          source=f"{source}; weights {rel} prefix {prefix!r}" + (f" entry {key!r}" if key else ""))
     # the reference resolves from where the bundle lies, and gives back the stored outputs
     back = load_bundle(out)
@@ -454,6 +464,11 @@ def main(argv=None) -> int:
     ap.add_argument("--unet-kwargs", help="lucidrains: JSON of the Unet(...) keyword arguments")
     ap.add_argument("--entry", choices=("model", "ema"), help="lucidrains Trainer file: which weights (default ema)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: byte-reproducible files)")
+    ap.add_argument("--trace", choices=("named", "modules"), default="named",
+                    help="stage traces: the block's named stages (q, k, v, probs, ...; default), or 'modules': every "
+                    "submodule's output under its module path (resnets.0/norm1, ...; parity_trace.py's rules)")
+    ap.add_argument("--only", nargs="+", metavar="SITE",
+                    help="only these mid blocks, by file-name suffix (e.g. decoder_mid_block of an AutoencoderKL)")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     torch.use_deterministic_algorithms(True)
@@ -468,6 +483,11 @@ def main(argv=None) -> int:
             weights, cls = where, "lucidrains Unet"
             model, run, sites, key, what = lucidrains_plan(where, args)
         name = args.name or (where.name if kind == "diffusers" else where.stem)
+        if args.only:
+            unknown = sorted(set(args.only) - {site[0] for site in sites})
+            if unknown:
+                raise Refused(f"--only {' '.join(unknown)}: this {cls} has {', '.join(site[0] for site in sites)}")
+            sites = [site for site in sites if site[0] in args.only]
         written = []
         for site in sites:
             try:
@@ -479,7 +499,7 @@ def main(argv=None) -> int:
                               "your own with --inputs FILE.safetensors") from None
             source = site_source(site, cls, what)
             out = args.out / f"{name}_{site[0]}.safetensors"
-            info = export_site(site, ins, expected, kwargs, weights, key, out, source)
+            info = export_site(site, ins, expected, kwargs, weights, key, out, source, args.trace)
             diffs = ", ".join(f"{k} {v:.2e}" for k, v in info["max_abs_diff_f64"].items())
             shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in ins.items())
             print(f"wrote {out} ({info['bytes']} B) {site[1]} inputs [{shapes}] prefix {site[3]!r} "

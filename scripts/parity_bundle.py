@@ -394,7 +394,7 @@ def export_bundle(
     weights_ref: Sequence[str] | None = None,
     dtype: torch.dtype | None = None,
     input_dtypes: Mapping[str, torch.dtype] | None = None,
-    trace: bool = True,
+    trace: bool | str = True,
     extra_metadata: Mapping[str, str] | None = None,
 ) -> dict:
     """Run ``module`` on ``inputs`` and write a format-"1" parity bundle to ``path``.
@@ -439,9 +439,14 @@ def export_bundle(
         input_dtypes: input name -> dtype for floating inputs PyTorch is given in another dtype
             than ``dtype`` (guided-diffusion's half mode: ``{"emb": torch.float32}``); stored in
             that dtype.
-        trace: (default on) also run the block with the stage hooks of ``parity_trace`` (blocks it
-            knows; others get no traces) so that ``unet-parity check --trace`` can name the first
-            stage that diverges; ``trace=False`` for large benchmark bundles. The hooks
+        trace: (default on) also run the block with the stage hooks of ``parity_trace`` so that
+            ``unet-parity check --trace`` can name the first stage that diverges: ``True`` uses the
+            block's named tracer (``parity_trace.TRACERS``) and, for a block id without one, the
+            module stages (every submodule's output under its module path, ``resnets.0/norm1``;
+            the naming rules are in ``parity_trace``'s docstring; metadata ``parity.trace_mode`` =
+            ``"modules"``); ``"named"`` only the named tracer (no traces without one);
+            ``"modules"`` the module stages whatever the block; ``trace=False`` none (large
+            benchmark bundles). The hooks
             store the stages as ``parity.trace.<stage>`` with metadata ``parity.trace`` (the stage
             names in order, ``output`` last = the first output). The traced run must give outputs
             bit-identical to the untraced one; the other tensors of the bundle are unchanged. A
@@ -521,9 +526,10 @@ def export_bundle(
 
     trace_names = None
     if trace:
-        from parity_trace import DELTA_SUFFIX, float64_delta, trace_module
+        from parity_trace import DELTA_SUFFIX, MODULES, TRACE_MODE_KEY, float64_delta, resolve_mode, trace_module
 
-        traced, stages = trace_module(block, module, ins, kwargs, output_names)
+        mode = resolve_mode(block, trace)
+        traced, stages = trace_module(block, module, ins, kwargs, output_names, mode)
         for name, t in outs.items():
             if not torch.equal(traced[name], t):
                 raise RuntimeError(f"{path}: the traced run changed output {name!r}")
@@ -534,7 +540,8 @@ def export_bundle(
             if dtype in (torch.float16, torch.bfloat16, torch.float32):
                 # the float64 copy's stages: the reference a stage is judged by (float32 bundles store
                 # them as bfloat16 deltas from the stage, see parity_trace.float64_delta)
-                traced64, stages64 = trace_module(block, m64, _cast_inputs(ins, torch.float64), kwargs, output_names)
+                traced64, stages64 = trace_module(block, m64, _cast_inputs(ins, torch.float64), kwargs, output_names,
+                                                  mode)
                 for name, t in outs64.items():
                     if not torch.equal(traced64[name], t):
                         raise RuntimeError(f"{path}: the traced float64 run changed output {name!r}")
@@ -562,6 +569,8 @@ def export_bundle(
         metadata["parity.kwargs"] = json.dumps(kwargs)
     if trace_names is not None:
         metadata["parity.trace"] = json.dumps(trace_names)
+        if mode == MODULES:
+            metadata[TRACE_MODE_KEY] = MODULES
     for key, value in (extra_metadata or {}).items():
         if key.startswith("parity.") or not isinstance(value, str):
             raise ValueError(f"extra_metadata {key!r}: keys outside parity.*, string values only")

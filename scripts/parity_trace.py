@@ -34,6 +34,40 @@ Stage layouts (the same on the Rust side, ``unet_attention::trace``):
 * ``output``: the block's output; not stored twice at the top (it is
   ``parity.output.<first output>``).
 
+**Module stages** (``trace_module(..., mode="modules")``, ``export_bundle(..., trace="modules")``,
+and what ``export_bundle(..., trace=True)`` records for a block id without a tracer in ``TRACERS``):
+any ``nn.Module`` traced without a tracer of its own. Every submodule that runs (each entry of
+``module.named_modules()`` but the module itself) records its output, under a stage name made
+from its qualified module path by these rules:
+
+1. split the path on ``.`` into components (``attentions.0.transformer_blocks.0.attn1.to_q`` ->
+   ``attentions``, ``0``, ``transformer_blocks``, ``0``, ``attn1``, ``to_q``);
+2. a component of ASCII digits only (a ``ModuleList`` / ``Sequential`` index) stays joined to
+   the component before it with ``.``; every other component starts a new level (so does a
+   leading index, as in an ``nn.Sequential`` block: ``0.in_layers.2`` -> ``0/in_layers.2``);
+3. the levels are joined with ``/``: ``resnets.0.norm1`` -> ``resnets.0/norm1``,
+   ``attentions.0.transformer_blocks.0.attn1.to_q`` -> ``attentions.0/transformer_blocks.0/attn1/to_q``,
+   ``attentions.0.transformer_blocks.0.attn1.to_out.0`` -> ``attentions.0/transformer_blocks.0/attn1/to_out.0``,
+   ``blocks.1.0`` -> ``blocks.1.0``;
+4. the k-th call of the same submodule (k >= 2) is ``<name>#k``: the first call is the plain name
+   (a ResnetBlock2D's one ``nonlinearity`` runs three times: ``resnets.0/nonlinearity``,
+   ``resnets.0/nonlinearity#2``, ``resnets.0/nonlinearity#3``). Calls are counted whether or not
+   they record a stage (rule 5), and per module object: a module registered under two paths
+   (shared) has the first path ``named_modules()`` gives and one count;
+5. a call records a stage only when it returns a floating-point tensor, or a tuple / list /
+   ``BaseOutput`` (diffusers' ``*Output``) / dict whose first tensor entry is one (that entry);
+   other outputs (``None``, integers, nested structures) record nothing;
+6. stages are in the order the calls *return* (forward order of completion: a submodule's own
+   stage comes after the stages of the submodules it called, as ``<name>/output`` does above);
+   the top module's output is the stage ``output``, last, stored as ``parity.output.<first
+   output>`` as for any bundle.
+
+A submodule whose stage name would be ``output`` is an error. The bundle records the mode as
+metadata ``parity.trace_mode`` = ``"modules"`` (absent: the named tracers), and checks re-record
+its stages the same way. Module stages are the modules' own outputs, unreshaped (no ``q``/``k``/
+``v`` head split, no ``probs``): a port records, at the end of its forward of the submodule with
+that path, the tensor that submodule returns, under the name these rules give.
+
 Bundles store stage ``s`` as ``parity.trace.<s>`` and the metadata ``parity.trace`` = JSON list of
 the stage names in forward order (``output`` last). Every bundle also stores the float64 run's
 stages (the stages of the float64 copy of the module on the same inputs), so that an intermediate
@@ -46,6 +80,7 @@ bytes of a float64 copy.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import OrderedDict
@@ -810,11 +845,97 @@ def _base(name):
     return name.rsplit("/", 1)[-1].rstrip("0123456789")
 
 
-def trace_module(block, module, inputs, kwargs=None, output_names=None):
-    """Run ``module`` with stage hooks: ``(outputs, stages)``; ``stages`` is ``None`` when the
-    block has no tracer. ``stages`` holds contiguous copies, in forward order."""
+# Trace modes: the named tracers of ``TRACERS`` ("named"), or every submodule's output under its
+# module path ("modules").
+NAMED, MODULES = "named", "modules"
+# Metadata key of a bundle's trace mode (written for "modules" only; absent means "named").
+TRACE_MODE_KEY = "parity.trace_mode"
+
+
+def module_stage_name(path: str) -> str:
+    """The stage name of the submodule at qualified path ``path`` (module docstring, rules 1-3):
+    ``resnets.0.norm1`` -> ``resnets.0/norm1``."""
+    if not path:
+        raise ValueError("the top module has no stage name of its own (its output is the stage 'output')")
+    levels = []
+    for part in path.split("."):
+        if levels and part.isdigit() and part.isascii():
+            levels[-1] += "." + part
+        else:
+            levels.append(part)
+    return "/".join(levels)
+
+
+def _first_tensor(out):
+    """The tensor a module stage records of output ``out`` (rule 5), or ``None``."""
+    if isinstance(out, torch.Tensor):
+        items = [out]
+    elif isinstance(out, (tuple, list)):
+        items = list(out)
+    elif isinstance(out, dict):  # diffusers BaseOutput is an OrderedDict of its non-None fields
+        items = list(out.values())
+    elif dataclasses.is_dataclass(out) and not isinstance(out, type):
+        items = [getattr(out, f.name) for f in dataclasses.fields(out)]
+    else:
+        items = []
+    t = next((x for x in items if isinstance(x, torch.Tensor)), None)
+    return t if t is not None and t.is_floating_point() else None
+
+
+def trace_modules(module, inputs, kwargs=None, output_names=None):
+    """Run ``module`` recording every submodule's output under its module path (mode "modules",
+    rules in the module docstring): ``(outputs, stages)``, stages as contiguous CPU copies taken
+    when each call returns."""
     from parity_bundle import run_module
 
+    got, calls, handles = OrderedDict(), {}, []
+
+    def hook(name):
+        def record(mod, args, out):
+            n = calls[name] = calls.get(name, 0) + 1
+            t = _first_tensor(out)
+            if t is not None:
+                got[name if n == 1 else f"{name}#{n}"] = t.detach().cpu().clone().contiguous()
+        return record
+
+    for path, sub in module.named_modules():
+        if not path:
+            continue
+        name = module_stage_name(path)
+        if name == "output":
+            raise KeyError(f"{type(module).__name__}: submodule {path!r} would be the stage 'output' (the block's "
+                           "own output)")
+        handles.append(sub.register_forward_hook(hook(name)))
+    try:
+        outs = run_module(module, inputs, kwargs, output_names)
+    finally:
+        for h in handles:
+            h.remove()
+    return outs, got
+
+
+def resolve_mode(block, trace):
+    """The mode ``export_bundle(trace=...)`` records: ``True`` -> the block's named tracer if
+    ``TRACERS`` has one, else "modules"; "named" / "modules" as given; ``False`` -> ``None``."""
+    if trace is False or trace is None:
+        return None
+    if trace is True:
+        return NAMED if block in TRACERS else MODULES
+    if trace not in (NAMED, MODULES):
+        raise ValueError(f"trace={trace!r}: True, False, {NAMED!r} or {MODULES!r}")
+    return trace
+
+
+def trace_module(block, module, inputs, kwargs=None, output_names=None, mode=NAMED):
+    """Run ``module`` with stage hooks: ``(outputs, stages)``; ``stages`` is ``None`` when the
+    block has no tracer (mode "named"). ``stages`` holds contiguous copies, in forward order.
+    ``mode="modules"``: every submodule's output under its module path (``trace_modules``)."""
+    from parity_bundle import run_module
+
+    if mode == MODULES:
+        return trace_modules(module, inputs, kwargs, output_names)
+    if mode != NAMED:
+        raise ValueError(f"trace mode {mode!r}: {NAMED!r} or {MODULES!r}")
     make = TRACERS.get(block)
     hooks = _Hooks()
     finish = make(module, hooks) if make is not None else None
@@ -837,7 +958,8 @@ def verify_traces(path, bundle, module, inputs, module64, inputs64, kwargs=None,
     they are the stored ones bit for bit: the module's stages, and for a half-precision bundle the
     float64 copy's. Every block with a tracer must carry traces."""
     meta = bundle["metadata"]
-    _, stages = trace_module(bundle["block"], module, inputs, kwargs, output_names)
+    mode = meta.get(TRACE_MODE_KEY, NAMED)
+    _, stages = trace_module(bundle["block"], module, inputs, kwargs, output_names, mode)
     if stages is None:
         assert "parity.trace" not in meta and not bundle["trace"], f"{path}: unexpected traces"
         return
@@ -846,7 +968,7 @@ def verify_traces(path, bundle, module, inputs, module64, inputs64, kwargs=None,
     for n, t in stages.items():
         assert t.dtype == bundle["trace"][n].dtype and torch.equal(t, bundle["trace"][n]), f"{path}: trace {n} differs"
     if meta["parity.dtype"] in ("float16", "bfloat16", "float32"):
-        _, stages64 = trace_module(bundle["block"], module64, inputs64, kwargs, output_names)
+        _, stages64 = trace_module(bundle["block"], module64, inputs64, kwargs, output_names, mode)
         assert list(bundle["trace_f64"]) == list(stages64), f"{path}: float64 stages {list(bundle['trace_f64'])}"
         for n, t in stages64.items():
             if meta["parity.dtype"] == "float32":
