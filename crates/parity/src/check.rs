@@ -397,13 +397,13 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
 
 /// Rule (a)'s tolerances for a run: the options', else the bundle's (in its own dtype only), else
 /// the run dtype's defaults; with each one above its default named in `loosened`.
-struct Tolerances {
-    rtol: f64,
-    atol: f64,
-    loosened: Vec<String>,
+pub(crate) struct Tolerances {
+    pub(crate) rtol: f64,
+    pub(crate) atol: f64,
+    pub(crate) loosened: Vec<String>,
 }
 
-fn tolerances(bundle: &Bundle, opts: &Options, dtype: DType, bundle_dtype: DType) -> Result<Tolerances> {
+pub(crate) fn tolerances(bundle: &Bundle, opts: &Options, dtype: DType, bundle_dtype: DType) -> Result<Tolerances> {
     let (def_rtol, def_atol) = default_tolerance(dtype);
     let same_dtype = dtype == bundle_dtype;
     let mut loosened = vec![];
@@ -434,7 +434,7 @@ fn tolerances(bundle: &Bundle, opts: &Options, dtype: DType, bundle_dtype: DType
 }
 
 /// Under `--strict`, an output that passed only within PyTorch's own error (rule (b)) fails.
-fn apply_strict(report: &mut OutputReport) {
+pub(crate) fn apply_strict(report: &mut OutputReport) {
     if report.pass && report.verdict == Verdict::TorchError {
         report.pass = false;
         report.verdict = Verdict::Fail;
@@ -448,7 +448,7 @@ fn apply_strict(report: &mut OutputReport) {
 
 /// Our outputs (on the CPU, in the bundle's output order) against the bundle's, under the pass
 /// rule of the run's dtype (see the module docs).
-fn compare_outputs(
+pub(crate) fn compare_outputs(
     bundle: &Bundle,
     block: &str,
     ours: &[candle_core::Tensor],
@@ -491,7 +491,7 @@ fn compare_outputs(
 /// The block's weights: `--weights` (a checkpoint under a prefix), else the checkpoint the bundle
 /// references (`parity.weights`, relative to the bundle's folder, with `parity.prefix`), else the
 /// bundle's own state dict. A bundle may not both hold weights and reference a checkpoint.
-fn weight_source(bundle: &Bundle, opts: &Options) -> Result<TrackedWeights> {
+pub(crate) fn weight_source(bundle: &Bundle, opts: &Options) -> Result<TrackedWeights> {
     let path = bundle.path.as_path();
     let embedded = bundle.weights();
     let referenced = bundle.metadata.get("parity.weights");

@@ -33,6 +33,10 @@ pub enum ParityError {
     /// A panic caught while checking (a bug in this tool; see `guard`).
     #[error("{}: internal error (a bug in unet-parity, please report it): {}", esc(path.display()), esc(message))]
     Internal { path: PathBuf, message: String },
+    /// A port checked with [`crate::port::PortCheck`] whose forward failed, asked for an input the
+    /// bundle lacks, or returned other outputs than the bundle holds.
+    #[error("{}: your port: {}", esc(path.display()), esc(message))]
+    Port { path: PathBuf, message: String },
     #[error("{}: no parity bundles (*.safetensors) found", esc(path.display()))]
     NoBundles { path: PathBuf },
     #[error("{}", esc(_0))]
@@ -84,3 +88,19 @@ fn with_block(block: &str, source: &unet_attention::Error) -> String {
 }
 
 pub type Result<T> = std::result::Result<T, ParityError>;
+
+/// `?` on a [`ParityError`] inside code that returns `candle_core::Result` (a forward given to
+/// [`crate::port::PortCheck::run`] that asks for an input).
+impl From<ParityError> for candle_core::Error {
+    fn from(e: ParityError) -> Self {
+        candle_core::Error::wrap(e)
+    }
+}
+
+/// `?` on a [`ParityError`] inside code that returns `unet_attention::Result` (our blocks'
+/// forwards, given to [`crate::port::PortCheck::run`]).
+impl From<ParityError> for unet_attention::Error {
+    fn from(e: ParityError) -> Self {
+        unet_attention::Error::Candle(candle_core::Error::wrap(e))
+    }
+}

@@ -241,3 +241,55 @@ pub fn without_table(note: impl Into<String>) -> TraceReport {
         note: Some(note.into()),
     }
 }
+
+/// A number as the tables print it (`-` for NaN).
+fn sci(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+/// The stage table, indented by two spaces, then the first divergence and its usual causes (or
+/// "no stage diverges"); every cell on one line with nothing a terminal would act on.
+impl std::fmt::Display for TraceReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let line = |s: &str| crate::terminal::one_line(s).into_owned();
+        if let Some(note) = &self.note {
+            writeln!(f, "  ({})", line(note))?;
+        }
+        let mut rows: Vec<[String; 6]> =
+            vec![["STAGE", "SHAPE(torch)", "SHAPE(ours)", "MAX_ABS", "MAX_REL", "RESULT"].map(String::from)];
+        for s in &self.stages {
+            let (abs, rel) = s
+                .compare
+                .as_ref()
+                .map_or(("-".into(), "-".into()), |c| (sci(c.max_abs), sci(c.max_rel)));
+            let shape = |d: &[usize]| format!("{d:?}").replace(' ', "");
+            rows.push([
+                s.stage.clone(),
+                shape(&s.shape),
+                s.ours_shape.as_deref().map_or("-".into(), shape),
+                abs,
+                rel,
+                s.status.clone(),
+            ]);
+        }
+        if !self.stages.is_empty() {
+            let rows: Vec<[String; 6]> = rows.into_iter().map(|r| r.map(|c| line(&c))).collect();
+            let widths: Vec<usize> = (0..6)
+                .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+                .collect();
+            for row in rows {
+                let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+                writeln!(f, "  {}", cells.join("  ").trim_end())?;
+            }
+        }
+        match (&self.first_divergence, &self.hint) {
+            (Some(stage), Some(hint)) => writeln!(f, "  first divergence: `{}` — usual causes: {hint}", line(stage)),
+            _ if !self.stages.is_empty() => writeln!(f, "  no stage diverges"),
+            _ => Ok(()),
+        }
+    }
+}

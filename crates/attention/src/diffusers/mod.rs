@@ -10,6 +10,7 @@
 //! `UNetMidBlockSpatioTemporal` and `MidBlockTemporalDecoder` (`SpatioTemporalResBlock`,
 //! `AlphaBlender`, `TransformerSpatioTemporalModel`).
 
+pub mod any_mid_block;
 pub mod attention;
 pub mod controlnet;
 pub mod controlnet_xs;
@@ -32,6 +33,7 @@ pub mod temporal;
 pub mod transformer;
 pub mod transformer_spatio_temporal;
 
+pub use any_mid_block::{MidBlock, MidBlockConfig};
 pub use attention::{Attention, AttentionConfig, Processor};
 pub use controlnet::{ControlNetMidBlock, ControlNetMidBlockConfig};
 pub use controlnet_xs::{ControlNetXSCrossAttnMidBlock2D, ControlNetXSCrossAttnMidBlock2DConfig, JointArgs};

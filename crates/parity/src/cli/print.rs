@@ -204,45 +204,7 @@ pub(super) fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], ou
 /// The `--trace` table of one bundle.
 pub(super) fn print_trace(file: &str, t: &crate::trace::TraceReport, out: &mut dyn Write) {
     let _ = writeln!(out, "trace {}:", line(file));
-    if let Some(note) = &t.note {
-        let _ = writeln!(out, "  ({})", line(note));
-    }
-    if !t.stages.is_empty() {
-        let mut rows: Vec<[String; 6]> =
-            vec![["STAGE", "SHAPE(torch)", "SHAPE(ours)", "MAX_ABS", "MAX_REL", "RESULT"].map(String::from)];
-        for s in &t.stages {
-            let (abs, rel) = s
-                .compare
-                .as_ref()
-                .map_or(("-".into(), "-".into()), |c| (sci(c.max_abs), sci(c.max_rel)));
-            let shape = |d: &[usize]| format!("{d:?}").replace(' ', "");
-            rows.push([
-                s.stage.clone(),
-                shape(&s.shape),
-                s.ours_shape.as_deref().map_or("-".into(), shape),
-                abs,
-                rel,
-                s.status.clone(),
-            ]);
-        }
-        let rows: Vec<[String; 6]> = rows.into_iter().map(|r| r.map(|c| line(&c))).collect();
-        let widths: Vec<usize> = (0..6)
-            .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-            .collect();
-        for row in rows {
-            let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-            let _ = writeln!(out, "  {}", line.join("  ").trim_end());
-        }
-    }
-    match (&t.first_divergence, &t.hint) {
-        (Some(stage), Some(hint)) => {
-            let _ = writeln!(out, "  first divergence: `{stage}` — usual causes: {hint}");
-        }
-        _ if !t.stages.is_empty() => {
-            let _ = writeln!(out, "  no stage diverges");
-        }
-        _ => {}
-    }
+    let _ = write!(out, "{t}");
 }
 
 pub(super) fn inspect(file: &std::path::Path, out: &mut dyn Write) -> Result<(), ParityError> {

@@ -1,0 +1,135 @@
+//! `unet_parity::port`: a forward of the user's own, judged against a committed bundle by the
+//! check's rule, stage by stage where it records stages.
+
+use candle_core::{DType, Module, Tensor};
+use std::path::PathBuf;
+use unet_attention::diffusers::{UNetMidBlock2D, UNetMidBlock2DConfig};
+use unet_parity::port::{record, PortCheck};
+use unet_parity::ParityError;
+
+fn bundle(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+}
+
+const VAE_MID: &str = "weights/own/diffusers_vae_decoder_mid_block.safetensors";
+
+fn vae_mid(check: &PortCheck) -> UNetMidBlock2D {
+    let cfg: UNetMidBlock2DConfig =
+        unet_attention::config::from_json("diffusers.UNetMidBlock2D", &check.bundle().config).unwrap();
+    UNetMidBlock2D::new(check.var_builder().unwrap(), &cfg).unwrap()
+}
+
+#[test]
+fn a_right_port_passes_with_every_stage_matching() {
+    let check = PortCheck::open(bundle(VAE_MID)).unwrap();
+    let mid = vae_mid(&check);
+    let report = check
+        .run(|inputs| mid.forward(inputs.get("hidden_states")?, None))
+        .unwrap();
+    assert!(report.pass, "{report}");
+    assert_eq!(report.first_divergence(), None, "{report}");
+    let matched = report.trace.stages.iter().filter(|s| s.status == "match").count();
+    assert_eq!(
+        matched,
+        report.trace.stages.len(),
+        "our block records every stage:\n{report}"
+    );
+    let text = report.to_string();
+    assert!(text.contains("PASS") && text.contains("no stage diverges"), "{text}");
+}
+
+#[test]
+fn a_wrong_stage_is_named_first_even_when_the_output_passes() {
+    let check = PortCheck::open(bundle(VAE_MID)).unwrap();
+    let mid = vae_mid(&check);
+    let vb = check.var_builder().unwrap();
+    // diffusers' VAE resnet norm: 4 groups here. Two groups is a plausible porting slip.
+    let wrong_norm = candle_nn::group_norm(2, 16, 1e-6, vb.pp("resnets.0.norm1")).unwrap();
+    // Our block records its own stages when it runs inside a check: run it before.
+    let out = mid
+        .forward(check.inputs().unwrap().get("hidden_states").unwrap(), None)
+        .unwrap();
+    let report = check
+        .run(|inputs| {
+            record("resnets.0/norm1", &wrong_norm.forward(inputs.get("hidden_states")?)?);
+            // `resnets.0` stands for the bundle's `resnets.0/output`.
+            record("resnets.0", &out);
+            candle_core::Result::Ok(out.clone())
+        })
+        .unwrap();
+    assert_eq!(report.first_divergence(), Some("resnets.0/norm1"), "{report}");
+    let stage = |n: &str| report.trace.stages.iter().find(|s| s.stage == n).unwrap();
+    assert_eq!(stage("resnets.0/conv1").status, "not recorded");
+    // The mid block's output is not the resnet's: the alias reached the resnet's stage and failed.
+    assert_eq!(stage("resnets.0/output").status, "DIVERGES", "{report}");
+    assert!(report.to_string().contains("first divergence: `resnets.0/norm1`"));
+}
+
+#[test]
+fn a_wrong_output_fails_and_strict_refuses_loose_tolerances() {
+    let check = PortCheck::open(bundle(VAE_MID)).unwrap();
+    let mid = vae_mid(&check);
+    let report = check
+        .run(|inputs| (mid.forward(inputs.get("hidden_states")?, None)? + 1e-3)?.to_dtype(DType::F32))
+        .unwrap();
+    assert!(!report.pass, "{report}");
+    assert!(report.outputs[0].failed_elements > 0);
+
+    let loose = PortCheck::open(bundle(VAE_MID)).unwrap().atol(1.0).strict(true);
+    let err = loose.run(|inputs| anyhow::Ok(inputs.get("hidden_states")?.clone()));
+    assert!(err.unwrap_err().to_string().contains("--strict refuses"));
+}
+
+#[test]
+fn errors_name_the_bundle_and_what_was_expected() {
+    let check = PortCheck::open(bundle(VAE_MID)).unwrap();
+    let err = check
+        .run(|inputs| anyhow::Ok(inputs.get("encoder_hidden_states")?.clone()))
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, ParityError::Port { .. }), "{text}");
+    assert!(
+        text.contains(VAE_MID) && text.contains("`encoder_hidden_states`") && text.contains("hidden_states"),
+        "{text}"
+    );
+
+    let two = check.run(|inputs| {
+        let x = inputs.get("hidden_states")?.clone();
+        anyhow::Ok(vec![x.clone(), x])
+    });
+    assert!(two
+        .unwrap_err()
+        .to_string()
+        .contains("the bundle has 1 outputs (output) and the forward returned 2"));
+
+    let failing = check.run(|_| Err::<Tensor, _>(candle_core::Error::Msg("shape mismatch in my conv".into())));
+    assert!(failing
+        .unwrap_err()
+        .to_string()
+        .contains("your port: shape mismatch in my conv"));
+
+    let stage_twice = check.run(|inputs| {
+        let x = inputs.get("hidden_states")?;
+        record("resnets.0/output", x);
+        record("resnets.0", x);
+        anyhow::Ok(x.clone())
+    });
+    assert!(stage_twice.unwrap_err().to_string().contains("recorded twice"));
+}
+
+#[test]
+fn another_dtype_is_held_against_float64_without_stages() {
+    let check = PortCheck::open(bundle(VAE_MID)).unwrap().dtype(DType::F64);
+    let mid = vae_mid(&check);
+    let report = check
+        .run(|inputs| mid.forward(inputs.get("hidden_states")?, None))
+        .unwrap();
+    assert!(report.pass, "{report}");
+    assert!(report.trace.stages.is_empty());
+    assert!(report
+        .trace
+        .note
+        .as_deref()
+        .unwrap_or("")
+        .contains("only in the bundle's dtype"));
+}
