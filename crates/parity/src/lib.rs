@@ -16,6 +16,7 @@ pub mod files;
 pub mod guard;
 pub mod hub;
 pub mod memory;
+pub mod model;
 pub mod pickle;
 pub mod port;
 pub mod registry;
