@@ -24,7 +24,7 @@
 //!   `AttentionBlock` passes and on a contiguous copy, against PyTorch's `q`;
 //! * last, candle-core's `conv2d` and `matmul` in BF16 on the CPU.
 //!
-//! README.md (Next to candle-transformers) has the output and what it means.
+//! docs/candle-transformers.md has the output and what it means.
 //!
 //! ```sh
 //! cargo run --release --example candle_transformers --features candle-transformers

@@ -337,7 +337,7 @@ def pickle_kind(path: Path) -> str:
         if isinstance(top.get(entry), dict):
             keys += [f"{entry}/{k}" for k in top[entry]]
     restated = ("ldm and guided-diffusion are not pip packages, so there is no whole model here to run and capture "
-                "the block's real inputs from; write a bundle with parity_bundle.export_bundle instead (README: "
+                "the block's real inputs from; write a bundle with parity_bundle.export_bundle instead (docs/exporting.md: "
                 "Exporting your own PyTorch module)")
     if any("model.diffusion_model." in k or "first_stage_model." in k for k in keys):
         raise Refused(f"{path}: an ldm / Stable Diffusion checkpoint (model.diffusion_model.*): not supported yet: "

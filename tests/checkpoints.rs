@@ -1545,3 +1545,15 @@ fn controlnet_xs_adapter_files_are_named_with_what_to_do() {
         "{out}"
     );
 }
+
+/// `detect` on a diffusers model folder reads its weights and its `config.json`, as on the file.
+#[test]
+fn detect_takes_a_model_folder() {
+    let folder = detect("diffusers_sd1");
+    let file = detect("diffusers_sd1/diffusion_pytorch_model.safetensors");
+    assert_eq!(folder, file);
+    assert!(folder.contains("from config.json"), "{folder}");
+    let (code, _, err) = cli(&["detect", &models("")]);
+    assert_eq!(code, 2);
+    assert!(err.contains("diffusion_pytorch_model.safetensors"), "{err}");
+}

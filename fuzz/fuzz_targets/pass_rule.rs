@@ -1,6 +1,6 @@
 //! The pass rule itself: crafted (ours, PyTorch, float64) triples and tolerances go through
 //! `compare::compare`, and whenever it says PASS, every element must satisfy the documented rule,
-//! checked here independently and naively (README "The pass rule"):
+//! checked here independently and naively (docs/cli.md, "The pass rule"):
 //! `ours == torch` (NaN with NaN), or `|ours − torch| ≤ atol + rtol·|torch|`, or, with a float64
 //! output, `|ours − f64| ≤ atol + rtol·|f64| + 3·max |torch_j − f64_j|` over `|j − i| ≤ 64`; and
 //! no element of ours NaN or infinite where PyTorch's is finite. Also: a PASS never comes with a

@@ -1,6 +1,6 @@
 //! Check Candle ports of diffusion U-Net attention blocks against PyTorch reference bundles.
 //!
-//! A bundle (format "1", see the README) is one safetensors file with a block's state dict,
+//! A bundle (format "1", see docs/bundle-format.md) is one safetensors file with a block's state dict,
 //! its forward inputs and PyTorch's outputs. [`check::check_file`] rebuilds the block through
 //! the [`registry`], runs it and applies the pass rule of [`compare`]. [`port::PortCheck`] does
 //! the same for a forward of your own (any Candle module): same rule, same stage traces.

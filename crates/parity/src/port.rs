@@ -34,6 +34,10 @@
 //!   module-path stages (`scripts/export_own.py --module-stages`) name every submodule's output
 //!   by its path (`attentions.0/transformer_blocks.0/ff`). Stages you do not record are shown as
 //!   `not recorded` and never fail; the first recorded stage that fails is the first divergence.
+//!   Stage `output` is what the forward returns. Our blocks record their stages too when they run
+//!   inside a check (under [`scope`] names you give them, else at the top level, where names the
+//!   bundle lacks are listed as ours only and a block's own `output` is ignored), so this crate's
+//!   blocks can stand in for the parts of your port you have not written yet.
 
 use crate::bundle::{Bundle, Load};
 use crate::check::{apply_strict, compare_outputs, device_name, dtype_name, tolerances, weight_source, Options};
@@ -213,6 +217,12 @@ impl PortCheck {
             outputs.iter_mut().for_each(apply_strict);
         }
         let trace = if dtype == bundle_dtype {
+            // The `output` stage is what the forward returned: a block used as a part records its
+            // own `output` at the top level, which is not the bundle's.
+            let mut stages: Vec<_> = stages.into_iter().filter(|(n, _)| !is_top_output(n)).collect();
+            if let Some(first) = ours.first() {
+                stages.push(("output".into(), first.clone()));
+            }
             trace::compare_stages(bundle, &stage_aliases(bundle, stages)?, tol.rtol, tol.atol)?
         } else {
             trace::without_table(format!(
@@ -231,6 +241,11 @@ impl PortCheck {
             loosened: tol.loosened,
         })
     }
+}
+
+/// `output`, `output#2`, ...: a top-level block output, which the forward's return value replaces.
+fn is_top_output(name: &str) -> bool {
+    name == "output" || name.strip_prefix("output#").is_some_and(|k| k.parse::<usize>().is_ok())
 }
 
 /// Our recorded stages with `name` read as `name/output` where the bundle has no stage `name`
@@ -369,6 +384,6 @@ impl std::fmt::Display for PortReport {
                 writeln!(f, "    {}", line(reason))?;
             }
         }
-        write!(f, "{}", self.trace)
+        self.trace.render(f, true)
     }
 }

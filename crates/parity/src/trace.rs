@@ -93,7 +93,19 @@ pub fn hint(stage: &str) -> &'static str {
         .split('#')
         .next()
         .unwrap_or(last)
-        .trim_end_matches(|c: char| c.is_ascii_digit());
+        .trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    // Module-path stages (`scripts/export_own.py --trace modules`) name diffusers' submodules.
+    let base = match base {
+        "group_norm" | "norm_cross" => "norm",
+        "to_q" | "to_k" | "to_v" | "query" | "key" | "value" => "q",
+        "to_out" | "proj_attn" => "proj",
+        "time_emb_proj" => "temb",
+        "conv_shortcut" | "nin_shortcut" => "shortcut",
+        "ff" | "net" | "nonlinearity" => "act",
+        "attentions" | "attn" | "transformer_blocks" => "attention",
+        "resnets" => "resnet",
+        other => other,
+    };
     match base {
         "norm" | "spatial_norm" => {
             "the norm: eps (1e-5 vs 1e-6), number of groups, affine weight/bias, GroupNorm vs \
@@ -134,6 +146,16 @@ pub fn hint(stage: &str) -> &'static str {
         "output" => {
             "after the last stage: residual (missing, or added twice), rescale_output_factor / \
              output_scale_factor, scale-shift (1 + scale), output reshape to (B, C, H, W)"
+        }
+        "attention" => {
+            "an attention block as a whole: record its inner stages (norm, to_q/to_k/to_v, to_out, ff) to \
+             narrow it down; the usual suspects are the norm's groups/eps, the head split, the scale, \
+             the softmax upcast, GELU exact vs tanh in the feed-forward, and the residual"
+        }
+        "resnet" => {
+            "a resnet as a whole: record norm1/conv1/time_emb_proj/norm2/conv2 to narrow it down; the \
+             usual suspects are the GroupNorm groups and eps, the time-embedding add (before norm2) or \
+             scale-shift, the shortcut, output_scale_factor"
         }
         _ => "no hint for this stage",
     }
@@ -255,13 +277,26 @@ fn sci(x: f64) -> String {
 /// "no stage diverges"); every cell on one line with nothing a terminal would act on.
 impl std::fmt::Display for TraceReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.render(f, false)
+    }
+}
+
+impl TraceReport {
+    /// The table as `Display` writes it; with `recorded_only`, the stages we did not record are
+    /// counted in one line instead of listed (a port that records a few stages of many).
+    pub fn render(&self, f: &mut impl std::fmt::Write, recorded_only: bool) -> std::fmt::Result {
         let line = |s: &str| crate::terminal::one_line(s).into_owned();
         if let Some(note) = &self.note {
             writeln!(f, "  ({})", line(note))?;
         }
         let mut rows: Vec<[String; 6]> =
             vec![["STAGE", "SHAPE(torch)", "SHAPE(ours)", "MAX_ABS", "MAX_REL", "RESULT"].map(String::from)];
-        for s in &self.stages {
+        let skipped = self
+            .stages
+            .iter()
+            .filter(|s| recorded_only && s.compare.is_none())
+            .count();
+        for s in self.stages.iter().filter(|s| !recorded_only || s.compare.is_some()) {
             let (abs, rel) = s
                 .compare
                 .as_ref()
@@ -285,6 +320,13 @@ impl std::fmt::Display for TraceReport {
                 let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
                 writeln!(f, "  {}", cells.join("  ").trim_end())?;
             }
+        }
+        if skipped > 0 {
+            writeln!(
+                f,
+                "  ({skipped} of the bundle's {} stages not recorded; record them to narrow a divergence down)",
+                self.stages.len()
+            )?;
         }
         match (&self.first_divergence, &self.hint) {
             (Some(stage), Some(hint)) => writeln!(f, "  first divergence: `{}` — usual causes: {hint}", line(stage)),

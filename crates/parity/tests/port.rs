@@ -143,7 +143,10 @@ fn a_model_folder_gives_its_mid_block_in_one_call() {
     use unet_parity::model;
 
     let sd = model::mid_block(bundle("weights/models/diffusers_sd1"), None, &Device::Cpu, DType::F32).unwrap();
-    assert_eq!((sd.prefix.as_str(), sd.config.block_id()), ("mid_block", "diffusers.UNetMidBlock2DCrossAttn"));
+    assert_eq!(
+        (sd.prefix.as_str(), sd.config.block_id()),
+        ("mid_block", "diffusers.UNetMidBlock2DCrossAttn")
+    );
     let check = PortCheck::open(bundle("weights/own/diffusers_sd1_mid_block.safetensors")).unwrap();
     let report = check
         .run(|i| {
@@ -155,21 +158,40 @@ fn a_model_folder_gives_its_mid_block_in_one_call() {
     // Without its context the cross-attention block says what it needs.
     let x = check.inputs().unwrap().get("hidden_states").unwrap().clone();
     let err = sd.block.forward(&x, None, None).unwrap_err().to_string();
-    assert!(err.contains("encoder_hidden_states") && err.contains("required"), "{err}");
+    assert!(
+        err.contains("encoder_hidden_states") && err.contains("required"),
+        "{err}"
+    );
 
     // The VAE has two mid blocks: without a prefix, the error names both.
     let vae = bundle("weights/models/diffusers_vae");
-    let err = model::mid_block(&vae, None, &Device::Cpu, DType::F32).err().unwrap().to_string();
-    assert!(err.contains("`encoder.mid_block`") && err.contains("`decoder.mid_block`"), "{err}");
-    let dec = model::mid_block(vae.join("config.json"), Some("decoder.mid_block"), &Device::Cpu, DType::F32).unwrap();
+    let err = model::mid_block(&vae, None, &Device::Cpu, DType::F32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("`encoder.mid_block`") && err.contains("`decoder.mid_block`"),
+        "{err}"
+    );
+    let dec = model::mid_block(
+        vae.join("config.json"),
+        Some("decoder.mid_block"),
+        &Device::Cpu,
+        DType::F32,
+    )
+    .unwrap();
     assert!(matches!(dec.block, MidBlock::UNetMidBlock2D(_)));
     let check = PortCheck::open(bundle("weights/own/diffusers_vae_decoder_mid_block.safetensors")).unwrap();
-    let report = check.run(|i| dec.block.forward(i.get("hidden_states")?, None, None)).unwrap();
+    let report = check
+        .run(|i| dec.block.forward(i.get("hidden_states")?, None, None))
+        .unwrap();
     assert!(report.pass, "{report}");
     // The typed config serializes back to the kwargs diffusers' constructor takes.
     let json = serde_json::to_value(&dec.config).unwrap();
     assert_eq!(json["in_channels"], 16);
 
-    let err = model::mid_block(bundle("weights/models"), None, &Device::Cpu, DType::F32).err().unwrap();
+    let err = model::mid_block(bundle("weights/models"), None, &Device::Cpu, DType::F32)
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("config.json"), "{err}");
 }

@@ -102,17 +102,23 @@ pub(super) fn groups_32() -> Option<usize> {
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UNetMidBlock2DConfig {
+    /// Channels in and out (`block_out_channels[-1]` of the model).
     pub in_channels: usize,
     /// `null` for the VAE (no time embedding).
     pub temb_channels: Option<usize>,
+    /// Dropout probability of the resnets (inactive in inference; kept for the kwargs).
     #[serde(default)]
     pub dropout: f64,
+    /// Attention + resnet pairs after the first resnet.
     #[serde(default = "one")]
     pub num_layers: usize,
+    /// GroupNorm eps of the resnets: the model's `norm_eps` (SD U-Nets 1e-5; VAEs 1e-6, the class default).
     #[serde(default = "eps_1e6")]
     pub resnet_eps: f64,
+    /// How `temb` enters the resnets: `default` (added), `scale_shift` (FiLM), `spatial` (MoVQ's decoder).
     #[serde(default = "default_shift")]
     pub resnet_time_scale_shift: String,
+    /// The resnets' activation (`swish` = `silu`, `mish`, `gelu`).
     #[serde(default = "swish")]
     pub resnet_act_fn: Activation,
     /// `null`: `min(in_channels // 4, 32)`.
@@ -121,13 +127,16 @@ pub struct UNetMidBlock2DConfig {
     /// `null`: `resnet_groups` (with the default time norm; no norm otherwise).
     #[serde(default)]
     pub attn_groups: Option<usize>,
+    /// Always true in diffusers' resnets (kept for the kwargs).
     #[serde(default = "config::yes")]
     pub resnet_pre_norm: bool,
+    /// False: resnets only (no attention between them).
     #[serde(default = "config::yes")]
     pub add_attention: bool,
     /// `null`: one head of `in_channels` (diffusers warns).
     #[serde(default = "one_opt")]
     pub attention_head_dim: Option<usize>,
+    /// Each resnet's output is divided by this (`mid_block_scale_factor`).
     #[serde(default = "one_f")]
     pub output_scale_factor: f64,
 }
@@ -294,40 +303,59 @@ fn cross_1280() -> usize {
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UNetMidBlock2DCrossAttnConfig {
+    /// Channels in and out (`block_out_channels[-1]` of the model).
     pub in_channels: usize,
+    /// Width of the time embedding; `null` when the block takes none.
     pub temb_channels: Option<usize>,
+    /// Output channels (`null`: `in_channels`).
     #[serde(default)]
     pub out_channels: Option<usize>,
+    /// Dropout probability of the resnets (inactive in inference; kept for the kwargs).
     #[serde(default)]
     pub dropout: f64,
+    /// Attention + resnet pairs after the first resnet.
     #[serde(default = "one")]
     pub num_layers: usize,
+    /// Transformer blocks per `Transformer2DModel` (SDXL: 10 at the mid block).
     #[serde(default)]
     pub transformer_layers_per_block: LayersPerBlock,
+    /// GroupNorm eps of the resnets: the model's `norm_eps` (SD U-Nets 1e-5; VAEs 1e-6, the class default).
     #[serde(default = "eps_1e6")]
     pub resnet_eps: f64,
+    /// How `temb` enters the resnets: `default` (added), `scale_shift` (FiLM), `spatial` (MoVQ's decoder).
     #[serde(default = "default_shift")]
     pub resnet_time_scale_shift: String,
+    /// The resnets' activation (`swish` = `silu`, `mish`, `gelu`).
     #[serde(default = "swish")]
     pub resnet_act_fn: Activation,
+    /// GroupNorm groups of the resnets (and transformers); `null`: `min(in_channels // 4, 32)`.
     #[serde(default = "groups_32")]
     pub resnet_groups: Option<usize>,
+    /// Groups of the resnets' second norm (`null`: `resnet_groups`).
     #[serde(default)]
     pub resnet_groups_out: Option<usize>,
+    /// Always true in diffusers' resnets (kept for the kwargs).
     #[serde(default = "config::yes")]
     pub resnet_pre_norm: bool,
+    /// Attention heads of each transformer (head width `in_channels / num_attention_heads`; SD's `attention_head_dim: 8` means 8 heads).
     #[serde(default = "one")]
     pub num_attention_heads: usize,
+    /// Each resnet's output is divided by this (`mid_block_scale_factor`).
     #[serde(default = "one_f")]
     pub output_scale_factor: f64,
+    /// Width of `encoder_hidden_states` (CLIP ViT-L: 768, SD 2.x: 1024, SDXL: 2048).
     #[serde(default = "cross_1280")]
     pub cross_attention_dim: usize,
+    /// Versatile Diffusion's two transformers per layer (`DualTransformer2DModel`).
     #[serde(default)]
     pub dual_cross_attention: bool,
+    /// Linear `proj_in`/`proj_out` (SD 2.x, XL) instead of 1×1 convolutions (SD 1.x).
     #[serde(default)]
     pub use_linear_projection: bool,
+    /// Attention scores in f32 in half-precision runs (SD 2.1).
     #[serde(default)]
     pub upcast_attention: bool,
+    /// `default` only (`gated` adapters are not supported).
     #[serde(default = "default_shift")]
     pub attention_type: String,
     /// Not a constructor argument: with `dual_cross_attention`, the `mix_ratio` attribute of

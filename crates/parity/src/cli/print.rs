@@ -40,6 +40,21 @@ pub(super) fn detect(
 ) -> Result<(), ParityError> {
     // The model's config.json: the repo's, or one beside a checkpoint in a diffusers folder.
     let (file, config) = match (file, hub.repo()) {
+        // A diffusers model folder: its weight file, and its config.json when it has one.
+        (Some(f), None) if f.is_dir() => {
+            let weights = crate::model::WEIGHT_FILES
+                .iter()
+                .map(|w| f.join(w))
+                .find(|p| p.is_file());
+            let weights = weights.ok_or_else(|| ParityError::Checkpoint {
+                path: f.clone(),
+                message: format!(
+                    "a folder: detect looks in a diffusers model folder for {}, and this one has none",
+                    crate::model::WEIGHT_FILES.join(", ")
+                ),
+            })?;
+            (weights, Some(f.join("config.json")).filter(|c| c.is_file()))
+        }
         (Some(f), None) => {
             let beside = f.parent().map(|d| d.join("config.json")).filter(|c| c.is_file());
             (f, beside)
