@@ -49,6 +49,9 @@ macro_rules! mid_blocks {
 
         /// A built diffusers mid block, by block type: match on it to call the block's own
         /// `forward`, which takes the PyTorch forward's arguments.
+        // Built once per model and held: variants of a few hundred bytes each cost nothing, and
+        // boxing them would put a `Box` in every match arm users write.
+        #[allow(clippy::large_enum_variant)]
         pub enum MidBlock {
             $($variant($block),)*
         }
