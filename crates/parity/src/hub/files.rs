@@ -81,6 +81,13 @@ impl HubFiles {
                 format!("the cache folder name {folder:?} is not one plain path component"),
             ));
         }
+        // The id goes into URLs: no `.`/`..` segment that would move the request elsewhere.
+        if repo_name(&files.repo)
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..")
+        {
+            return Err(files.error("", "a repository id is `org/name`, without empty, `.` or `..` parts"));
+        }
         let rev = files.repo.revision();
         if !is_commit(rev) && !is_ref_name(rev) {
             return Err(files.error(
@@ -96,8 +103,8 @@ impl HubFiles {
     pub fn with_subfolder(mut self, subfolder: &str) -> Result<Self> {
         if !is_inside(subfolder) {
             return Err(self.error(
-                subfolder,
-                "a subfolder must be a relative path inside the repository, without `..`",
+                "",
+                format!("subfolder {subfolder:?}: expected a relative path inside the repository, without `..`"),
             ));
         }
         let sub = subfolder.trim_matches('/');
@@ -268,6 +275,7 @@ mod tests {
         assert!(files("acme/tiny", "../../x").is_err());
         assert!(files("acme\\..", "main").is_err());
         assert!(files("", "main").is_err());
+        assert!(files("acme/..", "main").is_err());
         let ok = files("acme/tiny", "main").unwrap();
         assert!(ok.clone().with_subfolder("../x").is_err());
         assert!(ok.clone().with_subfolder("/etc").is_err());
