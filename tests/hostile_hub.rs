@@ -228,3 +228,94 @@ fn a_download_does_not_write_through_a_planted_cache() {
         "written outside the cache"
     );
 }
+
+/// The library's way in: a Candle program's `hf_hub::api::sync::ApiRepo` (built with
+/// `ApiBuilder::with_endpoint`) handed to [`HubFiles`], in this process.
+mod through_an_api_repo {
+    use super::*;
+    use std::time::{Duration, Instant};
+    use unet_parity::hub::hf_hub::api::sync::{ApiBuilder, ApiRepo};
+    use unet_parity::hub::hf_hub::{Cache, Repo};
+    use unet_parity::hub::{offline_from_env, HubFiles};
+    use unet_parity::ParityError;
+
+    /// The `ApiRepo` for `id` at `endpoint`, and the [`HubFiles`] of `acme/tiny` in `cache`
+    /// (1-second timeouts).
+    fn handles(endpoint: &str, id: &str, cache: &Path) -> (ApiRepo, HubFiles) {
+        let api = ApiBuilder::from_cache(Cache::new(cache.to_path_buf()))
+            .with_endpoint(endpoint.to_string())
+            .with_progress(false)
+            .build()
+            .unwrap();
+        let files = HubFiles::new(Repo::model("acme/tiny".into()), Cache::new(cache.to_path_buf()))
+            .unwrap()
+            .with_timeouts(Duration::from_secs(1), Duration::from_secs(1));
+        (api.repo(Repo::model(id.into())), files)
+    }
+
+    /// The message of a [`ParityError::Hub`] (any other error fails the test).
+    fn hub_message(e: ParityError) -> String {
+        assert!(matches!(e, ParityError::Hub { .. }), "{e:?}");
+        let line = e.to_string();
+        assert_eq!(line.lines().count(), 1, "{line}");
+        line
+    }
+
+    /// A well-behaved endpoint: `config.json` and the weights land in the cache as the CLI lays
+    /// them out, the paths returned inside it; then the cache alone answers.
+    #[test]
+    fn files_are_downloaded_into_the_cache() {
+        if offline_from_env() {
+            return eprintln!("HF_HUB_OFFLINE is set: the download is not tried");
+        }
+        let cache = scratch("hub-api-good");
+        let (api, files) = handles(&model_server(hex_etag, COMMIT), "acme/tiny", &cache);
+        let (config, weights) = files.model_files(&api).unwrap();
+        let root = cache.canonicalize().unwrap();
+        for path in [&config, &weights] {
+            assert!(path.canonicalize().unwrap().starts_with(&root), "{}", path.display());
+        }
+        let repo = cache.join("models--acme--tiny");
+        assert_eq!(config, repo.join("snapshots").join(COMMIT).join("config.json"));
+        assert_eq!(std::fs::read_to_string(repo.join("refs/main")).unwrap(), COMMIT);
+        assert_eq!(files.cached_model_files().unwrap(), Some((config, weights)));
+    }
+
+    /// ETags and commits that are paths, and a server that never answers: typed errors, no
+    /// panic, nothing written outside the cache, the stall ended by the timeout.
+    #[test]
+    fn a_hostile_endpoint_gets_an_error() {
+        if offline_from_env() {
+            return eprintln!("HF_HUB_OFFLINE is set: the download is not tried");
+        }
+        let cache = scratch("hub-api-lies");
+        fn dotted(_: &str) -> String {
+            "../../../../hub-api-escaped".into()
+        }
+        for (endpoint, needle) in [
+            (model_server(dotted, COMMIT), "not a hex hash"),
+            (
+                model_server(hex_etag, "/tmp/hub-api-escaped"),
+                "not a 40-hex-digit hash",
+            ),
+            (serve(|_, _| Reply::Stall), "timed out"),
+        ] {
+            let (api, files) = handles(&endpoint, "acme/tiny", &cache);
+            let start = Instant::now();
+            let message = hub_message(files.get(&api, "config.json").unwrap_err());
+            assert!(message.contains(needle) && message.contains("acme/tiny"), "{message}");
+            assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
+            assert!(!cache.parent().unwrap().join("hub-api-escaped").exists());
+            assert!(!Path::new("/tmp/hub-api-escaped").exists());
+        }
+    }
+
+    /// An `ApiRepo` for another repository than the [`HubFiles`]: refused before any request.
+    #[test]
+    fn an_api_repo_for_another_repository_is_refused() {
+        let cache = scratch("hub-api-other");
+        let (api, files) = handles("http://127.0.0.1:9", "acme/other", &cache);
+        let message = hub_message(files.get(&api, "config.json").unwrap_err());
+        assert!(message.contains("not for this repository"), "{message}");
+    }
+}

@@ -41,6 +41,16 @@ pub enum ParityError {
     NoBundles { path: PathBuf },
     #[error("{}", esc(_0))]
     Usage(String),
+    /// A Hugging Face Hub repository or file that cannot be resolved or downloaded (`hub`).
+    #[error("{}", esc(hub_message(repo, revision, file, message)))]
+    Hub {
+        /// `org/name`.
+        repo: String,
+        revision: String,
+        /// The file's path in the repository; empty when the error is about the repository.
+        file: String,
+        message: String,
+    },
 }
 
 /// `x` displayed on one line: control characters and bidirectional controls are written as
@@ -60,6 +70,13 @@ fn esc(x: impl std::fmt::Display) -> String {
             }
         })
         .collect()
+}
+
+fn hub_message(repo: &str, revision: &str, file: &str, message: &str) -> String {
+    match file {
+        "" => format!("{repo} (revision {revision}): {message}"),
+        _ => format!("{repo} (revision {revision}) file `{file}`: {message}"),
+    }
 }
 
 impl ParityError {

@@ -1,27 +1,30 @@
 //! One file of a Hub repository downloaded into the Hub cache, laid out as Python's
-//! `huggingface_hub` lays it out (`blobs/<etag>`, `snapshots/<commit>/<file>` a relative link to
-//! the blob, `refs/<revision>` holding the commit).
+//! `huggingface_hub` and `hf-hub` lay it out (`blobs/<etag>`, `snapshots/<commit>/<file>` a
+//! relative link to the blob, `refs/<revision>` holding the commit); the paths are `hf-hub`'s
+//! (`CacheRepo::blob_path`, `CacheRepo::pointer_path`), the names in them checked here first.
 //!
-//! Owned here rather than left to `hf-hub` 0.5, whose client cannot be given timeouts (a stalled
-//! connection waited forever) and which builds cache paths from the server's `ETag` and
-//! `X-Repo-Commit` headers unchecked. Here:
+//! The bytes are moved here rather than by `hf-hub` 0.5's `ApiRepo::download`, whose client
+//! cannot be given timeouts (a stalled connection waited forever) and which writes paths named
+//! by the server's `ETag` and `X-Repo-Commit` headers unchecked (`../../x`, or an absolute path,
+//! which replaces the whole path). Here:
 //!
 //! * every connection has timeouts: resolving and connecting, and the answer's headers, within
 //!   `HF_HUB_ETAG_TIMEOUT` seconds; then no more than `HF_HUB_DOWNLOAD_TIMEOUT` seconds without a
 //!   byte of the body (a slow download goes on; a stalled one ends). Both default to 10, as in
-//!   `huggingface_hub`, whose variables these are;
+//!   `huggingface_hub`, whose variables these are ([`super::HubFiles::with_timeouts`] overrides
+//!   them);
 //! * the commit must be 40 hex digits and the ETag (the blob's name) 16 to 128 hex digits, so
-//!   neither can lead a path out of the cache;
-//! * `HF_ENDPOINT` (default `https://huggingface.co`) and the token (`HF_TOKEN`, else the file
-//!   `$HF_HOME/token`) are honoured; the token goes to the endpoint only, never to the CDN a
-//!   large file is redirected to.
+//!   neither can lead a path out of the cache; each folder written into is checked to lie in the
+//!   cache (links followed), and files are created new, never written through a planted link;
+//! * the token (`HF_TOKEN`, else the file `$HF_HOME/token`, or
+//!   [`super::HubFiles::with_token`]) goes to the endpoint only, never to the CDN a large file is
+//!   redirected to.
 
+use super::files::{confined, repo_name, HubFiles};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use ureq::http::{HeaderMap, Response};
-
-const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
 /// Seconds from the environment variable `name` (a positive number), else `default`.
 fn seconds(name: &str, default: f64) -> Duration {
@@ -206,51 +209,60 @@ fn fetch(agent: &ureq::Agent, meta: &Meta, token: Option<&str>, blob: &Path) -> 
     renamed
 }
 
-/// `file` (a path in the repository) of `repo` at `revision`, downloaded into the Hub cache
-/// `cache`; the error says why not.
-pub(super) fn download(repo: &str, revision: &str, file: &str, cache: &Path) -> Result<PathBuf, String> {
-    let endpoint = std::env::var("HF_ENDPOINT")
-        .ok()
-        .filter(|e| !e.trim().is_empty())
-        .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
-    let endpoint = endpoint.trim().trim_end_matches('/');
-    let origin = match endpoint.split_once("://") {
+/// `scheme://host` of `endpoint` (where relative redirects lead), or why it is not a URL.
+fn origin(endpoint: &str) -> Result<String, String> {
+    match endpoint.split_once("://") {
         Some((scheme, rest)) if scheme == "https" || scheme == "http" => {
-            format!("{scheme}://{}", rest.split('/').next().unwrap_or(rest))
+            Ok(format!("{scheme}://{}", rest.split('/').next().unwrap_or(rest)))
         }
-        _ => return Err(format!("HF_ENDPOINT {endpoint:?} is not an http(s) URL")),
-    };
+        _ => Err(format!("the endpoint {endpoint:?} is not an http(s) URL")),
+    }
+}
+
+/// `file` (its path in the repository, checked) of `files` downloaded from `endpoint` into the
+/// cache; the error says why not.
+pub(super) fn download(files: &HubFiles, endpoint: &str, file: &str) -> Result<PathBuf, String> {
+    let endpoint = endpoint.trim().trim_end_matches('/');
+    let origin = origin(endpoint)?;
+    let repo = files.repo();
+    let revision = repo.revision();
     let url = format!(
         "{endpoint}/{}/resolve/{}/{}",
-        encode(repo, true),
+        encode(&repo_name(repo), true),
         encode(revision, false),
         encode(file, true)
     );
-    let (answer, idle) = (
-        seconds("HF_HUB_ETAG_TIMEOUT", 10.0),
-        seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10.0),
-    );
-    let token = token();
+    let (answer, idle) = files.timeouts.unwrap_or_else(|| {
+        (
+            seconds("HF_HUB_ETAG_TIMEOUT", 10.0),
+            seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10.0),
+        )
+    });
+    let token = files.token.clone().or_else(token);
     let meta = metadata(&agent(answer, idle, answer), &origin, &url, token.as_deref())?;
-    let dir = super::repo_folder(cache, repo);
-    let blobs = dir.join("blobs");
+    let cache = files.cache().path();
+    let layout = files.cache().repo(repo.clone());
     // Each folder written into must lie inside the cache (a folder of a planted cache may be a
     // link out of it).
     let mkdir = |d: &Path| {
         std::fs::create_dir_all(d).map_err(|e| format!("cannot write {}: {e}", d.display()))?;
-        super::confined(cache, d).map_err(|e| e.to_string())
+        confined(cache, d).map_err(|e| e.to_string())
     };
-    mkdir(&blobs)?;
-    let blob = blobs.join(&meta.etag);
+    let blob = layout.blob_path(&meta.etag);
+    mkdir(&files.repo_dir().join("blobs"))?;
     if !blob.is_file() {
         fetch(&agent(idle, idle, answer), &meta, token.as_deref(), &blob)?;
     }
-    let pointer = dir.join("snapshots").join(&meta.commit).join(file);
-    mkdir(pointer.parent().expect("a snapshot file has a folder"))?;
+    let pointer = layout.pointer_path(&meta.commit).join(file);
+    let Some(folder) = pointer.parent() else {
+        return Err(format!("{} has no folder", pointer.display()));
+    };
+    mkdir(folder)?;
     link_blob(&blob, &pointer, file).map_err(|e| format!("cannot write {}: {e}", pointer.display()))?;
     if revision != meta.commit {
-        let refs = dir.join("refs").join(revision);
-        mkdir(refs.parent().expect("a ref has a folder"))?;
+        // Not `CacheRepo::create_ref`, which opens the ref to truncate it, through a planted link.
+        let refs = files.repo_dir().join("refs").join(revision);
+        mkdir(refs.parent().unwrap_or(cache))?;
         crate::files::write_new(&refs, |f| f.write_all(meta.commit.as_bytes())).map_err(|e| e.to_string())?;
     }
     Ok(pointer)
@@ -265,7 +277,7 @@ fn link_blob(blob: &Path, pointer: &Path, file: &str) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         let up = "../".repeat(1 + file.split('/').count());
-        let name = blob.file_name().expect("a blob has a name").to_string_lossy();
+        let name = blob.file_name().unwrap_or_default().to_string_lossy();
         std::os::unix::fs::symlink(format!("{up}blobs/{name}"), pointer)
     }
     #[cfg(not(unix))]

@@ -1,22 +1,44 @@
-//! Model files from the Hugging Face Hub, local cache first.
+//! Model files from the Hugging Face Hub, local cache first, named with `hf-hub`'s types.
+//!
+//! Two ways in:
+//!
+//! * [`HubFiles`], built from `hf-hub`'s [`hf_hub::Repo`] and [`hf_hub::Cache`] (re-exported as
+//!   [`hf_hub`], so the versions match). [`HubFiles::cached`] looks a file up in the cache; with
+//!   the `hub` feature `HubFiles::get` and `HubFiles::model_files` take the
+//!   `hf_hub::api::sync::ApiRepo` a Candle program already holds and download what is missing
+//!   from the endpoint it names;
+//! * [`HubRepo`], the CLI's `--repo ORG/NAME --revision --subfolder --cache-dir --offline`.
 //!
 //! The cache folder is the one Python's `huggingface_hub` shares: `--cache-dir`, else
 //! `HF_HUB_CACHE`, `HUGGINGFACE_HUB_CACHE`, `$HF_HOME/hub`, `$XDG_CACHE_HOME/huggingface/hub`,
-//! `~/.cache/huggingface/hub`. A file is looked up there first
-//! (`models--<org>--<name>/refs/<revision>` → `snapshots/<commit>/<subfolder>/<file>`, a
-//! 40-hex revision naming the snapshot directly). Only when it is not cached, and neither
-//! `--offline` nor `HF_HUB_OFFLINE=1` is set, is it downloaded into that cache (`hub/download.rs`,
-//! with connect and read timeouts).
+//! `~/.cache/huggingface/hub` ([`cache_dir`]; `hf-hub`'s own `Cache::from_env` reads `HF_HOME`
+//! only). A file is looked up there first (`models--<org>--<name>/refs/<revision>` →
+//! `snapshots/<commit>/<subfolder>/<file>`, a 40-hex revision naming the snapshot directly).
+//! Only when it is not cached, and neither `--offline` nor `HF_HUB_OFFLINE=1` is set, is it
+//! downloaded into that cache (`hub/download.rs`, with connect and read timeouts).
 //!
-//! Nothing a cache holds can lead the tool out of it: `--revision` must be a branch, tag or
-//! commit name (no `..`, no absolute path), `--subfolder` a relative path without `..`, a ref
-//! must hold a 40-hex-digit commit, and the file found (links followed: snapshots link to
-//! `blobs/`) must lie inside the cache folder.
+//! Where each guarantee comes from: the layout (folder names, snapshot and blob paths) is
+//! `hf-hub`'s; every check on the names that go into it, the confinement to the cache, the
+//! timeouts and the transport are this module's (`hub/files.rs`, `hub/download.rs`), because
+//! `hf-hub` 0.5 has none of them. Nothing a cache holds can lead the tool out of it:
+//! `--revision` must be a branch, tag or commit name (no `..`, no absolute path), `--subfolder`
+//! a relative path without `..`, a ref must hold a 40-hex-digit commit, and the file found
+//! (links followed: snapshots link to `blobs/`) must lie inside the cache folder.
 
+#[cfg(feature = "hub")]
+mod api;
 #[cfg(feature = "hub")]
 mod download;
 
+mod files;
+
+pub use files::HubFiles;
+/// The `hf-hub` this crate is built with: its `Repo`, `Cache` and (with the `hub` feature)
+/// `api::sync::{Api, ApiRepo}` are the ones [`HubFiles`] takes.
+pub use hf_hub;
+
 use crate::error::{ParityError, Result};
+use files::confined;
 use std::path::{Path, PathBuf};
 
 /// Which repository files to resolve.
@@ -69,41 +91,28 @@ fn usage(message: String) -> ParityError {
     ParityError::Usage(message)
 }
 
+/// The endpoint the CLI downloads from: `HF_ENDPOINT`, else `https://huggingface.co`.
+pub fn endpoint_from_env() -> String {
+    std::env::var("HF_ENDPOINT")
+        .ok()
+        .filter(|e| !e.trim().is_empty())
+        .unwrap_or_else(|| "https://huggingface.co".into())
+}
+
 impl HubRepo {
     fn revision(&self) -> &str {
         self.revision.as_deref().unwrap_or("main")
     }
 
-    fn in_repo(&self, file: &str) -> String {
-        match self
-            .subfolder
-            .as_deref()
-            .map(|s| s.trim_matches('/'))
-            .filter(|s| !s.is_empty())
-        {
-            Some(sub) => format!("{sub}/{file}"),
-            None => file.to_string(),
-        }
-    }
-
-    fn repo_dir(&self, cache: &Path) -> Result<PathBuf> {
+    /// The repository as [`HubFiles`]; a usage error naming the flag when `--repo` is not
+    /// `org/name`, `--revision` not a branch, tag or commit, or `--subfolder` not a relative path
+    /// without `..`.
+    pub fn files(&self) -> Result<HubFiles> {
         let parts: Vec<&str> = self.repo.split('/').collect();
         let valid =
             |p: &str| !p.is_empty() && p != "." && p != ".." && !p.contains('\\') && !p.chars().any(char::is_control);
         if parts.len() != 2 || !parts.iter().all(|p| valid(p)) {
             return Err(usage(format!("--repo {:?}: expected `org/name`", self.repo)));
-        }
-        // A subfolder stays inside the repository: relative, no `..`.
-        if let Some(sub) = &self.subfolder {
-            let inside = !sub.starts_with('/')
-                && !sub.contains('\\')
-                && !sub.chars().any(char::is_control)
-                && sub.split('/').all(|p| p != "..");
-            if !inside {
-                return Err(usage(format!(
-                    "--subfolder {sub:?}: expected a relative path inside the repository, without `..`"
-                )));
-            }
         }
         if !is_commit(self.revision()) && !is_ref_name(self.revision()) {
             return Err(usage(format!(
@@ -112,81 +121,66 @@ impl HubRepo {
                 self.revision()
             )));
         }
-        Ok(repo_folder(cache, &self.repo))
-    }
-
-    /// The commit `refs/<revision>` names: `Ok(None)` when the ref is not cached.
-    fn commit_of_ref(&self, cache: &Path, dir: &Path) -> Result<Option<String>> {
-        let refs = dir.join("refs").join(self.revision());
-        if std::fs::symlink_metadata(&refs).is_err() {
-            return Ok(None);
+        let repo = hf_hub::Repo::with_revision(self.repo.clone(), hf_hub::RepoType::Model, self.revision().into());
+        let cache = hf_hub::Cache::new(cache_dir(self.cache_dir.as_deref()));
+        let files = HubFiles::new(repo, cache)?;
+        match &self.subfolder {
+            Some(sub) => files.with_subfolder(sub).map_err(|_| {
+                usage(format!(
+                    "--subfolder {sub:?}: expected a relative path inside the repository, without `..`"
+                ))
+            }),
+            None => Ok(files),
         }
-        confined(cache, &refs)?;
-        // A ref names a commit: anything else (`../../..`, an absolute path) would lead the
-        // snapshot path out of the cache.
-        let commit = crate::files::read_text_limited(&refs, 1024)?.trim().to_string();
-        if !is_commit(&commit) {
-            let shown: String = commit.chars().take(80).collect();
-            return Err(ParityError::Io {
-                path: refs,
-                source: std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("a Hub cache ref must hold a 40-hex-digit commit hash, found {shown:?}"),
-                ),
-            });
-        }
-        Ok(Some(commit))
     }
 
     /// The cached copy of `file`: `Ok(Some)` when present, `Ok(None)` when not cached.
     pub fn cached(&self, file: &str) -> Result<Option<PathBuf>> {
-        let cache = cache_dir(self.cache_dir.as_deref());
-        let dir = self.repo_dir(&cache)?;
-        let rev = self.revision();
-        let commit = if is_commit(rev) {
-            rev.to_string()
-        } else {
-            match self.commit_of_ref(&cache, &dir)? {
-                Some(commit) => commit,
-                None => return Ok(None),
-            }
-        };
-        let path = dir.join("snapshots").join(&commit).join(self.in_repo(file));
-        if std::fs::symlink_metadata(&path).is_err() {
-            return Ok(None);
-        }
-        confined(&cache, &path)?;
-        Ok(path.is_file().then_some(path))
+        self.files()?.cached(file)
     }
 
-    /// `file` from the cache, else (online) downloaded into it.
+    /// `file` from the cache, else (online) downloaded into it from [`endpoint_from_env`].
     pub fn get(&self, file: &str) -> Result<PathBuf> {
-        if let Some(path) = self.cached(file)? {
-            return Ok(path);
-        }
-        let cache = cache_dir(self.cache_dir.as_deref());
-        let what = format!(
-            "{} (revision {}) file `{}`",
-            self.repo,
-            self.revision(),
-            self.in_repo(file)
-        );
-        if self.offline || offline_from_env() {
-            return Err(usage(format!(
-                "{what} is not in the cache {} and the network is off (--offline / HF_HUB_OFFLINE)",
-                cache.display()
-            )));
-        }
-        let path = download(&self.repo, self.revision(), &self.in_repo(file), &cache)
-            .map_err(|e| usage(format!("{what}: not cached in {} and {e}", cache.display())))?;
-        confined(&cache, &path)?;
-        Ok(path)
+        self.files()?
+            .get_or_download(file, self.offline, || Ok(endpoint_from_env()))
     }
 
     /// `config.json` and the first weight file of [`WEIGHT_FILES`] the repository has.
     pub fn model_files(&self) -> Result<(PathBuf, PathBuf)> {
-        let config = self.get("config.json")?;
-        // Cached files first, so an offline run never asks the network about a format it lacks.
+        let files = self.files()?;
+        files.model_files_with(|file| files.get_or_download(file, self.offline, || Ok(endpoint_from_env())))
+    }
+}
+
+impl HubFiles {
+    /// `file` from the cache, else (unless `offline` or `HF_HUB_OFFLINE`) downloaded from the
+    /// endpoint `endpoint` says, and checked to lie in the cache.
+    fn get_or_download(&self, file: &str, offline: bool, endpoint: impl FnOnce() -> Result<String>) -> Result<PathBuf> {
+        if let Some(path) = self.cached(file)? {
+            return Ok(path);
+        }
+        let cache = self.cache().path();
+        if offline || offline_from_env() {
+            return Err(self.error(
+                file,
+                format!(
+                    "not in the cache {} and the network is off (--offline / HF_HUB_OFFLINE)",
+                    cache.display()
+                ),
+            ));
+        }
+        let in_repo = self.checked_file(file)?;
+        let endpoint = endpoint()?;
+        let path = download(self, &endpoint, &in_repo)
+            .map_err(|e| self.error(file, format!("not cached in {} and {e}", cache.display())))?;
+        confined(cache, &path)?;
+        Ok(path)
+    }
+
+    /// `config.json` and the first of [`WEIGHT_FILES`] that `get` finds: cached files first, so
+    /// an offline run never asks the network about a format it lacks.
+    fn model_files_with(&self, mut get: impl FnMut(&str) -> Result<PathBuf>) -> Result<(PathBuf, PathBuf)> {
+        let config = get("config.json")?;
         for file in WEIGHT_FILES {
             if let Some(path) = self.cached(file)? {
                 return Ok((config, path));
@@ -194,51 +188,24 @@ impl HubRepo {
         }
         let mut errors = vec![];
         for file in WEIGHT_FILES {
-            match self.get(file) {
+            match get(file) {
                 Ok(path) => return Ok((config, path)),
                 Err(e) => errors.push(e.to_string()),
             }
         }
-        Err(usage(format!("no weights found: {}", errors.join("; "))))
+        Err(self.error("", format!("no weights found: {}", errors.join("; "))))
     }
 }
 
-/// The cache folder of `repo` (`org/name`): `models--org--name`.
-fn repo_folder(cache: &Path, repo: &str) -> PathBuf {
-    cache.join(format!("models--{}", repo.replace('/', "--")))
-}
-
-/// `path` (links followed) must lie inside the cache folder: a snapshot's files link to its
-/// `blobs/`, and nothing else.
-fn confined(cache: &Path, path: &Path) -> Result<()> {
-    let io = |source| ParityError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let real = std::fs::canonicalize(path).map_err(io)?;
-    let root = std::fs::canonicalize(cache).map_err(io)?;
-    if real.starts_with(&root) {
-        return Ok(());
-    }
-    Err(io(std::io::Error::new(
-        std::io::ErrorKind::InvalidData,
-        format!(
-            "leads out of the Hub cache {} (to {}); a cache's files must stay inside it",
-            root.display(),
-            real.display()
-        ),
-    )))
-}
-
-/// `file` of `repo` at `revision`, downloaded into the Hub cache `cache`; the error says why not.
+/// `file` downloaded into the cache of `files`; the error says why not.
 #[cfg(feature = "hub")]
-fn download(repo: &str, revision: &str, file: &str, cache: &Path) -> std::result::Result<PathBuf, String> {
-    download::download(repo, revision, file, cache)
+fn download(files: &HubFiles, endpoint: &str, file: &str) -> std::result::Result<PathBuf, String> {
+    download::download(files, endpoint, file)
 }
 
 /// Without the `hub` feature nothing is downloaded.
 #[cfg(not(feature = "hub"))]
-fn download(_repo: &str, _revision: &str, _file: &str, _cache: &Path) -> std::result::Result<PathBuf, String> {
+fn download(_files: &HubFiles, _endpoint: &str, _file: &str) -> std::result::Result<PathBuf, String> {
     Err(
         "this unet-parity was built without the `hub` feature, so it cannot download (rebuild with the \
          default features, or put the file in the cache)"
