@@ -57,11 +57,7 @@ pub struct HubRepo {
 }
 
 /// The weight files a diffusers model folder may hold, in the order they are tried.
-pub const WEIGHT_FILES: &[&str] = &[
-    "diffusion_pytorch_model.safetensors",
-    "diffusion_pytorch_model.safetensors.index.json",
-    "diffusion_pytorch_model.bin",
-];
+pub use crate::model::WEIGHT_FILES;
 
 fn env_path(name: &str) -> Option<PathBuf> {
     std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
