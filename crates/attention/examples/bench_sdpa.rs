@@ -159,6 +159,9 @@ mod fma_peak {
     #[cfg(target_arch = "x86_64")]
     use std::arch::x86_64::*;
 
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn avx2(iters: usize) -> f32 {
@@ -170,13 +173,19 @@ mod fma_peak {
             }
         }
         let mut out = [0f32; 8];
-        _mm256_storeu_ps(
-            out.as_mut_ptr(),
-            acc.iter().fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x)),
-        );
+        // SAFETY: `out` has room for the 8 floats stored.
+        unsafe {
+            _mm256_storeu_ps(
+                out.as_mut_ptr(),
+                acc.iter().fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x)),
+            )
+        };
         out.iter().sum()
     }
 
+    /// # Safety
+    ///
+    /// The CPU has AVX-512F.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn avx512(iters: usize) -> f32 {

@@ -1,27 +1,21 @@
-//! The `R × 16` AVX2 + FMA register tile (`R` ≤ 6: 12 of the 16 `ymm` registers accumulate):
-//! the layer GEMM's of [`crate::cpu_kernels`], and the attention kernel's score and output tiles
-//! on CPUs without AVX-512 ([`super::tiles`], with K and V packed into 16-wide panels here).
+//! The `R × 16` AVX2 + FMA register tile (`R` ≤ 6: 12 of the 16 `ymm` registers accumulate),
+//! part of the bottom layer ([`crate::cpu`]): the layer GEMM's tile on CPUs without AVX-512, and
+//! the attention kernel's score and output tiles there (with K and V packed into 16-wide panels
+//! here).
 //! Four reduction steps per loop trip: alone in L1 the tile runs at 98 GFLOP/s on a Zen 3 core
 //! (its FMA peak is 98 – 100), where one step per trip ran at 89 – 92.
+
+use super::ALayout;
+use crate::cpu::isa::Isa;
 
 /// Columns of a tile: the width of a `B` panel.
 pub(crate) const NR: usize = 16;
 /// Rows of a full tile, and of an interleaved `A` micro-panel.
 pub(crate) const MR: usize = 6;
 
-/// How a tile's `A` micro-panel is laid out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ALayout {
-    /// Row-major, rows `lda` apart: `a[r·lda + p]`.
-    Rows(usize),
-    /// The [`MR`] rows of a micro-panel interleaved: `a[p·MR + r]` (rows past the tile's are
-    /// zero), so that the tile reads one sequential stream.
-    Interleaved,
-}
-
 /// Whether the CPU has AVX2 and FMA (detected once).
 pub(crate) fn available() -> bool {
-    super::isa::avx2_fma()
+    Isa::detect() >= Isa::Avx2
 }
 
 /// How a tile's sums meet what `c` holds.
