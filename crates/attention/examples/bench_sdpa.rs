@@ -217,18 +217,18 @@ mod fma_peak {
         {
             let mut fields = vec![];
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                // SAFETY: AVX2 and FMA detected.
-                fields.push(format!(
-                    "\"avx2_gflops\": {:.1}",
-                    rate(12.0 * 16.0, |n| unsafe { avx2(n) })
-                ));
+                let run = |n| {
+                    // SAFETY: AVX2 and FMA detected.
+                    unsafe { avx2(n) }
+                };
+                fields.push(format!("\"avx2_gflops\": {:.1}", rate(12.0 * 16.0, run)));
             }
             if is_x86_feature_detected!("avx512f") {
-                // SAFETY: AVX-512F detected.
-                fields.push(format!(
-                    "\"avx512_gflops\": {:.1}",
-                    rate(24.0 * 32.0, |n| unsafe { avx512(n) })
-                ));
+                let run = |n| {
+                    // SAFETY: AVX-512F detected.
+                    unsafe { avx512(n) }
+                };
+                fields.push(format!("\"avx512_gflops\": {:.1}", rate(24.0 * 32.0, run)));
             }
             println!("{{\"case\": \"fma-peak (one core)\", {}}}", fields.join(", "));
         }

@@ -265,6 +265,7 @@ struct OutPtr {
 }
 // SAFETY: the pointer is only turned into slices of disjoint task blocks (see `OutPtr::row`).
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`: tasks sharing an `OutPtr` write disjoint blocks through it.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
@@ -533,12 +534,16 @@ impl Job<'_> {
                         (src[j], src[nr + j])
                     };
                 }
-                // SAFETY: these runs lie in this task's columns of the output (pairs map to
-                // disjoint output columns), which no other task touches.
+                // These runs lie in this task's columns of the output (pairs map to disjoint
+                // output columns), which no other task touches.
                 if geglu {
-                    super::geglu_row(unsafe { out.row(start + c0, w) }, &h[..w], &g[..w]);
+                    // SAFETY: this task's columns (above).
+                    let row = unsafe { out.row(start + c0, w) };
+                    super::geglu_row(row, &h[..w], &g[..w]);
                 } else {
+                    // SAFETY: this task's columns (above).
                     unsafe { out.row(start + c0, w) }.copy_from_slice(&h[..w]);
+                    // SAFETY: this task's columns (above).
                     unsafe { out.row(start + half + c0, w) }.copy_from_slice(&g[..w]);
                 }
             }

@@ -145,12 +145,12 @@ fn scale_shift(fused: bool, xs: &[f32], scale: f32, shift: f32, dst: &mut [f32])
 
 /// `act` of every value of `ys`, in place (the attention kernel's vectorised `exp`, within 1 ulp).
 fn swish_in_place(fused: bool, act: Swish, ys: &mut [f32]) {
-    use crate::cpu::math::exp as cpu_exp;
+    use crate::cpu::math::exp;
     #[inline(always)]
     fn body<const FUSED: bool>(act: Swish, ys: &mut [f32]) {
         match act {
-            Swish::Silu => ys.iter_mut().for_each(|y| *y /= 1.0 + cpu_exp::<FUSED>(-*y)),
-            Swish::TimesSigmoid => ys.iter_mut().for_each(|y| *y *= 1.0 / (1.0 + cpu_exp::<FUSED>(-*y))),
+            Swish::Silu => ys.iter_mut().for_each(|y| *y /= 1.0 + exp::<FUSED>(-*y)),
+            Swish::TimesSigmoid => ys.iter_mut().for_each(|y| *y *= 1.0 / (1.0 + exp::<FUSED>(-*y))),
         }
     }
     #[cfg(target_arch = "x86_64")]

@@ -177,26 +177,38 @@ macro_rules! isa {
         #[cfg(target_arch = "x86_64")]
         mod $name {
             use super::*;
+            /// # Safety
+            ///
+            /// The CPU has the features `$feat` names.
             #[target_feature(enable = $feat)]
             unsafe fn scale_mask_max_tf(s: &mut [f32], m: Option<&[f32]>, c: ScoreScale) -> f32 {
                 scale_mask_max_body(s, m, c)
             }
+            /// # Safety
+            ///
+            /// The CPU has the features `$feat` names.
             #[target_feature(enable = $feat)]
             unsafe fn exp_sum_tf(s: &mut [f32], pre: f32, m: f32, r: Option<Round>) -> f32 {
                 exp_sum_body::<true>(s, pre, m, r)
             }
+            /// # Safety
+            ///
+            /// The CPU has the features `$feat` names.
             #[target_feature(enable = $feat)]
             unsafe fn scale_tf(x: &mut [f32], a: f32) {
                 scale_body(x, a)
             }
-            // SAFETY (all three): `ops()` hands these out only after detecting the features.
+            // The three below are handed out by `ops()` only after it detected the features.
             fn scale_mask_max(s: &mut [f32], m: Option<&[f32]>, c: ScoreScale) -> f32 {
+                // SAFETY: the features were detected (`ops()`).
                 unsafe { scale_mask_max_tf(s, m, c) }
             }
             fn exp_sum(s: &mut [f32], pre: f32, m: f32, r: Option<Round>) -> f32 {
+                // SAFETY: the features were detected (`ops()`).
                 unsafe { exp_sum_tf(s, pre, m, r) }
             }
             fn scale(x: &mut [f32], a: f32) {
+                // SAFETY: the features were detected (`ops()`).
                 unsafe { scale_tf(x, a) }
             }
             pub(super) const OPS: Ops = Ops {
