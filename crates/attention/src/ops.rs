@@ -1,6 +1,6 @@
 //! The tensor operations of the PyTorch code, each with the rounding PyTorch's CPU kernels give
 //! it: the ops layer, above the kernels ([`crate::cpu_kernels`]) and the bottom layer
-//! ([`crate::cpu`]), below the attention core ([`crate::sdpa`]) and the layers, which build on
+//! (`crate::cpu`), below the attention core ([`crate::sdpa`]) and the layers, which build on
 //! these.
 //!
 //! In f32 and f64 every function here is the plain math. In f16/bf16 they mirror where PyTorch
