@@ -159,6 +159,9 @@ mod fma_peak {
     #[cfg(target_arch = "x86_64")]
     use std::arch::x86_64::*;
 
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn avx2(iters: usize) -> f32 {
@@ -170,13 +173,19 @@ mod fma_peak {
             }
         }
         let mut out = [0f32; 8];
-        _mm256_storeu_ps(
-            out.as_mut_ptr(),
-            acc.iter().fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x)),
-        );
+        // SAFETY: `out` has room for the 8 floats stored.
+        unsafe {
+            _mm256_storeu_ps(
+                out.as_mut_ptr(),
+                acc.iter().fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x)),
+            )
+        };
         out.iter().sum()
     }
 
+    /// # Safety
+    ///
+    /// The CPU has AVX-512F.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn avx512(iters: usize) -> f32 {
@@ -208,18 +217,18 @@ mod fma_peak {
         {
             let mut fields = vec![];
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                // SAFETY: AVX2 and FMA detected.
-                fields.push(format!(
-                    "\"avx2_gflops\": {:.1}",
-                    rate(12.0 * 16.0, |n| unsafe { avx2(n) })
-                ));
+                let run = |n| {
+                    // SAFETY: AVX2 and FMA detected.
+                    unsafe { avx2(n) }
+                };
+                fields.push(format!("\"avx2_gflops\": {:.1}", rate(12.0 * 16.0, run)));
             }
             if is_x86_feature_detected!("avx512f") {
-                // SAFETY: AVX-512F detected.
-                fields.push(format!(
-                    "\"avx512_gflops\": {:.1}",
-                    rate(24.0 * 32.0, |n| unsafe { avx512(n) })
-                ));
+                let run = |n| {
+                    // SAFETY: AVX-512F detected.
+                    unsafe { avx512(n) }
+                };
+                fields.push(format!("\"avx512_gflops\": {:.1}", rate(24.0 * 32.0, run)));
             }
             println!("{{\"case\": \"fma-peak (one core)\", {}}}", fields.join(", "));
         }

@@ -9,7 +9,8 @@
 
 use crate::heads::merge_channels;
 use crate::layers::{group_norm, FusedQkvConv, Projection};
-use crate::sdpa::{default_scale, linear_attention, matmul, mul, softmax};
+use crate::ops::{matmul, mul, softmax};
+use crate::sdpa::{default_scale, linear_attention};
 use crate::Result;
 use candle_core::{Module, Tensor, D};
 use candle_nn::VarBuilder;

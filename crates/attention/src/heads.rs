@@ -6,7 +6,7 @@
 //!
 //! Both use the "(h d)" order: head `h` owns channels `h·D .. (h+1)·D`.
 
-use crate::cpu_kernels::contiguous;
+use crate::cpu::contiguous;
 use candle_core::{Result, Tensor};
 
 /// `(B, N, H·D)` → `(B, H, N, D)`.

@@ -1,8 +1,9 @@
 //! Layers shared by the blocks: projections that load `nn.Linear` or 1×1 conv weights, and the
 //! norms the PyTorch blocks use (GroupNorm, lucidrains' RMSNorm, BatchNorm2d in eval mode).
 
-use crate::cpu_kernels::{contiguous, ConvExtras, PackedConv, PackedLinear, Swish};
-use crate::sdpa::{is_half, mul, upcast};
+use crate::cpu::contiguous;
+use crate::cpu_kernels::{ConvExtras, PackedConv, PackedLinear, Swish};
+use crate::ops::{is_half, mul, upcast};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder};
@@ -244,7 +245,7 @@ impl LayerNorm {
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let dtype = x.dtype();
-        let compute = crate::sdpa::compute_dtype(dtype);
+        let compute = crate::ops::compute_dtype(dtype);
         let x = x.to_dtype(compute)?;
         let centered = x.broadcast_sub(&x.mean_keepdim(candle_core::D::Minus1)?)?;
         let var = centered.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
@@ -364,7 +365,7 @@ impl GroupNorm {
         // Rounded to the block's dtype first, as PyTorch's `module.to(dtype)` rounds a wider
         // checkpoint's parameters, then held in the compute dtype. (A block that keeps its norms
         // wider, as guided-diffusion's `convert_to_fp16` does, passes a `vb` of that dtype.)
-        let compute = crate::sdpa::compute_dtype(vb.dtype());
+        let compute = crate::ops::compute_dtype(vb.dtype());
         Ok(Self {
             weight: vb.get(channels, "weight")?.to_dtype(compute)?,
             bias: vb.get(channels, "bias")?.to_dtype(compute)?,
@@ -400,7 +401,7 @@ impl GroupNorm {
 
 impl Module for GroupNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let dtype = crate::sdpa::compute_dtype(x.dtype());
+        let dtype = crate::ops::compute_dtype(x.dtype());
         // Any layout: the transposed token views of the diffusers blocks are copied once here.
         let xc = contiguous(&x.to_dtype(dtype)?)?;
         let (w, b) = (self.weight.to_dtype(dtype)?, self.bias.to_dtype(dtype)?);
@@ -440,7 +441,7 @@ impl LastDimRmsNorm {
 impl Module for LastDimRmsNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let dtype = x.dtype();
-        let compute = crate::sdpa::compute_dtype(dtype);
+        let compute = crate::ops::compute_dtype(dtype);
         let x = x.to_dtype(compute)?;
         let variance = x.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
         let y = x.broadcast_mul(&(variance + self.eps)?.sqrt()?.recip()?)?;
@@ -665,7 +666,7 @@ fn apply_extras(h: Tensor, extras: ConvExtras) -> candle_core::Result<Tensor> {
         None => h,
     };
     match extras.div.filter(|&d| d != 1.0) {
-        Some(d) => crate::sdpa::div(&h, d),
+        Some(d) => crate::ops::div(&h, d),
         None => Ok(h),
     }
 }

@@ -21,6 +21,28 @@
 //! AVX2 + FMA or AVX-512; Candle's ops elsewhere, or everywhere with
 //! `UNET_ATTENTION_LAYERS=candle`).
 //!
+//! ## Layers
+//!
+//! The modules are layered, bottom first: a module uses only modules on lines above its own
+//! (modules on one line do not use each other), so the imports run one way and there is no
+//! circle. `tests/layering.rs` reads this list and fails on any `crate::` path that breaks it;
+//! `docs/architecture.md` explains the layers.
+//!
+//! 1. [`error`] — the error type ([`Error`], [`Result`]).
+//! 2. [`config`], [`trace`] — configs read from PyTorch kwargs; the trace recorder.
+//! 3. `cpu` — the bottom of the CPU kernels: instruction set, cache sizes, settings, scratch,
+//!    `exp`/`erf`, the AVX2 and AVX-512 microkernels, `contiguous`.
+//! 4. [`cpu_kernels`], `cuda` — the CPU kernels (layer GEMM, Winograd, norms, the attention kernel);
+//!    the fused CUDA attention kernel.
+//! 5. [`ops`], [`heads`] — tensor ops with PyTorch's rounding; head splitting.
+//! 6. `validate` — argument checks of the blocks and the attention core.
+//! 7. [`sdpa`] — the attention core.
+//! 8. [`layers`] — the shared layers (projections, convolutions, norms).
+//! 9. [`annotated_diffusion`], [`ddpm`], [`diffusers`], [`fastai`], [`textbook`], [`torch`] —
+//!    block families.
+//! 10. [`ldm`] — block families built on the ones above (diffusers' `Attention`).
+//! 11. [`openai`] — block families built on [`ldm`].
+//!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};
 //! use candle_nn::VarBuilder;
@@ -48,6 +70,7 @@
 
 pub mod annotated_diffusion;
 pub mod config;
+pub(crate) mod cpu;
 pub mod cpu_kernels;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -59,8 +82,8 @@ pub mod heads;
 pub mod layers;
 pub mod ldm;
 pub mod openai;
+pub mod ops;
 pub mod sdpa;
-mod setting;
 pub mod textbook;
 pub mod torch;
 pub mod trace;

@@ -31,7 +31,8 @@
 use crate::config::{check_divides, yes};
 use crate::heads::{merge_tokens, split_tokens};
 use crate::layers::Projection;
-use crate::sdpa::{default_scale, matmul, mul, sdpa, softmax, upcast};
+use crate::ops::{matmul, mul, softmax, upcast};
+use crate::sdpa::{default_scale, sdpa};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor, D};

@@ -8,8 +8,10 @@
 //! ([`set_layer_path`]), else the environment variable `UNET_ATTENTION_LAYERS` (`auto`,
 //! `direct`, `winograd` or `candle`, read once), else [`LayerPath::Auto`].
 
-use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, Isa, PackedCols, PackedRows, RowsOf};
-use super::{contiguous, cpu_slice, im2col, winograd};
+use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, PackedCols, PackedRows, RowsOf};
+use super::{im2col, winograd};
+use crate::cpu::isa::{self, Isa};
+use crate::cpu::{caches, contiguous, cpu_slice, setting};
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -49,8 +51,8 @@ pub fn set_layer_path(path: Option<LayerPath>) {
 /// cap on the vector instructions the kernels use, or `UNET_ATTENTION_CACHE`, the cache sizes
 /// they block for) is an error on every call.
 pub fn layer_path() -> Result<LayerPath> {
-    crate::sdpa::cpu_isa_cap().map_err(candle_core::Error::msg)?;
-    crate::sdpa::cpu_cache_setting().map_err(candle_core::Error::msg)?;
+    isa::setting().map_err(candle_core::Error::msg)?;
+    caches::setting().map_err(candle_core::Error::msg)?;
     match OVERRIDE.load(Ordering::Relaxed) {
         1 => return Ok(LayerPath::Auto),
         2 => return Ok(LayerPath::Candle),
@@ -66,7 +68,7 @@ pub fn layer_path() -> Result<LayerPath> {
             ("winograd", LayerPath::Winograd),
             ("candle", LayerPath::Candle),
         ];
-        crate::setting::choice("UNET_ATTENTION_LAYERS", &choices)
+        setting::choice("UNET_ATTENTION_LAYERS", &choices)
     })
     .clone()
     .map_err(candle_core::Error::msg)
@@ -75,16 +77,12 @@ pub fn layer_path() -> Result<LayerPath> {
 /// The register tile the layer GEMM runs on this CPU: `"avx512"`, `"avx2"`, or `"none"` (Candle's
 /// ops for every layer).
 pub fn layer_kernel_isa() -> &'static str {
-    match Isa::detect() {
-        Some(Isa::Avx512) => "avx512",
-        Some(Isa::Avx2) => "avx2",
-        None => "none",
-    }
+    Isa::detect().name()
 }
 
 /// Whether a weight is packed: an f32 CPU tensor on a CPU the GEMM runs on.
 fn packable(w: &Tensor) -> Option<(Isa, Blocking)> {
-    let isa = Isa::detect()?;
+    let isa = Isa::with_tiles()?;
     (w.dtype() == DType::F32 && w.device().is_cpu()).then(|| (isa, Blocking::for_isa(isa)))
 }
 
@@ -378,7 +376,7 @@ mod tests {
     /// shapes with partial tiles, partial panels and several reduction blocks.
     #[test]
     fn packed_linear_matches_the_candle_ops() {
-        if Isa::detect().is_none() {
+        if Isa::with_tiles().is_none() {
             return;
         }
         for (lead, inp, out) in [
@@ -411,7 +409,7 @@ mod tests {
     /// leave partial panels, with and without bias, and the weight unpacked in its own order.
     #[test]
     fn paired_projection_gives_the_plain_bits() {
-        if Isa::detect().is_none() {
+        if Isa::with_tiles().is_none() {
             return;
         }
         let bits = |t: &Tensor| -> Vec<u32> {
@@ -440,7 +438,7 @@ mod tests {
     /// convolution and ops in f64, and against Candle in f32.
     #[test]
     fn packed_conv_matches_the_candle_ops() {
-        if Isa::detect().is_none() {
+        if Isa::with_tiles().is_none() {
             return;
         }
         for (b, c, h, w, out, k) in [

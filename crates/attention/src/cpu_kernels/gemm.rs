@@ -19,59 +19,15 @@
 //! `KC`, `MC` and `NC` come from the L1 and L2 sizes the CPU reports ([`Blocking`]).
 //!
 //! The register tiles: 6 × 16 with AVX2 and FMA (12 of the 16 `ymm` registers accumulate), the
-//! attention kernel's 12 × 32 AVX-512 tile (`sdpa::cpu::tiles::score_tile`) where the CPU has
-//! AVX-512F. Other CPUs take Candle's ops ([`Isa::detect`] gives `None`).
+//! 12 × 32 AVX-512 tile the attention kernel's score tiles use, where the CPU has AVX-512F (both
+//! in [`crate::cpu::microkernel`]). Other CPUs take Candle's ops ([`Isa::with_tiles`] gives `None`).
 
 pub(crate) use super::packed::{PackedCols, PackedRows};
-use super::tile::{avx2_column, tile, ALayout};
+use crate::cpu::caches;
+use crate::cpu::isa::Isa;
+use crate::cpu::microkernel::{avx2, tile, ALayout};
+use crate::cpu::scratch::with_scratch;
 use rayon::prelude::*;
-
-/// The register tile the CPU runs (x86-64 only: elsewhere none is detected).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) enum Isa {
-    /// 6 × 16 tiles, AVX2 + FMA.
-    Avx2,
-    /// 12 × 32 tiles, AVX-512F.
-    Avx512,
-}
-
-impl Isa {
-    /// The best tile this CPU runs, detected once; `None` where it has neither.
-    pub(crate) fn detect() -> Option<Isa> {
-        static ISA: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
-        // Both checks are false off x86-64.
-        *ISA.get_or_init(|| {
-            if crate::sdpa::cpu_tiles_available() {
-                Some(Isa::Avx512)
-            } else if crate::sdpa::cpu_avx2_available() {
-                Some(Isa::Avx2)
-            } else {
-                None
-            }
-        })
-    }
-
-    /// Rows of a register tile.
-    pub(crate) fn mr(self) -> usize {
-        match self {
-            Isa::Avx2 => crate::sdpa::CPU_AVX2_MR,
-            Isa::Avx512 => 12,
-        }
-    }
-
-    /// Columns of a register tile (the width of a `B` panel).
-    pub(crate) fn nr(self) -> usize {
-        match self {
-            Isa::Avx2 => crate::sdpa::CPU_AVX2_NR,
-            Isa::Avx512 => 32,
-        }
-    }
-
-    /// `A` rows are padded to a multiple of this in packed weights (every tile height reads
-    /// whole rows).
-    pub(super) const ROW_PAD: usize = 12;
-}
 
 /// Block sizes from the cache sizes the CPU reports (Linux sysfs; 32 KiB L1d and 512 KiB L2
 /// where it reports none).
@@ -89,7 +45,7 @@ pub(crate) struct Blocking {
 
 impl Blocking {
     pub(crate) fn for_isa(isa: Isa) -> Blocking {
-        let (l1, l2) = crate::sdpa::cpu_cache_sizes();
+        let (l1, l2) = caches::sizes();
         let (mr, nr) = (isa.mr(), isa.nr());
         let kc = (l1 / 3 / (4 * nr)).clamp(64, 512) / 8 * 8;
         let mc = ((l2 / 4 / (4 * kc)).clamp(4 * mr, 1024) / mr * mr).max(mr);
@@ -309,6 +265,7 @@ struct OutPtr {
 }
 // SAFETY: the pointer is only turned into slices of disjoint task blocks (see `OutPtr::row`).
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`: tasks sharing an `OutPtr` write disjoint blocks through it.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
@@ -457,7 +414,7 @@ impl Job<'_> {
             0
         };
         let need = rows_p * ldc + a_len + b_len;
-        crate::sdpa::with_cpu_scratch(need, |scratch| {
+        with_scratch(need, |scratch| {
             let (acc, rest) = scratch.split_at_mut(rows_p * ldc);
             let (a_buf, b_buf) = rest.split_at_mut(a_len);
             for (bi, &(p0, kcb)) in self.blocks.iter().enumerate() {
@@ -470,7 +427,7 @@ impl Job<'_> {
                 for jp in 0..panels {
                     let b_pan = &b_blk[jp * kcb * nr..][..kcb * nr];
                     if let Some(a_col) = column {
-                        avx2_column(t.rows, a_col, kcb, b_pan, (&mut acc[jp * nr..], ldc), bi > 0);
+                        avx2::tile_column(t.rows, a_col, kcb, b_pan, (&mut acc[jp * nr..], ldc), bi > 0);
                         continue;
                     }
                     for mp in 0..t.rows.div_ceil(mr) {
@@ -577,12 +534,16 @@ impl Job<'_> {
                         (src[j], src[nr + j])
                     };
                 }
-                // SAFETY: these runs lie in this task's columns of the output (pairs map to
-                // disjoint output columns), which no other task touches.
+                // These runs lie in this task's columns of the output (pairs map to disjoint
+                // output columns), which no other task touches.
                 if geglu {
-                    super::geglu_row(unsafe { out.row(start + c0, w) }, &h[..w], &g[..w]);
+                    // SAFETY: this task's columns (above).
+                    let row = unsafe { out.row(start + c0, w) };
+                    super::geglu_row(row, &h[..w], &g[..w]);
                 } else {
+                    // SAFETY: this task's columns (above).
                     unsafe { out.row(start + c0, w) }.copy_from_slice(&h[..w]);
+                    // SAFETY: this task's columns (above).
                     unsafe { out.row(start + half + c0, w) }.copy_from_slice(&g[..w]);
                 }
             }

@@ -1,107 +1,40 @@
-//! CPU kernels for the layer operations around the attention core that Candle 0.11 runs slowly,
-//! each a drop-in for the tensor-op chain it replaces (same results up to f32 summation order),
-//! taken only on CPU tensors of the dtypes named, with the generic Candle ops everywhere else.
+//! The kernels layer: CPU kernels on the bottom layer (`crate::cpu`: instruction set, caches,
+//! scratch, microkernels), used by the tensor ops, the attention core ([`crate::sdpa`]) and the
+//! layers above, never using them.
 //!
-//! * The linear layers and convolutions of every block: weights packed once when the block is
-//!   built ([`PackedLinear`], [`PackedConv`]), one cache-blocked GEMM per call with the bias,
-//!   time embedding, residual and divisor applied as the output is written (`gemm`, `tile`:
-//!   the register tiles, `im2col`: a convolution's input packed a block at a time, `winograd`:
-//!   large 3×3 convolutions as 16 GEMMs of Winograd's F(2×2, 3×3)), chosen per call by
-//!   [`layer_path`].
-//! * GroupNorm (and GroupNorm + SiLU in one pass), transposed copies, RMSNorm's channel sum of
-//!   squares, below.
+//! * The attention core's tiled online-softmax kernel (`attention`).
+//! * The layer operations around the attention core that Candle 0.11 runs slowly, each a
+//!   drop-in for the tensor-op chain it replaces (same results up to f32 summation order),
+//!   taken only on CPU tensors of the dtypes named, with the generic Candle ops everywhere else:
+//!   * the linear layers and convolutions of every block: weights packed once when the block is
+//!     built ([`PackedLinear`], [`PackedConv`]), one cache-blocked GEMM per call with the bias,
+//!     time embedding, residual and divisor applied as the output is written (`gemm`, on the
+//!     register tiles of `crate::cpu`'s microkernels; `im2col`: a convolution's input packed a
+//!     block at a time; `winograd`: large 3×3 convolutions as 16 GEMMs of Winograd's
+//!     F(2×2, 3×3)), chosen per call by [`layer_path`];
+//!   * GroupNorm (and GroupNorm + SiLU in one pass), RMSNorm's channel sum of squares, GEGLU,
+//!     below.
 //!
 //! Measured on a `(1, 512, 64, 64)` f32 input, 2 threads (AMD Zen 5): Candle's `GroupNorm`
 //! 9.5 ms (every step a full pass with a fresh 8 MiB allocation), [`group_norm`] 0.40 ms; a
 //! transposed copy `(B, C, N)` → `(B, N, C)` 3.4 ms (Candle copies a transposed view one element
-//! at a time through a strided index), [`contiguous`] 0.63 ms; the sum of squares over the
+//! at a time through a strided index), `crate::cpu::contiguous` 0.63 ms; the sum of squares over the
 //! channels 5.8 ms, [`channel_sum_squares`] 0.16 ms.
 
-use candle_core::{DType, Device, Layout, Result, Storage, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use rayon::prelude::*;
 
+use crate::cpu::isa::fma_reported;
+use crate::cpu::{contiguous, cpu_slice};
+
+pub(crate) mod attention;
 mod dense;
 mod gemm;
 mod im2col;
 mod packed;
-mod pool;
-mod tile;
 mod winograd;
 
 pub use dense::{layer_kernel_isa, layer_path, set_layer_path, ConvExtras, LayerPath, PackedConv, PackedLinear};
-
-/// The elements of a CPU tensor as its layout places them, from the start offset on.
-fn cpu_slice<'a, T: candle_core::WithDType>(storage: &'a Storage, layout: &Layout) -> Option<&'a [T]> {
-    match storage {
-        // An empty view may start past the end of an empty buffer.
-        Storage::Cpu(s) => T::cpu_storage_as_slice(s)
-            .ok()
-            .map(|d| d.get(layout.start_offset()..).unwrap_or(&[])),
-        _ => None,
-    }
-}
-
-/// `x` made contiguous. A batched transpose of a contiguous tensor (`y.transpose(-2, -1)` for
-/// contiguous `y`, the token/channel swaps of every image block) on the CPU is copied in tiles,
-/// in parallel; anything else is `x.contiguous()`.
-pub fn contiguous(x: &Tensor) -> Result<Tensor> {
-    let r = x.rank();
-    if x.is_contiguous() || r < 2 || !x.device().is_cpu() || !x.transpose(r - 2, r - 1)?.is_contiguous() {
-        return x.contiguous();
-    }
-    let dims = x.dims();
-    let (rows, cols) = (dims[r - 2], dims[r - 1]);
-    // x is (.., rows, cols) over storage laid out (.., cols, rows).
-    let (storage, layout) = x.storage_and_layout();
-    macro_rules! go {
-        ($t:ty) => {{
-            let src = cpu_slice::<$t>(&storage, layout).expect("a CPU tensor");
-            Tensor::from_vec(transpose_batches(src, x.elem_count(), cols, rows), dims, &Device::Cpu)
-        }};
-    }
-    match x.dtype() {
-        DType::F32 => go!(f32),
-        DType::F16 => go!(half::f16),
-        DType::BF16 => go!(half::bf16),
-        DType::F64 => go!(f64),
-        _ => x.contiguous(),
-    }
-}
-
-/// `src` holds `len / (rows·cols)` row-major `(rows, cols)` matrices; returns their transposes,
-/// one after the other. Blocks of `TILE × TILE` go through a local buffer, so that both the reads
-/// and the writes are runs of `TILE` elements (writing single elements down a column of a
-/// power-of-two-wide matrix would cycle through one L1 set).
-fn transpose_batches<T: Copy + Send + Sync + Default>(src: &[T], len: usize, rows: usize, cols: usize) -> Vec<T> {
-    const TILE: usize = 16;
-    let mut out = vec![T::default(); len];
-    if len == 0 {
-        return out;
-    }
-    // One job: TILE output rows (= input columns) of one matrix.
-    out.par_chunks_mut(rows * cols)
-        .zip(src[..len].par_chunks(rows * cols))
-        .for_each(|(dst, src)| {
-            dst.par_chunks_mut(TILE * rows).enumerate().for_each(|(t, dst)| {
-                let c0 = t * TILE;
-                let cw = TILE.min(cols - c0);
-                let mut buf = [[T::default(); TILE]; TILE];
-                for r0 in (0..rows).step_by(TILE) {
-                    let rh = TILE.min(rows - r0);
-                    for r in 0..rh {
-                        let row = &src[(r0 + r) * cols + c0..][..cw];
-                        for (c, &v) in row.iter().enumerate() {
-                            buf[c][r] = v;
-                        }
-                    }
-                    for (c, col) in buf.iter().take(cw).enumerate() {
-                        dst[c * rows + r0..][..rh].copy_from_slice(&col[..rh]);
-                    }
-                }
-            });
-        });
-    out
-}
 
 /// `nn.GroupNorm(groups, C, eps)` of an f32 CPU tensor `(B, C, ...)` with f32 `weight` and
 /// `bias` `(C,)`, as PyTorch's CPU kernel (`group_norm_kernel.cpp`) computes it: mean and biased
@@ -153,7 +86,7 @@ pub fn group_norm_act(
     let (storage, layout) = x.storage_and_layout();
     let src = &cpu_slice::<f32>(&storage, layout).expect("a CPU tensor")[..x.elem_count()];
     let mut out = vec![0f32; src.len()];
-    let fused = fma_available();
+    let fused = fma_reported();
     if per_group > 0 {
         out.par_chunks_mut(per_group)
             .zip(src.par_chunks(per_group))
@@ -186,25 +119,8 @@ pub fn group_norm_act(
     Ok(Some(Tensor::from_vec(out, x.dims(), &Device::Cpu)?))
 }
 
-/// Whether the CPU has fused multiply-adds, which PyTorch's vectorised CPU kernels then use
-/// (the compiler contracts their `a * b + c`).
-fn fma_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        true
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        false
-    }
-}
-
 /// `dst = scale · xs + shift`, fused (one rounding) when `fused` (callers pass
-/// [`fma_available`]).
+/// [`fma_reported`]).
 fn scale_shift(fused: bool, xs: &[f32], scale: f32, shift: f32, dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if fused {
@@ -229,12 +145,12 @@ fn scale_shift(fused: bool, xs: &[f32], scale: f32, shift: f32, dst: &mut [f32])
 
 /// `act` of every value of `ys`, in place (the attention kernel's vectorised `exp`, within 1 ulp).
 fn swish_in_place(fused: bool, act: Swish, ys: &mut [f32]) {
-    use crate::sdpa::cpu_exp;
+    use crate::cpu::math::exp;
     #[inline(always)]
     fn body<const FUSED: bool>(act: Swish, ys: &mut [f32]) {
         match act {
-            Swish::Silu => ys.iter_mut().for_each(|y| *y /= 1.0 + cpu_exp::<FUSED>(-*y)),
-            Swish::TimesSigmoid => ys.iter_mut().for_each(|y| *y *= 1.0 / (1.0 + cpu_exp::<FUSED>(-*y))),
+            Swish::Silu => ys.iter_mut().for_each(|y| *y /= 1.0 + exp::<FUSED>(-*y)),
+            Swish::TimesSigmoid => ys.iter_mut().for_each(|y| *y *= 1.0 / (1.0 + exp::<FUSED>(-*y))),
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -305,12 +221,12 @@ pub(crate) fn geglu_row(dst: &mut [f32], hidden: &[f32], gate: &[f32]) {
     #[inline(always)]
     fn body(dst: &mut [f32], hidden: &[f32], gate: &[f32]) {
         for ((d, &x), &g) in dst.iter_mut().zip(hidden).zip(gate) {
-            let gelu = (crate::sdpa::cpu_erf(g * std::f32::consts::FRAC_1_SQRT_2) + 1.0) * 0.5 * g;
+            let gelu = (crate::cpu::math::erf(g * std::f32::consts::FRAC_1_SQRT_2) + 1.0) * 0.5 * g;
             *d = x * gelu;
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::sdpa::cpu_avx2_available() {
+    if crate::cpu::microkernel::avx2::available() {
         #[target_feature(enable = "avx2,fma")]
         fn avx2(dst: &mut [f32], hidden: &[f32], gate: &[f32]) {
             body(dst, hidden, gate)
@@ -379,28 +295,6 @@ mod tests {
             );
         }
         assert!(super::geglu(&h.narrow(2, 0, 3).unwrap()).unwrap().is_none());
-    }
-
-    /// The kernels' f32 `erf` within 2.4 ulp of f64 `erf` on a dense grid, and exact where it
-    /// must be (±0, ±∞, NaN, ±1 beyond 4).
-    #[test]
-    fn erf_is_within_a_few_ulp() {
-        let mut worst = 0f64;
-        for i in -500_000..=500_000 {
-            let x = i as f32 * 1e-5;
-            let want = libm::erf(x as f64);
-            let got = crate::sdpa::cpu_erf(x) as f64;
-            let ulp = (want.abs() as f32).max(f32::MIN_POSITIVE);
-            let ulp = (f32::from_bits(ulp.to_bits() + 1) - ulp) as f64;
-            worst = worst.max((got - want).abs() / ulp);
-        }
-        assert!(worst <= 2.4, "{worst} ulp");
-        let erf = crate::sdpa::cpu_erf;
-        assert_eq!(erf(0.0).to_bits(), 0f32.to_bits());
-        assert_eq!(erf(-0.0).to_bits(), (-0f32).to_bits());
-        assert_eq!((erf(f32::INFINITY), erf(f32::NEG_INFINITY)), (1.0, -1.0));
-        assert_eq!((erf(4.5), erf(-100.0)), (1.0, -1.0));
-        assert!(erf(f32::NAN).is_nan());
     }
 
     fn max_abs(t: Tensor) -> f32 {

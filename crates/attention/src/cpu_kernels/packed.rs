@@ -2,7 +2,12 @@
 //! ([`super::gemm`]): convolution weights as the `A` operand ([`PackedRows`]), linear weights as
 //! the `B` operand ([`PackedCols`]).
 
-use super::gemm::{k_blocks, Blocking, Isa};
+use super::gemm::{k_blocks, Blocking};
+use crate::cpu::isa::Isa;
+
+/// `A` rows are padded to a multiple of this in packed weights (every tile height, 4, 6, 8 or
+/// 12, reads whole rows).
+const ROW_PAD: usize = 12;
 
 /// A weight `(rows, k)` as the `A` operand: per reduction block, its rows (padded with zero rows
 /// to a multiple of 12) in micro-panels of `il` rows interleaved, `block[(r / il)·il·kcb +
@@ -50,7 +55,7 @@ impl PackedRows {
         blocks: Vec<(usize, usize)>,
     ) -> PackedRows {
         assert!(
-            il > 0 && Isa::ROW_PAD.is_multiple_of(il),
+            il > 0 && ROW_PAD.is_multiple_of(il),
             "micro-panels of a divisor of the row padding"
         );
         let mut p = 0;
@@ -59,7 +64,7 @@ impl PackedRows {
             p += kcb;
         }
         assert_eq!(p, k, "reduction blocks must cover the reduction");
-        let rows_p = rows.div_ceil(Isa::ROW_PAD) * Isa::ROW_PAD;
+        let rows_p = rows.div_ceil(ROW_PAD) * ROW_PAD;
         data.resize(rows_p * k, 0.0);
         PackedRows {
             rows,

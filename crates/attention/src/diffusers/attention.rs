@@ -31,10 +31,11 @@
 //! processors that would ignore it, and the joint-attention options `out_context_dim`,
 //! `context_pre_only` and `pre_only`.
 
-use crate::cpu_kernels::contiguous;
+use crate::cpu::contiguous;
 use crate::heads::{image_to_tokens, merge_tokens, split_tokens, tokens_to_image};
 use crate::layers::{group_norm, l2_normalize_last_dim, LastDimRmsNorm, LayerNorm, Projection, SpatialNorm};
-use crate::sdpa::{default_scale, div, matmul, sdpa, softmax, trace_probs, upcast, Scale};
+use crate::ops::{div, matmul, softmax, upcast};
+use crate::sdpa::{default_scale, sdpa, trace_probs, Scale};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::{DType, Module, Tensor, D};

@@ -27,8 +27,8 @@ use crate::diffusers::feed_forward::ActivationFn;
 use crate::diffusers::transformer::{
     eighty_eight, geglu, one, sixteen, thirty_two, Transformer2DModel, Transformer2DModelConfig,
 };
+use crate::trace;
 use crate::{config, Error, Result};
-use crate::{sdpa, trace};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -257,7 +257,7 @@ impl DualTransformer2DModel {
             start += self.mix.condition_lengths[i];
         }
         let m = self.mix.mix_ratio;
-        let mixed = (sdpa::mul(&encoded[0], m)? + sdpa::mul(&encoded[1], 1.0 - m)?)?;
+        let mixed = (crate::ops::mul(&encoded[0], m)? + crate::ops::mul(&encoded[1], 1.0 - m)?)?;
         let out = (mixed + hidden_states)?;
         trace::record("output", &out);
         Ok(out)

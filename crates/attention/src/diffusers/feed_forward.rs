@@ -8,7 +8,7 @@
 //! `glu=True` and is built from here too (see [`crate::ldm::transformer`]).
 
 use crate::layers::Projection;
-use crate::sdpa::{mul, upcast};
+use crate::ops::{mul, upcast};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::{Module, Tensor, D};

@@ -21,7 +21,8 @@
 
 use crate::heads::{merge_tokens, split_tokens};
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
-use crate::sdpa::{eager_attention, mul, upcast, Scale};
+use crate::ops::{mul, upcast};
+use crate::sdpa::{eager_attention, Scale};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::{Module, Tensor, D};

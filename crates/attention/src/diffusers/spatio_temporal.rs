@@ -26,7 +26,7 @@ use crate::diffusers::mid_block::resnet_config;
 use crate::diffusers::resnet::{ResnetBlock2D, TimeEmbeddingNorm};
 use crate::diffusers::temporal::FrameConv;
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
-use crate::sdpa::upcast;
+use crate::ops::upcast;
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::{DType, Module, Tensor};

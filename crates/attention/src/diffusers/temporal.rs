@@ -28,7 +28,7 @@ use crate::diffusers::transformer::{
     eighty_eight, geglu, one, sixteen, thirty_two, BasicTransformerBlockConfig, TransformerBlock,
 };
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
-use crate::sdpa::upcast;
+use crate::ops::upcast;
 use crate::trace;
 use crate::{config, Error, Result};
 use candle_core::{Module, Tensor};

@@ -630,7 +630,7 @@ impl Transformer2DModel {
         let as_bias = |m: Option<&Tensor>| -> Result<Option<Tensor>> {
             match m {
                 Some(m) if m.rank() == 2 => Ok(Some(
-                    crate::sdpa::mul(&(1.0 - m.to_dtype(dtype)?)?, -10000.0)?.unsqueeze(1)?,
+                    crate::ops::mul(&(1.0 - m.to_dtype(dtype)?)?, -10000.0)?.unsqueeze(1)?,
                 )),
                 Some(m) => Ok(Some(m.clone())),
                 None => Ok(None),

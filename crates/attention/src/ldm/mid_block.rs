@@ -35,9 +35,9 @@ const NORM_EPS: f64 = 1e-6;
 /// ldm's `nonlinearity(x) = x * torch.sigmoid(x)`: two ops, each rounded to the input dtype
 /// (the sigmoid computed in at least f32).
 fn nonlinearity(x: &Tensor) -> candle_core::Result<Tensor> {
-    let s = candle_nn::ops::sigmoid(&crate::sdpa::upcast(x)?)?.to_dtype(x.dtype())?;
-    if crate::sdpa::is_half(x.dtype()) {
-        (crate::sdpa::upcast(x)? * crate::sdpa::upcast(&s)?)?.to_dtype(x.dtype())
+    let s = candle_nn::ops::sigmoid(&crate::ops::upcast(x)?)?.to_dtype(x.dtype())?;
+    if crate::ops::is_half(x.dtype()) {
+        (crate::ops::upcast(x)? * crate::ops::upcast(&s)?)?.to_dtype(x.dtype())
     } else {
         x * s
     }

@@ -104,7 +104,7 @@ impl ResBlock {
         Ok(Self {
             channels: c,
             in_norm: GroupNorm::load(
-                vb.pp("in_layers.0").to_dtype(crate::sdpa::compute_dtype(vb.dtype())),
+                vb.pp("in_layers.0").to_dtype(crate::ops::compute_dtype(vb.dtype())),
                 block,
                 NORM_GROUPS,
                 c,
@@ -114,14 +114,14 @@ impl ResBlock {
             // `emb_layers` is not converted by `convert_to_fp16`: its Linear keeps f32 weights (a
             // half-precision weight upcasts exactly); it runs in `emb`'s dtype (see `forward`).
             emb_proj: Projection::load(
-                vb.pp("emb_layers.1").to_dtype(crate::sdpa::compute_dtype(vb.dtype())),
+                vb.pp("emb_layers.1").to_dtype(crate::ops::compute_dtype(vb.dtype())),
                 block,
                 cfg.emb_channels,
                 emb_out,
                 true,
             )?,
             out_norm: GroupNorm::load(
-                vb.pp("out_layers.0").to_dtype(crate::sdpa::compute_dtype(vb.dtype())),
+                vb.pp("out_layers.0").to_dtype(crate::ops::compute_dtype(vb.dtype())),
                 block,
                 NORM_GROUPS,
                 out,

@@ -24,7 +24,8 @@
 
 use crate::heads::{chunk_qkv_channels, chunk_qkv_channels_per_head, merge_channels};
 use crate::layers::{GroupNorm, Projection};
-use crate::sdpa::{eager_attention, mul, Scale};
+use crate::ops::mul;
+use crate::sdpa::{eager_attention, Scale};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::{Module, Tensor};
@@ -159,7 +160,7 @@ impl AttentionBlock {
                 QkvOrder::Legacy
             },
             norm: GroupNorm::load(
-                vb.pp("norm").to_dtype(crate::sdpa::compute_dtype(vb.dtype())),
+                vb.pp("norm").to_dtype(crate::ops::compute_dtype(vb.dtype())),
                 block,
                 NORM_GROUPS,
                 c,

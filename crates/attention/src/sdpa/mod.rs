@@ -1,14 +1,11 @@
-//! The attention core every block calls, and the tensor operations it is made of, each with
-//! the rounding PyTorch's CPU kernels give it.
+//! The attention core every block calls (the sdpa layer: above the tensor ops of [`crate::ops`]
+//! and the kernels, below the layers and the block families), with the rounding PyTorch's CPU
+//! kernels give it.
 //!
 //! In f32 and f64 every function here is the plain math. In f16/bf16 the functions mirror where
 //! PyTorch (2.15, CPU) rounds to the half type, because the blocks are checked against PyTorch
-//! runs in those dtypes:
+//! runs in those dtypes (the ops they are made of: [`crate::ops`]):
 //!
-//! * [`matmul`] (`@`, `bmm`, `einsum`), [`mul`] / [`div`] by a Python float, [`softmax`]: computed
-//!   in f32 and rounded once to the input dtype, as PyTorch's kernels do (f32 accumulation).
-//!   Candle's own half-precision ops differ here: `Tensor * f64` rounds the scalar to the half type
-//!   first, and its CPU softmax and sums accumulate in the half type (Candle issue #3727).
 //! * [`sdpa`] is `F.scaled_dot_product_attention`, which on the CPU runs the flash kernel: scores,
 //!   mask and softmax statistics in f32, the unnormalised weights `exp(s − max)` rounded to the
 //!   input dtype before `·v` (f32 accumulation, key blocks of 512), divided by the f32 row sum at
@@ -38,181 +35,23 @@
 //! * [`SdpaPath::Reference`]: the plain ops with the full score matrix, what the others are
 //!   tested against (`tests/sdpa_paths.rs`).
 
-mod cpu;
 mod path;
 
 pub use path::{sdpa_path, set_sdpa_path, SdpaPath};
 
-/// The instruction set the tiled CPU kernel runs with on this machine (detected at run time):
-/// `"avx512"`, where its tile products are AVX-512 microkernels of this crate on K and V packed
-/// once per head; `"avx2"`, where they are this crate's AVX2 microkernels at head dims of 128 and
-/// more and `gemm` crate calls below; or `"portable"`, `gemm` calls (which pick their own
-/// kernels). The row operations (scale, mask, max, `exp`, sums) are this ISA's.
+/// The instruction set the tiled CPU kernel runs with on this machine (detected at run time,
+/// capped by `UNET_ATTENTION_ISA`): `"avx512"`, where its tile products are AVX-512 microkernels
+/// of this crate on K and V packed once per head; `"avx2"`, where they are this crate's AVX2
+/// microkernels at head dims of 128 and more and `gemm` crate calls below; or `"none"`, `gemm`
+/// calls (which pick their own kernels). The row operations (scale, mask, max, `exp`, sums) are
+/// this ISA's.
 pub fn cpu_kernel_isa() -> &'static str {
-    cpu::simd::ops().name
+    kernel::simd::ops().name
 }
 
-/// Whether the CPU runs the attention kernel's AVX-512 microkernels (the register tile the
-/// layer GEMM of [`crate::cpu_kernels`] reuses).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) fn cpu_tiles_available() -> bool {
-    cpu::tiles::available()
-}
-
-/// The attention kernel's AVX-512 score tile as a GEMM tile (see `cpu::tiles::gemm_tile`):
-/// `c[r·ldc + j] (+)= Σ_p A[r, p] · b[p·32 + j]`, `A` rows or a 12-row interleaved micro-panel,
-/// the block summed from zero and added to `c` once.
-pub(crate) fn cpu_gemm_tile(
-    rows: usize,
-    a: (&[f32], CpuALayout),
-    b: &[f32],
-    kc: usize,
-    c: &mut [f32],
-    ldc: usize,
-    accumulate: bool,
-) {
-    cpu::tiles::gemm_tile(rows, a, b, kc, c, ldc, accumulate)
-}
-
-pub(crate) use cpu::caches::setting as cpu_cache_setting;
-pub(crate) use cpu::caches::sizes as cpu_cache_sizes;
-#[cfg(target_arch = "x86_64")]
-pub(crate) use cpu::isa::avx512 as cpu_avx512_allowed;
-pub(crate) use cpu::isa::cap as cpu_isa_cap;
-
-pub(crate) use cpu::avx2::{
-    available as cpu_avx2_available, ALayout as CpuALayout, MR as CPU_AVX2_MR, NR as CPU_AVX2_NR,
-};
-
-/// The attention kernel's AVX2 tile (see `cpu::avx2::tile`; CPUs with AVX2 and FMA only).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn cpu_avx2_tile(
-    rows: usize,
-    a: (&[f32], CpuALayout),
-    kc: usize,
-    b: &[f32],
-    c: &mut [f32],
-    ldc: usize,
-    accumulate: bool,
-) {
-    cpu::avx2::tile(rows, a, kc, b, c, ldc, accumulate)
-}
-
-/// The AVX2 tile down a column of micro-panels (see `cpu::avx2::tile_column`).
-pub(crate) fn cpu_avx2_tile_column(
-    rows: usize,
-    a: (&[f32], CpuALayout, usize),
-    kc: usize,
-    b: &[f32],
-    c: (&mut [f32], usize),
-    accumulate: bool,
-) {
-    cpu::avx2::tile_column(rows, a, kc, b, c, accumulate)
-}
-
-/// The attention kernel's vectorisable f32 `exp` (within 1 ulp; fused multiply-adds when
-/// `FUSED`), for the CPU kernels around the core.
-#[inline(always)]
-pub(crate) fn cpu_exp<const FUSED: bool>(x: f32) -> f32 {
-    cpu::simd::exp::<FUSED>(x)
-}
-
-/// The attention kernel family's vectorisable f32 `erf` (within 2.4 ulp, the same bits on every
-/// CPU), for the GELU of the CPU kernels around the core.
-#[inline(always)]
-pub(crate) fn cpu_erf(x: f32) -> f32 {
-    cpu::simd::erf(x)
-}
-
-/// `f` on `need` floats of this worker's scratch, shared with the attention kernel's tasks.
-pub(crate) fn with_cpu_scratch<R>(need: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    cpu::with_scratch(need, f)
-}
-
-use crate::cpu_kernels::contiguous;
+use crate::cpu_kernels::attention as kernel;
+use crate::ops::{div, is_half, matmul, mul, softmax, softmax_upcast, upcast};
 use candle_core::{DType, Result, Tensor, D};
-
-/// The dtype attention arithmetic runs in for inputs of `dtype`: f32 for half types.
-pub fn compute_dtype(dtype: DType) -> DType {
-    match dtype {
-        DType::F16 | DType::BF16 => DType::F32,
-        other => other,
-    }
-}
-
-/// Whether `dtype` is f16 or bf16.
-pub fn is_half(dtype: DType) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16)
-}
-
-/// `x` in its compute dtype (f32 for half inputs; f32/f64 unchanged).
-pub fn upcast(x: &Tensor) -> Result<Tensor> {
-    x.to_dtype(compute_dtype(x.dtype()))
-}
-
-/// Round `x` to `dtype` and back to `x`'s dtype: a cast point of the PyTorch code.
-pub fn round_through(x: &Tensor, dtype: DType) -> Result<Tensor> {
-    if dtype == x.dtype() {
-        return Ok(x.clone());
-    }
-    x.to_dtype(dtype)?.to_dtype(x.dtype())
-}
-
-/// `a @ b` (`torch.matmul`/`bmm`/`einsum` on same-rank batched operands): accumulated in at
-/// least f32, rounded once to `a`'s dtype.
-pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let dtype = a.dtype();
-    contiguous(&upcast(a)?)?
-        .matmul(&contiguous(&upcast(b)?)?)?
-        .to_dtype(dtype)
-}
-
-/// `x * s` for a Python float `s`: the product in at least f32, rounded once (Candle's `x * s`
-/// on a half tensor would first round `s` itself to the half type).
-pub fn mul(x: &Tensor, s: f64) -> Result<Tensor> {
-    if s == 1.0 {
-        return Ok(x.clone());
-    }
-    upcast(x)?.affine(s, 0.0)?.to_dtype(x.dtype())
-}
-
-/// `x / d` for a Python float `d`: a true division in at least f32 (PyTorch divides by `d`
-/// rounded to f32; it does not multiply by `1/d`), rounded once.
-pub fn div(x: &Tensor, d: f64) -> Result<Tensor> {
-    if d == 1.0 {
-        return Ok(x.clone());
-    }
-    let xc = upcast(x)?;
-    // Built in f32 unless the run is f64: Metal has no f64 tensors.
-    let d = match xc.dtype() {
-        DType::F64 => Tensor::full(d, (), x.device())?,
-        dtype => Tensor::full(d as f32, (), x.device())?.to_dtype(dtype)?,
-    };
-    xc.broadcast_div(&d)?.to_dtype(x.dtype())
-}
-
-/// Softmax over `dim` in the compute dtype ([`compute_dtype`]: f32 for half inputs); the
-/// result stays in the compute dtype (a softmax of `x.float()`).
-pub fn softmax_upcast<Dm: candle_core::shape::Dim>(xs: &Tensor, dim: Dm) -> Result<Tensor> {
-    let dim = dim.to_index(xs.shape(), "softmax")?;
-    let last = xs.rank() - 1;
-    let xs = upcast(xs)?;
-    if xs.elem_count() == 0 {
-        // Nothing to normalize (no keys, or no rows); Candle's kernel panics on a zero-length row.
-        return Ok(xs);
-    }
-    if dim == last {
-        candle_nn::ops::softmax_last_dim(&contiguous(&xs)?)
-    } else {
-        let moved = contiguous(&xs.transpose(dim, last)?)?;
-        candle_nn::ops::softmax_last_dim(&moved)?.transpose(dim, last)
-    }
-}
-
-/// `x.softmax(dim)`: accumulated in at least f32 (PyTorch's CPU kernel), in `x`'s dtype.
-pub fn softmax<Dm: candle_core::shape::Dim>(xs: &Tensor, dim: Dm) -> Result<Tensor> {
-    softmax_upcast(xs, dim)?.to_dtype(xs.dtype())
-}
 
 /// Attention probabilities `softmax(q·kᵀ · scale + mask)` of shape `(.., q_tokens, k_tokens)`,
 /// all in the compute dtype (f32 for half inputs) and returned in it.
@@ -266,12 +105,19 @@ pub fn sdpa_with(
         }
     }
     let path = if path == SdpaPath::Fused { SdpaPath::Auto } else { path };
-    let fast_cpu = || cpu::supports(q, k, v, mask);
+    let fast_cpu = || kernel::supports(q, k, v, mask);
     match path {
         SdpaPath::Reference => return sdpa_reference(q, k, v, mask, scale),
         SdpaPath::Chunked => return path::chunked(q, k, mask, |q, m| sdpa_reference(q, k, v, m, scale)),
         SdpaPath::Flash | SdpaPath::Auto if fast_cpu() => {
-            return cpu::attention(q, k, v, mask, cpu::ScoreScale::Mul(scale as f32), cpu::Empty::Zero)
+            return kernel::attention(
+                q,
+                k,
+                v,
+                mask,
+                kernel::ScoreScale::Mul(scale as f32),
+                kernel::Empty::Zero,
+            )
         }
         SdpaPath::Flash | SdpaPath::Auto | SdpaPath::Fused => {}
     }
@@ -299,7 +145,7 @@ fn sdpa_reference(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, sca
 }
 
 /// Key block of PyTorch's CPU flash attention (`kv_split_size`).
-const FLASH_KV_BLOCK: usize = cpu::HALF_KV_BLOCK;
+const FLASH_KV_BLOCK: usize = kernel::HALF_KV_BLOCK;
 
 /// torch's `cpu_flash_attention` for a half-precision `v`: per key block of 512, `s = q·kᵀ·scale
 /// + mask` in f32; running row max `m`; `p = exp(s − m)` in f32; the row sum from the f32 `p`;
@@ -419,13 +265,13 @@ pub fn eager_attention_with(
     match path {
         SdpaPath::Reference => eager_reference(q, k, v, mask, scale),
         SdpaPath::Flash | SdpaPath::Auto | SdpaPath::Fused
-            if q.dtype() == DType::F32 && cpu::supports(q, k, v, mask) =>
+            if q.dtype() == DType::F32 && kernel::supports(q, k, v, mask) =>
         {
             let s = match scale {
-                Scale::Mul(s) => cpu::ScoreScale::Mul(s as f32),
-                Scale::Div(d) => cpu::ScoreScale::Div(d as f32),
+                Scale::Mul(s) => kernel::ScoreScale::Mul(s as f32),
+                Scale::Div(d) => kernel::ScoreScale::Div(d as f32),
             };
-            cpu::attention(q, k, v, mask, s, cpu::Empty::Nan)
+            kernel::attention(q, k, v, mask, s, kernel::Empty::Nan)
         }
         SdpaPath::Chunked => path::chunked(q, k, mask, |q, m| eager_reference(q, k, v, m, scale)),
         SdpaPath::Flash | SdpaPath::Auto | SdpaPath::Fused => {

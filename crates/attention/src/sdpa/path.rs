@@ -94,8 +94,8 @@ pub fn set_sdpa_path(path: Option<SdpaPath>) {
 /// cap on the vector instructions the CPU kernels use, or `UNET_ATTENTION_CACHE`, the cache sizes
 /// they block for) is an error (on every call), never silently ignored.
 pub fn sdpa_path() -> Result<SdpaPath> {
-    super::cpu::isa::cap().map_err(candle_core::Error::msg)?;
-    super::cpu::caches::setting().map_err(candle_core::Error::msg)?;
+    crate::cpu::isa::setting().map_err(candle_core::Error::msg)?;
+    crate::cpu::caches::setting().map_err(candle_core::Error::msg)?;
     let code = OVERRIDE.load(Ordering::Relaxed);
     if let Some(p) = SdpaPath::ALL.into_iter().find(|p| p.code() == code) {
         return Ok(p);
@@ -103,7 +103,7 @@ pub fn sdpa_path() -> Result<SdpaPath> {
     static ENV: OnceLock<std::result::Result<SdpaPath, String>> = OnceLock::new();
     ENV.get_or_init(|| {
         let choices = SdpaPath::ALL.map(|p| (p.name(), p));
-        crate::setting::choice("UNET_ATTENTION_SDPA", &choices)
+        crate::cpu::setting::choice("UNET_ATTENTION_SDPA", &choices)
     })
     .clone()
     .map_err(candle_core::Error::msg)

@@ -8,9 +8,12 @@
 //! (read once, in runs) into 16 `A` blocks in its scratch, then runs the 16 tile loops against
 //! `V`, each into its own accumulator.
 
-use super::super::gemm::{Isa, PackedCols, PackedRows};
-use super::super::tile::{tile, ALayout};
+use super::super::gemm::{PackedCols, PackedRows};
 use super::weight::{transform_rows, u_blocks};
+use crate::cpu::caches;
+use crate::cpu::isa::Isa;
+use crate::cpu::microkernel::{tile, ALayout};
+use crate::cpu::scratch::with_scratch;
 use rayon::prelude::*;
 
 /// Whether the products of `tiles` tiles run here: at most two panels of the tile.
@@ -56,7 +59,7 @@ fn task_rows(isa: Isa, c_out: usize, blocks: &[(usize, usize)], tiles: usize) ->
     let kc = blocks.iter().map(|b| b.1).max().unwrap_or(1);
     let cols = tiles.div_ceil(isa.nr()) * isa.nr();
     let per_row = 16 * (kc + cols) * size_of::<f32>();
-    let fit = crate::sdpa::cpu_cache_sizes().1 / 2 / per_row;
+    let fit = caches::sizes().1 / 2 / per_row;
     let spread = c_out.div_ceil(2 * rayon::current_num_threads());
     (fit.min(spread) / mr * mr).max(mr)
 }
@@ -84,7 +87,7 @@ impl Task<'_> {
             ALayout::Interleaved
         };
         let (a_len, acc_len) = (rows_p * kc, rows_p * ldc);
-        crate::sdpa::with_cpu_scratch(16 * (a_len + acc_len), |scratch| {
+        with_scratch(16 * (a_len + acc_len), |scratch| {
             let (a, acc) = scratch.split_at_mut(16 * a_len);
             for (j, &(q0, kcb)) in self.blocks.iter().enumerate() {
                 let mut a16: Vec<&mut [f32]> = a.chunks_exact_mut(a_len).map(|c| &mut c[..rows_p * kcb]).collect();

@@ -21,10 +21,11 @@
 //! of `V` and `M` together), and the transformed weight `U` (16/9 of the weight) is formed per
 //! call and dropped after it, so a block holds only its direct weight between calls.
 
-use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, Isa, PackedCols, PackedRows, RowsOf};
+use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, PackedCols, PackedRows, RowsOf};
 use super::im2col::{copy_short, zero_short};
 use super::packed::ColGroup;
-use super::pool;
+use crate::cpu::isa::Isa;
+use crate::cpu::pool;
 use rayon::prelude::*;
 
 mod fused;
@@ -403,7 +404,7 @@ mod tests {
 
     #[test]
     fn winograd_matches_the_direct_convolution() {
-        let Some(isa) = Isa::detect() else { return };
+        let Some(isa) = Isa::with_tiles() else { return };
         let blocking = Blocking::for_isa(isa);
         // Odd and even sizes, a tile row wider than the block, batch > 1 across a block edge.
         // Reduction blocks of whole taps together, of one tap, and of parts of a tap (200

@@ -10,7 +10,7 @@
 //! (`super::fused`).
 
 use super::super::gemm::PackedRows;
-use super::super::pool;
+use crate::cpu::pool;
 use rayon::prelude::*;
 
 /// `U`'s reduction blocks: the direct weight's blocks within tap 0 where taps are split into
@@ -101,11 +101,11 @@ pub(super) fn transform_rows(direct: &PackedRows, (q0, kcb): (usize, usize), r0:
 fn transform_run(src: [&[f32]; 9], dst: &mut [&mut [f32]], at: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::sdpa::cpu_avx512_allowed() {
+        if crate::cpu::isa::Isa::detect() == crate::cpu::isa::Isa::Avx512 {
             // SAFETY: AVX-512F detected.
             return unsafe { transform_run_avx512(src, dst, at) };
         }
-        if crate::sdpa::cpu_avx2_available() {
+        if crate::cpu::isa::Isa::detect() >= crate::cpu::isa::Isa::Avx2 {
             // SAFETY: AVX2 detected.
             return unsafe { transform_run_avx2(src, dst, at) };
         }

@@ -1,6 +1,6 @@
 //! [`Engine::Tiles`](super::Engine::Tiles): the tile products of a task as register-tile
-//! microkernels of our own ([`Tile`]: `12 × 32` with AVX-512, `6 × 16` with AVX2 + FMA, from
-//! [`super::avx2`]), on K and V packed once per batch·head.
+//! microkernels of our own ([`Isa`]: `12 × 32` with AVX-512, `6 × 16` with AVX2 + FMA, from
+//! [`avx2`]), on K and V packed once per batch·head.
 //!
 //! A general GEMM packs its operands per call, so calling one per (query block, key block)
 //! repacks every K and V block for every query block; here K is packed once per batch·head into
@@ -24,61 +24,26 @@
 //! in the worker's scratch with a padded width and written to the output once, divided by their
 //! sums.
 
-use super::avx2::{self, ALayout};
-use super::{simd, with_scratch, Dims, Inputs, Softmax};
+use super::{simd, Dims, Inputs, Softmax};
+use crate::cpu::caches;
+use crate::cpu::isa::Isa;
+use crate::cpu::microkernel::avx512::{self, MR};
+use crate::cpu::microkernel::{avx2, prefetch, ALayout};
+use crate::cpu::scratch::with_scratch;
 use std::mem::MaybeUninit;
 
-/// The register tile the engine runs, by instruction set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Tile {
-    /// `12 × 32` (AVX-512F).
-    Avx512,
-    /// `6 × 16` ([`avx2`]: AVX2 + FMA).
-    Avx2,
-}
-
-impl Tile {
-    /// The widest tile this CPU runs, if any.
-    pub(crate) fn detect() -> Option<Tile> {
-        if available() {
-            Some(Tile::Avx512)
-        } else if avx2::available() {
-            Some(Tile::Avx2)
-        } else {
-            None
+/// Longest inner dimension of one tile product on `tile`: [`KC`] on AVX-512; on AVX2 a
+/// `KC × 16` panel slice takes half of L1d (the CPU's reported size), in whole 32-channel steps.
+pub(super) fn tile_depth(tile: Isa) -> usize {
+    match tile {
+        Isa::Avx2 => {
+            static KC2: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+            *KC2.get_or_init(|| (caches::sizes().0 / 2 / (avx2::NR * 4) / 32 * 32).clamp(64, 512))
         }
-    }
-    /// Query rows per micro-panel.
-    pub(super) fn mr(self) -> usize {
-        match self {
-            Tile::Avx512 => MR,
-            Tile::Avx2 => avx2::MR,
-        }
-    }
-    /// Keys per K panel and channels per V panel.
-    pub(super) fn nr(self) -> usize {
-        match self {
-            Tile::Avx512 => NR,
-            Tile::Avx2 => avx2::NR,
-        }
-    }
-    /// Longest inner dimension of one tile product: [`KC`] on AVX-512; on AVX2 a `KC × 16` panel
-    /// slice takes half of L1d (the CPU's reported size), in whole 32-channel steps.
-    pub(super) fn kc(self) -> usize {
-        match self {
-            Tile::Avx512 => KC,
-            Tile::Avx2 => {
-                static KC2: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-                *KC2.get_or_init(|| (super::caches::sizes().0 / 2 / (avx2::NR * 4) / 32 * 32).clamp(64, 512))
-            }
-        }
+        _ => KC,
     }
 }
 
-/// Query rows per micro-panel (register tile rows).
-pub(super) const MR: usize = 12;
-/// Keys per K panel and channels per V panel (register tile columns: two 16-lane vectors).
-pub(super) const NR: usize = 32;
 /// Longest inner dimension of one tile product (channels of a score tile, keys of an output
 /// tile): a `KC × NR` panel slice is 16 KiB, which stays in L1 (48 KiB) with the query or weight
 /// rows of the micro-panels passing it. 256 (32 KiB) left too little room: measured on Zen 5 at
@@ -114,7 +79,7 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
         ..
     } = *dims;
     let tile = dims.tile;
-    let (mr, nr, kc_max) = (tile.mr(), tile.nr(), tile.kc());
+    let (mr, nr, kc_max) = (tile.mr(), tile.nr(), tile_depth(tile));
     let (lk_p, dv_p) = (dims.lk_panels(), dims.dv_panels());
     // Output rows padded past a multiple of 16 lanes: at Dv = 512 unpadded rows 2 KiB apart
     // would put a whole column of output tiles into four L1 sets.
@@ -132,7 +97,7 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     // rows of a micro-panel would crowd a few L1 sets, so they are copied with a padded stride.
     // A short last micro-panel is copied either way, zero-padded to whole tile rows.
     // The AVX2 tile reads every micro-panel interleaved instead (one sequential stream).
-    let interleave = tile == Tile::Avx2;
+    let interleave = tile == Isa::Avx2;
     let copy_all = d >= 512 || interleave;
     let ldq = if interleave {
         d
@@ -245,7 +210,7 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
             }
         }
         for (r, row) in o.chunks_exact_mut(dv).enumerate() {
-            store_scaled(&acc[r * ldo..r * ldo + dv], softmax.factor(r), row);
+            avx512::store_scaled(&acc[r * ldo..r * ldo + dv], softmax.factor(r), row);
         }
     })
 }
@@ -291,57 +256,23 @@ pub(super) fn pack_heads(k: &[f32], v: &[f32], dims: &Dims, dst: &mut [f32]) {
         });
 }
 
-/// Whether this CPU runs the microkernels (AVX-512F, detected once).
-pub(crate) fn available() -> bool {
-    super::isa::avx512()
-}
-
 /// `K` of one batch·head, `(Lk, D)` row-major, into the tile's key panels `(D, nr)`: `dst`
 /// holds `⌈Lk/nr⌉·D·nr` values, keys past `Lk` zero.
-pub(super) fn pack_keys(tile: Tile, k: &[f32], lk: usize, d: usize, dst: &mut [f32]) {
-    if tile == Tile::Avx2 {
+fn pack_keys(tile: Isa, k: &[f32], lk: usize, d: usize, dst: &mut [f32]) {
+    if tile == Isa::Avx2 {
         return avx2::pack_keys(k, lk, d, dst);
     }
-    assert!(k.len() >= lk * d && dst.len() == lk.div_ceil(NR) * d * NR);
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        // SAFETY: AVX-512F detected; the assert bounds every access.
-        unsafe { avx512::pack_keys(k.as_ptr(), lk, d, dst.as_mut_ptr()) };
-        return;
-    }
-    unreachable!("tiles::pack_keys without AVX-512 (callers check `available`)")
+    avx512::pack_keys(k, lk, d, dst)
 }
 
 /// `V` of one batch·head, `(Lk, Dv)` row-major, into the tile's channel panels `(Lk, nr)` from
 /// panel `first` on: `dst` holds whole panels (`Lk·nr` values each), at most up to the last,
 /// channels past `Dv` zero.
-pub(super) fn pack_values(tile: Tile, v: &[f32], lk: usize, dv: usize, first: usize, dst: &mut [f32]) {
-    if tile == Tile::Avx2 {
+fn pack_values(tile: Isa, v: &[f32], lk: usize, dv: usize, first: usize, dst: &mut [f32]) {
+    if tile == Isa::Avx2 {
         return avx2::pack_values(v, lk, dv, first, dst);
     }
-    let panels = dst.len() / (lk * NR);
-    assert!(v.len() >= lk * dv && dst.len() == panels * lk * NR && first + panels <= dv.div_ceil(NR));
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        // SAFETY: AVX-512F detected (the body is safe code compiled for it).
-        unsafe { avx512::pack_values(v, lk, dv, first, dst) };
-        return;
-    }
-    unreachable!("tiles::pack_values without AVX-512 (callers check `available`)")
-}
-
-/// `dst = src · f` (an output row from its accumulator).
-pub(super) fn store_scaled(src: &[f32], f: f32, dst: &mut [std::mem::MaybeUninit<f32>]) {
-    assert!(src.len() == dst.len());
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        // SAFETY: AVX-512F detected (the body is safe code compiled for it).
-        unsafe { avx512::store_scaled(src, f, dst) };
-        return;
-    }
-    for (d, &x) in dst.iter_mut().zip(src) {
-        d.write(x * f);
-    }
+    avx512::pack_values(v, lk, dv, first, dst)
 }
 
 /// The first `n` columns of the `rows` rows of `x` (row-major, rows `ld` apart) as micro-panels
@@ -361,13 +292,6 @@ fn interleave_rows((x, rows, ld): (&[f32], usize, usize), n: usize, mr: usize, d
     }
 }
 
-/// Register-tile rows for a micro-panel of `rows` (1 ..= [`MR`]) query rows: 4, 8 or 12, so a
-/// short last micro-panel costs a third or two thirds of a full one.
-pub(super) fn tile_rows(rows: usize) -> usize {
-    assert!((1..=MR).contains(&rows));
-    rows.div_ceil(4) * 4
-}
-
 /// Running row maxima of score tiles: 16 lanes per tile row (`lanes[r·16 ..]`, folded by
 /// [`simd::max_of`]), over the first `keys` columns of the tile (the rest are padding).
 pub(super) struct RowMax<'a> {
@@ -376,13 +300,13 @@ pub(super) struct RowMax<'a> {
 }
 
 /// One score tile: `s[r·ld + c] (+)= Σ_p q[r·ldq + p] · kp[p·nr + c]` for the query rows of a
-/// micro-panel (`rows`; on AVX-512 [`tile_rows`]`(rows)` are read and written) and the `nr` keys
-/// of a K panel slice, over `kc` channels (added to the tile when `accumulate`, by continuing the
-/// chain from the stored values); with `max`, the
-/// tile's rows are also folded into those running maxima as they are stored.
+/// micro-panel (`rows`; on AVX-512 [`avx512::tile_rows`]`(rows)` are read and written) and the
+/// `nr` keys of a K panel slice, over `kc` channels (added to the tile when `accumulate`, by
+/// continuing the chain from the stored values); with `max`, the tile's rows are also folded
+/// into those running maxima as they are stored.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn score_tile(
-    tile: Tile,
+fn score_tile(
+    tile: Isa,
     rows: usize,
     (q, layout): (&[f32], ALayout),
     kp: &[f32],
@@ -391,144 +315,39 @@ pub(super) fn score_tile(
     accumulate: bool,
     max: Option<RowMax>,
 ) {
-    if tile == Tile::Avx2 {
+    let max = max.map(|m| (m.lanes, m.keys));
+    if tile == Isa::Avx2 {
         let write = if accumulate {
             avx2::Write::Continue
         } else {
             avx2::Write::Store
         };
-        let max = max.map(|m| (m.lanes, m.keys));
         return avx2::attention_tile(rows, (q, layout), kc, (kp, avx2::NR), (s, ld), write, max);
     }
     let ALayout::Rows(ldq) = layout else {
         unreachable!("AVX-512 score tiles read query rows")
     };
-    let r = tile_rows(rows);
-    assert!(kc > 0 && ldq >= kc && q.len() >= (r - 1) * ldq + kc && kp.len() >= kc * NR);
-    assert!(ld >= NR && s.len() >= (r - 1) * ld + NR);
-    assert!(max
-        .as_ref()
-        .is_none_or(|m| m.lanes.len() >= r * 16 && (1..=NR).contains(&m.keys)));
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        let (q, kp, s) = (q.as_ptr(), kp.as_ptr(), s.as_mut_ptr());
-        let max = max.map(|m| (m.lanes.as_mut_ptr(), m.keys));
-        // SAFETY: AVX-512F detected; the asserts bound every access.
-        unsafe {
-            match r {
-                4 => avx512::score_tile::<4, false>(q, ldq, kp, kc, s, ld, accumulate, max),
-                8 => avx512::score_tile::<8, false>(q, ldq, kp, kc, s, ld, accumulate, max),
-                _ => avx512::score_tile::<MR, false>(q, ldq, kp, kc, s, ld, accumulate, max),
-            }
-        }
-        return;
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = accumulate;
-    unreachable!("tiles::score_tile without AVX-512 (callers check `available`)")
-}
-
-/// [`score_tile`] as the layer GEMM's tile (`crate::cpu_kernels`): no row maxima, and with
-/// `accumulate` the `kc` products are summed from zero and that sum added to the tile once
-/// (blocked accumulation), where the score tiles continue one chain from the stored values. `A`
-/// is rows `lda` apart, or one micro-panel of [`MR`] rows interleaved (`a[p·MR + r]`, zero rows
-/// past `rows`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_tile(
-    rows: usize,
-    (a, layout): (&[f32], ALayout),
-    b: &[f32],
-    kc: usize,
-    c: &mut [f32],
-    ldc: usize,
-    accumulate: bool,
-) {
-    let r = tile_rows(rows);
-    let a_len = match layout {
-        ALayout::Rows(lda) => {
-            assert!(lda >= kc);
-            (r - 1) * lda + kc
-        }
-        ALayout::Interleaved => MR * kc,
-    };
-    assert!(kc > 0 && a.len() >= a_len && b.len() >= kc * NR);
-    assert!(ldc >= NR && c.len() >= (r - 1) * ldc + NR);
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
-        // SAFETY: AVX-512F detected; the asserts bound every access.
-        unsafe {
-            match (layout, r) {
-                (ALayout::Rows(lda), 4) => avx512::score_tile::<4, true>(a, lda, b, kc, c, ldc, accumulate, None),
-                (ALayout::Rows(lda), 8) => avx512::score_tile::<8, true>(a, lda, b, kc, c, ldc, accumulate, None),
-                (ALayout::Rows(lda), _) => avx512::score_tile::<MR, true>(a, lda, b, kc, c, ldc, accumulate, None),
-                (ALayout::Interleaved, 4) => avx512::gemm_tile_interleaved::<4>(a, b, kc, c, ldc, accumulate),
-                (ALayout::Interleaved, 8) => avx512::gemm_tile_interleaved::<8>(a, b, kc, c, ldc, accumulate),
-                (ALayout::Interleaved, _) => avx512::gemm_tile_interleaved::<MR>(a, b, kc, c, ldc, accumulate),
-            }
-        }
-        return;
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (accumulate, layout);
-    unreachable!("tiles::gemm_tile without AVX-512 (callers check `available`)")
+    avx512::score_tile(rows, (q, ldq), kp, kc, (s, ld), accumulate, max)
 }
 
 /// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·ldv + c]` (the
-/// sum formed from zero and added with one rounding: blocked over the calls) for the rows of a weight micro-panel `(rows, p, ld, n)` (on AVX-512 [`tile_rows`]`(rows)` are
-/// read and written) and the `nr` channels of a V panel slice, over `n` keys (`init` `None`: the
-/// `o` term left out).
-pub(super) fn value_tile(
-    tile: Tile,
+/// sum formed from zero and added with one rounding: blocked over the calls) for the rows of a
+/// weight micro-panel `(rows, p, ld, n)` (on AVX-512 [`avx512::tile_rows`]`(rows)` are read and
+/// written) and the `nr` channels of a V panel slice, over `n` keys (`init` `None`: the `o` term
+/// left out).
+fn value_tile(
+    tile: Isa,
     (rows, (p, layout), n): (usize, (&[f32], ALayout), usize),
     (vp, ldv): (&[f32], usize),
     (o, ldo): (&mut [f32], usize),
     init: Option<&[f32]>,
 ) {
-    if tile == Tile::Avx2 {
+    if tile == Isa::Avx2 {
         let write = init.map_or(avx2::Write::Store, avx2::Write::Rescale);
         return avx2::attention_tile(rows, (p, layout), n, (vp, ldv), (o, ldo), write, None);
     }
     let ALayout::Rows(ld) = layout else {
         unreachable!("AVX-512 output tiles read weight rows")
     };
-    let r = tile_rows(rows);
-    assert!(n > 0 && ld >= n && p.len() >= (r - 1) * ld + n);
-    assert!(ldv >= NR && vp.len() >= (n - 1) * ldv + NR);
-    assert!(ldo >= NR && o.len() >= (r - 1) * ldo + NR && init.is_none_or(|a| a.len() >= r));
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        let (p, vp, o, init) = (p.as_ptr(), vp.as_ptr(), o.as_mut_ptr(), init.map(|a| a.as_ptr()));
-        // SAFETY: AVX-512F detected; the asserts bound every access.
-        unsafe {
-            match r {
-                4 => avx512::value_tile::<4>(p, ld, n, vp, ldv, o, ldo, init),
-                8 => avx512::value_tile::<8>(p, ld, n, vp, ldv, o, ldo, init),
-                _ => avx512::value_tile::<MR>(p, ld, n, vp, ldv, o, ldo, init),
-            }
-        }
-        return;
-    }
-    unreachable!("tiles::value_tile without AVX-512 (callers check `available`)")
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx512;
-
-/// Part `i` of `parts` of the first `len` values of `x` fetched towards L2.
-pub(super) fn prefetch(x: &[f32], i: usize, parts: usize, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let lines = len.min(x.len()).div_ceil(16);
-        for l in lines * i / parts..lines * (i + 1) / parts {
-            // SAFETY: a prefetch never faults; the address is within `x` (l · 16 < len).
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                    x.as_ptr().add(l * 16) as *const i8
-                )
-            };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (x, i, parts, len);
+    avx512::value_tile((rows, p, ld, n), (vp, ldv), (o, ldo), init)
 }

@@ -1,27 +1,21 @@
-//! The `R × 16` AVX2 + FMA register tile (`R` ≤ 6: 12 of the 16 `ymm` registers accumulate):
-//! the layer GEMM's of [`crate::cpu_kernels`], and the attention kernel's score and output tiles
-//! on CPUs without AVX-512 ([`super::tiles`], with K and V packed into 16-wide panels here).
+//! The `R × 16` AVX2 + FMA register tile (`R` ≤ 6: 12 of the 16 `ymm` registers accumulate),
+//! part of the bottom layer ([`crate::cpu`]): the layer GEMM's tile on CPUs without AVX-512, and
+//! the attention kernel's score and output tiles there (with K and V packed into 16-wide panels
+//! here).
 //! Four reduction steps per loop trip: alone in L1 the tile runs at 98 GFLOP/s on a Zen 3 core
 //! (its FMA peak is 98 – 100), where one step per trip ran at 89 – 92.
+
+use super::ALayout;
+use crate::cpu::isa::Isa;
 
 /// Columns of a tile: the width of a `B` panel.
 pub(crate) const NR: usize = 16;
 /// Rows of a full tile, and of an interleaved `A` micro-panel.
 pub(crate) const MR: usize = 6;
 
-/// How a tile's `A` micro-panel is laid out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ALayout {
-    /// Row-major, rows `lda` apart: `a[r·lda + p]`.
-    Rows(usize),
-    /// The [`MR`] rows of a micro-panel interleaved: `a[p·MR + r]` (rows past the tile's are
-    /// zero), so that the tile reads one sequential stream.
-    Interleaved,
-}
-
 /// Whether the CPU has AVX2 and FMA (detected once).
 pub(crate) fn available() -> bool {
-    super::isa::avx2_fma()
+    Isa::detect() >= Isa::Avx2
 }
 
 /// How a tile's sums meet what `c` holds.
@@ -98,7 +92,7 @@ pub(crate) fn tile_column(
     let _ = (lda, il, accumulate, last_rows);
 }
 
-/// The attention kernel's tile (`super::tiles` on AVX2 CPUs): as [`tile`], with `B` rows `ldb`
+/// The attention kernel's score and output tiles on AVX2 CPUs: as [`tile`], with `B` rows `ldb`
 /// apart, the sums written as `write` says, and with `max = (lanes, keys)` each written row also
 /// folded into its 16 running maxima `lanes[r·16 ..]` over its first `keys` columns (a NaN sum
 /// keeps the running value, as the row kernels' max does).
@@ -214,6 +208,11 @@ mod x86 {
     }
 
     /// Full tiles down a column of micro-panels, then the last (`last` rows).
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, and every pointer is valid for the reads and writes the tile
+    /// makes: the bounds its safe wrapper asserts.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn column<const IL: bool>(
         (a, step): (*const f32, usize),
@@ -245,6 +244,11 @@ mod x86 {
     }
 
     /// The tile of height `rows` (1 to 6).
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, and every pointer is valid for the reads and writes the tile
+    /// makes: the bounds its safe wrapper asserts.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn by_rows<const IL: bool, const PANEL: bool>(
         rows: usize,
@@ -270,6 +274,11 @@ mod x86 {
     /// `R × 16` tile: two 8-lane accumulators per row, one broadcast `A` value per row and step;
     /// `A[r, p]` at `a[p·MR + r]` when interleaved, else `a[r·lda + p]`; `B` rows 16 apart when
     /// `PANEL`, else `ldb`.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, and every pointer is valid for the reads and writes the tile
+    /// makes: the bounds its safe wrapper asserts.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn tile<const R: usize, const IL: bool, const PANEL: bool>(
         a: *const f32,
@@ -279,7 +288,7 @@ mod x86 {
         out: Out,
     ) {
         let ldb = if PANEL { 16 } else { ldb };
-        // SAFETY (every access): within the bounds the safe wrapper asserted.
+        // SAFETY: every access is within the bounds the safe wrapper asserted.
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
             if out.chain {
@@ -343,6 +352,11 @@ mod x86 {
 
     /// `lanes[0..16] = max(sums, lanes)` over the first `keys` of the 16 columns (a NaN sum keeps
     /// the running value: `max_ps` returns its second operand when either is NaN).
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA, and every pointer is valid for the reads and writes the tile
+    /// makes: the bounds its safe wrapper asserts.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn fold_max(lanes: *mut f32, keys: usize, s0: __m256, s1: __m256) {
         // SAFETY: the caller's bounds (16 lanes).

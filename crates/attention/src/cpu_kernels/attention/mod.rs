@@ -1,4 +1,6 @@
-//! Tiled online-softmax ("flash") attention on the CPU: the score matrix is never formed whole.
+//! Tiled online-softmax ("flash") attention on the CPU, the attention core's kernel (kernels
+//! layer: called by [`crate::sdpa`], built on the microkernels, scratch and caches of
+//! [`crate::cpu`]): the score matrix is never formed whole.
 //!
 //! Work is split into tasks of one (batch·head, query block); rayon runs them in parallel. A task
 //! walks the keys in blocks: the scores of its query rows against the block, then per row
@@ -21,12 +23,13 @@
 use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor, WithDType};
 use rayon::prelude::*;
 
-pub(crate) mod avx2;
-pub(crate) mod caches;
+use crate::cpu::isa::Isa;
+use crate::cpu::scratch::{packing_buffer, with_scratch};
+use crate::cpu::{caches, contiguous};
+
 mod gemm_engine;
-pub(crate) mod isa;
 pub(crate) mod simd;
-pub(crate) mod tiles;
+mod tiles;
 
 /// Key block length for f16/bf16 inputs: PyTorch's `kv_split_size`, which fixes where the
 /// rounded weights are formed relative to the running max.
@@ -137,7 +140,7 @@ impl Mask<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Engine {
     /// The microkernels of [`tiles`] (this register tile) on K and V packed once per batch·head.
-    Tiles(tiles::Tile),
+    Tiles(Isa),
     /// One `gemm` call per tile product (any CPU).
     Gemm,
 }
@@ -149,8 +152,8 @@ impl Engine {
     /// and 7 – 25 % behind at 32 – 64, where each score tile sums too few products to cover its
     /// write-out.
     pub(crate) fn best(d: usize) -> Engine {
-        match tiles::Tile::detect() {
-            Some(tiles::Tile::Avx2) if d < 128 => Engine::Gemm,
+        match Isa::with_tiles() {
+            Some(Isa::Avx2) if d < 128 => Engine::Gemm,
             Some(tile) => Engine::Tiles(tile),
             None => Engine::Gemm,
         }
@@ -167,7 +170,7 @@ struct Dims {
     kv_block: usize,
     q_block: usize,
     /// The register tile of [`Engine::Tiles`].
-    tile: tiles::Tile,
+    tile: Isa,
 }
 
 impl Dims {
@@ -231,8 +234,8 @@ struct Inputs<'a> {
 fn query_block(bh: usize, lq: usize, d: usize, engine: Engine) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let mut qb = match engine {
-        Engine::Tiles(tile @ tiles::Tile::Avx2) => {
-            let rows = caches::sizes().1 / 5 / (4 * tile.kc().min(d));
+        Engine::Tiles(tile @ Isa::Avx2) => {
+            let rows = caches::sizes().1 / 5 / (4 * tiles::tile_depth(tile).min(d));
             (rows / tile.mr() * tile.mr()).clamp(4 * tile.mr(), 256)
         }
         _ if d <= 32 => 64,
@@ -290,10 +293,10 @@ pub(crate) fn attention_on(
         return Tensor::zeros(out_dims, dtype, &Device::Cpu);
     }
     // A tile this CPU lacks falls back to `gemm` (AVX2 is a subset of AVX-512 here).
-    let runs = |t: tiles::Tile| tiles::Tile::detect().is_some_and(|best| t == best || t == tiles::Tile::Avx2);
+    let runs = |t: Isa| Isa::with_tiles().is_some_and(|best| t == best || t == Isa::Avx2);
     let (engine, tile) = match engine {
         Engine::Tiles(t) if runs(t) => (engine, t),
-        _ => (Engine::Gemm, tiles::Tile::Avx2),
+        _ => (Engine::Gemm, Isa::Avx2),
     };
     let mask4 = match mask {
         Some(m) => {
@@ -307,7 +310,7 @@ pub(crate) fn attention_on(
         }
         None => None,
     };
-    let f32c = |t: &Tensor| crate::cpu_kernels::contiguous(&t.to_dtype(DType::F32)?);
+    let f32c = |t: &Tensor| contiguous(&t.to_dtype(DType::F32)?);
     let (q4, k4, v4) = (f32c(&q4)?, f32c(&k4)?, f32c(&v4)?);
     let round = match dtype {
         DType::F16 => Some(simd::Round::F16),
@@ -393,34 +396,6 @@ pub(crate) fn attention_on(
     unsafe { out.set_len(len) };
     packing_buffer::give_back(store);
     Tensor::from_vec(out, out_dims, &Device::Cpu)?.to_dtype(dtype)
-}
-
-/// One buffer for the packed (or transposed) K and V of a call, kept for the next call: a
-/// denoising loop calls the same shapes over and over, and a fresh buffer of that size costs a
-/// page fault per 4 KiB each time. At most [`KEEP`](packing_buffer::KEEP) floats are kept.
-mod packing_buffer {
-    use std::sync::Mutex;
-
-    /// 64 MiB of f32.
-    pub(super) const KEEP: usize = 16 << 20;
-    static KEPT: Mutex<Vec<f32>> = Mutex::new(Vec::new());
-
-    /// A buffer of exactly `len` floats (the kept one if it is large enough; contents arbitrary).
-    pub(super) fn take(len: usize) -> Vec<f32> {
-        let mut v = std::mem::take(&mut *KEPT.lock().unwrap_or_else(|e| e.into_inner()));
-        v.resize(len, 0.0);
-        v
-    }
-
-    /// Keep `v` for the next call, unless it is larger than [`KEEP`] or a larger one is kept.
-    pub(super) fn give_back(v: Vec<f32>) {
-        if v.capacity() <= KEEP {
-            let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
-            if kept.capacity() < v.capacity() {
-                *kept = v;
-            }
-        }
-    }
 }
 
 /// The online softmax of one task's query rows: their running max and sum, and how score rows
@@ -515,27 +490,10 @@ impl<'a> Softmax<'a> {
     }
 }
 
-thread_local! {
-    /// A worker's scratch (score tile, mask row, and for the tile engine its packed operands and
-    /// output tile), kept between tasks: no allocation and zeroing per task.
-    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// `f` on `need` floats of this worker's scratch (contents arbitrary: a task writes every
-/// element before it reads it).
-pub(crate) fn with_scratch<R>(need: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    let mut scratch = SCRATCH.take();
-    if scratch.len() < need {
-        scratch.resize(need, 0.0);
-    }
-    let out = f(&mut scratch[..need]);
-    SCRATCH.set(scratch);
-    out
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{attention_on, tiles, Empty, Engine, ScoreScale};
+    use super::{attention_on, Empty, Engine, ScoreScale};
+    use crate::cpu::isa::Isa;
     use candle_core::{DType, Device, Tensor};
 
     /// `softmax(q·kᵀ <scale> + mask)·v` in f64, row by row (an all-masked row: `empty`).
@@ -602,9 +560,9 @@ mod tests {
             (1, 600, 700, 96, 80),
         ];
         let mut engines = vec![Engine::Gemm];
-        engines.extend(tiles::Tile::detect().map(Engine::Tiles));
-        if tiles::Tile::detect() == Some(tiles::Tile::Avx512) {
-            engines.push(Engine::Tiles(tiles::Tile::Avx2));
+        engines.extend(Isa::with_tiles().map(Engine::Tiles));
+        if Isa::with_tiles() == Some(Isa::Avx512) {
+            engines.push(Engine::Tiles(Isa::Avx2));
         }
         for (h, lq, lk, d, dv) in shapes {
             let q = Tensor::randn(0f32, 1., (h, lq, d), &dev).unwrap();
@@ -647,7 +605,7 @@ mod tests {
     /// the value products differs).
     #[test]
     fn both_engines_agree_in_half_precision() {
-        let Some(tile) = tiles::Tile::detect() else {
+        let Some(tile) = Isa::with_tiles() else {
             return;
         };
         let dev = Device::Cpu;

@@ -1,8 +1,12 @@
-//! Row kernels, written once as plain loops that auto-vectorise and compiled three times: for
+//! The attention kernel's row kernels (kernels layer: scale, mask, max, `exp` and sums of a
+//! score row, on the `exp` of [`crate::cpu::math`]), written once as plain loops that
+//! auto-vectorise and compiled three times: for
 //! AVX-512 and for AVX2+FMA (`#[target_feature]`, chosen at run time with
 //! `is_x86_feature_detected!`), and for the baseline target (any architecture).
 
 use super::ScoreScale;
+use crate::cpu::isa::Isa;
+use crate::cpu::math::{exp, PORTABLE_FUSED};
 
 /// Rounding of the unnormalised weights to a half type (as f32 values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,102 +16,6 @@ pub(crate) enum Round {
 }
 
 const LANES: usize = 16;
-
-/// `a · b + c`, one rounding (a fused multiply-add) when `FUSED`, two otherwise.
-#[inline(always)]
-fn mad<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FUSED {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
-    }
-}
-
-/// Whether the portable row kernels use fused multiply-adds: where the target has them in
-/// hardware (elsewhere `mul_add` is a slow library call).
-const PORTABLE_FUSED: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
-
-/// `exp(x)` for f32: Cephes' `expf` range reduction (2^n · e^r) and a degree-6 polynomial for
-/// e^r (within 1 ulp), as branch-free selects so that it vectorises, with fused multiply-adds
-/// when `FUSED`; 0 below -87.3 (where `expf` is subnormal), +inf above 88, NaN for NaN.
-#[inline(always)]
-pub(crate) fn exp<const FUSED: bool>(x: f32) -> f32 {
-    const HI: f32 = 88.0;
-    const LO: f32 = -87.33654;
-    let xc = if x > HI { HI } else { x };
-    let xc = if xc < LO { LO } else { xc };
-    // n = round(x · log2 e) by the 1.5 · 2^23 trick (ties to even; |n| < 2^22): the sum's
-    // low mantissa bits hold n, so 2^n needs no float-to-int conversion (which does not
-    // vectorise).
-    let big = mad::<FUSED>(xc, std::f32::consts::LOG2_E, 12582912.0);
-    let n = big - 12582912.0;
-    let n_int = (big.to_bits() as i32).wrapping_sub(0x4B40_0000);
-    let r = mad::<FUSED>(n, 2.121_944_4e-4, mad::<FUSED>(n, -0.693_359_4, xc));
-    // e^r = 1 + r·(1 + r·q(r)) on |r| ≤ ln 2 / 2, q of degree 4 fitted (weighted least squares
-    // to the relative error, 3e-9) in f64 and rounded to f32: within 0.6 ulp of e^x in f32
-    // (0.72 ulp unfused), six multiply-adds.
-    let q = mad::<FUSED>(1.381_461_9e-3, r, 8.368_71e-3);
-    let q = mad::<FUSED>(q, r, 4.166_839e-2);
-    let q = mad::<FUSED>(q, r, 1.666_652_1e-1);
-    let q = mad::<FUSED>(q, r, 4.999_999_4e-1);
-    let y = mad::<FUSED>(mad::<FUSED>(q, r, 1.0), r, 1.0);
-    let pow2 = f32::from_bits((n_int.wrapping_add(127) as u32) << 23);
-    let res = y * pow2;
-    if x < LO {
-        0.0
-    } else if x > HI {
-        f32::INFINITY
-    } else {
-        res
-    }
-}
-
-/// `erf(x)` for f32, within 2.4 ulp of the exact value (measured against f64 `erf` on 300 000
-/// points of [-5, 5]), as branch-free selects so that it vectorises: `x · P(x²)` below 1,
-/// `1 − e^(−x²) · Q(1/x)` from 1 to 4, ±1 beyond (where f32 `erf` rounds to ±1), NaN for NaN.
-/// `P` (degree 6, for `erf(x)/x`) and `Q` (degree 10, for `erfc(x)·e^(x²)`) are least-squares
-/// fits in f64 on Chebyshev nodes (relative error 1.4e-9 and 3e-9), rounded to f32; evaluated
-/// without fused multiply-adds, so every CPU gives the same bits.
-#[inline(always)]
-pub(crate) fn erf(x: f32) -> f32 {
-    // The constant term is the fit's (one f32 ulp below 2/√π), not the constant itself.
-    #[allow(clippy::approx_constant)]
-    const P: [f32; 7] = [
-        7.882_499_6e-5,
-        -8.018_858e-4,
-        5.189_312_6e-3,
-        -2.685_432_9e-2,
-        1.128_359_7e-1,
-        -3.761_262_6e-1,
-        1.128_379_1,
-    ];
-    const Q: [f32; 11] = [
-        -3.516_658e-2,
-        2.458_168_3e-1,
-        -7.593_004e-1,
-        1.343_049,
-        -1.442_154_4,
-        8.440_487_4e-1,
-        -4.386_929_4e-2,
-        -2.929_564_4e-1,
-        4.533_323_5e-3,
-        5.635_483e-1,
-        3.438_05e-5,
-    ];
-    let horner = |c: &[f32], v: f32| c[1..].iter().fold(c[0], |p, &k| p * v + k);
-    let a = x.abs();
-    let t = a * a;
-    let small = a * horner(&P, t);
-    let large = 1.0 - exp::<false>(-t) * horner(&Q, 1.0 / if a > 1.0 { a } else { 1.0 });
-    let r = if a >= 4.0 {
-        1.0
-    } else if a >= 1.0 {
-        large
-    } else {
-        small
-    };
-    r.copysign(x)
-}
 
 /// `x` rounded to the nearest bf16 (ties to even), as f32.
 #[inline(always)]
@@ -269,26 +177,38 @@ macro_rules! isa {
         #[cfg(target_arch = "x86_64")]
         mod $name {
             use super::*;
+            /// # Safety
+            ///
+            /// The CPU has the features `$feat` names.
             #[target_feature(enable = $feat)]
             unsafe fn scale_mask_max_tf(s: &mut [f32], m: Option<&[f32]>, c: ScoreScale) -> f32 {
                 scale_mask_max_body(s, m, c)
             }
+            /// # Safety
+            ///
+            /// The CPU has the features `$feat` names.
             #[target_feature(enable = $feat)]
             unsafe fn exp_sum_tf(s: &mut [f32], pre: f32, m: f32, r: Option<Round>) -> f32 {
                 exp_sum_body::<true>(s, pre, m, r)
             }
+            /// # Safety
+            ///
+            /// The CPU has the features `$feat` names.
             #[target_feature(enable = $feat)]
             unsafe fn scale_tf(x: &mut [f32], a: f32) {
                 scale_body(x, a)
             }
-            // SAFETY (all three): `ops()` hands these out only after detecting the features.
+            // The three below are handed out by `ops()` only after it detected the features.
             fn scale_mask_max(s: &mut [f32], m: Option<&[f32]>, c: ScoreScale) -> f32 {
+                // SAFETY: the features were detected (`ops()`).
                 unsafe { scale_mask_max_tf(s, m, c) }
             }
             fn exp_sum(s: &mut [f32], pre: f32, m: f32, r: Option<Round>) -> f32 {
+                // SAFETY: the features were detected (`ops()`).
                 unsafe { exp_sum_tf(s, pre, m, r) }
             }
             fn scale(x: &mut [f32], a: f32) {
+                // SAFETY: the features were detected (`ops()`).
                 unsafe { scale_tf(x, a) }
             }
             pub(super) const OPS: Ops = Ops {
@@ -319,7 +239,7 @@ mod portable {
         scale_mask_max,
         exp_sum,
         scale,
-        name: "portable",
+        name: "none",
         fused: PORTABLE_FUSED,
     };
 }
@@ -327,17 +247,12 @@ mod portable {
 /// The best row kernels this CPU runs (detected once).
 pub(crate) fn ops() -> Ops {
     static OPS: std::sync::OnceLock<Ops> = std::sync::OnceLock::new();
-    *OPS.get_or_init(|| {
+    *OPS.get_or_init(|| match Isa::detect() {
         #[cfg(target_arch = "x86_64")]
-        {
-            if super::isa::avx512() {
-                return avx512::OPS;
-            }
-            if super::isa::avx2_fma() {
-                return avx2::OPS;
-            }
-        }
-        portable::OPS
+        Isa::Avx512 => avx512::OPS,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2::OPS,
+        _ => portable::OPS,
     })
 }
 
@@ -364,8 +279,9 @@ pub(crate) fn all_ops() -> Vec<Ops> {
 
 #[cfg(test)]
 mod tests {
-    use super::{all_ops, deferred_scale, exp, round_bf16, round_f16, Round};
-    use crate::sdpa::cpu::ScoreScale;
+    use super::{all_ops, deferred_scale, round_bf16, round_f16, Round};
+    use crate::cpu::math::exp;
+    use crate::cpu_kernels::attention::ScoreScale;
     use candle_core::{DType, Device, Tensor};
 
     /// Values spread over every binade of f32 that matters here, plus edge cases.

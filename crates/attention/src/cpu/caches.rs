@@ -1,4 +1,5 @@
-//! The cache sizes the CPU kernels block for: what Linux reports for CPU 0, or, for tests, the
+//! The cache sizes the CPU kernels block for, part of the bottom layer ([`crate::cpu`]): what
+//! Linux reports for CPU 0, or, for tests, the
 //! sizes `UNET_ATTENTION_CACHE` names (read once), so that the blockings of another CPU (and the
 //! summation orders they give) can be run and tested on this one:
 //!
@@ -37,12 +38,8 @@ type Forced = (Option<usize>, Option<usize>);
 pub(crate) fn setting() -> Result<Forced, String> {
     static SETTING: std::sync::OnceLock<Result<Forced, String>> = std::sync::OnceLock::new();
     SETTING
-        .get_or_init(|| match std::env::var("UNET_ATTENTION_CACHE") {
-            Err(std::env::VarError::NotPresent) => Ok((None, None)),
-            Err(std::env::VarError::NotUnicode(s)) => Err(format!(
-                "UNET_ATTENTION_CACHE={s:?}: not valid UTF-8; expected e.g. l1d=48K,l2=2M"
-            )),
-            Ok(s) => parse(&s).map_err(|e| format!("UNET_ATTENTION_CACHE={s:?}: {e}")),
+        .get_or_init(|| {
+            Ok(super::setting::parsed("UNET_ATTENTION_CACHE", "e.g. l1d=48K,l2=2M", parse)?.unwrap_or_default())
         })
         .clone()
 }

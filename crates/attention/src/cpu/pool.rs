@@ -1,5 +1,5 @@
-//! Large scratch buffers kept from one call to the next (the Winograd path's transformed weights
-//! and tile blocks), so that a call in a loop does not map fresh pages: a fresh 100 MiB buffer
+//! Large scratch buffers kept from one call to the next, part of the bottom layer
+//! ([`crate::cpu`]): the Winograd path's transformed weights and tile blocks, so that a call in a loop does not map fresh pages: a fresh 100 MiB buffer
 //! costs about 25,000 page faults, each a kernel entry and a page cleared, and glibc hands
 //! buffers of 32 MiB and more straight back to the kernel when they are freed.
 //!

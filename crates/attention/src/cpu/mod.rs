@@ -1,0 +1,25 @@
+//! The bottom layer: what the CPU kernels stand on, using nothing of this crate but itself.
+//!
+//! * [`isa`]: the instruction set the kernels run with ([`isa::Isa`]: detected, capped by
+//!   `UNET_ATTENTION_ISA`);
+//! * [`caches`]: the L1d and L2 sizes they block for (`UNET_ATTENTION_CACHE` forces them);
+//! * [`setting`]: the one reader of the `UNET_ATTENTION_*` environment settings;
+//! * [`scratch`], [`pool`]: per-worker scratch and buffers kept between calls;
+//! * [`math`]: vectorisable `exp` and `erf`;
+//! * [`microkernel`]: the AVX2 and AVX-512 register tiles;
+//! * [`contiguous`]: a fast transposed copy, for every layer above.
+//!
+//! Above it: the kernels ([`crate::cpu_kernels`]: GEMM, Winograd, the attention kernel), then the
+//! tensor ops, the attention core and the layers (see the crate's docs, "Layers").
+
+pub(crate) mod caches;
+pub(crate) mod isa;
+pub(crate) mod math;
+pub(crate) mod microkernel;
+pub(crate) mod pool;
+pub(crate) mod scratch;
+pub(crate) mod setting;
+mod tensor;
+
+pub use tensor::contiguous;
+pub(crate) use tensor::cpu_slice;

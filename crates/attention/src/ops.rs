@@ -1,0 +1,96 @@
+//! The tensor operations of the PyTorch code, each with the rounding PyTorch's CPU kernels give
+//! it: the ops layer, above the kernels ([`crate::cpu_kernels`]) and the bottom layer
+//! (`crate::cpu`), below the attention core ([`crate::sdpa`]) and the layers, which build on
+//! these.
+//!
+//! In f32 and f64 every function here is the plain math. In f16/bf16 they mirror where PyTorch
+//! (2.15, CPU) rounds to the half type: [`matmul`] (`@`, `bmm`, `einsum`), [`mul`] / [`div`] by
+//! a Python float and [`softmax`] are computed in f32 and rounded once to the input dtype, as
+//! PyTorch's kernels do (f32 accumulation). Candle's own half-precision ops differ here:
+//! `Tensor * f64` rounds the scalar to the half type first, and its CPU softmax and sums
+//! accumulate in the half type (Candle issue #3727).
+
+use crate::cpu::contiguous;
+use candle_core::{DType, Result, Tensor};
+
+/// The dtype attention arithmetic runs in for inputs of `dtype`: f32 for half types.
+pub fn compute_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        other => other,
+    }
+}
+
+/// Whether `dtype` is f16 or bf16.
+pub fn is_half(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+}
+
+/// `x` in its compute dtype (f32 for half inputs; f32/f64 unchanged).
+pub fn upcast(x: &Tensor) -> Result<Tensor> {
+    x.to_dtype(compute_dtype(x.dtype()))
+}
+
+/// Round `x` to `dtype` and back to `x`'s dtype: a cast point of the PyTorch code.
+pub fn round_through(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    if dtype == x.dtype() {
+        return Ok(x.clone());
+    }
+    x.to_dtype(dtype)?.to_dtype(x.dtype())
+}
+
+/// `a @ b` (`torch.matmul`/`bmm`/`einsum` on same-rank batched operands): accumulated in at
+/// least f32, rounded once to `a`'s dtype.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let dtype = a.dtype();
+    contiguous(&upcast(a)?)?
+        .matmul(&contiguous(&upcast(b)?)?)?
+        .to_dtype(dtype)
+}
+
+/// `x * s` for a Python float `s`: the product in at least f32, rounded once (Candle's `x * s`
+/// on a half tensor would first round `s` itself to the half type).
+pub fn mul(x: &Tensor, s: f64) -> Result<Tensor> {
+    if s == 1.0 {
+        return Ok(x.clone());
+    }
+    upcast(x)?.affine(s, 0.0)?.to_dtype(x.dtype())
+}
+
+/// `x / d` for a Python float `d`: a true division in at least f32 (PyTorch divides by `d`
+/// rounded to f32; it does not multiply by `1/d`), rounded once.
+pub fn div(x: &Tensor, d: f64) -> Result<Tensor> {
+    if d == 1.0 {
+        return Ok(x.clone());
+    }
+    let xc = upcast(x)?;
+    // Built in f32 unless the run is f64: Metal has no f64 tensors.
+    let d = match xc.dtype() {
+        DType::F64 => Tensor::full(d, (), x.device())?,
+        dtype => Tensor::full(d as f32, (), x.device())?.to_dtype(dtype)?,
+    };
+    xc.broadcast_div(&d)?.to_dtype(x.dtype())
+}
+
+/// Softmax over `dim` in the compute dtype ([`compute_dtype`]: f32 for half inputs); the
+/// result stays in the compute dtype (a softmax of `x.float()`).
+pub fn softmax_upcast<Dm: candle_core::shape::Dim>(xs: &Tensor, dim: Dm) -> Result<Tensor> {
+    let dim = dim.to_index(xs.shape(), "softmax")?;
+    let last = xs.rank() - 1;
+    let xs = upcast(xs)?;
+    if xs.elem_count() == 0 {
+        // Nothing to normalize (no keys, or no rows); Candle's kernel panics on a zero-length row.
+        return Ok(xs);
+    }
+    if dim == last {
+        candle_nn::ops::softmax_last_dim(&contiguous(&xs)?)
+    } else {
+        let moved = contiguous(&xs.transpose(dim, last)?)?;
+        candle_nn::ops::softmax_last_dim(&moved)?.transpose(dim, last)
+    }
+}
+
+/// `x.softmax(dim)`: accumulated in at least f32 (PyTorch's CPU kernel), in `x`'s dtype.
+pub fn softmax<Dm: candle_core::shape::Dim>(xs: &Tensor, dim: Dm) -> Result<Tensor> {
+    softmax_upcast(xs, dim)?.to_dtype(xs.dtype())
+}
