@@ -114,7 +114,8 @@ impl MidBlock {
     /// The image U-Net / VAE forward: `hidden_states`, `temb`, `encoder_hidden_states`, for the
     /// blocks whose PyTorch forward needs nothing more (`UNetMidBlock2D`,
     /// `UNetMidBlock2DCrossAttn`, `UNetMidBlock2DSimpleCrossAttn`, the 1-D blocks). A missing
-    /// argument the block needs is an error naming it; the video and ControlNet blocks, which
+    /// argument the block needs is an error naming it (the blocks' own check); the video and
+    /// ControlNet blocks, which
     /// take frame counts, masks or two streams, are an error saying to call their own `forward`.
     pub fn forward(&self, hidden_states: &Tensor, temb: Option<&Tensor>, context: Option<&Tensor>) -> Result<Tensor> {
         let block = self.block_id();
@@ -126,16 +127,7 @@ impl MidBlock {
             )
         };
         match self {
-            Self::UNetMidBlock2DCrossAttn(b) => {
-                let context = context.ok_or_else(|| {
-                    Error::input(
-                        block,
-                        "encoder_hidden_states",
-                        "required: the cross-attention context (B, tokens, cross_attention_dim), e.g. the text encoder's output",
-                    )
-                })?;
-                b.forward(hidden_states, temb, Some(context), None, None)
-            }
+            Self::UNetMidBlock2DCrossAttn(b) => b.forward(hidden_states, temb, context, None, None),
             Self::UNetMidBlock2DSimpleCrossAttn(b) => b.forward(hidden_states, temb, context, None, None),
             _ if context.is_some() => Err(unused("cross-attention context")),
             Self::UNetMidBlock2D(b) => b.forward(hidden_states, temb),

@@ -465,6 +465,10 @@ enum CrossAttention {
 pub struct UNetMidBlock2DCrossAttn {
     resnets: Vec<ResnetBlock2D>,
     attentions: Vec<CrossAttention>,
+    /// `(cross_attention_dim, transformer width)` when they differ: `encoder_hidden_states` is
+    /// then required (without it diffusers' `attn2` projects the hidden states as its context,
+    /// which only works when the two widths agree).
+    needs_context: Option<(usize, usize)>,
 }
 
 impl UNetMidBlock2DCrossAttn {
@@ -523,7 +527,13 @@ impl UNetMidBlock2DCrossAttn {
             });
             resnets.push(ResnetBlock2D::new(vb_res.pp(i + 1), &resnet(out, groups_out, None))?);
         }
-        Ok(Self { resnets, attentions })
+        let width = cfg.out_channels.unwrap_or(cfg.in_channels);
+        let needs_context = (cfg.cross_attention_dim != width).then_some((cfg.cross_attention_dim, width));
+        Ok(Self {
+            resnets,
+            attentions,
+            needs_context,
+        })
     }
 
     /// Whether the attentions are `DualTransformer2DModel`s.
@@ -561,6 +571,7 @@ impl UNetMidBlock2DCrossAttn {
         Ok(Self {
             resnets: self.resnets,
             attentions,
+            needs_context: self.needs_context,
         })
     }
 
@@ -602,6 +613,17 @@ impl UNetMidBlock2DCrossAttn {
         crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
         crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
         crate::validate::optional_shape(Self::BLOCK, "encoder_attention_mask", encoder_attention_mask)?;
+        if let (None, Some((context, width)), false) = (encoder_hidden_states, self.needs_context, self.is_dual()) {
+            return Err(Error::input(
+                Self::BLOCK,
+                "encoder_hidden_states",
+                format!(
+                    "required: the cross-attention projects a context {context} wide (cross_attention_dim), e.g. \
+                     the text encoder's output (B, tokens, {context}); without one diffusers projects the \
+                     {width}-wide hidden states instead and fails"
+                ),
+            ));
+        }
         let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
         for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
             h = trace::scope_at("attentions", i, || match attn {
