@@ -7,9 +7,8 @@
 //! ```no_run
 //! use unet_attention::diffusers::{model_config, MidBlock};
 //! # fn f(vb: candle_nn::VarBuilder, x: &candle_core::Tensor, temb: &candle_core::Tensor,
-//! #      context: &candle_core::Tensor) -> unet_attention::Result<()> {
-//! let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string("unet/config.json")?)
-//!     .map_err(|e| unet_attention::Error::config("config.json", e.to_string()))?;
+//! #      context: &candle_core::Tensor) -> Result<(), Box<dyn std::error::Error>> {
+//! let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string("unet/config.json")?)?;
 //! let spec = &model_config::mid_blocks(&json, None, false)?[0];
 //! match spec.build(vb)? {
 //!     MidBlock::UNetMidBlock2DCrossAttn(mid) => {
