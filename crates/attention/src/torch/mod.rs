@@ -27,18 +27,27 @@
 //! rounding). Rows whose keys are all masked: the `need_weights=True` path gives NaN, like
 //! torch's; with `need_weights=False` the CPU fast path of [`crate::sdpa`] gives 0 like torch's
 //! SDPA, the reference and chunked paths NaN.
+//!
+//! The forward follows `multi_head_attention_forward`'s own steps, one module each:
+//! `shape_check` (`_mha_shape_check` and the shape asserts), `in_projection`
+//! (`_in_projection_packed` / `_in_projection`), `masks` (`_canonical_mask`, `key_padding_mask`,
+//! `is_causal`), `extra_keys` (`bias_k`/`bias_v`, `add_zero_attn`) and `attention` (the
+//! attention, `out_proj` and the weights' average).
+
+mod attention;
+mod extra_keys;
+mod in_projection;
+mod masks;
+mod shape_check;
 
 use crate::config::{check_divides, yes};
-use crate::heads::{merge_tokens, split_tokens};
 use crate::layers::Projection;
-use crate::ops::{matmul, mul, softmax, upcast};
-use crate::sdpa::{default_scale, sdpa};
 use crate::trace;
 use crate::{Error, Result};
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::Tensor;
 use candle_nn::VarBuilder;
+use in_projection::{InProj, Sharing};
 use serde::Deserialize;
-use std::collections::HashMap;
 
 /// Keyword arguments of `MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
 /// add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None, batch_first=False,
@@ -103,25 +112,6 @@ impl Default for MultiheadAttentionArgs<'_> {
     }
 }
 
-/// The input projection: packed `in_proj_weight` or separate q/k/v weights.
-#[derive(Debug, Clone)]
-enum InProj {
-    /// `in_proj_weight (3E, E)`: all rows (self-attention), rows `E..3E` (`key is value`), and
-    /// each third.
-    Packed {
-        qkv: Projection,
-        kv: Projection,
-        q: Projection,
-        k: Projection,
-        v: Projection,
-    },
-    Separate {
-        q: Projection,
-        k: Projection,
-        v: Projection,
-    },
-}
-
 /// `torch.nn.MultiheadAttention`.
 #[derive(Debug, Clone)]
 pub struct MultiheadAttention {
@@ -136,26 +126,6 @@ pub struct MultiheadAttention {
     num_heads: usize,
     head_dim: usize,
     batch_first: bool,
-}
-
-/// A [`Projection`] from tensors already loaded (rows of a packed weight).
-fn projection(weight: Tensor, bias: Option<Tensor>, dtype: DType, device: &Device) -> Result<Projection> {
-    let (out_dim, in_dim) = weight.dims2()?;
-    let mut map = HashMap::new();
-    map.insert("weight".to_string(), weight.contiguous()?);
-    let has_bias = bias.is_some();
-    if let Some(bias) = bias {
-        map.insert("bias".to_string(), bias.contiguous()?);
-    }
-    let vb = VarBuilder::from_tensors(map, dtype, device);
-    Projection::load(vb, MultiheadAttention::BLOCK, in_dim, out_dim, has_bias)
-}
-
-fn rows(t: &Option<Tensor>, start: usize, len: usize) -> Result<Option<Tensor>> {
-    Ok(match t {
-        Some(t) => Some(t.narrow(0, start, len)?),
-        None => None,
-    })
 }
 
 impl MultiheadAttention {
@@ -187,41 +157,7 @@ impl MultiheadAttention {
                 format!("kdim={kdim} and vdim={vdim} must be greater than 0"),
             ));
         }
-        let (dtype, device) = (vb.dtype(), vb.device().clone());
-        let in_bias = if cfg.bias {
-            Some(vb.get(3 * e, "in_proj_bias")?)
-        } else {
-            None
-        };
-        let in_proj = if kdim == e && vdim == e {
-            let w = vb.get((3 * e, e), "in_proj_weight")?;
-            let part = |start: usize, len: usize| -> Result<Projection> {
-                projection(w.narrow(0, start, len)?, rows(&in_bias, start, len)?, dtype, &device)
-            };
-            InProj::Packed {
-                qkv: part(0, 3 * e)?,
-                kv: part(e, 2 * e)?,
-                q: part(0, e)?,
-                k: part(e, e)?,
-                v: part(2 * e, e)?,
-            }
-        } else {
-            InProj::Separate {
-                q: projection(vb.get((e, e), "q_proj_weight")?, rows(&in_bias, 0, e)?, dtype, &device)?,
-                k: projection(
-                    vb.get((e, kdim), "k_proj_weight")?,
-                    rows(&in_bias, e, e)?,
-                    dtype,
-                    &device,
-                )?,
-                v: projection(
-                    vb.get((e, vdim), "v_proj_weight")?,
-                    rows(&in_bias, 2 * e, e)?,
-                    dtype,
-                    &device,
-                )?,
-            }
-        };
+        let in_proj = InProj::load(&vb, e, kdim, vdim, cfg.bias)?;
         let (bias_k, bias_v) = if cfg.add_bias_kv {
             (Some(vb.get((1, 1, e), "bias_k")?), Some(vb.get((1, 1, e), "bias_v")?))
         } else {
@@ -261,340 +197,42 @@ impl MultiheadAttention {
         crate::validate::optional_shape(Self::BLOCK, "attn_mask", args.attn_mask)?;
         let key = args.key.unwrap_or(query);
         let value = args.value.unwrap_or(key);
-        let self_attention = key.id() == query.id() && value.id() == key.id();
-        let key_is_value = value.id() == key.id();
-
-        // _mha_shape_check
-        let batched = match query.rank() {
-            3 => true,
-            2 => false,
-            _ => {
-                return Err(Self::input_err(
-                    "query",
-                    format!(
-                        "expected a batched 3-D or unbatched 2-D tensor, found shape {:?}",
-                        query.dims()
-                    ),
-                ))
-            }
+        let sharing = Sharing {
+            self_attention: key.id() == query.id() && value.id() == key.id(),
+            key_is_value: value.id() == key.id(),
         };
-        let rank = query.rank();
-        for (name, t) in [("key", key), ("value", value)] {
-            if t.rank() != rank {
-                return Err(Self::input_err(
-                    name,
-                    format!("expected a {rank}-D tensor like the query, found shape {:?}", t.dims()),
-                ));
-            }
-        }
-        if let Some(m) = args.key_padding_mask {
-            if m.rank() != rank - 1 {
-                return Err(Self::input_err(
-                    "key_padding_mask",
-                    format!(
-                        "expected a {}-D tensor for a {rank}-D query, found shape {:?}",
-                        rank - 1,
-                        m.dims()
-                    ),
-                ));
-            }
-        }
-        if let Some(m) = args.attn_mask {
-            if m.rank() != 2 && m.rank() != 3 {
-                return Err(Self::input_err(
-                    "attn_mask",
-                    format!("expected a 2-D or 3-D tensor, found shape {:?}", m.dims()),
-                ));
-            }
-            // torch checks an unbatched 3-D mask here, before is_causal may drop it.
-            let (l, s) = (query.dim(0)?, key.dim(0)?);
-            if !batched && m.rank() == 3 && m.dims() != [self.num_heads, l, s] {
-                return Err(Self::input_err(
-                    "attn_mask",
-                    format!(
-                        "the 3-D attn_mask of an unbatched query should be ({}, {l}, {s}) (num_heads, L, S), found {:?}",
-                        self.num_heads,
-                        m.dims()
-                    ),
-                ));
-            }
-        }
-        // _canonical_mask's dtype check, also for a mask the is_causal hint later drops.
-        for (name, m) in [
-            ("key_padding_mask", args.key_padding_mask),
-            ("attn_mask", args.attn_mask),
-        ] {
-            if let Some(m) = m {
-                check_mask_dtype(m, name)?;
-            }
-        }
-
+        let batched = self.mha_shape_check(query, key, value, &args)?;
         // Everything batch-first `(N, L, E)` from here on.
-        let to_batch_first = |t: &Tensor| -> candle_core::Result<Tensor> {
-            if !batched {
-                t.unsqueeze(0)
-            } else if self.batch_first {
-                Ok(t.clone())
-            } else {
-                t.transpose(0, 1)
-            }
-        };
-        let q_in = to_batch_first(query)?;
-        let k_in = to_batch_first(key)?;
-        let v_in = to_batch_first(value)?;
-        let (n, l, e) = q_in.dims3()?;
-        let (nk, s, ek) = k_in.dims3()?;
-        let (nv, sv, ev) = v_in.dims3()?;
-        if e != self.embed_dim {
-            return Err(Self::input_err(
-                "query",
-                format!(
-                    "expected embedding dimension {}, found shape {:?}",
-                    self.embed_dim,
-                    query.dims()
-                ),
-            ));
-        }
-        if ek != self.kdim {
-            return Err(Self::input_err(
-                "key",
-                format!(
-                    "expected feature dimension kdim={}, found shape {:?}",
-                    self.kdim,
-                    key.dims()
-                ),
-            ));
-        }
-        if ev != self.vdim {
-            return Err(Self::input_err(
-                "value",
-                format!(
-                    "expected feature dimension vdim={}, found shape {:?}",
-                    self.vdim,
-                    value.dims()
-                ),
-            ));
-        }
-        if nk != n || nv != n {
-            return Err(Self::input_err(
-                "key",
-                format!(
-                    "key {:?} and value {:?} must have the query's batch size {n}",
-                    key.dims(),
-                    value.dims()
-                ),
-            ));
-        }
-        if sv != s {
-            return Err(Self::input_err(
-                "value",
-                format!(
-                    "key {:?} and value {:?} must have the same sequence length",
-                    key.dims(),
-                    value.dims()
-                ),
-            ));
-        }
-
-        let dtype = q_in.dtype();
-        let (h, d) = (self.num_heads, self.head_dim);
-
-        // Masks, canonical (additive, in the query's dtype as `_canonical_mask` makes them; the
-        // float masks of a bundle are in that dtype already), laid out to broadcast to (N, H, L, S).
-        let mut kpm = match args.key_padding_mask {
-            Some(m) => {
-                let m = if batched { m.clone() } else { m.unsqueeze(0)? };
-                if m.dims() != [n, s] {
-                    return Err(Self::input_err(
-                        "key_padding_mask",
-                        format!("expected shape ({n}, {s}) (batch, key length), found {:?}", m.dims()),
-                    ));
-                }
-                Some(canonical_mask(&m, "key_padding_mask", dtype)?.reshape((n, 1, 1, s))?)
-            }
-            None => None,
-        };
-        if args.is_causal && args.attn_mask.is_none() {
-            return Err(Self::input_err(
-                "is_causal",
-                "the is_causal hint needs an attn_mask (torch raises \"Need attn_mask if specifying the is_causal hint\")",
-            ));
-        }
-        // With need_weights=False and no key_padding_mask torch drops the mask and lets SDPA
-        // apply its own causal mask; otherwise the given attn_mask is used as it is.
-        let sdpa_causal = args.is_causal && kpm.is_none() && !args.need_weights;
-        let mut attn_mask = match args.attn_mask {
-            Some(m) if !sdpa_causal => {
-                let m4 = if m.rank() == 2 {
-                    if m.dims() != [l, s] {
-                        return Err(Self::input_err(
-                            "attn_mask",
-                            format!("the 2-D attn_mask should be ({l}, {s}), found {:?}", m.dims()),
-                        ));
-                    }
-                    m.reshape((1, 1, l, s))?
-                } else {
-                    if m.dims() != [n * h, l, s] {
-                        let want = if batched {
-                            format!("({}, {l}, {s}) (N·num_heads, L, S)", n * h)
-                        } else {
-                            format!("({h}, {l}, {s}) (num_heads, L, S)")
-                        };
-                        return Err(Self::input_err(
-                            "attn_mask",
-                            format!("the 3-D attn_mask should be {want}, found {:?}", m.dims()),
-                        ));
-                    }
-                    m.reshape((n, h, l, s))?
-                };
-                Some(canonical_mask(&m4, "attn_mask", dtype)?)
-            }
-            _ => None,
-        };
-
+        let inputs = self.batch_first_inputs(query, key, value, batched)?;
+        let dtype = inputs.q.dtype();
+        let mut masks = self.canonical_masks(&args, &inputs, batched)?;
         // In-projection, on (N, tokens, features). With batch_first, torch projects
         // `query.transpose(1, 0)`, a non-contiguous view: its Linear rounds twice in half precision.
         let strided = self.batch_first && batched;
-        let lin = |p: &Projection, x: &Tensor| {
-            if strided {
-                p.forward_tokens_strided(x)
-            } else {
-                p.forward_tokens(x)
-            }
-        };
-        let (q, k, v) = match &self.in_proj {
-            InProj::Packed { qkv, kv, q, k, v } => {
-                if self_attention {
-                    let all = lin(qkv, &q_in)?;
-                    (all.narrow(2, 0, e)?, all.narrow(2, e, e)?, all.narrow(2, 2 * e, e)?)
-                } else if key_is_value {
-                    let both = lin(kv, &k_in)?;
-                    (lin(q, &q_in)?, both.narrow(2, 0, e)?, both.narrow(2, e, e)?)
-                } else {
-                    (lin(q, &q_in)?, lin(k, &k_in)?, lin(v, &v_in)?)
-                }
-            }
-            InProj::Separate { q, k, v } => (lin(q, &q_in)?, lin(k, &k_in)?, lin(v, &v_in)?),
-        };
-
-        let pad = |m: Option<Tensor>| -> candle_core::Result<Option<Tensor>> {
-            m.map(|m| m.pad_with_zeros(D::Minus1, 0, 1)).transpose()
-        };
-        // bias_k / bias_v: one more key/value at the end of the sequence.
-        let (k, v) = match (&self.bias_k, &self.bias_v) {
-            (Some(bk), Some(bv)) => {
-                attn_mask = pad(attn_mask)?;
-                kpm = pad(kpm)?;
-                let bk = bk.broadcast_as((n, 1, e))?.to_dtype(k.dtype())?;
-                let bv = bv.broadcast_as((n, 1, e))?.to_dtype(v.dtype())?;
-                (Tensor::cat(&[&k, &bk], 1)?, Tensor::cat(&[&v, &bv], 1)?)
-            }
-            _ => (k, v),
-        };
-        let q = split_tokens(&q, h)?.contiguous()?;
-        let mut k = split_tokens(&k, h)?.contiguous()?;
-        let mut v = split_tokens(&v, h)?.contiguous()?;
-        if self.add_zero_attn {
-            attn_mask = pad(attn_mask)?;
-            kpm = pad(kpm)?;
-            let zk = Tensor::zeros((n, h, 1, d), k.dtype(), k.device())?;
-            let zv = Tensor::zeros((n, h, 1, d), v.dtype(), v.device())?;
-            k = Tensor::cat(&[&k, &zk], 2)?;
-            v = Tensor::cat(&[&v, &zv], 2)?;
-        }
+        let projected = self
+            .in_proj
+            .forward((&inputs.q, &inputs.k, &inputs.v), sharing, strided)?;
+        let (q, k, v) = self.heads_with_extra_keys(projected, &mut masks)?;
         trace::record_qkv(&q, &k, &v);
         let src_len = k.dim(2)?;
-
-        let mask = match (attn_mask, kpm) {
-            (Some(a), Some(p)) => Some(a.broadcast_add(&p)?),
-            (a, p) => a.or(p),
-        };
-        let mask = if sdpa_causal {
-            Some(causal_mask(l, src_len, dtype, q.device())?)
-        } else {
-            mask
-        };
-
-        let (out, weights) = if args.need_weights {
-            // q_scaled = q * math.sqrt(1.0 / float(E))
-            let q_scaled = mul(&q, (1.0 / d as f64).sqrt())?;
-            // baddbmm(attn_mask, q_scaled, k.transpose(-2, -1)) (or bmm): one rounding
-            let mut scores = upcast(&q_scaled)?.matmul(&upcast(&k)?.t()?)?;
-            if let Some(m) = &mask {
-                scores = scores.broadcast_add(&upcast(m)?)?;
-            }
-            let probs = softmax(&scores.to_dtype(dtype)?, D::Minus1)?; // (N, H, L, S)
-            trace::record("probs", &probs);
-            let out = matmul(&probs, &v)?;
-            let weights = if args.average_attn_weights {
-                // attn_output_weights.mean(dim=1), accumulated in at least f32
-                upcast(&probs)?.mean(1)?.to_dtype(dtype)?
-            } else {
-                probs
-            };
-            (out, Some(weights))
-        } else {
-            (sdpa(&q, &k, &v, mask.as_ref(), default_scale(d))?, None)
-        };
-
-        let out = self.out_proj.forward_tokens(&merge_tokens(&out)?)?; // (N, L, E)
-        let out = if !batched {
-            out.squeeze(0)?
-        } else if self.batch_first {
-            out
-        } else {
-            out.transpose(0, 1)?.contiguous()?
-        };
-        let weights = match weights {
-            Some(w) if !batched => Some(w.squeeze(0)?),
-            w => w,
-        };
-        trace::record("output", &out);
-        Ok((out, weights))
+        let mask = masks.merged(inputs.l, src_len, dtype, q.device())?;
+        let (out, weights) = self.attend(
+            (&q, &k, &v),
+            mask.as_ref(),
+            dtype,
+            (args.need_weights, args.average_attn_weights),
+        )?;
+        self.out_projection(&out, weights, batched)
     }
-}
-
-/// torch's `_canonical_mask`: bool (U8, non-zero = `True`) → `-inf` where `True`, `0`
-/// elsewhere; float masks unchanged (cast to `dtype`).
-fn canonical_mask(mask: &Tensor, name: &str, dtype: DType) -> Result<Tensor> {
-    check_mask_dtype(mask, name)?;
-    match mask.dtype() {
-        DType::U8 => {
-            let ninf = Tensor::full(f32::NEG_INFINITY, mask.shape(), mask.device())?.to_dtype(dtype)?;
-            let zero = Tensor::zeros(mask.shape(), dtype, mask.device())?;
-            Ok(mask.where_cond(&ninf, &zero)?)
-        }
-        _ => Ok(mask.to_dtype(dtype)?),
-    }
-}
-
-/// Masks are bool (U8) or floating, as torch's `_canonical_mask` requires.
-fn check_mask_dtype(mask: &Tensor, name: &str) -> Result<()> {
-    match mask.dtype() {
-        DType::U8 => Ok(()),
-        t if t.is_float() => Ok(()),
-        other => Err(Error::input(
-            MultiheadAttention::BLOCK,
-            name,
-            format!("only bool (as U8) and floating masks are supported, found {other:?}"),
-        )),
-    }
-}
-
-/// SDPA's `is_causal` mask: `tril(ones(L, S))` (upper-left aligned) as an additive mask
-/// `(1, 1, L, S)`.
-fn causal_mask(l: usize, s: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-    let data: Vec<f32> = (0..l)
-        .flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
-        .collect();
-    Ok(Tensor::from_vec(data, (1, 1, l, s), device)?.to_dtype(dtype)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::from_json;
+    use candle_core::{DType, Device};
     use serde_json::json;
+    use std::collections::HashMap;
 
     /// Build from JSON kwargs with random weights under the state-dict names torch would save.
     fn build(cfg: serde_json::Value) -> Result<MultiheadAttention> {

@@ -19,18 +19,26 @@
 //! those inputs reach the block in f32, unconverted; the weights are loaded in the run dtype (an f32
 //! conv weight of such a bundle would be reported as converted), except where a block loads them
 //! in its compute dtype (GroupNorm, the openai `ResBlock`'s `emb_layers`).
+//!
+//! Split by step: `judge` (the pass rule: tolerances, `--strict`, the output comparison) and
+//! `weights` (where the weights and config come from, and the weights left unread).
+
+mod judge;
+mod weights;
+
+pub(crate) use judge::{apply_strict, compare_outputs, tolerances, Tolerances};
+pub(crate) use weights::weight_source;
 
 use crate::bundle::Bundle;
-use crate::checkpoint::{Checkpoint, PrefixView};
-use crate::compare::{check_reference, compare, default_tolerance, OutputReport, Verdict, ERROR_FACTOR};
+use crate::compare::OutputReport;
 use crate::error::{ParityError, Result};
 use crate::registry::{self, BlockInfo, Inputs, Runnable};
 use crate::trace::{self, TraceReport};
-use crate::weights::{closest, Conversion, TrackedWeights};
+use crate::weights::{Conversion, TrackedWeights};
 use candle_core::{DType, Device};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use weights::{block_config, check_unused};
 
 /// Weights taken from a whole checkpoint instead of the bundle (`--weights FILE --prefix P`).
 #[derive(Debug, Clone)]
@@ -256,33 +264,6 @@ fn check_forward_args(bundle: &Bundle, info: &BlockInfo) -> Result<()> {
     Ok(())
 }
 
-/// Fail on weights the block did not read, with the closest used name for each (unless
-/// `Options::allow_unused`).
-fn check_unused(path: &Path, block: &str, weights: &TrackedWeights, opts: &Options) -> Result<()> {
-    let unused = unused_weights(weights);
-    if unused.is_empty() || opts.allow_unused {
-        return Ok(());
-    }
-    let all = weights.names().cloned().collect::<Vec<_>>();
-    let expected: Vec<String> = all.iter().filter(|k| !unused.contains(k)).cloned().collect();
-    let hints: Vec<String> = unused
-        .iter()
-        .map(|u| match closest(u, expected.iter()) {
-            Some(c) => format!("`{u}` (closest used: `{c}`)"),
-            None => format!("`{u}`"),
-        })
-        .collect();
-    let place = weights.location().map(|l| format!(" in {l}")).unwrap_or_default();
-    Err(ParityError::bundle(
-        path,
-        format!(
-            "{} weights{place} not used by {block}: {} (pass --allow-unused to ignore)",
-            unused.len(),
-            hints.join(", ")
-        ),
-    ))
-}
-
 /// The bundle's inputs as the block gets them: floats in the run dtype (conversions recorded in
 /// `weights`), on `device`.
 fn bundle_inputs(
@@ -395,193 +376,6 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
     Ok(Run { report, ours, stages })
 }
 
-/// Rule (a)'s tolerances for a run: the options', else the bundle's (in its own dtype only), else
-/// the run dtype's defaults; with each one above its default named in `loosened`.
-pub(crate) struct Tolerances {
-    pub(crate) rtol: f64,
-    pub(crate) atol: f64,
-    pub(crate) loosened: Vec<String>,
-}
-
-pub(crate) fn tolerances(bundle: &Bundle, opts: &Options, dtype: DType, bundle_dtype: DType) -> Result<Tolerances> {
-    let (def_rtol, def_atol) = default_tolerance(dtype);
-    let same_dtype = dtype == bundle_dtype;
-    let mut loosened = vec![];
-    let mut pick = |name: &str, flag: Option<f64>, from_bundle: Option<f64>, default: f64| {
-        let (value, source) = match (flag, from_bundle.filter(|_| same_dtype)) {
-            (Some(v), _) => (v, format!("--{name}")),
-            (None, Some(v)) => (v, format!("the bundle (parity.{name})")),
-            (None, None) => (default, String::new()),
-        };
-        if value > default {
-            loosened.push(format!("{name} {value:e} from {source} (default {default:e})"));
-        }
-        value
-    };
-    let rtol = pick("rtol", opts.rtol, bundle.rtol, def_rtol);
-    let atol = pick("atol", opts.atol, bundle.atol, def_atol);
-    if opts.strict && !loosened.is_empty() {
-        return Err(ParityError::bundle(
-            &bundle.path,
-            format!(
-                "--strict refuses tolerances above {}'s defaults: {}",
-                dtype_name(dtype),
-                loosened.join(", ")
-            ),
-        ));
-    }
-    Ok(Tolerances { rtol, atol, loosened })
-}
-
-/// Under `--strict`, an output that passed only within PyTorch's own error (rule (b)) fails.
-pub(crate) fn apply_strict(report: &mut OutputReport) {
-    if report.pass && report.verdict == Verdict::TorchError {
-        report.pass = false;
-        report.verdict = Verdict::Fail;
-        report.reason = Some(format!(
-            "--strict: {} elements are neither equal to PyTorch's output nor within atol {:.1e} + rtol {:.1e}·|expected| \
-             of it (they are within {ERROR_FACTOR} × PyTorch's own error against float64, which --strict does not accept)",
-            report.torch_error_elements, report.atol, report.rtol
-        ));
-    }
-}
-
-/// Our outputs (on the CPU, in the bundle's output order) against the bundle's, under the pass
-/// rule of the run's dtype (see the module docs).
-pub(crate) fn compare_outputs(
-    bundle: &Bundle,
-    block: &str,
-    ours: &[candle_core::Tensor],
-    dtype: DType,
-    bundle_dtype: DType,
-    rtol: f64,
-    atol: f64,
-) -> Result<Vec<OutputReport>> {
-    let path = bundle.path.as_path();
-    let mut outputs = vec![];
-    for (name, ours) in bundle.outputs.iter().zip(ours) {
-        let torch = bundle.output(name).expect("validated when the bundle was read");
-        let torch_f64 = bundle.output_f64(name);
-        if let Some(reference) = torch_f64 {
-            check_reference(torch, reference, bundle_dtype)
-                .map_err(|e| ParityError::block(path, block, e))?
-                .map_err(|why| ParityError::bundle(path, format!("output `{name}`: {why}")))?;
-        }
-        let report = if dtype == bundle_dtype {
-            compare(name, ours, torch, torch_f64, rtol, atol)
-        } else {
-            let reference = torch_f64.ok_or_else(|| {
-                ParityError::bundle(
-                    path,
-                    format!(
-                        "--dtype {} needs `parity.output.{name}.float64` to compare a run in another dtype than \
-                         the bundle's, and the bundle lacks it",
-                        dtype_name(dtype)
-                    ),
-                )
-            })?;
-            compare_across_dtypes(name, ours, torch, reference, dtype, rtol, atol)
-        }
-        .map_err(|e| ParityError::block(path, block, e))?;
-        outputs.push(report);
-    }
-    Ok(outputs)
-}
-
-/// The block's weights: `--weights` (a checkpoint under a prefix), else the checkpoint the bundle
-/// references (`parity.weights`, relative to the bundle's folder, with `parity.prefix`), else the
-/// bundle's own state dict. A bundle may not both hold weights and reference a checkpoint.
-pub(crate) fn weight_source(bundle: &Bundle, opts: &Options) -> Result<TrackedWeights> {
-    let path = bundle.path.as_path();
-    let embedded = bundle.weights();
-    let referenced = bundle.metadata.get("parity.weights");
-    let (file, prefix) = match (&opts.weights, referenced) {
-        (Some(w), _) => (w.file.clone(), w.prefix.clone()),
-        (None, Some(rel)) => {
-            if !embedded.is_empty() {
-                return Err(ParityError::bundle(
-                    path,
-                    format!(
-                        "the bundle holds {} weights and also references `parity.weights` = {rel:?}; keep one",
-                        embedded.len()
-                    ),
-                ));
-            }
-            let dir = path.parent().unwrap_or(Path::new("."));
-            let prefix = bundle.metadata.get("parity.prefix").cloned().unwrap_or_default();
-            // `parity.weights_key`: the top-level pickle entry holding the state dict.
-            let prefix = match bundle.metadata.get("parity.weights_key") {
-                Some(key) => format!("{key}.{prefix}"),
-                None => prefix,
-            };
-            (dir.join(rel), prefix)
-        }
-        (None, None) => return Ok(TrackedWeights::new(embedded)),
-    };
-    let checkpoint = Arc::new(Checkpoint::open(&file)?);
-    Ok(TrackedWeights::from_source(Arc::new(PrefixView::new(
-        checkpoint, &prefix,
-    )?)))
-}
-
-/// The block's constructor kwargs: from `--config` (a diffusers `config.json`) when given, else
-/// `parity.config`.
-fn block_config(
-    bundle: &Bundle,
-    opts: &Options,
-    block: &'static str,
-    weights_at: Option<&str>,
-) -> Result<(serde_json::Value, Option<String>)> {
-    let Some(file) = &opts.model_config else {
-        return Ok((bundle.config.clone(), None));
-    };
-    let text = crate::files::read_text(file)?;
-    let bad = |message: String| ParityError::Checkpoint {
-        path: file.clone(),
-        message,
-    };
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-    let specs = unet_attention::diffusers::model_config::mid_blocks(&json, None, opts.allow_unknown_config)
-        .map_err(|e| bad(e.to_string()))?;
-    let matching: Vec<_> = specs.iter().filter(|s| s.block == block).collect();
-    // The VAE has an encoder and a decoder mid block of the same config: any will do, but prefer
-    // the one the weights come from.
-    let spec = matching
-        .iter()
-        .find(|s| {
-            weights_at.is_some_and(|w| w.contains(&format!("`{}", s.key_prefix())) || w.contains(&s.key_prefix()))
-        })
-        .or(matching.first())
-        .ok_or_else(|| {
-            bad(if specs.is_empty() {
-                format!("the model has no mid block, and the bundle's block is {block}")
-            } else {
-                format!(
-                    "the model's mid block is {}, not {block}",
-                    specs.iter().map(|s| s.block).collect::<Vec<_>>().join(", ")
-                )
-            })
-        })?;
-    Ok((spec.config.clone(), Some(file.display().to_string())))
-}
-
-/// Weights the block did not read. For a bundle's own state dict, all of them; for a checkpoint,
-/// only those under the top-level names the block used (`mid_attn.extra` when it read
-/// `mid_attn.*`), since the rest of the model shares the prefix.
-fn unused_weights(weights: &TrackedWeights) -> Vec<String> {
-    let unused = weights.unused();
-    if weights.location().is_none() {
-        return unused;
-    }
-    let first = |n: &str| n.split('.').next().unwrap_or("").to_string();
-    let used: std::collections::BTreeSet<String> = weights
-        .names()
-        .filter(|n| !unused.contains(n))
-        .map(|n| first(n))
-        .collect();
-    unused.into_iter().filter(|n| used.contains(&first(n))).collect()
-}
-
 fn is_half(dtype: DType) -> bool {
     matches!(dtype, DType::F16 | DType::BF16)
 }
@@ -604,30 +398,4 @@ pub fn device_name(device: &Device) -> String {
         candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
         candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
     }
-}
-
-/// The comparison of a run in `dtype`, another dtype than the bundle's (see the module docs):
-/// rule (a) against the float64 output `reference`; rule (b) with PyTorch's own error at the
-/// bundle's dtype (`torch` against `reference`) in each element's neighbourhood. f64 runs: rule (a)
-/// only.
-fn compare_across_dtypes(
-    name: &str,
-    ours: &candle_core::Tensor,
-    torch: &candle_core::Tensor,
-    reference: &candle_core::Tensor,
-    dtype: DType,
-    rtol: f64,
-    atol: f64,
-) -> candle_core::Result<OutputReport> {
-    if dtype == DType::F64 {
-        return compare(name, ours, reference, None, rtol, atol);
-    }
-    let mut report = crate::compare::compare_across_dtypes(name, ours, torch, reference, rtol, atol)?;
-    report.reason = report.reason.map(|why| {
-        format!(
-            "run in {} against the float64 output, with PyTorch's own error in the bundle's dtype: {why}",
-            dtype_name(dtype)
-        )
-    });
-    Ok(report)
 }
