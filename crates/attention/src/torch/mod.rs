@@ -7,7 +7,7 @@
 //!   for self-attention, as torch does when `query is key is value`; `[E | 2E]` when
 //!   `key is value`), or from `q_proj_weight`/`k_proj_weight`/`v_proj_weight` when `kdim` or
 //!   `vdim` differ from `embed_dim`; `in_proj_bias (3E)` chunked `[b_q; b_k; b_v]`;
-//! * bool masks (as [`DType::U8`], non-zero = `True` = **masked out**, the MHA convention) become
+//! * bool masks (as [`candle_core::DType::U8`], non-zero = `True` = **masked out**, the MHA convention) become
 //!   `-inf`/`0` additive masks, float masks are added as they are;
 //! * `bias_k`/`bias_v` `(1, 1, E)` appended at the **end** of the key/value sequence after the
 //!   projection, `add_zero_attn` appends a zero key/value in head space; each pads the masks

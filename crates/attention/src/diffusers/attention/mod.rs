@@ -31,7 +31,7 @@
 //! processors that would ignore it, and the joint-attention options `out_context_dim`,
 //! `context_pre_only` and `pre_only`.
 //!
-//! The block is split along diffusers' own seams: [`config`] (`Attention.__init__`'s keyword
+//! The block is split along diffusers' own seams: `config` (`Attention.__init__`'s keyword
 //! arguments), `rules` (what `__init__` and the processors reject, and the sizes and scale a
 //! config resolves to), `norms` (the norms `__init__` builds), `processors` (the processors'
 //! `__call__`s and their attention) and `masks` (`prepare_attention_mask`).
