@@ -49,6 +49,11 @@ pub struct ModelMidBlock {
     pub weights: PathBuf,
 }
 
+/// The first of [`WEIGHT_FILES`] in `folder`, if it holds one.
+pub fn weight_file(folder: &Path) -> Option<PathBuf> {
+    WEIGHT_FILES.iter().map(|f| folder.join(f)).find(|p| p.is_file())
+}
+
 /// The folder's `config.json` and weight file (`model` may also be the `config.json` itself).
 pub fn model_files(model: &Path) -> Result<(PathBuf, PathBuf)> {
     let (folder, config) = if model.is_dir() {
@@ -65,8 +70,7 @@ pub fn model_files(model: &Path) -> Result<(PathBuf, PathBuf)> {
             message: "a diffusers model folder holds config.json; this one has none".into(),
         });
     }
-    let weights = WEIGHT_FILES.iter().map(|f| folder.join(f)).find(|p| p.is_file());
-    let weights = weights.ok_or_else(|| ParityError::Checkpoint {
+    let weights = weight_file(&folder).ok_or_else(|| ParityError::Checkpoint {
         path: folder.clone(),
         message: format!("no weights: expected one of {}", WEIGHT_FILES.join(", ")),
     })?;

@@ -265,7 +265,7 @@ pub fn without_table(note: impl Into<String>) -> TraceReport {
 }
 
 /// A number as the tables print it (`-` for NaN).
-fn sci(x: f64) -> String {
+pub(crate) fn sci(x: f64) -> String {
     if x.is_nan() {
         "-".into()
     } else {

@@ -266,6 +266,15 @@ fn check_forward_args(bundle: &Bundle, info: &BlockInfo) -> Result<()> {
 
 /// The bundle's inputs as the block gets them: floats in the run dtype (conversions recorded in
 /// `weights`), on `device`.
+/// Whether a bundle input goes to the run dtype: floats do, except that a half-precision bundle
+/// that stores an input in f32 was run by PyTorch with that input in f32 (guided-diffusion's
+/// `convert_to_fp16`: `x` half, `emb` f32), so in a run in the bundle's own dtype it is given to
+/// the block as stored.
+pub(crate) fn input_converts(t: &candle_core::Tensor, dtype: DType, bundle_dtype: DType) -> bool {
+    let as_stored = dtype == bundle_dtype && is_half(bundle_dtype) && t.dtype() == DType::F32;
+    t.dtype().is_float() && !as_stored
+}
+
 fn bundle_inputs(
     bundle: &Bundle,
     block: &'static str,
@@ -277,11 +286,7 @@ fn bundle_inputs(
     let mut tensors = std::collections::BTreeMap::new();
     for name in &bundle.inputs {
         let t = bundle.input(name).expect("validated when the bundle was read");
-        // A half-precision bundle that stores an input in f32 was run by PyTorch with that input
-        // in f32 (guided-diffusion's `convert_to_fp16`: `x` half, `emb` f32): in a run in the
-        // bundle's own dtype it is given to the block as stored. Otherwise floats go to the run dtype.
-        let as_stored = dtype == bundle_dtype && is_half(bundle_dtype) && t.dtype() == DType::F32;
-        let t = if t.dtype().is_float() && !as_stored {
+        let t = if input_converts(t, dtype, bundle_dtype) {
             weights.record_conversion(&format!("{}{name}", crate::bundle::INPUT_PREFIX), t.dtype(), dtype);
             t.to_dtype(dtype)
         } else {

@@ -42,11 +42,7 @@ pub(super) fn detect(
     let (file, config) = match (file, hub.repo()) {
         // A diffusers model folder: its weight file, and its config.json when it has one.
         (Some(f), None) if f.is_dir() => {
-            let weights = crate::model::WEIGHT_FILES
-                .iter()
-                .map(|w| f.join(w))
-                .find(|p| p.is_file());
-            let weights = weights.ok_or_else(|| ParityError::Checkpoint {
+            let weights = crate::model::weight_file(&f).ok_or_else(|| ParityError::Checkpoint {
                 path: f.clone(),
                 message: format!(
                     "a folder: detect looks in a diffusers model folder for {}, and this one has none",
@@ -138,13 +134,7 @@ pub(super) fn line(s: &str) -> String {
     crate::terminal::one_line(s).into_owned()
 }
 
-pub(super) fn sci(x: f64) -> String {
-    if x.is_nan() {
-        "-".into()
-    } else {
-        format!("{x:.2e}")
-    }
-}
+pub(super) use crate::trace::sci;
 
 pub(super) fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], out: &mut dyn Write) {
     let header = [
