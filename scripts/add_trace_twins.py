@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 
 import export_reference  # noqa: E402
 from export import verify as export_verify  # noqa: E402
-from parity_bundle import _canonicalize_header  # noqa: E402
+from parity.files import canonicalize_header  # noqa: E402
 from parity_trace import DELTA_SUFFIX, NAMED, TRACE_MODE_KEY, float64_delta, trace_module  # noqa: E402
 
 WEIGHTS = HERE.parent / "weights"
@@ -126,7 +126,7 @@ def add_twins(path: Path) -> int:
     for n, d in deltas.items():
         tensors[f"parity.trace.{n}{DELTA_SUFFIX}"] = d
     save_file(tensors, str(path), metadata=meta)
-    _canonicalize_header(str(path))
+    canonicalize_header(str(path))
     after = load_file(str(path))
     with safe_open(str(path), framework="pt") as f:
         assert dict(f.metadata() or {}) == meta, f"{path}: metadata changed"
