@@ -114,24 +114,8 @@ def export_bundle(
         raise RuntimeError(f"float64 run gave outputs {list(outs64)}, expected {list(outs)}")
 
     tensors = _Tensors()
-    sd = module.state_dict() if state_dict is None else state_dict
-    if weights_ref is not None:
-        if state_dict is not None:
-            raise ValueError("weights_ref and state_dict are exclusive")
-        sd = {}
-    for key, t in sd.items():
-        if key.startswith("parity."):
-            raise KeyError(f"state-dict key {key!r} collides with the parity namespace")
-        tensors.put(key, t)
-    for name, t in ins.items():
-        tensors.put(f"parity.input.{name}", t)
-    diffs = {}
-    for name, t in outs.items():
-        tensors.put(f"parity.output.{name}", t)
-        tensors.put(f"parity.output.{name}.float64", outs64[name])
-        d = (t.double() - outs64[name]).abs()
-        diffs[name] = float(d.max()) if d.numel() else 0.0
-
+    _put_weights(tensors, module, state_dict, weights_ref)
+    diffs = _put_inputs_and_outputs(tensors, ins, outs, outs64)
     mode = resolve_mode(block, trace) if trace else None
     trace_names = None
     if mode is not None:
@@ -204,6 +188,34 @@ class _Tensors:
             raise KeyError(f"duplicate tensor key {key!r}")
         # clone: safetensors refuses tensors sharing storage (e.g. key is value)
         self.by_key[key] = t.detach().cpu().clone().contiguous()
+
+
+def _put_weights(tensors, module, state_dict, weights_ref) -> None:
+    """The state dict (``module.state_dict()`` or the caller's ``state_dict``; none for a referencing
+    bundle) under its own keys."""
+    sd = module.state_dict() if state_dict is None else state_dict
+    if weights_ref is not None:
+        if state_dict is not None:
+            raise ValueError("weights_ref and state_dict are exclusive")
+        sd = {}
+    for key, t in sd.items():
+        if key.startswith("parity."):
+            raise KeyError(f"state-dict key {key!r} collides with the parity namespace")
+        tensors.put(key, t)
+
+
+def _put_inputs_and_outputs(tensors, ins, outs, outs64) -> dict:
+    """``parity.input.*``, ``parity.output.*`` and ``parity.output.*.float64``; returns max
+    |output - float64 output| per output."""
+    for name, t in ins.items():
+        tensors.put(f"parity.input.{name}", t)
+    diffs = {}
+    for name, t in outs.items():
+        tensors.put(f"parity.output.{name}", t)
+        tensors.put(f"parity.output.{name}.float64", outs64[name])
+        d = (t.double() - outs64[name]).abs()
+        diffs[name] = float(d.max()) if d.numel() else 0.0
+    return diffs
 
 
 def _put_traces(tensors, path, block, run, run64, kwargs, output_names, dtype, mode):
