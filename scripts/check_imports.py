@@ -7,8 +7,9 @@
     python scripts/check_imports.py --needs bench_torch   # the files a module needs, one a line
 
 The modules: every ``scripts/*.py`` and every module of a package folder under ``scripts/``
-(one with an ``__init__.py``: ``export/``, ``reference/``), named as they are imported with
-``scripts/`` on ``sys.path`` (``export_models``, ``export.common``, ``reference.mid_blocks``).
+(one with an ``__init__.py``: ``export/``, ``attention_bundles/``, ``parity/``, ``bench/``,
+``reference/``), named as they are imported with ``scripts/`` on ``sys.path`` (``export_models``,
+``export.common``, ``reference.mid_blocks``).
 Their imports are read with ``ast`` (nothing is imported or run): ``import a.b``, ``from a import
 b`` (the module ``a.b`` where it is one, else ``a``) and relative imports (``from .ldm import x``);
 importing a package's submodule from outside the package also imports the package's
