@@ -6,7 +6,7 @@ tensor and the metadata as they are.
 
 Each bundle is first rebuilt from its metadata and verified by its exporter's own check
 (``export_models.verify_bundle``, in ``scripts/export/verify.py``, for ``weights/mid``, ``weights/accuracy`` and ``weights/own``,
-``export_reference.verify_file`` for the family folders): outputs, float64 outputs and stages
+``export_reference.verify_file``, in ``scripts/attention_bundles/verify.py``, for the family folders): outputs, float64 outputs and stages
 bit-identical to the stored ones. The float64 copy the check builds is then run with the stage
 hooks, and its stages are stored as ``parity.trace.<stage>.float64_delta``
 (``parity_trace.float64_delta``: bfloat16 deltas from the float32 stage). The rewritten file is
@@ -32,9 +32,10 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import export_reference  # noqa: E402
+from attention_bundles import verify as attention_verify  # noqa: E402
+from attention_bundles.common import FAMILIES  # noqa: E402
 from export import verify as export_verify  # noqa: E402
-from parity_bundle import _canonicalize_header  # noqa: E402
+from parity.files import canonicalize_header  # noqa: E402
 from parity_trace import DELTA_SUFFIX, NAMED, TRACE_MODE_KEY, float64_delta, trace_module  # noqa: E402
 
 WEIGHTS = HERE.parent / "weights"
@@ -46,8 +47,8 @@ def verifier(path: Path):
     if family in ("mid", "accuracy", "own"):
         # the module whose globals (verify_traces, run_module) verify_bundle calls
         return export_verify, export_verify.verify_bundle
-    if family in export_reference.FAMILIES:
-        return export_reference, export_reference.verify_file
+    if family in FAMILIES:
+        return attention_verify, attention_verify.verify_file
     raise SystemExit(f"{path}: no exporter owns weights/{family}")
 
 
@@ -126,7 +127,7 @@ def add_twins(path: Path) -> int:
     for n, d in deltas.items():
         tensors[f"parity.trace.{n}{DELTA_SUFFIX}"] = d
     save_file(tensors, str(path), metadata=meta)
-    _canonicalize_header(str(path))
+    canonicalize_header(str(path))
     after = load_file(str(path))
     with safe_open(str(path), framework="pt") as f:
         assert dict(f.metadata() or {}) == meta, f"{path}: metadata changed"

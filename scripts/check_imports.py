@@ -4,10 +4,12 @@
     python scripts/check_imports.py            # exit status 1 on an import-time cycle
     python scripts/check_imports.py --strict   # deferred imports (inside functions) count too
     python scripts/check_imports.py -v         # also print every edge
+    python scripts/check_imports.py --needs bench_torch   # the files a module needs, one a line
 
 The modules: every ``scripts/*.py`` and every module of a package folder under ``scripts/``
-(one with an ``__init__.py``: ``export/``, ``reference/``), named as they are imported with
-``scripts/`` on ``sys.path`` (``export_models``, ``export.common``, ``reference.mid_blocks``).
+(one with an ``__init__.py``: ``export/``, ``attention_bundles/``, ``parity/``, ``bench/``,
+``reference/``), named as they are imported with ``scripts/`` on ``sys.path`` (``export_models``,
+``export.common``, ``reference.mid_blocks``).
 Their imports are read with ``ast`` (nothing is imported or run): ``import a.b``, ``from a import
 b`` (the module ``a.b`` where it is one, else ``a``) and relative imports (``from .ldm import x``);
 importing a package's submodule from outside the package also imports the package's
@@ -17,6 +19,10 @@ An import at module level (also under ``if`` / ``try`` / a class body) runs when
 imported: a cycle of those is an error (a module would see the other half-initialized). An
 import inside a function runs only when it is called (a *deferred* import, used to break a
 cycle on purpose): cycles through one are listed as notes, and are errors with ``--strict``.
+
+``--needs MODULE`` prints, instead, the file (relative to ``scripts/``) of every local module that
+``MODULE`` imports, directly or through others, deferred imports included, and its own: what a copy
+of ``scripts/`` must hold for it to run (``scripts/gpu_kit.sh build --dry-run`` checks the kit's).
 """
 
 from __future__ import annotations
@@ -143,12 +149,26 @@ def one_cycle(graph: dict, comp: list) -> list:
     return comp
 
 
+def needed(every: dict, start: str) -> list:
+    """``start`` and every module it reaches in the import graph ``every``, sorted."""
+    seen, todo = {start}, [start]
+    while todo:
+        for w in every.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return sorted(seen)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strict", action="store_true", help="a cycle through a deferred import is an error too")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every edge")
+    ap.add_argument("--needs", metavar="MODULE", help="print the files MODULE needs (itself included) and stop")
     args = ap.parse_args(argv)
     mods = local_modules(SCRIPTS)
+    if args.needs is not None and args.needs not in mods:
+        ap.error(f"--needs {args.needs}: no such module under scripts/")
     eager, every, where = {m: set() for m in mods}, {m: set() for m in mods}, {}
     for name, path in mods.items():
         for target, deferred, line in imports_of(name, path, mods):
@@ -160,6 +180,10 @@ def main(argv=None) -> int:
             at = f"{path.relative_to(SCRIPTS)}:{line}" + (" (deferred)" if deferred else "")
             if at not in where.setdefault((name, target), []):
                 where[(name, target)].append(at)
+    if args.needs is not None:
+        for m in needed(every, args.needs):
+            print(mods[m].relative_to(SCRIPTS))
+        return 0
     if args.verbose:
         for (a, b), at in sorted(where.items()):
             print(f"{a} -> {b}  [{', '.join(at)}]")

@@ -16,7 +16,7 @@
 # The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check} built with
 # `--features cuda` (release, stripped; PTX for CUDA_COMPUTE_CAP, default 90 = H100/H200; run.sh
 # unpacks them into a temporary folder), weights.tar.xz (the committed bundles less
-# weights/accuracy, about 42 MiB packed; run.sh unpacks them likewise), scripts/ (bench_torch.py and what it imports, the export/ package included), wheels/
+# weights/accuracy, about 42 MiB packed; run.sh unpacks them likewise), scripts/ (bench_torch.py and what it imports: KIT_SCRIPTS), wheels/
 # (diffusers, denoising-diffusion-pytorch, stable-diffusion-sdkit, guided-diffusion-sdk and the
 # packages they import that a plain PyTorch install lacks; pure-Python, installed --no-deps by
 # run.sh), run.sh and MANIFEST.json (commit, compute capability, sizes). Copy the folder to the GPU
@@ -50,6 +50,10 @@ source scripts/cuda_toolkit.sh
 KIT_BINS=(unet-parity bench_sdpa bench_bundle fused_check)
 KIT_WHEELS=(diffusers==0.42.1 denoising-diffusion-pytorch==2.3.4 ema-pytorch==0.8.3 accelerate==1.15.0
     pytorch-fid==0.3.0 "psutil==7.2.2")
+# What of scripts/ the kit carries: bench_torch.py and every module it imports, directly or not (the
+# dry run checks this list against `scripts/check_imports.py --needs bench_torch`).
+KIT_SCRIPTS=(scripts/bench_torch.py scripts/export_models.py scripts/parity_bundle.py scripts/parity_trace.py
+    scripts/upstream.py scripts/bench scripts/parity scripts/reference scripts/export)
 
 usage() {
     sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
@@ -126,10 +130,7 @@ build() {
     echo "== gpu-kit: packing weights/ without weights/accuracy (xz, about 1 min)"
     tar --exclude=weights/accuracy -cf - weights | xz -6 -T2 >"$dir.partial/weights.tar.xz" ||
         cuda_fail "tar | xz of weights/"
-    cp scripts/bench_torch.py scripts/export_models.py scripts/parity_bundle.py scripts/parity_trace.py \
-        scripts/upstream.py "$dir.partial/scripts/"
-    cp -r scripts/reference "$dir.partial/scripts/reference"
-    cp -r scripts/export "$dir.partial/scripts/export"
+    cp -r "${KIT_SCRIPTS[@]}" "$dir.partial/scripts/"
     find "$dir.partial/scripts" -name __pycache__ -prune -exec rm -rf {} +
     python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
         --dest "$dir.partial/wheels" "${KIT_WHEELS[@]}" || cuda_fail "pip could not download ${KIT_WHEELS[*]}"
@@ -196,10 +197,21 @@ dry_run() {
         fi
     done
     python3 -m pip --version >/dev/null 2>&1 || { echo "gpu-kit dry run: python3 -m pip is missing" >&2; ok=0; }
-    for f in scripts/gpu_kit/run.sh scripts/bench_torch.py scripts/export_models.py scripts/parity_bundle.py \
-        scripts/parity_trace.py scripts/upstream.py scripts/requirements-nodeps.txt scripts/reference scripts/export weights; do
+    for f in scripts/gpu_kit/run.sh "${KIT_SCRIPTS[@]}" scripts/requirements-nodeps.txt weights; do
         [[ -e "$f" ]] || { echo "gpu-kit dry run: $f is missing" >&2; ok=0; }
     done
+    local needed carried
+    if needed=$(python3 scripts/check_imports.py --needs bench_torch); then
+        for f in $needed; do
+            for carried in "${KIT_SCRIPTS[@]}"; do
+                [[ "scripts/$f" == "$carried" || "scripts/$f" == "$carried"/* ]] && continue 2
+            done
+            echo "gpu-kit dry run: bench_torch.py imports scripts/$f, which KIT_SCRIPTS leaves out" >&2
+            ok=0
+        done
+    else
+        ok=0
+    fi
     bash -n scripts/gpu_kit/run.sh || ok=0
     if [[ -f "$cuda_toolkit/.installed" && -f "$cuda_libs/.installed" ]]; then
         echo "gpu-kit dry run: the CUDA wheels are cached in $cuda_cache"
