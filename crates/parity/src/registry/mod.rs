@@ -6,7 +6,13 @@
 //! `diffusers_mid.rs`, ...): its id, the PyTorch class it matches, the forward's inputs and
 //! non-tensor arguments, how it is built and how it runs sit together in that impl. The family's
 //! `entries()` lists its blocks, one [`entry`] line each, in the order `unet-parity blocks`
-//! prints them. Adding a block to the registry is that impl and that line.
+//! prints them. Adding a block to the registry is that impl and that line (a new family: its
+//! file here, its `mod` line and its `entries()` in [`all`]).
+//!
+//! The rest of the crate holds a built block as a `Box<dyn Runnable>` and reads an entry as a
+//! [`BlockInfo`]; every `Registered` block is [`Runnable`], and [`entry`] makes its `BlockInfo`.
+//! A block that is a `Module` on one tensor runs with `run_module` (its `INPUTS` name the
+//! tensor: first the PyTorch forward's name, then any other class's name for it).
 //!
 //! ```text
 //! impl Registered for UNetMidBlock2D {
