@@ -5,7 +5,7 @@
 use crate::error::{ParityError, Result};
 use crate::st_file::{Source, StFile};
 use candle_core::{DType, Device, Tensor};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 pub const FORMAT: &str = "1";
@@ -249,6 +249,89 @@ fn json_field<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// `parity.block`, after checking that `parity.format` is the one this tool reads.
+fn block_of(path: &Path, metadata: &BTreeMap<String, String>) -> Result<String> {
+    let require = |key: &str| {
+        metadata
+            .get(key)
+            .cloned()
+            .ok_or_else(|| ParityError::bundle(path, format!("metadata `{key}` is missing")))
+    };
+    let format = require("parity.format")?;
+    if format != FORMAT {
+        return Err(ParityError::bundle(
+            path,
+            format!("`parity.format` is {format:?}; this tool reads format {FORMAT:?}"),
+        ));
+    }
+    require("parity.block")
+}
+
+/// `parity.config`: a JSON object (`{}` when absent).
+fn config_of(path: &Path, metadata: &BTreeMap<String, String>) -> Result<serde_json::Value> {
+    let config: serde_json::Value =
+        json_field(path, metadata, "parity.config", "a JSON object")?.unwrap_or_else(|| serde_json::json!({}));
+    if !config.is_object() {
+        return Err(ParityError::bundle(
+            path,
+            format!("metadata `parity.config` must be a JSON object, found {config}"),
+        ));
+    }
+    Ok(config)
+}
+
+/// `parity.atol` and `parity.rtol`, each a finite number ≥ 0 when present.
+fn tolerances(path: &Path, metadata: &BTreeMap<String, String>) -> Result<(Option<f64>, Option<f64>)> {
+    let float = |key: &str| -> Result<Option<f64>> {
+        metadata
+            .get(key)
+            .map(|s| {
+                s.trim()
+                    .parse::<f64>()
+                    .map_err(|_| ParityError::bundle(path, format!("metadata `{key}` must be a number, found {s:?}")))
+            })
+            .transpose()
+    };
+    let (atol, rtol) = (float("parity.atol")?, float("parity.rtol")?);
+    for (key, tol) in [("parity.atol", atol), ("parity.rtol", rtol)] {
+        if let Some(t) = tol.filter(|t| crate::compare::check_tolerance(*t).is_err()) {
+            return Err(ParityError::bundle(
+                path,
+                format!("metadata `{key}` must be a finite number ≥ 0, found {t}"),
+            ));
+        }
+    }
+    Ok((atol, rtol))
+}
+
+/// A bundle has inputs and outputs, and a tensor for each one it names.
+fn check_listed(path: &Path, listed: &BTreeSet<&str>, inputs: &[String], outputs: &[String]) -> Result<()> {
+    if inputs.is_empty() {
+        return Err(ParityError::bundle(
+            path,
+            "no inputs (`parity.input.*` tensors / `parity.inputs`)",
+        ));
+    }
+    if outputs.is_empty() {
+        return Err(ParityError::bundle(
+            path,
+            "no outputs (`parity.output.*` tensors / `parity.outputs`)",
+        ));
+    }
+    for (names, prefix, key) in [
+        (inputs, INPUT_PREFIX, "parity.inputs"),
+        (outputs, OUTPUT_PREFIX, "parity.outputs"),
+    ] {
+        if let Some(name) = names.iter().find(|n| !listed.contains(format!("{prefix}{n}").as_str())) {
+            return Err(ParityError::bundle(
+                path,
+                format!("`{key}` names `{name}` but tensor `{prefix}{name}` is missing"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Bundle {
     /// Read and validate a bundle (mapped: only the tensors' bytes are read).
     pub fn read(path: &Path) -> Result<Self> {
@@ -268,82 +351,17 @@ impl Bundle {
 
     /// Validate a parsed file as a bundle.
     pub fn from_raw(path: &Path, (metadata, infos, tensors): RawFile) -> Result<Self> {
-        let require = |key: &str| {
-            metadata
-                .get(key)
-                .cloned()
-                .ok_or_else(|| ParityError::bundle(path, format!("metadata `{key}` is missing")))
-        };
-        let format = require("parity.format")?;
-        if format != FORMAT {
-            return Err(ParityError::bundle(
-                path,
-                format!("`parity.format` is {format:?}; this tool reads format {FORMAT:?}"),
-            ));
-        }
-        let block = require("parity.block")?;
-        let config: serde_json::Value =
-            json_field(path, &metadata, "parity.config", "a JSON object")?.unwrap_or_else(|| serde_json::json!({}));
-        if !config.is_object() {
-            return Err(ParityError::bundle(
-                path,
-                format!("metadata `parity.config` must be a JSON object, found {config}"),
-            ));
-        }
-        let listed: std::collections::BTreeSet<&str> = infos.iter().map(|i| i.name.as_str()).collect();
+        let block = block_of(path, &metadata)?;
+        let config = config_of(path, &metadata)?;
+        let listed: BTreeSet<&str> = infos.iter().map(|i| i.name.as_str()).collect();
         let inputs: Vec<String> = json_field(path, &metadata, "parity.inputs", "a JSON array of strings")?
             .unwrap_or_else(|| names_with_prefix(&listed, INPUT_PREFIX, false));
         let outputs: Vec<String> = json_field(path, &metadata, "parity.outputs", "a JSON array of strings")?
             .unwrap_or_else(|| names_with_prefix(&listed, OUTPUT_PREFIX, true));
         let kwargs: serde_json::Map<String, serde_json::Value> =
             json_field(path, &metadata, "parity.kwargs", "a JSON object")?.unwrap_or_default();
-        let float = |key: &str| -> Result<Option<f64>> {
-            metadata
-                .get(key)
-                .map(|s| {
-                    s.trim().parse::<f64>().map_err(|_| {
-                        ParityError::bundle(path, format!("metadata `{key}` must be a number, found {s:?}"))
-                    })
-                })
-                .transpose()
-        };
-        let (atol, rtol) = (float("parity.atol")?, float("parity.rtol")?);
-        for (key, tol) in [("parity.atol", atol), ("parity.rtol", rtol)] {
-            if let Some(t) = tol.filter(|t| crate::compare::check_tolerance(*t).is_err()) {
-                return Err(ParityError::bundle(
-                    path,
-                    format!("metadata `{key}` must be a finite number ≥ 0, found {t}"),
-                ));
-            }
-        }
-        if inputs.is_empty() {
-            return Err(ParityError::bundle(
-                path,
-                "no inputs (`parity.input.*` tensors / `parity.inputs`)",
-            ));
-        }
-        if outputs.is_empty() {
-            return Err(ParityError::bundle(
-                path,
-                "no outputs (`parity.output.*` tensors / `parity.outputs`)",
-            ));
-        }
-        for name in &inputs {
-            if !listed.contains(format!("{INPUT_PREFIX}{name}").as_str()) {
-                return Err(ParityError::bundle(
-                    path,
-                    format!("`parity.inputs` names `{name}` but tensor `{INPUT_PREFIX}{name}` is missing"),
-                ));
-            }
-        }
-        for name in &outputs {
-            if !listed.contains(format!("{OUTPUT_PREFIX}{name}").as_str()) {
-                return Err(ParityError::bundle(
-                    path,
-                    format!("`parity.outputs` names `{name}` but tensor `{OUTPUT_PREFIX}{name}` is missing"),
-                ));
-            }
-        }
+        let (atol, rtol) = tolerances(path, &metadata)?;
+        check_listed(path, &listed, &inputs, &outputs)?;
         let dtype = metadata.get("parity.dtype").cloned();
         Ok(Self {
             path: path.to_path_buf(),
@@ -483,7 +501,7 @@ fn non_finite(t: &Tensor) -> candle_core::Result<[usize; 3]> {
     Ok(counts)
 }
 
-fn names_with_prefix(names: &std::collections::BTreeSet<&str>, prefix: &str, skip_f64: bool) -> Vec<String> {
+fn names_with_prefix(names: &BTreeSet<&str>, prefix: &str, skip_f64: bool) -> Vec<String> {
     names
         .iter()
         .filter_map(|k| k.strip_prefix(prefix))

@@ -38,47 +38,14 @@ pub(super) fn detect(
     hub: &HubArgs,
     out: &mut dyn Write,
 ) -> Result<(), ParityError> {
-    // The model's config.json: the repo's, or one beside a checkpoint in a diffusers folder.
-    let (file, config) = match (file, hub.repo()) {
-        // A diffusers model folder: its weight file, and its config.json when it has one.
-        (Some(f), None) if f.is_dir() => {
-            let weights = crate::model::weight_file(&f).ok_or_else(|| ParityError::Checkpoint {
-                path: f.clone(),
-                message: format!(
-                    "a folder: detect looks in a diffusers model folder for {}, and this one has none",
-                    crate::model::WEIGHT_FILES.join(", ")
-                ),
-            })?;
-            (weights, Some(f.join("config.json")).filter(|c| c.is_file()))
-        }
-        (Some(f), None) => {
-            let beside = f.parent().map(|d| d.join("config.json")).filter(|c| c.is_file());
-            (f, beside)
-        }
-        (None, Some(repo)) => {
-            let (config, file) = repo.model_files()?;
-            (file, Some(config))
-        }
-        _ => {
-            return Err(ParityError::Usage(
-                "detect takes a checkpoint FILE or --repo, one of them".into(),
-            ))
-        }
-    };
+    let (file, config) = checkpoint_and_config(file, hub)?;
     refuse_bundle(&file)?;
     let ck = Checkpoint::open(&file)?;
     let mut found = crate::detect::detect(&ck, prefix);
-    let mut config_note = None;
-    if let Some(config) = &config {
-        let text = crate::files::read_text(config)?;
-        let json: Option<serde_json::Value> = serde_json::from_str(&text).ok();
-        // A config.json that is not a diffusers model's is left out, with a note.
-        config_note = Some(match json.map(|j| crate::detect::apply_config(&mut found, &j)) {
-            Some(Ok(())) => format!("config: {}", config.display()),
-            Some(Err(e)) => format!("config: {} not used ({e})", config.display()),
-            None => format!("config: {} not used (not JSON)", config.display()),
-        });
-    }
+    let config_note = match &config {
+        Some(config) => Some(apply_config(config, &mut found)?),
+        None => None,
+    };
     if json {
         let doc = serde_json::json!({ "file": file.display().to_string(), "format": ck.format.to_string(), "tensors": ck.len(), "sections": ck.sections, "config": config_note, "mid_blocks": found });
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
@@ -104,28 +71,74 @@ pub(super) fn detect(
         let _ = writeln!(out, "no mid block found");
     }
     for f in &found {
-        let at = if f.prefix.is_empty() && f.block == Some(unet_attention::diffusers::ControlNetMidBlock::BLOCK) {
-            "the top level (ControlNetModel: mid_block.* and controlnet_mid_block.*; no --prefix needed)".to_string()
-        } else if f.prefix.is_empty() {
-            "the top level (a bare mid-block state dict; no --prefix needed)".to_string()
-        } else {
-            format!("prefix `{}`", line(&f.prefix))
-        };
-        let _ = writeln!(out, "{at}: {}", f.block.unwrap_or("(not implemented)"));
-        let _ = writeln!(out, "  variant: {}", f.variant);
-        let _ = writeln!(out, "  from the keys: {}", serde_json::Value::Object(f.config.clone()));
-        match &f.from_config {
-            Some(kwargs) => {
-                let _ = writeln!(out, "  from config.json (what `check --config` builds): {kwargs}");
-            }
-            None => {
-                for u in &f.unknown {
-                    let _ = writeln!(out, "  not in the keys: {}", line(u));
-                }
+        print_found(f, out);
+    }
+    Ok(())
+}
+
+/// The checkpoint `detect` reads and the model's config.json: the repo's, or one beside a
+/// checkpoint in a diffusers folder.
+fn checkpoint_and_config(file: Option<PathBuf>, hub: &HubArgs) -> Result<(PathBuf, Option<PathBuf>), ParityError> {
+    match (file, hub.repo()) {
+        // A diffusers model folder: its weight file, and its config.json when it has one.
+        (Some(f), None) if f.is_dir() => {
+            let weights = crate::model::weight_file(&f).ok_or_else(|| ParityError::Checkpoint {
+                path: f.clone(),
+                message: format!(
+                    "a folder: detect looks in a diffusers model folder for {}, and this one has none",
+                    crate::model::WEIGHT_FILES.join(", ")
+                ),
+            })?;
+            Ok((weights, Some(f.join("config.json")).filter(|c| c.is_file())))
+        }
+        (Some(f), None) => {
+            let beside = f.parent().map(|d| d.join("config.json")).filter(|c| c.is_file());
+            Ok((f, beside))
+        }
+        (None, Some(repo)) => {
+            let (config, file) = repo.model_files()?;
+            Ok((file, Some(config)))
+        }
+        _ => Err(ParityError::Usage(
+            "detect takes a checkpoint FILE or --repo, one of them".into(),
+        )),
+    }
+}
+
+/// Fill in the found blocks' kwargs from the model's config.json; the note saying so. A
+/// config.json that is not a diffusers model's is left out, with a note.
+fn apply_config(config: &std::path::Path, found: &mut [crate::detect::Found]) -> Result<String, ParityError> {
+    let text = crate::files::read_text(config)?;
+    let json: Option<serde_json::Value> = serde_json::from_str(&text).ok();
+    Ok(match json.map(|j| crate::detect::apply_config(found, &j)) {
+        Some(Ok(())) => format!("config: {}", config.display()),
+        Some(Err(e)) => format!("config: {} not used ({e})", config.display()),
+        None => format!("config: {} not used (not JSON)", config.display()),
+    })
+}
+
+/// One found block: where, which, its variant, and its config from the keys or config.json.
+fn print_found(f: &crate::detect::Found, out: &mut dyn Write) {
+    let at = if f.prefix.is_empty() && f.block == Some(unet_attention::diffusers::ControlNetMidBlock::BLOCK) {
+        "the top level (ControlNetModel: mid_block.* and controlnet_mid_block.*; no --prefix needed)".to_string()
+    } else if f.prefix.is_empty() {
+        "the top level (a bare mid-block state dict; no --prefix needed)".to_string()
+    } else {
+        format!("prefix `{}`", line(&f.prefix))
+    };
+    let _ = writeln!(out, "{at}: {}", f.block.unwrap_or("(not implemented)"));
+    let _ = writeln!(out, "  variant: {}", f.variant);
+    let _ = writeln!(out, "  from the keys: {}", serde_json::Value::Object(f.config.clone()));
+    match &f.from_config {
+        Some(kwargs) => {
+            let _ = writeln!(out, "  from config.json (what `check --config` builds): {kwargs}");
+        }
+        None => {
+            for u in &f.unknown {
+                let _ = writeln!(out, "  not in the keys: {}", line(u));
             }
         }
     }
-    Ok(())
 }
 
 /// A name or note from a file, on one line with nothing a terminal would act on

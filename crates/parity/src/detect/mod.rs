@@ -162,6 +162,8 @@ pub fn detect(ck: &Checkpoint, only: Option<&str>) -> Vec<Found> {
     found
 }
 
+/// A diffusers mid block at `p` (`resnets.0.conv1` present): the video and motion blocks, the
+/// cross-attention ones (simple, dual, transformer) or a plain `UNetMidBlock2D`.
 fn diffusers(ck: &Checkpoint, p: &str) -> Found {
     let c = dim(ck, &format!("{p}resnets.0.conv1.weight"), 1).unwrap_or(0);
     if video::is_motion(ck, p) {
@@ -186,12 +188,11 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
     config.insert("in_channels".into(), json!(c));
     config.insert("temb_channels".into(), json!(temb));
     config.insert("resnet_time_scale_shift".into(), json!(shift));
-    let mut unknown = vec![
+    let unknown = vec![
         "resnet_groups (norm groups: 32 in SD / most configs)".to_string(),
         "resnet_eps (the U-Nets' norm_eps, 1e-5 in SD and UNet2DModel; the VAE's 1e-6 ... pass the model's config.json)"
             .to_string(),
     ];
-    let t0 = format!("{p}attentions.0.transformer_blocks.0.");
     if has(ck, &format!("{p}attentions.0.add_k_proj.weight")) {
         config.insert("num_layers".into(), json!(layers));
         return diffusers_simple_cross(ck, p, config, unknown);
@@ -203,78 +204,93 @@ fn diffusers(ck: &Checkpoint, p: &str) -> Found {
         config.insert("num_layers".into(), json!(layers));
         return diffusers_dual_cross(ck, p, config, unknown);
     }
-    if has(ck, &format!("{t0}attn1.to_q.weight")) {
-        let inner = dim(ck, &format!("{t0}attn1.to_q.weight"), 0).unwrap_or(0);
+    if has(ck, &format!("{p}attentions.0.transformer_blocks.0.attn1.to_q.weight")) {
         config.insert("num_layers".into(), json!(layers));
-        config.insert(
-            "transformer_layers_per_block".into(),
-            json!(count(ck, &format!("{p}attentions.0.transformer_blocks."))),
-        );
-        config.insert(
-            "cross_attention_dim".into(),
-            json!(dim(ck, &format!("{t0}attn2.to_k.weight"), 1)),
-        );
-        let linear = ck
-            .shape(&format!("{p}attentions.0.proj_in.weight"))
-            .is_some_and(|s| s.len() == 2);
-        config.insert("use_linear_projection".into(), json!(linear));
+        diffusers_cross(ck, p, config, unknown)
+    } else {
+        diffusers_2d(ck, p, shift == "spatial", config, unknown)
+    }
+}
+
+/// `UNetMidBlock2DCrossAttn` (`UNet2DConditionModel`): `Transformer2DModel` attentions.
+fn diffusers_cross(ck: &Checkpoint, p: &str, mut config: Map<String, Value>, mut unknown: Vec<String>) -> Found {
+    let t0 = format!("{p}attentions.0.transformer_blocks.0.");
+    let inner = dim(ck, &format!("{t0}attn1.to_q.weight"), 0).unwrap_or(0);
+    config.insert(
+        "transformer_layers_per_block".into(),
+        json!(count(ck, &format!("{p}attentions.0.transformer_blocks."))),
+    );
+    config.insert(
+        "cross_attention_dim".into(),
+        json!(dim(ck, &format!("{t0}attn2.to_k.weight"), 1)),
+    );
+    let linear = ck
+        .shape(&format!("{p}attentions.0.proj_in.weight"))
+        .is_some_and(|s| s.len() == 2);
+    config.insert("use_linear_projection".into(), json!(linear));
+    unknown.insert(
+        0,
+        format!(
+            "num_attention_heads (the config's `num_attention_heads`, or `attention_head_dim` in SD configs; \
+             SD 1.x: 8 heads{})",
+            if inner.is_multiple_of(64) {
+                format!(", SD 2.x / XL: {} heads of 64", inner / 64)
+            } else {
+                String::new()
+            }
+        ),
+    );
+    Found {
+        prefix: p.to_string(),
+        block: Some(unet_attention::diffusers::UNetMidBlock2DCrossAttn::BLOCK),
+        variant: format!(
+            "diffusers UNetMidBlock2DCrossAttn (UNet2DConditionModel; {} projections)",
+            if linear {
+                "linear (SD 2.x / XL)"
+            } else {
+                "conv (SD 1.x)"
+            }
+        ),
+        config,
+        unknown,
+        from_config: None,
+    }
+}
+
+/// `UNetMidBlock2D` (`UNet2DModel`, `AutoencoderKL`, `VQModel`): plain attentions or none;
+/// `spatial`: MoVQ's spatial norms.
+fn diffusers_2d(
+    ck: &Checkpoint,
+    p: &str,
+    spatial: bool,
+    mut config: Map<String, Value>,
+    mut unknown: Vec<String>,
+) -> Found {
+    let c = dim(ck, &format!("{p}resnets.0.conv1.weight"), 1).unwrap_or(0);
+    let layers = count(ck, &format!("{p}attentions."));
+    let legacy = has(ck, &format!("{p}attentions.0.query.weight"));
+    config.insert("num_layers".into(), json!(layers.max(1)));
+    config.insert("add_attention".into(), json!(layers > 0));
+    if layers > 0 {
         unknown.insert(
             0,
-            format!(
-                "num_attention_heads (the config's `num_attention_heads`, or `attention_head_dim` in SD configs; \
-                 SD 1.x: 8 heads{})",
-                if inner.is_multiple_of(64) {
-                    format!(", SD 2.x / XL: {} heads of 64", inner / 64)
-                } else {
-                    String::new()
-                }
-            ),
+            format!("attention_head_dim (not in the keys; VAE: {c} = one head, UNet2DModel config default 8)"),
         );
-        Found {
-            prefix: p.to_string(),
-            block: Some(unet_attention::diffusers::UNetMidBlock2DCrossAttn::BLOCK),
-            variant: format!(
-                "diffusers UNetMidBlock2DCrossAttn (UNet2DConditionModel; {} projections)",
-                if linear {
-                    "linear (SD 2.x / XL)"
-                } else {
-                    "conv (SD 1.x)"
-                }
-            ),
-            config,
-            unknown,
-            from_config: None,
-        }
-    } else {
-        let a0 = format!("{p}attentions.0.");
-        let legacy = has(ck, &format!("{a0}query.weight"));
-        let spatial = shift == "spatial";
-        config.insert("num_layers".into(), json!(layers.max(1)));
-        config.insert("add_attention".into(), json!(layers > 0));
-        if layers > 0 {
-            unknown.insert(
-                0,
-                format!("attention_head_dim (not in the keys; VAE: {c} = one head, UNet2DModel config default 8)"),
-            );
-        }
-        let mut variant = "diffusers UNetMidBlock2D (UNet2DModel / AutoencoderKL / VQModel)".to_string();
-        if legacy {
-            variant.push_str("; legacy attention keys query/key/value/proj_attn (diffusers <= 0.16 files)");
-        }
-        Found {
-            prefix: p.to_string(),
-            block: Some(unet_attention::diffusers::UNetMidBlock2D::BLOCK),
-            variant: if spatial {
-                format!(
-                    "{variant}; spatial norms on the quantized latent (VQModel norm_type=\"spatial\", MoVQ decoder)"
-                )
-            } else {
-                variant
-            },
-            config,
-            unknown,
-            from_config: None,
-        }
+    }
+    let mut variant = "diffusers UNetMidBlock2D (UNet2DModel / AutoencoderKL / VQModel)".to_string();
+    if legacy {
+        variant.push_str("; legacy attention keys query/key/value/proj_attn (diffusers <= 0.16 files)");
+    }
+    if spatial {
+        variant.push_str("; spatial norms on the quantized latent (VQModel norm_type=\"spatial\", MoVQ decoder)");
+    }
+    Found {
+        prefix: p.to_string(),
+        block: Some(unet_attention::diffusers::UNetMidBlock2D::BLOCK),
+        variant,
+        config,
+        unknown,
+        from_config: None,
     }
 }
 

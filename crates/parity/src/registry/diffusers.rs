@@ -1,11 +1,28 @@
-use super::{BlockInfo, Inputs, Runnable};
+use super::{entry, BlockInfo, Inputs, Registered};
 use candle_core::Tensor;
-use unet_attention::diffusers::{Attention, AttentionConfig};
+use candle_nn::VarBuilder;
+use serde_json::Value;
+use unet_attention::config::from_json;
+use unet_attention::diffusers::Attention;
 use unet_attention::Result;
+
+pub(super) fn entries() -> Vec<BlockInfo> {
+    vec![entry::<Attention>()]
+}
 
 /// `Attention.forward(hidden_states, encoder_hidden_states, attention_mask, temb=...)`: `temb`
 /// travels through `cross_attention_kwargs` to the processor (the `spatial_norm` zq map).
-impl Runnable for Attention {
+impl Registered for Attention {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str =
+        "diffusers.models.attention_processor.Attention with AttnProcessor2_0 / AttnProcessor / \
+                  AttnAddedKVProcessor2_0 / AttnAddedKVProcessor (diffusers 0.42.1)";
+    const INPUTS: &'static [&'static str] = &["hidden_states", "encoder_hidden_states", "attention_mask", "temb"];
+
+    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+        Self::new(vb, &from_json(Self::ID, config)?)
+    }
+
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         let hidden_states = inputs.required("hidden_states")?;
         let out = self.forward_with_temb(
@@ -16,18 +33,4 @@ impl Runnable for Attention {
         )?;
         Ok(vec![out])
     }
-}
-
-pub(super) fn entries() -> Vec<BlockInfo> {
-    vec![BlockInfo {
-        id: Attention::BLOCK,
-        pytorch: "diffusers.models.attention_processor.Attention with AttnProcessor2_0 / AttnProcessor / \
-                  AttnAddedKVProcessor2_0 / AttnAddedKVProcessor (diffusers 0.42.1)",
-        inputs: &["hidden_states", "encoder_hidden_states", "attention_mask", "temb"],
-        kwargs: &[],
-        build: |vb, cfg| {
-            let cfg: AttentionConfig = unet_attention::config::from_json(Attention::BLOCK, cfg)?;
-            Ok(Box::new(Attention::new(vb, &cfg)?))
-        },
-    }]
 }

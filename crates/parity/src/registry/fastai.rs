@@ -1,23 +1,42 @@
-use super::{single, BlockInfo};
+use super::{entry, run_module, BlockInfo, Inputs, Registered};
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use serde_json::Value;
+use unet_attention::config::from_json;
 use unet_attention::fastai::{SelfAttention, SelfAttentionMultiHead};
+use unet_attention::Result;
 
 pub(super) fn entries() -> Vec<BlockInfo> {
-    vec![
-        BlockInfo {
-            id: SelfAttention::BLOCK,
-            pytorch: "fast.ai course22p2 nbs/27_attention.ipynb SelfAttention (GroupNorm or BatchNorm2d + fused qkv) @ df93232",
-            // The GroupNorm class names its input `x`, the BatchNorm2d/fused-qkv class `inp`:
-            // one tensor input under either name.
-            inputs: &["x", "inp"],
-            kwargs: &[],
-            build: |vb, cfg| single(SelfAttention::BLOCK, vb, cfg, &["x", "inp"], &[4], SelfAttention::new),
-        },
-        BlockInfo {
-            id: SelfAttentionMultiHead::BLOCK,
-            pytorch: "fast.ai course22p2 nbs/27_attention.ipynb SelfAttentionMultiHead @ df93232",
-            inputs: &["inp"],
-            kwargs: &[],
-            build: |vb, cfg| single(SelfAttentionMultiHead::BLOCK, vb, cfg, &["inp"], &[4], SelfAttentionMultiHead::new),
-        },
-    ]
+    vec![entry::<SelfAttention>(), entry::<SelfAttentionMultiHead>()]
+}
+
+impl Registered for SelfAttention {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str =
+        "fast.ai course22p2 nbs/27_attention.ipynb SelfAttention (GroupNorm or BatchNorm2d + fused qkv) @ df93232";
+    // The GroupNorm class names its input `x`, the BatchNorm2d/fused-qkv class `inp`: one tensor
+    // input under either name.
+    const INPUTS: &'static [&'static str] = &["x", "inp"];
+
+    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+        Self::new(vb, &from_json(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        run_module(self, inputs, &[4])
+    }
+}
+
+impl Registered for SelfAttentionMultiHead {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "fast.ai course22p2 nbs/27_attention.ipynb SelfAttentionMultiHead @ df93232";
+    const INPUTS: &'static [&'static str] = &["inp"];
+
+    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+        Self::new(vb, &from_json(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        run_module(self, inputs, &[4])
+    }
 }

@@ -1,10 +1,45 @@
-use super::{single, BlockInfo, Inputs, Runnable};
+use super::{entry, run_module, BlockInfo, Inputs, Registered};
 use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use serde_json::Value;
+use unet_attention::config::from_json;
 use unet_attention::ldm::transformer::{BasicTransformerBlock, CrossAttention, SpatialTransformer};
 use unet_attention::ldm::LinearAttention;
 use unet_attention::Result;
 
-impl Runnable for CrossAttention {
+pub(super) fn entries() -> Vec<BlockInfo> {
+    vec![
+        entry::<LinearAttention>(),
+        entry::<CrossAttention>(),
+        entry::<BasicTransformerBlock>(),
+        entry::<SpatialTransformer>(),
+    ]
+}
+
+impl Registered for LinearAttention {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str =
+        "ldm.modules.attention.LinearAttention (CompVis latent-diffusion a506df5 = stable-diffusion 1.x)";
+    const INPUTS: &'static [&'static str] = &["x"];
+
+    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+        Self::new(vb, &from_json(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        run_module(self, inputs, &[4])
+    }
+}
+
+impl Registered for CrossAttention {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "ldm.modules.attention.CrossAttention (CompVis latent-diffusion a506df5 / SD 1.x; Stability stablediffusion cf1d67a / SD 2.x)";
+    const INPUTS: &'static [&'static str] = &["x", "context", "mask"];
+
+    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+        Self::new(vb, &from_json(Self::ID, config)?)
+    }
+
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         Ok(vec![self.forward(
             inputs.required("x")?,
@@ -14,13 +49,32 @@ impl Runnable for CrossAttention {
     }
 }
 
-impl Runnable for BasicTransformerBlock {
+impl Registered for BasicTransformerBlock {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str =
+        "ldm.modules.attention.BasicTransformerBlock (SD 1.x a506df5; SD 2.x cf1d67a with disable_self_attn)";
+    const INPUTS: &'static [&'static str] = &["x", "context"];
+
+    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+        Self::new(vb, &from_json(Self::ID, config)?)
+    }
+
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         Ok(vec![self.forward(inputs.required("x")?, inputs.get("context"))?])
     }
 }
 
-impl Runnable for SpatialTransformer {
+/// `context` is one tensor, or a list `context.0`, `context.1`, ... with one per transformer
+/// block (SD 2.x's `context_dim` per depth).
+impl Registered for SpatialTransformer {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "ldm.modules.attention.SpatialTransformer (SD 1.x conv projections a506df5; SD 2.x cf1d67a use_linear, context_dim per depth, disable_self_attn)";
+    const INPUTS: &'static [&'static str] = &["x", "context", "context.*"];
+
+    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+        Self::new(vb, &from_json(Self::ID, config)?)
+    }
+
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         let x = inputs.required("x")?;
         let list = inputs.list("context");
@@ -30,37 +84,4 @@ impl Runnable for SpatialTransformer {
             Ok(vec![self.forward_per_block(x, &list)?])
         }
     }
-}
-
-pub(super) fn entries() -> Vec<BlockInfo> {
-    vec![
-        BlockInfo {
-            id: LinearAttention::BLOCK,
-            pytorch: "ldm.modules.attention.LinearAttention (CompVis latent-diffusion a506df5 = stable-diffusion 1.x)",
-            inputs: &["x"],
-            kwargs: &[],
-            build: |vb, cfg| single(LinearAttention::BLOCK, vb, cfg, &["x"], &[4], LinearAttention::new),
-        },
-        BlockInfo {
-            id: CrossAttention::BLOCK,
-            pytorch: "ldm.modules.attention.CrossAttention (CompVis latent-diffusion a506df5 / SD 1.x; Stability stablediffusion cf1d67a / SD 2.x)",
-            inputs: &["x", "context", "mask"],
-            kwargs: &[],
-            build: from_config!(CrossAttention),
-        },
-        BlockInfo {
-            id: BasicTransformerBlock::BLOCK,
-            pytorch: "ldm.modules.attention.BasicTransformerBlock (SD 1.x a506df5; SD 2.x cf1d67a with disable_self_attn)",
-            inputs: &["x", "context"],
-            kwargs: &[],
-            build: from_config!(BasicTransformerBlock),
-        },
-        BlockInfo {
-            id: SpatialTransformer::BLOCK,
-            pytorch: "ldm.modules.attention.SpatialTransformer (SD 1.x conv projections a506df5; SD 2.x cf1d67a use_linear, context_dim per depth, disable_self_attn)",
-            inputs: &["x", "context", "context.*"],
-            kwargs: &[],
-            build: from_config!(SpatialTransformer),
-        },
-    ]
 }

@@ -1,17 +1,34 @@
 //! The registry: every block id the parity tool knows, how to build it from a bundle's config
 //! and weights, and how to feed it the bundle's inputs. The rest of the crate knows blocks only
 //! through [`all`] and [`find`].
-
-/// The [`BuildFn`] of a block whose constructor is `new(vb, &config)` with the config read from
-/// `parity.config` by [`unet_attention::config::from_json`] (unknown keys refused).
-macro_rules! from_config {
-    ($block:ident) => {
-        |vb, cfg| {
-            let cfg = unet_attention::config::from_json($block::BLOCK, cfg)?;
-            Ok(Box::new($block::new(vb, &cfg)?))
-        }
-    };
-}
+//!
+//! Each block is declared once, by one `impl` [`Registered`] in its family's file (`ddpm.rs`,
+//! `diffusers_mid.rs`, ...): its id, the PyTorch class it matches, the forward's inputs and
+//! non-tensor arguments, how it is built and how it runs sit together in that impl. The family's
+//! `entries()` lists its blocks, one [`entry`] line each, in the order `unet-parity blocks`
+//! prints them. Adding a block to the registry is that impl and that line (a new family: its
+//! file here, its `mod` line and its `entries()` in [`all`]).
+//!
+//! The rest of the crate holds a built block as a `Box<dyn Runnable>` and reads an entry as a
+//! [`BlockInfo`]; every `Registered` block is [`Runnable`], and [`entry`] makes its `BlockInfo`.
+//! A block that is a `Module` on one tensor runs with `run_module` (its `INPUTS` name the
+//! tensor: first the PyTorch forward's name, then any other class's name for it).
+//!
+//! ```text
+//! impl Registered for UNetMidBlock2D {
+//!     const ID: &'static str = Self::BLOCK;
+//!     const PYTORCH: &'static str = "diffusers...UNetMidBlock2D (diffusers 0.22 – 0.42.1)";
+//!     const INPUTS: &'static [&'static str] = &["hidden_states", "temb"];
+//!
+//!     fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+//!         Self::new(vb, &from_json(Self::ID, config)?)
+//!     }
+//!
+//!     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+//!         Ok(vec![self.forward(inputs.required("hidden_states")?, inputs.get("temb"))?])
+//!     }
+//! }
+//! ```
 
 mod annotated_diffusion;
 mod ddpm;
@@ -30,10 +47,37 @@ use candle_nn::VarBuilder;
 use std::collections::BTreeMap;
 use unet_attention::{Error, Result};
 
+/// One block the parity tool can check, declared once: what a bundle of it holds, how to build
+/// it and how to run it.
+pub trait Registered: Sized + 'static {
+    /// The block id written in bundles (`parity.block`): the block's own `BLOCK`.
+    const ID: &'static str;
+    /// The PyTorch class and version the block matches.
+    const PYTORCH: &'static str;
+    /// The forward's tensor inputs, by their PyTorch names, in forward order; `name.*` stands for
+    /// a Python list input stored element by element (see [`BlockInfo::accepts_input`]).
+    const INPUTS: &'static [&'static str];
+    /// The forward's non-tensor arguments the block honours (`parity.kwargs`); none by default.
+    const KWARGS: &'static [&'static str] = &[];
+
+    /// Build the block from its weights and the JSON object of constructor kwargs
+    /// (`parity.config`).
+    fn build(vb: VarBuilder, config: &serde_json::Value) -> Result<Self>;
+
+    /// Run the forward; outputs in the order the PyTorch forward returns them.
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>>;
+}
+
 /// A built block, ready to run on a bundle's inputs.
 pub trait Runnable {
     /// Run the forward; outputs in the order the PyTorch forward returns them.
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>>;
+}
+
+impl<T: Registered> Runnable for T {
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Registered::run(self, inputs)
+    }
 }
 
 /// Builds a block from its weights and the JSON object of constructor kwargs.
@@ -49,7 +93,23 @@ pub struct BlockInfo {
     pub inputs: &'static [&'static str],
     /// The forward's non-tensor arguments the block honours (`parity.kwargs`).
     pub kwargs: &'static [&'static str],
+    /// Builds the block: its [`Registered::build`], boxed.
     pub build: BuildFn,
+}
+
+/// The registry entry of the block `T`.
+pub fn entry<T: Registered>() -> BlockInfo {
+    BlockInfo {
+        id: T::ID,
+        pytorch: T::PYTORCH,
+        inputs: T::INPUTS,
+        kwargs: T::KWARGS,
+        build: build_boxed::<T>,
+    }
+}
+
+fn build_boxed<T: Registered>(vb: VarBuilder, config: &serde_json::Value) -> Result<Box<dyn Runnable>> {
+    Ok(Box::new(T::build(vb, config)?))
 }
 
 impl BlockInfo {
@@ -186,39 +246,14 @@ impl Inputs {
     }
 }
 
-/// Adapter for blocks that are a `Module` on one input tensor.
-pub(crate) struct Single<M> {
-    pub module: M,
-    /// Accepted names of the single input (the PyTorch forward's parameter name).
-    pub names: &'static [&'static str],
-    pub ranks: &'static [usize],
-}
-
-impl<M: candle_core::Module> Runnable for Single<M> {
-    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
-        let x = inputs.one_of(self.names)?;
-        inputs.rank(self.names[0], x, self.ranks)?;
-        Ok(vec![self.module.forward(x)?])
-    }
-}
-
-/// Build a `Single` adapter from a config type and a constructor.
-pub(crate) fn single<C, M>(
-    block: &'static str,
-    vb: VarBuilder,
-    config: &serde_json::Value,
-    names: &'static [&'static str],
-    ranks: &'static [usize],
-    new: fn(VarBuilder, &C) -> Result<M>,
-) -> Result<Box<dyn Runnable>>
+/// The `run` of a block that is a `Module` on one input tensor: the first of its [`Registered::INPUTS`]
+/// present (the PyTorch forward's parameter name, or another class's name for it), of one of
+/// `ranks`.
+pub(crate) fn run_module<M>(block: &M, inputs: &Inputs, ranks: &[usize]) -> Result<Vec<Tensor>>
 where
-    C: serde::de::DeserializeOwned,
-    M: candle_core::Module + 'static,
+    M: Registered + candle_core::Module,
 {
-    let cfg: C = unet_attention::config::from_json(block, config)?;
-    Ok(Box::new(Single {
-        module: new(vb, &cfg)?,
-        names,
-        ranks,
-    }))
+    let x = inputs.one_of(M::INPUTS)?;
+    inputs.rank(M::INPUTS[0], x, ranks)?;
+    Ok(vec![block.forward(x)?])
 }

@@ -1,21 +1,39 @@
-use super::{single, BlockInfo};
+use super::{entry, run_module, BlockInfo, Inputs, Registered};
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use serde_json::Value;
+use unet_attention::config::from_json;
 use unet_attention::textbook::{MultiHeadAttention, SelfAttention};
+use unet_attention::Result;
 
 pub(super) fn entries() -> Vec<BlockInfo> {
-    vec![
-        BlockInfo {
-            id: SelfAttention::BLOCK,
-            pytorch: "Self_Attention(Dx, D, Dv) (sword4869 attention notes §2.1, the textbook \"Attention Is All You Need\" self-attention)",
-            inputs: &["x"],
-            kwargs: &[],
-            build: |vb, cfg| single(SelfAttention::BLOCK, vb, cfg, &["x"], &[2, 3], SelfAttention::new),
-        },
-        BlockInfo {
-            id: MultiHeadAttention::BLOCK,
-            pytorch: "MultiHead_Attention(input_dim, nh, dh) / MultiHead_Attention(input_dim, d_all, nh) (sword4869 attention notes §3.1 = datnnt1997/multi-head_self-attention)",
-            inputs: &["x"],
-            kwargs: &[],
-            build: |vb, cfg| single(MultiHeadAttention::BLOCK, vb, cfg, &["x"], &[3], MultiHeadAttention::new),
-        },
-    ]
+    vec![entry::<SelfAttention>(), entry::<MultiHeadAttention>()]
+}
+
+impl Registered for SelfAttention {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "Self_Attention(Dx, D, Dv) (sword4869 attention notes §2.1, the textbook \"Attention Is All You Need\" self-attention)";
+    const INPUTS: &'static [&'static str] = &["x"];
+
+    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+        Self::new(vb, &from_json(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        run_module(self, inputs, &[2, 3])
+    }
+}
+
+impl Registered for MultiHeadAttention {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "MultiHead_Attention(input_dim, nh, dh) / MultiHead_Attention(input_dim, d_all, nh) (sword4869 attention notes §3.1 = datnnt1997/multi-head_self-attention)";
+    const INPUTS: &'static [&'static str] = &["x"];
+
+    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+        Self::new(vb, &from_json(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        run_module(self, inputs, &[3])
+    }
 }

@@ -1,13 +1,28 @@
-use super::{BlockInfo, Inputs, Runnable};
+use super::{entry, BlockInfo, Inputs, Registered};
 use candle_core::Tensor;
-use unet_attention::torch::{MultiheadAttention, MultiheadAttentionArgs, MultiheadAttentionConfig};
+use candle_nn::VarBuilder;
+use serde_json::Value;
+use unet_attention::config::from_json;
+use unet_attention::torch::{MultiheadAttention, MultiheadAttentionArgs};
 use unet_attention::Result;
+
+pub(super) fn entries() -> Vec<BlockInfo> {
+    vec![entry::<MultiheadAttention>()]
+}
 
 /// `MultiheadAttention.forward(query, key, value, key_padding_mask, need_weights, attn_mask,
 /// average_attn_weights, is_causal)`; a missing `key` is the `query`, a missing `value` the `key`.
-struct Mha(MultiheadAttention);
+/// Outputs the attention output, then the weights when `need_weights`.
+impl Registered for MultiheadAttention {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "torch.nn.MultiheadAttention (torch 2.15.0)";
+    const INPUTS: &'static [&'static str] = &["query", "key", "value", "key_padding_mask", "attn_mask"];
+    const KWARGS: &'static [&'static str] = &["need_weights", "average_attn_weights", "is_causal"];
 
-impl Runnable for Mha {
+    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
+        Self::new(vb, &from_json(Self::ID, config)?)
+    }
+
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         let query = inputs.required("query")?;
         let args = MultiheadAttentionArgs {
@@ -19,20 +34,7 @@ impl Runnable for Mha {
             average_attn_weights: inputs.flag("average_attn_weights", true)?,
             is_causal: inputs.flag("is_causal", false)?,
         };
-        let (out, weights) = self.0.forward(query, args)?;
+        let (out, weights) = self.forward(query, args)?;
         Ok(std::iter::once(out).chain(weights).collect())
     }
-}
-
-pub(super) fn entries() -> Vec<BlockInfo> {
-    vec![BlockInfo {
-        id: MultiheadAttention::BLOCK,
-        pytorch: "torch.nn.MultiheadAttention (torch 2.15.0)",
-        inputs: &["query", "key", "value", "key_padding_mask", "attn_mask"],
-        kwargs: &["need_weights", "average_attn_weights", "is_causal"],
-        build: |vb, cfg| {
-            let cfg: MultiheadAttentionConfig = unet_attention::config::from_json(MultiheadAttention::BLOCK, cfg)?;
-            Ok(Box::new(Mha(MultiheadAttention::new(vb, &cfg)?)))
-        },
-    }]
 }

@@ -36,6 +36,9 @@
 use candle_core::{DType, Tensor};
 use serde::Serialize;
 
+mod tolerance;
+pub use tolerance::{check_reference, check_tolerance, default_tolerance, epsilon, twin_epsilons};
+
 /// How far (in elements of the flattened output, each side) rule (b) looks for PyTorch's own
 /// error.
 pub const NEIGHBOURHOOD: usize = 64;
@@ -43,103 +46,6 @@ pub const NEIGHBOURHOOD: usize = 64;
 /// How much larger than PyTorch's own error (in its neighbourhood) ours may be under rule (b),
 /// beyond the dtype's tolerance.
 pub const ERROR_FACTOR: f64 = 3.0;
-
-/// `torch.testing.assert_close` default `(rtol, atol)` for a dtype.
-pub fn default_tolerance(dtype: DType) -> (f64, f64) {
-    match dtype {
-        DType::F16 => (1e-3, 1e-5),
-        DType::BF16 => (1.6e-2, 1e-5),
-        DType::F64 => (1e-7, 1e-7),
-        _ => (1.3e-6, 1e-5),
-    }
-}
-
-/// A tolerance is a finite number ≥ 0.
-pub fn check_tolerance(t: f64) -> Result<(), String> {
-    if t.is_finite() && t >= 0.0 {
-        Ok(())
-    } else {
-        Err(format!("a tolerance must be a finite number ≥ 0, found {t}"))
-    }
-}
-
-/// The machine epsilon of a float dtype (the spacing of values at 1.0).
-pub fn epsilon(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => 2f64.powi(-10),
-        DType::BF16 => 2f64.powi(-7),
-        DType::F64 => f64::EPSILON,
-        _ => 2f64.powi(-23),
-    }
-}
-
-/// How many units of its dtype's epsilon, relative to the local magnitude (see
-/// [`check_reference`]), PyTorch's output may be from its float64 twin: 64 in f32 (the committed
-/// bundles reach 15.2, deep f32 blocks accumulating many roundings), 16 in f16 and bf16 (they
-/// reach 2.9: PyTorch computes inside in f32 and rounds each op's result), 16 in f64.
-pub fn twin_epsilons(dtype: DType) -> f64 {
-    match dtype {
-        DType::F32 => 64.0,
-        _ => 16.0,
-    }
-}
-
-/// Whether PyTorch's output `torch` (in `dtype`) and its float64 twin `reference` agree as two runs
-/// of the same computation can, element by element: every element where the float64 output is
-/// finite is finite in `torch` too, and
-/// `|torch_i − reference_i| ≤ twin_epsilons(dtype) · eps(dtype) · S_i`, with `S_i` the largest of `|reference_j|`
-/// over [`NEIGHBOURHOOD`] and the output's root mean square (so an element that cancels to near
-/// zero keeps the scale of its surroundings). PyTorch's own error on the committed bundles is at
-/// most a quarter of that in f32 and a fifth in f16/bf16. A float64 output that differs more would license rule (b) to pass
-/// what PyTorch's dtype cannot explain: the bundle is refused. `Err` says what is wrong and where.
-pub fn check_reference(torch: &Tensor, reference: &Tensor, dtype: DType) -> candle_core::Result<Result<(), String>> {
-    if torch.dims() != reference.dims() {
-        return Ok(Err(format!(
-            "the float64 output has shape {:?}, the output {:?}",
-            reference.dims(),
-            torch.dims()
-        )));
-    }
-    let (t, r) = (values(torch)?, values(reference)?);
-    let broken = t
-        .iter()
-        .zip(&r)
-        .filter(|(x, y)| !x.is_finite() && y.is_finite())
-        .count();
-    if broken > 0 {
-        return Ok(Err(format!(
-            "PyTorch's output is NaN or inf at {broken} elements where its float64 output is finite \
-             (an overflow in PyTorch's own run): these cannot be verified; export with smaller weights or inputs"
-        )));
-    }
-    let magnitudes: Vec<f64> = r.iter().map(|y| if y.is_finite() { y.abs() } else { 0.0 }).collect();
-    let finite = magnitudes.iter().filter(|m| **m > 0.0).count().max(1);
-    let rms = (magnitudes.iter().map(|m| m * m).sum::<f64>() / finite as f64).sqrt();
-    let scale = local_max(&magnitudes, NEIGHBOURHOOD);
-    let (eps, epsilons) = (epsilon(dtype), twin_epsilons(dtype));
-    let mut worst: Option<(usize, f64, f64)> = None;
-    for (i, (x, y)) in t.iter().zip(&r).enumerate() {
-        if !(x.is_finite() && y.is_finite()) {
-            continue;
-        }
-        let bound = epsilons * eps * scale[i].max(rms);
-        let excess = (x - y).abs() / bound;
-        if excess > 1.0 && worst.is_none_or(|(_, e, _)| excess > e) {
-            worst = Some((i, excess, bound));
-        }
-    }
-    if let Some((i, _, bound)) = worst {
-        return Ok(Err(format!(
-            "PyTorch's output and its float64 output differ by {:.3e} at {}, more than a rounding error in {} \
-             could there ({bound:.1e} = {epsilons} eps × the local magnitude): they are not two runs of the \
-             same computation",
-            (t[i] - r[i]).abs(),
-            index_text(i, torch.dims()),
-            dtype.as_str()
-        )));
-    }
-    Ok(Ok(()))
-}
 
 /// How an output (or one element) met the rule, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -366,25 +272,7 @@ fn compare_with(
     rtol: f64,
     atol: f64,
 ) -> candle_core::Result<OutputReport> {
-    let mut report = OutputReport {
-        name: name.to_string(),
-        shape: ours.dims().to_vec(),
-        max_abs: f64::NAN,
-        max_rel: f64::NAN,
-        atol,
-        rtol,
-        close: false,
-        ours_vs_f64: None,
-        torch_vs_f64: None,
-        pass: false,
-        verdict: Verdict::Fail,
-        torch_error_elements: 0,
-        failed_elements: 0,
-        worst: None,
-        non_finite: 0,
-        torch_non_finite: 0,
-        reason: None,
-    };
+    let mut report = OutputReport::unjudged(name, ours.dims(), rtol, atol);
     if ours.dims() != expected.dims() || torch_run.is_some_and(|t| t.dims() != expected.dims()) {
         report.reason = Some(format!("shape {:?}, PyTorch's is {:?}", ours.dims(), expected.dims()));
         return Ok(report);
@@ -399,42 +287,85 @@ fn compare_with(
         _ => None,
     };
     count_non_finite(&mut report, &a, &e);
-    report.max_abs = max_abs_diff(&a, &e);
-    report.max_rel = a
-        .iter()
-        .zip(&e)
-        .filter(|(x, y)| **y != 0.0 && !(x.is_nan() && y.is_nan()))
-        .map(|(x, y)| (x - y).abs() / y.abs())
-        .fold(0.0, f64::max);
-    if let Some(r) = &reference {
-        report.ours_vs_f64 = Some(max_abs_diff(&a, r));
-        report.torch_vs_f64 = Some(max_abs_diff(&t, r));
-    }
+    measure_differences(&mut report, &a, &e, &t, reference.as_deref());
     let sides = Sides {
         ours: &a,
         expected: &e,
-        reference: reference.as_deref().map(|r| {
-            let errors: Vec<f64> = t
-                .iter()
-                .zip(r)
-                .map(|(x, y)| {
-                    if x.is_finite() && y.is_finite() {
-                        (x - y).abs()
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            (r, local_max(&errors, NEIGHBOURHOOD))
-        }),
+        reference: reference.as_deref().map(|r| (r, torch_error_nearby(&t, r))),
     };
     let tally = tally(&sides, rtol, atol);
+    judge(&mut report, &sides, &tally, expected.dims());
+    Ok(report)
+}
+
+impl OutputReport {
+    /// The report of `name` before any comparison: failing, with no reason yet.
+    fn unjudged(name: &str, shape: &[usize], rtol: f64, atol: f64) -> Self {
+        Self {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            max_abs: f64::NAN,
+            max_rel: f64::NAN,
+            atol,
+            rtol,
+            close: false,
+            ours_vs_f64: None,
+            torch_vs_f64: None,
+            pass: false,
+            verdict: Verdict::Fail,
+            torch_error_elements: 0,
+            failed_elements: 0,
+            worst: None,
+            non_finite: 0,
+            torch_non_finite: 0,
+            reason: None,
+        }
+    }
+}
+
+/// The report's summary numbers: the largest absolute and relative differences from `e`, and,
+/// with the float64 output `reference`, ours' and PyTorch's (`t`) distance from it.
+fn measure_differences(report: &mut OutputReport, a: &[f64], e: &[f64], t: &[f64], reference: Option<&[f64]>) {
+    report.max_abs = max_abs_diff(a, e);
+    report.max_rel = a
+        .iter()
+        .zip(e)
+        .filter(|(x, y)| **y != 0.0 && !(x.is_nan() && y.is_nan()))
+        .map(|(x, y)| (x - y).abs() / y.abs())
+        .fold(0.0, f64::max);
+    if let Some(r) = reference {
+        report.ours_vs_f64 = Some(max_abs_diff(a, r));
+        report.torch_vs_f64 = Some(max_abs_diff(t, r));
+    }
+}
+
+/// PyTorch's own error `|t_i − r_i|` (0 where either is not finite), each element's the worst
+/// within [`NEIGHBOURHOOD`] places: rule (b)'s `E_i`.
+fn torch_error_nearby(t: &[f64], r: &[f64]) -> Vec<f64> {
+    let errors: Vec<f64> = t
+        .iter()
+        .zip(r)
+        .map(|(x, y)| {
+            if x.is_finite() && y.is_finite() {
+                (x - y).abs()
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    local_max(&errors, NEIGHBOURHOOD)
+}
+
+/// The verdict from the elementwise tally: the worst element, pass or fail, and why.
+fn judge(report: &mut OutputReport, sides: &Sides, tally: &Tally, dims: &[usize]) {
+    let (a, e) = (sides.ours, sides.expected);
+    let (rtol, atol) = (report.rtol, report.atol);
     report.verdict = tally.verdict;
     report.close = tally.verdict <= Verdict::Close;
     report.torch_error_elements = tally.torch_error;
     report.failed_elements = tally.failed;
     report.worst = tally.worst.map(|(i, _)| Element {
-        index: unravel(i, expected.dims()),
+        index: unravel(i, dims),
         ours: a[i],
         expected: e[i],
         float64: sides.reference.as_ref().map(|(r, _)| r[i]),
@@ -444,13 +375,12 @@ fn compare_with(
             .as_ref()
             .map(|(r, err)| atol + rtol * r[i].abs() + ERROR_FACTOR * err[i]),
     });
-    let compared = a.iter().zip(&e).filter(|(x, y)| x.is_finite() && y.is_finite()).count();
+    let compared = a.iter().zip(e).filter(|(x, y)| x.is_finite() && y.is_finite()).count();
     report.pass = report.non_finite == 0 && compared > 0 && tally.failed == 0;
     if !report.pass {
         report.verdict = Verdict::Fail;
     }
-    report.reason = failure_reason(&report, &a, &e, compared);
-    Ok(report)
+    report.reason = failure_reason(report, a, e, compared);
 }
 
 fn count_non_finite(report: &mut OutputReport, a: &[f64], e: &[f64]) {
