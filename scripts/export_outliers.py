@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Outlier bundles (``weights/outlier/``): honest bundles of diffusers' VAE-mid ``Attention`` (0.42.1)
 whose input holds one very large element, for the test that the pass rule judges every element on
-its own (``tests/pass_rule.rs``).
+its own (``crates/parity/tests/cli/pass_rule.rs``).
 
     python scripts/export_outliers.py            # writes weights/outlier/*.safetensors
 

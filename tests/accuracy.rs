@@ -3,7 +3,12 @@
 //! `UNetMidBlock2D`, ldm's mid block and guided-diffusion's middle block with perturbed weights,
 //! two seeds each, exported by `scripts/export_accuracy.py` with PyTorch's f32 and float64
 //! outputs.
+//!
+//! A test binary of its own: it switches the process-wide layer path (`set_layer_path`), which
+//! would change the path of every test running beside it in one process (`tests/e2e`'s
+//! bit-for-bit comparisons among them).
 
+#[path = "../crates/parity/tests/common/mod.rs"]
 mod common;
 use common::*;
 use unet_attention::cpu_kernels::{set_layer_path, LayerPath};

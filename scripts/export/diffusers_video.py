@@ -56,7 +56,7 @@ def diffusers_unet3d(ctx: Ctx):
     ctx.bundle(f"{stem}_ref", "diffusers.UNetMidBlock3DCrossAttn", cfg, tensor_inputs(ins), out,
                ref=(weights, "mid_block."), source=src, kwargs=kwargs)
     # UNetMidBlock3DCrossAttn.forward takes attention_mask and passes it to nothing: the same output bit for
-    # bit (asserted here, not stored: tests/checkpoints.rs adds such a mask to the bundle and it still passes)
+    # bit (asserted here, not stored: crates/parity/tests/cli/checkpoints.rs adds such a mask to the bundle and it still passes)
     bias = torch.zeros(2 * frames, 1, 5)
     bias[:, :, 3:] = -10000.0
     with torch.no_grad():

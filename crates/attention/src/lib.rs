@@ -25,10 +25,10 @@
 //!
 //! The modules are layered, bottom first: a module uses only modules on lines above its own
 //! (modules on one line do not use each other), so the imports run one way and there is no
-//! circle. `tests/layering.rs` reads this list and fails on any `crate::` path that breaks it;
+//! circle. `tests/attention/layering.rs` reads this list and fails on any `crate::` path that breaks it;
 //! `docs/architecture.md` explains the layers.
 //!
-//! 1. [`error`] — the error type ([`Error`], [`Result`]).
+//! 1. [`error`], `test_support` — the error type ([`Error`], [`Result`]); what the tests share.
 //! 2. [`config`], [`trace`] — configs read from PyTorch kwargs; the trace recorder.
 //! 3. `cpu` — the bottom of the CPU kernels: instruction set, cache sizes, settings, scratch,
 //!    `exp`/`erf`, the AVX2 and AVX-512 microkernels, `contiguous`.
@@ -84,6 +84,8 @@ pub mod ldm;
 pub mod openai;
 pub mod ops;
 pub mod sdpa;
+#[cfg(test)]
+pub(crate) mod test_support;
 pub mod textbook;
 pub mod torch;
 pub mod trace;

@@ -301,23 +301,13 @@ impl SpatioTemporalResBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::max_diff;
     use candle_core::Device;
     use std::collections::HashMap;
 
     fn blender(m: f32, strategy: MergeStrategy, switch: bool) -> AlphaBlender {
         let t = HashMap::from([("mix_factor".to_string(), Tensor::new(&[m], &Device::Cpu).unwrap())]);
         AlphaBlender::new(VarBuilder::from_tensors(t, DType::F32, &Device::Cpu), strategy, switch).unwrap()
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
     }
 
     /// `alpha·x_spatial + (1 − alpha)·x_temporal` for each merge strategy; with

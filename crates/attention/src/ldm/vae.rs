@@ -226,6 +226,7 @@ impl Module for LinAttnBlock {
 mod tests {
     use super::*;
     use crate::config::from_json;
+    use crate::test_support::max_diff;
     use candle_core::{DType, Device};
     use serde_json::json;
     use std::collections::HashMap;
@@ -242,21 +243,6 @@ mod tests {
         map.insert("norm.weight".into(), Tensor::randn(1f32, 0.1, c, dev).unwrap());
         map.insert("norm.bias".into(), Tensor::randn(0f32, 0.1, c, dev).unwrap());
         map
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap()
     }
 
     /// A plain f64 re-statement of `AttnBlock.forward` over vectors.

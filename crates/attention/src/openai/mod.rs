@@ -224,6 +224,7 @@ impl Module for AttentionBlock {
 mod tests {
     use super::*;
     use crate::config::from_json;
+    use crate::test_support::max_diff;
     use candle_core::{DType, Device};
     use serde_json::json;
     use std::collections::HashMap;
@@ -249,19 +250,6 @@ mod tests {
         let dev = Device::Cpu;
         let cfg: AttentionBlockConfig = from_json(AttentionBlock::BLOCK, &cfg)?;
         AttentionBlock::new(VarBuilder::from_tensors(map.clone(), DType::F32, &dev), &cfg)
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
     }
 
     #[test]

@@ -33,7 +33,7 @@
 //! * [`SdpaPath::Fused`]: this crate's own fused CUDA kernel (feature `cuda`, module `cuda`),
 //!   opt-in until it has run on a GPU (then `Auto` takes it too), in [`sdpa`] only;
 //! * [`SdpaPath::Reference`]: the plain ops with the full score matrix, what the others are
-//!   tested against (`tests/sdpa_paths.rs`).
+//!   tested against (`tests/attention/sdpa_paths.rs`).
 
 mod path;
 

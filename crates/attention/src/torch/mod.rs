@@ -230,6 +230,7 @@ impl MultiheadAttention {
 mod tests {
     use super::*;
     use crate::config::from_json;
+    use crate::test_support::max_diff;
     use candle_core::{DType, Device};
     use serde_json::json;
     use std::collections::HashMap;
@@ -331,19 +332,6 @@ mod tests {
             .map(|(n, s)| (n.to_string(), Tensor::randn(0f32, 0.5, s.as_slice(), &dev).unwrap()))
             .collect();
         VarBuilder::from_tensors(map, DType::F32, &dev)
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
     }
 
     #[test]

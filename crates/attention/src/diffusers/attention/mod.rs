@@ -259,6 +259,7 @@ mod tests {
     use super::masks::repeat_interleave;
     use super::*;
     use crate::config::from_json;
+    use crate::test_support::max_diff;
     use candle_core::DType;
     use candle_core::Device;
     use serde_json::json;
@@ -284,17 +285,6 @@ mod tests {
             .map(|(name, shape)| (name.to_string(), Tensor::randn(0f32, 0.3, *shape, &dev).unwrap()))
             .collect::<HashMap<_, _>>();
         VarBuilder::from_tensors(ts, DType::F32, &dev)
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! "Layers" in `src/lib.rs`'s docs, bottom first; this test reads them from there, so the order
 //! is written in one place. Modules on one line are one layer and may not use each other.
 //!
-//! Plain Rust, no Python: `cargo test -p unet-attention --test layering`.
+//! Plain Rust, no Python: `cargo test -p unet-attention --test attention layering::`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

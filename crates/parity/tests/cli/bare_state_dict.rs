@@ -3,9 +3,8 @@
 //! takes it without `--prefix` and passes the block's bundle; and the OpenAI middle block's list
 //! context. (Issue 18.)
 
-mod common;
+use crate::common::*;
 use candle_core::Tensor;
-use common::*;
 use std::collections::HashMap;
 use unet_parity::checkpoint::Checkpoint;
 

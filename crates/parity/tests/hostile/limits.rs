@@ -3,20 +3,12 @@
 //! is refused before a byte of it is read; `show` draws a bounded picture of any bundle.
 //!
 //! The big files are sparse (a header, then a hole): gigabytes that take no disk. Each check runs
-//! in a child process under `ulimit -v` ([`common::run_limited`]), so reading one of those
+//! in a child process under `ulimit -v` ([`crate::common::run_limited`]), so reading one of those
 //! tensors whole would fail the test (before: an abort, exit 134, or "out of memory").
-#![cfg(unix)]
 
-mod common;
-use common::{run_limited, scratch, weights, RawBundle};
+use crate::common::{run_limited, scratch, weights, RawBundle};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-/// Not a test of its own: the CLI when [`run_limited`] runs this binary.
-#[test]
-fn cli_child() {
-    common::cli_child()
-}
 
 /// A tensor of a file being written: name, dtype, shape, and its bytes (`None`: a hole of the
 /// size the dtype and shape need).
@@ -231,7 +223,7 @@ fn show_draws_a_bounded_picture_of_250k_batch_items() {
     let c = run_limited(&["show", path.to_str().unwrap(), "--out", out.to_str().unwrap()], &[]);
     assert_eq!(c.code, 0, "{}", c.err);
     assert!(c.out.contains("batch items 0-15 of 250000 drawn"), "{}", c.out);
-    let (w, h, _) = common::read_png(&out.join("output_error.png"));
+    let (w, h, _) = crate::common::read_png(&out.join("output_error.png"));
     assert!(w < 2000 && h < 2000, "{w}×{h}");
 }
 
@@ -267,7 +259,7 @@ fn mha_with_weights(dir: &Path, l: usize) -> PathBuf {
 }
 
 /// The one refusal line of a bundle too big for the memory.
-fn assert_refused(c: &common::Child, file: &str, limit_from: &str) {
+fn assert_refused(c: &crate::common::Child, file: &str, limit_from: &str) {
     assert_eq!(c.code, 2, "{}{}", c.out, c.err);
     let errors: Vec<&str> = c.err.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{}", c.err);

@@ -1,8 +1,7 @@
 //! The committed reference bundles (exported from PyTorch by scripts/export_reference.py)
 //! pass through the CLI, every block id has at least two of them, and a wrong port fails.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 #[test]
 fn every_committed_bundle_passes() {

@@ -2,12 +2,10 @@
 //! the trace names it. Each variant is a committed bundle edited so that our block computes
 //! something else than PyTorch did (the bundle's PyTorch stages stay as exported).
 
-mod common;
-
-use candle_core::{DType, Tensor};
-use common::{
+use crate::common::{
     cli, panel_columns, probs_panels_agree, probs_panels_max_diff, read_png, scratch, weights, RawBundle, BACKGROUND,
 };
+use candle_core::{DType, Tensor};
 use std::path::Path;
 use unet_parity::show::{SCALE_STRIP, TITLE_STRIP};
 use unet_parity::trace::TraceReport;
@@ -336,7 +334,7 @@ fn every_committed_bundle_matches_stage_by_stage() {
     let mut traced = std::collections::BTreeMap::<String, usize>::new();
     let mut with_f64 = 0;
     let mut total = 0;
-    for path in common::committed_bundles() {
+    for path in crate::common::committed_bundles() {
         total += 1;
         let b = unet_parity::bundle::Bundle::read(&path).unwrap();
         assert!(b.metadata.contains_key("parity.trace"), "{}: no traces", path.display());

@@ -5,10 +5,7 @@
 use std::process::Command;
 
 fn run(redirect: &str) -> (Option<i32>, String) {
-    let bundle = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../weights/textbook/self_attention_dx6_d5_dv7.safetensors"
-    );
+    let bundle = crate::common::weights().join("textbook/self_attention_dx6_d5_dv7.safetensors");
     let out = Command::new("/bin/sh")
         .arg("-c")
         .arg(format!("exec \"$0\" check \"$1\" {redirect}"))

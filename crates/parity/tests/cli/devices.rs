@@ -2,8 +2,7 @@
 //! exit code 2 (never a panic), and a run in another dtype than the bundle's is compared with the
 //! float64 output under the documented rule (`unet_parity::check`).
 
-mod common;
-use common::*;
+use crate::common::*;
 
 const F32: &str = "textbook/self_attention_dx6_d5_dv7.safetensors";
 const F16: &str = "textbook/self_attention_dx6_d5_dv7_f16.safetensors";

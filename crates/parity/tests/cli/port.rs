@@ -8,7 +8,7 @@ use unet_parity::port::{record, PortCheck};
 use unet_parity::ParityError;
 
 fn bundle(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+    crate::common::root().join(rel)
 }
 
 const VAE_MID: &str = "weights/own/diffusers_vae_decoder_mid_block.safetensors";

@@ -5,18 +5,12 @@
 //! bundles of those checkpoints' mid blocks), so the test fails if a default or a weight name is
 //! wrong.
 
+use crate::common::weights;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use std::path::PathBuf;
 use unet_attention::diffusers::{
     UNetMidBlock2D, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig,
 };
-
-fn weights(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../weights")
-        .join(rel)
-}
 
 /// The whole checkpoint of `model`, as a Candle user maps it.
 fn checkpoint(model: &str) -> candle_core::Result<VarBuilder<'static>> {

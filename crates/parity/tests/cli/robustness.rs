@@ -1,9 +1,8 @@
 //! A non-finite result on our side is a FAIL with its own message, never a pass; dtype
 //! conversions are said, not silent.
 
-mod common;
+use crate::common::*;
 use candle_core::{DType, Device, Tensor};
-use common::*;
 use unet_parity::compare::compare;
 
 fn t(v: &[f32]) -> Tensor {

@@ -1,7 +1,6 @@
 //! Bad input gets a one-line error naming what is wrong and exit code 2, never a panic.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::path::Path;
 
 /// Check `path` and expect exit code 2 with an error line containing every `needle`: one line

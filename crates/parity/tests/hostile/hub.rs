@@ -4,20 +4,12 @@
 //! fills the cache as `huggingface_hub` lays it out, and the check passes from it.
 //!
 //! The endpoint is a small HTTP server in this test (`HF_ENDPOINT=http://127.0.0.1:PORT`); each
-//! run of the CLI is a child process ([`common::run_limited`]), so the environment stays its own.
-#![cfg(unix)]
+//! run of the CLI is a child process ([`crate::common::run_limited`]), so the environment stays its own.
 
-mod common;
-use common::{run_limited, scratch, weights};
+use crate::common::{run_limited, scratch, weights};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-
-/// Not a test of its own: the CLI when [`run_limited`] runs this binary.
-#[test]
-fn cli_child() {
-    common::cli_child()
-}
 
 const COMMIT: &str = "89abcdef0123456789abcdef0123456789abcdef";
 
@@ -116,7 +108,7 @@ fn hex_etag(file: &str) -> String {
 }
 
 /// `check` of the UNet2DModel mid-block bundle with `--repo acme/tiny` against `endpoint`.
-fn check_from(endpoint: &str, cache: &Path, timeouts: &str) -> common::Child {
+fn check_from(endpoint: &str, cache: &Path, timeouts: &str) -> crate::common::Child {
     let bundle = weights().join("mid/unet_mid_block_2d_unet2d_ref.safetensors");
     let args = [
         "check",

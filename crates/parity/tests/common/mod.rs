@@ -1,4 +1,7 @@
-//! Helpers for the end-to-end tests: run the CLI in-process and write modified bundles.
+//! The one helper of the workspace's integration tests: run the CLI in-process (or as a child
+//! process under limits), write modified bundles, read the pictures `show` draws. Compiled into
+//! unet-parity's test binaries (`crates/parity/tests/{cli,hostile}`) and the root package's
+//! (`tests/e2e`, `tests/accuracy.rs`, through `#[path]`), so each binary uses only part of it.
 #![allow(dead_code)]
 
 use candle_core::Tensor;
@@ -6,9 +9,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use unet_parity::show::{SCALE_STRIP, TITLE_STRIP};
 
-/// The repository root (the committed bundles live in `weights/`).
+/// The repository root (the committed bundles live in `weights/`): two folders above
+/// unet-parity's manifest, or the root package's own folder.
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    match env!("CARGO_PKG_NAME") {
+        "unet-parity" => manifest.ancestors().nth(2).unwrap().to_path_buf(),
+        _ => manifest.to_path_buf(),
+    }
 }
 
 pub fn weights() -> PathBuf {
@@ -29,9 +37,14 @@ pub fn cli(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// A fresh, empty scratch folder for one test.
+/// A fresh, empty scratch folder for one test, named by the process, the calling file and `name`:
+/// the tests of one binary share a process and run in parallel, so `name` need only be unique in
+/// its file.
+#[track_caller]
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("unet-parity-test-{}-{name}", std::process::id()));
+    let file = Path::new(std::panic::Location::caller().file());
+    let stem = file.file_stem().unwrap().to_string_lossy();
+    let dir = std::env::temp_dir().join(format!("unet-parity-test-{}-{stem}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -134,8 +147,8 @@ pub fn probs_panels_agree(path: &Path) -> bool {
 // ---- The CLI in a child process, under limits ----
 
 /// The environment variable that turns a test binary's `cli_child` test into the CLI: its
-/// arguments, one a line. Every test file that calls [`run_limited`] defines
-/// `#[test] fn cli_child() { common::cli_child() }`.
+/// arguments, one a line. Every test binary that calls [`run_limited`] defines, at its top level
+/// (the child runs `cli_child --exact`), `#[test] fn cli_child() { common::cli_child() }`.
 pub const CHILD: &str = "UNET_PARITY_TEST_CLI_ARGS";
 /// The child's address-space limit (`ulimit -v`, KiB): 4 GiB, the limit issue 20 sets.
 pub const LIMIT_KIB: u64 = 4 << 20;

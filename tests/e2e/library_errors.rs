@@ -26,8 +26,6 @@ use unet_parity::{prepare_bundle, Options};
 /// One attention entry point, called on prepared arguments.
 type AttentionCall<'a> = Box<dyn Fn() -> candle_core::Result<Tensor> + 'a>;
 
-mod common;
-
 /// What a call gave: `Ok`, `Err` (its message), or a panic (its message).
 enum Outcome {
     Ok(Vec<Tensor>),
@@ -51,7 +49,7 @@ fn outcome<T>(f: impl FnOnce() -> unet_attention::Result<T>, ok: impl FnOnce(T) 
 /// The smallest committed f32 bundle of each block id.
 fn bundles_per_block() -> BTreeMap<String, PathBuf> {
     let mut best: BTreeMap<String, (u64, PathBuf)> = BTreeMap::new();
-    for path in common::committed_bundles() {
+    for path in crate::common::committed_bundles() {
         let Ok((meta, _)) = bundle::read_header(&path) else {
             continue;
         };

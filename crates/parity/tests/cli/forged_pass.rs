@@ -2,9 +2,8 @@
 //! or ±inf, infinite or negative tolerances, and a float64 output that is not PyTorch's own twin
 //! are refused, each with its reason. (Issue 20, "Wrong PASS"; issue 18, non-finite references.)
 
-mod common;
+use crate::common::*;
 use candle_core::Tensor;
-use common::*;
 use std::path::Path;
 
 const TEXTBOOK: &str = "textbook/self_attention_dx6_d5_dv7.safetensors";

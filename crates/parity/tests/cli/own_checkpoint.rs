@@ -3,9 +3,7 @@
 //! derives from the model's `config.json`, and a copy of the checkpoint with one weight changed is
 //! caught at the first stage that reads it, and drawn by `show`. No Python runs here.
 
-mod common;
-
-use common::{cli, probs_panels_agree, scratch, weights};
+use crate::common::{cli, probs_panels_agree, scratch, weights};
 use std::path::{Path, PathBuf};
 
 const SD1_BUNDLE: &str = "own/diffusers_sd1_mid_block.safetensors";

@@ -5,25 +5,17 @@
 //! allocated without bound on these.
 //!
 //! Each hostile file runs in a child process (this test binary again, as the CLI: see
-//! [`cli_child`]), so a crash or an abort fails the test instead of killing the harness. The
+//! [`crate::cli_child`]), so a crash or an abort fails the test instead of killing the harness. The
 //! archives are written here by hand: stored entries, local headers, central directory.
-#![cfg(unix)]
 
-mod common;
-use common::{cli, scratch, weights};
+use crate::common::{cli, scratch, weights};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Not a test of its own: the CLI when [`run_child`] runs this binary ([`common::cli_child`]).
-#[test]
-fn cli_child() {
-    common::cli_child()
-}
-
 /// `unet-parity ARGS` in a child process under the 4 GiB address-space limit: exit code (or
-/// `-signal`), stderr, time taken ([`common::run_limited`]).
+/// `-signal`), stderr, time taken ([`crate::common::run_limited`]).
 fn run_child(args: &[&str]) -> (i32, String, Duration) {
-    let c = common::run_limited(args, &[]);
+    let c = crate::common::run_limited(args, &[]);
     (c.code, c.err, c.took)
 }
 

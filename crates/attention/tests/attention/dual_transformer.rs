@@ -3,20 +3,14 @@
 //! two separate U-Nets' parts (`into_dual`, as the pipeline's `_convert_to_dual_attention` pairs
 //! them). Held against PyTorch's outputs in the committed bundles of `weights/models/diffusers_vd`.
 
+use crate::common::{max_diff, weights};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::collections::HashMap;
-use std::path::PathBuf;
 use unet_attention::diffusers::{
     model_config, DualMix, Transformer2DModel, Transformer2DModelConfig, UNetMidBlock2DCrossAttn,
     UNetMidBlock2DCrossAttnConfig,
 };
-
-fn weights(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../weights")
-        .join(rel)
-}
 
 fn checkpoint() -> VarBuilder<'static> {
     let file = weights("models/diffusers_vd/diffusion_pytorch_model.safetensors");
@@ -26,19 +20,6 @@ fn checkpoint() -> VarBuilder<'static> {
 
 fn bundle(name: &str) -> HashMap<String, Tensor> {
     candle_core::safetensors::load(weights(&format!("mid/{name}.safetensors")), &Device::Cpu).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 fn run(block: &UNetMidBlock2DCrossAttn, r: &HashMap<String, Tensor>) -> Tensor {

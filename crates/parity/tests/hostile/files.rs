@@ -1,10 +1,8 @@
 //! Hostile files and folders (issue 20): a folder walk with symlink loops ends and counts each
 //! bundle once; a FIFO named like a bundle, a config or a checkpoint is reported, never opened
 //! (an `open` on a FIFO blocks); a Hub cache cannot be made to read outside itself.
-#![cfg(unix)]
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -6,9 +6,8 @@
 //! the float64 reference). Such a port still passes the pass rule (within PyTorch's half-precision
 //! error); the first test's `≤ atol from PyTorch` is what catches it.
 
-mod common;
+use crate::common::*;
 use candle_core::DType;
-use common::*;
 use unet_parity::check::{check_file, Options, Report};
 
 const TWINS: [&str; 4] = [

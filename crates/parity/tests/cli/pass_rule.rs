@@ -4,9 +4,8 @@
 //! exact fails, however large PyTorch's own error is at the outlier. A float64 twin is trusted only
 //! as far as PyTorch's dtype can explain it.
 
-mod common;
+use crate::common::*;
 use candle_core::{DType, IndexOp, Tensor};
-use common::*;
 use std::path::Path;
 
 const OUTLIERS: [&str; 4] = [

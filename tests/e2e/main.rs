@@ -1,0 +1,11 @@
+//! Both crates as a library user has them, without the CLI: the half-precision bundles run the
+//! way PyTorch held their tensors, every block returns errors instead of panicking, and random
+//! configs and shapes never panic. One module per area; the tests that run the `unet-parity`
+//! tool are in `crates/parity/tests` (docs/layout.md has the rule).
+
+#[path = "../../crates/parity/tests/common/mod.rs"]
+mod common;
+
+mod half_openai;
+mod library_errors;
+mod properties;
