@@ -23,6 +23,9 @@
 //! `--warmup 0`), their median, the resident set before the first call (inputs and weights
 //! built) and its peak (`VmHWM`), and the bytes of inputs plus output. `UNET_ATTENTION_SDPA`
 //! picks the path as for any caller. `scripts/bench_torch.py` prints the same for PyTorch.
+//!
+//! `--help` prints the usage; a bad argument prints what is wrong and the usage, and exits with
+//! status 2 (a device that does not open: status 1).
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -44,109 +47,287 @@ fn mib(bytes: usize) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+const USAGE: &str =
+    "usage: bench_sdpa CASE [--reps N] [--warmup N] [--device cpu|cuda[:N]|metal[:N]] [--dtype f32|f16|bf16] [--candle]
+cases:
+  core B H LQ LK D      the attention core (sdpa) on (B, H, L, D) inputs
+  block vae|ddpm SIDE   a whole attention block on a (1, C, SIDE, SIDE) input
+  linear TOKENS IN OUT  the packed linear layer (--candle: Candle's Linear)
+  conv B C H W OUT K    the packed K×K convolution (--candle: Candle's Conv2d)
+  fma-peak              the f32 FMA rate of one core
+(see the doc comment of crates/attention/examples/bench_sdpa.rs)";
+
+/// What to time.
+enum Case {
+    /// `(B, H, LQ, LK, D)`.
+    Core((usize, usize, usize, usize, usize)),
+    /// `vae` or `ddpm`, and the side of the image.
+    Block(String, usize),
+    /// `linear` or `conv` with their sizes, as `common::layer_case` reads them.
+    Layer(Vec<String>),
+    FmaPeak,
+}
+
+/// The command line.
+struct Options {
+    case: Case,
+    reps: usize,
+    warmup: usize,
+    /// `--device` as given, and what it names.
+    device: String,
+    place: Place,
+    dtype: DType,
+    candle: bool,
+}
+
+/// The command line, or what is wrong with it.
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut opts = Options {
+        case: Case::FmaPeak,
+        reps: 5,
+        warmup: 1,
+        device: "cpu".into(),
+        place: Place::Cpu,
+        dtype: DType::F32,
+        candle: false,
+    };
+    let mut positional = vec![];
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().map(String::as_str).ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--reps" => opts.reps = number(arg, value()?, 1)?,
+            "--warmup" => opts.warmup = number(arg, value()?, 0)?,
+            "--device" => {
+                opts.device = value()?.to_string();
+                opts.place = Place::parse(&opts.device)?;
+            }
+            "--dtype" => {
+                opts.dtype = match value()? {
+                    "f32" => DType::F32,
+                    "f16" => DType::F16,
+                    "bf16" => DType::BF16,
+                    other => return Err(format!("unknown dtype {other}: f32, f16 or bf16")),
+                }
+            }
+            "--candle" => opts.candle = true,
+            flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
+            _ => positional.push(arg.clone()),
+        }
+    }
+    opts.case = case(&positional)?;
+    Ok(opts)
+}
+
+/// An integer of at least `min`, the value of `what`.
+fn number(what: &str, s: &str, min: usize) -> Result<usize, String> {
+    match s.parse() {
+        Ok(n) if n >= min => Ok(n),
+        _ => Err(format!("{what}: expected an integer of at least {min}, found {s:?}")),
+    }
+}
+
+/// A device `--device` names.
+#[derive(Clone, Copy)]
+enum Place {
+    Cpu,
+    Cuda(usize),
+    Metal(usize),
+}
+
+impl Place {
+    /// `cpu`, `cuda[:N]` or `metal[:N]`.
+    fn parse(s: &str) -> Result<Place, String> {
+        let (kind, ordinal) = s.split_once(':').unwrap_or((s, "0"));
+        let ordinal = || number(&format!("--device {s}"), ordinal, 0);
+        match kind {
+            "cpu" => Ok(Place::Cpu),
+            "cuda" => Ok(Place::Cuda(ordinal()?)),
+            "metal" => Ok(Place::Metal(ordinal()?)),
+            other => Err(format!("unknown device {other}: cpu, cuda[:N] or metal[:N]")),
+        }
+    }
+}
+
+/// The case the positional arguments name, its sizes checked.
+fn case(positional: &[String]) -> Result<Case, String> {
+    let Some((kind, rest)) = positional.split_first() else {
+        return Err("no case given".into());
+    };
+    let sizes = |names: &[&str]| -> Result<Vec<usize>, String> {
+        if rest.len() != names.len() {
+            return Err(format!(
+                "{kind} takes {}, found {} arguments",
+                names.join(" "),
+                rest.len()
+            ));
+        }
+        names
+            .iter()
+            .zip(rest)
+            .map(|(name, s)| number(&format!("{kind} {name}"), s, 1))
+            .collect()
+    };
+    Ok(match kind.as_str() {
+        "core" => {
+            let n = sizes(&["B", "H", "LQ", "LK", "D"])?;
+            Case::Core((n[0], n[1], n[2], n[3], n[4]))
+        }
+        "block" => match rest.first().map(String::as_str) {
+            Some(block @ ("vae" | "ddpm")) => {
+                let side = match rest {
+                    [_, side] => number("block SIDE", side, 1)?,
+                    _ => return Err(format!("block takes vae|ddpm SIDE, found {} arguments", rest.len())),
+                };
+                Case::Block(block.to_string(), side)
+            }
+            other => return Err(format!("unknown block {}: vae or ddpm", other.unwrap_or("(none)"))),
+        },
+        "linear" | "conv" => {
+            let names: &[&str] = if kind == "linear" {
+                &["TOKENS", "IN", "OUT"]
+            } else {
+                &["B", "C", "H", "W", "OUT", "K"]
+            };
+            sizes(names)?;
+            Case::Layer(positional.to_vec())
+        }
+        "fma-peak" if rest.is_empty() => Case::FmaPeak,
+        "fma-peak" => return Err("fma-peak takes no arguments".into()),
+        other => return Err(format!("unknown case {other}: core, block, linear, conv or fma-peak")),
+    })
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.is_empty() {
-        eprintln!("usage: bench_sdpa core|block|linear|conv|fma-peak ... (see the examples' docs)");
-        std::process::exit(2);
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return;
     }
-    let opt = |name: &str, default: usize| {
-        args.iter()
-            .position(|a| a == name)
-            .map_or(default, |i| args[i + 1].parse().expect("a count"))
-    };
-    let (reps, warmup) = (opt("--reps", 5), opt("--warmup", 1));
-    let num = |i: usize| -> usize { args[i].parse().expect("a size") };
-    let on = place(&args);
-    let device = on.device.clone();
-    if args[0] == "fma-peak" {
+    let opts = parse(&args).unwrap_or_else(|e| {
+        eprintln!("bench_sdpa: {e}\n{USAGE}");
+        std::process::exit(2)
+    });
+    if let Case::FmaPeak = opts.case {
         fma_peak::print();
         return;
     }
-    let mut flops = 0f64;
-    let (case, io_bytes, run): (String, usize, Box<dyn Fn() -> Tensor>) = match args[0].as_str() {
-        "linear" | "conv" => {
-            let layer = common::layer_case(&args, args.iter().any(|a| a == "--candle"));
-            flops = layer.flops;
-            (layer.name, layer.io_bytes, layer.run)
+    let on = place(&opts).unwrap_or_else(|e| {
+        eprintln!("bench_sdpa: {e}");
+        std::process::exit(1)
+    });
+    let bench = build(&opts, &on);
+    let rss_before = status_kib("VmRSS:") / 1024.0;
+    let ms = time(&*bench.run, &opts, &on.device);
+    report(&opts, &bench, ms, rss_before);
+}
+
+/// A case ready to time.
+struct Bench {
+    name: String,
+    io_bytes: usize,
+    /// Floating-point operations of one call, where the case counts them (else 0).
+    flops: f64,
+    run: Box<dyn Fn() -> Tensor>,
+}
+
+/// The inputs and weights of the case, on `on`.
+fn build(opts: &Options, on: &common::On) -> Bench {
+    match &opts.case {
+        Case::Layer(args) => {
+            let layer = common::layer_case(args, opts.candle);
+            Bench {
+                name: layer.name,
+                io_bytes: layer.io_bytes,
+                flops: layer.flops,
+                run: layer.run,
+            }
         }
-        "core" => {
-            let shape = (num(1), num(2), num(3), num(4), num(5));
+        &Case::Core(shape) => {
             let (b, h, lq, lk, d) = shape;
             let (q, k, v) = common::core_inputs(shape);
             let (q, k, v) = (on.put(q), on.put(k), on.put(v));
-            let io = on.dtype.size_in_bytes() * b * h * d * (2 * lq + 2 * lk);
             let scale = default_scale(d);
-            (
-                format!("sdpa {shape:?}"),
-                io,
-                Box::new(move || sdpa(&q, &k, &v, None, scale).unwrap()),
-            )
+            Bench {
+                name: format!("sdpa {shape:?}"),
+                io_bytes: on.dtype.size_in_bytes() * b * h * d * (2 * lq + 2 * lk),
+                flops: 0.0,
+                run: Box::new(move || sdpa(&q, &k, &v, None, scale).unwrap()),
+            }
         }
-        "block" => {
-            let side = num(2);
-            let c = match args[1].as_str() {
-                "vae" => common::vae_mid(side, &on),
-                "ddpm" => common::ddpm_mid(side, &on),
-                other => panic!("unknown block {other}"),
+        Case::Block(kind, side) => {
+            let c = match kind.as_str() {
+                "vae" => common::vae_mid(*side, on),
+                _ => common::ddpm_mid(*side, on),
             };
-            let io = 2 * on.dtype.size_in_bytes() * c.input.elem_count();
+            let io_bytes = 2 * on.dtype.size_in_bytes() * c.input.elem_count();
             let (block, input) = (c.block, c.input);
-            (c.name, io, Box::new(move || block.forward(&input).unwrap()))
+            Bench {
+                name: c.name,
+                io_bytes,
+                flops: 0.0,
+                run: Box::new(move || block.forward(&input).unwrap()),
+            }
         }
-        other => panic!("unknown case kind {other}: core B H LQ LK D | block vae|ddpm SIDE"),
-    };
-    let rss_before = status_kib("VmRSS:") / 1024.0;
-    for _ in 0..warmup {
+        Case::FmaPeak => unreachable!("fma-peak runs no case"),
+    }
+}
+
+/// Milliseconds of each of `opts.reps` calls of `run`, after `opts.warmup` calls; each call
+/// ends with the device synchronised.
+fn time(run: &dyn Fn() -> Tensor, opts: &Options, device: &Device) -> Vec<f64> {
+    for _ in 0..opts.warmup {
         drop(run());
     }
     device.synchronize().unwrap();
     let mut ms = vec![];
-    for _ in 0..reps {
+    for _ in 0..opts.reps {
         let t = Instant::now();
         let out = run();
         device.synchronize().unwrap();
         ms.push(t.elapsed().as_secs_f64() * 1e3);
         drop(out);
     }
+    ms
+}
+
+/// The JSON line of the run.
+fn report(opts: &Options, bench: &Bench, ms: Vec<f64>, rss_before: f64) {
     let mut sorted = ms.clone();
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
     let peak = status_kib("VmHWM:") / 1024.0;
-    let gflops = if flops > 0.0 {
-        format!(", \"gflops\": {:.1}", flops / median / 1e6)
+    let gflops = if bench.flops > 0.0 {
+        format!(", \"gflops\": {:.1}", bench.flops / median / 1e6)
     } else {
         String::new()
     };
     let ms: Vec<String> = ms.iter().map(|x| format!("{x:.2}")).collect();
     println!(
-        "{{\"impl\": \"candle\", \"case\": \"{case}\", \"device\": \"{}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median:.2}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}{gflops}}}",
-        args.iter().position(|a| a == "--device").map_or("cpu", |i| args[i + 1].as_str()),
-        on.dtype,
+        "{{\"impl\": \"candle\", \"case\": \"{}\", \"device\": \"{}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median:.2}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}{gflops}}}",
+        bench.name,
+        opts.device,
+        opts.dtype,
         sdpa_path().unwrap(),
         unet_attention::sdpa::cpu_kernel_isa(),
         rayon_threads(),
         ms.join(", "),
-        mib(io_bytes)
+        mib(bench.io_bytes)
     );
 }
 
-/// `--device` and `--dtype` (default: the CPU, f32).
-fn place(args: &[String]) -> common::On {
-    let value = |name: &str| args.iter().position(|a| a == name).map(|i| args[i + 1].as_str());
-    let device = match value("--device").map(|d| d.split_once(':').unwrap_or((d, "0"))) {
-        None | Some(("cpu", _)) => Device::Cpu,
-        Some(("cuda", n)) => Device::new_cuda(n.parse().expect("a device ordinal")).unwrap(),
-        Some(("metal", n)) => Device::new_metal(n.parse().expect("a device ordinal")).unwrap(),
-        Some((other, _)) => panic!("unknown device {other}: cpu, cuda[:N] or metal[:N]"),
+/// The device of `--device` opened, and `--dtype`.
+fn place(opts: &Options) -> Result<common::On, String> {
+    let opened = match opts.place {
+        Place::Cpu => Ok(Device::Cpu),
+        Place::Cuda(n) => Device::new_cuda(n),
+        Place::Metal(n) => Device::new_metal(n),
     };
-    let dtype = match value("--dtype").unwrap_or("f32") {
-        "f32" => DType::F32,
-        "f16" => DType::F16,
-        "bf16" => DType::BF16,
-        other => panic!("unknown dtype {other}: f32, f16 or bf16"),
-    };
-    common::On { device, dtype }
+    let device = opened.map_err(|e| format!("cannot open device {}: {e}", opts.device))?;
+    Ok(common::On {
+        device,
+        dtype: opts.dtype,
+    })
 }
 
 fn rayon_threads() -> usize {

@@ -159,6 +159,26 @@ struct Args {
 // struct it is passed as (7 pointers, 10 ints, 13 long longs, 1 float).
 unsafe impl DeviceRepr for Args {}
 
+impl Args {
+    /// The sizes of `plan` and the scale; the pointers, strides and `vec` are the launch's to fill.
+    fn sizes(plan: &Plan, scale: f32) -> Args {
+        let s = plan.dims;
+        Args {
+            heads: s.h as i32,
+            bhs: (s.b * s.h) as i32,
+            lq: s.lq as i32,
+            lk: s.lk as i32,
+            d: s.d as i32,
+            dp: plan.dp as i32,
+            chunks: plan.chunks as i32,
+            splits: plan.splits as i32,
+            tiles_per_split: plan.tiles_per_split as i32,
+            scale,
+            ..Args::default()
+        }
+    }
+}
+
 /// The fused attention as a Candle op on (q, k, v); the mask (f32, broadcast to (B, H, Lq, Lk))
 /// rides along.
 pub(crate) struct FusedAttention {
@@ -189,16 +209,19 @@ fn strides3(l: &Layout) -> Result<[i64; 3]> {
     Ok([s[0] as i64, s[1] as i64, s[2] as i64])
 }
 
+/// The strides of a rank-4 mask layout.
+fn strides4(l: &Layout) -> [i64; 4] {
+    let s = l.stride();
+    [s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64]
+}
+
+/// One input of the kernel: its storage and layout.
+type Input<'a> = (&'a CudaStorage, &'a Layout);
+
 impl FusedAttention {
-    fn run<T: CudaDType + DeviceRepr>(
-        &self,
-        (q, ql): (&CudaStorage, &Layout),
-        (k, kl): (&CudaStorage, &Layout),
-        (v, vl): (&CudaStorage, &Layout),
-    ) -> Result<CudaStorage> {
+    fn run<T: CudaDType + DeviceRepr>(&self, q: Input<'_>, k: Input<'_>, v: Input<'_>) -> Result<CudaStorage> {
         let (p, s) = (&self.plan, self.plan.dims);
-        let dev = &q.device;
-        let stream = dev.cuda_stream();
+        let dev = &q.0.device;
         let Some(ptx) = PTX else {
             bail!("fused attention: this build has no PTX (CUDA_COMPUTE_CAP below 8.0)")
         };
@@ -207,92 +230,95 @@ impl FusedAttention {
         let mut out = unsafe { dev.alloc::<T>(rows * s.d)? };
         let mut ws_o = dev.alloc_zeros::<f32>(if p.splits > 1 { p.splits * rows * s.d } else { 1 })?;
         let mut ws_ml = dev.alloc_zeros::<f32>(if p.splits > 1 { p.splits * rows * 2 } else { 1 })?;
-        let (q_s, k_s, v_s) = (strides3(ql)?, strides3(kl)?, strides3(vl)?);
-        let aligned = |st: &[i64; 3], off: usize| st.iter().all(|x| x % 8 == 0) && off.is_multiple_of(8);
-        let vec = s.d.is_multiple_of(8)
-            && aligned(&q_s, ql.start_offset())
-            && aligned(&k_s, kl.start_offset())
-            && aligned(&v_s, vl.start_offset());
-        let mask_store = self.mask.as_ref().map(|m| m.storage_and_layout());
-        {
-            let (qp, _gq) = input_ptr(q, ql.start_offset(), &stream)?;
-            let (kp, _gk) = input_ptr(k, kl.start_offset(), &stream)?;
-            let (vp, _gv) = input_ptr(v, vl.start_offset(), &stream)?;
-            let (mask, m_s, _gm) = match &mask_store {
-                None => (0, [0; 4], None),
-                Some((st, ml)) => {
-                    let Storage::Cuda(cs) = &**st else {
-                        bail!("fused attention: the mask is not on the CUDA device")
-                    };
-                    let (mp, g) = input_ptr(cs, ml.start_offset(), &stream)?;
-                    let ms = ml.stride();
-                    (mp, [ms[0] as i64, ms[1] as i64, ms[2] as i64, ms[3] as i64], Some(g))
-                }
-            };
-            let (op, _go) = out.device_ptr_mut(&stream);
-            let (wo, _gwo) = ws_o.device_ptr_mut(&stream);
-            let (wm, _gwm) = ws_ml.device_ptr_mut(&stream);
-            let split = p.splits > 1;
-            let args = Args {
-                q: qp,
-                k: kp,
-                v: vp,
-                mask,
-                out: op,
-                ws_o: if split { wo } else { 0 },
-                ws_ml: if split { wm } else { 0 },
-                heads: s.h as i32,
-                bhs: (s.b * s.h) as i32,
-                lq: s.lq as i32,
-                lk: s.lk as i32,
-                d: s.d as i32,
-                dp: p.dp as i32,
-                chunks: p.chunks as i32,
-                splits: p.splits as i32,
-                tiles_per_split: p.tiles_per_split as i32,
-                vec: vec as i32,
-                q_s,
-                k_s,
-                v_s,
-                m_s,
-                scale: self.scale,
-            };
-            let func = dev.get_or_load_custom_func(&p.kernel, MODULE, ptx)?;
-            if p.smem > 48 * 1024 {
-                use sys::CUfunction_attribute as F;
-                func.set_attribute(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, p.smem as i32)
-                    .w()?;
-            }
-            let cfg = LaunchConfig {
-                grid_dim: p.grid,
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: p.smem as u32,
-            };
-            let mut b = func.builder();
-            b.arg(&args);
-            // SAFETY: `args` matches the kernel's parameter; every pointer in it is live (its
-            // guard is held) and addresses the extent the grid reads or writes.
-            unsafe { b.launch(cfg) }.w()?;
-        }
+        self.launch_attention(ptx, (q, k, v), &mut out, (&mut ws_o, &mut ws_ml))?;
         if p.splits > 1 {
-            let func = dev.get_or_load_custom_func(p.merge, MODULE, ptx)?;
-            let (rows_i, d_i, splits_i) = (rows as i32, s.d as i32, p.splits as i32);
-            let cfg = LaunchConfig {
-                grid_dim: (rows as u32, 1, 1),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = func.builder();
-            b.arg(&ws_o)
-                .arg(&ws_ml)
-                .arg(&mut out)
-                .arg(&rows_i)
-                .arg(&d_i)
-                .arg(&splits_i);
-            // SAFETY: the workspace holds `splits` partial outputs and (m, l) of `rows` rows.
-            unsafe { b.launch(cfg) }.w()?;
+            self.launch_merge(ptx, dev, (&ws_o, &ws_ml), &mut out)?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+
+    /// The attention kernel of the plan: into `out`, or with split keys into the workspace
+    /// (partial outputs, and each row's max and sum).
+    fn launch_attention<T: DeviceRepr>(
+        &self,
+        ptx: &str,
+        ((q, ql), (k, kl), (v, vl)): (Input<'_>, Input<'_>, Input<'_>),
+        out: &mut CudaSlice<T>,
+        (ws_o, ws_ml): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    ) -> Result<()> {
+        let p = &self.plan;
+        let dev = &q.device;
+        let stream = dev.cuda_stream();
+        let mut args = Args::sizes(p, self.scale);
+        (args.q_s, args.k_s, args.v_s) = (strides3(ql)?, strides3(kl)?, strides3(vl)?);
+        let aligned = |st: &[i64; 3], off: usize| st.iter().all(|x| x % 8 == 0) && off.is_multiple_of(8);
+        let vec = p.dims.d.is_multiple_of(8)
+            && aligned(&args.q_s, ql.start_offset())
+            && aligned(&args.k_s, kl.start_offset())
+            && aligned(&args.v_s, vl.start_offset());
+        args.vec = vec as i32;
+        let mask_store = self.mask.as_ref().map(|m| m.storage_and_layout());
+        let (qp, _gq) = input_ptr(q, ql.start_offset(), &stream)?;
+        let (kp, _gk) = input_ptr(k, kl.start_offset(), &stream)?;
+        let (vp, _gv) = input_ptr(v, vl.start_offset(), &stream)?;
+        let _gm = match &mask_store {
+            None => None,
+            Some((st, ml)) => {
+                let Storage::Cuda(cs) = &**st else {
+                    bail!("fused attention: the mask is not on the CUDA device")
+                };
+                let (mp, g) = input_ptr(cs, ml.start_offset(), &stream)?;
+                (args.mask, args.m_s) = (mp, strides4(ml));
+                Some(g)
+            }
+        };
+        let (op, _go) = out.device_ptr_mut(&stream);
+        let (wo, _gwo) = ws_o.device_ptr_mut(&stream);
+        let (wm, _gwm) = ws_ml.device_ptr_mut(&stream);
+        let split = p.splits > 1;
+        (args.q, args.k, args.v, args.out) = (qp, kp, vp, op);
+        (args.ws_o, args.ws_ml) = if split { (wo, wm) } else { (0, 0) };
+        let func = dev.get_or_load_custom_func(&p.kernel, MODULE, ptx)?;
+        if p.smem > 48 * 1024 {
+            use sys::CUfunction_attribute as F;
+            func.set_attribute(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, p.smem as i32)
+                .w()?;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: p.grid,
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: p.smem as u32,
+        };
+        let mut b = func.builder();
+        b.arg(&args);
+        // SAFETY: `args` matches the kernel's parameter; every pointer in it is live (its
+        // guard is held) and addresses the extent the grid reads or writes.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
+    }
+
+    /// The merge kernel: the split keys' partial outputs in the workspace combined into `out`.
+    fn launch_merge<T: DeviceRepr>(
+        &self,
+        ptx: &str,
+        dev: &CudaDevice,
+        (ws_o, ws_ml): (&CudaSlice<f32>, &CudaSlice<f32>),
+        out: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let (p, s) = (&self.plan, self.plan.dims);
+        let rows = s.b * s.h * s.lq;
+        let func = dev.get_or_load_custom_func(p.merge, MODULE, ptx)?;
+        let (rows_i, d_i, splits_i) = (rows as i32, s.d as i32, p.splits as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = func.builder();
+        b.arg(ws_o).arg(ws_ml).arg(out).arg(&rows_i).arg(&d_i).arg(&splits_i);
+        // SAFETY: the workspace holds `splits` partial outputs and (m, l) of `rows` rows.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
     }
 }
 

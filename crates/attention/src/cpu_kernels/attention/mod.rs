@@ -20,7 +20,7 @@
 //! `acc · (1/sum)`, rounded once. A row whose keys are all masked gives 0 (torch's kernel), or
 //! NaN with [`Empty::Nan`] (the eager `softmax` then `·v` semantics).
 
-use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor, WithDType};
+use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor};
 use rayon::prelude::*;
 
 use crate::cpu::isa::Isa;
@@ -29,7 +29,10 @@ use crate::cpu::{caches, contiguous};
 
 mod gemm_engine;
 pub(crate) mod simd;
+mod softmax;
 mod tiles;
+
+use softmax::{Mask, Softmax};
 
 /// Key block length for f16/bf16 inputs: PyTorch's `kv_split_size`, which fixes where the
 /// rounded weights are formed relative to the running max.
@@ -97,45 +100,6 @@ fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
     Ok(&data[start..end])
 }
 
-/// An additive float mask as stored, read through the strides of its broadcast
-/// `(batch, head, query, key)` view (0 where broadcast), so it is never materialised.
-#[derive(Clone, Copy)]
-struct Mask<'a> {
-    data: &'a CpuStorage,
-    offset: usize,
-    stride: [usize; 4],
-}
-
-fn load<T: WithDType>(src: &[T], start: usize, stride: usize, dst: &mut [f32]) {
-    if stride == 1 {
-        let n = dst.len();
-        for (d, s) in dst.iter_mut().zip(&src[start..start + n]) {
-            *d = s.to_f64() as f32;
-        }
-    } else {
-        for (j, d) in dst.iter_mut().enumerate() {
-            *d = src[start + j * stride].to_f64() as f32;
-        }
-    }
-}
-
-impl Mask<'_> {
-    /// The mask of row `(b, h, i)` for keys `k0..k0 + dst.len()`, in f32, into `dst`.
-    fn row(&self, b: usize, h: usize, i: usize, k0: usize, dst: &mut [f32]) {
-        let s = self.stride;
-        let start = self.offset + b * s[0] + h * s[1] + i * s[2] + k0 * s[3];
-        match self.data {
-            CpuStorage::F32(x) if s[3] == 1 => dst.copy_from_slice(&x[start..start + dst.len()]),
-            CpuStorage::F32(x) => load(x, start, s[3], dst),
-            CpuStorage::F16(x) => load(x, start, s[3], dst),
-            CpuStorage::BF16(x) => load(x, start, s[3], dst),
-            CpuStorage::F64(x) => load(x, start, s[3], dst),
-            // `supports` admits float masks only.
-            _ => dst.fill(f32::NAN),
-        }
-    }
-}
-
 /// How the two tile products run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Engine {
@@ -158,10 +122,21 @@ impl Engine {
             None => Engine::Gemm,
         }
     }
+
+    /// This engine where this CPU runs it, with its register tile; a tile this CPU lacks falls
+    /// back to `gemm` (AVX2 is a subset of AVX-512 here).
+    fn on_this_cpu(self) -> (Engine, Isa) {
+        let runs = |t: Isa| Isa::with_tiles().is_some_and(|best| t == best || t == Isa::Avx2);
+        match self {
+            Engine::Tiles(t) if runs(t) => (self, t),
+            _ => (Engine::Gemm, Isa::Avx2),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Dims {
+    batch: usize,
     heads: usize,
     lq: usize,
     lk: usize,
@@ -292,22 +267,9 @@ pub(crate) fn attention_on(
     if lk == 0 || b * heads * lq * dv == 0 {
         return Tensor::zeros(out_dims, dtype, &Device::Cpu);
     }
-    // A tile this CPU lacks falls back to `gemm` (AVX2 is a subset of AVX-512 here).
-    let runs = |t: Isa| Isa::with_tiles().is_some_and(|best| t == best || t == Isa::Avx2);
-    let (engine, tile) = match engine {
-        Engine::Tiles(t) if runs(t) => (engine, t),
-        _ => (Engine::Gemm, Isa::Avx2),
-    };
+    let (engine, tile) = engine.on_this_cpu();
     let mask4 = match mask {
-        Some(m) => {
-            // A rank-3 run broadcasts its mask against (B, Lq, Lk); add the head axis after B.
-            let m = if rank == 3 && m.rank() == 3 {
-                m.unsqueeze(1)?
-            } else {
-                m.clone()
-            };
-            Some(m.broadcast_as((b, heads, lq, lk))?)
-        }
+        Some(m) => Some(broadcast_mask(m, rank, (b, heads, lq, lk))?),
         None => None,
     };
     let f32c = |t: &Tensor| contiguous(&t.to_dtype(DType::F32)?);
@@ -323,6 +285,7 @@ pub(crate) fn attention_on(
         (None, Engine::Gemm) => F32_KV_BLOCK,
     };
     let dims = Dims {
+        batch: b,
         heads,
         lq,
         lk,
@@ -332,42 +295,41 @@ pub(crate) fn attention_on(
         q_block: query_block(b * heads, lq, d, engine),
         tile,
     };
+    let out = run_f32(engine, &dims, (&q4, &k4, &v4), mask4.as_ref(), (scale, empty, round))?;
+    Tensor::from_vec(out, out_dims, &Device::Cpu)?.to_dtype(dtype)
+}
 
-    let (qg, ql) = q4.storage_and_layout();
-    let (kg, kl) = k4.storage_and_layout();
-    let (vg, vl) = v4.storage_and_layout();
-    let mg = mask4.as_ref().map(|m| m.storage_and_layout());
+/// An additive mask broadcast to the score shape `(B, H, Lq, Lk)`: a rank-3 run's mask
+/// broadcasts against `(B, Lq, Lk)`, so it gets the head axis after B.
+fn broadcast_mask(m: &Tensor, rank: usize, scores: (usize, usize, usize, usize)) -> Result<Tensor> {
+    let m = if rank == 3 && m.rank() == 3 {
+        m.unsqueeze(1)?
+    } else {
+        m.clone()
+    };
+    m.broadcast_as(scores)
+}
+
+/// The output of the kernel, `(B, H, Lq, Dv)` row-major, from contiguous f32 `(B, H, L, ·)`
+/// inputs and a mask broadcast to the score shape; the scores' scale, what an all-masked row
+/// gives, and the half-precision rounding of the weights as given.
+fn run_f32(
+    engine: Engine,
+    dims: &Dims,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    mask: Option<&Tensor>,
+    (scale, empty, round): (ScoreScale, Empty, Option<simd::Round>),
+) -> Result<Vec<f32>> {
+    let (qg, ql) = q.storage_and_layout();
+    let (kg, kl) = k.storage_and_layout();
+    let (vg, vl) = v.storage_and_layout();
+    let mg = mask.map(|m| m.storage_and_layout());
     let mask = match &mg {
+        Some((g, l)) => Some(Mask::view(g, l)?),
         None => None,
-        Some((g, l)) => {
-            let Storage::Cpu(data) = &**g else {
-                candle_core::bail!("sdpa cpu kernel: the mask is not on the CPU")
-            };
-            let st = l.stride();
-            Some(Mask {
-                data,
-                offset: l.start_offset(),
-                stride: [st[0], st[1], st[2], st[3]],
-            })
-        }
     };
     let (k_in, v_in) = (f32_slice(&kg, kl)?, f32_slice(&vg, vl)?);
-    // K as the engine reads it, made once per batch·head and shared by every query block: Kᵀ
-    // (D, Lk) for `gemm` (it then packs Kᵀ as a plain copy, not a gather), each head's packed
-    // operands for the microkernels. Where a head is one task, that task packs its own instead.
-    let store = match engine {
-        Engine::Gemm => {
-            let mut kt = packing_buffer::take(k_in.len());
-            gemm_engine::transpose_heads(k_in, lk, d, &mut kt);
-            kt
-        }
-        Engine::Tiles(_) if dims.shares_packing() => {
-            let mut packed = packing_buffer::take(b * heads * dims.packed_len());
-            tiles::pack_heads(k_in, v_in, &dims, &mut packed);
-            packed
-        }
-        Engine::Tiles(_) => Vec::new(),
-    };
+    let store = shared_keys(engine, dims, k_in, v_in);
     let inputs = Inputs {
         q: f32_slice(&qg, ql)?,
         k: if store.is_empty() { k_in } else { &store },
@@ -377,8 +339,36 @@ pub(crate) fn attention_on(
         empty,
         round,
     };
+    let out = run_tasks(engine, &inputs, dims);
+    packing_buffer::give_back(store);
+    Ok(out)
+}
+
+/// K as the engine reads it, made once per batch·head and shared by every query block: Kᵀ
+/// `(D, Lk)` for `gemm` (it then packs Kᵀ as a plain copy, not a gather), each head's packed
+/// operands for the microkernels. Empty where a head is one task (that task packs its own).
+/// From [`packing_buffer`]: given back after the tasks.
+fn shared_keys(engine: Engine, dims: &Dims, k: &[f32], v: &[f32]) -> Vec<f32> {
+    match engine {
+        Engine::Gemm => {
+            let mut kt = packing_buffer::take(k.len());
+            gemm_engine::transpose_heads(k, dims.lk, dims.d, &mut kt);
+            kt
+        }
+        Engine::Tiles(_) if dims.shares_packing() => {
+            let mut packed = packing_buffer::take(dims.batch * dims.heads * dims.packed_len());
+            tiles::pack_heads(k, v, dims, &mut packed);
+            packed
+        }
+        Engine::Tiles(_) => Vec::new(),
+    }
+}
+
+/// The output values, every task in parallel: one per (batch·head, query block).
+fn run_tasks(engine: Engine, inputs: &Inputs, dims: &Dims) -> Vec<f32> {
+    let (lq, dv) = (dims.lq, dims.dv);
+    let len = dims.batch * dims.heads * lq * dv;
     // Every element is written by exactly one task (no zeroing pass).
-    let len = b * heads * lq * dv;
     let mut out: Vec<f32> = Vec::with_capacity(len);
     out.spare_capacity_mut()[..len]
         .par_chunks_mut(lq * dv)
@@ -388,106 +378,13 @@ pub(crate) fn attention_on(
                 .par_chunks_mut(dims.q_block * dv)
                 .enumerate()
                 .for_each(|(blk, o)| match engine {
-                    Engine::Tiles(_) => tiles::task(&inputs, &dims, bh, blk * dims.q_block, o),
-                    Engine::Gemm => gemm_engine::task(&inputs, &dims, bh, blk * dims.q_block, o),
+                    Engine::Tiles(_) => tiles::task(inputs, dims, bh, blk * dims.q_block, o),
+                    Engine::Gemm => gemm_engine::task(inputs, dims, bh, blk * dims.q_block, o),
                 });
         });
     // SAFETY: the tasks above initialised all `len` elements (their chunks cover the range).
     unsafe { out.set_len(len) };
-    packing_buffer::give_back(store);
-    Tensor::from_vec(out, out_dims, &Device::Cpu)?.to_dtype(dtype)
-}
-
-/// The online softmax of one task's query rows: their running max and sum, and how score rows
-/// become weights.
-struct Softmax<'a> {
-    inp: &'a Inputs<'a>,
-    ops: simd::Ops,
-    /// The factor the exp pass applies ([`simd::deferred_scale`]).
-    pre: f32,
-    /// Batch and head of the task.
-    b: usize,
-    h: usize,
-    max: Vec<f32>,
-    sum: Vec<f32>,
-}
-
-impl<'a> Softmax<'a> {
-    fn new(inp: &'a Inputs<'a>, dims: &Dims, bh: usize, rows: usize) -> Self {
-        Softmax {
-            inp,
-            ops: simd::ops(),
-            pre: simd::deferred_scale(inp.scale, inp.mask.is_some()),
-            b: bh / dims.heads,
-            h: bh % dims.heads,
-            max: vec![f32::NEG_INFINITY; rows],
-            sum: vec![0f32; rows],
-        }
-    }
-
-    /// Scores `s` of task row `r` (query `i`) against keys `k0..k0 + s.len()` become their
-    /// weights; returns the factor the row's earlier output is to be multiplied by (`α`, 1 on
-    /// the first key block). `mask_row` is scratch of at least `s.len()`.
-    fn update(&mut self, r: usize, i: usize, k0: usize, s: &mut [f32], mask_row: &mut [f32]) -> f32 {
-        self.update_with_max(r, i, k0, s, mask_row, None)
-    }
-
-    /// Whether the scores need no pass of their own before the exp pass (no mask, a positive
-    /// `Mul` scale that the exp pass applies): their row max is then all [`update_with_max`]
-    /// needs, and a tile product can find it as it stores the scores.
-    ///
-    /// [`update_with_max`]: Softmax::update_with_max
-    fn max_is_enough(&self) -> bool {
-        self.inp.mask.is_none() && matches!(self.inp.scale, ScoreScale::Mul(c) if c > 0.0 && c.is_finite())
-    }
-
-    /// [`update`](Softmax::update), given the row max of the raw scores `s` where
-    /// [`max_is_enough`](Softmax::max_is_enough) (the same bits as finding it here).
-    fn update_with_max(
-        &mut self,
-        r: usize,
-        i: usize,
-        k0: usize,
-        s: &mut [f32],
-        mask_row: &mut [f32],
-        raw_max: Option<f32>,
-    ) -> f32 {
-        let inp = self.inp;
-        let m = match (&inp.mask, raw_max) {
-            (None, Some(m)) if self.max_is_enough() => m * self.pre,
-            (Some(mask), _) => {
-                let mr = &mut mask_row[..s.len()];
-                mask.row(self.b, self.h, i, k0, mr);
-                (self.ops.scale_mask_max)(s, Some(mr), inp.scale)
-            }
-            (None, _) => (self.ops.scale_mask_max)(s, None, inp.scale),
-        };
-        let m_old = self.max[r];
-        let m_new = if m > m_old { m } else { m_old };
-        // A finite stand-in for a max of -inf: exp(-inf - MIN) = 0, exp(MIN - MIN) = 1.
-        let m_safe = m_new.clamp(f32::MIN, f32::MAX);
-        let p_sum = (self.ops.exp_sum)(s, self.pre, m_safe, inp.round);
-        self.max[r] = m_new;
-        if k0 == 0 {
-            self.sum[r] = p_sum;
-            1.0
-        } else {
-            let alpha = (m_old.clamp(f32::MIN, f32::MAX) - m_safe).exp();
-            self.sum[r] = p_sum + self.sum[r] * alpha;
-            alpha
-        }
-    }
-
-    /// What the accumulated `Σ p·v` of task row `r` is multiplied by: `1 / sum`; for a row
-    /// whose keys are all masked (sum 0, accumulator 0) 1 as torch's kernel (the row is 0), or
-    /// NaN as softmax gives.
-    fn factor(&self, r: usize) -> f32 {
-        match (self.sum[r] == 0.0, self.inp.empty) {
-            (false, _) => 1.0 / self.sum[r],
-            (true, Empty::Zero) => 1.0,
-            (true, Empty::Nan) => f32::NAN,
-        }
-    }
+    out
 }
 
 #[cfg(test)]

@@ -70,54 +70,138 @@ pub(super) fn chunks(n: usize, kc: usize) -> impl Iterator<Item = (usize, usize)
 /// (each V panel slice in L1 while the weight micro-panels pass it), into the task's padded
 /// output rows.
 pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [MaybeUninit<f32>]) {
-    let Dims {
-        lq,
-        lk,
-        d,
-        dv,
-        kv_block,
-        ..
-    } = *dims;
-    let tile = dims.tile;
-    let (mr, nr, kc_max) = (tile.mr(), tile.nr(), tile_depth(tile));
-    let (lk_p, dv_p) = (dims.lk_panels(), dims.dv_panels());
-    // Output rows padded past a multiple of 16 lanes: at Dv = 512 unpadded rows 2 KiB apart
-    // would put a whole column of output tiles into four L1 sets.
-    let ldo = dv_p + 16;
-    let rows = o.len() / dv;
-    let panels = rows.div_ceil(mr);
-    let q = &inp.q[(bh * lq + q0) * d..][..rows * d];
-    let kb = kv_block.min(lk);
-    // Score rows padded past a multiple of 16 lanes so the rows of a micro-panel do not share
-    // cache sets.
-    let ld = kb.div_ceil(nr) * nr + 16;
-    let in_place = dims.values_in_place();
-    let own = if dims.shares_packing() { 0 } else { dims.packed_len() };
-    // Query rows are read in place where they are under 2 KiB apart; further apart (D ≥ 512) the
-    // rows of a micro-panel would crowd a few L1 sets, so they are copied with a padded stride.
-    // A short last micro-panel is copied either way, zero-padded to whole tile rows.
-    // The AVX2 tile reads every micro-panel interleaved instead (one sequential stream).
-    let interleave = tile == Isa::Avx2;
-    let copy_all = d >= 512 || interleave;
-    let ldq = if interleave {
-        d
-    } else if copy_all {
-        d.div_ceil(16) * 16 + 16
-    } else {
-        d
-    };
-    let copied = if copy_all { panels * mr } else { mr };
-    let sizes = [
-        own,
-        panels * mr * 16,
-        copied * ldq,
-        panels * mr * ld,
-        panels * mr * ldo,
-        panels * mr,
-        kb,
-    ];
+    let lay = TaskLayout::new(dims, o.len() / dims.dv);
+    let q = &inp.q[(bh * dims.lq + q0) * dims.d..][..lay.rows * dims.d];
+    let sizes = lay.scratch_sizes(dims);
     with_scratch(sizes.iter().sum(), |scratch| {
         let (own, rest) = scratch.split_at_mut(sizes[0]);
+        let head = HeadOperands::new(inp, dims, bh, own);
+        let (row_max, rest) = rest.split_at_mut(sizes[1]);
+        let (qp, rest) = rest.split_at_mut(sizes[2]);
+        let (s, rest) = rest.split_at_mut(sizes[3]);
+        let (acc, rest) = rest.split_at_mut(sizes[4]);
+        let (alpha, mask_row) = rest.split_at_mut(sizes[5]);
+        let queries = QueryRows::copy(&lay, q, qp);
+        alpha.fill(1.0);
+        let mut softmax = Softmax::new(inp, dims, bh, lay.rows);
+        // Where a row max is all the softmax needs first, the score tiles find it (16 lanes a row).
+        let fuse_max = softmax.max_is_enough();
+        for k0 in (0..dims.lk).step_by(lay.kb) {
+            let block = (k0, lay.kb.min(dims.lk - k0));
+            row_max.fill(f32::NEG_INFINITY);
+            score_block(&lay, &queries, head.keys, block, s, fuse_max.then_some(&mut *row_max));
+            for (r, srow) in s.chunks_exact_mut(lay.ld).take(lay.rows).enumerate() {
+                let raw_max = fuse_max.then(|| simd::max_of(&row_max[r * 16..(r + 1) * 16]));
+                alpha[r] = softmax.update_with_max(r, q0 + r, k0, &mut srow[..block.1], mask_row, raw_max);
+            }
+            value_block(&lay, &head, block, s, alpha, acc);
+        }
+        for (r, row) in o.chunks_exact_mut(dims.dv).enumerate() {
+            avx512::store_scaled(&acc[r * lay.ldo..r * lay.ldo + dims.dv], softmax.factor(r), row);
+        }
+    })
+}
+
+/// The shape of one task's work: its register tile and blockings, and the strides of the query,
+/// score and output rows in its scratch.
+struct TaskLayout {
+    tile: Isa,
+    mr: usize,
+    nr: usize,
+    /// Longest inner dimension of one tile product ([`tile_depth`]).
+    kc_max: usize,
+    d: usize,
+    /// Value channels rounded up to whole V panels.
+    dv_p: usize,
+    /// The task's query rows, and their micro-panels of `mr`.
+    rows: usize,
+    panels: usize,
+    /// Keys per block.
+    kb: usize,
+    /// Stride of the score rows.
+    ld: usize,
+    /// Stride of the output rows.
+    ldo: usize,
+    /// Whether every micro-panel's query rows are copied interleaved (the AVX2 tile).
+    interleave: bool,
+    /// Stride of the copied query rows (not interleaved).
+    ldq: usize,
+    /// Query rows copied, from row `first_copied` on.
+    copied: usize,
+    first_copied: usize,
+}
+
+impl TaskLayout {
+    fn new(dims: &Dims, rows: usize) -> Self {
+        let (tile, d) = (dims.tile, dims.d);
+        let (mr, nr) = (tile.mr(), tile.nr());
+        let panels = rows.div_ceil(mr);
+        let kb = dims.kv_block.min(dims.lk);
+        // Query rows are read in place where they are under 2 KiB apart; further apart (D ≥ 512)
+        // the rows of a micro-panel would crowd a few L1 sets, so they are copied with a padded
+        // stride. A short last micro-panel is copied either way, zero-padded to whole tile rows.
+        // The AVX2 tile reads every micro-panel interleaved instead (one sequential stream).
+        let interleave = tile == Isa::Avx2;
+        let copy_all = d >= 512 || interleave;
+        TaskLayout {
+            tile,
+            mr,
+            nr,
+            kc_max: tile_depth(tile),
+            d,
+            dv_p: dims.dv_panels(),
+            rows,
+            panels,
+            kb,
+            // Score rows padded past a multiple of 16 lanes so the rows of a micro-panel do not
+            // share cache sets.
+            ld: kb.div_ceil(nr) * nr + 16,
+            // Output rows padded likewise: at Dv = 512 unpadded rows 2 KiB apart would put a
+            // whole column of output tiles into four L1 sets.
+            ldo: dims.dv_panels() + 16,
+            interleave,
+            ldq: if copy_all && !interleave {
+                d.div_ceil(16) * 16 + 16
+            } else {
+                d
+            },
+            copied: if copy_all { panels * mr } else { mr },
+            first_copied: if copy_all { 0 } else { (panels - 1) * mr },
+        }
+    }
+
+    /// Floats of the task's scratch, part by part: the head's own packed operands (none where
+    /// [`Dims::shares_packing`]), the row-max lanes, the copied query rows, the score rows, the
+    /// output rows, the rows' `α`, a mask row.
+    fn scratch_sizes(&self, dims: &Dims) -> [usize; 7] {
+        let rows = self.panels * self.mr;
+        [
+            if dims.shares_packing() { 0 } else { dims.packed_len() },
+            rows * 16,
+            self.copied * self.ldq,
+            rows * self.ld,
+            rows * self.ldo,
+            rows,
+            self.kb,
+        ]
+    }
+}
+
+/// One head's K and V as the tile products read them: K panels, and V panels or V in place.
+struct HeadOperands<'a> {
+    keys: &'a [f32],
+    values: &'a [f32],
+    /// Key `j` of V panel `cp` starts at `cp · panel + j · ldv`.
+    ldv: usize,
+    panel: usize,
+    values_in_place: bool,
+}
+
+impl<'a> HeadOperands<'a> {
+    /// Batch·head `bh`'s operands: shared ones from `inp`, or packed here into `own` (the task's
+    /// scratch) where the head is a single task.
+    fn new(inp: &Inputs<'a>, dims: &Dims, bh: usize, own: &'a mut [f32]) -> Self {
+        let Dims { lk, d, dv, .. } = *dims;
         let v_raw = &inp.v[bh * lk * dv..][..lk * dv];
         let packed: &[f32] = if dims.shares_packing() {
             &inp.k[bh * dims.packed_len()..][..dims.packed_len()]
@@ -125,94 +209,144 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
             pack_head(&inp.k[bh * lk * d..][..lk * d], v_raw, dims, own);
             own
         };
-        let (kp, vp) = packed.split_at(lk_p * d);
-        let vp = if in_place { v_raw } else { vp };
-        // Key `j` of V panel `cp` starts at `cp · panel + j · ldv`.
-        let (ldv, panel) = if in_place { (dv, nr) } else { (nr, lk * nr) };
-        let (row_max, rest) = rest.split_at_mut(sizes[1]);
-        let (qp, rest) = rest.split_at_mut(sizes[2]);
-        let (s, rest) = rest.split_at_mut(sizes[3]);
-        let (acc, rest) = rest.split_at_mut(sizes[4]);
-        let (alpha, mask_row) = rest.split_at_mut(sizes[5]);
-        let first_copied = if copy_all { 0 } else { (panels - 1) * mr };
-        if interleave {
-            interleave_rows((q, rows, d), d, mr, qp);
+        let (keys, packed_values) = packed.split_at(dims.lk_panels() * d);
+        let values_in_place = dims.values_in_place();
+        let nr = dims.tile.nr();
+        let (values, ldv, panel) = if values_in_place {
+            (v_raw, dv, nr)
         } else {
-            for (r, dst) in qp.chunks_exact_mut(ldq).enumerate() {
-                match q.get((first_copied + r) * d..(first_copied + r + 1) * d) {
+            (packed_values, nr, lk * nr)
+        };
+        HeadOperands {
+            keys,
+            values,
+            ldv,
+            panel,
+            values_in_place,
+        }
+    }
+}
+
+/// The task's query rows as the score tiles read them: in place, or copied into its scratch
+/// (padded rows, or interleaved micro-panels).
+struct QueryRows<'a> {
+    lay: &'a TaskLayout,
+    q: &'a [f32],
+    copy: &'a [f32],
+}
+
+impl<'a> QueryRows<'a> {
+    /// The rows `q` (`rows × D`), copied into `copy` as `lay` says.
+    fn copy(lay: &'a TaskLayout, q: &'a [f32], copy: &'a mut [f32]) -> Self {
+        let d = lay.d;
+        if lay.interleave {
+            interleave_rows((q, lay.rows, d), d, lay.mr, copy);
+        } else {
+            for (r, dst) in copy.chunks_exact_mut(lay.ldq).enumerate() {
+                let i = lay.first_copied + r;
+                match q.get(i * d..(i + 1) * d) {
                     Some(src) => dst[..d].copy_from_slice(src),
                     None => dst[..d].fill(0.0),
                 }
             }
         }
-        // The query rows of micro-panel `mp` from channel `p0` on.
-        let q_rows = |mp: usize, p0: usize| -> (&[f32], ALayout) {
-            if interleave {
-                (&qp[(mp * d + p0) * mr..], ALayout::Interleaved)
-            } else if mp * mr >= first_copied {
-                (&qp[(mp * mr - first_copied) * ldq + p0..], ALayout::Rows(ldq))
-            } else {
-                (&q[mp * mr * d + p0..], ALayout::Rows(d))
-            }
-        };
-        alpha.fill(1.0);
-        let ones = [1f32; MR];
-        let mut softmax = Softmax::new(inp, dims, bh, rows);
-        // Where a row max is all the softmax needs first, the score tiles find it (16 lanes a row).
-        let fuse_max = softmax.max_is_enough();
-        for k0 in (0..lk).step_by(kb) {
-            let n = kb.min(lk - k0);
-            row_max.fill(f32::NEG_INFINITY);
-            // S = Q · K_blkᵀ, KC channels at a time.
-            for (p0, kc) in chunks(d, kc_max) {
-                let last = p0 + kc == d;
-                for jp in 0..n.div_ceil(nr) {
-                    let k_pan = &kp[((k0 / nr + jp) * d + p0) * nr..][..kc * nr];
-                    // The next panel slice, fetched a part per micro-panel while this one runs.
-                    let next = kp.get(((k0 / nr + jp + 1) * d + p0) * nr..).unwrap_or(&[]);
-                    for mp in 0..panels {
-                        prefetch(next, mp, panels, kc * nr);
-                        let s_tile = &mut s[mp * mr * ld + jp * nr..];
-                        let rows = mr.min(rows - mp * mr);
-                        let max = (fuse_max && last).then(|| RowMax {
-                            lanes: &mut row_max[mp * mr * 16..],
-                            keys: nr.min(n - jp * nr),
-                        });
-                        let q = q_rows(mp, p0);
-                        score_tile(tile, rows, q, k_pan, kc, (s_tile, ld), p0 > 0, max);
-                    }
-                }
-            }
-            for (r, srow) in s.chunks_exact_mut(ld).take(rows).enumerate() {
-                let raw_max = fuse_max.then(|| simd::max_of(&row_max[r * 16..(r + 1) * 16]));
-                alpha[r] = softmax.update_with_max(r, q0 + r, k0, &mut srow[..n], mask_row, raw_max);
-            }
-            // O = α·O + P · V_blk, KC keys at a time.
-            for (j0, nc) in chunks(n, kc_max) {
-                for cp in 0..dv_p / nr {
-                    let v_pan = &vp[cp * panel + (k0 + j0) * ldv..][..(nc - 1) * ldv + nr];
-                    let next = vp.get((cp + 1) * panel + (k0 + j0) * ldv..).unwrap_or(&[]);
-                    for mp in 0..panels {
-                        if !in_place {
-                            prefetch(next, mp, panels, nc * nr);
-                        }
-                        let init = match (k0, j0) {
-                            (0, 0) => None,
-                            (_, 0) => Some(&alpha[mp * mr..]),
-                            _ => Some(&ones[..]),
-                        };
-                        let p_tile = (&s[mp * mr * ld + j0..], ALayout::Rows(ld));
-                        let o_tile = &mut acc[mp * mr * ldo + cp * nr..];
-                        let p = (mr.min(rows - mp * mr), p_tile, nc);
-                        value_tile(tile, p, (v_pan, ldv), (o_tile, ldo), init);
-                    }
-                }
+        QueryRows { lay, q, copy }
+    }
+
+    /// The query rows of micro-panel `mp` from channel `p0` on.
+    #[inline]
+    fn at(&self, mp: usize, p0: usize) -> (&'a [f32], ALayout) {
+        let TaskLayout { mr, d, ldq, .. } = *self.lay;
+        if self.lay.interleave {
+            (&self.copy[(mp * d + p0) * mr..], ALayout::Interleaved)
+        } else if mp * mr >= self.lay.first_copied {
+            (
+                &self.copy[(mp * mr - self.lay.first_copied) * ldq + p0..],
+                ALayout::Rows(ldq),
+            )
+        } else {
+            (&self.q[mp * mr * d + p0..], ALayout::Rows(d))
+        }
+    }
+}
+
+/// `S = Q · K_blkᵀ` for the key block `(k0, n)`, KC channels at a time, into the score rows `s`;
+/// with `row_max`, the last channel chunk also folds each score row into its 16 max lanes.
+#[inline]
+fn score_block(
+    lay: &TaskLayout,
+    queries: &QueryRows,
+    kp: &[f32],
+    (k0, n): (usize, usize),
+    s: &mut [f32],
+    mut row_max: Option<&mut [f32]>,
+) {
+    let TaskLayout {
+        mr, nr, d, panels, ld, ..
+    } = *lay;
+    for (p0, kc) in chunks(d, lay.kc_max) {
+        let last = p0 + kc == d;
+        for jp in 0..n.div_ceil(nr) {
+            let k_pan = &kp[((k0 / nr + jp) * d + p0) * nr..][..kc * nr];
+            // The next panel slice, fetched a part per micro-panel while this one runs.
+            let next = kp.get(((k0 / nr + jp + 1) * d + p0) * nr..).unwrap_or(&[]);
+            for mp in 0..panels {
+                prefetch(next, mp, panels, kc * nr);
+                let s_tile = &mut s[mp * mr * ld + jp * nr..];
+                let rows = mr.min(lay.rows - mp * mr);
+                let max = row_max.as_deref_mut().filter(|_| last).map(|lanes| RowMax {
+                    lanes: &mut lanes[mp * mr * 16..],
+                    keys: nr.min(n - jp * nr),
+                });
+                let q = queries.at(mp, p0);
+                score_tile(lay.tile, rows, q, k_pan, kc, (s_tile, ld), p0 > 0, max);
             }
         }
-        for (r, row) in o.chunks_exact_mut(dv).enumerate() {
-            avx512::store_scaled(&acc[r * ldo..r * ldo + dv], softmax.factor(r), row);
+    }
+}
+
+/// `O = α·O + P · V_blk` for the key block `(k0, n)`, KC keys at a time: the weights in the score
+/// rows `s`, the output rows in `acc`, `α` per row (applied by the first chunk of a block after
+/// the first; the first block starts the rows).
+#[inline]
+fn value_block(
+    lay: &TaskLayout,
+    head: &HeadOperands,
+    (k0, n): (usize, usize),
+    s: &[f32],
+    alpha: &[f32],
+    acc: &mut [f32],
+) {
+    let TaskLayout {
+        mr,
+        nr,
+        panels,
+        ld,
+        ldo,
+        ..
+    } = *lay;
+    let (vp, ldv, panel) = (head.values, head.ldv, head.panel);
+    let ones = [1f32; MR];
+    for (j0, nc) in chunks(n, lay.kc_max) {
+        for cp in 0..lay.dv_p / nr {
+            let v_pan = &vp[cp * panel + (k0 + j0) * ldv..][..(nc - 1) * ldv + nr];
+            let next = vp.get((cp + 1) * panel + (k0 + j0) * ldv..).unwrap_or(&[]);
+            for mp in 0..panels {
+                if !head.values_in_place {
+                    prefetch(next, mp, panels, nc * nr);
+                }
+                let init = match (k0, j0) {
+                    (0, 0) => None,
+                    (_, 0) => Some(&alpha[mp * mr..]),
+                    _ => Some(&ones[..]),
+                };
+                let p_tile = (&s[mp * mr * ld + j0..], ALayout::Rows(ld));
+                let o_tile = &mut acc[mp * mr * ldo + cp * nr..];
+                let p = (mr.min(lay.rows - mp * mr), p_tile, nc);
+                value_tile(lay.tile, p, (v_pan, ldv), (o_tile, ldo), init);
+            }
         }
-    })
+    }
 }
 
 /// One head's operands for the microkernels into `dst` ([`Dims::packed_len`] floats): K panels

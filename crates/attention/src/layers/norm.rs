@@ -1,0 +1,293 @@
+//! The norms of the PyTorch blocks: GroupNorm, LayerNorm, lucidrains' RMSNorm, diffusers'
+//! last-dimension RMSNorm, BatchNorm2d in eval mode, the L2 normalisation and diffusers'
+//! `SpatialNorm`.
+
+use super::{interpolate_nearest2d, Projection};
+use crate::cpu::contiguous;
+use crate::cpu_kernels::Swish;
+use crate::ops::{mul, upcast};
+use crate::{Error, Result};
+use candle_core::{DType, Tensor};
+use candle_nn::{Module, VarBuilder};
+
+/// `nn.GroupNorm(num_groups, channels, eps, affine=True)` over dimension 1 of `(B, C, ...)`
+/// (see [`GroupNorm`]).
+pub fn group_norm(vb: VarBuilder, block: &'static str, groups: usize, channels: usize, eps: f64) -> Result<GroupNorm> {
+    GroupNorm::load(vb, block, groups, channels, eps)
+}
+
+/// `nn.LayerNorm(dim, eps, elementwise_affine)` over the last dimension: two-pass mean and
+/// biased variance, then the affine, all in at least f32 (as PyTorch's CPU kernel), cast back.
+/// Keys `weight`, `bias` when `affine`.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    weight: Option<Tensor>,
+    bias: Option<Tensor>,
+    eps: f64,
+}
+
+impl LayerNorm {
+    pub fn load(vb: VarBuilder, dim: usize, eps: f64, affine: bool) -> Result<Self> {
+        let (weight, bias) = if affine {
+            (Some(vb.get(dim, "weight")?), Some(vb.get(dim, "bias")?))
+        } else {
+            (None, None)
+        };
+        Ok(Self { weight, bias, eps })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dtype = x.dtype();
+        let compute = crate::ops::compute_dtype(dtype);
+        let x = x.to_dtype(compute)?;
+        let centered = x.broadcast_sub(&x.mean_keepdim(candle_core::D::Minus1)?)?;
+        let var = centered.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+        let mut y = centered.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        if let (Some(w), Some(b)) = (&self.weight, &self.bias) {
+            y = y
+                .broadcast_mul(&w.to_dtype(compute)?)?
+                .broadcast_add(&b.to_dtype(compute)?)?;
+        }
+        y.to_dtype(dtype)
+    }
+}
+
+/// lucidrains' 2.x `RMSNorm`: `F.normalize(x, dim=1) * g * sqrt(C)`; key `g` `(1, C, 1, 1)`.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    g: Tensor,
+    scale: f64,
+}
+
+impl RmsNorm {
+    pub fn load(vb: VarBuilder, channels: usize) -> Result<Self> {
+        Ok(Self {
+            g: vb.get((1, channels, 1, 1), "g")?,
+            scale: (channels as f64).sqrt(),
+        })
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        // F.normalize: x / max(||x||_2 over dim 1, 1e-12), the norm accumulated in at least f32
+        // and rounded to x's dtype before the division (as PyTorch does); then `* g`, `* scale`.
+        let up = upcast(x)?;
+        let squares = match crate::cpu_kernels::channel_sum_squares(&up)? {
+            Some(s) => s,
+            None => up.sqr()?.sum_keepdim(1)?,
+        };
+        let norm = squares.sqrt()?.clamp(1e-12, f64::INFINITY)?.to_dtype(x.dtype())?;
+        let normalized = x.broadcast_div(&norm)?;
+        mul(&normalized.broadcast_mul(&self.g)?, self.scale)
+    }
+}
+
+/// `nn.BatchNorm2d(C)` in eval mode: running statistics, affine. Keys `weight`, `bias`,
+/// `running_mean`, `running_var`, `num_batches_tracked`.
+#[derive(Debug, Clone)]
+pub struct BatchNorm2d {
+    weight: Tensor,
+    bias: Tensor,
+    running_mean: Tensor,
+    running_var: Tensor,
+    eps: f64,
+}
+
+impl BatchNorm2d {
+    pub fn load(vb: VarBuilder, channels: usize, eps: f64) -> Result<Self> {
+        // `num_batches_tracked` only matters for training; it is part of the state dict, a scalar.
+        if vb.contains_tensor("num_batches_tracked") {
+            vb.get_with_hints_dtype((), "num_batches_tracked", candle_nn::Init::Const(0.), DType::I64)?;
+        }
+        let shape = (1, channels, 1, 1);
+        Ok(Self {
+            weight: vb.get(channels, "weight")?.reshape(shape)?,
+            bias: vb.get(channels, "bias")?.reshape(shape)?,
+            running_mean: vb.get(channels, "running_mean")?.reshape(shape)?,
+            running_var: vb.get(channels, "running_var")?.reshape(shape)?,
+            eps,
+        })
+    }
+}
+
+impl Module for BatchNorm2d {
+    /// In at least f32 and rounded once, as PyTorch's CPU kernel computes it in half precision.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let denom = (upcast(&self.running_var)? + self.eps)?.sqrt()?;
+        upcast(x)?
+            .broadcast_sub(&upcast(&self.running_mean)?)?
+            .broadcast_div(&denom)?
+            .broadcast_mul(&upcast(&self.weight)?)?
+            .broadcast_add(&upcast(&self.bias)?)?
+            .to_dtype(x.dtype())
+    }
+}
+
+/// `nn.GroupNorm(num_groups, channels, eps, affine=True)` as PyTorch's CPU kernel computes it in
+/// every dtype: statistics, normalisation and affine in at least f32, rounded once to the input
+/// dtype. That is also OpenAI's / ldm `openaimodel`'s `GroupNorm32`
+/// (`super().forward(x.float()).type(x.dtype)`). f16/bf16 inputs and weights are upcast to f32;
+/// f32 and f64 stay as they are (a float64 reference run keeps the whole block in float64).
+/// Candle's own `GroupNorm` normalises in f32 but applies the affine in the input dtype (three
+/// roundings instead of one). On the CPU the f32 computation is [`crate::cpu_kernels::group_norm`]
+/// (PyTorch's per-channel scale and shift, one pass), elsewhere Candle's ops.
+///
+/// The weight and bias are loaded in the compute dtype of the run (f32 for f16/bf16 runs, else
+/// the run's dtype), never rounded to the half type: guided-diffusion's half-precision mode
+/// (`convert_to_fp16`) keeps the `GroupNorm32` parameters in f32, and a half-precision weight
+/// upcasts exactly.
+#[derive(Debug, Clone)]
+pub struct GroupNorm {
+    weight: Tensor,
+    bias: Tensor,
+    groups: usize,
+    channels: usize,
+    eps: f64,
+}
+
+impl GroupNorm {
+    /// Load `<vb>.weight` and `<vb>.bias`, both `(channels,)`.
+    pub fn load(vb: VarBuilder, block: &'static str, groups: usize, channels: usize, eps: f64) -> Result<Self> {
+        if groups == 0 || !channels.is_multiple_of(groups) {
+            return Err(Error::config(
+                block,
+                format!("{groups} norm groups do not divide {channels} channels"),
+            ));
+        }
+        // Rounded to the block's dtype first, as PyTorch's `module.to(dtype)` rounds a wider
+        // checkpoint's parameters, then held in the compute dtype. (A block that keeps its norms
+        // wider, as guided-diffusion's `convert_to_fp16` does, passes a `vb` of that dtype.)
+        let compute = crate::ops::compute_dtype(vb.dtype());
+        Ok(Self {
+            weight: vb.get(channels, "weight")?.to_dtype(compute)?,
+            bias: vb.get(channels, "bias")?.to_dtype(compute)?,
+            groups,
+            channels,
+            eps,
+        })
+    }
+
+    /// `act(norm(x))`, with the norm's output recorded as the trace stage `stage`. In f32 on
+    /// the CPU one pass ([`crate::cpu_kernels::group_norm_act`] with `swish`, the form `act`
+    /// computes), except while a trace is recorded (the stage is the norm's own output);
+    /// otherwise the norm, then `act`.
+    pub fn forward_swish(
+        &self,
+        x: &Tensor,
+        stage: &str,
+        swish: Swish,
+        act: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor> {
+        if x.dtype() == DType::F32 && !crate::trace::enabled() {
+            let xc = contiguous(x)?;
+            let (w, b) = (&self.weight, &self.bias);
+            if let Some(y) = crate::cpu_kernels::group_norm_act(&xc, w, b, self.groups, self.eps, Some(swish))? {
+                return Ok(y);
+            }
+        }
+        let normed = self.forward(x)?;
+        crate::trace::record(stage, &normed);
+        act(&normed)
+    }
+}
+
+impl Module for GroupNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dtype = crate::ops::compute_dtype(x.dtype());
+        // Any layout: the transposed token views of the diffusers blocks are copied once here.
+        let xc = contiguous(&x.to_dtype(dtype)?)?;
+        let (w, b) = (self.weight.to_dtype(dtype)?, self.bias.to_dtype(dtype)?);
+        if let Some(y) = crate::cpu_kernels::group_norm(&xc, &w, &b, self.groups, self.eps)? {
+            return y.to_dtype(x.dtype());
+        }
+        let norm = candle_nn::GroupNorm::new(w, b, self.channels, self.groups, self.eps)?;
+        norm.forward(&xc)?.to_dtype(x.dtype())
+    }
+}
+
+/// diffusers' `RMSNorm(dim, eps, elementwise_affine)` (`models/normalization.py`) over the last
+/// dimension: `x · rsqrt(mean(x.float()², -1) + eps)`, then `· weight`. The mean square, `rsqrt`
+/// and product are in at least f32 (f64 input stays f64, as in a float64 reference run); a
+/// half-precision `weight` casts the product back to the weight's dtype before multiplying, and
+/// without a weight it is cast back to the input dtype, as in PyTorch. Key `weight` `(dim,)`
+/// when `affine`.
+#[derive(Debug, Clone)]
+pub struct LastDimRmsNorm {
+    weight: Option<Tensor>,
+    dim: usize,
+    eps: f64,
+}
+
+impl LastDimRmsNorm {
+    pub fn load(vb: VarBuilder, dim: usize, eps: f64, affine: bool) -> Result<Self> {
+        let weight = if affine { Some(vb.get(dim, "weight")?) } else { None };
+        Ok(Self { weight, dim, eps })
+    }
+
+    /// The normalised (last-dimension) size.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+}
+
+impl Module for LastDimRmsNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dtype = x.dtype();
+        let compute = crate::ops::compute_dtype(dtype);
+        let x = x.to_dtype(compute)?;
+        let variance = x.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+        let y = x.broadcast_mul(&(variance + self.eps)?.sqrt()?.recip()?)?;
+        match &self.weight {
+            Some(w) if matches!(w.dtype(), DType::F16 | DType::BF16) => y.to_dtype(w.dtype())?.broadcast_mul(w),
+            Some(w) => y.broadcast_mul(&w.to_dtype(compute)?),
+            None => y.to_dtype(dtype),
+        }
+    }
+}
+
+/// `F.normalize(x, p=2, dim=-1, eps)`: `x / max(‖x‖₂, eps)` over the last dimension (diffusers'
+/// `LpNorm(p=2, dim=-1)`): the norm accumulated in at least f32 and rounded to `x`'s dtype,
+/// then the division (rounded), as PyTorch computes it.
+pub fn l2_normalize_last_dim(x: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let norm = upcast(x)?
+        .sqr()?
+        .sum_keepdim(candle_core::D::Minus1)?
+        .sqrt()?
+        .clamp(eps, f64::INFINITY)?
+        .to_dtype(x.dtype())?;
+    x.broadcast_div(&norm)
+}
+
+/// diffusers' `SpatialNorm(f_channels, zq_channels)` (`attention_processor.py`, MoVQ):
+/// `zq = F.interpolate(zq, size=f.shape[-2:], mode="nearest")`;
+/// `GroupNorm(32, f_channels, eps=1e-6)(f) · conv_y(zq) + conv_b(zq)` with 1×1 convs (bias).
+/// Keys `norm_layer.{weight,bias}`, `conv_y.{weight,bias}`, `conv_b.{weight,bias}`.
+#[derive(Debug, Clone)]
+pub struct SpatialNorm {
+    norm_layer: GroupNorm,
+    conv_y: Projection,
+    conv_b: Projection,
+}
+
+impl SpatialNorm {
+    pub fn load(vb: VarBuilder, block: &'static str, f_channels: usize, zq_channels: usize) -> Result<Self> {
+        Ok(Self {
+            norm_layer: group_norm(vb.pp("norm_layer"), block, 32, f_channels, 1e-6)?,
+            conv_y: Projection::load(vb.pp("conv_y"), block, zq_channels, f_channels, true)?,
+            conv_b: Projection::load(vb.pp("conv_b"), block, zq_channels, f_channels, true)?,
+        })
+    }
+
+    /// `f`: `(B, f_channels, H, W)`; `zq`: `(B or 1, zq_channels, h, w)` → `(B, f_channels, H, W)`.
+    pub fn forward(&self, f: &Tensor, zq: &Tensor) -> candle_core::Result<Tensor> {
+        let (_, _, h, w) = f.dims4()?;
+        let zq = interpolate_nearest2d(zq, h, w)?;
+        let norm_f = self.norm_layer.forward(f)?;
+        norm_f
+            .broadcast_mul(&self.conv_y.forward_channels(&zq)?)?
+            .broadcast_add(&self.conv_b.forward_channels(&zq)?)
+    }
+}

@@ -1,0 +1,265 @@
+//! Learned projections: [`Projection`] (`nn.Linear` or 1×1 conv weights, on the packed GEMM
+//! where it applies) and the fused `to_qkv` conv of lucidrains' blocks ([`FusedQkvConv`]).
+
+use crate::cpu::contiguous;
+use crate::cpu_kernels::PackedLinear;
+use crate::ops::{is_half, upcast};
+use crate::{Error, Result};
+use candle_core::Tensor;
+use candle_nn::{Module, VarBuilder};
+
+/// A learned projection `y = W·x + b` whose weight may be stored as an `nn.Linear` `(out, in)`,
+/// a `Conv1d` with kernel 1 `(out, in, 1)` or a `Conv2d` 1×1 `(out, in, 1, 1)`. An f32 weight on
+/// a CPU with AVX2+FMA or AVX-512 is packed once, here, for the CPU GEMM
+/// ([`crate::cpu_kernels::PackedLinear`]; the unpacked copy is dropped); everything else runs
+/// Candle's ops.
+#[derive(Debug, Clone)]
+pub struct Projection {
+    /// The weight `(out, in)`, where it is not packed.
+    weight: Option<Tensor>,
+    packed: Option<PackedLinear>,
+    bias: Option<Tensor>,
+    out_dim: usize,
+}
+
+/// `<vb>.weight` of a projection in any of its stored layouts, `(out, in)`, `(out, in, 1, 1)` or
+/// `(out, in, 1)`, as `(out, in)`. Each layout is asked for by its shape, so a backend that knows
+/// a tensor's shape before reading it (unet-parity's checkpoints) refuses a wrong one without
+/// reading its data; Candle's backends report the mismatch as `UnexpectedShape` too.
+fn load_weight(vb: &VarBuilder, block: &'static str, in_dim: usize, out_dim: usize) -> Result<Tensor> {
+    let mut found = None;
+    // `vb.dtype()`: a `vb.to_dtype(..)` is honoured.
+    for shape in [
+        vec![out_dim, in_dim],
+        vec![out_dim, in_dim, 1, 1],
+        vec![out_dim, in_dim, 1],
+    ] {
+        match vb.get_with_hints_dtype(shape, "weight", candle_nn::Init::Const(0.), vb.dtype()) {
+            Ok(weight) => return Ok(weight.reshape((out_dim, in_dim))?),
+            Err(e) => match unexpected_shape(&e) {
+                Some(got) => found = Some(got.dims().to_vec()),
+                None => return Err(e.into()),
+            },
+        }
+    }
+    Err(Error::WeightShape {
+        block,
+        name: format!("{}.weight", vb.prefix()),
+        expected: format!("({out_dim}, {in_dim}) or ({out_dim}, {in_dim}, 1[, 1])"),
+        found: found.unwrap_or_default(),
+    })
+}
+
+/// The shape found, when `e` is (or wraps) Candle's shape-mismatch error.
+pub(crate) fn unexpected_shape(e: &candle_core::Error) -> Option<&candle_core::Shape> {
+    use candle_core::Error as E;
+    match e {
+        E::UnexpectedShape { got, .. } => Some(got),
+        E::WithBacktrace { inner, .. } | E::Context { inner, .. } | E::WithPath { inner, .. } => {
+            unexpected_shape(inner)
+        }
+        _ => None,
+    }
+}
+
+impl Projection {
+    /// Load `<vb>.weight` (and `<vb>.bias` when `bias`) mapping `in_dim` to `out_dim` features.
+    pub fn load(vb: VarBuilder, block: &'static str, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
+        Self::load_packed(vb, block, (in_dim, out_dim), bias, false)
+    }
+
+    /// [`Self::load`] for a GEGLU projection (`out_dim` = `2·n`, `[hidden | gate]`): a packed
+    /// weight is paired so that [`Self::forward_geglu`] applies.
+    pub fn load_gated(vb: VarBuilder, block: &'static str, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
+        Self::load_packed(vb, block, (in_dim, out_dim), bias, true)
+    }
+
+    fn load_packed(
+        vb: VarBuilder,
+        block: &'static str,
+        (in_dim, out_dim): (usize, usize),
+        bias: bool,
+        gated: bool,
+    ) -> Result<Self> {
+        let weight = load_weight(&vb, block, in_dim, out_dim)?;
+        let bias = if bias { Some(vb.get(out_dim, "bias")?) } else { None };
+        let packed = if gated {
+            PackedLinear::new_gated(&weight)?
+        } else {
+            PackedLinear::new(&weight)?
+        };
+        Ok(Self {
+            weight: if packed.is_some() { None } else { Some(weight) },
+            packed,
+            bias,
+            out_dim,
+        })
+    }
+
+    /// Output features.
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    /// The weight `(out, in)` (unpacked again where it is packed).
+    fn weight(&self) -> candle_core::Result<Tensor> {
+        match (&self.weight, &self.packed) {
+            (Some(w), _) => Ok(w.clone()),
+            (None, Some(p)) => p.weight(),
+            (None, None) => unreachable!("a Projection holds its weight one way or the other"),
+        }
+    }
+
+    /// `x · Wᵀ (+ b)` on the last dimension, in the dtype of `x` (f32 or f64): the packed GEMM
+    /// where it applies, else Candle's `Linear`.
+    fn product(&self, x: &Tensor, with_bias: bool) -> candle_core::Result<Tensor> {
+        let bias = if with_bias { self.bias.as_ref() } else { None };
+        if let Some(p) = &self.packed {
+            if let Some(y) = p.forward(x, bias)? {
+                return Ok(y);
+            }
+        }
+        let linear = candle_nn::Linear::new(upcast(&self.weight()?)?, bias.map(upcast).transpose()?);
+        // Candle's batched matmul mishandles some transposed (B, N, C) views of (B, C, N)
+        // tensors; a contiguous copy is also what the GEMM wants.
+        linear.forward(&contiguous(x)?)
+    }
+
+    /// GEGLU of the projection, `hidden · gelu(gate)` in one pass from the packed GEMM (for a
+    /// [`Self::load_gated`] projection on f32 CPU tokens); `None` where that does not apply.
+    pub fn forward_geglu(&self, x: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        match &self.packed {
+            Some(p) => Ok(p.forward_geglu(x, self.bias.as_ref())?),
+            None => Ok(None),
+        }
+    }
+
+    /// Apply to the last dimension, like `nn.Linear`: `(.., in)` → `(.., out)`.
+    ///
+    /// f16/bf16: product and bias in f32, rounded once, as PyTorch's `addmm` does (Candle's
+    /// half-precision `Linear` rounds the product and then the sum).
+    pub fn forward_tokens(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if is_half(x.dtype()) {
+            return self.product(&upcast(x)?, true)?.to_dtype(x.dtype());
+        }
+        self.product(x, true)
+    }
+
+    /// `nn.Linear` on an input PyTorch holds as a non-contiguous view (a `transpose`d image, a
+    /// `batch_first` query): there `F.linear` runs `matmul` and then adds the bias, so in
+    /// f16/bf16 the product and the sum are each rounded (two roundings; on a contiguous input
+    /// it is one fused `addmm`, [`Self::forward_tokens`]). Same values as
+    /// [`Self::forward_tokens`] in f32/f64.
+    pub fn forward_tokens_strided(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if !is_half(x.dtype()) {
+            return self.forward_tokens(x);
+        }
+        let product = self.product(&upcast(x)?, false)?.to_dtype(x.dtype())?;
+        match &self.bias {
+            Some(bias) => product.broadcast_add(&bias.to_dtype(x.dtype())?),
+            None => Ok(product),
+        }
+    }
+
+    /// Apply to dimension 1, like a 1×1 conv: `(B, in, ...)` → `(B, out, ...)`; f16/bf16 in f32
+    /// and rounded once, as PyTorch's convolution does.
+    pub fn forward_channels(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let (b, c) = (dims[0], dims[1]);
+        let n: usize = dims[2..].iter().product();
+        let mut out = dims;
+        out[1] = self.out_dim;
+        let x32 = upcast(x)?.reshape((b, c, n))?;
+        if let Some(p) = &self.packed {
+            // The GEMM runs on token rows: (B, in, N) → (B, N, in) and back, fast copies.
+            if let Some(y) = p.forward(&contiguous(&x32.transpose(1, 2)?)?, self.bias.as_ref())? {
+                return contiguous(&y.transpose(1, 2)?)?.reshape(out)?.to_dtype(x.dtype());
+            }
+        }
+        let y = upcast(&self.weight()?)?.broadcast_matmul(&x32)?;
+        let y = match &self.bias {
+            Some(bias) => y.broadcast_add(&upcast(bias)?.reshape((self.out_dim, 1))?)?,
+            None => y,
+        };
+        y.reshape(out)?.to_dtype(x.dtype())
+    }
+}
+
+/// The bias-free fused `to_qkv` 1×1 conv of lucidrains' blocks and their derivatives
+/// (Annotated Diffusion, ldm `LinearAttention`): `3·heads·dim_head` output channels laid out
+/// `[Q | K | V]`, each split into heads `(h c)`.
+#[derive(Debug, Clone)]
+pub struct FusedQkvConv {
+    proj: Projection,
+    heads: usize,
+}
+
+impl FusedQkvConv {
+    /// Load `<vb>.weight` of shape `(3·heads·dim_head, dim, 1, 1)`.
+    pub fn load(vb: VarBuilder, block: &'static str, dim: usize, heads: usize, dim_head: usize) -> Result<Self> {
+        if heads == 0 || dim_head == 0 {
+            return Err(Error::config(
+                block,
+                format!("heads ({heads}) and dim_head ({dim_head}) must be positive"),
+            ));
+        }
+        Ok(Self {
+            proj: Projection::load(vb, block, dim, 3 * heads * dim_head, false)?,
+            heads,
+        })
+    }
+
+    /// `(B, dim, H, W)` → q, k, v, each `(B, heads, dim_head, H·W)` (channels first).
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<[Tensor; 3]> {
+        crate::heads::chunk_qkv_channels(&self.proj.forward_channels(x)?, self.heads)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+    use std::collections::HashMap;
+
+    #[test]
+    fn projection_agrees_on_transposed_views_and_conv_shaped_weights() {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 1., (5, 4), &dev).unwrap();
+        let b = Tensor::randn(0f32, 1., 5, &dev).unwrap();
+        let ts = HashMap::from([
+            ("p.weight".to_string(), w.reshape((5, 4, 1, 1)).unwrap()),
+            ("p.bias".to_string(), b),
+        ]);
+        let vb = VarBuilder::from_tensors(ts, DType::F32, &dev);
+        let p = Projection::load(vb.pp("p"), "test", 4, 5, true).unwrap();
+        // (B, C, N) contiguous, viewed as (B, N, C): the layout of image tokens.
+        let x = Tensor::randn(0f32, 1., (3, 4, 7), &dev).unwrap();
+        let view = x.transpose(1, 2).unwrap();
+        let a = p.forward_tokens(&view).unwrap();
+        let c = p.forward_tokens(&view.contiguous().unwrap()).unwrap();
+        let diff = (a - &c)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-6, "{diff}");
+        let by_channels = p.forward_channels(&x).unwrap().transpose(1, 2).unwrap();
+        let diff = (by_channels - c)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-5, "{diff}");
+        let vb = VarBuilder::from_tensors(HashMap::from([("p.weight".to_string(), w)]), DType::F32, &dev);
+        let err = Projection::load(vb.pp("p"), "test", 5, 4, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("p.weight") && err.contains("[5, 4]"), "{err}");
+    }
+}
