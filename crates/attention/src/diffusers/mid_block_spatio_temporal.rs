@@ -271,6 +271,7 @@ impl MidBlockTemporalDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config;
     use candle_core::{DType, Device};
     use serde_json::json;
 

@@ -1,6 +1,7 @@
 //! Tests of the `config.json` → mid-block kwargs mapping (also used by `video`'s tests).
 
 use super::*;
+use serde_json::json;
 use crate::diffusers::controlnet::ControlNetMidBlock;
 use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
 use crate::diffusers::mid_block_1d::UNetMidBlock1D;
