@@ -29,7 +29,6 @@ pub struct Config {
     pub dim_head: usize,
 }
 
-
 /// The blog post's `Attention`.
 #[derive(Debug, Clone)]
 pub struct Attention {

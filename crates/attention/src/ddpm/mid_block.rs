@@ -174,7 +174,6 @@ pub struct MidBlockConfig {
     pub flash: bool,
 }
 
-
 /// `Unet.mid_block1` → `Unet.mid_attn` (+ residual) → `Unet.mid_block2`.
 #[derive(Debug, Clone)]
 pub struct MidBlock {

@@ -51,7 +51,6 @@ pub struct LinearAttentionConfig {
     pub num_mem_kv: usize,
 }
 
-
 /// Memory key/values `(heads, n, d)` repeated over the batch: `(B, heads, n, d)`.
 fn repeat_batch(mem: &Tensor, batch: usize) -> candle_core::Result<Tensor> {
     let (h, n, d) = mem.dims3()?;

@@ -32,7 +32,6 @@ use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
-
 /// The `ControlNetModel` arguments that shape its bottleneck: `mid_block_type` and
 /// `global_pool_conditions` as the constructor takes them, and `mid_block`, the keyword
 /// arguments `ControlNetModel.__init__` passes to the mid block's class (what

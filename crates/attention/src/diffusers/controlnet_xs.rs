@@ -35,10 +35,6 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
-
-
-
-
 /// Keyword arguments of `ControlNetXSCrossAttnMidBlock2D(base_channels, ctrl_channels,
 /// temb_channels=None, norm_num_groups=32, ctrl_max_norm_num_groups=32,
 /// transformer_layers_per_block=1, base_num_attention_heads=1, ctrl_num_attention_heads=1,

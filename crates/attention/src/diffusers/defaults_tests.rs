@@ -21,7 +21,10 @@ use serde_json::{json, Value};
 /// `built` equals the config `required` deserializes to, compared as the kwargs they write.
 fn same<T: DeserializeOwned + Serialize>(required: Value, built: T) {
     let parsed: T = crate::config::from_json("test", &required).unwrap();
-    let (parsed, built) = (serde_json::to_value(parsed).unwrap(), serde_json::to_value(built).unwrap());
+    let (parsed, built) = (
+        serde_json::to_value(parsed).unwrap(),
+        serde_json::to_value(built).unwrap(),
+    );
     assert_eq!(parsed, built, "{required}");
 }
 
@@ -46,7 +49,10 @@ fn new_matches_serde_defaults() {
     same(required.clone(), UNetMidBlock3DCrossAttnConfig::new(64, Some(32)));
     same(required.clone(), UNetMidBlockCrossAttnMotionConfig::new(64, Some(32)));
     same(required.clone(), UNetMidBlockSpatioTemporalConfig::new(64, Some(32)));
-    same(json!({"in_channels": 64, "temb_channels": null}), UNetMidBlock2DConfig::new(64, None));
+    same(
+        json!({"in_channels": 64, "temb_channels": null}),
+        UNetMidBlock2DConfig::new(64, None),
+    );
 }
 
 /// The shared sub-configs' `Default`s are the defaults of the flat fields they stand for.
@@ -55,7 +61,10 @@ fn shared_kwargs_defaults() {
     let cross = UNetMidBlock2DCrossAttnConfig::new(64, Some(32));
     assert_eq!(cross.resnet_kwargs(), ResnetKwargs::default());
     assert_eq!(cross.transformer_kwargs(), TransformerKwargs::default());
-    assert_eq!(UNetMidBlock3DCrossAttnConfig::new(8, None).resnet_kwargs(), ResnetKwargs::default());
+    assert_eq!(
+        UNetMidBlock3DCrossAttnConfig::new(8, None).resnet_kwargs(),
+        ResnetKwargs::default()
+    );
 }
 
 /// The flat kwargs are written back as read (shared fields included), unknown keys are refused
@@ -76,7 +85,10 @@ fn kwargs_stay_flat_and_strict() {
     bad = kwargs.clone();
     bad["resnet_time_scale_shift"] = json!("film");
     let e = crate::config::from_json::<UNetMidBlockCrossAttnMotionConfig>("test", &bad).unwrap_err();
-    assert!(e.to_string().contains("unknown resnet_time_scale_shift \"film\""), "{e}");
+    assert!(
+        e.to_string().contains("unknown resnet_time_scale_shift \"film\""),
+        "{e}"
+    );
     bad = kwargs;
     bad["attention_type"] = json!("gated-text-image");
     let cfg: UNetMidBlock2DCrossAttnConfig = crate::config::from_json("test", &bad).unwrap();

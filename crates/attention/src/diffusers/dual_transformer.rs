@@ -342,8 +342,6 @@ mod tests {
         cfg.transformer_layers_per_block = crate::diffusers::mid_block::LayersPerBlock::One(3);
         let d = cfg.dual_transformer().unwrap();
         assert_eq!((d.num_layers, d.norm_num_groups, d.attention_head_dim), (1, 4, 8));
-        assert!(
-            !d.transformer().use_linear_projection
-        );
+        assert!(!d.transformer().use_linear_projection);
     }
 }

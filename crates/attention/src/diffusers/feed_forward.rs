@@ -181,7 +181,6 @@ pub struct FeedForwardConfig {
     pub bias: bool,
 }
 
-
 impl FeedForwardConfig {
     /// diffusers' defaults for a block of width `dim`.
     pub fn new(dim: usize) -> Self {

@@ -164,9 +164,9 @@ impl UNetMidBlock3DCrossAttn {
             |attn, h| attn.forward(h, encoder_hidden_states, None, None),
             |step, h| match step {
                 Step::Resnet(i) => trace::scope_at("temp_convs", i, || self.temp_convs[i].forward(&h, num_frames)),
-                Step::Attention(i) => {
-                    trace::scope_at("temp_attentions", i, || self.temp_attentions[i].forward(&h, None, num_frames))
-                }
+                Step::Attention(i) => trace::scope_at("temp_attentions", i, || {
+                    self.temp_attentions[i].forward(&h, None, num_frames)
+                }),
             },
         )?;
         trace::record("output", &h);

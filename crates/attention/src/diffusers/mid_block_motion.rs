@@ -205,9 +205,9 @@ impl UNetMidBlockCrossAttnMotion {
             |resnet, h| resnet.forward(h, temb),
             |attn, h| attn.forward(h, encoder_hidden_states, attention_mask, encoder_attention_mask),
             |step, h| match step {
-                Step::Attention(i) => {
-                    trace::scope_at("motion_modules", i, || self.motion_modules[i].forward(&h, None, num_frames))
-                }
+                Step::Attention(i) => trace::scope_at("motion_modules", i, || {
+                    self.motion_modules[i].forward(&h, None, num_frames)
+                }),
                 Step::Resnet(_) => Ok(h),
             },
         )?;

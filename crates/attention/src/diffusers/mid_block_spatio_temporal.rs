@@ -29,7 +29,6 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
-
 /// Keyword arguments of `UNetMidBlockSpatioTemporal(in_channels, temb_channels, num_layers=1,
 /// transformer_layers_per_block=1, num_attention_heads=1, cross_attention_dim=1280)`.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]

@@ -176,7 +176,6 @@ pub enum AttnType {
     None,
 }
 
-
 /// The `Model`/`Encoder`/`Decoder` arguments that shape the mid block: `in_channels = block_in`
 /// (`ch · ch_mult[-1]`), `temb_channels = temb_ch` (`4 · ch` for the DDPM `Model`, `0` for the
 /// VAE), `attn_type`.

@@ -337,7 +337,10 @@ mod tests {
         )
         .unwrap();
         let built = SpatialTransformerConfig::new(32, 2, 16);
-        assert_eq!(serde_json::to_value(parsed).unwrap(), serde_json::to_value(built).unwrap());
+        assert_eq!(
+            serde_json::to_value(parsed).unwrap(),
+            serde_json::to_value(built).unwrap()
+        );
     }
 
     fn config(context_dim: serde_json::Value) -> Result<SpatialTransformerConfig> {

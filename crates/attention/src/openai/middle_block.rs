@@ -23,8 +23,8 @@
 //! weights loaded in the compute dtype (f32 for half runs, never rounded to the half type), and
 //! `.type(h.dtype)` casts its output to `h`'s dtype.
 
-use crate::config::defaults;
 use super::{AttentionBlock, AttentionBlockConfig};
+use crate::config::defaults;
 use crate::cpu_kernels::{ConvExtras, Swish};
 use crate::layers::{scale_shift, Activation, Conv2d, GroupNorm, Projection};
 use crate::ldm::transformer::{ContextDim, SpatialTransformer, SpatialTransformerConfig};
@@ -36,7 +36,6 @@ use serde::Deserialize;
 
 const NORM_GROUPS: usize = 32;
 const NORM_EPS: f64 = 1e-5;
-
 
 /// Keyword arguments of `ResBlock(...)` (see the module docs).
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -191,7 +190,6 @@ impl ResBlock {
     }
 }
 
-
 /// The `UNetModel` keyword arguments that shape `middle_block`, with `channels` the bottleneck
 /// width (`model_channels · channel_mult[-1]`) and `emb_channels` the time-embedding width
 /// (`4 · model_channels`). Heads follow `UNetModel`'s rule:
@@ -289,8 +287,7 @@ impl MiddleBlock {
             let context_dim = match &cfg.context_dim {
                 None | Some(serde_json::Value::Null) => None,
                 Some(v) => Some(
-                    ContextDim::deserialize(v)
-                        .map_err(|e| Error::config(block, format!("context_dim {v}: {e}")))?,
+                    ContextDim::deserialize(v).map_err(|e| Error::config(block, format!("context_dim {v}: {e}")))?,
                 ),
             };
             let st = SpatialTransformerConfig {

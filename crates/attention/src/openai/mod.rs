@@ -55,7 +55,6 @@ pub struct AttentionBlockConfig {
     pub use_new_attention_order: bool,
 }
 
-
 /// `normalization(channels)` = `GroupNorm32(32, channels)`.
 const NORM_GROUPS: usize = 32;
 const NORM_EPS: f64 = 1e-5;

@@ -158,7 +158,6 @@ pub struct AttentionConfig {
     pub is_causal: bool,
 }
 
-
 impl AttentionConfig {
     /// `Attention(query_dim)` with every other argument at its diffusers default
     /// (8 heads of 64, no bias, `out_bias`, `scale_qk`, eps 1e-5, default processor).

@@ -2,8 +2,8 @@
 //! of `UNet2DConditionModel` (SD 1.x, 2.x, XL), resnets interleaved with
 //! [`Transformer2DModel`]s, or [`DualTransformer2DModel`]s with `dual_cross_attention=True`.
 
-use crate::config::defaults;
 use super::{mid_block_config, LayersPerBlock, MidStack};
+use crate::config::defaults;
 use crate::diffusers::dual_transformer::{dual_inputs, DualMix, DualTransformer2DModel, DualTransformer2DModelConfig};
 use crate::diffusers::resnet::ResnetBlock2D;
 use crate::diffusers::transformer::Transformer2DModel;
@@ -268,7 +268,9 @@ impl UNetMidBlock2DCrossAttn {
             hidden_states,
             |resnet, h| resnet.forward(h, temb),
             |attn, h| match attn {
-                CrossAttention::Single(t) => t.forward(h, encoder_hidden_states, attention_mask, encoder_attention_mask),
+                CrossAttention::Single(t) => {
+                    t.forward(h, encoder_hidden_states, attention_mask, encoder_attention_mask)
+                }
                 CrossAttention::Dual(d) => {
                     let context = dual_inputs(Self::BLOCK, encoder_hidden_states, encoder_attention_mask)?;
                     d.forward(h, context, attention_mask)

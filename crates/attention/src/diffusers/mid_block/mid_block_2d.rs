@@ -2,8 +2,8 @@
 //! `UNet2DModel` and of `AutoencoderKL`'s encoder and decoder, resnets interleaved with
 //! self-attention [`Attention`] blocks.
 
-use crate::config::defaults;
 use super::{mid_block_config, MidStack, TimeScaleShift};
+use crate::config::defaults;
 use crate::diffusers::attention::{Attention, AttentionConfig};
 use crate::diffusers::resnet::ResnetBlock2D;
 use crate::diffusers::resnet_cond_norm::{ResnetBlockCondNorm2D, ResnetBlockCondNorm2DConfig};

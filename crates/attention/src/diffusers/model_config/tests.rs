@@ -1,12 +1,12 @@
 //! Tests of the `config.json` → mid-block kwargs mapping (also used by `video`'s tests).
 
 use super::*;
-use serde_json::json;
 use crate::diffusers::controlnet::ControlNetMidBlock;
 use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
 use crate::diffusers::mid_block_1d::UNetMidBlock1D;
 use crate::diffusers::mid_block_3d::UNetMidBlock3DCrossAttn;
 use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
+use serde_json::json;
 
 /// The one spec of a config (also for [`video`]'s tests).
 pub(in crate::diffusers) fn one(config: Value) -> MidBlockSpec {
@@ -84,8 +84,7 @@ fn sd_configs_mean_heads_by_attention_head_dim() {
 
 #[test]
 fn unet_2d_and_vae_configs() {
-    let spec =
-        one(json!({"_class_name": "UNet2DModel", "block_out_channels": [128, 256], "attention_head_dim": null}));
+    let spec = one(json!({"_class_name": "UNet2DModel", "block_out_channels": [128, 256], "attention_head_dim": null}));
     assert_eq!(spec.block, UNetMidBlock2D::BLOCK);
     assert_eq!(spec.config["attention_head_dim"], 256);
     assert_eq!(spec.config["temb_channels"], 512);
@@ -256,9 +255,7 @@ fn controlnet_configs_give_the_whole_bottleneck_and_its_mid_block() {
     );
     assert_eq!(m["num_attention_heads"], 8);
     assert_eq!(m["cross_attention_dim"], 768);
-    assert!(
-        m.get("dropout").is_none() && m.get("dual_cross_attention").is_none() && m.get("attention_type").is_none()
-    );
+    assert!(m.get("dropout").is_none() && m.get("dual_cross_attention").is_none() && m.get("attention_type").is_none());
     let built: crate::diffusers::ControlNetMidBlockConfig =
         crate::config::from_json(ControlNetMidBlock::BLOCK, &whole.config).unwrap();
     assert!(!built.global_pool_conditions);
@@ -356,8 +353,7 @@ fn unet_3d_condition_configs_give_the_video_mid_block() {
             "output_scale_factor": 1, "cross_attention_dim": 1024, "num_attention_heads": 64,
             "resnet_groups": 32, "dual_cross_attention": false})
     );
-    let cfg: crate::diffusers::UNetMidBlock3DCrossAttnConfig =
-        crate::config::from_json("test", &spec.config).unwrap();
+    let cfg: crate::diffusers::UNetMidBlock3DCrossAttnConfig = crate::config::from_json("test", &spec.config).unwrap();
     assert!(cfg.use_linear_projection && cfg.num_layers == 1);
     // Defaults (an empty config) and a per-block attention_head_dim list.
     let spec = one(json!({"_class_name": "UNet3DConditionModel", "attention_head_dim": [8, 8, 16, 32]}));

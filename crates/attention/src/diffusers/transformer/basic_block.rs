@@ -2,8 +2,8 @@
 //! arguments ([`BasicTransformerBlockConfig`]): the `norm_type="layer_norm"`,
 //! `attention_type="default"` path, run by the shared [`super::TransformerBlock`].
 
-use crate::config::defaults;
 use super::{AttentionSource, TransformerBlock, TransformerBlockSpec};
+use crate::config::defaults;
 use crate::diffusers::embeddings::sinusoidal_length;
 use crate::diffusers::feed_forward::{ActivationFn, FeedForwardConfig};
 use crate::{Error, Result};
@@ -90,7 +90,11 @@ impl TryFrom<String> for AttentionType {
     type Error = String;
 
     fn try_from(name: String) -> std::result::Result<Self, String> {
-        let all = [AttentionType::Default, AttentionType::Gated, AttentionType::GatedTextImage];
+        let all = [
+            AttentionType::Default,
+            AttentionType::Gated,
+            AttentionType::GatedTextImage,
+        ];
         all.into_iter().find(|a| a.as_str() == name).ok_or_else(|| {
             format!("unknown attention_type {name:?}; diffusers has \"default\", \"gated\" and \"gated-text-image\"")
         })

@@ -71,7 +71,6 @@ pub struct Transformer2DModelConfig {
     pub use_additional_conditions: Option<bool>,
 }
 
-
 impl Default for Transformer2DModelConfig {
     /// `Transformer2DModel()`: every argument at its diffusers default (16 heads of 88, one
     /// layer, 32 groups, `geglu`, `layer_norm` with eps 1e-5); set `in_channels` for the
