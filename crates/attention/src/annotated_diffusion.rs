@@ -7,6 +7,7 @@
 //! that the core's softmax performs anyway); `LinearAttention` ends in conv 1×1 +
 //! `GroupNorm(1, dim)`.
 
+use crate::config::defaults;
 use crate::heads::merge_channels;
 use crate::layers::{group_norm, FusedQkvConv, Projection};
 use crate::ops::{matmul, mul, softmax};
@@ -22,17 +23,10 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub dim: usize,
-    #[serde(default = "four")]
+    #[serde(default = "defaults::usize::<4>")]
     pub heads: usize,
-    #[serde(default = "thirty_two")]
+    #[serde(default = "defaults::usize::<32>")]
     pub dim_head: usize,
-}
-
-fn four() -> usize {
-    4
-}
-fn thirty_two() -> usize {
-    32
 }
 
 /// The blog post's `Attention`.

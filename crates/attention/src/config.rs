@@ -57,9 +57,70 @@ pub fn from_str<T: DeserializeOwned>(block: &'static str, config: &str) -> Resul
     from_json(block, &value)
 }
 
-/// `true` for the serde default of boolean flags that PyTorch defaults to `True`.
-pub(crate) fn yes() -> bool {
-    true
+/// The serde defaults of every config in the crate: the PyTorch constructors' default values,
+/// written once. A config's `#[serde(default = "...")]` and its Rust constructor (`new`,
+/// `Default`) both call these, so the two cannot disagree (each config has a test that
+/// deserializing its required arguments gives what its constructor gives).
+///
+/// Integers take their value as a const parameter (`usize::<32>`, `some::<32>`), so one
+/// function serves every integer default. Defaults of a block family's own enums are their
+/// `Default` impls (`#[serde(default)]`), except `resnet_act_fn`'s `swish`: `Activation` lives
+/// on the `layers` layer above this one, so its one default function is
+/// `crate::diffusers::resnet::swish`.
+pub(crate) mod defaults {
+    /// An integer default (`usize::<32>` is PyTorch's `=32`).
+    pub(crate) fn usize<const N: usize>() -> usize {
+        N
+    }
+    /// An integer default of an `Optional[int]` argument (`some::<32>`: `=32`, not `None`).
+    pub(crate) fn some<const N: usize>() -> Option<usize> {
+        Some(N)
+    }
+    /// `-1` (openai's `num_head_channels=-1`, `num_heads_upsample=-1`).
+    pub(crate) fn minus_one() -> i64 {
+        -1
+    }
+    /// `True`, the default of the boolean flags that PyTorch defaults to `True`.
+    pub(crate) fn yes() -> bool {
+        true
+    }
+    /// `Optional[bool]` defaulting to `True`.
+    pub(crate) fn some_yes() -> Option<bool> {
+        Some(true)
+    }
+    /// `1.0` (`output_scale_factor`, `rescale_output_factor`).
+    pub(crate) fn one_f() -> f64 {
+        1.0
+    }
+    /// `0.5` (`DualTransformer2DModel.mix_ratio`).
+    pub(crate) fn half() -> f64 {
+        0.5
+    }
+    /// `4.0` (`FeedForward(mult=4)`).
+    pub(crate) fn four_f() -> f64 {
+        4.0
+    }
+    /// `1e-5`: PyTorch's `GroupNorm` / `LayerNorm` eps, diffusers' `Attention.eps`, `norm_eps`.
+    pub(crate) fn eps_1e5() -> f64 {
+        1e-5
+    }
+    /// `1e-6`: diffusers' resnet and mid-block `resnet_eps`.
+    pub(crate) fn eps_1e6() -> f64 {
+        1e-6
+    }
+    /// A pair of integers (`DualTransformer2DModel`'s `condition_lengths=[77, 257]`,
+    /// `transformer_index_for_condition=[1, 0]`).
+    pub(crate) fn pair<const A: usize, const B: usize>() -> [usize; 2] {
+        [A, B]
+    }
+    /// `"layer_norm"` (`norm_type` of diffusers' transformers).
+    pub(crate) fn layer_norm() -> String {
+        "layer_norm".into()
+    }
+    /// `"UNetMidBlock2DCrossAttn"` (`ControlNetModel.mid_block_type`).
+    pub(crate) fn cross_attn_mid_block() -> String {
+        "UNetMidBlock2DCrossAttn".into()
+    }
 }
 
 /// Check that `heads` divides `channels`, as every multi-head block requires.

@@ -21,6 +21,7 @@
 //!                       h = block1(x, (scale, shift)); h = block2(h); return h + res_conv(x)
 //! ```
 
+use crate::config::defaults;
 use crate::ddpm::{Attention, AttentionConfig};
 use crate::layers::{scale_shift, Activation, Conv2d, Projection, RmsNorm};
 use crate::trace;
@@ -159,11 +160,11 @@ pub struct MidBlockConfig {
     /// The width of the time embedding after `time_mlp` (`4 · Unet.dim`).
     #[serde(default)]
     pub time_emb_dim: Option<usize>,
-    #[serde(default = "four")]
+    #[serde(default = "defaults::usize::<4>")]
     pub heads: usize,
-    #[serde(default = "thirty_two")]
+    #[serde(default = "defaults::usize::<32>")]
     pub dim_head: usize,
-    #[serde(default = "four")]
+    #[serde(default = "defaults::usize::<4>")]
     pub num_mem_kv: usize,
     /// Identity in eval mode.
     #[serde(default)]
@@ -171,13 +172,6 @@ pub struct MidBlockConfig {
     /// `Unet(flash_attn=True)`: the attention runs through `F.scaled_dot_product_attention`.
     #[serde(default)]
     pub flash: bool,
-}
-
-fn four() -> usize {
-    4
-}
-fn thirty_two() -> usize {
-    32
 }
 
 /// `Unet.mid_block1` → `Unet.mid_attn` (+ residual) → `Unet.mid_block2`.

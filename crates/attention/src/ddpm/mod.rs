@@ -7,6 +7,7 @@
 //!
 //! [`mid_block`]: the whole `Unet` bottleneck (`ResnetBlock`, `MidBlock`).
 
+use crate::config::defaults;
 use crate::heads::merge_channels;
 use crate::layers::{FusedQkvConv, Projection, RmsNorm};
 use crate::sdpa::{default_scale, eager_attention, linear_attention, sdpa, Scale};
@@ -24,11 +25,11 @@ pub use mid_block::{MidBlock, MidBlockConfig, ResnetBlock, ResnetBlockConfig};
 #[serde(deny_unknown_fields)]
 pub struct AttentionConfig {
     pub dim: usize,
-    #[serde(default = "four")]
+    #[serde(default = "defaults::usize::<4>")]
     pub heads: usize,
-    #[serde(default = "thirty_two")]
+    #[serde(default = "defaults::usize::<32>")]
     pub dim_head: usize,
-    #[serde(default = "four")]
+    #[serde(default = "defaults::usize::<4>")]
     pub num_mem_kv: usize,
     /// `Attend(flash=True)`: `F.scaled_dot_product_attention` instead of the einsum/softmax
     /// code. The same math; in f16/bf16 it rounds at other points ([`sdpa`] vs
@@ -42,19 +43,12 @@ pub struct AttentionConfig {
 #[serde(deny_unknown_fields)]
 pub struct LinearAttentionConfig {
     pub dim: usize,
-    #[serde(default = "four")]
+    #[serde(default = "defaults::usize::<4>")]
     pub heads: usize,
-    #[serde(default = "thirty_two")]
+    #[serde(default = "defaults::usize::<32>")]
     pub dim_head: usize,
-    #[serde(default = "four")]
+    #[serde(default = "defaults::usize::<4>")]
     pub num_mem_kv: usize,
-}
-
-fn four() -> usize {
-    4
-}
-fn thirty_two() -> usize {
-    32
 }
 
 /// Memory key/values `(heads, n, d)` repeated over the batch: `(B, heads, n, d)`.

@@ -21,6 +21,7 @@
 //! mid block is the crate's [`UNetMidBlock2DCrossAttn`] / [`UNetMidBlock2D`]; this module only adds
 //! the convolution, the scale and the pooling.
 
+use crate::config::defaults;
 use crate::cpu_kernels::ConvExtras;
 use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttn};
 use crate::diffusers::UNetMidBlock2DCrossAttnConfig;
@@ -31,10 +32,6 @@ use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
-fn cross_attn_type() -> String {
-    "UNetMidBlock2DCrossAttn".into()
-}
-
 /// The `ControlNetModel` arguments that shape its bottleneck: `mid_block_type` and
 /// `global_pool_conditions` as the constructor takes them, and `mid_block`, the keyword
 /// arguments `ControlNetModel.__init__` passes to the mid block's class (what
@@ -44,7 +41,7 @@ fn cross_attn_type() -> String {
 #[serde(deny_unknown_fields)]
 pub struct ControlNetMidBlockConfig {
     /// `"UNetMidBlock2DCrossAttn"` (the default, every released ControlNet) or `"UNetMidBlock2D"`.
-    #[serde(default = "cross_attn_type")]
+    #[serde(default = "defaults::cross_attn_mid_block")]
     pub mid_block_type: String,
     /// The mid block's constructor kwargs ([`UNetMidBlock2DCrossAttnConfig`] or
     /// [`UNetMidBlock2DConfig`]).

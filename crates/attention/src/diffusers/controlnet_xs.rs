@@ -26,6 +26,7 @@
 //! `out_channels`); the zero convolutions and the half-precision `conditioning_scale` are
 //! [`crate::diffusers::controlnet`]'s.
 
+use crate::config::defaults;
 use crate::diffusers::controlnet::{scale, ZeroConv};
 use crate::diffusers::mid_block::{UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
 use crate::trace;
@@ -33,22 +34,6 @@ use crate::{Error, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
-
-fn groups_32() -> usize {
-    32
-}
-
-fn one() -> usize {
-    1
-}
-
-fn cross_1024() -> usize {
-    1024
-}
-
-fn linear_default() -> Option<bool> {
-    Some(true)
-}
 
 /// Keyword arguments of `ControlNetXSCrossAttnMidBlock2D(base_channels, ctrl_channels,
 /// temb_channels=None, norm_num_groups=32, ctrl_max_norm_num_groups=32,
@@ -61,22 +46,22 @@ pub struct ControlNetXSCrossAttnMidBlock2DConfig {
     pub ctrl_channels: usize,
     #[serde(default)]
     pub temb_channels: Option<usize>,
-    #[serde(default = "groups_32")]
+    #[serde(default = "defaults::usize::<32>")]
     pub norm_num_groups: usize,
-    #[serde(default = "groups_32")]
+    #[serde(default = "defaults::usize::<32>")]
     pub ctrl_max_norm_num_groups: usize,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub transformer_layers_per_block: usize,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub base_num_attention_heads: usize,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub ctrl_num_attention_heads: usize,
-    #[serde(default = "cross_1024")]
+    #[serde(default = "defaults::usize::<1024>")]
     pub cross_attention_dim: usize,
     #[serde(default)]
     pub upcast_attention: bool,
     /// `None` (JSON `null`) is falsy in diffusers: conv projections.
-    #[serde(default = "linear_default")]
+    #[serde(default = "defaults::some_yes")]
     pub use_linear_projection: Option<bool>,
 }
 

@@ -23,12 +23,11 @@
 //! past them are ignored; an empty slice, on which PyTorch would attend to no keys, is an error
 //! here), `return_dict` only changes the Python return type.
 
+use crate::config::defaults;
 use crate::diffusers::feed_forward::ActivationFn;
-use crate::diffusers::transformer::{
-    eighty_eight, geglu, one, sixteen, thirty_two, Transformer2DModel, Transformer2DModelConfig,
-};
+use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
 use crate::trace;
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -40,34 +39,24 @@ use serde::Deserialize;
 pub struct DualMix {
     /// The weight of the first condition's update (`1 - mix_ratio` for the second's);
     /// Versatile Diffusion's `text_to_image_strength`.
-    #[serde(default = "half")]
+    #[serde(default = "defaults::half")]
     pub mix_ratio: f64,
     /// Token counts of the two conditions, in the order they are concatenated in
     /// `encoder_hidden_states` (Versatile Diffusion: text 77, image 257).
-    #[serde(default = "lengths")]
+    #[serde(default = "defaults::pair::<77, 257>")]
     pub condition_lengths: [usize; 2],
     /// Which transformer (0 or 1) encodes each condition (`[1, 0]`: `transformers.1` the first
     /// condition, `transformers.0` the second).
-    #[serde(default = "index")]
+    #[serde(default = "defaults::pair::<1, 0>")]
     pub transformer_index_for_condition: [usize; 2],
-}
-
-fn half() -> f64 {
-    0.5
-}
-fn lengths() -> [usize; 2] {
-    [77, 257]
-}
-fn index() -> [usize; 2] {
-    [1, 0]
 }
 
 impl Default for DualMix {
     fn default() -> Self {
         Self {
-            mix_ratio: half(),
-            condition_lengths: lengths(),
-            transformer_index_for_condition: index(),
+            mix_ratio: defaults::half(),
+            condition_lengths: defaults::pair::<77, 257>(),
+            transformer_index_for_condition: defaults::pair::<1, 0>(),
         }
     }
 }
@@ -101,17 +90,17 @@ impl DualMix {
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DualTransformer2DModelConfig {
-    #[serde(default = "sixteen")]
+    #[serde(default = "defaults::usize::<16>")]
     pub num_attention_heads: usize,
-    #[serde(default = "eighty_eight")]
+    #[serde(default = "defaults::usize::<88>")]
     pub attention_head_dim: usize,
     #[serde(default)]
     pub in_channels: Option<usize>,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub num_layers: usize,
     #[serde(default)]
     pub dropout: f64,
-    #[serde(default = "thirty_two")]
+    #[serde(default = "defaults::usize::<32>")]
     pub norm_num_groups: usize,
     #[serde(default)]
     pub cross_attention_dim: Option<usize>,
@@ -121,20 +110,45 @@ pub struct DualTransformer2DModelConfig {
     pub sample_size: Option<usize>,
     #[serde(default)]
     pub num_vector_embeds: Option<usize>,
-    #[serde(default = "geglu")]
+    #[serde(default)]
     pub activation_fn: ActivationFn,
     #[serde(default)]
     pub num_embeds_ada_norm: Option<usize>,
     /// Not a constructor argument: the attribute (see [`DualMix::mix_ratio`]).
-    #[serde(default = "half")]
+    #[serde(default = "defaults::half")]
     pub mix_ratio: f64,
     /// Not a constructor argument: the attribute (see [`DualMix::condition_lengths`]).
-    #[serde(default = "lengths")]
+    #[serde(default = "defaults::pair::<77, 257>")]
     pub condition_lengths: [usize; 2],
     /// Not a constructor argument: the attribute (see
     /// [`DualMix::transformer_index_for_condition`]).
-    #[serde(default = "index")]
+    #[serde(default = "defaults::pair::<1, 0>")]
     pub transformer_index_for_condition: [usize; 2],
+}
+
+impl Default for DualTransformer2DModelConfig {
+    /// `DualTransformer2DModel()`: every argument at its diffusers default, the [`DualMix`]
+    /// attributes at theirs.
+    fn default() -> Self {
+        let mix = DualMix::default();
+        Self {
+            num_attention_heads: defaults::usize::<16>(),
+            attention_head_dim: defaults::usize::<88>(),
+            in_channels: None,
+            num_layers: defaults::usize::<1>(),
+            dropout: 0.0,
+            norm_num_groups: defaults::usize::<32>(),
+            cross_attention_dim: None,
+            attention_bias: false,
+            sample_size: None,
+            num_vector_embeds: None,
+            activation_fn: ActivationFn::default(),
+            num_embeds_ada_norm: None,
+            mix_ratio: mix.mix_ratio,
+            condition_lengths: mix.condition_lengths,
+            transformer_index_for_condition: mix.transformer_index_for_condition,
+        }
+    }
 }
 
 impl DualTransformer2DModelConfig {
@@ -148,25 +162,22 @@ impl DualTransformer2DModelConfig {
     }
 
     /// The `Transformer2DModel(...)` both transformers are built with.
-    pub fn transformer(&self, block: &'static str) -> Result<Transformer2DModelConfig> {
-        let mut cfg: Transformer2DModelConfig = config::from_json(
-            block,
-            &serde_json::json!({
-                "num_attention_heads": self.num_attention_heads,
-                "attention_head_dim": self.attention_head_dim,
-                "in_channels": self.in_channels,
-                "num_layers": self.num_layers,
-                "dropout": self.dropout,
-                "norm_num_groups": self.norm_num_groups,
-                "cross_attention_dim": self.cross_attention_dim,
-                "attention_bias": self.attention_bias,
-                "sample_size": self.sample_size,
-                "num_vector_embeds": self.num_vector_embeds,
-                "num_embeds_ada_norm": self.num_embeds_ada_norm,
-            }),
-        )?;
-        cfg.activation_fn = self.activation_fn;
-        Ok(cfg)
+    pub fn transformer(&self) -> Transformer2DModelConfig {
+        Transformer2DModelConfig {
+            num_attention_heads: self.num_attention_heads,
+            attention_head_dim: self.attention_head_dim,
+            in_channels: self.in_channels,
+            num_layers: self.num_layers,
+            dropout: self.dropout,
+            norm_num_groups: self.norm_num_groups,
+            cross_attention_dim: self.cross_attention_dim,
+            attention_bias: self.attention_bias,
+            sample_size: self.sample_size,
+            num_vector_embeds: self.num_vector_embeds,
+            activation_fn: self.activation_fn,
+            num_embeds_ada_norm: self.num_embeds_ada_norm,
+            ..Transformer2DModelConfig::default()
+        }
     }
 }
 
@@ -183,7 +194,7 @@ impl DualTransformer2DModel {
     /// Both transformers from `vb.pp("transformers").pp(0 / 1)`.
     pub fn new(vb: VarBuilder, cfg: &DualTransformer2DModelConfig) -> Result<Self> {
         crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
-        let t = cfg.transformer(Self::BLOCK)?;
+        let t = cfg.transformer();
         let vb = vb.pp("transformers");
         let transformers = [
             Transformer2DModel::new(vb.pp(0), &t)?,
@@ -302,7 +313,7 @@ mod tests {
             (cfg.num_attention_heads, cfg.attention_head_dim, cfg.norm_num_groups),
             (16, 88, 32)
         );
-        let t = cfg.transformer(DualTransformer2DModel::BLOCK).unwrap();
+        let t = cfg.transformer();
         assert_eq!(t.activation_fn, ActivationFn::Geglu);
         assert!(!t.use_linear_projection);
         let mix = DualMix {
@@ -331,10 +342,6 @@ mod tests {
         cfg.transformer_layers_per_block = crate::diffusers::mid_block::LayersPerBlock::One(3);
         let d = cfg.dual_transformer().unwrap();
         assert_eq!((d.num_layers, d.norm_num_groups, d.attention_head_dim), (1, 4, 8));
-        assert!(
-            !d.transformer(DualTransformer2DModel::BLOCK)
-                .unwrap()
-                .use_linear_projection
-        );
+        assert!(!d.transformer().use_linear_projection);
     }
 }

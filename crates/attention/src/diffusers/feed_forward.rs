@@ -7,6 +7,7 @@
 //! `hidden · GELU(gate)` with the exact erf GELU. ldm's `FeedForward` has the same layout with
 //! `glu=True` and is built from here too (see [`crate::ldm::transformer`]).
 
+use crate::config::defaults;
 use crate::layers::Projection;
 use crate::ops::{mul, upcast};
 use crate::trace;
@@ -16,9 +17,10 @@ use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 /// `FeedForward(activation_fn=...)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 pub enum ActivationFn {
-    /// `GEGLU`: `hidden · gelu(gate)`, exact GELU.
+    /// `GEGLU`: `hidden · gelu(gate)`, exact GELU (the default of every diffusers class here).
+    #[default]
     #[serde(rename = "geglu")]
     Geglu,
     /// `GELU`: `gelu(proj(x))`, exact.
@@ -121,7 +123,7 @@ impl Module for ProjectIn {
 pub struct GegluConfig {
     pub dim_in: usize,
     pub dim_out: usize,
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub bias: bool,
 }
 
@@ -163,27 +165,20 @@ pub struct FeedForwardConfig {
     pub dim: usize,
     #[serde(default)]
     pub dim_out: Option<usize>,
-    #[serde(default = "four")]
+    #[serde(default = "defaults::four_f")]
     pub mult: f64,
     /// Identity in eval mode.
     #[serde(default)]
     pub dropout: f64,
-    #[serde(default = "geglu")]
+    #[serde(default)]
     pub activation_fn: ActivationFn,
     /// Identity in eval mode.
     #[serde(default)]
     pub final_dropout: bool,
     #[serde(default)]
     pub inner_dim: Option<usize>,
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub bias: bool,
-}
-
-fn four() -> f64 {
-    4.0
-}
-fn geglu() -> ActivationFn {
-    ActivationFn::Geglu
 }
 
 impl FeedForwardConfig {
@@ -192,12 +187,12 @@ impl FeedForwardConfig {
         Self {
             dim,
             dim_out: None,
-            mult: 4.0,
+            mult: defaults::four_f(),
             dropout: 0.0,
-            activation_fn: ActivationFn::Geglu,
+            activation_fn: ActivationFn::default(),
             final_dropout: false,
             inner_dim: None,
-            bias: true,
+            bias: defaults::yes(),
         }
     }
 

@@ -18,7 +18,7 @@
 //!   res2 = RTB(in // 2, in // 4); down2 = Downsample1D(out // 4, use_conv=True)
 //! ```
 
-use crate::diffusers::mid_block::one;
+use crate::config::defaults;
 use crate::diffusers::mid_block_1d::Conv1d;
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
 use crate::trace;
@@ -158,7 +158,7 @@ pub struct MidResTemporalBlock1DConfig {
     pub in_channels: usize,
     pub out_channels: usize,
     pub embed_dim: usize,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub num_layers: usize,
     #[serde(default)]
     pub add_downsample: bool,

@@ -22,79 +22,58 @@
 //! 1280 channels. The temporal convs have `dropout=0.1` (identity in eval) and the temporal
 //! transformers never upcast their attention.
 
-use crate::diffusers::mid_block::{default_shift, from_required, groups_32, one, resnet_config, time_norm};
-use crate::diffusers::resnet::{eps_1e6, one_f, swish, ResnetBlock2D};
+use crate::config::defaults;
+use crate::diffusers::mid_block::{mid_block_config, MidStack, Step};
+use crate::diffusers::resnet::ResnetBlock2D;
 use crate::diffusers::temporal::{
     TemporalConvLayer, TemporalConvLayerConfig, TransformerTemporalModel, TransformerTemporalModelConfig,
 };
 use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
-use crate::layers::Activation;
 use crate::trace;
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
-use serde::Deserialize;
 
-fn cross_1280() -> usize {
-    1280
-}
-
-/// Keyword arguments of `UNetMidBlock3DCrossAttn(in_channels, temb_channels, dropout=0.0,
-/// num_layers=1, resnet_eps=1e-6, resnet_time_scale_shift="default", resnet_act_fn="swish",
-/// resnet_groups=32, resnet_pre_norm=True, num_attention_heads=1, output_scale_factor=1.0,
-/// cross_attention_dim=1280, dual_cross_attention=False, use_linear_projection=True,
-/// upcast_attention=False)`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct UNetMidBlock3DCrossAttnConfig {
-    pub in_channels: usize,
-    pub temb_channels: Option<usize>,
-    #[serde(default)]
-    pub dropout: f64,
-    #[serde(default = "one")]
-    pub num_layers: usize,
-    #[serde(default = "eps_1e6")]
-    pub resnet_eps: f64,
-    #[serde(default = "default_shift")]
-    pub resnet_time_scale_shift: String,
-    #[serde(default = "swish")]
-    pub resnet_act_fn: Activation,
-    /// `null`: `min(in_channels // 4, 32)` (for the temporal layers and transformers too).
-    #[serde(default = "groups_32")]
-    pub resnet_groups: Option<usize>,
-    #[serde(default = "config::yes")]
-    pub resnet_pre_norm: bool,
-    /// The per-head width (see the module docs): `in_channels // num_attention_heads` heads.
-    #[serde(default = "one")]
-    pub num_attention_heads: usize,
-    #[serde(default = "one_f")]
-    pub output_scale_factor: f64,
-    #[serde(default = "cross_1280")]
-    pub cross_attention_dim: usize,
-    /// Taken and not used by diffusers.
-    #[serde(default)]
-    pub dual_cross_attention: bool,
-    #[serde(default = "config::yes")]
-    pub use_linear_projection: bool,
-    /// The spatial transformers' only (diffusers does not pass it to the temporal ones).
-    #[serde(default)]
-    pub upcast_attention: bool,
-}
-
-impl UNetMidBlock3DCrossAttnConfig {
-    /// `UNetMidBlock3DCrossAttn(in_channels, temb_channels)` with diffusers' defaults for the
-    /// rest; change fields after (`num_attention_heads`, `cross_attention_dim`, ...).
-    pub fn new(in_channels: usize, temb_channels: Option<usize>) -> Self {
-        from_required(in_channels, temb_channels)
+mid_block_config! {
+    /// Keyword arguments of `UNetMidBlock3DCrossAttn(in_channels, temb_channels, dropout=0.0,
+    /// num_layers=1, resnet_eps=1e-6, resnet_time_scale_shift="default", resnet_act_fn="swish",
+    /// resnet_groups=32, resnet_pre_norm=True, num_attention_heads=1, output_scale_factor=1.0,
+    /// cross_attention_dim=1280, dual_cross_attention=False, use_linear_projection=True,
+    /// upcast_attention=False)`. Its transformer kwargs are its own (not the shared
+    /// [`TransformerKwargs`](crate::diffusers::mid_block::TransformerKwargs)): `num_attention_heads`
+    /// is the per-head width and `use_linear_projection` defaults to true. `resnet_groups` `null`
+    /// is `min(in_channels // 4, 32)` for the temporal layers and transformers too.
+    pub struct UNetMidBlock3DCrossAttnConfig {
+        [
+            pub in_channels: usize,
+            pub temb_channels: Option<usize>,
+        ]
+        #[serde(default = "defaults::usize::<1>")]
+        pub num_layers: usize = defaults::usize::<1>(),
+        /// The per-head width (see the module docs): `in_channels // num_attention_heads` heads.
+        #[serde(default = "defaults::usize::<1>")]
+        pub num_attention_heads: usize = defaults::usize::<1>(),
+        #[serde(default = "defaults::usize::<1280>")]
+        pub cross_attention_dim: usize = defaults::usize::<1280>(),
+        /// Taken and not used by diffusers.
+        #[serde(default)]
+        pub dual_cross_attention: bool = false,
+        #[serde(default = "defaults::yes")]
+        pub use_linear_projection: bool = defaults::yes(),
+        /// The spatial transformers' only (diffusers does not pass it to the temporal ones).
+        #[serde(default)]
+        pub upcast_attention: bool = false,
     }
+    with [resnet]
 }
 
 /// `diffusers.models.unets.unet_3d_blocks.UNetMidBlock3DCrossAttn`.
 #[derive(Debug, Clone)]
 pub struct UNetMidBlock3DCrossAttn {
-    resnets: Vec<ResnetBlock2D>,
+    layers: MidStack<ResnetBlock2D, Transformer2DModel>,
+    /// After `resnets.i`.
     temp_convs: Vec<TemporalConvLayer>,
-    attentions: Vec<Transformer2DModel>,
+    /// After `attentions.i`.
     temp_attentions: Vec<TransformerTemporalModel>,
 }
 
@@ -104,9 +83,10 @@ impl UNetMidBlock3DCrossAttn {
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock3DCrossAttnConfig) -> Result<Self> {
         crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
-        let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
+        let kwargs = cfg.resnet_kwargs();
         let c = cfg.in_channels;
-        let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
+        let groups = kwargs.groups(c);
+        let resnet = kwargs.resnet(block, (c, c), cfg.temb_channels, (groups, None))?;
         let head_dim = cfg.num_attention_heads;
         let heads = c.checked_div(head_dim).unwrap_or(0);
         if heads == 0 {
@@ -115,49 +95,32 @@ impl UNetMidBlock3DCrossAttn {
                 format!("num_attention_heads {head_dim} (the per-head width) gives in_channels // it = 0 heads at {c} channels"),
             ));
         }
-        let resnet = resnet_config(
-            c,
-            c,
-            groups,
-            None,
-            cfg.temb_channels,
-            cfg.resnet_eps,
-            cfg.resnet_act_fn,
-            norm,
-            cfg.dropout,
-            cfg.output_scale_factor,
-            cfg.resnet_pre_norm,
-        );
         let temp_conv = TemporalConvLayerConfig {
             in_dim: c,
             out_dim: Some(c),
             dropout: 0.1,
             norm_num_groups: groups,
         };
-        let spatial: Transformer2DModelConfig = config::from_json(
-            block,
-            &serde_json::json!({
-                "num_attention_heads": heads,
-                "attention_head_dim": head_dim,
-                "in_channels": c,
-                "num_layers": 1,
-                "cross_attention_dim": cfg.cross_attention_dim,
-                "norm_num_groups": groups,
-                "use_linear_projection": cfg.use_linear_projection,
-                "upcast_attention": cfg.upcast_attention,
-            }),
-        )?;
-        let temporal: TransformerTemporalModelConfig = config::from_json(
-            block,
-            &serde_json::json!({
-                "num_attention_heads": heads,
-                "attention_head_dim": head_dim,
-                "in_channels": c,
-                "num_layers": 1,
-                "cross_attention_dim": cfg.cross_attention_dim,
-                "norm_num_groups": groups,
-            }),
-        )?;
+        let spatial = Transformer2DModelConfig {
+            num_attention_heads: heads,
+            attention_head_dim: head_dim,
+            in_channels: Some(c),
+            num_layers: 1,
+            cross_attention_dim: Some(cfg.cross_attention_dim),
+            norm_num_groups: groups,
+            use_linear_projection: cfg.use_linear_projection,
+            upcast_attention: cfg.upcast_attention,
+            ..Transformer2DModelConfig::default()
+        };
+        let temporal = TransformerTemporalModelConfig {
+            num_attention_heads: heads,
+            attention_head_dim: head_dim,
+            in_channels: Some(c),
+            num_layers: 1,
+            cross_attention_dim: Some(cfg.cross_attention_dim),
+            norm_num_groups: groups,
+            ..TransformerTemporalModelConfig::default()
+        };
         let (vb_res, vb_tc) = (vb.pp("resnets"), vb.pp("temp_convs"));
         let mut resnets = vec![ResnetBlock2D::new(vb_res.pp(0), &resnet)?];
         let mut temp_convs = vec![TemporalConvLayer::new(vb_tc.pp(0), &temp_conv)?];
@@ -172,9 +135,8 @@ impl UNetMidBlock3DCrossAttn {
             temp_convs.push(TemporalConvLayer::new(vb_tc.pp(i + 1), &temp_conv)?);
         }
         Ok(Self {
-            resnets,
+            layers: MidStack::new(resnets, attentions),
             temp_convs,
-            attentions,
             temp_attentions,
         })
     }
@@ -196,16 +158,17 @@ impl UNetMidBlock3DCrossAttn {
         crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
         crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
         let _unused_as_in_diffusers = attention_mask;
-        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
-        h = trace::scope("temp_convs.0", || self.temp_convs[0].forward(&h, num_frames))?;
-        let layers = self.attentions.iter().zip(&self.temp_attentions);
-        let rest = self.resnets[1..].iter().zip(&self.temp_convs[1..]);
-        for (i, ((attn, temp_attn), (resnet, temp_conv))) in layers.zip(rest).enumerate() {
-            h = trace::scope_at("attentions", i, || attn.forward(&h, encoder_hidden_states, None, None))?;
-            h = trace::scope_at("temp_attentions", i, || temp_attn.forward(&h, None, num_frames))?;
-            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
-            h = trace::scope_at("temp_convs", i + 1, || temp_conv.forward(&h, num_frames))?;
-        }
+        let h = self.layers.forward_then(
+            hidden_states,
+            |resnet, h| resnet.forward(h, temb),
+            |attn, h| attn.forward(h, encoder_hidden_states, None, None),
+            |step, h| match step {
+                Step::Resnet(i) => trace::scope_at("temp_convs", i, || self.temp_convs[i].forward(&h, num_frames)),
+                Step::Attention(i) => trace::scope_at("temp_attentions", i, || {
+                    self.temp_attentions[i].forward(&h, None, num_frames)
+                }),
+            },
+        )?;
         trace::record("output", &h);
         Ok(h)
     }

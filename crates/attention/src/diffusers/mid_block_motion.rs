@@ -31,92 +31,49 @@
 //! `DualTransformer2DModel.forward`, which has no such parameter (a `TypeError` on every call;
 //! `UNetMotionModel` always passes `False`).
 
-use crate::diffusers::mid_block::{
-    default_shift, from_required, groups_32, one, resnet_config, time_norm, LayersPerBlock,
-};
-use crate::diffusers::resnet::{eps_1e6, one_f, swish, ResnetBlock2D};
+use crate::config::defaults;
+use crate::diffusers::feed_forward::ActivationFn;
+use crate::diffusers::mid_block::{mid_block_config, LayersPerBlock, MidStack, Step};
+use crate::diffusers::resnet::ResnetBlock2D;
 use crate::diffusers::temporal::{TransformerTemporalModel, TransformerTemporalModelConfig};
-use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
-use crate::layers::Activation;
+use crate::diffusers::transformer::Transformer2DModel;
 use crate::trace;
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
-use serde::Deserialize;
 
-fn cross_1280() -> usize {
-    1280
-}
-fn thirty_two() -> usize {
-    32
-}
-
-/// Keyword arguments of `UNetMidBlockCrossAttnMotion(in_channels, temb_channels, dropout=0.0,
-/// num_layers=1, transformer_layers_per_block=1, resnet_eps=1e-6, resnet_time_scale_shift="default",
-/// resnet_act_fn="swish", resnet_groups=32, resnet_pre_norm=True, num_attention_heads=1,
-/// output_scale_factor=1.0, cross_attention_dim=1280, dual_cross_attention=False,
-/// use_linear_projection=False, upcast_attention=False, attention_type="default",
-/// temporal_num_attention_heads=1, temporal_cross_attention_dim=None, temporal_max_seq_length=32,
-/// temporal_transformer_layers_per_block=1)`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct UNetMidBlockCrossAttnMotionConfig {
-    pub in_channels: usize,
-    pub temb_channels: Option<usize>,
-    #[serde(default)]
-    pub dropout: f64,
-    #[serde(default = "one")]
-    pub num_layers: usize,
-    /// One count, or one per layer (exactly `num_layers` of them, as diffusers checks).
-    #[serde(default)]
-    pub transformer_layers_per_block: LayersPerBlock,
-    #[serde(default = "eps_1e6")]
-    pub resnet_eps: f64,
-    #[serde(default = "default_shift")]
-    pub resnet_time_scale_shift: String,
-    #[serde(default = "swish")]
-    pub resnet_act_fn: Activation,
-    /// `null`: `min(in_channels // 4, 32)` (for the transformers and motion modules too).
-    #[serde(default = "groups_32")]
-    pub resnet_groups: Option<usize>,
-    #[serde(default = "config::yes")]
-    pub resnet_pre_norm: bool,
-    /// The spatial transformers' head count.
-    #[serde(default = "one")]
-    pub num_attention_heads: usize,
-    #[serde(default = "one_f")]
-    pub output_scale_factor: f64,
-    #[serde(default = "cross_1280")]
-    pub cross_attention_dim: usize,
-    /// Not supported when true (see the module docs).
-    #[serde(default)]
-    pub dual_cross_attention: bool,
-    #[serde(default)]
-    pub use_linear_projection: bool,
-    #[serde(default)]
-    pub upcast_attention: bool,
-    #[serde(default = "default_shift")]
-    pub attention_type: String,
-    /// The motion modules' head count.
-    #[serde(default = "one")]
-    pub temporal_num_attention_heads: usize,
-    /// Taken and unused, as in diffusers (see the module docs).
-    #[serde(default)]
-    pub temporal_cross_attention_dim: Option<usize>,
-    /// The sinusoidal table's length: the most frames the motion modules take.
-    #[serde(default = "thirty_two")]
-    pub temporal_max_seq_length: usize,
-    /// One count, or one per layer (exactly `num_layers`).
-    #[serde(default)]
-    pub temporal_transformer_layers_per_block: LayersPerBlock,
-}
-
-impl UNetMidBlockCrossAttnMotionConfig {
-    /// `UNetMidBlockCrossAttnMotion(in_channels, temb_channels)` with diffusers' defaults for the
-    /// rest; change fields after (`num_attention_heads`, `temporal_num_attention_heads`, ...).
-    pub fn new(in_channels: usize, temb_channels: Option<usize>) -> Self {
-        from_required(in_channels, temb_channels)
+mid_block_config! {
+    /// Keyword arguments of `UNetMidBlockCrossAttnMotion(in_channels, temb_channels, dropout=0.0,
+    /// num_layers=1, transformer_layers_per_block=1, resnet_eps=1e-6, resnet_time_scale_shift="default",
+    /// resnet_act_fn="swish", resnet_groups=32, resnet_pre_norm=True, num_attention_heads=1,
+    /// output_scale_factor=1.0, cross_attention_dim=1280, dual_cross_attention=False,
+    /// use_linear_projection=False, upcast_attention=False, attention_type="default",
+    /// temporal_num_attention_heads=1, temporal_cross_attention_dim=None, temporal_max_seq_length=32,
+    /// temporal_transformer_layers_per_block=1)`. `transformer_layers_per_block` lists exactly
+    /// `num_layers` counts, as diffusers checks; `dual_cross_attention` is not supported (see the
+    /// module docs); `resnet_groups` `null` is `min(in_channels // 4, 32)` for the transformers and
+    /// motion modules too.
+    pub struct UNetMidBlockCrossAttnMotionConfig {
+        [
+            pub in_channels: usize,
+            pub temb_channels: Option<usize>,
+        ]
+        #[serde(default = "defaults::usize::<1>")]
+        pub num_layers: usize = defaults::usize::<1>(),
+        /// The motion modules' head count.
+        #[serde(default = "defaults::usize::<1>")]
+        pub temporal_num_attention_heads: usize = defaults::usize::<1>(),
+        /// Taken and unused, as in diffusers (see the module docs).
+        #[serde(default)]
+        pub temporal_cross_attention_dim: Option<usize> = None,
+        /// The sinusoidal table's length: the most frames the motion modules take.
+        #[serde(default = "defaults::usize::<32>")]
+        pub temporal_max_seq_length: usize = defaults::usize::<32>(),
+        /// One count, or one per layer (exactly `num_layers`).
+        #[serde(default)]
+        pub temporal_transformer_layers_per_block: LayersPerBlock = LayersPerBlock::default(),
     }
+    with [resnet, transformer]
 }
 
 /// A per-layer count list as diffusers' constructor makes it: an int repeated, or a list of
@@ -151,8 +108,8 @@ fn head_width(key: &str, channels: usize, heads: usize) -> Result<usize> {
 /// `norm`, `proj_in`, `transformer_blocks.<j>` with `pos_embed.pe`, `proj_out`).
 #[derive(Debug, Clone)]
 pub struct UNetMidBlockCrossAttnMotion {
-    resnets: Vec<ResnetBlock2D>,
-    attentions: Vec<Transformer2DModel>,
+    layers: MidStack<ResnetBlock2D, Transformer2DModel>,
+    /// After `attentions.i`.
     motion_modules: Vec<TransformerTemporalModel>,
 }
 
@@ -170,9 +127,10 @@ impl UNetMidBlockCrossAttnMotion {
                  UNetMotionModel always builds this block with dual_cross_attention=False",
             ));
         }
-        let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
+        let kwargs = cfg.resnet_kwargs();
         let c = cfg.in_channels;
-        let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
+        let groups = kwargs.groups(c);
+        let resnet = kwargs.resnet(block, (c, c), cfg.temb_channels, (groups, None))?;
         let layers = per_layer(
             "transformer_layers_per_block",
             &cfg.transformer_layers_per_block,
@@ -184,63 +142,42 @@ impl UNetMidBlockCrossAttnMotion {
             cfg.num_layers,
         )?;
         let width = head_width("num_attention_heads", c, cfg.num_attention_heads)?;
-        let t_heads = cfg.temporal_num_attention_heads;
-        let t_width = head_width("temporal_num_attention_heads", c, t_heads)?;
-        let resnet = resnet_config(
-            c,
-            c,
-            groups,
-            None,
-            cfg.temb_channels,
-            cfg.resnet_eps,
-            cfg.resnet_act_fn,
-            norm,
-            cfg.dropout,
-            cfg.output_scale_factor,
-            cfg.resnet_pre_norm,
-        );
+        let motion = Self::motion_module(cfg, groups)?;
+        let transformer = cfg.transformer_kwargs();
         let vb_res = vb.pp("resnets");
         let mut resnets = vec![ResnetBlock2D::new(vb_res.pp(0), &resnet)?];
         let (mut attentions, mut motion_modules) = (vec![], vec![]);
         for (i, (&n, &tn)) in layers.iter().zip(&temporal_layers).enumerate() {
-            let spatial: Transformer2DModelConfig = config::from_json(
-                block,
-                &serde_json::json!({
-                    "num_attention_heads": cfg.num_attention_heads,
-                    "attention_head_dim": width,
-                    "in_channels": c,
-                    "num_layers": n,
-                    "cross_attention_dim": cfg.cross_attention_dim,
-                    "norm_num_groups": groups,
-                    "use_linear_projection": cfg.use_linear_projection,
-                    "upcast_attention": cfg.upcast_attention,
-                    "attention_type": cfg.attention_type,
-                }),
-            )?;
-            // AnimateDiffTransformer3D(...), as the module docs list its arguments.
-            let motion: TransformerTemporalModelConfig = config::from_json(
-                block,
-                &serde_json::json!({
-                    "num_attention_heads": t_heads,
-                    "attention_head_dim": t_width,
-                    "in_channels": c,
-                    "num_layers": tn,
-                    "norm_num_groups": groups,
-                    "cross_attention_dim": cfg.temporal_cross_attention_dim,
-                    "attention_bias": false,
-                    "positional_embeddings": "sinusoidal",
-                    "num_positional_embeddings": cfg.temporal_max_seq_length,
-                    "activation_fn": "geglu",
-                }),
-            )?;
+            let spatial = transformer.transformer((c, width), n, groups);
             attentions.push(Transformer2DModel::new(vb.pp("attentions").pp(i), &spatial)?);
             resnets.push(ResnetBlock2D::new(vb_res.pp(i + 1), &resnet)?);
+            let motion = TransformerTemporalModelConfig {
+                num_layers: tn,
+                ..motion.clone()
+            };
             motion_modules.push(TransformerTemporalModel::new(vb.pp("motion_modules").pp(i), &motion)?);
         }
         Ok(Self {
-            resnets,
-            attentions,
+            layers: MidStack::new(resnets, attentions),
             motion_modules,
+        })
+    }
+
+    /// The `AnimateDiffTransformer3D(...)` of every layer but its `num_layers`, as the module
+    /// docs list its arguments.
+    fn motion_module(cfg: &UNetMidBlockCrossAttnMotionConfig, groups: usize) -> Result<TransformerTemporalModelConfig> {
+        let (c, heads) = (cfg.in_channels, cfg.temporal_num_attention_heads);
+        Ok(TransformerTemporalModelConfig {
+            num_attention_heads: heads,
+            attention_head_dim: head_width("temporal_num_attention_heads", c, heads)?,
+            in_channels: Some(c),
+            norm_num_groups: groups,
+            cross_attention_dim: cfg.temporal_cross_attention_dim,
+            attention_bias: false,
+            positional_embeddings: Some("sinusoidal".into()),
+            num_positional_embeddings: Some(cfg.temporal_max_seq_length),
+            activation_fn: ActivationFn::Geglu,
+            ..TransformerTemporalModelConfig::default()
         })
     }
 
@@ -263,15 +200,17 @@ impl UNetMidBlockCrossAttnMotion {
         crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
         crate::validate::optional_shape(Self::BLOCK, "attention_mask", attention_mask)?;
         crate::validate::optional_shape(Self::BLOCK, "encoder_attention_mask", encoder_attention_mask)?;
-        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
-        let layers = self.attentions.iter().zip(&self.resnets[1..]).zip(&self.motion_modules);
-        for (i, ((attn, resnet), motion)) in layers.enumerate() {
-            h = trace::scope_at("attentions", i, || {
-                attn.forward(&h, encoder_hidden_states, attention_mask, encoder_attention_mask)
-            })?;
-            h = trace::scope_at("motion_modules", i, || motion.forward(&h, None, num_frames))?;
-            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
-        }
+        let h = self.layers.forward_then(
+            hidden_states,
+            |resnet, h| resnet.forward(h, temb),
+            |attn, h| attn.forward(h, encoder_hidden_states, attention_mask, encoder_attention_mask),
+            |step, h| match step {
+                Step::Attention(i) => trace::scope_at("motion_modules", i, || {
+                    self.motion_modules[i].forward(&h, None, num_frames)
+                }),
+                Step::Resnet(_) => Ok(h),
+            },
+        )?;
         trace::record("output", &h);
         Ok(h)
     }
@@ -318,7 +257,7 @@ mod tests {
             c.temporal_num_attention_heads = 3;
         });
         assert!(e.contains("odd width 9"), "{e}");
-        let e = build(|c| c.resnet_time_scale_shift = "spatial".into());
+        let e = build(|c| c.resnet_time_scale_shift = crate::diffusers::mid_block::TimeScaleShift::Spatial);
         assert!(e.contains("spatial"), "{e}");
     }
 }

@@ -22,90 +22,59 @@
 //! The pieces are the crate's [`ResnetBlock2D`] and [`Attention`] (its added-key/value
 //! processors); this module only wires them as diffusers does.
 
+use crate::config::defaults;
 use crate::diffusers::attention::{Attention, AttentionConfig, CrossAttentionNorm, Processor};
-use crate::diffusers::mid_block::{default_shift, from_required, groups_32, one, resnet_config, time_norm};
-use crate::diffusers::resnet::{eps_1e6, one_f, swish, ResnetBlock2D};
-use crate::layers::Activation;
+use crate::diffusers::mid_block::{mid_block_config, MidStack};
+use crate::diffusers::resnet::{ResnetBlock2D, ResnetBlock2DConfig};
 use crate::trace;
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
-use serde::Deserialize;
 
-fn one_usize() -> usize {
-    1
-}
-fn cross_1280() -> usize {
-    1280
-}
-
-/// Keyword arguments of `UNetMidBlock2DSimpleCrossAttn(in_channels, temb_channels, dropout=0.0,
-/// num_layers=1, resnet_eps=1e-6, resnet_time_scale_shift="default", resnet_act_fn="swish",
-/// resnet_groups=32, resnet_pre_norm=True, attention_head_dim=1, output_scale_factor=1.0,
-/// cross_attention_dim=1280, skip_time_act=False, only_cross_attention=False,
-/// cross_attention_norm=None)`, plus `processor` (not a constructor argument): the processor
-/// class the attentions run.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct UNetMidBlock2DSimpleCrossAttnConfig {
-    pub in_channels: usize,
-    /// `null`: the resnets have no `time_emb_proj` (diffusers accepts `None` there).
-    pub temb_channels: Option<usize>,
-    /// Identity in eval mode.
-    #[serde(default)]
-    pub dropout: f64,
-    #[serde(default = "one")]
-    pub num_layers: usize,
-    #[serde(default = "eps_1e6")]
-    pub resnet_eps: f64,
-    /// `"default"` or `"scale_shift"` (`"spatial"`/`"ada_group"` are not supported).
-    #[serde(default = "default_shift")]
-    pub resnet_time_scale_shift: String,
-    #[serde(default = "swish")]
-    pub resnet_act_fn: Activation,
-    /// `null`: `min(in_channels // 4, 32)`. Also the attentions' `norm_num_groups`.
-    #[serde(default = "groups_32")]
-    pub resnet_groups: Option<usize>,
-    /// Ignored by diffusers' `ResnetBlock2D` (always pre-norm).
-    #[serde(default = "config::yes")]
-    pub resnet_pre_norm: bool,
-    /// The per-head width; the attentions have `in_channels // attention_head_dim` heads.
-    #[serde(default = "one_usize")]
-    pub attention_head_dim: usize,
-    #[serde(default = "one_f")]
-    pub output_scale_factor: f64,
-    /// The attentions' `added_kv_proj_dim`: the width of `encoder_hidden_states`.
-    #[serde(default = "cross_1280")]
-    pub cross_attention_dim: usize,
-    /// The resnets apply no activation to `temb` before `time_emb_proj`.
-    #[serde(default)]
-    pub skip_time_act: bool,
-    /// The attentions attend to the projected context only (no `to_k`/`to_v`).
-    #[serde(default)]
-    pub only_cross_attention: bool,
-    /// `null`, `"layer_norm"` (`LayerNorm(in_channels)`, so `cross_attention_dim` must equal
-    /// `in_channels`) or `"group_norm"` (`GroupNorm(32, cross_attention_dim)`).
-    #[serde(default)]
-    pub cross_attention_norm: Option<CrossAttentionNorm>,
-    /// `AttnAddedKVProcessor2_0` (absent: what diffusers picks under torch ≥ 2) or
-    /// `AttnAddedKVProcessor` (torch < 2, or `set_attn_processor(AttnAddedKVProcessor())`).
-    #[serde(default)]
-    pub processor: Option<Processor>,
-}
-
-impl UNetMidBlock2DSimpleCrossAttnConfig {
-    /// `UNetMidBlock2DSimpleCrossAttn(in_channels, temb_channels)` with diffusers' defaults for
-    /// the rest; change fields after (`attention_head_dim`, `cross_attention_dim`, ...).
-    pub fn new(in_channels: usize, temb_channels: Option<usize>) -> Self {
-        from_required(in_channels, temb_channels)
+mid_block_config! {
+    /// Keyword arguments of `UNetMidBlock2DSimpleCrossAttn(in_channels, temb_channels, dropout=0.0,
+    /// num_layers=1, resnet_eps=1e-6, resnet_time_scale_shift="default", resnet_act_fn="swish",
+    /// resnet_groups=32, resnet_pre_norm=True, attention_head_dim=1, output_scale_factor=1.0,
+    /// cross_attention_dim=1280, skip_time_act=False, only_cross_attention=False,
+    /// cross_attention_norm=None)`, plus `processor` (not a constructor argument): the processor
+    /// class the attentions run. `resnet_time_scale_shift` `"spatial"`/`"ada_group"` are not
+    /// supported; `resnet_groups` is also the attentions' `norm_num_groups`.
+    pub struct UNetMidBlock2DSimpleCrossAttnConfig {
+        [
+            pub in_channels: usize,
+            /// `null`: the resnets have no `time_emb_proj` (diffusers accepts `None` there).
+            pub temb_channels: Option<usize>,
+        ]
+        #[serde(default = "defaults::usize::<1>")]
+        pub num_layers: usize = defaults::usize::<1>(),
+        /// The per-head width; the attentions have `in_channels // attention_head_dim` heads.
+        #[serde(default = "defaults::usize::<1>")]
+        pub attention_head_dim: usize = defaults::usize::<1>(),
+        /// The attentions' `added_kv_proj_dim`: the width of `encoder_hidden_states`.
+        #[serde(default = "defaults::usize::<1280>")]
+        pub cross_attention_dim: usize = defaults::usize::<1280>(),
+        /// The resnets apply no activation to `temb` before `time_emb_proj`.
+        #[serde(default)]
+        pub skip_time_act: bool = false,
+        /// The attentions attend to the projected context only (no `to_k`/`to_v`).
+        #[serde(default)]
+        pub only_cross_attention: bool = false,
+        /// `null`, `"layer_norm"` (`LayerNorm(in_channels)`, so `cross_attention_dim` must equal
+        /// `in_channels`) or `"group_norm"` (`GroupNorm(32, cross_attention_dim)`).
+        #[serde(default)]
+        pub cross_attention_norm: Option<CrossAttentionNorm> = None,
+        /// `AttnAddedKVProcessor2_0` (absent: what diffusers picks under torch ≥ 2) or
+        /// `AttnAddedKVProcessor` (torch < 2, or `set_attn_processor(AttnAddedKVProcessor())`).
+        #[serde(default)]
+        pub processor: Option<Processor> = None,
     }
+    with [resnet]
 }
 
 /// `diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DSimpleCrossAttn`.
 #[derive(Debug, Clone)]
 pub struct UNetMidBlock2DSimpleCrossAttn {
-    resnets: Vec<ResnetBlock2D>,
-    attentions: Vec<Attention>,
+    layers: MidStack<ResnetBlock2D, Attention>,
 }
 
 impl UNetMidBlock2DSimpleCrossAttn {
@@ -138,18 +107,19 @@ impl UNetMidBlock2DSimpleCrossAttn {
                 ),
             ));
         }
-        let mut attn = AttentionConfig::new(c);
-        attn.cross_attention_dim = Some(c);
-        attn.heads = heads;
-        attn.dim_head = d;
-        attn.added_kv_proj_dim = Some(cfg.cross_attention_dim);
-        attn.norm_num_groups = Some(groups);
-        attn.bias = true;
-        attn.upcast_softmax = true;
-        attn.only_cross_attention = cfg.only_cross_attention;
-        attn.cross_attention_norm = cfg.cross_attention_norm;
-        attn.processor = Some(processor);
-        Ok(attn)
+        Ok(AttentionConfig {
+            cross_attention_dim: Some(c),
+            heads,
+            dim_head: d,
+            added_kv_proj_dim: Some(cfg.cross_attention_dim),
+            norm_num_groups: Some(groups),
+            bias: true,
+            upcast_softmax: true,
+            only_cross_attention: cfg.only_cross_attention,
+            cross_attention_norm: cfg.cross_attention_norm,
+            processor: Some(processor),
+            ..AttentionConfig::new(c)
+        })
     }
 
     pub fn new(vb: VarBuilder, cfg: &UNetMidBlock2DSimpleCrossAttnConfig) -> Result<Self> {
@@ -159,22 +129,12 @@ impl UNetMidBlock2DSimpleCrossAttn {
         if c == 0 {
             return Err(Error::config(block, "in_channels must be greater than 0"));
         }
-        let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
-        let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
-        let mut resnet = resnet_config(
-            c,
-            c,
-            groups,
-            None,
-            cfg.temb_channels,
-            cfg.resnet_eps,
-            cfg.resnet_act_fn,
-            norm,
-            cfg.dropout,
-            cfg.output_scale_factor,
-            cfg.resnet_pre_norm,
-        );
-        resnet.skip_time_act = cfg.skip_time_act;
+        let kwargs = cfg.resnet_kwargs();
+        let groups = kwargs.groups(c);
+        let resnet = ResnetBlock2DConfig {
+            skip_time_act: cfg.skip_time_act,
+            ..kwargs.resnet(block, (c, c), cfg.temb_channels, (groups, None))?
+        };
         let attn = Self::attention_config(cfg, groups)?;
         let vb_res = vb.pp("resnets");
         let vb_attn = vb.pp("attentions");
@@ -184,12 +144,14 @@ impl UNetMidBlock2DSimpleCrossAttn {
             attentions.push(Attention::new(vb_attn.pp(i), &attn)?);
             resnets.push(ResnetBlock2D::new(vb_res.pp(i + 1), &resnet)?);
         }
-        Ok(Self { resnets, attentions })
+        Ok(Self {
+            layers: MidStack::new(resnets, attentions),
+        })
     }
 
     /// The processor the attentions run.
     pub fn processor(&self) -> Option<Processor> {
-        self.attentions.first().map(Attention::processor)
+        self.layers.attentions().first().map(Attention::processor)
     }
 
     /// `forward(hidden_states, temb=None, encoder_hidden_states=None, attention_mask=None,
@@ -217,11 +179,11 @@ impl UNetMidBlock2DSimpleCrossAttn {
             Some(m) => Some(m),
             None => encoder_hidden_states.and(encoder_attention_mask),
         };
-        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
-        for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
-            h = trace::scope_at("attentions", i, || attn.forward(&h, encoder_hidden_states, mask))?;
-            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
-        }
+        let h = self.layers.forward(
+            hidden_states,
+            |resnet, h| resnet.forward(h, temb),
+            |attn, h| attn.forward(h, encoder_hidden_states, mask),
+        )?;
         trace::record("output", &h);
         Ok(h)
     }

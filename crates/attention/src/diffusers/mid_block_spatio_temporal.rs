@@ -16,24 +16,18 @@
 //! count is its last dim, as in diffusers (the U-Net and the decoder pass zeros; 1 marks a frame
 //! as an image, which the U-Net's `learned_with_images` mixers then take from the spatial path).
 
+use crate::config::defaults;
 use crate::diffusers::attention::{Attention, AttentionConfig};
-use crate::diffusers::mid_block::{one, LayersPerBlock};
+use crate::diffusers::mid_block::{LayersPerBlock, MidStack};
 use crate::diffusers::spatio_temporal::{MergeStrategy, SpatioTemporalResBlock, SpatioTemporalResBlockSpec};
 use crate::diffusers::transformer_spatio_temporal::{
     TransformerSpatioTemporalModel, TransformerSpatioTemporalModelConfig,
 };
 use crate::trace;
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
-
-fn cross_1280() -> usize {
-    1280
-}
-fn head_512() -> usize {
-    512
-}
 
 /// Keyword arguments of `UNetMidBlockSpatioTemporal(in_channels, temb_channels, num_layers=1,
 /// transformer_layers_per_block=1, num_attention_heads=1, cross_attention_dim=1280)`.
@@ -43,29 +37,35 @@ pub struct UNetMidBlockSpatioTemporalConfig {
     pub in_channels: usize,
     /// `null`: the resnets have no `time_emb_proj` and ignore `temb`.
     pub temb_channels: Option<usize>,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub num_layers: usize,
     #[serde(default)]
     pub transformer_layers_per_block: LayersPerBlock,
     /// The number of heads (of width `in_channels // num_attention_heads`).
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub num_attention_heads: usize,
-    #[serde(default = "cross_1280")]
+    #[serde(default = "defaults::usize::<1280>")]
     pub cross_attention_dim: usize,
 }
 
 impl UNetMidBlockSpatioTemporalConfig {
     /// `UNetMidBlockSpatioTemporal(in_channels, temb_channels)` with diffusers' defaults.
     pub fn new(in_channels: usize, temb_channels: Option<usize>) -> Self {
-        crate::diffusers::mid_block::from_required(in_channels, temb_channels)
+        Self {
+            in_channels,
+            temb_channels,
+            num_layers: defaults::usize::<1>(),
+            transformer_layers_per_block: LayersPerBlock::default(),
+            num_attention_heads: defaults::usize::<1>(),
+            cross_attention_dim: defaults::usize::<1280>(),
+        }
     }
 }
 
 /// `diffusers.models.unets.unet_3d_blocks.UNetMidBlockSpatioTemporal`.
 #[derive(Debug, Clone)]
 pub struct UNetMidBlockSpatioTemporal {
-    resnets: Vec<SpatioTemporalResBlock>,
-    attentions: Vec<TransformerSpatioTemporalModel>,
+    layers: MidStack<SpatioTemporalResBlock, TransformerSpatioTemporalModel>,
 }
 
 impl UNetMidBlockSpatioTemporal {
@@ -110,20 +110,20 @@ impl UNetMidBlockSpatioTemporal {
         let mut resnets = vec![SpatioTemporalResBlock::new(vb_res.pp(0), &resnet)?];
         let mut attentions = vec![];
         for (i, n) in layers.iter().take(cfg.num_layers).enumerate() {
-            let tcfg: TransformerSpatioTemporalModelConfig = config::from_json(
-                block,
-                &serde_json::json!({
-                    "num_attention_heads": heads,
-                    "attention_head_dim": head_dim,
-                    "in_channels": c,
-                    "num_layers": n,
-                    "cross_attention_dim": cfg.cross_attention_dim,
-                }),
-            )?;
+            let tcfg = TransformerSpatioTemporalModelConfig {
+                num_attention_heads: heads,
+                attention_head_dim: head_dim,
+                in_channels: Some(c),
+                num_layers: *n,
+                cross_attention_dim: Some(cfg.cross_attention_dim),
+                ..TransformerSpatioTemporalModelConfig::default()
+            };
             attentions.push(TransformerSpatioTemporalModel::new(vb.pp("attentions").pp(i), &tcfg)?);
             resnets.push(SpatioTemporalResBlock::new(vb_res.pp(i + 1), &resnet)?);
         }
-        Ok(Self { resnets, attentions })
+        Ok(Self {
+            layers: MidStack::new(resnets, attentions),
+        })
     }
 
     /// `forward(hidden_states, temb=None, encoder_hidden_states=None, image_only_indicator=None)`:
@@ -143,11 +143,11 @@ impl UNetMidBlockSpatioTemporal {
         crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
         crate::validate::optional_shape(Self::BLOCK, "image_only_indicator", image_only_indicator)?;
         let ioi = required_indicator(Self::BLOCK, image_only_indicator)?;
-        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb, ioi))?;
-        for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
-            h = trace::scope_at("attentions", i, || attn.forward(&h, encoder_hidden_states, ioi))?;
-            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb, ioi))?;
-        }
+        let h = self.layers.forward(
+            hidden_states,
+            |resnet, h| resnet.forward(h, temb, ioi),
+            |attn, h| attn.forward(h, encoder_hidden_states, ioi),
+        )?;
         trace::record("output", &h);
         Ok(h)
     }
@@ -170,9 +170,9 @@ fn required_indicator<'a>(block: &'static str, ioi: Option<&'a Tensor>) -> Resul
 pub struct MidBlockTemporalDecoderConfig {
     pub in_channels: usize,
     pub out_channels: usize,
-    #[serde(default = "head_512")]
+    #[serde(default = "defaults::usize::<512>")]
     pub attention_head_dim: usize,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub num_layers: usize,
     #[serde(default)]
     pub upcast_attention: bool,
@@ -234,14 +234,16 @@ impl MidBlockTemporalDecoder {
             .collect::<Result<Vec<_>>>()?;
         // Attention(query_dim=in_channels, heads=in_channels // attention_head_dim, dim_head=attention_head_dim,
         //           eps=1e-6, upcast_attention, norm_num_groups=32, bias=True, residual_connection=True)
-        let mut attn = AttentionConfig::new(c_in);
-        attn.heads = heads;
-        attn.dim_head = cfg.attention_head_dim;
-        attn.eps = 1e-6;
-        attn.upcast_attention = cfg.upcast_attention;
-        attn.norm_num_groups = Some(32);
-        attn.bias = true;
-        attn.residual_connection = true;
+        let attn = AttentionConfig {
+            heads,
+            dim_head: cfg.attention_head_dim,
+            eps: 1e-6,
+            upcast_attention: cfg.upcast_attention,
+            norm_num_groups: Some(32),
+            bias: true,
+            residual_connection: true,
+            ..AttentionConfig::new(c_in)
+        };
         Ok(Self {
             resnets,
             attention: Attention::new(vb.pp("attentions").pp(0), &attn)?,
@@ -268,6 +270,7 @@ impl MidBlockTemporalDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config;
     use candle_core::{DType, Device};
     use serde_json::json;
 

@@ -62,3 +62,6 @@ pub use transformer::{
     BasicTransformerBlock, BasicTransformerBlockConfig, Transformer2DModel, Transformer2DModelConfig,
 };
 pub use transformer_spatio_temporal::{TransformerSpatioTemporalModel, TransformerSpatioTemporalModelConfig};
+
+#[cfg(test)]
+mod defaults_tests;

@@ -14,19 +14,21 @@
 //!
 //! `up`/`down` resampling and `kernel` are not used by mid blocks and are rejected.
 
+use crate::config::defaults;
 use crate::cpu_kernels::{ConvExtras, Swish};
 use crate::layers::{group_norm, scale_shift, Activation, Conv2d, GroupNorm, Projection};
 use crate::trace;
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 /// `time_embedding_norm` of `ResnetBlock2D`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TimeEmbeddingNorm {
     /// The time embedding is added before `norm2`.
+    #[default]
     Default,
     /// The time embedding is `(scale, shift)` applied after `norm2`.
     ScaleShift,
@@ -50,26 +52,26 @@ pub struct ResnetBlock2DConfig {
     #[serde(default)]
     pub dropout: f64,
     /// `None` (JSON `null`): no `time_emb_proj`, the block takes no time embedding.
-    #[serde(default = "temb_512")]
+    #[serde(default = "defaults::some::<512>")]
     pub temb_channels: Option<usize>,
-    #[serde(default = "thirty_two")]
+    #[serde(default = "defaults::usize::<32>")]
     pub groups: usize,
     #[serde(default)]
     pub groups_out: Option<usize>,
     /// Ignored by diffusers (always pre-norm).
-    #[serde(default = "config::yes")]
+    #[serde(default = "defaults::yes")]
     pub pre_norm: bool,
-    #[serde(default = "eps_1e6")]
+    #[serde(default = "defaults::eps_1e6")]
     pub eps: f64,
     #[serde(default = "swish")]
     pub non_linearity: Activation,
     #[serde(default)]
     pub skip_time_act: bool,
-    #[serde(default = "default_norm")]
+    #[serde(default)]
     pub time_embedding_norm: TimeEmbeddingNorm,
     #[serde(default)]
     pub kernel: Option<String>,
-    #[serde(default = "one_f")]
+    #[serde(default = "defaults::one_f")]
     pub output_scale_factor: f64,
     #[serde(default)]
     pub use_in_shortcut: Option<bool>,
@@ -77,29 +79,43 @@ pub struct ResnetBlock2DConfig {
     pub up: bool,
     #[serde(default)]
     pub down: bool,
-    #[serde(default = "config::yes")]
+    #[serde(default = "defaults::yes")]
     pub conv_shortcut_bias: bool,
     #[serde(default)]
     pub conv_2d_out_channels: Option<usize>,
 }
 
-fn temb_512() -> Option<usize> {
-    Some(512)
-}
-pub(crate) fn thirty_two() -> usize {
-    32
-}
-pub(crate) fn eps_1e6() -> f64 {
-    1e-6
-}
+/// `"swish"`, the default `non_linearity` / `resnet_act_fn` of diffusers' resnets and mid blocks
+/// (here and not in `crate::config::defaults`, which sits below the layer of [`Activation`]).
 pub(crate) fn swish() -> Activation {
     Activation::Swish
 }
-pub(crate) fn default_norm() -> TimeEmbeddingNorm {
-    TimeEmbeddingNorm::Default
-}
-pub(crate) fn one_f() -> f64 {
-    1.0
+
+impl ResnetBlock2DConfig {
+    /// `ResnetBlock2D(in_channels=...)` with every other argument at its diffusers default.
+    pub fn new(in_channels: usize) -> Self {
+        Self {
+            in_channels,
+            out_channels: None,
+            conv_shortcut: false,
+            dropout: 0.0,
+            temb_channels: defaults::some::<512>(),
+            groups: defaults::usize::<32>(),
+            groups_out: None,
+            pre_norm: defaults::yes(),
+            eps: defaults::eps_1e6(),
+            non_linearity: swish(),
+            skip_time_act: false,
+            time_embedding_norm: TimeEmbeddingNorm::default(),
+            kernel: None,
+            output_scale_factor: defaults::one_f(),
+            use_in_shortcut: None,
+            up: false,
+            down: false,
+            conv_shortcut_bias: defaults::yes(),
+            conv_2d_out_channels: None,
+        }
+    }
 }
 
 /// `diffusers.models.resnet.ResnetBlock2D`.

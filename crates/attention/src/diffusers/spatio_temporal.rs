@@ -22,8 +22,7 @@
 //! parameter's dtype, `1 − alpha`, each product and the sum.
 
 use crate::cpu_kernels::Swish;
-use crate::diffusers::mid_block::resnet_config;
-use crate::diffusers::resnet::{ResnetBlock2D, TimeEmbeddingNorm};
+use crate::diffusers::resnet::{ResnetBlock2D, ResnetBlock2DConfig};
 use crate::diffusers::temporal::FrameConv;
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
 use crate::ops::upcast;
@@ -234,20 +233,13 @@ impl SpatioTemporalResBlock {
 
     pub fn new(vb: VarBuilder, spec: &SpatioTemporalResBlockSpec) -> Result<Self> {
         let (c_in, c) = (spec.in_channels, spec.out_channels);
-        let act = Activation::Swish;
-        let spatial = resnet_config(
-            c_in,
-            c,
-            32,
-            None,
-            spec.temb_channels,
-            spec.eps,
-            act,
-            TimeEmbeddingNorm::Default,
-            0.0,
-            1.0,
-            true,
-        );
+        // ResnetBlock2D(in_channels, out_channels, temb_channels, eps), the rest at its defaults.
+        let spatial = ResnetBlock2DConfig {
+            out_channels: Some(c),
+            temb_channels: spec.temb_channels,
+            eps: spec.eps,
+            ..ResnetBlock2DConfig::new(c_in)
+        };
         Ok(Self {
             spatial_res_block: ResnetBlock2D::new(vb.pp("spatial_res_block"), &spatial)?,
             temporal_res_block: TemporalResnetBlock::new(

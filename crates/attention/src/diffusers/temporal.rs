@@ -22,15 +22,14 @@
 //!   return x.reshape(B·F, C, H, W) + h
 //! ```
 
+use crate::config::defaults;
 use crate::cpu_kernels::Swish;
 use crate::diffusers::feed_forward::ActivationFn;
-use crate::diffusers::transformer::{
-    eighty_eight, geglu, one, sixteen, thirty_two, BasicTransformerBlockConfig, TransformerBlock,
-};
+use crate::diffusers::transformer::{BasicTransformerBlockConfig, TransformerBlock};
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
 use crate::ops::upcast;
 use crate::trace;
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -109,7 +108,7 @@ pub struct TemporalConvLayerConfig {
     /// Identity in eval mode.
     #[serde(default)]
     pub dropout: f64,
-    #[serde(default = "thirty_two")]
+    #[serde(default = "defaults::usize::<32>")]
     pub norm_num_groups: usize,
 }
 
@@ -182,9 +181,9 @@ impl TemporalConvLayer {
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransformerTemporalModelConfig {
-    #[serde(default = "sixteen")]
+    #[serde(default = "defaults::usize::<16>")]
     pub num_attention_heads: usize,
-    #[serde(default = "eighty_eight")]
+    #[serde(default = "defaults::usize::<88>")]
     pub attention_head_dim: usize,
     /// Required in practice (diffusers builds `GroupNorm(num_channels=in_channels)`).
     #[serde(default)]
@@ -192,11 +191,11 @@ pub struct TransformerTemporalModelConfig {
     /// Stored by diffusers but not used: `proj_out` maps back to `in_channels`.
     #[serde(default)]
     pub out_channels: Option<usize>,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub num_layers: usize,
     #[serde(default)]
     pub dropout: f64,
-    #[serde(default = "thirty_two")]
+    #[serde(default = "defaults::usize::<32>")]
     pub norm_num_groups: usize,
     #[serde(default)]
     pub cross_attention_dim: Option<usize>,
@@ -205,16 +204,40 @@ pub struct TransformerTemporalModelConfig {
     /// Not used.
     #[serde(default)]
     pub sample_size: Option<usize>,
-    #[serde(default = "geglu")]
+    #[serde(default)]
     pub activation_fn: ActivationFn,
-    #[serde(default = "config::yes")]
+    #[serde(default = "defaults::yes")]
     pub norm_elementwise_affine: bool,
-    #[serde(default = "config::yes")]
+    #[serde(default = "defaults::yes")]
     pub double_self_attention: bool,
     #[serde(default)]
     pub positional_embeddings: Option<String>,
     #[serde(default)]
     pub num_positional_embeddings: Option<usize>,
+}
+
+impl Default for TransformerTemporalModelConfig {
+    /// `TransformerTemporalModel()`: every argument at its diffusers default (16 heads of 88, one
+    /// layer, 32 groups, `geglu`, `double_self_attention`); set `in_channels`.
+    fn default() -> Self {
+        Self {
+            num_attention_heads: defaults::usize::<16>(),
+            attention_head_dim: defaults::usize::<88>(),
+            in_channels: None,
+            out_channels: None,
+            num_layers: defaults::usize::<1>(),
+            dropout: 0.0,
+            norm_num_groups: defaults::usize::<32>(),
+            cross_attention_dim: None,
+            attention_bias: false,
+            sample_size: None,
+            activation_fn: ActivationFn::default(),
+            norm_elementwise_affine: defaults::yes(),
+            double_self_attention: defaults::yes(),
+            positional_embeddings: None,
+            num_positional_embeddings: None,
+        }
+    }
 }
 
 /// `diffusers.models.transformers.transformer_temporal.TransformerTemporalModel`. Keys `norm`
@@ -243,9 +266,6 @@ impl TransformerTemporalModel {
         //   cross_attention_dim, activation_fn, attention_bias, double_self_attention,
         //   norm_elementwise_affine, positional_embeddings, num_positional_embeddings)
         let block_cfg = BasicTransformerBlockConfig {
-            dim: inner,
-            num_attention_heads: cfg.num_attention_heads,
-            attention_head_dim: cfg.attention_head_dim,
             dropout: cfg.dropout,
             cross_attention_dim: cfg.cross_attention_dim,
             activation_fn: cfg.activation_fn,
@@ -254,10 +274,7 @@ impl TransformerTemporalModel {
             norm_elementwise_affine: cfg.norm_elementwise_affine,
             positional_embeddings: cfg.positional_embeddings.clone(),
             num_positional_embeddings: cfg.num_positional_embeddings,
-            ..config::from_json(
-                block,
-                &serde_json::json!({"dim": 1, "num_attention_heads": 1, "attention_head_dim": 1}),
-            )?
+            ..BasicTransformerBlockConfig::new(inner, cfg.num_attention_heads, cfg.attention_head_dim)
         };
         let spec = block_cfg.spec(block)?;
         let blocks = (0..cfg.num_layers)

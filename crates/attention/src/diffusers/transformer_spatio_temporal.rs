@@ -21,21 +21,16 @@
 //! `encoder_hidden_states` is required (diffusers reads `time_context` from it unconditionally);
 //! the temporal blocks' `is_res` is always true here (`time_mix_inner_dim = inner_dim`).
 
+use crate::config::defaults;
 use crate::diffusers::feed_forward::{FeedForward, FeedForwardConfig};
 use crate::diffusers::spatio_temporal::{frames_of, AlphaBlender, MergeStrategy};
-use crate::diffusers::transformer::{
-    eighty_eight, one, sixteen, BasicTransformerBlockConfig, TransformerBlock, TransformerBlockSpec,
-};
+use crate::diffusers::transformer::{BasicTransformerBlockConfig, TransformerBlock, TransformerBlockSpec};
 use crate::layers::{group_norm, Activation, GroupNorm, LayerNorm, Projection};
 use crate::trace;
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::{DType, Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
-
-fn c320() -> Option<usize> {
-    Some(320)
-}
 
 /// Keyword arguments of `TransformerSpatioTemporalModel(num_attention_heads=16,
 /// attention_head_dim=88, in_channels=320, out_channels=None, num_layers=1,
@@ -43,19 +38,33 @@ fn c320() -> Option<usize> {
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransformerSpatioTemporalModelConfig {
-    #[serde(default = "sixteen")]
+    #[serde(default = "defaults::usize::<16>")]
     pub num_attention_heads: usize,
-    #[serde(default = "eighty_eight")]
+    #[serde(default = "defaults::usize::<88>")]
     pub attention_head_dim: usize,
-    #[serde(default = "c320")]
+    #[serde(default = "defaults::some::<320>")]
     pub in_channels: Option<usize>,
     /// Stored by diffusers but not used: `proj_out` maps back to `in_channels`.
     #[serde(default)]
     pub out_channels: Option<usize>,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub num_layers: usize,
     #[serde(default)]
     pub cross_attention_dim: Option<usize>,
+}
+
+impl Default for TransformerSpatioTemporalModelConfig {
+    /// `TransformerSpatioTemporalModel()`: every argument at its diffusers default.
+    fn default() -> Self {
+        Self {
+            num_attention_heads: defaults::usize::<16>(),
+            attention_head_dim: defaults::usize::<88>(),
+            in_channels: defaults::some::<320>(),
+            out_channels: None,
+            num_layers: defaults::usize::<1>(),
+            cross_attention_dim: None,
+        }
+    }
 }
 
 /// `TemporalBasicTransformerBlock(dim, time_mix_inner_dim=dim, num_attention_heads,
@@ -173,15 +182,10 @@ impl TransformerSpatioTemporalModel {
         }
         // BasicTransformerBlock(inner_dim, num_attention_heads, attention_head_dim, cross_attention_dim)
         // and TemporalBasicTransformerBlock(inner_dim, inner_dim, ...) share the attention and FF layout.
-        let block_cfg: BasicTransformerBlockConfig = config::from_json(
-            block,
-            &serde_json::json!({
-                "dim": inner,
-                "num_attention_heads": cfg.num_attention_heads,
-                "attention_head_dim": cfg.attention_head_dim,
-                "cross_attention_dim": cfg.cross_attention_dim,
-            }),
-        )?;
+        let block_cfg = BasicTransformerBlockConfig {
+            cross_attention_dim: cfg.cross_attention_dim,
+            ..BasicTransformerBlockConfig::new(inner, cfg.num_attention_heads, cfg.attention_head_dim)
+        };
         let spec = block_cfg.spec(block)?;
         let blocks = (0..cfg.num_layers)
             .map(|i| TransformerBlock::load(vb.pp("transformer_blocks").pp(i), block, &spec))

@@ -20,6 +20,7 @@
 //! shortcut: conv_shortcut (3×3) if conv_shortcut else nin_shortcut (1×1), only when in != out
 //! ```
 
+use crate::config::defaults;
 use crate::cpu_kernels::{ConvExtras, Swish};
 use crate::layers::{group_norm, Conv2d, GroupNorm, Projection};
 use crate::ldm::vae::{AttnBlock, AttnBlockConfig, LinAttnBlock};
@@ -57,12 +58,8 @@ pub struct ResnetBlockConfig {
     #[serde(default)]
     pub dropout: f64,
     /// `0`: no `temb_proj` (the VAE).
-    #[serde(default = "temb_512")]
+    #[serde(default = "defaults::usize::<512>")]
     pub temb_channels: usize,
-}
-
-fn temb_512() -> usize {
-    512
 }
 
 /// `ldm.modules.diffusionmodules.model.ResnetBlock`.
@@ -170,16 +167,13 @@ impl ResnetBlock {
 }
 
 /// `make_attn`'s `attn_type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttnType {
+    #[default]
     Vanilla,
     Linear,
     None,
-}
-
-fn vanilla() -> AttnType {
-    AttnType::Vanilla
 }
 
 /// The `Model`/`Encoder`/`Decoder` arguments that shape the mid block: `in_channels = block_in`
@@ -193,7 +187,7 @@ pub struct MidBlockConfig {
     pub temb_channels: usize,
     #[serde(default)]
     pub dropout: f64,
-    #[serde(default = "vanilla")]
+    #[serde(default)]
     pub attn_type: AttnType,
 }
 

@@ -21,12 +21,13 @@
 //! f32/f64; in half precision PyTorch cannot run it on the CPU (its `einsum(sim, v)` mixes f32
 //! and f16), so the SD 1.x rounding is followed there too.
 
+use crate::config::defaults;
 use crate::diffusers::attention::{Attention, AttentionConfig, Processor};
 use crate::diffusers::feed_forward::{ActivationFn, FeedForwardConfig};
 use crate::diffusers::transformer::{
     AttentionSource, SpatialTransformer as Spatial, TransformerBlock, TransformerBlockSpec,
 };
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -39,20 +40,13 @@ pub struct CrossAttentionConfig {
     pub query_dim: usize,
     #[serde(default)]
     pub context_dim: Option<usize>,
-    #[serde(default = "eight")]
+    #[serde(default = "defaults::usize::<8>")]
     pub heads: usize,
-    #[serde(default = "sixty_four")]
+    #[serde(default = "defaults::usize::<64>")]
     pub dim_head: usize,
     /// Identity in eval mode.
     #[serde(default)]
     pub dropout: f64,
-}
-
-fn eight() -> usize {
-    8
-}
-fn sixty_four() -> usize {
-    64
 }
 
 /// `ldm.modules.attention.CrossAttention`.
@@ -66,17 +60,14 @@ impl CrossAttention {
         crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         // to_q/to_k/to_v Linear(.., bias=False), to_out = Sequential(Linear(inner, query_dim), Dropout),
         // scale dim_head ** -0.5 after q·kᵀ: diffusers' Attention with bias=False.
-        let mut attn: AttentionConfig = config::from_json(
-            Self::BLOCK,
-            &serde_json::json!({
-                "query_dim": cfg.query_dim,
-                "cross_attention_dim": cfg.context_dim,
-                "heads": cfg.heads,
-                "dim_head": cfg.dim_head,
-                "bias": false,
-            }),
-        )?;
-        attn.processor = Some(Processor::Ldm);
+        let attn = AttentionConfig {
+            cross_attention_dim: cfg.context_dim,
+            heads: cfg.heads,
+            dim_head: cfg.dim_head,
+            bias: false,
+            processor: Some(Processor::Ldm),
+            ..AttentionConfig::new(cfg.query_dim)
+        };
         Ok(Self(Attention::new(vb, &attn)?))
     }
 
@@ -118,10 +109,10 @@ pub struct BasicTransformerBlockConfig {
     pub dropout: f64,
     #[serde(default)]
     pub context_dim: Option<usize>,
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub gated_ff: bool,
     /// Gradient checkpointing: no effect on the forward.
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub checkpoint: bool,
     #[serde(default)]
     pub disable_self_attn: bool,
@@ -206,7 +197,7 @@ pub struct SpatialTransformerConfig {
     pub in_channels: usize,
     pub n_heads: usize,
     pub d_head: usize,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub depth: usize,
     #[serde(default)]
     pub dropout: f64,
@@ -217,12 +208,26 @@ pub struct SpatialTransformerConfig {
     #[serde(default)]
     pub use_linear: bool,
     /// Gradient checkpointing: no effect on the forward.
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub use_checkpoint: bool,
 }
 
-fn one() -> usize {
-    1
+impl SpatialTransformerConfig {
+    /// `SpatialTransformer(in_channels, n_heads, d_head)` with every other argument at its
+    /// default.
+    pub fn new(in_channels: usize, n_heads: usize, d_head: usize) -> Self {
+        Self {
+            in_channels,
+            n_heads,
+            d_head,
+            depth: defaults::usize::<1>(),
+            dropout: 0.0,
+            context_dim: None,
+            disable_self_attn: false,
+            use_linear: false,
+            use_checkpoint: defaults::yes(),
+        }
+    }
 }
 
 /// `ldm.modules.attention.SpatialTransformer`.
@@ -322,6 +327,21 @@ impl SpatialTransformer {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// `new` gives what the required arguments deserialize to (one source for the defaults).
+    #[test]
+    fn new_matches_serde_defaults() {
+        let parsed: SpatialTransformerConfig = crate::config::from_json(
+            SpatialTransformer::BLOCK,
+            &serde_json::json!({"in_channels": 32, "n_heads": 2, "d_head": 16}),
+        )
+        .unwrap();
+        let built = SpatialTransformerConfig::new(32, 2, 16);
+        assert_eq!(
+            serde_json::to_value(parsed).unwrap(),
+            serde_json::to_value(built).unwrap()
+        );
+    }
 
     fn config(context_dim: serde_json::Value) -> Result<SpatialTransformerConfig> {
         crate::config::from_json(

@@ -24,21 +24,18 @@
 //! `.type(h.dtype)` casts its output to `h`'s dtype.
 
 use super::{AttentionBlock, AttentionBlockConfig};
+use crate::config::defaults;
 use crate::cpu_kernels::{ConvExtras, Swish};
 use crate::layers::{scale_shift, Activation, Conv2d, GroupNorm, Projection};
-use crate::ldm::transformer::{SpatialTransformer, SpatialTransformerConfig};
+use crate::ldm::transformer::{ContextDim, SpatialTransformer, SpatialTransformerConfig};
 use crate::trace;
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 const NORM_GROUPS: usize = 32;
 const NORM_EPS: f64 = 1e-5;
-
-fn two() -> usize {
-    2
-}
 
 /// Keyword arguments of `ResBlock(...)` (see the module docs).
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -55,7 +52,7 @@ pub struct ResBlockConfig {
     pub use_conv: bool,
     #[serde(default)]
     pub use_scale_shift_norm: bool,
-    #[serde(default = "two")]
+    #[serde(default = "defaults::usize::<2>")]
     pub dims: usize,
     /// Gradient checkpointing only.
     #[serde(default)]
@@ -193,13 +190,6 @@ impl ResBlock {
     }
 }
 
-fn minus_one() -> i64 {
-    -1
-}
-fn one() -> usize {
-    1
-}
-
 /// The `UNetModel` keyword arguments that shape `middle_block`, with `channels` the bottleneck
 /// width (`model_channels · channel_mult[-1]`) and `emb_channels` the time-embedding width
 /// (`4 · model_channels`). Heads follow `UNetModel`'s rule:
@@ -217,19 +207,19 @@ pub struct MiddleBlockConfig {
     pub emb_channels: usize,
     #[serde(default)]
     pub dropout: f64,
-    #[serde(default = "two")]
+    #[serde(default = "defaults::usize::<2>")]
     pub dims: usize,
     #[serde(default)]
     pub use_scale_shift_norm: bool,
-    #[serde(default = "minus_one_i")]
+    #[serde(default = "defaults::minus_one")]
     pub num_heads: i64,
-    #[serde(default = "minus_one")]
+    #[serde(default = "defaults::minus_one")]
     pub num_head_channels: i64,
     #[serde(default)]
     pub use_new_attention_order: bool,
     #[serde(default)]
     pub use_spatial_transformer: bool,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub transformer_depth: usize,
     #[serde(default)]
     pub context_dim: Option<serde_json::Value>,
@@ -237,15 +227,11 @@ pub struct MiddleBlockConfig {
     pub use_linear_in_transformer: bool,
     #[serde(default)]
     pub disable_middle_self_attn: bool,
-    #[serde(default = "config::yes")]
+    #[serde(default = "defaults::yes")]
     pub legacy: bool,
     /// Gradient checkpointing only.
     #[serde(default)]
     pub use_checkpoint: bool,
-}
-
-fn minus_one_i() -> i64 {
-    -1
 }
 
 #[derive(Debug, Clone)]
@@ -297,19 +283,21 @@ impl MiddleBlock {
         };
         let attn = if cfg.use_spatial_transformer {
             let dim_head = if cfg.legacy { ch / num_heads.max(1) } else { dim_head };
-            let st: SpatialTransformerConfig = config::from_json(
-                block,
-                &serde_json::json!({
-                    "in_channels": ch,
-                    "n_heads": num_heads,
-                    "d_head": dim_head,
-                    "depth": cfg.transformer_depth,
-                    "dropout": cfg.dropout,
-                    "context_dim": cfg.context_dim,
-                    "disable_self_attn": cfg.disable_middle_self_attn,
-                    "use_linear": cfg.use_linear_in_transformer,
-                }),
-            )?;
+            // `context_dim` is kept as the kwargs give it (any JSON) and read only here.
+            let context_dim = match &cfg.context_dim {
+                None | Some(serde_json::Value::Null) => None,
+                Some(v) => Some(
+                    ContextDim::deserialize(v).map_err(|e| Error::config(block, format!("context_dim {v}: {e}")))?,
+                ),
+            };
+            let st = SpatialTransformerConfig {
+                depth: cfg.transformer_depth,
+                dropout: cfg.dropout,
+                context_dim,
+                disable_self_attn: cfg.disable_middle_self_attn,
+                use_linear: cfg.use_linear_in_transformer,
+                ..SpatialTransformerConfig::new(ch, num_heads, dim_head)
+            };
             MiddleAttention::Transformer(SpatialTransformer::new(vb.pp("1"), &st)?)
         } else {
             let num_head_channels = if cfg.legacy {

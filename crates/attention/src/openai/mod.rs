@@ -22,6 +22,7 @@
 //!
 //! [`middle_block`]: the whole `middle_block` (`ResBlock`, `MiddleBlock`).
 
+use crate::config::defaults;
 use crate::heads::{chunk_qkv_channels, chunk_qkv_channels_per_head, merge_channels};
 use crate::layers::{GroupNorm, Projection};
 use crate::ops::mul;
@@ -41,10 +42,10 @@ pub use middle_block::{MiddleBlock, MiddleBlockConfig, ResBlock, ResBlockConfig}
 #[serde(deny_unknown_fields)]
 pub struct AttentionBlockConfig {
     pub channels: usize,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub num_heads: usize,
     /// `-1`: use `num_heads`; otherwise `num_heads = channels // num_head_channels`.
-    #[serde(default = "minus_one")]
+    #[serde(default = "defaults::minus_one")]
     pub num_head_channels: i64,
     /// Gradient checkpointing only; the forward is the same.
     #[serde(default)]
@@ -52,13 +53,6 @@ pub struct AttentionBlockConfig {
     /// `QKVAttention` (split q/k/v, then heads) instead of `QKVAttentionLegacy`.
     #[serde(default)]
     pub use_new_attention_order: bool,
-}
-
-fn one() -> usize {
-    1
-}
-fn minus_one() -> i64 {
-    -1
 }
 
 /// `normalization(channels)` = `GroupNorm32(32, channels)`.

@@ -40,7 +40,7 @@ mod in_projection;
 mod masks;
 mod shape_check;
 
-use crate::config::{check_divides, yes};
+use crate::config::{check_divides, defaults};
 use crate::layers::Projection;
 use crate::trace;
 use crate::{Error, Result};
@@ -60,7 +60,7 @@ pub struct MultiheadAttentionConfig {
     /// Attention dropout; inactive in eval, so ignored.
     #[serde(default)]
     pub dropout: f64,
-    #[serde(default = "yes")]
+    #[serde(default = "defaults::yes")]
     pub bias: bool,
     #[serde(default)]
     pub add_bias_kv: bool,

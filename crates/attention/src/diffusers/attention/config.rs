@@ -3,6 +3,7 @@
 //! serde defaults, the processor classes that can run it ([`Processor`]) and the `qk_norm` and
 //! `cross_attention_norm` kinds.
 
+use crate::config::defaults;
 use serde::Deserialize;
 
 /// Which diffusers attention processor produced the reference.
@@ -85,13 +86,13 @@ pub struct AttentionConfig {
     pub query_dim: usize,
     #[serde(default)]
     pub cross_attention_dim: Option<usize>,
-    #[serde(default = "eight")]
+    #[serde(default = "defaults::usize::<8>")]
     pub heads: usize,
     /// Accepted only when `dim_head · kv_heads` is the inner dim (diffusers' processors here
     /// fail otherwise); required by the `*_across_heads` `qk_norm` kinds.
     #[serde(default)]
     pub kv_heads: Option<usize>,
-    #[serde(default = "sixty_four")]
+    #[serde(default = "defaults::usize::<64>")]
     pub dim_head: usize,
     /// Identity in eval mode.
     #[serde(default)]
@@ -109,27 +110,27 @@ pub struct AttentionConfig {
     pub upcast_softmax: bool,
     #[serde(default)]
     pub cross_attention_norm: Option<CrossAttentionNorm>,
-    #[serde(default = "thirty_two")]
+    #[serde(default = "defaults::usize::<32>")]
     pub cross_attention_norm_num_groups: usize,
     #[serde(default)]
     pub qk_norm: Option<QkNorm>,
     #[serde(default)]
     pub added_kv_proj_dim: Option<usize>,
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub added_proj_bias: bool,
     #[serde(default)]
     pub norm_num_groups: Option<usize>,
     #[serde(default)]
     pub spatial_norm_dim: Option<usize>,
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub out_bias: bool,
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub scale_qk: bool,
     #[serde(default)]
     pub only_cross_attention: bool,
-    #[serde(default = "eps_default")]
+    #[serde(default = "defaults::eps_1e5")]
     pub eps: f64,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::one_f")]
     pub rescale_output_factor: f64,
     #[serde(default)]
     pub residual_connection: bool,
@@ -150,27 +151,11 @@ pub struct AttentionConfig {
     #[serde(default)]
     pub pre_only: bool,
     /// Only used by `qk_norm` (`layer_norm`, `rms_norm`).
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub elementwise_affine: bool,
     /// None of the processors here reads it.
     #[serde(default)]
     pub is_causal: bool,
-}
-
-fn eight() -> usize {
-    8
-}
-fn sixty_four() -> usize {
-    64
-}
-fn thirty_two() -> usize {
-    32
-}
-fn eps_default() -> f64 {
-    1e-5
-}
-fn one() -> f64 {
-    1.0
 }
 
 impl AttentionConfig {
@@ -180,15 +165,15 @@ impl AttentionConfig {
         Self {
             query_dim,
             cross_attention_dim: None,
-            heads: eight(),
+            heads: defaults::usize::<8>(),
             kv_heads: None,
-            dim_head: sixty_four(),
+            dim_head: defaults::usize::<64>(),
             dropout: 0.0,
             bias: false,
             upcast_attention: false,
             upcast_softmax: false,
             cross_attention_norm: None,
-            cross_attention_norm_num_groups: thirty_two(),
+            cross_attention_norm_num_groups: defaults::usize::<32>(),
             qk_norm: None,
             added_kv_proj_dim: None,
             added_proj_bias: true,
@@ -197,8 +182,8 @@ impl AttentionConfig {
             out_bias: true,
             scale_qk: true,
             only_cross_attention: false,
-            eps: eps_default(),
-            rescale_output_factor: one(),
+            eps: defaults::eps_1e5(),
+            rescale_output_factor: defaults::one_f(),
             residual_connection: false,
             _from_deprecated_attn_block: false,
             processor: None,

@@ -2,73 +2,42 @@
 //! `UNet2DModel` and of `AutoencoderKL`'s encoder and decoder, resnets interleaved with
 //! self-attention [`Attention`] blocks.
 
-use super::{default_shift, from_required, groups_32, one, resnet_config, time_norm};
+use super::{mid_block_config, MidStack, TimeScaleShift};
+use crate::config::defaults;
 use crate::diffusers::attention::{Attention, AttentionConfig};
-use crate::diffusers::resnet::{eps_1e6, one_f, swish, ResnetBlock2D};
+use crate::diffusers::resnet::ResnetBlock2D;
 use crate::diffusers::resnet_cond_norm::{ResnetBlockCondNorm2D, ResnetBlockCondNorm2DConfig};
-use crate::layers::Activation;
 use crate::trace;
 use crate::{config, Error, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
-use serde::Deserialize;
 
-/// Keyword arguments of `UNetMidBlock2D(in_channels, temb_channels, dropout=0.0, num_layers=1,
-/// resnet_eps=1e-6, resnet_time_scale_shift="default", resnet_act_fn="swish", resnet_groups=32,
-/// attn_groups=None, resnet_pre_norm=True, add_attention=True, attention_head_dim=1,
-/// output_scale_factor=1.0)`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct UNetMidBlock2DConfig {
-    /// Channels in and out (`block_out_channels[-1]` of the model).
-    pub in_channels: usize,
-    /// `null` for the VAE (no time embedding).
-    pub temb_channels: Option<usize>,
-    /// Dropout probability of the resnets (inactive in inference; kept for the kwargs).
-    #[serde(default)]
-    pub dropout: f64,
-    /// Attention + resnet pairs after the first resnet.
-    #[serde(default = "one")]
-    pub num_layers: usize,
-    /// GroupNorm eps of the resnets: the model's `norm_eps` (SD U-Nets 1e-5; VAEs 1e-6, the class default).
-    #[serde(default = "eps_1e6")]
-    pub resnet_eps: f64,
-    /// How `temb` enters the resnets: `default` (added), `scale_shift` (FiLM), `spatial` (MoVQ's decoder).
-    #[serde(default = "default_shift")]
-    pub resnet_time_scale_shift: String,
-    /// The resnets' activation (`swish` = `silu`, `mish`, `gelu`).
-    #[serde(default = "swish")]
-    pub resnet_act_fn: Activation,
-    /// `null`: `min(in_channels // 4, 32)`.
-    #[serde(default = "groups_32")]
-    pub resnet_groups: Option<usize>,
-    /// `null`: `resnet_groups` (with the default time norm; no norm otherwise).
-    #[serde(default)]
-    pub attn_groups: Option<usize>,
-    /// Always true in diffusers' resnets (kept for the kwargs).
-    #[serde(default = "config::yes")]
-    pub resnet_pre_norm: bool,
-    /// False: resnets only (no attention between them).
-    #[serde(default = "config::yes")]
-    pub add_attention: bool,
-    /// `null`: one head of `in_channels` (diffusers warns).
-    #[serde(default = "one_opt")]
-    pub attention_head_dim: Option<usize>,
-    /// Each resnet's output is divided by this (`mid_block_scale_factor`).
-    #[serde(default = "one_f")]
-    pub output_scale_factor: f64,
-}
-
-fn one_opt() -> Option<usize> {
-    Some(1)
-}
-
-impl UNetMidBlock2DConfig {
-    /// `UNetMidBlock2D(in_channels, temb_channels)` with diffusers' defaults for the rest
-    /// (`temb_channels` `None` for the VAE's); change fields after (`attention_head_dim`, ...).
-    pub fn new(in_channels: usize, temb_channels: Option<usize>) -> Self {
-        from_required(in_channels, temb_channels)
+mid_block_config! {
+    /// Keyword arguments of `UNetMidBlock2D(in_channels, temb_channels, dropout=0.0, num_layers=1,
+    /// resnet_eps=1e-6, resnet_time_scale_shift="default", resnet_act_fn="swish", resnet_groups=32,
+    /// attn_groups=None, resnet_pre_norm=True, add_attention=True, attention_head_dim=1,
+    /// output_scale_factor=1.0)`.
+    pub struct UNetMidBlock2DConfig {
+        [
+            /// Channels in and out (`block_out_channels[-1]` of the model).
+            pub in_channels: usize,
+            /// `null` for the VAE (no time embedding).
+            pub temb_channels: Option<usize>,
+        ]
+        /// Attention + resnet pairs after the first resnet.
+        #[serde(default = "defaults::usize::<1>")]
+        pub num_layers: usize = defaults::usize::<1>(),
+        /// `null`: `resnet_groups` (with the default time norm; no norm otherwise).
+        #[serde(default)]
+        pub attn_groups: Option<usize> = None,
+        /// False: resnets only (no attention between them).
+        #[serde(default = "defaults::yes")]
+        pub add_attention: bool = defaults::yes(),
+        /// `null`: one head of `in_channels` (diffusers warns).
+        #[serde(default = "defaults::some::<1>")]
+        pub attention_head_dim: Option<usize> = defaults::some::<1>(),
     }
+    with [resnet]
 }
 
 /// A `UNetMidBlock2D` resnet: `ResnetBlock2D`, or `ResnetBlockCondNorm2D` with
@@ -95,8 +64,7 @@ impl MidResnet {
 /// then the quantized latent `zq` `(B, temb_channels, h, w)`.
 #[derive(Debug, Clone)]
 pub struct UNetMidBlock2D {
-    resnets: Vec<MidResnet>,
-    attentions: Vec<Option<Attention>>,
+    layers: MidStack<MidResnet, Option<Attention>>,
 }
 
 impl UNetMidBlock2D {
@@ -106,8 +74,9 @@ impl UNetMidBlock2D {
         crate::validate::constructor(Self::BLOCK, &vb, cfg)?;
         let block = Self::BLOCK;
         let c = cfg.in_channels;
-        let spatial = cfg.resnet_time_scale_shift == "spatial";
-        let groups = cfg.resnet_groups.unwrap_or((c / 4).min(32));
+        let kwargs = cfg.resnet_kwargs();
+        let spatial = cfg.resnet_time_scale_shift == TimeScaleShift::Spatial;
+        let groups = kwargs.groups(c);
         let head_dim = cfg.attention_head_dim.unwrap_or(c);
         let heads = config::check_divides(block, c, head_dim)?;
         let make_resnet: Box<dyn Fn(VarBuilder) -> Result<MidResnet>> = if spatial {
@@ -126,34 +95,23 @@ impl UNetMidBlock2D {
             };
             Box::new(move |vb| Ok(MidResnet::Spatial(ResnetBlockCondNorm2D::new(vb, &resnet)?)))
         } else {
-            let norm = time_norm(block, &cfg.resnet_time_scale_shift)?;
-            let resnet = resnet_config(
-                c,
-                c,
-                groups,
-                None,
-                cfg.temb_channels,
-                cfg.resnet_eps,
-                cfg.resnet_act_fn,
-                norm,
-                cfg.dropout,
-                cfg.output_scale_factor,
-                cfg.resnet_pre_norm,
-            );
+            let resnet = kwargs.resnet(block, (c, c), cfg.temb_channels, (groups, None))?;
             Box::new(move |vb| Ok(MidResnet::Plain(ResnetBlock2D::new(vb, &resnet)?)))
         };
-        let default_norm = cfg.resnet_time_scale_shift == "default";
-        let mut attn = AttentionConfig::new(c);
-        attn.heads = heads;
-        attn.dim_head = head_dim;
-        attn.rescale_output_factor = cfg.output_scale_factor;
-        attn.eps = cfg.resnet_eps;
-        attn.norm_num_groups = cfg.attn_groups.or(default_norm.then_some(groups));
-        attn.spatial_norm_dim = if spatial { cfg.temb_channels } else { None };
-        attn.residual_connection = true;
-        attn.bias = true;
-        attn.upcast_softmax = true;
-        attn._from_deprecated_attn_block = true;
+        let default_norm = cfg.resnet_time_scale_shift == TimeScaleShift::Default;
+        let attn = AttentionConfig {
+            heads,
+            dim_head: head_dim,
+            rescale_output_factor: cfg.output_scale_factor,
+            eps: cfg.resnet_eps,
+            norm_num_groups: cfg.attn_groups.or(default_norm.then_some(groups)),
+            spatial_norm_dim: if spatial { cfg.temb_channels } else { None },
+            residual_connection: true,
+            bias: true,
+            upcast_softmax: true,
+            _from_deprecated_attn_block: true,
+            ..AttentionConfig::new(c)
+        };
 
         let vb_res = vb.pp("resnets");
         let vb_attn = vb.pp("attentions");
@@ -167,7 +125,9 @@ impl UNetMidBlock2D {
             });
             resnets.push(make_resnet(vb_res.pp(i + 1))?);
         }
-        Ok(Self { resnets, attentions })
+        Ok(Self {
+            layers: MidStack::new(resnets, attentions),
+        })
     }
 
     /// `forward(hidden_states, temb=None)`: `(B, in_channels, H, W)`, `temb` `(B, temb_channels)`
@@ -175,13 +135,15 @@ impl UNetMidBlock2D {
     pub fn forward(&self, hidden_states: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
         crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
         crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
-        let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, temb))?;
-        for (i, (attn, resnet)) in self.attentions.iter().zip(&self.resnets[1..]).enumerate() {
-            if let Some(attn) = attn {
-                h = trace::scope_at("attentions", i, || attn.forward_with_temb(&h, None, None, temb))?;
-            }
-            h = trace::scope_at("resnets", i + 1, || resnet.forward(&h, temb))?;
-        }
+        let h = self.layers.forward(
+            hidden_states,
+            |resnet, h| resnet.forward(h, temb),
+            |attn, h| match attn {
+                Some(attn) => attn.forward_with_temb(h, None, None, temb),
+                // `add_attention=False`: nothing runs, nothing is recorded under `attentions.i`.
+                None => Ok(h.clone()),
+            },
+        )?;
         trace::record("output", &h);
         Ok(h)
     }

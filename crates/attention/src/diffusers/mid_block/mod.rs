@@ -15,93 +15,34 @@
 //!                   for attn, resnet in zip(attentions, resnets[1:]): h = attn(h, ...); h = resnet(h, temb)
 //! ```
 //!
-//! This module holds what both blocks (and the other diffusers mid blocks) share: the resnet
-//! config helpers and the serde defaults; `mid_block_2d` holds [`UNetMidBlock2D`] and
-//! `cross_attn` [`UNetMidBlock2DCrossAttn`].
+//! This module holds what both blocks (and the other diffusers mid blocks) share: the shared
+//! keyword arguments (`kwargs`: [`ResnetKwargs`], [`TransformerKwargs`], [`TimeScaleShift`] and
+//! the macro declaring the configs) and the resnet/attention loop (`stack`); `mid_block_2d`
+//! holds [`UNetMidBlock2D`] and `cross_attn` [`UNetMidBlock2DCrossAttn`].
 
 mod cross_attn;
+mod kwargs;
 mod mid_block_2d;
+mod stack;
 
-pub use cross_attn::{LayersPerBlock, UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
+pub use cross_attn::{UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
+pub(crate) use kwargs::mid_block_config;
+pub use kwargs::{ResnetKwargs, TimeScaleShift, TransformerKwargs};
 pub use mid_block_2d::{UNetMidBlock2D, UNetMidBlock2DConfig};
+pub(crate) use stack::{MidStack, Step};
 
-use crate::diffusers::resnet::{ResnetBlock2DConfig, TimeEmbeddingNorm};
-use crate::layers::Activation;
-use crate::{Error, Result};
+use serde::Deserialize;
 
-/// `resnet_time_scale_shift` as the mid blocks with `ResnetBlock2D`s take it. `"spatial"` and
-/// `"ada_group"` reach `ResnetBlock2D`, which diffusers refuses for them (only `UNetMidBlock2D`
-/// builds `ResnetBlockCondNorm2D`, and only for `"spatial"`).
-pub(super) fn time_norm(block: &'static str, name: &str) -> Result<TimeEmbeddingNorm> {
-    match name {
-        "default" => Ok(TimeEmbeddingNorm::Default),
-        "scale_shift" => Ok(TimeEmbeddingNorm::ScaleShift),
-        "spatial" | "ada_group" => Err(Error::config(
-            block,
-            format!(
-                "resnet_time_scale_shift {name:?} makes this block build ResnetBlock2D(time_embedding_norm={name:?}), \
-                 which diffusers refuses (\"please use ResnetBlockCondNorm2D\"); only UNetMidBlock2D takes \"spatial\""
-            ),
-        )),
-        other => Err(Error::config(
-            block,
-            format!("unknown resnet_time_scale_shift {other:?}; expected \"default\" or \"scale_shift\""),
-        )),
+/// `transformer_layers_per_block`: one count for every layer, or one per layer.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(untagged)]
+pub enum LayersPerBlock {
+    One(usize),
+    PerLayer(Vec<usize>),
+}
+
+impl Default for LayersPerBlock {
+    fn default() -> Self {
+        LayersPerBlock::One(1)
     }
-}
-
-/// The `ResnetBlock2D(...)` every diffusers mid block constructs: `in_channels → out_channels`, the
-/// block-wide time embedding, eps, activation, time norm, dropout and output scale.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn resnet_config(
-    in_channels: usize,
-    out_channels: usize,
-    groups: usize,
-    groups_out: Option<usize>,
-    temb_channels: Option<usize>,
-    eps: f64,
-    act: Activation,
-    norm: TimeEmbeddingNorm,
-    dropout: f64,
-    output_scale_factor: f64,
-    pre_norm: bool,
-) -> ResnetBlock2DConfig {
-    ResnetBlock2DConfig {
-        in_channels,
-        out_channels: Some(out_channels),
-        conv_shortcut: false,
-        dropout,
-        temb_channels,
-        groups,
-        groups_out,
-        pre_norm,
-        eps,
-        non_linearity: act,
-        skip_time_act: false,
-        time_embedding_norm: norm,
-        kernel: None,
-        output_scale_factor,
-        use_in_shortcut: None,
-        up: false,
-        down: false,
-        conv_shortcut_bias: true,
-        conv_2d_out_channels: None,
-    }
-}
-
-pub(super) fn default_shift() -> String {
-    "default".into()
-}
-pub(super) fn one() -> usize {
-    1
-}
-pub(super) fn groups_32() -> Option<usize> {
-    Some(32)
-}
-
-/// A config from the constructor's required arguments, every other field at its default (the
-/// serde defaults of the config: one source for both).
-pub(super) fn from_required<T: serde::de::DeserializeOwned>(in_channels: usize, temb_channels: Option<usize>) -> T {
-    let args = serde_json::json!({ "in_channels": in_channels, "temb_channels": temb_channels });
-    serde_json::from_value(args).expect("the required arguments and defaults form a config")
 }

@@ -3,6 +3,7 @@
 //! `attention_type="default"` path, run by the shared [`super::TransformerBlock`].
 
 use super::{AttentionSource, TransformerBlock, TransformerBlockSpec};
+use crate::config::defaults;
 use crate::diffusers::embeddings::sinusoidal_length;
 use crate::diffusers::feed_forward::{ActivationFn, FeedForwardConfig};
 use crate::{Error, Result};
@@ -21,7 +22,7 @@ pub struct BasicTransformerBlockConfig {
     pub dropout: f64,
     #[serde(default)]
     pub cross_attention_dim: Option<usize>,
-    #[serde(default = "geglu")]
+    #[serde(default)]
     pub activation_fn: ActivationFn,
     #[serde(default)]
     pub num_embeds_ada_norm: Option<usize>,
@@ -33,16 +34,16 @@ pub struct BasicTransformerBlockConfig {
     pub double_self_attention: bool,
     #[serde(default)]
     pub upcast_attention: bool,
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub norm_elementwise_affine: bool,
-    #[serde(default = "layer_norm")]
+    #[serde(default = "defaults::layer_norm")]
     pub norm_type: String,
-    #[serde(default = "eps")]
+    #[serde(default = "defaults::eps_1e5")]
     pub norm_eps: f64,
     #[serde(default)]
     pub final_dropout: bool,
-    #[serde(default = "default_attention")]
-    pub attention_type: String,
+    #[serde(default)]
+    pub attention_type: AttentionType,
     #[serde(default)]
     pub positional_embeddings: Option<String>,
     #[serde(default)]
@@ -53,47 +54,111 @@ pub struct BasicTransformerBlockConfig {
     pub ada_norm_bias: Option<usize>,
     #[serde(default)]
     pub ff_inner_dim: Option<usize>,
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub ff_bias: bool,
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub attention_out_bias: bool,
 }
 
-pub(in crate::diffusers) fn geglu() -> ActivationFn {
-    ActivationFn::Geglu
+/// `attention_type` of diffusers' transformers. Only `"default"` is ported; the GLIGEN
+/// variants deserialize (diffusers has them) and the constructors refuse them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case", try_from = "String")]
+pub enum AttentionType {
+    /// Self- and cross-attention only.
+    #[default]
+    Default,
+    /// GLIGEN's gated self-attention (`GatedSelfAttentionDense`): not ported.
+    Gated,
+    /// GLIGEN's text-image variant: not ported.
+    #[serde(rename = "gated-text-image")]
+    GatedTextImage,
 }
-pub(super) fn layer_norm() -> String {
-    "layer_norm".into()
+
+impl AttentionType {
+    /// The name diffusers uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttentionType::Default => "default",
+            AttentionType::Gated => "gated",
+            AttentionType::GatedTextImage => "gated-text-image",
+        }
+    }
 }
-pub(super) fn eps() -> f64 {
-    1e-5
-}
-pub(super) fn default_attention() -> String {
-    "default".into()
+
+impl TryFrom<String> for AttentionType {
+    type Error = String;
+
+    fn try_from(name: String) -> std::result::Result<Self, String> {
+        let all = [
+            AttentionType::Default,
+            AttentionType::Gated,
+            AttentionType::GatedTextImage,
+        ];
+        all.into_iter().find(|a| a.as_str() == name).ok_or_else(|| {
+            format!("unknown attention_type {name:?}; diffusers has \"default\", \"gated\" and \"gated-text-image\"")
+        })
+    }
 }
 
 /// Reject the options that switch to code paths not ported (AdaLayerNorm variants, GLIGEN,
 /// positional embeddings).
-fn check_layer_norm_path(block: &'static str, norm_type: &str, ada: Option<usize>, attention_type: &str) -> Result<()> {
+fn check_layer_norm_path(
+    block: &'static str,
+    norm_type: &str,
+    ada: Option<usize>,
+    attention_type: AttentionType,
+) -> Result<()> {
     if norm_type != "layer_norm" || ada.is_some() {
         return Err(Error::unsupported(
             block,
             format!("norm_type {norm_type:?} (with num_embeds_ada_norm {ada:?}): only \"layer_norm\" is implemented"),
         ));
     }
-    if attention_type != "default" {
+    if attention_type != AttentionType::Default {
+        let name = attention_type.as_str();
         return Err(Error::unsupported(
             block,
-            format!("attention_type {attention_type:?}: only \"default\""),
+            format!("attention_type {name:?}: only \"default\""),
         ));
     }
     Ok(())
 }
 
 impl BasicTransformerBlockConfig {
+    /// `BasicTransformerBlock(dim, num_attention_heads, attention_head_dim)` with every other
+    /// argument at its diffusers default.
+    pub fn new(dim: usize, num_attention_heads: usize, attention_head_dim: usize) -> Self {
+        Self {
+            dim,
+            num_attention_heads,
+            attention_head_dim,
+            dropout: 0.0,
+            cross_attention_dim: None,
+            activation_fn: ActivationFn::default(),
+            num_embeds_ada_norm: None,
+            attention_bias: false,
+            only_cross_attention: false,
+            double_self_attention: false,
+            upcast_attention: false,
+            norm_elementwise_affine: defaults::yes(),
+            norm_type: defaults::layer_norm(),
+            norm_eps: defaults::eps_1e5(),
+            final_dropout: false,
+            attention_type: AttentionType::default(),
+            positional_embeddings: None,
+            num_positional_embeddings: None,
+            ada_norm_continous_conditioning_embedding_dim: None,
+            ada_norm_bias: None,
+            ff_inner_dim: None,
+            ff_bias: defaults::yes(),
+            attention_out_bias: defaults::yes(),
+        }
+    }
+
     /// The shared block description.
     pub fn spec(&self, block: &'static str) -> Result<TransformerBlockSpec> {
-        check_layer_norm_path(block, &self.norm_type, self.num_embeds_ada_norm, &self.attention_type)?;
+        check_layer_norm_path(block, &self.norm_type, self.num_embeds_ada_norm, self.attention_type)?;
         let pos_embed = sinusoidal_length(block, &self.positional_embeddings, self.num_positional_embeddings)?;
         let cross = self.cross_attention_dim;
         let attn1 = match (self.only_cross_attention, cross) {

@@ -13,9 +13,7 @@
 mod basic_block;
 mod transformer_2d;
 
-pub(super) use basic_block::geglu;
-pub use basic_block::{BasicTransformerBlock, BasicTransformerBlockConfig};
-pub(super) use transformer_2d::{eighty_eight, one, sixteen, thirty_two};
+pub use basic_block::{AttentionType, BasicTransformerBlock, BasicTransformerBlockConfig};
 pub use transformer_2d::{Transformer2DModel, Transformer2DModelConfig};
 
 use crate::diffusers::attention::{Attention, AttentionConfig, Processor};
@@ -24,7 +22,7 @@ use crate::diffusers::feed_forward::{FeedForward, FeedForwardConfig};
 use crate::heads::{image_to_tokens, tokens_to_image};
 use crate::layers::{group_norm, LayerNorm, Projection};
 use crate::trace;
-use crate::{config, Error, Result};
+use crate::{Error, Result};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 
@@ -77,31 +75,23 @@ pub struct TransformerBlock {
     pos_embed: Option<SinusoidalPositionalEmbedding>,
 }
 
-fn attention(
-    vb: VarBuilder,
-    block: &'static str,
-    spec: &TransformerBlockSpec,
-    source: AttentionSource,
-) -> Result<Attention> {
+fn attention(vb: VarBuilder, spec: &TransformerBlockSpec, source: AttentionSource) -> Result<Attention> {
     // Attention(query_dim=dim, cross_attention_dim=..., heads, dim_head, dropout, bias=attention_bias,
     //           upcast_attention, out_bias=attention_out_bias)
-    let cross = match source {
-        AttentionSource::SelfTokens => serde_json::Value::Null,
-        AttentionSource::Context(d) => d.into(),
+    let cross_attention_dim = match source {
+        AttentionSource::SelfTokens => None,
+        AttentionSource::Context(d) => Some(d),
     };
-    let mut cfg: AttentionConfig = config::from_json(
-        block,
-        &serde_json::json!({
-            "query_dim": spec.dim,
-            "cross_attention_dim": cross,
-            "heads": spec.heads,
-            "dim_head": spec.head_dim,
-            "bias": spec.attention_bias,
-            "upcast_attention": spec.upcast_attention,
-            "out_bias": spec.attention_out_bias,
-        }),
-    )?;
-    cfg.processor = spec.processor;
+    let cfg = AttentionConfig {
+        cross_attention_dim,
+        heads: spec.heads,
+        dim_head: spec.head_dim,
+        bias: spec.attention_bias,
+        upcast_attention: spec.upcast_attention,
+        out_bias: spec.attention_out_bias,
+        processor: spec.processor,
+        ..AttentionConfig::new(spec.dim)
+    };
     Attention::new(vb, &cfg)
 }
 
@@ -109,13 +99,13 @@ impl TransformerBlock {
     pub fn load(vb: VarBuilder, block: &'static str, spec: &TransformerBlockSpec) -> Result<Self> {
         let norm = |name: &str| LayerNorm::load(vb.pp(name), spec.dim, spec.norm_eps, spec.norm_elementwise_affine);
         let attn2 = match spec.attn2 {
-            Some(source) => Some((norm("norm2")?, attention(vb.pp("attn2"), block, spec, source)?)),
+            Some(source) => Some((norm("norm2")?, attention(vb.pp("attn2"), spec, source)?)),
             None => None,
         };
         let pos_embed = SinusoidalPositionalEmbedding::load_for(vb.pp("pos_embed"), block, spec.dim, spec.pos_embed)?;
         Ok(Self {
             norm1: norm("norm1")?,
-            attn1: attention(vb.pp("attn1"), block, spec, spec.attn1)?,
+            attn1: attention(vb.pp("attn1"), spec, spec.attn1)?,
             attn1_cross: spec.attn1 != AttentionSource::SelfTokens,
             attn2,
             norm3: norm("norm3")?,

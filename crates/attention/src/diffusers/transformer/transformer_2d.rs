@@ -2,8 +2,8 @@
 //! own keyword arguments ([`Transformer2DModelConfig`]): the continuous-input, layer-norm
 //! configuration of the U-Net bottleneck, run by the shared [`super::SpatialTransformer`].
 
-use super::basic_block::{default_attention, eps, geglu, layer_norm};
-use super::{BasicTransformerBlockConfig, SpatialTransformer};
+use super::{AttentionType, BasicTransformerBlockConfig, SpatialTransformer};
+use crate::config::defaults;
 use crate::diffusers::feed_forward::ActivationFn;
 use crate::{Error, Result};
 use candle_core::Tensor;
@@ -15,19 +15,19 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Transformer2DModelConfig {
-    #[serde(default = "sixteen")]
+    #[serde(default = "defaults::usize::<16>")]
     pub num_attention_heads: usize,
-    #[serde(default = "eighty_eight")]
+    #[serde(default = "defaults::usize::<88>")]
     pub attention_head_dim: usize,
     #[serde(default)]
     pub in_channels: Option<usize>,
     #[serde(default)]
     pub out_channels: Option<usize>,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::usize::<1>")]
     pub num_layers: usize,
     #[serde(default)]
     pub dropout: f64,
-    #[serde(default = "thirty_two")]
+    #[serde(default = "defaults::usize::<32>")]
     pub norm_num_groups: usize,
     #[serde(default)]
     pub cross_attention_dim: Option<usize>,
@@ -40,7 +40,7 @@ pub struct Transformer2DModelConfig {
     pub num_vector_embeds: Option<usize>,
     #[serde(default)]
     pub patch_size: Option<usize>,
-    #[serde(default = "geglu")]
+    #[serde(default)]
     pub activation_fn: ActivationFn,
     #[serde(default)]
     pub num_embeds_ada_norm: Option<usize>,
@@ -52,14 +52,14 @@ pub struct Transformer2DModelConfig {
     pub double_self_attention: bool,
     #[serde(default)]
     pub upcast_attention: bool,
-    #[serde(default = "layer_norm")]
+    #[serde(default = "defaults::layer_norm")]
     pub norm_type: String,
-    #[serde(default = "crate::config::yes")]
+    #[serde(default = "defaults::yes")]
     pub norm_elementwise_affine: bool,
-    #[serde(default = "eps")]
+    #[serde(default = "defaults::eps_1e5")]
     pub norm_eps: f64,
-    #[serde(default = "default_attention")]
-    pub attention_type: String,
+    #[serde(default)]
+    pub attention_type: AttentionType,
     /// Only used by patched inputs.
     #[serde(default)]
     pub caption_channels: Option<usize>,
@@ -71,17 +71,39 @@ pub struct Transformer2DModelConfig {
     pub use_additional_conditions: Option<bool>,
 }
 
-pub(in crate::diffusers) fn sixteen() -> usize {
-    16
-}
-pub(in crate::diffusers) fn eighty_eight() -> usize {
-    88
-}
-pub(in crate::diffusers) fn one() -> usize {
-    1
-}
-pub(in crate::diffusers) fn thirty_two() -> usize {
-    32
+impl Default for Transformer2DModelConfig {
+    /// `Transformer2DModel()`: every argument at its diffusers default (16 heads of 88, one
+    /// layer, 32 groups, `geglu`, `layer_norm` with eps 1e-5); set `in_channels` for the
+    /// continuous input the block takes.
+    fn default() -> Self {
+        Self {
+            num_attention_heads: defaults::usize::<16>(),
+            attention_head_dim: defaults::usize::<88>(),
+            in_channels: None,
+            out_channels: None,
+            num_layers: defaults::usize::<1>(),
+            dropout: 0.0,
+            norm_num_groups: defaults::usize::<32>(),
+            cross_attention_dim: None,
+            attention_bias: false,
+            sample_size: None,
+            num_vector_embeds: None,
+            patch_size: None,
+            activation_fn: ActivationFn::default(),
+            num_embeds_ada_norm: None,
+            use_linear_projection: false,
+            only_cross_attention: false,
+            double_self_attention: false,
+            upcast_attention: false,
+            norm_type: defaults::layer_norm(),
+            norm_elementwise_affine: defaults::yes(),
+            norm_eps: defaults::eps_1e5(),
+            attention_type: AttentionType::default(),
+            caption_channels: None,
+            interpolation_scale: None,
+            use_additional_conditions: None,
+        }
+    }
 }
 
 /// `diffusers.models.transformers.transformer_2d.Transformer2DModel` on continuous input.
@@ -119,7 +141,7 @@ impl Transformer2DModel {
             norm_type: cfg.norm_type.clone(),
             norm_eps: cfg.norm_eps,
             final_dropout: false,
-            attention_type: cfg.attention_type.clone(),
+            attention_type: cfg.attention_type,
             positional_embeddings: None,
             num_positional_embeddings: None,
             ada_norm_continous_conditioning_embedding_dim: None,
