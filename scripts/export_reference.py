@@ -4,6 +4,8 @@
     python scripts/export_reference.py            # delete the owned bundles, export them all
     python scripts/export_reference.py --verify   # export, then reload and re-check every file
     python scripts/export_reference.py --verify-only   # only re-check the files on disk
+    python scripts/export_reference.py --only torch/mha_causal   # the specs whose path or block id
+                                                                 # contains it; nothing else touched
 
 Blocks come from the real libraries where they are pip packages
 (denoising-diffusion-pytorch, diffusers, torch.nn.MultiheadAttention, SD 2.x's ``ldm`` tree from
@@ -58,14 +60,20 @@ def main(argv=None):
     ap.add_argument("--verify", action="store_true", help="after exporting, reload and re-check every bundle")
     ap.add_argument("--verify-only", action="store_true", help="only re-check the bundles on disk")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--only", metavar="SUBSTR",
+                    help="only the bundles whose path or block id contains SUBSTR (the others are kept)")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     torch.use_deterministic_algorithms(True)
     specs = bundle_specs()
+    if args.only:
+        specs = [s for s in specs if args.only in s["path"] or args.only in s["block"]]
+        if not specs:
+            ap.error(f"--only {args.only!r}: no bundle's path or block id contains it")
     if not args.verify_only:
-        export_all(specs)
+        export_all(specs, delete_owned=not args.only)
     if args.verify or args.verify_only:
-        verify_all(specs)
+        verify_all(specs, whole=not args.only)
 
 
 if __name__ == "__main__":

@@ -43,13 +43,15 @@ def traced_spec(spec) -> bool:
     return spec["block"] in TRACERS
 
 
-def export_all(specs):
-    """Delete the owned bundles, then write every spec's bundle; returns ``export_bundle``'s results."""
-    for fam in FAMILIES:
-        d = WEIGHTS / fam
-        if d.is_dir():
-            for f in sorted(d.glob("*.safetensors")):
-                f.unlink()
+def export_all(specs, delete_owned=True):
+    """Delete the owned bundles (unless ``delete_owned`` is false: a subset rewrites only its own
+    files), then write every spec's bundle; returns ``export_bundle``'s results."""
+    if delete_owned:
+        for fam in FAMILIES:
+            d = WEIGHTS / fam
+            if d.is_dir():
+                for f in sorted(d.glob("*.safetensors")):
+                    f.unlink()
     results = []
     for spec in specs:
         module, inputs = make_module_and_inputs(spec)

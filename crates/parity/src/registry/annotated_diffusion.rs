@@ -1,9 +1,8 @@
-use super::{entry, run_module, BlockInfo, Inputs, Registered};
+use super::{entry, run_module, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
 use unet_attention::annotated_diffusion::{Attention, LinearAttention};
-use unet_attention::config::from_json;
 use unet_attention::Result;
 
 pub(super) fn entries() -> Vec<BlockInfo> {
@@ -15,8 +14,8 @@ impl Registered for Attention {
     const PYTORCH: &'static str = "Attention of the Hugging Face Annotated Diffusion blog post (huggingface/blog annotated-diffusion.md @ fd0b656)";
     const INPUTS: &'static [&'static str] = &["x"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -29,8 +28,8 @@ impl Registered for LinearAttention {
     const PYTORCH: &'static str = "LinearAttention of the Hugging Face Annotated Diffusion blog post (huggingface/blog annotated-diffusion.md @ fd0b656)";
     const INPUTS: &'static [&'static str] = &["x"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {

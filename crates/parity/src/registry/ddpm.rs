@@ -1,8 +1,7 @@
-use super::{entry, run_module, BlockInfo, Inputs, Registered};
+use super::{entry, run_module, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::config::from_json;
 use unet_attention::ddpm::{Attention, LinearAttention, MidBlock};
 use unet_attention::Result;
 
@@ -16,8 +15,8 @@ impl Registered for Attention {
         "denoising_diffusion_pytorch.Attention (lucidrains denoising-diffusion-pytorch 2.0.0 – 2.3.4)";
     const INPUTS: &'static [&'static str] = &["x"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -31,8 +30,8 @@ impl Registered for LinearAttention {
         "denoising_diffusion_pytorch.LinearAttention (lucidrains denoising-diffusion-pytorch 2.0.0 – 2.3.4)";
     const INPUTS: &'static [&'static str] = &["x"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -47,8 +46,8 @@ impl Registered for MidBlock {
                       mid_block2 (lucidrains denoising-diffusion-pytorch 2.0.0 – 2.3.4; keys of the Unet)";
     const INPUTS: &'static [&'static str] = &["x", "time_emb"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {

@@ -1,8 +1,7 @@
-use super::{entry, BlockInfo, Inputs, Registered};
+use super::{entry, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::config::from_json;
 use unet_attention::diffusers::Attention;
 use unet_attention::Result;
 
@@ -19,8 +18,8 @@ impl Registered for Attention {
                   AttnAddedKVProcessor2_0 / AttnAddedKVProcessor (diffusers 0.42.1)";
     const INPUTS: &'static [&'static str] = &["hidden_states", "encoder_hidden_states", "attention_mask", "temb"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {

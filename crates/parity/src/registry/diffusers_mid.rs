@@ -1,8 +1,7 @@
-use super::{entry, BlockInfo, Inputs, Registered};
+use super::{entry, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::config::from_json;
 use unet_attention::diffusers::{
     ControlNetMidBlock, ControlNetXSCrossAttnMidBlock2D, JointArgs, MidBlockTemporalDecoder, MidResTemporalBlock1D,
     ResnetBlock2D, UNetMidBlock1D, UNetMidBlock2D, UNetMidBlock2DCrossAttn, UNetMidBlock2DSimpleCrossAttn,
@@ -43,8 +42,8 @@ impl Registered for ResnetBlock2D {
         "diffusers.models.resnet.ResnetBlock2D (diffusers 0.17 – 0.42.1; time_embedding_norm default / scale_shift)";
     const INPUTS: &'static [&'static str] = &["input_tensor", "temb"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -57,8 +56,8 @@ impl Registered for UNetMidBlock2D {
     const PYTORCH: &'static str = "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2D (diffusers 0.22 – 0.42.1; UNet2DModel and AutoencoderKL mid blocks)";
     const INPUTS: &'static [&'static str] = &["hidden_states", "temb"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -73,8 +72,8 @@ impl Registered for UNetMidBlock1D {
     const PYTORCH: &'static str = "diffusers.models.unets.unet_1d_blocks.UNetMidBlock1D (diffusers 0.7 – 0.42.1; UNet1DModel mid block, Dance Diffusion: cubic Downsample1d, 6 ResConvBlock + SelfAttention1d, cubic Upsample1d)";
     const INPUTS: &'static [&'static str] = &["hidden_states", "temb"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -89,8 +88,8 @@ impl Registered for MidResTemporalBlock1D {
     const PYTORCH: &'static str = "diffusers.models.unets.unet_1d_blocks.MidResTemporalBlock1D (diffusers 0.8 – 0.42.1; UNet1DModel mid block of the Diffuser trajectory U-Net: ResidualTemporalBlock1D stack, optional Downsample1D / Upsample1D)";
     const INPUTS: &'static [&'static str] = &["hidden_states", "temb"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -106,8 +105,8 @@ impl Registered for ValueFunctionMidBlock1D {
     const PYTORCH: &'static str = "diffusers.models.unets.unet_1d_blocks.ValueFunctionMidBlock1D (diffusers 0.8 – 0.42.1; UNet1DModel mid block of the Diffuser value function: two ResidualTemporalBlock1D, each followed by a strided Conv1d)";
     const INPUTS: &'static [&'static str] = &["x", "temb"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -120,8 +119,8 @@ impl Registered for UNetMidBlock2DCrossAttn {
     const PYTORCH: &'static str = "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DCrossAttn (diffusers 0.28 – 0.42.1; UNet2DConditionModel mid block, SD 1.x / 2.x / XL; dual_cross_attention: Versatile Diffusion's DualTransformer2DModel attentions, mix_ratio / condition_lengths / transformer_index_for_condition as optional config keys)";
     const INPUTS: &'static [&'static str] = CROSS_ATTN_INPUTS;
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -141,8 +140,8 @@ impl Registered for UNetMidBlock2DSimpleCrossAttn {
     const PYTORCH: &'static str = "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2DSimpleCrossAttn (diffusers 0.42.1; UNet2DConditionModel mid block of DeepFloyd IF, Kandinsky 2.1 / 2.2, UnCLIP; AttnAddedKVProcessor2_0 / AttnAddedKVProcessor)";
     const INPUTS: &'static [&'static str] = CROSS_ATTN_INPUTS;
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -165,8 +164,8 @@ impl Registered for ControlNetMidBlock {
     const INPUTS: &'static [&'static str] = &["hidden_states", "temb", "encoder_hidden_states", "attention_mask"];
     const KWARGS: &'static [&'static str] = &["conditioning_scale"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -195,8 +194,8 @@ impl Registered for ControlNetXSCrossAttnMidBlock2D {
     ];
     const KWARGS: &'static [&'static str] = &["conditioning_scale", "apply_control"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -225,8 +224,8 @@ impl Registered for UNetMidBlock3DCrossAttn {
     const INPUTS: &'static [&'static str] = &["hidden_states", "temb", "encoder_hidden_states", "attention_mask"];
     const KWARGS: &'static [&'static str] = &["num_frames"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -249,8 +248,8 @@ impl Registered for UNetMidBlockCrossAttnMotion {
     const INPUTS: &'static [&'static str] = CROSS_ATTN_INPUTS;
     const KWARGS: &'static [&'static str] = &["num_frames"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -272,8 +271,8 @@ impl Registered for UNetMidBlockSpatioTemporal {
     const PYTORCH: &'static str = "diffusers.models.unets.unet_3d_blocks.UNetMidBlockSpatioTemporal (diffusers 0.42.1; UNetSpatioTemporalConditionModel mid block, Stable Video Diffusion: SpatioTemporalResBlock (ResnetBlock2D + Conv3d (3, 1, 1) TemporalResnetBlock + AlphaBlender), TransformerSpatioTemporalModel; num_frames from image_only_indicator)";
     const INPUTS: &'static [&'static str] = &["hidden_states", "temb", "encoder_hidden_states", "image_only_indicator"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -293,8 +292,8 @@ impl Registered for MidBlockTemporalDecoder {
     const PYTORCH: &'static str = "diffusers.models.unets.unet_3d_blocks.MidBlockTemporalDecoder (diffusers 0.42.1; AutoencoderKLTemporalDecoder decoder mid block, Stable Video Diffusion's VAE: SpatioTemporalResBlock without temb, learned switched AlphaBlender, one VAE-style Attention)";
     const INPUTS: &'static [&'static str] = &["hidden_states", "image_only_indicator"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {

@@ -1,8 +1,7 @@
-use super::{entry, run_module, BlockInfo, Inputs, Registered};
+use super::{entry, run_module, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::config::from_json;
 use unet_attention::diffusers::feed_forward::{FeedForward, Geglu};
 use unet_attention::diffusers::transformer::{BasicTransformerBlock, Transformer2DModel};
 use unet_attention::diffusers::DualTransformer2DModel;
@@ -23,8 +22,8 @@ impl Registered for FeedForward {
     const PYTORCH: &'static str = "diffusers.models.attention.FeedForward (diffusers 0.42.1; geglu, gelu, gelu-approximate, geglu-approximate, swiglu, linear-silu)";
     const INPUTS: &'static [&'static str] = &["hidden_states"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -38,8 +37,8 @@ impl Registered for Geglu {
         "diffusers.models.activations.GEGLU (diffusers 0.42.1; exact erf GELU on the gate half)";
     const INPUTS: &'static [&'static str] = &["hidden_states"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -58,8 +57,8 @@ impl Registered for BasicTransformerBlock {
         "encoder_attention_mask",
     ];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -84,8 +83,8 @@ impl Registered for Transformer2DModel {
     ];
     const KWARGS: &'static [&'static str] = &["return_dict"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -107,8 +106,8 @@ impl Registered for DualTransformer2DModel {
     const INPUTS: &'static [&'static str] = &["hidden_states", "encoder_hidden_states", "attention_mask"];
     const KWARGS: &'static [&'static str] = &["return_dict"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {

@@ -1,8 +1,7 @@
-use super::{entry, run_module, BlockInfo, Inputs, Registered};
+use super::{entry, run_module, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::config::from_json;
 use unet_attention::fastai::{SelfAttention, SelfAttentionMultiHead};
 use unet_attention::Result;
 
@@ -18,8 +17,8 @@ impl Registered for SelfAttention {
     // input under either name.
     const INPUTS: &'static [&'static str] = &["x", "inp"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -32,8 +31,8 @@ impl Registered for SelfAttentionMultiHead {
     const PYTORCH: &'static str = "fast.ai course22p2 nbs/27_attention.ipynb SelfAttentionMultiHead @ df93232";
     const INPUTS: &'static [&'static str] = &["inp"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {

@@ -1,8 +1,7 @@
-use super::{entry, run_module, BlockInfo, Inputs, Registered};
+use super::{entry, run_module, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::config::from_json;
 use unet_attention::ldm::transformer::{BasicTransformerBlock, CrossAttention, SpatialTransformer};
 use unet_attention::ldm::LinearAttention;
 use unet_attention::Result;
@@ -22,8 +21,8 @@ impl Registered for LinearAttention {
         "ldm.modules.attention.LinearAttention (CompVis latent-diffusion a506df5 = stable-diffusion 1.x)";
     const INPUTS: &'static [&'static str] = &["x"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -36,8 +35,8 @@ impl Registered for CrossAttention {
     const PYTORCH: &'static str = "ldm.modules.attention.CrossAttention (CompVis latent-diffusion a506df5 / SD 1.x; Stability stablediffusion cf1d67a / SD 2.x)";
     const INPUTS: &'static [&'static str] = &["x", "context", "mask"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -55,8 +54,8 @@ impl Registered for BasicTransformerBlock {
         "ldm.modules.attention.BasicTransformerBlock (SD 1.x a506df5; SD 2.x cf1d67a with disable_self_attn)";
     const INPUTS: &'static [&'static str] = &["x", "context"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -71,8 +70,8 @@ impl Registered for SpatialTransformer {
     const PYTORCH: &'static str = "ldm.modules.attention.SpatialTransformer (SD 1.x conv projections a506df5; SD 2.x cf1d67a use_linear, context_dim per depth, disable_self_attn)";
     const INPUTS: &'static [&'static str] = &["x", "context", "context.*"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {

@@ -1,8 +1,7 @@
-use super::{entry, run_module, BlockInfo, Inputs, Registered};
+use super::{entry, run_module, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::config::from_json;
 use unet_attention::ldm::mid_block::MidBlock;
 use unet_attention::ldm::vae::{AttnBlock, LinAttnBlock, SpatialSelfAttention};
 use unet_attention::Result;
@@ -23,8 +22,8 @@ impl Registered for AttnBlock {
                       SD 2.x cf1d67a; SD 1.x/2.x VAE mid.attn_1)";
     const INPUTS: &'static [&'static str] = &["x"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -39,8 +38,8 @@ impl Registered for SpatialSelfAttention {
                       SD 2.x cf1d67a)";
     const INPUTS: &'static [&'static str] = &["x"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -55,8 +54,8 @@ impl Registered for LinAttnBlock {
                       (CompVis latent-diffusion a506df5 = stable-diffusion 1.x; make_attn(.., \"linear\"))";
     const INPUTS: &'static [&'static str] = &["x"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -70,8 +69,8 @@ impl Registered for MidBlock {
                       (make_attn vanilla / linear / none) → block_2 (CompVis latent-diffusion a506df5 = stable-diffusion 1.x, SD 2.x cf1d67a)";
     const INPUTS: &'static [&'static str] = &["x", "temb"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {

@@ -20,8 +20,8 @@
 //!     const PYTORCH: &'static str = "diffusers...UNetMidBlock2D (diffusers 0.22 – 0.42.1)";
 //!     const INPUTS: &'static [&'static str] = &["hidden_states", "temb"];
 //!
-//!     fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-//!         Self::new(vb, &from_json(Self::ID, config)?)
+//!     fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+//!         Self::new(vb, &read.config(Self::ID, config)?)
 //!     }
 //!
 //!     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -61,8 +61,9 @@ pub trait Registered: Sized + 'static {
     const KWARGS: &'static [&'static str] = &[];
 
     /// Build the block from its weights and the JSON object of constructor kwargs
-    /// (`parity.config`).
-    fn build(vb: VarBuilder, config: &serde_json::Value) -> Result<Self>;
+    /// (`parity.config`), read into the block's config type by `read` (always
+    /// `Self::new(vb, &read.config(Self::ID, config)?)` unless the block needs more).
+    fn build(vb: VarBuilder, config: &serde_json::Value, read: ConfigRead) -> Result<Self>;
 
     /// Run the forward; outputs in the order the PyTorch forward returns them.
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>>;
@@ -80,6 +81,31 @@ impl<T: Registered> Runnable for T {
     }
 }
 
+/// How [`Registered::build`] reads the JSON kwargs into the block's own config type (the type
+/// is the one its constructor takes, so `read.config(..)` needs no annotation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigRead {
+    /// [`unet_attention::config::from_json`]: a JSON object, unknown keys refused, every integer
+    /// within the JSON bound. What bundles and model configs get ([`BlockInfo::build`]).
+    Bounded,
+    /// serde alone, as a config built in Rust reaches the constructor: only the constructor's own
+    /// checks stand between a huge integer and an allocation ([`BlockInfo::build_unbounded`];
+    /// the library-errors test builds every registered block this way with one integer at 2^33).
+    Unbounded,
+}
+
+impl ConfigRead {
+    /// The kwargs as the config type `C`; errors name the block.
+    pub fn config<C: serde::de::DeserializeOwned>(self, block: &'static str, kwargs: &serde_json::Value) -> Result<C> {
+        match self {
+            ConfigRead::Bounded => unet_attention::config::from_json(block, kwargs),
+            ConfigRead::Unbounded => {
+                serde_json::from_value(kwargs.clone()).map_err(|e| Error::config(block, e.to_string()))
+            }
+        }
+    }
+}
+
 /// Builds a block from its weights and the JSON object of constructor kwargs.
 pub type BuildFn = fn(VarBuilder, &serde_json::Value) -> Result<Box<dyn Runnable>>;
 
@@ -93,8 +119,11 @@ pub struct BlockInfo {
     pub inputs: &'static [&'static str],
     /// The forward's non-tensor arguments the block honours (`parity.kwargs`).
     pub kwargs: &'static [&'static str],
-    /// Builds the block: its [`Registered::build`], boxed.
+    /// Builds the block: its [`Registered::build`] with [`ConfigRead::Bounded`], boxed.
     pub build: BuildFn,
+    /// The same with [`ConfigRead::Unbounded`]: the kwargs reach the constructor as a config
+    /// built in Rust would.
+    pub build_unbounded: BuildFn,
 }
 
 /// The registry entry of the block `T`.
@@ -104,12 +133,9 @@ pub fn entry<T: Registered>() -> BlockInfo {
         pytorch: T::PYTORCH,
         inputs: T::INPUTS,
         kwargs: T::KWARGS,
-        build: build_boxed::<T>,
+        build: |vb, config| Ok(Box::new(T::build(vb, config, ConfigRead::Bounded)?)),
+        build_unbounded: |vb, config| Ok(Box::new(T::build(vb, config, ConfigRead::Unbounded)?)),
     }
-}
-
-fn build_boxed<T: Registered>(vb: VarBuilder, config: &serde_json::Value) -> Result<Box<dyn Runnable>> {
-    Ok(Box::new(T::build(vb, config)?))
 }
 
 impl BlockInfo {

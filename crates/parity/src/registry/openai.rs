@@ -1,8 +1,7 @@
-use super::{entry, BlockInfo, Inputs, Registered};
+use super::{entry, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::config::from_json;
 use unet_attention::openai::{AttentionBlock, MiddleBlock};
 use unet_attention::Result;
 
@@ -18,8 +17,8 @@ impl Registered for AttentionBlock {
                   QKVAttentionLegacy / QKVAttention; improved-diffusion 1bc7bbb = legacy order)";
     const INPUTS: &'static [&'static str] = &["x"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
@@ -36,8 +35,8 @@ impl Registered for MiddleBlock {
                       ResBlock) (guided-diffusion 22e0df8; ldm openaimodel.py a506df5 / SD 2.x cf1d67a)";
     const INPUTS: &'static [&'static str] = &["x", "emb", "context", "context.*"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {

@@ -1,8 +1,7 @@
-use super::{entry, BlockInfo, Inputs, Registered};
+use super::{entry, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::config::from_json;
 use unet_attention::torch::{MultiheadAttention, MultiheadAttentionArgs};
 use unet_attention::Result;
 
@@ -19,8 +18,8 @@ impl Registered for MultiheadAttention {
     const INPUTS: &'static [&'static str] = &["query", "key", "value", "key_padding_mask", "attn_mask"];
     const KWARGS: &'static [&'static str] = &["need_weights", "average_attn_weights", "is_causal"];
 
-    fn build(vb: VarBuilder, config: &Value) -> Result<Self> {
-        Self::new(vb, &from_json(Self::ID, config)?)
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
