@@ -3,17 +3,17 @@
 //! and the Rust defaults cannot drift apart.
 
 use super::attention::AttentionConfig;
-use super::dual_transformer::{DualMix, DualTransformer2DModelConfig};
 use super::feed_forward::FeedForwardConfig;
-use super::mid_block::{ResnetKwargs, TransformerKwargs, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttnConfig};
-use super::mid_block_3d::UNetMidBlock3DCrossAttnConfig;
-use super::mid_block_motion::UNetMidBlockCrossAttnMotionConfig;
-use super::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttnConfig;
-use super::mid_block_spatio_temporal::UNetMidBlockSpatioTemporalConfig;
 use super::resnet::ResnetBlock2DConfig;
-use super::temporal::TransformerTemporalModelConfig;
-use super::transformer::{BasicTransformerBlockConfig, Transformer2DModelConfig};
-use super::transformer_spatio_temporal::TransformerSpatioTemporalModelConfig;
+use super::transformers::dual_transformer::{DualMix, DualTransformer2DModelConfig};
+use super::transformers::temporal::TransformerTemporalModelConfig;
+use super::transformers::transformer::{BasicTransformerBlockConfig, Transformer2DModelConfig};
+use super::transformers::transformer_spatio_temporal::TransformerSpatioTemporalModelConfig;
+use super::unets::mid_block::{ResnetKwargs, TransformerKwargs, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttnConfig};
+use super::unets::mid_block_3d::UNetMidBlock3DCrossAttnConfig;
+use super::unets::mid_block_motion::UNetMidBlockCrossAttnMotionConfig;
+use super::unets::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttnConfig;
+use super::unets::mid_block_spatio_temporal::UNetMidBlockSpatioTemporalConfig;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};

@@ -23,7 +23,7 @@
 
 use crate::cpu_kernels::Swish;
 use crate::diffusers::resnet::{ResnetBlock2D, ResnetBlock2DConfig};
-use crate::diffusers::temporal::FrameConv;
+use crate::diffusers::transformers::temporal::FrameConv;
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
 use crate::ops::upcast;
 use crate::trace;

@@ -6,7 +6,7 @@
 //!
 //! The state-dict names are diffusers' (`to_q`, `to_out.0`, `ff.net.0.proj`, `norm1..3`,
 //! `proj_in`/`proj_out`), and so is the math in float32: these blocks are the diffusers ones
-//! ([`crate::diffusers::transformer`]) configured the ldm way. What differs:
+//! ([`crate::diffusers::transformers::transformer`]) configured the ldm way. What differs:
 //! * `CrossAttention(mask=...)` takes a boolean mask `(B, ...)`, True = attend, flattened to
 //!   `(B, S)` and applied as `masked_fill(~mask, -finfo.max)`;
 //! * `BasicTransformerBlock` always has `attn2` (self-attention when `context` is None),
@@ -24,7 +24,7 @@
 use crate::config::defaults;
 use crate::diffusers::attention::{Attention, AttentionConfig, Processor};
 use crate::diffusers::feed_forward::{ActivationFn, FeedForwardConfig};
-use crate::diffusers::transformer::{
+use crate::diffusers::transformers::transformer::{
     AttentionSource, SpatialTransformer as Spatial, TransformerBlock, TransformerBlockSpec,
 };
 use crate::{Error, Result};

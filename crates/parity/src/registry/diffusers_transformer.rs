@@ -3,7 +3,7 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
 use unet_attention::diffusers::feed_forward::{FeedForward, Geglu};
-use unet_attention::diffusers::transformer::{BasicTransformerBlock, Transformer2DModel};
+use unet_attention::diffusers::transformers::transformer::{BasicTransformerBlock, Transformer2DModel};
 use unet_attention::diffusers::DualTransformer2DModel;
 use unet_attention::Result;
 

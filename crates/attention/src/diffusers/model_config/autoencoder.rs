@@ -2,7 +2,7 @@
 //! 0.42.1, `autoencoders/vae.py`'s `Encoder` / `Decoder`; used by [`super::mid_blocks`]).
 
 use super::{bad, Cfg, MidBlockSpec};
-use crate::diffusers::mid_block::UNetMidBlock2D;
+use crate::diffusers::unets::mid_block::UNetMidBlock2D;
 use crate::Result;
 use serde_json::{json, Value};
 

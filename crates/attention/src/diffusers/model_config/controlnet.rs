@@ -5,8 +5,8 @@
 
 use super::unet_2d::{check_encoder_hid_and_addition, cross_attn_kwargs};
 use super::{Cfg, MidBlockSpec, CONTEXT};
-use crate::diffusers::controlnet::ControlNetMidBlock;
-use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+use crate::diffusers::controlnets::controlnet::ControlNetMidBlock;
+use crate::diffusers::unets::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
 use crate::{Error, Result};
 use serde_json::json;
 

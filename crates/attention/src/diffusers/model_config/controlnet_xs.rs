@@ -16,7 +16,7 @@
 //!   block, so there is no `ControlNetXSCrossAttnMidBlock2D` in it.
 
 use super::{bad, Cfg, MidBlockSpec};
-use crate::diffusers::controlnet_xs::ControlNetXSCrossAttnMidBlock2D;
+use crate::diffusers::controlnets::controlnet_xs::ControlNetXSCrossAttnMidBlock2D;
 use crate::Result;
 use serde_json::{json, Value};
 

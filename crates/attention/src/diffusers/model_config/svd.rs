@@ -15,7 +15,7 @@
 
 use super::autoencoder::autoencoder;
 use super::{Cfg, MidBlockSpec};
-use crate::diffusers::mid_block_spatio_temporal::{MidBlockTemporalDecoder, UNetMidBlockSpatioTemporal};
+use crate::diffusers::unets::mid_block_spatio_temporal::{MidBlockTemporalDecoder, UNetMidBlockSpatioTemporal};
 use crate::Result;
 use serde_json::json;
 

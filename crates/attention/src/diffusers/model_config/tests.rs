@@ -1,11 +1,11 @@
 //! Tests of the `config.json` → mid-block kwargs mapping (also used by `video`'s tests).
 
 use super::*;
-use crate::diffusers::controlnet::ControlNetMidBlock;
-use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
-use crate::diffusers::mid_block_1d::UNetMidBlock1D;
-use crate::diffusers::mid_block_3d::UNetMidBlock3DCrossAttn;
-use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
+use crate::diffusers::controlnets::controlnet::ControlNetMidBlock;
+use crate::diffusers::unets::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+use crate::diffusers::unets::mid_block_1d::UNetMidBlock1D;
+use crate::diffusers::unets::mid_block_3d::UNetMidBlock3DCrossAttn;
+use crate::diffusers::unets::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
 use serde_json::json;
 
 /// The one spec of a config (also for [`video`]'s tests).

@@ -3,8 +3,8 @@
 //! `ValueFunctionMidBlock1D` (used by [`super::mid_blocks`]).
 
 use super::{bad, Cfg, MidBlockSpec};
-use crate::diffusers::mid_block_1d::UNetMidBlock1D;
-use crate::diffusers::mid_block_1d_temporal::{MidResTemporalBlock1D, ValueFunctionMidBlock1D};
+use crate::diffusers::unets::mid_block_1d::UNetMidBlock1D;
+use crate::diffusers::unets::mid_block_1d_temporal::{MidResTemporalBlock1D, ValueFunctionMidBlock1D};
 use crate::Result;
 use serde_json::{json, Value};
 

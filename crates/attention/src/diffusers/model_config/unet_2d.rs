@@ -5,8 +5,8 @@
 //! [`super::mid_blocks`]).
 
 use super::{bad, Cfg, MidBlockSpec, CONTEXT};
-use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
-use crate::diffusers::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
+use crate::diffusers::unets::mid_block::{UNetMidBlock2D, UNetMidBlock2DCrossAttn};
+use crate::diffusers::unets::mid_block_simple_cross::UNetMidBlock2DSimpleCrossAttn;
 use crate::{Error, Result};
 use serde_json::{json, Value};
 

@@ -26,9 +26,9 @@
 //! instead ([`MOTION_ADAPTER`]).
 
 use super::{bad, Cfg, MidBlockSpec};
-use crate::diffusers::mid_block::UNetMidBlock2DCrossAttn;
-use crate::diffusers::mid_block_3d::UNetMidBlock3DCrossAttn;
-use crate::diffusers::mid_block_motion::UNetMidBlockCrossAttnMotion;
+use crate::diffusers::unets::mid_block::UNetMidBlock2DCrossAttn;
+use crate::diffusers::unets::mid_block_3d::UNetMidBlock3DCrossAttn;
+use crate::diffusers::unets::mid_block_motion::UNetMidBlockCrossAttnMotion;
 use crate::Result;
 use serde_json::{json, Value};
 

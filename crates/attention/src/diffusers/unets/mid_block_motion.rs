@@ -33,10 +33,10 @@
 
 use crate::config::defaults;
 use crate::diffusers::feed_forward::ActivationFn;
-use crate::diffusers::mid_block::{mid_block_config, LayersPerBlock, MidStack, Step};
 use crate::diffusers::resnet::ResnetBlock2D;
-use crate::diffusers::temporal::{TransformerTemporalModel, TransformerTemporalModelConfig};
-use crate::diffusers::transformer::Transformer2DModel;
+use crate::diffusers::transformers::temporal::{TransformerTemporalModel, TransformerTemporalModelConfig};
+use crate::diffusers::transformers::transformer::Transformer2DModel;
+use crate::diffusers::unets::mid_block::{mid_block_config, LayersPerBlock, MidStack, Step};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::Tensor;
@@ -257,7 +257,7 @@ mod tests {
             c.temporal_num_attention_heads = 3;
         });
         assert!(e.contains("odd width 9"), "{e}");
-        let e = build(|c| c.resnet_time_scale_shift = crate::diffusers::mid_block::TimeScaleShift::Spatial);
+        let e = build(|c| c.resnet_time_scale_shift = crate::diffusers::unets::mid_block::TimeScaleShift::Spatial);
         assert!(e.contains("spatial"), "{e}");
     }
 }

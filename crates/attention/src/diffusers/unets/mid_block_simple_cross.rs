@@ -24,8 +24,8 @@
 
 use crate::config::defaults;
 use crate::diffusers::attention::{Attention, AttentionConfig, CrossAttentionNorm, Processor};
-use crate::diffusers::mid_block::{mid_block_config, MidStack};
 use crate::diffusers::resnet::{ResnetBlock2D, ResnetBlock2DConfig};
+use crate::diffusers::unets::mid_block::{mid_block_config, MidStack};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::Tensor;

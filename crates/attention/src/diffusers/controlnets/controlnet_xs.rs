@@ -24,11 +24,11 @@
 //!
 //! The two mid blocks are the crate's [`UNetMidBlock2DCrossAttn`] (the control one with its
 //! `out_channels`); the zero convolutions and the half-precision `conditioning_scale` are
-//! [`crate::diffusers::controlnet`]'s.
+//! [`crate::diffusers::controlnets::controlnet`]'s.
 
 use crate::config::defaults;
-use crate::diffusers::controlnet::{scale, ZeroConv};
-use crate::diffusers::mid_block::{UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
+use crate::diffusers::controlnets::controlnet::{scale, ZeroConv};
+use crate::diffusers::unets::mid_block::{UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::Tensor;
@@ -105,7 +105,7 @@ impl ControlNetXSCrossAttnMidBlock2DConfig {
         }
         let mut c = UNetMidBlock2DCrossAttnConfig::new(self.base_channels, self.temb_channels);
         c.transformer_layers_per_block =
-            crate::diffusers::mid_block::LayersPerBlock::One(self.transformer_layers_per_block);
+            crate::diffusers::unets::mid_block::LayersPerBlock::One(self.transformer_layers_per_block);
         c.cross_attention_dim = self.cross_attention_dim;
         c.use_linear_projection = self.use_linear_projection.unwrap_or(false);
         c.upcast_attention = self.upcast_attention;

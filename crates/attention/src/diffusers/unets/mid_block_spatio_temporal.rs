@@ -18,11 +18,11 @@
 
 use crate::config::defaults;
 use crate::diffusers::attention::{Attention, AttentionConfig};
-use crate::diffusers::mid_block::{LayersPerBlock, MidStack};
 use crate::diffusers::spatio_temporal::{MergeStrategy, SpatioTemporalResBlock, SpatioTemporalResBlockSpec};
-use crate::diffusers::transformer_spatio_temporal::{
+use crate::diffusers::transformers::transformer_spatio_temporal::{
     TransformerSpatioTemporalModel, TransformerSpatioTemporalModelConfig,
 };
+use crate::diffusers::unets::mid_block::{LayersPerBlock, MidStack};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::Tensor;

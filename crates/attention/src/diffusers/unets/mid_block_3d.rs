@@ -23,12 +23,12 @@
 //! transformers never upcast their attention.
 
 use crate::config::defaults;
-use crate::diffusers::mid_block::{mid_block_config, MidStack, Step};
 use crate::diffusers::resnet::ResnetBlock2D;
-use crate::diffusers::temporal::{
+use crate::diffusers::transformers::temporal::{
     TemporalConvLayer, TemporalConvLayerConfig, TransformerTemporalModel, TransformerTemporalModelConfig,
 };
-use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
+use crate::diffusers::transformers::transformer::{Transformer2DModel, Transformer2DModelConfig};
+use crate::diffusers::unets::mid_block::{mid_block_config, MidStack, Step};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::Tensor;
@@ -40,7 +40,7 @@ mid_block_config! {
     /// resnet_groups=32, resnet_pre_norm=True, num_attention_heads=1, output_scale_factor=1.0,
     /// cross_attention_dim=1280, dual_cross_attention=False, use_linear_projection=True,
     /// upcast_attention=False)`. Its transformer kwargs are its own (not the shared
-    /// [`TransformerKwargs`](crate::diffusers::mid_block::TransformerKwargs)): `num_attention_heads`
+    /// [`TransformerKwargs`](crate::diffusers::unets::mid_block::TransformerKwargs)): `num_attention_heads`
     /// is the per-head width and `use_linear_projection` defaults to true. `resnet_groups` `null`
     /// is `min(in_channels // 4, 32)` for the temporal layers and transformers too.
     pub struct UNetMidBlock3DCrossAttnConfig {

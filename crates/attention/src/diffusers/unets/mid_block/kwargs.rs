@@ -22,7 +22,7 @@
 use super::LayersPerBlock;
 use crate::config::defaults;
 use crate::diffusers::resnet::{swish, ResnetBlock2DConfig, TimeEmbeddingNorm};
-use crate::diffusers::transformer::{AttentionType, Transformer2DModelConfig};
+use crate::diffusers::transformers::transformer::{AttentionType, Transformer2DModelConfig};
 use crate::layers::Activation;
 use crate::{Error, Result};
 use serde::Deserialize;
@@ -252,12 +252,12 @@ macro_rules! mid_block_config {
         $(#[$meta:meta])* pub struct $name:ident { [$($required:tt)*] $($own:tt)* }
         with [resnet, transformer]
     ) => {
-        $crate::diffusers::mid_block::mid_block_config! {
+        $crate::diffusers::unets::mid_block::mid_block_config! {
             $(#[$meta])* pub struct $name { [$($required)*] $($own)*
                 /// Transformer blocks per `Transformer2DModel`: one count, or one per layer.
                 #[serde(default)]
-                pub transformer_layers_per_block: $crate::diffusers::mid_block::LayersPerBlock =
-                    $crate::diffusers::mid_block::LayersPerBlock::default(),
+                pub transformer_layers_per_block: $crate::diffusers::unets::mid_block::LayersPerBlock =
+                    $crate::diffusers::unets::mid_block::LayersPerBlock::default(),
                 /// Attention heads of each transformer (head width `in_channels / num_attention_heads`;
                 /// SD's `attention_head_dim: 8` means 8 heads).
                 #[serde(default = "crate::config::defaults::usize::<1>")]
@@ -276,16 +276,16 @@ macro_rules! mid_block_config {
                 pub upcast_attention: bool = false,
                 /// `default` only (`gated` adapters are not supported).
                 #[serde(default)]
-                pub attention_type: $crate::diffusers::transformer::AttentionType =
-                    $crate::diffusers::transformer::AttentionType::Default,
+                pub attention_type: $crate::diffusers::transformers::transformer::AttentionType =
+                    $crate::diffusers::transformers::transformer::AttentionType::Default,
             }
             with [resnet]
         }
 
         impl $name {
             /// The transformer kwargs as their typed sub-config.
-            pub fn transformer_kwargs(&self) -> $crate::diffusers::mid_block::TransformerKwargs {
-                $crate::diffusers::mid_block::TransformerKwargs {
+            pub fn transformer_kwargs(&self) -> $crate::diffusers::unets::mid_block::TransformerKwargs {
+                $crate::diffusers::unets::mid_block::TransformerKwargs {
                     transformer_layers_per_block: self.transformer_layers_per_block.clone(),
                     num_attention_heads: self.num_attention_heads,
                     cross_attention_dim: self.cross_attention_dim,
@@ -302,7 +302,7 @@ macro_rules! mid_block_config {
         $(#[$meta:meta])* pub struct $name:ident { [$($required:tt)*] $($own:tt)* }
         with [resnet]
     ) => {
-        $crate::diffusers::mid_block::mid_block_config! {
+        $crate::diffusers::unets::mid_block::mid_block_config! {
             @emit $(#[$meta])* pub struct $name { [$($required)*] $($own)*
                 /// Dropout probability of the resnets (inactive in inference; kept for the kwargs).
                 #[serde(default)]
@@ -314,8 +314,8 @@ macro_rules! mid_block_config {
                 /// How `temb` enters the resnets: `default` (added), `scale_shift` (FiLM); `spatial`
                 /// (MoVQ's decoder) only in `UNetMidBlock2D`.
                 #[serde(default)]
-                pub resnet_time_scale_shift: $crate::diffusers::mid_block::TimeScaleShift =
-                    $crate::diffusers::mid_block::TimeScaleShift::Default,
+                pub resnet_time_scale_shift: $crate::diffusers::unets::mid_block::TimeScaleShift =
+                    $crate::diffusers::unets::mid_block::TimeScaleShift::Default,
                 /// The resnets' activation (`swish` = `silu`, `mish`, `gelu`).
                 #[serde(default = "crate::diffusers::resnet::swish")]
                 pub resnet_act_fn: $crate::layers::Activation = $crate::diffusers::resnet::swish(),
@@ -334,8 +334,8 @@ macro_rules! mid_block_config {
 
         impl $name {
             /// The resnet kwargs as their typed sub-config.
-            pub fn resnet_kwargs(&self) -> $crate::diffusers::mid_block::ResnetKwargs {
-                $crate::diffusers::mid_block::ResnetKwargs {
+            pub fn resnet_kwargs(&self) -> $crate::diffusers::unets::mid_block::ResnetKwargs {
+                $crate::diffusers::unets::mid_block::ResnetKwargs {
                     dropout: self.dropout,
                     resnet_eps: self.resnet_eps,
                     resnet_time_scale_shift: self.resnet_time_scale_shift,

@@ -23,7 +23,7 @@
 
 use crate::config::defaults;
 use crate::cpu_kernels::ConvExtras;
-use crate::diffusers::mid_block::{UNetMidBlock2D, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttn};
+use crate::diffusers::unets::mid_block::{UNetMidBlock2D, UNetMidBlock2DConfig, UNetMidBlock2DCrossAttn};
 use crate::diffusers::UNetMidBlock2DCrossAttnConfig;
 use crate::layers::Conv2d;
 use crate::trace;

@@ -4,9 +4,11 @@
 
 use super::{mid_block_config, LayersPerBlock, MidStack};
 use crate::config::defaults;
-use crate::diffusers::dual_transformer::{dual_inputs, DualMix, DualTransformer2DModel, DualTransformer2DModelConfig};
 use crate::diffusers::resnet::ResnetBlock2D;
-use crate::diffusers::transformer::Transformer2DModel;
+use crate::diffusers::transformers::dual_transformer::{
+    dual_inputs, DualMix, DualTransformer2DModel, DualTransformer2DModelConfig,
+};
+use crate::diffusers::transformers::transformer::Transformer2DModel;
 use crate::trace;
 use crate::{config, Error, Result};
 use candle_core::Tensor;

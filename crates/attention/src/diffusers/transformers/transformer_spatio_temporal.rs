@@ -24,7 +24,9 @@
 use crate::config::defaults;
 use crate::diffusers::feed_forward::{FeedForward, FeedForwardConfig};
 use crate::diffusers::spatio_temporal::{frames_of, AlphaBlender, MergeStrategy};
-use crate::diffusers::transformer::{BasicTransformerBlockConfig, TransformerBlock, TransformerBlockSpec};
+use crate::diffusers::transformers::transformer::{
+    BasicTransformerBlockConfig, TransformerBlock, TransformerBlockSpec,
+};
 use crate::layers::{group_norm, Activation, GroupNorm, LayerNorm, Projection};
 use crate::trace;
 use crate::{Error, Result};

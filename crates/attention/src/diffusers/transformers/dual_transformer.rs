@@ -25,7 +25,7 @@
 
 use crate::config::defaults;
 use crate::diffusers::feed_forward::ActivationFn;
-use crate::diffusers::transformer::{Transformer2DModel, Transformer2DModelConfig};
+use crate::diffusers::transformers::transformer::{Transformer2DModel, Transformer2DModelConfig};
 use crate::trace;
 use crate::{Error, Result};
 use candle_core::Tensor;
@@ -339,7 +339,7 @@ mod tests {
         // transformer_layers_per_block, use_linear_projection and resnet_groups_out say.
         (cfg.num_attention_heads, cfg.resnet_groups, cfg.resnet_groups_out) = (2, Some(4), Some(8));
         cfg.use_linear_projection = true;
-        cfg.transformer_layers_per_block = crate::diffusers::mid_block::LayersPerBlock::One(3);
+        cfg.transformer_layers_per_block = crate::diffusers::unets::mid_block::LayersPerBlock::One(3);
         let d = cfg.dual_transformer().unwrap();
         assert_eq!((d.num_layers, d.norm_num_groups, d.attention_head_dim), (1, 4, 8));
         assert!(!d.transformer().use_linear_projection);

@@ -25,7 +25,7 @@
 use crate::config::defaults;
 use crate::cpu_kernels::Swish;
 use crate::diffusers::feed_forward::ActivationFn;
-use crate::diffusers::transformer::{BasicTransformerBlockConfig, TransformerBlock};
+use crate::diffusers::transformers::transformer::{BasicTransformerBlockConfig, TransformerBlock};
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
 use crate::ops::upcast;
 use crate::trace;

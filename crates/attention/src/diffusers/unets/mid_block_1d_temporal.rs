@@ -19,7 +19,7 @@
 //! ```
 
 use crate::config::defaults;
-use crate::diffusers::mid_block_1d::Conv1d;
+use crate::diffusers::unets::mid_block_1d::Conv1d;
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
 use crate::trace;
 use crate::{Error, Result};
