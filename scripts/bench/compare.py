@@ -83,12 +83,24 @@ def _median(recs, field):
     return xs[len(xs) // 2]
 
 
+def _gpu_mem(recs):
+    """Median GPU peak over the live bytes before the calls, and median peak, in MiB; ``None``
+    where a record lacks them (CPU runs, or a device without a memory pool on our side)."""
+    if not all(r.get("gpu_peak_mib") is not None and r.get("gpu_before_mib") is not None for r in recs):
+        return None
+    return (_median(recs, lambda r: r["gpu_peak_mib"] - r["gpu_before_mib"]), _median(recs, lambda r: r["gpu_peak_mib"]))
+
+
 def print_table(rows):
     """The Markdown table: per case, the medians (over every repetition of every round) and the
     fastest calls of both sides, their peak resident set over the one before the first call, and
-    the inputs' and outputs' size. ``rows``: case -> impl (``torch`` / ``candle``) -> JSON records."""
-    print("| case | PyTorch ms | ours ms | speed ours/PyTorch | fastest call PyTorch / ours (ms) | PyTorch peak RSS − before (MiB) | ours peak RSS − before (MiB) | inputs+output (MiB) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    the inputs' and outputs' size; on a GPU also both sides' GPU memory: the peak over the live
+    bytes before the calls, and the peak itself (block, inputs and all). ``rows``: case -> impl
+    (``torch`` / ``candle``) -> JSON records."""
+    gpu = any(r.get("gpu_peak_mib") is not None for by in rows.values() for recs in by.values() for r in recs)
+    extra_head = " GPU peak − before, PyTorch / ours (MiB) | GPU peak, PyTorch / ours (MiB) |" if gpu else ""
+    print("| case | PyTorch ms | ours ms | speed ours/PyTorch | fastest call PyTorch / ours (ms) | PyTorch peak RSS − before (MiB) | ours peak RSS − before (MiB) | inputs+output (MiB) |" + extra_head)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if gpu else ""))
     for key, by in rows.items():
         t_ms = sorted(x for r in by["torch"] for x in r["ms"])
         o_ms = sorted(x for r in by["candle"] for x in r["ms"])
@@ -96,4 +108,9 @@ def print_table(rows):
         tmem = _median(by["torch"], lambda r: r["peak_rss_mib"] - r["rss_before_mib"])
         omem = _median(by["candle"], lambda r: r["peak_rss_mib"] - r["rss_before_mib"])
         fastest = f"{t_ms[0]:.2f} / {o_ms[0]:.2f}"
-        print(f"| {by['torch'][0]['case']} | {tm:.2f} | {om:.2f} | {tm / om:.2f} | {fastest} | {tmem:.0f} | {omem:.0f} | {by['torch'][0]['io_mib']:.1f} |")
+        extra = ""
+        if gpu:
+            tg, og = _gpu_mem(by["torch"]), _gpu_mem(by["candle"])
+            show = lambda i: f"{tg[i]:.0f} / {og[i]:.0f}" if tg and og else "n/a"  # noqa: E731
+            extra = f" {show(0)} | {show(1)} |"
+        print(f"| {by['torch'][0]['case']} | {tm:.2f} | {om:.2f} | {tm / om:.2f} | {fastest} | {tmem:.0f} | {omem:.0f} | {by['torch'][0]['io_mib']:.1f} |" + extra)

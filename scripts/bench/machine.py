@@ -110,8 +110,10 @@ class Timer:
         if not self.cuda:
             return {}
         cuda = self.torch.cuda
+        free, total = cuda.mem_get_info()
         return {"device": args.device, "dtype": args.dtype,
                 "tf32_convs": self.torch.backends.cudnn.allow_tf32,
                 "tf32_matmuls": self.torch.backends.cuda.matmul.allow_tf32,
                 "gpu": cuda.get_device_name(), "gpu_before_mib": round(self.before / 2**20, 1),
-                "gpu_peak_mib": round(cuda.max_memory_allocated() / 2**20, 1)}
+                "gpu_peak_mib": round(cuda.max_memory_allocated() / 2**20, 1),
+                "gpu_device_used_mib": round((total - free) / 2**20, 1)}

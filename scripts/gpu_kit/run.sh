@@ -13,15 +13,18 @@
 #           --dtype f16 and --dtype bf16 (check_<dtype>.json, the CLI's JSON, and one summary line
 #           each in summary.jsonl).
 #   core    the attention core and the attention blocks, ours (bench_sdpa) against PyTorch's SDPA
-#           and the same PyTorch blocks, in f32 and f16 (bench_<dtype>.jsonl, bench_core_<dtype>.md).
+#           and the same PyTorch blocks, in f32 and f16 (bench_core_<dtype>.jsonl/.md, bench_block_<dtype>.jsonl/.md).
 #   fusedcore  the core shapes with UNET_ATTENTION_SDPA=fused against PyTorch's SDPA, in f16 and
-#           bf16 (DTYPES_FUSED; bench_fused_<dtype>.jsonl, bench_fusedcore_<dtype>.md).
+#           bf16 (DTYPES_FUSED; bench_fused_<dtype>.jsonl/.md).
 #   whole   the whole mid blocks of scripts/bench_torch.py (diffusers, guided-diffusion,
 #           denoising-diffusion-pytorch; their wheels come with the kit and are installed with
-#           --no-deps into a temporary folder), exported on the CPU, timed on the GPU in f32 and
-#           f16 (bench_<dtype>.jsonl, bench_whole_<dtype>.md).
+#           --no-deps into a temporary folder), exported on the CPU, timed on the GPU with both
+#           sides' GPU memory: f16 and bf16 with PyTorch's defaults (DTYPES_WHOLE), f32 against
+#           --strict-f32, f32 with UNET_ATTENTION_TF32=on against PyTorch's default
+#           (bench_whole_<dtype>.jsonl/.md, bench_whole_f32_strict.*, bench_whole_f32_tf32.*).
 #
-# Environment: ROUNDS (alternating rounds per case, default 2), DTYPES (default "f32 f16"),
+# Environment: ROUNDS (alternating rounds per case, default 2), DTYPES (core and block stages,
+# default "f32 f16"), DTYPES_FUSED (fusedcore, "f16 bf16"), DTYPES_WHOLE (whole, "f16 bf16"),
 # BENCH_ARGS (more bench_torch.py compare flags, e.g. --strict-f32), UNET_KIT_WEIGHTS (bundles).
 #
 # Exit codes: 0 all stages ran (failures of bundles are in the JSON, and counted in
@@ -197,19 +200,33 @@ python_packages() {
     export PYTHONPATH="$py${PYTHONPATH:+:$PYTHONPATH}"
 }
 
+# bench_one ONLY DTYPE TAG [FLAGS...]: bench_torch.py compare for one dtype into bench_TAG.jsonl and
+# bench_TAG.md; FLAGS go to compare (and so to PyTorch's side, e.g. --strict-f32).
+bench_one() {
+    local only="$1" dt="$2" tag="$3"
+    shift 3
+    note "bench_torch.py compare --only $only --device cuda --dtype $dt $* ${BENCH_ARGS:-}" \
+        "(UNET_ATTENTION_SDPA=${UNET_ATTENTION_SDPA:-auto} UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off})"
+    python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
+        --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$out/bench_$tag.jsonl" "$@" ${BENCH_ARGS:-} \
+        >"$out/bench_$tag.md" 2>>"$out/bench.stderr" || { note "the benchmarks bench_$tag failed (bench.stderr)"; failed=1; }
+    cat "$out/bench_$tag.md" >&2
+}
+
 run_bench() {
-    local only="$1" dt dtypes="${DTYPES:-f32 f16}" tag="$1"
+    local only="$1" dt
+    case "$only" in
     # fusedcore: the core shapes on the fused kernel, in half precision.
-    if [[ "$only" == fusedcore ]]; then only=core dtypes="${DTYPES_FUSED:-f16 bf16}"; fi
-    for dt in $dtypes; do
-        note "bench_torch.py compare --only $only --device cuda --dtype $dt ${BENCH_ARGS:-}"
-        local jsonl="$out/bench_$dt.jsonl" sdpa="${UNET_ATTENTION_SDPA:-}"
-        [[ "$tag" == fusedcore ]] && jsonl="$out/bench_fused_$dt.jsonl" sdpa=fused
-        UNET_ATTENTION_SDPA="$sdpa" python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
-            --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$jsonl" ${BENCH_ARGS:-} \
-            >"$out/bench_${tag}_$dt.md" 2>>"$out/bench.stderr" || { note "the $tag benchmarks in $dt failed (bench.stderr)"; failed=1; }
-        cat "$out/bench_${tag}_$dt.md" >&2
-    done
+    fusedcore) for dt in ${DTYPES_FUSED:-f16 bf16}; do UNET_ATTENTION_SDPA=fused bench_one core "$dt" "fused_$dt"; done ;;
+    # whole: f16 and bf16 with PyTorch's defaults; f32 against PyTorch in strict f32 (ours is
+    # strict by default); f32 with our TF32 mode against PyTorch's default (TF32 convolutions).
+    whole)
+        for dt in ${DTYPES_WHOLE:-f16 bf16}; do bench_one whole "$dt" "whole_$dt"; done
+        bench_one whole f32 whole_f32_strict --strict-f32
+        UNET_ATTENTION_TF32=on bench_one whole f32 whole_f32_tf32
+        ;;
+    *) for dt in ${DTYPES:-f32 f16}; do bench_one "$only" "$dt" "${only}_$dt"; done ;;
+    esac
 }
 
 record_env

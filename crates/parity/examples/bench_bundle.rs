@@ -19,6 +19,13 @@
 //! call), and `torch_max_abs_vs_f64`, the same for PyTorch's own output in the bundle; `null` when
 //! the bundle has no float64 outputs. `scripts/bench_torch.py whole NAME` times PyTorch on the
 //! same bundle.
+//!
+//! On CUDA (built with `--features cuda`) the line also has `gpu_before_mib` (the device memory
+//! pool's live bytes with the block and inputs loaded, PyTorch's `memory_allocated()`
+//! counterpart) and `gpu_peak_mib` (its peak over the warm-up and timed calls, as
+//! `max_memory_allocated()` after `reset_peak_memory_stats()`), and `gpu_device_used_mib` (total −
+//! free of the whole device after the calls), `null` where the device has no memory pool
+//! (`unet_attention::cuda::memory`).
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
@@ -104,6 +111,57 @@ fn time_runs(
     Ok((ms, last))
 }
 
+/// The GPU memory fields of the JSON line (see the module docs), and what `start` returns to
+/// give them: the pool and its live bytes, read right before the calls.
+struct GpuMemory {
+    #[cfg(feature = "cuda")]
+    pool: Option<(unet_attention::cuda::memory::PoolMemory, u64)>,
+}
+
+impl GpuMemory {
+    /// Reset the peak and read the live bytes, on a CUDA device (after a synchronize).
+    #[allow(unused_variables)]
+    fn start(device: &Device) -> Result<GpuMemory> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = device {
+            device.synchronize()?;
+            let pool = unet_attention::cuda::memory::PoolMemory::of(dev)?;
+            let pool = match pool {
+                Some(p) => {
+                    p.reset_peak()?;
+                    let used = p.used_bytes()?;
+                    Some((p, used))
+                }
+                None => None,
+            };
+            return Ok(GpuMemory { pool });
+        }
+        Ok(GpuMemory {
+            #[cfg(feature = "cuda")]
+            pool: None,
+        })
+    }
+
+    /// `, "gpu_before_mib": .., "gpu_peak_mib": .., "gpu_device_used_mib": ..` on CUDA, else "".
+    #[allow(unused_variables)]
+    fn fields(&self, device: &Device) -> Result<String> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = device {
+            device.synchronize()?;
+            let mib_u = |b: u64| format!("{:.1}", b as f64 / (1024.0 * 1024.0));
+            let (before, peak) = match &self.pool {
+                Some((p, before)) => (mib_u(*before), mib_u(p.peak_bytes()?)),
+                None => ("null".into(), "null".into()),
+            };
+            let used = mib_u(unet_attention::cuda::memory::device_used_bytes(dev)?);
+            return Ok(format!(
+                ", \"gpu_before_mib\": {before}, \"gpu_peak_mib\": {peak}, \"gpu_device_used_mib\": {used}"
+            ));
+        }
+        Ok(String::new())
+    }
+}
+
 fn json_f64(x: Option<f64>) -> String {
     x.map_or("null".into(), |x| format!("{x:.3e}"))
 }
@@ -141,8 +199,10 @@ fn main() -> Result<()> {
 
     reset_peak_rss();
     let rss_before = status_kib("VmRSS:") / 1024.0;
+    let gpu = GpuMemory::start(&device)?;
     let (ms, last) = time_runs(|| Ok(block.run(inputs)?), &device, reps, warmup)?;
     let peak = status_kib("VmHWM:") / 1024.0;
+    let gpu_fields = gpu.fields(&device)?;
     let io = bytes(inputs.tensors.values()) + bytes(&last);
     let (ours_err, torch_err) = errors_vs_f64(&bundle, &last)?;
 
@@ -153,7 +213,7 @@ fn main() -> Result<()> {
         .map_or("null".into(), |m| format!("{m:.2}"));
     let ms: Vec<String> = ms.iter().map(|x| format!("{x:.2}")).collect();
     println!(
-        "{{\"impl\": \"candle\", \"case\": {}, \"device\": \"{spec}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"layer_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}, \"max_abs_vs_f64\": {}, \"torch_max_abs_vs_f64\": {}}}",
+        "{{\"impl\": \"candle\", \"case\": {}, \"device\": \"{spec}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"layer_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}, \"max_abs_vs_f64\": {}, \"torch_max_abs_vs_f64\": {}{gpu_fields}}}",
         serde_json::to_string(&case)?,
         prepared.dtype,
         unet_attention::sdpa::sdpa_path()?,

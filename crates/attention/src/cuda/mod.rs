@@ -29,6 +29,7 @@
 //! workspace when the keys are split.
 
 mod launch;
+pub mod memory;
 
 use candle_core::{DType, Device, Result, Tensor};
 
