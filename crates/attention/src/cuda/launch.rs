@@ -251,16 +251,19 @@ impl FusedAttention {
         let stream = dev.cuda_stream();
         let mut args = Args::sizes(p, self.scale);
         (args.q_s, args.k_s, args.v_s) = (strides3(ql)?, strides3(kl)?, strides3(vl)?);
-        let aligned = |st: &[i64; 3], off: usize| st.iter().all(|x| x % 8 == 0) && off.is_multiple_of(8);
-        let vec = p.dims.d.is_multiple_of(8)
-            && aligned(&args.q_s, ql.start_offset())
-            && aligned(&args.k_s, kl.start_offset())
-            && aligned(&args.v_s, vl.start_offset());
-        args.vec = vec as i32;
         let mask_store = self.mask.as_ref().map(|m| m.storage_and_layout());
         let (qp, _gq) = input_ptr(q, ql.start_offset(), &stream)?;
         let (kp, _gk) = input_ptr(k, kl.start_offset(), &stream)?;
         let (vp, _gv) = input_ptr(v, vl.start_offset(), &stream)?;
+        // cp.async copies 16 bytes and faults on an address that is not 16-byte aligned: every
+        // row start must be, so the strides must be multiples of 8 elements and the start
+        // address itself (the allocation's base plus the view's offset, checked as an address
+        // rather than assuming the allocator's alignment) a multiple of 16 bytes. Else the
+        // kernel copies element by element.
+        let aligned = |st: &[i64; 3], ptr: u64| st.iter().all(|x| x % 8 == 0) && ptr.is_multiple_of(16);
+        let vec =
+            p.dims.d.is_multiple_of(8) && aligned(&args.q_s, qp) && aligned(&args.k_s, kp) && aligned(&args.v_s, vp);
+        args.vec = vec as i32;
         let _gm = match &mask_store {
             None => None,
             Some((st, ml)) => {
