@@ -203,7 +203,9 @@ fn input_ptr<'a>(st: &'a CudaStorage, offset: usize, stream: &'a CudaStream) -> 
 
 fn strides3(l: &Layout) -> Result<[i64; 3]> {
     let s = l.stride();
-    if s.len() != 4 || s[3] != 1 {
+    // A head dim of 1 may carry any stride (Candle calls such a layout contiguous, so
+    // `contiguous()` keeps it); the kernel never steps along the last dim, so accept it.
+    if s.len() != 4 || (s[3] != 1 && l.dims()[3] != 1) {
         bail!("fused attention: expected a rank-4 layout with a contiguous last dim, found strides {s:?}")
     }
     Ok([s[0] as i64, s[1] as i64, s[2] as i64])
