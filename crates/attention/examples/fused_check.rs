@@ -15,8 +15,12 @@
 //! Tolerances, set before any GPU run from each dtype's rounding (the kernel rounds the
 //! probabilities relative to the running row max, the chunked path relative to the final one):
 //! `max_abs` at most f32 5e-5, f16 5e-3, bf16 4e-2, and `rel` (`max_abs` over the largest output,
-//! which is of order 0.05 at 16384 keys) at most f32 2e-5, f16 4e-3, bf16 2.5e-2. Exit 0: every
-//! case passed; 1: some failed; 3: no CUDA device or no kernel in this build.
+//! which is of order 0.05 at 16384 keys) at most f32 2e-5, f16 4e-3, bf16 2.5e-2. Besides
+//! contiguous inputs, q, k and v also come as the blocks make them, `(B, L, H, D)` transposed to
+//! `(B, H, L, D)` (`layout: transposed`), and as views at an odd element offset with a padded row
+//! stride (`layout: offset`: not 16-byte aligned, so the kernel copies element by element instead
+//! of with `cp.async`). Exit 0: every case passed; 1: some failed; 3: no CUDA device or no kernel
+//! in this build.
 
 #[cfg(feature = "cuda")]
 fn main() {
@@ -45,12 +49,24 @@ mod gpu {
         KeyPadding,
     }
 
+    /// How q, k and v are laid out in memory.
+    #[derive(Clone, Copy, Debug)]
+    enum Layout {
+        /// Contiguous `(B, H, L, D)`.
+        Contiguous,
+        /// `(B, L, H, D)` transposed to `(B, H, L, D)`, as the attention blocks pass them.
+        Transposed,
+        /// A view of `(B, H, L, D + 1)` from element 1: the kernel's unaligned fallback.
+        Offset,
+    }
+
     #[derive(Clone, Copy, Debug)]
     struct Case {
         dtype: DType,
         dims: (usize, usize, usize, usize, usize),
         mask: Mask,
         splits: Option<usize>,
+        layout: Layout,
     }
 
     fn cases(quick: bool) -> Vec<Case> {
@@ -65,6 +81,7 @@ mod gpu {
                         dims,
                         mask: Mask::None,
                         splits,
+                        layout: Layout::Contiguous,
                     });
                 }
                 if quick && d != 64 && d != 512 {
@@ -76,6 +93,7 @@ mod gpu {
                         dims,
                         mask,
                         splits: None,
+                        layout: Layout::Contiguous,
                     });
                 }
             }
@@ -92,19 +110,35 @@ mod gpu {
                     dims,
                     mask: Mask::None,
                     splits: None,
+                    layout: Layout::Contiguous,
                 });
                 out.push(Case {
                     dtype,
                     dims,
                     mask: Mask::KeyPadding,
                     splits: Some(2),
+                    layout: Layout::Contiguous,
                 });
+            }
+            // Strided and unaligned inputs (the cp.async path and the element-by-element one),
+            // with keys split so that the split CTAs' base offsets are exercised too.
+            for layout in [Layout::Transposed, Layout::Offset] {
+                for d in [40, 64, 512] {
+                    out.push(Case {
+                        dtype,
+                        dims: (2, 3, 77, 131, d),
+                        mask: Mask::Additive,
+                        splits: Some(3),
+                        layout,
+                    });
+                }
             }
             out.push(Case {
                 dtype,
                 dims: (1, 1, 4096, 4096, 512),
                 mask: Mask::None,
                 splits: None,
+                layout: Layout::Contiguous,
             });
             if !quick {
                 out.push(Case {
@@ -112,12 +146,14 @@ mod gpu {
                     dims: (1, 1, 4096, 4096, 512),
                     mask: Mask::None,
                     splits: Some(1),
+                    layout: Layout::Contiguous,
                 });
                 out.push(Case {
                     dtype,
                     dims: (1, 1, 16384, 16384, 512),
                     mask: Mask::None,
                     splits: None,
+                    layout: Layout::Contiguous,
                 });
             }
         }
@@ -170,9 +206,16 @@ mod gpu {
     fn run(c: &Case, dev: &Device) -> Result<serde_json::Value> {
         let (b, h, lq, lk, d) = c.dims;
         let r = |l: usize| -> Result<Tensor> {
-            Tensor::randn(0f32, 1., (b, h, l, d), &Device::Cpu)?
-                .to_device(dev)?
-                .to_dtype(c.dtype)
+            let on_dev = |shape: (usize, usize, usize, usize)| -> Result<Tensor> {
+                Tensor::randn(0f32, 1., shape, &Device::Cpu)?
+                    .to_device(dev)?
+                    .to_dtype(c.dtype)
+            };
+            match c.layout {
+                Layout::Contiguous => on_dev((b, h, l, d)),
+                Layout::Transposed => on_dev((b, l, h, d))?.transpose(1, 2),
+                Layout::Offset => on_dev((b, h, l, d + 1))?.narrow(3, 1, d),
+            }
         };
         let (q, k, v) = (r(lq)?, r(lk)?, r(lk)?);
         let mask = mask_tensor(c.mask, b, lq, lk, dev)?
@@ -260,6 +303,7 @@ mod gpu {
             let mut line = serde_json::json!({
                 "stage": "fused", "dtype": format!("{:?}", c.dtype).to_lowercase(), "b": b, "h": h, "lq": lq,
                 "lk": lk, "d": d, "mask": format!("{:?}", c.mask).to_lowercase(), "splits": c.splits,
+                "layout": format!("{:?}", c.layout).to_lowercase(),
             });
             match run(&c, &dev) {
                 Ok(v) => line
