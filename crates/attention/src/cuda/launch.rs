@@ -286,6 +286,9 @@ impl FusedAttention {
         let func = dev.get_or_load_custom_func(&p.kernel, MODULE, ptx)?;
         if p.smem > 48 * 1024 {
             use sys::CUfunction_attribute as F;
+            // cuFuncSetAttribute acts on the current context: make it this device's on this
+            // thread (cudarc binds it for launches, not for attributes).
+            stream.context().bind_to_thread().w()?;
             func.set_attribute(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, p.smem as i32)
                 .w()?;
         }
