@@ -139,6 +139,11 @@ impl Module for BatchNorm2d {
 /// the run's dtype), never rounded to the half type: guided-diffusion's half-precision mode
 /// (`convert_to_fp16`) keeps the `GroupNorm32` parameters in f32, and a half-precision weight
 /// upcasts exactly.
+///
+/// **On CUDA** (f32, f16, bf16, no stage trace recorded) the norm is one fused kernel
+/// ([`crate::cuda::group_norm`]: f32 statistics per (batch, group), the affine in f32, rounded
+/// once, as PyTorch's CUDA kernel), and [`Self::forward_swish`] / [`Self::forward_swish_add`]
+/// fuse the swish (computed from the rounded norm, rounded again) and a resnet's pre-norm add.
 #[derive(Debug, Clone)]
 pub struct GroupNorm {
     weight: Tensor,
@@ -181,6 +186,9 @@ impl GroupNorm {
         swish: Swish,
         act: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
     ) -> candle_core::Result<Tensor> {
+        if let Some(y) = self.fused_cuda(x, None, Some(swish))? {
+            return Ok(y);
+        }
         if x.dtype() == DType::F32 && !crate::trace::enabled() {
             let xc = contiguous(x)?;
             let (w, b) = (&self.weight, &self.bias);
@@ -194,8 +202,74 @@ impl GroupNorm {
     }
 }
 
+impl GroupNorm {
+    /// `act(norm(x + add[:, :, None, None]))` (`add` `(B, C)`, the sum rounded to `x`'s dtype as
+    /// PyTorch's separate add rounds it: a resnet's `h + temb` before `norm2`), the norm recorded
+    /// as the trace stage `stage` (the sum is not recorded). One fused kernel on CUDA (see the
+    /// type's docs); elsewhere the add (`broadcast_add` in `x`'s dtype), then
+    /// [`Self::forward_swish`].
+    pub fn forward_swish_add(
+        &self,
+        x: &Tensor,
+        add: &Tensor,
+        stage: &str,
+        swish: Swish,
+        act: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor> {
+        if let Some(y) = self.fused_cuda(x, Some(add), Some(swish))? {
+            return Ok(y);
+        }
+        let mut shape = add.dims().to_vec();
+        shape.resize(x.rank(), 1);
+        let sum = x.broadcast_add(&add.reshape(shape)?)?;
+        self.forward_swish(&sum, stage, swish, act)
+    }
+
+    /// Whether a resnet should hand its `h + add[:, :, None, None]` to
+    /// [`Self::forward_swish_add`] rather than add it in the convolution before the norm: `x`
+    /// (the convolution's input, of the output's dtype and device) on a CUDA device in a build
+    /// with the `cuda` feature, `add` `(B, C)` of `x`'s dtype, no trace recorded (the trace
+    /// records the convolution's output with the add).
+    pub fn fuses_pre_add(x: &Tensor, add: &Tensor) -> bool {
+        cfg!(feature = "cuda")
+            && x.device().is_cuda()
+            && add.rank() == 2
+            && add.dtype() == x.dtype()
+            && !crate::trace::enabled()
+    }
+
+    /// The fused CUDA kernel where it applies (a CUDA tensor of f32, f16 or bf16, f32 norm
+    /// parameters, no trace recorded), else `None`.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn fused_cuda(
+        &self,
+        x: &Tensor,
+        add: Option<&Tensor>,
+        swish: Option<Swish>,
+    ) -> candle_core::Result<Option<Tensor>> {
+        if !x.device().is_cuda() || crate::trace::enabled() {
+            return Ok(None);
+        }
+        #[cfg(feature = "cuda")]
+        {
+            use crate::cuda::NormAct;
+            let act = swish.map(|s| match s {
+                Swish::Silu => NormAct::Silu,
+                Swish::TimesSigmoid => NormAct::TimesSigmoid,
+            });
+            let (w, b) = (&self.weight, &self.bias);
+            return crate::cuda::group_norm(x, add, w, b, self.groups, self.eps, act);
+        }
+        #[cfg(not(feature = "cuda"))]
+        Ok(None)
+    }
+}
+
 impl Module for GroupNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if let Some(y) = self.fused_cuda(x, None, None)? {
+            return Ok(y);
+        }
         let dtype = crate::ops::compute_dtype(x.dtype());
         // Any layout: the transposed token views of the diffusers blocks are copied once here.
         let xc = contiguous(&x.to_dtype(dtype)?)?;
