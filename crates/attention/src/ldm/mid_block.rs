@@ -200,7 +200,8 @@ pub struct MidBlockConfig {
 
 #[derive(Debug, Clone)]
 enum MidAttention {
-    Vanilla(AttnBlock),
+    /// Boxed: the block is several times the size of the others.
+    Vanilla(Box<AttnBlock>),
     Linear(LinAttnBlock),
     Identity,
 }
@@ -232,7 +233,7 @@ impl MidBlock {
         Ok(Self {
             block_1: ResnetBlock::new(vb.pp("block_1"), &resnet)?,
             attn_1: match cfg.attn_type {
-                AttnType::Vanilla => MidAttention::Vanilla(AttnBlock::new(vb.pp("attn_1"), &attn)?),
+                AttnType::Vanilla => MidAttention::Vanilla(Box::new(AttnBlock::new(vb.pp("attn_1"), &attn)?)),
                 AttnType::Linear => MidAttention::Linear(LinAttnBlock::new(vb.pp("attn_1"), &attn)?),
                 AttnType::None => MidAttention::Identity,
             },
