@@ -4,6 +4,7 @@
 //! dtypes, shapes and contiguity; the ops check again what a wrong launch would turn into an
 //! out-of-bounds access (storage kinds, contiguity, lengths).
 
+use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{
     CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop,
 };
@@ -66,12 +67,12 @@ fn contiguous_start(l: &Layout, what: &str) -> Result<usize> {
     Ok(l.start_offset())
 }
 
-/// The loaded kernel `name`, or an error where this build has no PTX.
-fn func(dev: &CudaDevice, name: &str) -> Result<candle_core::cuda::cudarc::driver::CudaFunction> {
-    let Some(ptx) = LAYERS_PTX else {
-        bail!("fused layers: this build has no PTX (CUDA_COMPUTE_CAP below 8.0)")
-    };
-    dev.get_or_load_custom_func(name, MODULE, ptx)
+/// The layer kernels' PTX, or an error where this build has none.
+fn ptx() -> Result<&'static str> {
+    match LAYERS_PTX {
+        Some(ptx) => Ok(ptx),
+        None => bail!("fused layers: this build has no PTX (CUDA_COMPUTE_CAP below 8.0)"),
+    }
 }
 
 /// A 1-D grid of `THREADS`-thread blocks covering `total` elements (grid-stride past `MAX_BLOCKS`).
@@ -146,7 +147,8 @@ impl GroupNormOp {
         let (op, _go) = out.device_ptr_mut(&stream);
         let ints = [c as i32, self.groups as i32, spatial as i32];
         let (chunk_i, splits_i) = (chunk as i32, splits as i32);
-        let mut l = func(dev, &format!("gn_stats_{sfx}"))?.builder();
+        let f = dev.get_or_load_custom_func(&format!("gn_stats_{sfx}"), MODULE, ptx()?)?;
+        let mut l = f.builder();
         l.arg(&xp).arg(&ap).arg(&pp).arg(&sp);
         l.arg(&ints[0])
             .arg(&ints[1])
@@ -164,7 +166,8 @@ impl GroupNormOp {
         unsafe { l.launch(grid(splits)) }.w()?;
         if splits > 1 {
             let (n_i, len_i) = (bg as i32, group_len as i32);
-            let mut l = func(dev, "gn_finalize")?.builder();
+            let f = dev.get_or_load_custom_func("gn_finalize", MODULE, ptx()?)?;
+            let mut l = f.builder();
             l.arg(&pp)
                 .arg(&sp)
                 .arg(&n_i)
@@ -181,7 +184,8 @@ impl GroupNormOp {
             unsafe { l.launch(cfg) }.w()?;
         }
         let tile_i = APPLY_TILE as i32;
-        let mut l = func(dev, &format!("gn_apply_{sfx}"))?.builder();
+        let f = dev.get_or_load_custom_func(&format!("gn_apply_{sfx}"), MODULE, ptx()?)?;
+        let mut l = f.builder();
         l.arg(&xp).arg(&ap).arg(&sp).arg(&gp).arg(&bp).arg(&op);
         l.arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&tile_i).arg(&self.act);
         // SAFETY: as above; the output holds B·C·spatial elements.
@@ -210,7 +214,8 @@ impl GatedOp {
         let (op, _go) = out.device_ptr_mut(&stream);
         let (rows_i, n_i) = (rows as i64, n as i32);
         let sfx = suffix(h.dtype()).unwrap_or("f32");
-        let mut l = func(dev, &format!("gated_{sfx}"))?.builder();
+        let f = dev.get_or_load_custom_func(&format!("gated_{sfx}"), MODULE, ptx()?)?;
+        let mut l = f.builder();
         l.arg(&hp).arg(&op).arg(&rows_i).arg(&n_i).arg(&self.act);
         // SAFETY: h holds rows·2n elements, the output rows·n.
         unsafe { l.launch(flat_grid(rows * n)) }.w()?;
@@ -255,7 +260,8 @@ impl EpilogueOp {
         let (total_i, inner_i) = (total as i64, self.inner.max(1) as i64);
         let (div, has_div) = (self.div.unwrap_or(1.0), i32::from(self.div.is_some()));
         let sfx = suffix(h.dtype()).unwrap_or("f32");
-        let mut l = func(dev, &format!("epilogue_{sfx}"))?.builder();
+        let f = dev.get_or_load_custom_func(&format!("epilogue_{sfx}"), MODULE, ptx()?)?;
+        let mut l = f.builder();
         l.arg(&hp).arg(&ptrs[0]).arg(&ptrs[1]).arg(&op);
         l.arg(&total_i).arg(&inner_i).arg(&bias_len).arg(&div).arg(&has_div);
         // SAFETY: h, the residual and the output hold `total` elements; the bias `bias_len`.

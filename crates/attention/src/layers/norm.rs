@@ -240,7 +240,6 @@ impl GroupNorm {
 
     /// The fused CUDA kernel where it applies (a CUDA tensor of f32, f16 or bf16, f32 norm
     /// parameters, no trace recorded), else `None`.
-    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     fn fused_cuda(
         &self,
         x: &Tensor,
@@ -250,17 +249,27 @@ impl GroupNorm {
         if !x.device().is_cuda() || crate::trace::enabled() {
             return Ok(None);
         }
-        #[cfg(feature = "cuda")]
-        {
-            use crate::cuda::NormAct;
-            let act = swish.map(|s| match s {
-                Swish::Silu => NormAct::Silu,
-                Swish::TimesSigmoid => NormAct::TimesSigmoid,
-            });
-            let (w, b) = (&self.weight, &self.bias);
-            return crate::cuda::group_norm(x, add, w, b, self.groups, self.eps, act);
-        }
-        #[cfg(not(feature = "cuda"))]
+        self.fused_kernel(x, add, swish)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn fused_kernel(
+        &self,
+        x: &Tensor,
+        add: Option<&Tensor>,
+        swish: Option<Swish>,
+    ) -> candle_core::Result<Option<Tensor>> {
+        use crate::cuda::NormAct;
+        let act = swish.map(|s| match s {
+            Swish::Silu => NormAct::Silu,
+            Swish::TimesSigmoid => NormAct::TimesSigmoid,
+        });
+        let (w, b) = (&self.weight, &self.bias);
+        crate::cuda::group_norm(x, add, w, b, self.groups, self.eps, act)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn fused_kernel(&self, _: &Tensor, _: Option<&Tensor>, _: Option<Swish>) -> candle_core::Result<Option<Tensor>> {
         Ok(None)
     }
 }
