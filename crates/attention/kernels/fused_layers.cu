@@ -20,15 +20,18 @@
 //   `b = β[c] − mean·a` (PyTorch's per-channel scale and shift), rounded to T; `act` 1: `F.silu`
 //   of the rounded `y` (`y / (1 + exp(−y))`), 2: ldm's `y * torch.sigmoid(y)` (the sigmoid
 //   rounded to T, then the product rounded), each computed in f32. γ and β are f32.
-// * `gated_{ty}` (1-D grid-stride): from `h` (rows, 2n) `[hidden | gate]` to (rows, n):
+// * `gated_{ty}` (rows over grid y, columns over grid x): from `h` (rows, 2n) `[hidden | gate]`
+//   to (rows, n):
 //   `act(gate)` in f32 rounded to T, then `hidden · act` rounded: act 0 is the erf GELU
 //   (`g · 0.5 · (1 + erf(g / √2))`, PyTorch's exact GELU), 1 is SiLU.
-// * `epilogue_{ty}` (1-D grid-stride): `out = ((h + bias) + residual) / div`, each part
-//   optional and each step rounded to T; the bias index is `(i / inner) % bias_len` (inner 1:
-//   the last dim, token layout; inner = spatial size: dim 1, channel layout).
+// * `epilogue_{ty}` (rows over grid y, columns over grid x): `out = ((h + bias) + residual) /
+//   div`, each part optional and each step rounded to T; `h` as (rows, cols), the bias along the
+//   columns (token layout: cols = C) or along the rows modulo C (channel layout: rows = B·C,
+//   cols = spatial size).
 //
 // Layouts: every tensor contiguous. Sizes: a group (C/G · spatial) and a row length fit in an
-// int; element counts and offsets are 64-bit.
+// int; row counts and offsets are 64-bit. Channel indices within a group are walked without a
+// division per element where a thread's step is at most a channel's length (`ChannelWalk`).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -64,16 +67,37 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return v;
 }
 
-// The normalised value of element `e` of group `bg`: x, or x + add[b, c] rounded to T.
+// The normalised value of element `e` (channel `ch` of the group) of group `bg`: x, or
+// x + add[b, c] rounded to T.
 template <typename T> struct GroupInput {
     const T* x;
     const T* add; // (B, C) or null
-    int spatial;
     int first_channel; // b·C + g·cpg: the add index of the group's first channel
-    __device__ __forceinline__ float at(int e) const {
+    __device__ __forceinline__ float at(int e, int ch) const {
         const float v = to_f32(x[e]);
         if (add == nullptr) return v;
-        return round_to<T>(v + to_f32(add[first_channel + e / spatial]));
+        return round_to<T>(v + to_f32(add[first_channel + ch]));
+    }
+};
+
+// A thread's walk over a group's elements `e0, e0 + step, ...` that keeps the channel (`e /
+// spatial`) without a division per element where the step is at most a channel's length.
+struct ChannelWalk {
+    int e, ch, rem;
+    const int spatial, step;
+    __device__ __forceinline__ ChannelWalk(int e0, int spatial_, int step_)
+        : e(e0), ch(e0 / spatial_), rem(e0 - (e0 / spatial_) * spatial_), spatial(spatial_), step(step_) {}
+    __device__ __forceinline__ void next() {
+        e += step;
+        if (step <= spatial) {
+            rem += step;
+            if (rem >= spatial) {
+                rem -= spatial;
+                ++ch;
+            }
+        } else {
+            ch = e / spatial;
+        }
     }
 };
 
@@ -87,13 +111,13 @@ __device__ void gn_stats(const T* x, const T* add, float* part, float* stats, in
     const int start = blockIdx.x * chunk;
     const int end = min(group_len, start + chunk);
     const int count = end - start;
-    GroupInput<T> in{x + base, add, spatial, (bg / groups) * channels + (bg % groups) * cpg};
+    GroupInput<T> in{x + base, add, (bg / groups) * channels + (bg % groups) * cpg};
     float sum = 0.f;
-    for (int e = start + threadIdx.x; e < end; e += blockDim.x) sum += in.at(e);
+    for (ChannelWalk w(start + threadIdx.x, spatial, blockDim.x); w.e < end; w.next()) sum += in.at(w.e, w.ch);
     const float mean = block_sum(sum, red) / (float)count;
     float m2 = 0.f;
-    for (int e = start + threadIdx.x; e < end; e += blockDim.x) {
-        const float d = in.at(e) - mean;
+    for (ChannelWalk w(start + threadIdx.x, spatial, blockDim.x); w.e < end; w.next()) {
+        const float d = in.at(w.e, w.ch) - mean;
         m2 = fmaf(d, d, m2);
     }
     m2 = block_sum(m2, red);
@@ -116,44 +140,49 @@ __device__ void gn_apply(const T* x, const T* add, const float* stats, const flo
     const int start = blockIdx.x * tile;
     const int end = min(group_len, start + tile);
     const float mean = stats[2 * bg], rstd = stats[2 * bg + 1];
-    GroupInput<T> in{x + base, add, spatial, (bg / groups) * channels + g * cpg};
-    for (int e = start + threadIdx.x; e < end; e += blockDim.x) {
-        const int c = g * cpg + e / spatial;
+    GroupInput<T> in{x + base, add, (bg / groups) * channels + g * cpg};
+    for (ChannelWalk w(start + threadIdx.x, spatial, blockDim.x); w.e < end; w.next()) {
+        const int c = g * cpg + w.ch;
         const float a = rstd * gamma[c];
         const float b = fmaf(-mean, a, beta[c]);
-        float y = round_to<T>(fmaf(in.at(e), a, b));
+        float y = round_to<T>(fmaf(in.at(w.e, w.ch), a, b));
         if (act == 1) {
             y = y / (1.f + expf(-y));
         } else if (act == 2) {
             y = y * round_to<T>(1.f / (1.f + expf(-y)));
         }
-        out[base + e] = from_f32<T>(y);
+        out[base + w.e] = from_f32<T>(y);
     }
 }
 
+// Rows over grid y (strided), columns over grid x and the threads: no division per element.
 template <typename T> __device__ void gated(const T* h, T* out, long long rows, int n, int act) {
-    const long long total = rows * n;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long r = i / n;
-        const long long j = i - r * n;
-        const float hidden = to_f32(h[r * 2 * n + j]);
-        const float g = to_f32(h[r * 2 * n + n + j]);
-        const float a = act == 0 ? g * 0.5f * (1.f + erff(g * 0.70710678118654752f)) : g / (1.f + expf(-g));
-        out[i] = from_f32<T>(hidden * round_to<T>(a));
+    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+        const T* row = h + r * 2 * n;
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+            const float hidden = to_f32(row[j]);
+            const float g = to_f32(row[n + j]);
+            const float a = act == 0 ? g * 0.5f * (1.f + erff(g * 0.70710678118654752f)) : g / (1.f + expf(-g));
+            out[r * n + j] = from_f32<T>(hidden * round_to<T>(a));
+        }
     }
 }
 
+// `h` as (rows, cols): the bias index is the column (token layout, `bias_on_rows` 0) or the row
+// modulo `bias_len` (channel layout: rows are (batch, channel), columns the spatial positions).
 template <typename T>
-__device__ void epilogue(const T* h, const T* bias, const T* residual, T* out, long long total, long long inner,
-                         int bias_len, float div, int has_div) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        float v = to_f32(h[i]);
-        if (bias != nullptr) v = round_to<T>(v + to_f32(bias[(i / inner) % bias_len]));
-        if (residual != nullptr) v = round_to<T>(v + to_f32(residual[i]));
-        if (has_div) v = v / div;
-        out[i] = from_f32<T>(v);
+__device__ void epilogue(const T* h, const T* bias, const T* residual, T* out, long long rows, int cols,
+                         int bias_len, int bias_on_rows, float div, int has_div) {
+    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float row_bias = (bias != nullptr && bias_on_rows) ? to_f32(bias[r % bias_len]) : 0.f;
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < cols; j += gridDim.x * blockDim.x) {
+            const long long i = r * cols + j;
+            float v = to_f32(h[i]);
+            if (bias != nullptr) v = round_to<T>(v + (bias_on_rows ? row_bias : to_f32(bias[j])));
+            if (residual != nullptr) v = round_to<T>(v + to_f32(residual[i]));
+            if (has_div) v = v / div;
+            out[i] = from_f32<T>(v);
+        }
     }
 }
 
@@ -194,9 +223,9 @@ extern "C" __global__ void gn_finalize(const float* part, float* stats, int n_gr
         gated<T>(h, out, rows, n, act);                                                                          \
     }                                                                                                            \
     extern "C" __global__ void epilogue_##SUFFIX(const T* h, const T* bias, const T* residual, T* out,          \
-                                                 long long total, long long inner, int bias_len, float div,      \
-                                                 int has_div) {                                                  \
-        epilogue<T>(h, bias, residual, out, total, inner, bias_len, div, has_div);                               \
+                                                 long long rows, int cols, int bias_len, int bias_on_rows,       \
+                                                 float div, int has_div) {                                       \
+        epilogue<T>(h, bias, residual, out, rows, cols, bias_len, bias_on_rows, div, has_div);                  \
     }
 
 LAYER_KERNELS(f32, float)

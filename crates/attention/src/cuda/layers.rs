@@ -164,20 +164,24 @@ pub fn epilogue(
         return Ok(None);
     }
     let dims = h.dims();
-    let (bias, inner) = match bias {
-        None => (None, 1),
+    let last = dims[dims.len() - 1];
+    let (bias, cols, bias_on_rows) = match bias {
+        None => (None, last, false),
         Some((t, axis)) => {
-            let (len, inner) = match axis {
-                BiasAxis::Last => (dims[dims.len() - 1], 1),
-                BiasAxis::Channels if h.rank() >= 2 => (dims[1], dims[2..].iter().product()),
+            let (len, cols, on_rows) = match axis {
+                BiasAxis::Last => (last, last, false),
+                BiasAxis::Channels if h.rank() >= 2 => (dims[1], dims[2..].iter().product(), true),
                 BiasAxis::Channels => return Ok(None),
             };
             match operand(t, h, h.dtype(), len)? {
-                Some(t) => (Some(t), inner),
+                Some(t) => (Some(t), cols, on_rows),
                 None => return Ok(None),
             }
         }
     };
+    if cols == 0 || !fits_i32(cols) {
+        return Ok(None);
+    }
     let residual = match residual {
         None => None,
         Some(r) if r.dims() != dims => return Ok(None),
@@ -188,7 +192,8 @@ pub fn epilogue(
     };
     let op = EpilogueOp {
         bias,
-        inner,
+        cols,
+        bias_on_rows,
         residual,
         div: div.map(|d| d as f32),
     };

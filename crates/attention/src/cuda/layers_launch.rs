@@ -75,10 +75,15 @@ fn ptx() -> Result<&'static str> {
     }
 }
 
-/// A 1-D grid of `THREADS`-thread blocks covering `total` elements (grid-stride past `MAX_BLOCKS`).
-fn flat_grid(total: usize) -> LaunchConfig {
+/// A grid of `THREADS`-thread blocks over `(rows, cols)`: columns over x and the threads, rows
+/// over y (both grid-strided past `MAX_BLOCKS`).
+fn row_grid(rows: usize, cols: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (total.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        grid_dim: (
+            cols.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32,
+            rows.clamp(1, MAX_BLOCKS) as u32,
+            1,
+        ),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -218,7 +223,7 @@ impl GatedOp {
         let mut l = f.builder();
         l.arg(&hp).arg(&op).arg(&rows_i).arg(&n_i).arg(&self.act);
         // SAFETY: h holds rows·2n elements, the output rows·n.
-        unsafe { l.launch(flat_grid(rows * n)) }.w()?;
+        unsafe { l.launch(row_grid(rows, n)) }.w()?;
         drop((_gh, _go));
         Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(dims)))
     }
@@ -226,9 +231,13 @@ impl GatedOp {
 
 /// `((h + bias) + residual) / div`; see `epilogue`.
 pub(crate) struct EpilogueOp {
-    /// `(bias_len,)` in h's dtype, contiguous; indexed `(i / inner) % bias_len`.
+    /// `(bias_len,)` in h's dtype, contiguous.
     pub bias: Option<Tensor>,
-    pub inner: usize,
+    /// h as `(rows, cols)`: `cols` divides its element count.
+    pub cols: usize,
+    /// The bias runs along the rows (index `row % bias_len`: channel layout), else along the
+    /// columns (token layout).
+    pub bias_on_rows: bool,
     /// h's shape and dtype, contiguous.
     pub residual: Option<Tensor>,
     pub div: Option<f32>,
@@ -257,15 +266,23 @@ impl EpilogueOp {
         }
         let bias_len = self.bias.as_ref().map_or(1, |b| b.elem_count()) as i32;
         let (op, _go) = out.device_ptr_mut(&stream);
-        let (total_i, inner_i) = (total as i64, self.inner.max(1) as i64);
+        let cols = self.cols.max(1);
+        let rows = total / cols;
+        let (rows_i, cols_i, on_rows) = (rows as i64, cols as i32, i32::from(self.bias_on_rows));
         let (div, has_div) = (self.div.unwrap_or(1.0), i32::from(self.div.is_some()));
         let sfx = suffix(h.dtype()).unwrap_or("f32");
         let f = dev.get_or_load_custom_func(&format!("epilogue_{sfx}"), MODULE, ptx()?)?;
         let mut l = f.builder();
         l.arg(&hp).arg(&ptrs[0]).arg(&ptrs[1]).arg(&op);
-        l.arg(&total_i).arg(&inner_i).arg(&bias_len).arg(&div).arg(&has_div);
-        // SAFETY: h, the residual and the output hold `total` elements; the bias `bias_len`.
-        unsafe { l.launch(flat_grid(total)) }.w()?;
+        l.arg(&rows_i)
+            .arg(&cols_i)
+            .arg(&bias_len)
+            .arg(&on_rows)
+            .arg(&div)
+            .arg(&has_div);
+        // SAFETY: h, the residual and the output hold rows·cols elements; the bias `bias_len`
+        // (cols along the columns).
+        unsafe { l.launch(row_grid(rows, cols)) }.w()?;
         drop((_gh, guards, _go));
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
