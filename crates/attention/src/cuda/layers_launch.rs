@@ -116,6 +116,28 @@ fn stats_split(groups_total: usize, group_len: usize) -> (usize, usize) {
     (chunk, group_len.div_ceil(chunk))
 }
 
+/// `gn_finalize`: the chunks' `(mean, M2)` at `part` combined into `(mean, rstd)` at `stats`.
+fn finalize_stats(
+    dev: &CudaDevice,
+    (part, stats): (u64, u64),
+    (groups_total, group_len, chunk, splits): (usize, usize, usize, usize),
+    eps: f32,
+) -> Result<()> {
+    let ints = [groups_total, group_len, chunk, splits].map(|v| v as i32);
+    let f = dev.get_or_load_custom_func("gn_finalize", MODULE, ptx()?)?;
+    let mut l = f.builder();
+    l.arg(&part).arg(&stats);
+    l.arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&ints[3]).arg(&eps);
+    let cfg = LaunchConfig {
+        grid_dim: (groups_total.div_ceil(128) as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `part` holds 2·splits floats and `stats` 2 floats per group; one thread per group.
+    unsafe { l.launch(cfg) }.w()?;
+    Ok(())
+}
+
 impl GroupNormOp {
     fn run<T: CudaDType + DeviceRepr>(&self, x: &CudaStorage, xl: &Layout) -> Result<CudaStorage> {
         let dev = &x.device;
@@ -170,23 +192,7 @@ impl GroupNormOp {
         // add (B, C), γ/β (C) f32, the workspace 2·B·G·splits and stats 2·B·G floats.
         unsafe { l.launch(grid(splits)) }.w()?;
         if splits > 1 {
-            let (n_i, len_i) = (bg as i32, group_len as i32);
-            let f = dev.get_or_load_custom_func("gn_finalize", MODULE, ptx()?)?;
-            let mut l = f.builder();
-            l.arg(&pp)
-                .arg(&sp)
-                .arg(&n_i)
-                .arg(&len_i)
-                .arg(&chunk_i)
-                .arg(&splits_i)
-                .arg(&self.eps);
-            let cfg = LaunchConfig {
-                grid_dim: (bg.div_ceil(128) as u32, 1, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: as above; one thread per group.
-            unsafe { l.launch(cfg) }.w()?;
+            finalize_stats(dev, (pp, sp), (bg, group_len, chunk, splits), self.eps)?;
         }
         let tile_i = APPLY_TILE as i32;
         let f = dev.get_or_load_custom_func(&format!("gn_apply_{sfx}"), MODULE, ptx()?)?;
