@@ -8,9 +8,15 @@
 //! kernels do not take, no PTX in this build, compute capability below 8.0); the caller then
 //! runs its tensor ops. **Status: compiled in CI, never run on a GPU yet**; the GPU kit's `layers`
 //! stage (`examples/layers_check.rs`) checks each against an f64 CPU reference.
+//!
+//! **Switch**: `UNET_ATTENTION_CUDA_LAYERS=off` turns the kernels off (every function returns
+//! `None`) and with them the native half-precision products of `ops::matmul` and `Projection`
+//! ([`layers_enabled`]); `auto` (the default, also when unset or blank) leaves them on. Another
+//! value is an error from every call.
 
 use super::layers_launch::{self as launch, EpilogueOp, GatedOp, GroupNormOp};
 use candle_core::{DType, Device, Result, Tensor};
+use std::sync::OnceLock;
 
 /// The swish that follows a fused GroupNorm, computed in f32 from the norm's output rounded to
 /// the storage dtype (a separate op reads the rounded tensor).
@@ -46,11 +52,24 @@ pub fn layers_built() -> bool {
     launch::LAYERS_PTX.is_some()
 }
 
+/// Whether the fused layers and the native half products are on (`UNET_ATTENTION_CUDA_LAYERS`,
+/// read once; see the module docs).
+pub fn layers_enabled() -> Result<bool> {
+    static SETTING: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
+    SETTING
+        .get_or_init(|| crate::cpu::setting::choice("UNET_ATTENTION_CUDA_LAYERS", &[("auto", true), ("off", false)]))
+        .clone()
+        .map_err(candle_core::Error::msg)
+}
+
 /// The CUDA device of `x` when the kernels can run on it with `x`'s dtype.
 fn usable_device(x: &Tensor) -> Result<bool> {
     let Device::Cuda(dev) = x.device() else {
         return Ok(false);
     };
+    if !layers_enabled()? {
+        return Ok(false);
+    }
     if launch::suffix(x.dtype()).is_none() || x.elem_count() == 0 {
         return Ok(false);
     }

@@ -34,7 +34,7 @@ mod launch;
 mod layers;
 mod layers_launch;
 
-pub use layers::{epilogue, gated, group_norm, layers_built, BiasAxis, GateAct, NormAct};
+pub use layers::{epilogue, gated, group_norm, layers_built, layers_enabled, BiasAxis, GateAct, NormAct};
 
 use candle_core::{DType, Device, Result, Tensor};
 
