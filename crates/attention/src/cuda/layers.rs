@@ -76,8 +76,9 @@ fn usable_device(x: &Tensor) -> Result<bool> {
     launch::usable(dev)
 }
 
+/// Whether an in-kernel `int` index up to `n` (and a thread's step past it) cannot overflow.
 fn fits_i32(n: usize) -> bool {
-    n <= i32::MAX as usize
+    n < 1 << 30
 }
 
 /// `t` on `x`'s device in `dtype` with `elems` elements, contiguous; `None` otherwise.
