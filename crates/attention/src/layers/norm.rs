@@ -374,3 +374,46 @@ impl SpatialNorm {
             .broadcast_add(&self.conv_b.forward_channels(&zq)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use std::collections::HashMap;
+
+    /// Off CUDA the pre-add form is the add (in the input's dtype) and then the norm and swish,
+    /// and no block is told to move its add into the norm.
+    #[test]
+    fn pre_add_is_the_add_then_the_norm_off_cuda() {
+        let dev = Device::Cpu;
+        let ts = HashMap::from([
+            ("n.weight".to_string(), Tensor::randn(1f32, 0.2, 64, &dev).unwrap()),
+            ("n.bias".to_string(), Tensor::randn(0f32, 0.2, 64, &dev).unwrap()),
+        ]);
+        let vb = VarBuilder::from_tensors(ts, DType::F16, &dev);
+        let norm = group_norm(vb.pp("n"), "test", 32, 64, 1e-6).unwrap();
+        let x = Tensor::randn(0f32, 1., (2, 64, 5, 3), &dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        let add = Tensor::randn(0f32, 1., (2, 64), &dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        assert!(!GroupNorm::fuses_pre_add(&x, &add));
+        let act = |y: &Tensor| crate::layers::Activation::Swish.forward(y);
+        let fused = norm.forward_swish_add(&x, &add, "norm2", Swish::Silu, act).unwrap();
+        let sum = x.broadcast_add(&add.reshape((2, 64, 1, 1)).unwrap()).unwrap();
+        let plain = norm.forward_swish(&sum, "norm2", Swish::Silu, act).unwrap();
+        let diff = (fused.to_dtype(DType::F32).unwrap() - plain.to_dtype(DType::F32).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(diff, 0.0);
+        assert!(!crate::ops::native_half(&x));
+    }
+}
