@@ -116,7 +116,7 @@ pub fn group_norm(
     let group_len = c / groups * spatial;
     let ok = c.is_multiple_of(groups)
         && b * groups <= 65_535
-        && fits_i32(c)
+        && fits_i32(b * c)
         && fits_i32(spatial)
         && fits_i32(group_len)
         && fits_i32(group_len.div_ceil(2048));

@@ -89,7 +89,8 @@ fn row_grid(rows: usize, cols: usize) -> LaunchConfig {
     }
 }
 
-/// A fresh output of `n` elements of `T` (every element is written by the kernel).
+/// A fresh output or workspace of `n` elements of `T` (every element is written by a kernel
+/// before any is read).
 fn alloc_out<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
     // SAFETY: the launching kernel writes all `n` elements before anything reads them.
     unsafe { dev.alloc::<T>(n.max(1)) }
@@ -150,8 +151,10 @@ impl GroupNormOp {
         let (chunk, splits) = stats_split(bg, group_len);
         let sfx = suffix(x.dtype()).unwrap_or("f32");
         let mut out = alloc_out::<T>(dev, b * c * spatial)?;
-        let mut stats = dev.alloc_zeros::<f32>(2 * bg)?;
-        let mut part = dev.alloc_zeros::<f32>(if splits > 1 { 2 * bg * splits } else { 1 })?;
+        // Both written in full before they are read: stats by `gn_stats` (one split) or
+        // `gn_finalize`, the chunks' partials by `gn_stats`.
+        let mut stats = alloc_out::<f32>(dev, 2 * bg)?;
+        let mut part = alloc_out::<f32>(dev, if splits > 1 { 2 * bg * splits } else { 1 })?;
         let (xp, _gx) = ptr(x, contiguous_start(xl, "x")?, &stream)?;
         let carried = [Some(&self.gamma), Some(&self.beta), self.add.as_ref()];
         let stores: Vec<_> = carried.iter().map(|t| t.map(|t| t.storage_and_layout())).collect();
