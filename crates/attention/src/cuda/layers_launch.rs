@@ -140,14 +140,33 @@ fn finalize_stats(
 }
 
 impl GroupNormOp {
+    /// The carried operands' sizes against x's `(B, C, ...)` (a mismatch would read out of bounds).
+    fn check_sizes(&self, dims: &[usize], b: usize, c: usize) -> Result<()> {
+        let sizes_ok = self.groups > 0
+            && c.is_multiple_of(self.groups)
+            && self.gamma.elem_count() == c
+            && self.beta.elem_count() == c
+            && self.add.as_ref().is_none_or(|a| a.elem_count() == b * c);
+        if !sizes_ok {
+            bail!(
+                "fused GroupNorm: operand sizes do not match x {dims:?} in {} groups",
+                self.groups
+            )
+        }
+        Ok(())
+    }
+
     fn run<T: CudaDType + DeviceRepr>(&self, x: &CudaStorage, xl: &Layout) -> Result<CudaStorage> {
         let dev = &x.device;
         let stream = dev.cuda_stream();
         let dims = xl.dims();
-        let (b, c) = (dims[0], dims[1]);
+        let [b, c, ..] = *dims else {
+            bail!("fused GroupNorm: expected (B, C, ...), found {dims:?}")
+        };
         let spatial: usize = dims[2..].iter().product();
         let bg = b * self.groups;
         let group_len = c / self.groups * spatial;
+        self.check_sizes(dims, b, c)?;
         let (chunk, splits) = stats_split(bg, group_len);
         let sfx = suffix(x.dtype()).unwrap_or("f32");
         let mut out = alloc_out::<T>(dev, b * c * spatial)?;
@@ -220,7 +239,11 @@ impl GatedOp {
         let dev = &h.device;
         let stream = dev.cuda_stream();
         let mut dims = hl.dims().to_vec();
-        let n = dims.last().copied().unwrap_or(0) / 2;
+        let n2 = dims.last().copied().unwrap_or(0);
+        if n2 == 0 || !n2.is_multiple_of(2) {
+            bail!("fused gate: expected an even, non-zero last dim, found {dims:?}")
+        }
+        let n = n2 / 2;
         let rows = hl.shape().elem_count() / (2 * n).max(1);
         *dims.last_mut().expect("rank ≥ 1") = n;
         let mut out = alloc_out::<T>(dev, rows * n)?;
@@ -257,6 +280,15 @@ impl EpilogueOp {
         let dev = &h.device;
         let stream = dev.cuda_stream();
         let total = hl.shape().elem_count();
+        let cols = self.cols.max(1);
+        let bias_ok = self
+            .bias
+            .as_ref()
+            .is_none_or(|b| self.bias_on_rows || b.elem_count() == cols);
+        let residual_ok = self.residual.as_ref().is_none_or(|r| r.elem_count() == total);
+        if !total.is_multiple_of(cols) || !bias_ok || !residual_ok {
+            bail!("fused epilogue: operand sizes do not match h {:?}", hl.dims())
+        }
         let mut out = alloc_out::<T>(dev, total)?;
         let (hp, _gh) = ptr(h, contiguous_start(hl, "h")?, &stream)?;
         let stores = [self.bias.as_ref(), self.residual.as_ref()].map(|t| t.map(|t| t.storage_and_layout()));
@@ -275,7 +307,6 @@ impl EpilogueOp {
         }
         let bias_len = self.bias.as_ref().map_or(1, |b| b.elem_count()) as i32;
         let (op, _go) = out.device_ptr_mut(&stream);
-        let cols = self.cols.max(1);
         let rows = total / cols;
         let (rows_i, cols_i, on_rows) = (rows as i64, cols as i32, i32::from(self.bias_on_rows));
         let (div, has_div) = (self.div.unwrap_or(1.0), i32::from(self.div.is_some()));
