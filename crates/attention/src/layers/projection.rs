@@ -198,6 +198,21 @@ impl Projection {
         Ok(Some((y, bias)))
     }
 
+    /// [`Self::product_native`] on dimension 1 (a 1×1 convolution without its bias): `(B, in,
+    /// ...)` → `(B, out, ...)`, and the bias in `x`'s dtype; `None` off the native path.
+    pub fn product_channels_native(&self, x: &Tensor) -> candle_core::Result<Option<(Tensor, Option<Tensor>)>> {
+        if !self.native(x) || x.rank() < 2 {
+            return Ok(None);
+        }
+        let mut dims = x.dims().to_vec();
+        let (b, c) = (dims[0], dims[1]);
+        let n: usize = dims[2..].iter().product();
+        dims[1] = self.out_dim;
+        let (weight, bias) = self.half_params(x.dtype())?;
+        let y = weight.broadcast_matmul(&x.reshape((b, c, n))?.contiguous()?)?;
+        Ok(Some((y.reshape(dims)?, bias)))
+    }
+
     /// `x · Wᵀ (+ b)` on the last dimension, in the dtype of `x` (f32 or f64): the packed GEMM
     /// where it applies, else Candle's `Linear`.
     fn product(&self, x: &Tensor, with_bias: bool) -> candle_core::Result<Tensor> {
@@ -260,10 +275,8 @@ impl Projection {
         let n: usize = dims[2..].iter().product();
         let mut out = dims;
         out[1] = self.out_dim;
-        if self.native(x) {
-            let (weight, bias) = self.half_params(x.dtype())?;
-            let y = weight.broadcast_matmul(&x.reshape((b, c, n))?.contiguous()?)?;
-            return add_bias(y, bias.as_ref(), BiasAlong::Channels)?.reshape(out);
+        if let Some((y, bias)) = self.product_channels_native(x)? {
+            return add_bias(y, bias.as_ref(), BiasAlong::Channels);
         }
         let x32 = upcast(x)?.reshape((b, c, n))?;
         if let Some(p) = &self.packed {
