@@ -13,7 +13,7 @@
 #                                       so that tree + kit fit the 64 MiB a lent GPU machine copies;
 #                                       off: bring weights/ back; size: what would travel, in MiB
 #
-# The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check} built with
+# The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check,layers_check} built with
 # `--features cuda` (release, stripped; PTX for CUDA_COMPUTE_CAP, default 90 = H100/H200; run.sh
 # unpacks them into a temporary folder), weights.tar.xz (the committed bundles less
 # weights/accuracy, about 42 MiB packed; run.sh unpacks them likewise), scripts/ (bench_torch.py and what it imports: KIT_SCRIPTS), wheels/
@@ -47,7 +47,7 @@ source scripts/cuda_toolkit.sh
 # Wheels of the Python packages bench_torch.py's whole-block cases import, pinned as in
 # scripts/requirements.txt, and those they pull in that PyTorch's own install does not have.
 # The binaries of the kit (`--bin unet-parity`, the rest `--example`): run.sh calls these only.
-KIT_BINS=(unet-parity bench_sdpa bench_bundle fused_check)
+KIT_BINS=(unet-parity bench_sdpa bench_bundle fused_check layers_check)
 KIT_WHEELS=(diffusers==0.42.1 denoising-diffusion-pytorch==2.3.4 ema-pytorch==0.8.3 accelerate==1.15.0
     pytorch-fid==0.3.0 "psutil==7.2.2")
 # What of scripts/ the kit carries: bench_torch.py and every module it imports, directly or not (the
@@ -69,7 +69,7 @@ selftest() {
     tmp=$(mktemp -d)
     set +e
     # A PATH without nvidia-smi: what a machine without a GPU looks like to run.sh.
-    for stage in all fused check core fusedcore whole; do
+    for stage in all fused layers check core fusedcore whole; do
         err=$(PATH=/usr/bin:/bin bash scripts/gpu_kit/run.sh "$stage" "$tmp/out" 2>&1 >/dev/null)
         code=$?
         [[ $code -eq 3 ]] || { rm -rf "$tmp"; cuda_fail "selftest: run.sh $stage without a GPU exited $code, expected 3: $err"; }
@@ -90,6 +90,9 @@ selftest() {
     [[ " $called " == *fused_check* ]] || cuda_fail "selftest: run.sh never calls fused_check"
     grep -qE '^all\).*run_fused' scripts/gpu_kit/run.sh || cuda_fail "selftest: run.sh all does not run the fused stage"
     [[ -f crates/attention/examples/fused_check.rs ]] || cuda_fail "selftest: crates/attention/examples/fused_check.rs is missing"
+    [[ " $called " == *layers_check* ]] || cuda_fail "selftest: run.sh never calls layers_check"
+    grep -qE '^all\).*run_fused; run_layers' scripts/gpu_kit/run.sh || cuda_fail "selftest: run.sh all does not run the layers stage right after fused"
+    [[ -f crates/attention/examples/layers_check.rs ]] || cuda_fail "selftest: crates/attention/examples/layers_check.rs is missing"
     echo "gpu-kit selftest: run.sh without a GPU: exit 3 and one line for every stage, exit 2 for an unknown one;" \
         "binaries called: $(echo $called)"
 }

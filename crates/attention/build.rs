@@ -1,8 +1,11 @@
-//! Build script: under the `cuda` feature, compiles `kernels/fused_attention.cu` to PTX with nvcc
-//! for `CUDA_COMPUTE_CAP` and writes `$OUT_DIR/fused_ptx.rs` (`pub(crate) const PTX: Option<&str>`), which
-//! `src/cuda/mod.rs` includes. Below compute capability 8.0 (no `mma.sync.m16n8k16` on f16/bf16,
-//! no `cp.async`) nothing is compiled and `PTX` is `None`: attention then takes the chunked path.
-//! Without the feature the script does nothing (no nvcc needed).
+//! Build script: under the `cuda` feature, compiles each of [`KERNELS`] to PTX with nvcc for
+//! `CUDA_COMPUTE_CAP` and writes `$OUT_DIR/<rs>` (`pub(crate) const <NAME>: Option<&str>`), which
+//! `src/cuda/` includes: `kernels/fused_attention.cu` → `fused_ptx.rs` (`PTX`, in `launch.rs`),
+//! `kernels/fused_layers.cu` → `layers_ptx.rs` (`LAYERS_PTX`, in `layers_launch.rs`). Below
+//! compute capability 8.0 (no `mma.sync.m16n8k16` on f16/bf16, no `cp.async`, and bf16 without
+//! native conversions) nothing is compiled and each const is `None`: attention then takes the
+//! chunked path and the layers Candle's ops. Without the feature the script does nothing (no nvcc
+//! needed).
 //!
 //! nvcc: `$NVCC`, else `$CUDA_HOME/bin/nvcc` or `$CUDA_PATH/bin/nvcc`, else `nvcc` on the PATH.
 //! Compute capability: `CUDA_COMPUTE_CAP` (`80`, `8.0`, `90a`...), else the first GPU that
@@ -12,11 +15,17 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNEL: &str = "kernels/fused_attention.cu";
+/// `(source, generated Rust file, const name)` of each kernel.
+const KERNELS: [(&str, &str, &str); 2] = [
+    ("kernels/fused_attention.cu", "fused_ptx.rs", "PTX"),
+    ("kernels/fused_layers.cu", "layers_ptx.rs", "LAYERS_PTX"),
+];
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
-    println!("cargo::rerun-if-changed={KERNEL}");
+    for (source, _, _) in KERNELS {
+        println!("cargo::rerun-if-changed={source}");
+    }
     for var in ["CUDA_COMPUTE_CAP", "NVCC", "CUDA_HOME", "CUDA_PATH"] {
         println!("cargo::rerun-if-env-changed={var}");
     }
@@ -25,37 +34,41 @@ fn main() {
     }
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let (arch, cap) = compute_cap();
-    let rs = out_dir.join("fused_ptx.rs");
     if cap < 80 {
         println!(
-            "cargo::warning=CUDA_COMPUTE_CAP {arch} is below 8.0: no fused attention kernel (the chunked path runs)"
+            "cargo::warning=CUDA_COMPUTE_CAP {arch} is below 8.0: no fused kernels (the chunked attention path and Candle's ops run)"
         );
-        write(
-            &rs,
-            "/// No PTX: built for a GPU below compute capability 8.0.\npub(crate) const PTX: Option<&str> = None;\n",
-        );
+        for (_, rs, name) in KERNELS {
+            write(
+                &out_dir.join(rs),
+                &format!("/// No PTX: built for a GPU below compute capability 8.0.\npub(crate) const {name}: Option<&str> = None;\n"),
+            );
+        }
         return;
     }
-    let ptx = out_dir.join("fused_attention.ptx");
     let nvcc = nvcc();
-    let status = Command::new(&nvcc)
-        .args(["--ptx", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
-        .arg(format!("-arch=sm_{arch}"))
-        .arg("-o")
-        .arg(&ptx)
-        .arg(KERNEL)
-        .status()
-        .unwrap_or_else(|e| panic!("could not run nvcc ({}): {e}; set NVCC or CUDA_HOME", nvcc.display()));
-    if !status.success() {
-        panic!("nvcc failed on {KERNEL} for sm_{arch} ({status})");
+    for (source, rs, name) in KERNELS {
+        let stem = Path::new(source).file_stem().expect("a file name").to_string_lossy();
+        let ptx = out_dir.join(format!("{stem}.ptx"));
+        let status = Command::new(&nvcc)
+            .args(["--ptx", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
+            .arg(format!("-arch=sm_{arch}"))
+            .arg("-o")
+            .arg(&ptx)
+            .arg(source)
+            .status()
+            .unwrap_or_else(|e| panic!("could not run nvcc ({}): {e}; set NVCC or CUDA_HOME", nvcc.display()));
+        if !status.success() {
+            panic!("nvcc failed on {source} for sm_{arch} ({status})");
+        }
+        write(
+            &out_dir.join(rs),
+            &format!(
+                "/// PTX of `{source}` for sm_{arch}.\npub(crate) const {name}: Option<&str> = Some(include_str!({:?}));\n",
+                ptx.display().to_string()
+            ),
+        );
     }
-    write(
-        &rs,
-        &format!(
-            "/// PTX of `kernels/fused_attention.cu` for sm_{arch}.\npub(crate) const PTX: Option<&str> = Some(include_str!({:?}));\n",
-            ptx.display().to_string()
-        ),
-    );
 }
 
 fn write(path: &Path, text: &str) {

@@ -2,13 +2,17 @@
 # The GPU kit's runner (copied into the kit by `scripts/gpu_kit.sh build`; run it there, on a
 # machine with an NVIDIA GPU, its driver and PyTorch with CUDA as `python3`; no Rust needed).
 #
-#   ./run.sh [all|fused|check|core|fusedcore|whole] [OUT]     (default: all, into $OUT or ./results)
+#   ./run.sh [all|fused|layers|check|core|fusedcore|whole] [OUT]     (default: all, into $OUT or ./results)
 #
 #   fused   the crate's own fused CUDA attention kernel against the chunked path (fused_check:
 #           every head-dim bucket 8-512, odd lengths, masks, f16/bf16/f32, split-KV on and off;
 #           fused.jsonl, one line a case), then unet-parity check over the bundles with
 #           UNET_ATTENTION_SDPA=fused in each bundle's dtype (check_fused.json). Runs first in
 #           `all`: the kernel has not run on a GPU before this stage.
+#   layers  the crate's fused CUDA layers (GroupNorm with pre-add and swish, GEGLU/SwiGLU gates,
+#           the bias/residual/rescale epilogue) against f64 CPU references, and the native
+#           half-precision projections and matmul against the CPU's (layers_check; layers.jsonl,
+#           one line a case). Runs right after `fused` in `all`.
 #   check   unet-parity check over the kit's bundles on cuda: in each bundle's dtype, then
 #           --dtype f16 and --dtype bf16 (check_<dtype>.json, the CLI's JSON, and one summary line
 #           each in summary.jsonl).
@@ -34,8 +38,8 @@ set -uo pipefail
 kit="$(cd "$(dirname "$0")" && pwd)"
 stage="${1:-all}"
 out="${2:-${OUT:-$PWD/results}}"
-case "$stage" in all | fused | check | core | fusedcore | whole) ;; *)
-    echo "usage: run.sh [all|fused|check|core|fusedcore|whole] [OUT]" >&2
+case "$stage" in all | fused | layers | check | core | fusedcore | whole) ;; *)
+    echo "usage: run.sh [all|fused|layers|check|core|fusedcore|whole] [OUT]" >&2
     exit 2
     ;;
 esac
@@ -189,6 +193,31 @@ PY
     [[ $rc -le 1 ]] || failed=1
 }
 
+# The fused layer kernels and the native half products against the CPU references.
+run_layers() {
+    local start rc
+    note "layers_check (the fused CUDA layers and native half products against CPU references)"
+    start=$SECONDS
+    "$bin/layers_check" --out "$out/layers.jsonl" 2>"$out/layers.stderr"
+    rc=$?
+    python3 - "$out/layers.jsonl" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
+import json, sys
+path, rc, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+try:
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+except Exception as e:  # noqa: BLE001
+    print(json.dumps({"stage": "layers", "exit": rc, "error": f"no JSON lines: {e}"}))
+    sys.exit(0)
+cases = [r for r in rows if not r.get("summary")]
+bad = [r for r in cases if not r.get("pass")]
+print(json.dumps({"stage": "layers", "exit": rc, "seconds": round(secs, 1), "cases": len(cases),
+                  "passed": len(cases) - len(bad), "failed": len(bad),
+                  "worst": max((r.get("worst") or 0 for r in cases), default=None), "not_passing": bad[:20]}))
+PY
+    tail -n 1 "$summary" >&2
+    [[ $rc -eq 0 ]] || failed=1
+}
+
 python_packages() {
     local py="${TMPDIR:-/tmp}/unet-gpu-kit-py"
     if [[ ! -f "$py/.done" ]]; then
@@ -232,8 +261,9 @@ run_bench() {
 record_env
 python_packages || { note "could not install the kit's wheels"; failed=1; }
 case "$stage" in
-all) run_fused; run_check; run_bench core; run_bench fusedcore; run_bench block; run_bench whole ;;
+all) run_fused; run_layers; run_check; run_bench core; run_bench fusedcore; run_bench block; run_bench whole ;;
 fused) run_fused ;;
+layers) run_layers ;;
 fusedcore) run_bench fusedcore ;;
 check) run_check ;;
 core) run_bench core; run_bench block ;;

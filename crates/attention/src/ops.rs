@@ -9,6 +9,11 @@
 //! PyTorch's kernels do (f32 accumulation). Candle's own half-precision ops differ here:
 //! `Tensor * f64` rounds the scalar to the half type first, and its CPU softmax and sums
 //! accumulate in the half type (Candle issue #3727).
+//!
+//! **On CUDA** half operands go to Candle's matmul as they are ([`native_half_gemm`]): Candle
+//! calls cuBLAS with `CUBLAS_COMPUTE_32F` for f16/bf16 (f32 accumulation, one rounding of the
+//! product, as PyTorch's CUDA matmul) unless `set_gemm_reduced_precision_f16/bf16(true)` was
+//! called, so the f32 copies the CPU path makes would only cost time (and tensor cores).
 
 use crate::cpu::contiguous;
 use candle_core::{DType, Result, Tensor};
@@ -39,9 +44,42 @@ pub fn round_through(x: &Tensor, dtype: DType) -> Result<Tensor> {
     x.to_dtype(dtype)?.to_dtype(x.dtype())
 }
 
+/// Whether a product with `x` as its left operand may run in `x`'s half dtype itself: `x` on a
+/// CUDA device, f16 or bf16, Candle's cuBLAS call accumulating in f32 for that dtype (its
+/// reduced-precision flag off), no stage trace being recorded (a trace keeps the reference
+/// path everywhere) and `UNET_ATTENTION_CUDA_LAYERS` not `off` (an invalid value counts as off
+/// here; the fused layers report it).
+pub fn native_half(x: &Tensor) -> bool {
+    let f32_accumulation = match x.dtype() {
+        DType::F16 => !candle_core::cuda::gemm_reduced_precision_f16(),
+        DType::BF16 => !candle_core::cuda::gemm_reduced_precision_bf16(),
+        _ => false,
+    };
+    f32_accumulation && x.device().is_cuda() && !crate::trace::enabled() && cuda_layers_on()
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_layers_on() -> bool {
+    matches!(crate::cuda::layers_enabled(), Ok(true))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_layers_on() -> bool {
+    true
+}
+
+/// [`native_half`] for `a @ b`: `b` of `a`'s dtype on `a`'s device too.
+pub fn native_half_gemm(a: &Tensor, b: &Tensor) -> bool {
+    native_half(a) && b.dtype() == a.dtype() && b.device().same_device(a.device())
+}
+
 /// `a @ b` (`torch.matmul`/`bmm`/`einsum` on same-rank batched operands): accumulated in at
-/// least f32, rounded once to `a`'s dtype.
+/// least f32, rounded once to `a`'s dtype (on CUDA in half precision by cuBLAS itself, see
+/// [`native_half_gemm`]).
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if native_half_gemm(a, b) {
+        return contiguous(a)?.matmul(&contiguous(b)?);
+    }
     let dtype = a.dtype();
     contiguous(&upcast(a)?)?
         .matmul(&contiguous(&upcast(b)?)?)?

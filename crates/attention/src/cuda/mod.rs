@@ -1,5 +1,7 @@
 //! This crate's own fused attention forward on CUDA (feature `cuda`): `softmax(q·kᵀ·scale +
-//! mask)·v` in one kernel, without the score matrix in memory.
+//! mask)·v` in one kernel, without the score matrix in memory; and its fused layers
+//! (`layers.rs`: GroupNorm with pre-add and swish, GEGLU/SwiGLU gates, the bias + residual +
+//! rescale epilogue; [`group_norm`], [`gated`], [`epilogue`]).
 //!
 //! **Status: compiled in CI, never run on a GPU yet.** [`SdpaPath::Auto`](crate::sdpa::SdpaPath)
 //! does not pick it ([`AUTO_PICKS_FUSED`] is `false`); `UNET_ATTENTION_SDPA=fused` (or
@@ -29,7 +31,11 @@
 //! workspace when the keys are split.
 
 mod launch;
+mod layers;
+mod layers_launch;
 pub mod memory;
+
+pub use layers::{epilogue, gated, group_norm, layers_built, layers_enabled, BiasAxis, GateAct, NormAct};
 
 use candle_core::{DType, Device, Result, Tensor};
 

@@ -87,6 +87,10 @@ impl Module for ProjectIn {
         }
         let h = self.proj.forward_tokens(x)?;
         trace::record("proj_in", &h);
+        #[cfg(feature = "cuda")]
+        if let Some(out) = self.gated_cuda(&h)? {
+            return Ok(out);
+        }
         let halves = || -> candle_core::Result<(Tensor, Tensor)> {
             let n = h.dim(D::Minus1)? / 2;
             Ok((h.narrow(D::Minus1, 0, n)?, h.narrow(D::Minus1, n, n)?))
@@ -114,6 +118,25 @@ impl Module for ProjectIn {
             ActivationFn::GegluApproximate => &h * sigmoid(&mul(&h, 1.702)?)?,
             ActivationFn::LinearSilu => silu(&h),
         }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl ProjectIn {
+    /// GEGLU / SwiGLU's `hidden * act(gate)` in one CUDA kernel ([`crate::cuda::gated`]: the
+    /// activation rounded, then the product, as PyTorch's two ops), where it applies and no trace
+    /// is recorded; `None` otherwise.
+    fn gated_cuda(&self, h: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        use crate::cuda::GateAct;
+        let act = match self.activation {
+            ActivationFn::Geglu => GateAct::Gelu,
+            ActivationFn::Swiglu => GateAct::Silu,
+            _ => return Ok(None),
+        };
+        if trace::enabled() {
+            return Ok(None);
+        }
+        crate::cuda::gated(h, act)
     }
 }
 

@@ -285,8 +285,10 @@ impl ResnetBlock2D {
             }
             (TimeEmbeddingNorm::Default, None) => (None, None),
         };
+        // On CUDA with a swish the add goes to norm2's fused kernel instead.
+        let pre_add = add.filter(|t| self.act == Activation::Swish && GroupNorm::fuses_pre_add(&h, t));
         let extras = ConvExtras {
-            channel_add: add,
+            channel_add: if pre_add.is_some() { None } else { add },
             ..ConvExtras::default()
         };
         let h = self.conv1.forward_traced(&h, "conv1", extras)?;
@@ -298,7 +300,12 @@ impl ResnetBlock2D {
                 let (scale, shift) = (temb.narrow(1, 0, half)?, temb.narrow(1, half, half)?);
                 self.act.forward(&scale_shift(&normed, &scale, &shift)?)?
             }
-            None => swish(&self.norm2, &h, "norm2")?,
+            None => match pre_add {
+                Some(t) => self
+                    .norm2
+                    .forward_swish_add(&h, t, "norm2", Swish::Silu, |y| self.act.forward(y))?,
+                None => swish(&self.norm2, &h, "norm2")?,
+            },
         };
         let shortcut = match &self.conv_shortcut {
             Some(conv) => {

@@ -139,6 +139,11 @@ impl Module for BatchNorm2d {
 /// the run's dtype), never rounded to the half type: guided-diffusion's half-precision mode
 /// (`convert_to_fp16`) keeps the `GroupNorm32` parameters in f32, and a half-precision weight
 /// upcasts exactly.
+///
+/// **On CUDA** (f32, f16, bf16, no stage trace recorded) the norm is one fused kernel
+/// ([`crate::cuda::group_norm`]: f32 statistics per (batch, group), the affine in f32, rounded
+/// once, as PyTorch's CUDA kernel), and [`Self::forward_swish`] / [`Self::forward_swish_add`]
+/// fuse the swish (computed from the rounded norm, rounded again) and a resnet's pre-norm add.
 #[derive(Debug, Clone)]
 pub struct GroupNorm {
     weight: Tensor,
@@ -181,6 +186,9 @@ impl GroupNorm {
         swish: Swish,
         act: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
     ) -> candle_core::Result<Tensor> {
+        if let Some(y) = self.fused_cuda(x, None, Some(swish))? {
+            return Ok(y);
+        }
         if x.dtype() == DType::F32 && !crate::trace::enabled() {
             let xc = contiguous(x)?;
             let (w, b) = (&self.weight, &self.bias);
@@ -194,8 +202,83 @@ impl GroupNorm {
     }
 }
 
+impl GroupNorm {
+    /// `act(norm(x + add[:, :, None, None]))` (`add` `(B, C)`, the sum rounded to `x`'s dtype as
+    /// PyTorch's separate add rounds it: a resnet's `h + temb` before `norm2`), the norm recorded
+    /// as the trace stage `stage` (the sum is not recorded). One fused kernel on CUDA (see the
+    /// type's docs); elsewhere the add (`broadcast_add` in `x`'s dtype), then
+    /// [`Self::forward_swish`].
+    pub fn forward_swish_add(
+        &self,
+        x: &Tensor,
+        add: &Tensor,
+        stage: &str,
+        swish: Swish,
+        act: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor> {
+        if let Some(y) = self.fused_cuda(x, Some(add), Some(swish))? {
+            return Ok(y);
+        }
+        let mut shape = add.dims().to_vec();
+        shape.resize(x.rank(), 1);
+        let sum = x.broadcast_add(&add.reshape(shape)?)?;
+        self.forward_swish(&sum, stage, swish, act)
+    }
+
+    /// Whether a resnet should hand its `h + add[:, :, None, None]` to
+    /// [`Self::forward_swish_add`] rather than add it in the convolution before the norm: `x`
+    /// (the convolution's input, of the output's dtype and device) on a CUDA device in a build
+    /// with the `cuda` feature, `add` `(B, C)` of `x`'s dtype, no trace recorded (the trace
+    /// records the convolution's output with the add).
+    pub fn fuses_pre_add(x: &Tensor, add: &Tensor) -> bool {
+        cfg!(feature = "cuda")
+            && x.device().is_cuda()
+            && add.rank() == 2
+            && add.dtype() == x.dtype()
+            && !crate::trace::enabled()
+    }
+
+    /// The fused CUDA kernel where it applies (a CUDA tensor of f32, f16 or bf16, f32 norm
+    /// parameters, no trace recorded), else `None`.
+    fn fused_cuda(
+        &self,
+        x: &Tensor,
+        add: Option<&Tensor>,
+        swish: Option<Swish>,
+    ) -> candle_core::Result<Option<Tensor>> {
+        if !x.device().is_cuda() || crate::trace::enabled() {
+            return Ok(None);
+        }
+        self.fused_kernel(x, add, swish)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn fused_kernel(
+        &self,
+        x: &Tensor,
+        add: Option<&Tensor>,
+        swish: Option<Swish>,
+    ) -> candle_core::Result<Option<Tensor>> {
+        use crate::cuda::NormAct;
+        let act = swish.map(|s| match s {
+            Swish::Silu => NormAct::Silu,
+            Swish::TimesSigmoid => NormAct::TimesSigmoid,
+        });
+        let (w, b) = (&self.weight, &self.bias);
+        crate::cuda::group_norm(x, add, w, b, self.groups, self.eps, act)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn fused_kernel(&self, _: &Tensor, _: Option<&Tensor>, _: Option<Swish>) -> candle_core::Result<Option<Tensor>> {
+        Ok(None)
+    }
+}
+
 impl Module for GroupNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if let Some(y) = self.fused_cuda(x, None, None)? {
+            return Ok(y);
+        }
         let dtype = crate::ops::compute_dtype(x.dtype());
         // Any layout: the transposed token views of the diffusers blocks are copied once here.
         let xc = contiguous(&x.to_dtype(dtype)?)?;
@@ -289,5 +372,48 @@ impl SpatialNorm {
         norm_f
             .broadcast_mul(&self.conv_y.forward_channels(&zq)?)?
             .broadcast_add(&self.conv_b.forward_channels(&zq)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use std::collections::HashMap;
+
+    /// Off CUDA the pre-add form is the add (in the input's dtype) and then the norm and swish,
+    /// and no block is told to move its add into the norm.
+    #[test]
+    fn pre_add_is_the_add_then_the_norm_off_cuda() {
+        let dev = Device::Cpu;
+        let ts = HashMap::from([
+            ("n.weight".to_string(), Tensor::randn(1f32, 0.2, 64, &dev).unwrap()),
+            ("n.bias".to_string(), Tensor::randn(0f32, 0.2, 64, &dev).unwrap()),
+        ]);
+        let vb = VarBuilder::from_tensors(ts, DType::F16, &dev);
+        let norm = group_norm(vb.pp("n"), "test", 32, 64, 1e-6).unwrap();
+        let x = Tensor::randn(0f32, 1., (2, 64, 5, 3), &dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        let add = Tensor::randn(0f32, 1., (2, 64), &dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        assert!(!GroupNorm::fuses_pre_add(&x, &add));
+        let act = |y: &Tensor| crate::layers::Activation::Swish.forward(y);
+        let fused = norm.forward_swish_add(&x, &add, "norm2", Swish::Silu, act).unwrap();
+        let sum = x.broadcast_add(&add.reshape((2, 64, 1, 1)).unwrap()).unwrap();
+        let plain = norm.forward_swish(&sum, "norm2", Swish::Silu, act).unwrap();
+        let diff = (fused.to_dtype(DType::F32).unwrap() - plain.to_dtype(DType::F32).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(diff, 0.0);
+        assert!(!crate::ops::native_half(&x));
     }
 }

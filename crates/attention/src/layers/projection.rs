@@ -1,12 +1,21 @@
 //! Learned projections: [`Projection`] (`nn.Linear` or 1×1 conv weights, on the packed GEMM
 //! where it applies) and the fused `to_qkv` conv of lucidrains' blocks ([`FusedQkvConv`]).
+//!
+//! **On CUDA in f16/bf16** ([`crate::ops::native_half`]) the product runs in the input's dtype:
+//! cuBLAS accumulates in f32 and rounds once, the weight (and bias) converted to that dtype once
+//! per projection and kept. The bias is then added to the rounded product (the fused epilogue
+//! kernel, [`crate::cuda::epilogue`], else `broadcast_add`): two roundings where PyTorch's CUDA
+//! `addmm` adds the bias inside cuBLASLt before its single one (its strided `matmul` + add and
+//! cuDNN's 1×1 convolution round twice too). The difference is at most one rounding of the
+//! output dtype; on the CPU nothing changes (f32 products, one rounding, as PyTorch's CPU).
 
 use crate::cpu::contiguous;
 use crate::cpu_kernels::PackedLinear;
-use crate::ops::{is_half, upcast};
+use crate::ops::{is_half, native_half, upcast};
 use crate::{Error, Result};
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder};
+use std::sync::{Arc, OnceLock};
 
 /// A learned projection `y = W·x + b` whose weight may be stored as an `nn.Linear` `(out, in)`,
 /// a `Conv1d` with kernel 1 `(out, in, 1)` or a `Conv2d` 1×1 `(out, in, 1, 1)`. An f32 weight on
@@ -20,6 +29,52 @@ pub struct Projection {
     packed: Option<PackedLinear>,
     bias: Option<Tensor>,
     out_dim: usize,
+    /// The weight and bias in f16 / bf16, made on the first native half call (see the module
+    /// docs) and shared by clones.
+    half: Arc<HalfParams>,
+}
+
+/// `(weight, bias)` converted to a half dtype, once.
+type HalfPair = OnceLock<(Tensor, Option<Tensor>)>;
+
+/// The converted parameters of a [`Projection`], per half dtype.
+#[derive(Debug, Default)]
+struct HalfParams {
+    f16: HalfPair,
+    bf16: HalfPair,
+}
+
+/// The dimension a native product's bias runs along.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BiasAlong {
+    /// The last (tokens).
+    Last,
+    /// Dimension 1 (channels first).
+    Channels,
+}
+
+/// `y + bias` along `along`, rounded to `y`'s dtype: the fused epilogue kernel on CUDA where it
+/// applies, else `broadcast_add`.
+fn add_bias(y: Tensor, bias: Option<&Tensor>, along: BiasAlong) -> candle_core::Result<Tensor> {
+    let Some(bias) = bias else { return Ok(y) };
+    #[cfg(feature = "cuda")]
+    {
+        let axis = match along {
+            BiasAlong::Last => crate::cuda::BiasAxis::Last,
+            BiasAlong::Channels => crate::cuda::BiasAxis::Channels,
+        };
+        if let Some(out) = crate::cuda::epilogue(&y, Some((bias, axis)), None, None)? {
+            return Ok(out);
+        }
+    }
+    match along {
+        BiasAlong::Last => y.broadcast_add(bias),
+        BiasAlong::Channels => {
+            let mut shape = vec![1; y.rank()];
+            shape[1] = bias.elem_count();
+            y.broadcast_add(&bias.reshape(shape)?)
+        }
+    }
 }
 
 /// `<vb>.weight` of a projection in any of its stored layouts, `(out, in)`, `(out, in, 1, 1)` or
@@ -93,6 +148,7 @@ impl Projection {
             packed,
             bias,
             out_dim,
+            half: Arc::default(),
         })
     }
 
@@ -108,6 +164,53 @@ impl Projection {
             (None, Some(p)) => p.weight(),
             (None, None) => unreachable!("a Projection holds its weight one way or the other"),
         }
+    }
+
+    /// Whether `x` takes the native half path (see the module docs): [`native_half`], and the
+    /// weight on `x`'s device.
+    fn native(&self, x: &Tensor) -> bool {
+        native_half(x) && self.weight.as_ref().is_some_and(|w| w.device().same_device(x.device()))
+    }
+
+    /// The weight `(out, in)` and the bias in the half dtype `dtype`, converted on first use.
+    fn half_params(&self, dtype: DType) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+        let cell = match dtype {
+            DType::F16 => &self.half.f16,
+            DType::BF16 => &self.half.bf16,
+            other => candle_core::bail!("Projection: no native half parameters for {other:?}"),
+        };
+        if let Some(pair) = cell.get() {
+            return Ok(pair.clone());
+        }
+        let weight = self.weight()?.to_dtype(dtype)?;
+        let bias = self.bias.as_ref().map(|b| b.to_dtype(dtype)).transpose()?;
+        Ok(cell.get_or_init(|| (weight, bias)).clone())
+    }
+
+    /// `x · Wᵀ` on the last dimension in `x`'s half dtype (cuBLAS, f32 accumulation, one
+    /// rounding), and the bias in that dtype; `None` off the native path.
+    pub fn product_native(&self, x: &Tensor) -> candle_core::Result<Option<(Tensor, Option<Tensor>)>> {
+        if !self.native(x) {
+            return Ok(None);
+        }
+        let (weight, bias) = self.half_params(x.dtype())?;
+        let y = candle_nn::Linear::new(weight, None).forward(&x.contiguous()?)?;
+        Ok(Some((y, bias)))
+    }
+
+    /// [`Self::product_native`] on dimension 1 (a 1×1 convolution without its bias): `(B, in,
+    /// ...)` → `(B, out, ...)`, and the bias in `x`'s dtype; `None` off the native path.
+    pub fn product_channels_native(&self, x: &Tensor) -> candle_core::Result<Option<(Tensor, Option<Tensor>)>> {
+        if !self.native(x) || x.rank() < 2 {
+            return Ok(None);
+        }
+        let mut dims = x.dims().to_vec();
+        let (b, c) = (dims[0], dims[1]);
+        let n: usize = dims[2..].iter().product();
+        dims[1] = self.out_dim;
+        let (weight, bias) = self.half_params(x.dtype())?;
+        let y = weight.broadcast_matmul(&x.reshape((b, c, n))?.contiguous()?)?;
+        Ok(Some((y.reshape(dims)?, bias)))
     }
 
     /// `x · Wᵀ (+ b)` on the last dimension, in the dtype of `x` (f32 or f64): the packed GEMM
@@ -139,6 +242,9 @@ impl Projection {
     /// f16/bf16: product and bias in f32, rounded once, as PyTorch's `addmm` does (Candle's
     /// half-precision `Linear` rounds the product and then the sum).
     pub fn forward_tokens(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if let Some((y, bias)) = self.product_native(x)? {
+            return add_bias(y, bias.as_ref(), BiasAlong::Last);
+        }
         if is_half(x.dtype()) {
             return self.product(&upcast(x)?, true)?.to_dtype(x.dtype());
         }
@@ -151,7 +257,7 @@ impl Projection {
     /// it is one fused `addmm`, [`Self::forward_tokens`]). Same values as
     /// [`Self::forward_tokens`] in f32/f64.
     pub fn forward_tokens_strided(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if !is_half(x.dtype()) {
+        if !is_half(x.dtype()) || self.native(x) {
             return self.forward_tokens(x);
         }
         let product = self.product(&upcast(x)?, false)?.to_dtype(x.dtype())?;
@@ -162,13 +268,16 @@ impl Projection {
     }
 
     /// Apply to dimension 1, like a 1×1 conv: `(B, in, ...)` → `(B, out, ...)`; f16/bf16 in f32
-    /// and rounded once, as PyTorch's convolution does.
+    /// and rounded once, as PyTorch's convolution does (natively on CUDA, see the module docs).
     pub fn forward_channels(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let dims = x.dims().to_vec();
         let (b, c) = (dims[0], dims[1]);
         let n: usize = dims[2..].iter().product();
         let mut out = dims;
         out[1] = self.out_dim;
+        if let Some((y, bias)) = self.product_channels_native(x)? {
+            return add_bias(y, bias.as_ref(), BiasAlong::Channels);
+        }
         let x32 = upcast(x)?.reshape((b, c, n))?;
         if let Some(p) = &self.packed {
             // The GEMM runs on token rows: (B, in, N) → (B, N, in) and back, fast copies.

@@ -138,15 +138,22 @@ impl ResnetBlock {
         let h = self
             .norm1
             .forward_swish(x, "norm1", Swish::TimesSigmoid, nonlinearity)?;
-        // `conv1(..) + temb_proj(..)[:, :, None, None]`, the add in conv1's write-out.
+        // `conv1(..) + temb_proj(..)[:, :, None, None]`, the add in conv1's write-out (on CUDA
+        // in norm2's fused kernel instead).
+        let pre_add = temb.as_ref().filter(|t| GroupNorm::fuses_pre_add(&h, t));
         let extras = ConvExtras {
-            channel_add: temb.as_ref(),
+            channel_add: if pre_add.is_some() { None } else { temb.as_ref() },
             ..ConvExtras::default()
         };
         let h = self.conv1.forward_traced(&h, "conv1", extras)?;
-        let h = self
-            .norm2
-            .forward_swish(&h, "norm2", Swish::TimesSigmoid, nonlinearity)?;
+        let h = match pre_add {
+            Some(t) => self
+                .norm2
+                .forward_swish_add(&h, t, "norm2", Swish::TimesSigmoid, nonlinearity)?,
+            None => self
+                .norm2
+                .forward_swish(&h, "norm2", Swish::TimesSigmoid, nonlinearity)?,
+        };
         let shortcut = match &self.shortcut {
             Some(conv) => {
                 let s = conv.forward(x)?;
@@ -193,7 +200,8 @@ pub struct MidBlockConfig {
 
 #[derive(Debug, Clone)]
 enum MidAttention {
-    Vanilla(AttnBlock),
+    /// Boxed: the block is several times the size of the others.
+    Vanilla(Box<AttnBlock>),
     Linear(LinAttnBlock),
     Identity,
 }
@@ -225,7 +233,7 @@ impl MidBlock {
         Ok(Self {
             block_1: ResnetBlock::new(vb.pp("block_1"), &resnet)?,
             attn_1: match cfg.attn_type {
-                AttnType::Vanilla => MidAttention::Vanilla(AttnBlock::new(vb.pp("attn_1"), &attn)?),
+                AttnType::Vanilla => MidAttention::Vanilla(Box::new(AttnBlock::new(vb.pp("attn_1"), &attn)?)),
                 AttnType::Linear => MidAttention::Linear(LinAttnBlock::new(vb.pp("attn_1"), &attn)?),
                 AttnType::None => MidAttention::Identity,
             },

@@ -166,13 +166,20 @@ impl ResBlock {
             let (scale, shift) = (emb_out.narrow(1, 0, half)?, emb_out.narrow(1, half, half)?);
             act.forward(&scale_shift(&normed, &scale, &shift)?)?
         } else {
-            // `h + emb_out[..., None, None]`, in in_conv's write-out.
-            let extras = ConvExtras {
-                channel_add: Some(&emb_out),
-                ..ConvExtras::default()
-            };
-            let h = self.in_conv.forward_traced(&h, "conv1", extras)?;
-            self.out_norm.forward_swish(&h, "norm2", Swish::Silu, silu)?
+            // `h + emb_out[..., None, None]`, in in_conv's write-out (on CUDA in out_norm's
+            // fused kernel instead).
+            if GroupNorm::fuses_pre_add(&h, &emb_out) {
+                let h = self.in_conv.forward_traced(&h, "conv1", ConvExtras::default())?;
+                self.out_norm
+                    .forward_swish_add(&h, &emb_out, "norm2", Swish::Silu, silu)?
+            } else {
+                let extras = ConvExtras {
+                    channel_add: Some(&emb_out),
+                    ..ConvExtras::default()
+                };
+                let h = self.in_conv.forward_traced(&h, "conv1", extras)?;
+                self.out_norm.forward_swish(&h, "norm2", Swish::Silu, silu)?
+            }
         };
         // skip_connection: a conv, or nn.Identity when the channels match
         let skip = match &self.skip {

@@ -60,6 +60,10 @@ impl Attention {
         }
         let merged = self.standard_heads(hs, hs_strided, encoder_hidden_states, mask.as_ref())?;
         trace::record("attn", &merged);
+        #[cfg(feature = "cuda")]
+        if let Some(out) = self.to_out_fused(&merged, image, residual)? {
+            return Ok(out);
+        }
         let mut out = self.to_out.forward_tokens(&merged)?;
         drop(merged);
         trace::record("proj", &out);
@@ -73,6 +77,42 @@ impl Attention {
         let out = div(&out, self.rescale_output_factor)?;
         trace::record("output", &out);
         Ok(out)
+    }
+
+    /// `to_out`, the image reshape, `+ residual` and `/ rescale_output_factor` on CUDA in half
+    /// precision: the product natively ([`Projection::product_native`]), then bias, residual
+    /// and rescale in one epilogue kernel ([`crate::cuda::epilogue`]; each step rounded as
+    /// PyTorch's separate ops, the bias as a separate add: see [`Projection`]). `None` off that
+    /// path (not CUDA, not half, a trace recorded).
+    #[cfg(feature = "cuda")]
+    fn to_out_fused(
+        &self,
+        merged: &Tensor,
+        image: Option<(usize, usize, usize, usize)>,
+        residual: &Tensor,
+    ) -> Result<Option<Tensor>> {
+        use crate::cuda::BiasAxis;
+        let Some((y, bias)) = self.to_out.product_native(merged)? else {
+            return Ok(None);
+        };
+        let (y, axis) = match image {
+            Some((_, _, h, w)) => (tokens_to_image(&y, h, w)?, BiasAxis::Channels),
+            None => (y, BiasAxis::Last),
+        };
+        let residual = self.residual_connection.then_some(residual);
+        let rescale = Some(self.rescale_output_factor);
+        if let Some(out) = crate::cuda::epilogue(&y, bias.as_ref().map(|b| (b, axis)), residual, rescale)? {
+            return Ok(Some(out));
+        }
+        let mut out = match (&bias, axis) {
+            (None, _) => y,
+            (Some(b), BiasAxis::Last) => y.broadcast_add(b)?,
+            (Some(b), BiasAxis::Channels) => y.broadcast_add(&b.reshape((b.elem_count(), 1, 1))?)?,
+        };
+        if let Some(r) = residual {
+            out = (out + r)?;
+        }
+        Ok(Some(div(&out, self.rescale_output_factor)?))
     }
 
     /// `AttnProcessor2_0` / `AttnProcessor` read `(B, N, query_dim)` or `(B, query_dim, H, W)`.

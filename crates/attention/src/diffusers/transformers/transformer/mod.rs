@@ -269,6 +269,35 @@ impl SpatialTransformer {
         self.run(x, &contexts, attention_mask, encoder_attention_mask)
     }
 
+    /// `proj_out`, the image reshape and `+ x` on CUDA in half precision: the product natively
+    /// ([`Projection::product_native`] / [`Projection::product_channels_native`]), then bias and
+    /// residual in one epilogue kernel ([`crate::cuda::epilogue`], each add rounded as PyTorch's
+    /// separate ops). `None` off that path (not CUDA, not half, a trace recorded).
+    #[cfg(feature = "cuda")]
+    fn proj_out_fused(&self, tokens: &Tensor, x: &Tensor, (h, w): (usize, usize)) -> Result<Option<Tensor>> {
+        let (y, bias) = if self.linear {
+            let Some((y, bias)) = self.proj_out.product_native(tokens)? else {
+                return Ok(None);
+            };
+            (tokens_to_image(&y, h, w)?, bias)
+        } else {
+            let image = tokens_to_image(tokens, h, w)?;
+            let Some(pair) = self.proj_out.product_channels_native(&image)? else {
+                return Ok(None);
+            };
+            pair
+        };
+        let channels = crate::cuda::BiasAxis::Channels;
+        if let Some(out) = crate::cuda::epilogue(&y, bias.as_ref().map(|b| (b, channels)), Some(x), None)? {
+            return Ok(Some(out));
+        }
+        let y = match &bias {
+            Some(b) => y.broadcast_add(&b.reshape((b.elem_count(), 1, 1))?)?,
+            None => y,
+        };
+        Ok(Some((y + x)?))
+    }
+
     fn run(
         &self,
         x: &Tensor,
@@ -296,6 +325,10 @@ impl SpatialTransformer {
             tokens = trace::scope_at("transformer_blocks", i, || {
                 block.forward(&tokens, *context, attention_mask, encoder_attention_mask)
             })?;
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(out) = self.proj_out_fused(&tokens, x, (h, w))? {
+            return Ok(out);
         }
         let out = if self.linear {
             let t = self.proj_out.forward_tokens(&tokens)?;
