@@ -27,8 +27,17 @@
 //! ones). A row whose keys are all masked gives 0 in every dtype (PyTorch's fused kernels do; the
 //! chunked path gives NaN in f32). Memory: the output, plus `splits × B·H·Lq·(D + 2)` f32 of
 //! workspace when the keys are split.
+//!
+//! Also here: the TF32 mode ([`tf32`], [`set_tf32`]: off by default) and, with the feature
+//! `cudnn`, this crate's own cuDNN convolution ([`conv`]: f16/bf16 with f32 accumulation, strict
+//! f32, the algorithm cached).
 
+#[cfg(feature = "cudnn")]
+pub mod conv;
 mod launch;
+mod tf32;
+
+pub use tf32::{set_tf32, tf32};
 
 use candle_core::{DType, Device, Result, Tensor};
 
