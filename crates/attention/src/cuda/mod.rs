@@ -35,9 +35,9 @@
 #[cfg(feature = "cudnn")]
 pub mod conv;
 mod launch;
-mod tf32;
+mod tf32_mode;
 
-pub use tf32::{set_tf32, tf32};
+pub use tf32_mode::{set_tf32, tf32};
 
 use candle_core::{DType, Device, Result, Tensor};
 
