@@ -91,7 +91,7 @@ pub fn plan_cache_stats() -> PlanCacheStats {
 /// `t` contiguous, starting at a 16-byte aligned element (cuDNN's vectorised kernels assume it).
 fn ready(t: &Tensor) -> Result<Tensor> {
     let offset_bytes = t.layout().start_offset() * t.dtype().size_in_bytes();
-    if t.is_contiguous() && offset_bytes % 16 == 0 {
+    if t.is_contiguous() && offset_bytes.is_multiple_of(16) {
         Ok(t.clone())
     } else {
         t.force_contiguous()
