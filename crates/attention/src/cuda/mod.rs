@@ -32,14 +32,14 @@
 //! `cudnn`, this crate's own cuDNN convolution ([`conv`]: f16/bf16 with f32 accumulation, strict
 //! f32, the algorithm cached).
 
-#[cfg(feature = "cudnn")]
-pub mod conv;
 mod launch;
-mod tf32_mode;
-
-pub use tf32_mode::{set_tf32, tf32};
 
 use candle_core::{DType, Device, Result, Tensor};
+
+#[cfg(feature = "cudnn")]
+pub mod conv;
+mod tf32_mode;
+pub use tf32_mode::{set_tf32, tf32};
 
 /// Whether [`SdpaPath::Auto`](crate::sdpa::SdpaPath::Auto) runs the fused kernel on CUDA. `false`
 /// until the GPU kit's `fused` stage has passed on a GPU: flip it then.
