@@ -93,7 +93,8 @@ selftest() {
     [[ " $called " == *fused_check* ]] || cuda_fail "selftest: run.sh never calls fused_check"
     [[ " $called " == *conv_check* ]] || cuda_fail "selftest: run.sh never calls conv_check"
     grep -qE '^all\).*run_fused' scripts/gpu_kit/run.sh || cuda_fail "selftest: run.sh all does not run the fused stage"
-    grep -qE '^all\).*run_fused; run_conv' scripts/gpu_kit/run.sh || cuda_fail "selftest: run.sh all does not run the conv stage right after fused"
+    grep -qE '^all\).*run_fused;.* run_conv;.* run_check' scripts/gpu_kit/run.sh ||
+        cuda_fail "selftest: run.sh all does not run the conv stage after fused and before check"
     [[ -f crates/attention/examples/fused_check.rs ]] || cuda_fail "selftest: crates/attention/examples/fused_check.rs is missing"
     [[ -f crates/attention/examples/conv_check.rs ]] || cuda_fail "selftest: crates/attention/examples/conv_check.rs is missing"
     echo "gpu-kit selftest: run.sh without a GPU: exit 3 and one line for every stage, exit 2 for an unknown one;" \
