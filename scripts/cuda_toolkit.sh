@@ -5,11 +5,14 @@
 #   cuda_toolkit_install   nvcc 13.0.88 and the pinned 13.0 headers/runtime (about 270 MB): enough
 #                          for `cargo check --features cuda` (cudarc's and candle-kernels' build
 #                          scripts need `nvcc`, no GPU).
-#   cuda_link_libs         also what linking `--features cuda` needs (about 910 MB): cuBLAS,
-#                          cuBLASLt, cuRAND and NVRTC from their 13.0 wheels, and a stub `libcuda`
-#                          (every `cu*` entry point cudarc's driver bindings declare, as empty
-#                          functions, soname `libcuda.so.1`) built with `cc`. The binaries then
-#                          load the real driver and libraries of the machine they run on.
+#   cuda_link_libs         also what linking `--features cuda` / `--features cudnn` needs (about
+#                          910 MB): cuBLAS, cuBLASLt, cuRAND and NVRTC from their 13.0 wheels, a
+#                          stub `libcuda` (every `cu*` entry point cudarc's driver bindings declare,
+#                          as empty functions, soname `libcuda.so.1`) and a stub `libcudnn` (every
+#                          `cudnn*` entry point of cudarc's cuDNN bindings, soname `libcudnn.so.9`:
+#                          cuDNN 9, what PyTorch's cu13 wheels ship as nvidia-cudnn-cu13; no 700 MB
+#                          wheel downloaded), built with `cc`. The binaries then load the real
+#                          driver and libraries of the machine they run on.
 #   cuda_env               PATH, CUDA_HOME, CUDA_PATH for cargo.
 #
 # Environment: UNET_CUDA_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/unet-attention/cuda-13.0).
@@ -75,26 +78,35 @@ cuda_link_libs() {
     cuda_pip_install "$cuda_libs" --no-deps "nvidia-cublas==13.0.0.19" "nvidia-curand==10.4.0.35" \
         "nvidia-cuda-nvrtc==13.0.48"
     command -v cc >/dev/null || cuda_fail "a C compiler (cc) is needed to build the libcuda stub"
-    # The entry points: every `fn cu...(` of cudarc 0.19.10's driver bindings (the version
-    # Cargo.lock pins), read from the registry's unpacked sources or its downloaded .crate.
-    local registry="${CARGO_HOME:-$HOME/.cargo}/registry" sys=cudarc-0.19.10/src/driver/sys/mod.rs crate
+    # The entry points: every `fn cu...(` of cudarc 0.19.10's driver bindings and every
+    # `fn cudnn...(` of its cuDNN bindings (the version Cargo.lock pins), read from the registry's
+    # unpacked sources or its downloaded .crate.
+    local registry="${CARGO_HOME:-$HOME/.cargo}/registry" crate
     mkdir -p "$cuda_link_dir"
+    # cuda_bindings PATH-IN-CRATE: that file of cudarc 0.19.10 on stdout.
     cuda_bindings() {
         local src
-        src=$(find "$registry/src" -path "*/$sys" 2>/dev/null | head -n 1)
+        src=$(find "$registry/src" -path "*/cudarc-0.19.10/$1" 2>/dev/null | head -n 1)
         if [[ -n "$src" ]]; then cat "$src"; return; fi
         crate=$(find "$registry/cache" -name 'cudarc-0.19.10.crate' 2>/dev/null | head -n 1)
-        [[ -n "$crate" ]] && tar -xzOf "$crate" "$sys"
+        [[ -n "$crate" ]] && tar -xzOf "$crate" "cudarc-0.19.10/$1"
     }
-    if ! cuda_bindings >"$cuda_link_dir/driver_sys.rs" 2>/dev/null; then
-        cargo fetch --quiet || cuda_fail "cargo fetch (for cudarc's sources)"
-        cuda_bindings >"$cuda_link_dir/driver_sys.rs" ||
-            cuda_fail "cudarc 0.19.10's driver bindings are not in $registry after cargo fetch"
-    fi
-    grep -ohE 'fn cu[A-Z][A-Za-z0-9_]*\(' "$cuda_link_dir/driver_sys.rs" | sed 's/^fn //; s/($//' | sort -u |
-        awk '{ print "void " $1 "(void) {}" }' >"$cuda_link_dir/cuda_stub.c"
-    cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$cuda_link_dir/libcuda.so" "$cuda_link_dir/cuda_stub.c" ||
-        cuda_fail "cc could not build the libcuda stub"
+    # cuda_stub SYS_RS PATTERN SONAME LIB: an empty C function for every `fn NAME(` of SYS_RS whose
+    # NAME matches PATTERN, built into $cuda_link_dir/LIB with SONAME.
+    cuda_stub() {
+        local sys="$1" pattern="$2" soname="$3" lib="$4" rs="$cuda_link_dir/${4%.so}_sys.rs"
+        if ! cuda_bindings "$sys" >"$rs" 2>/dev/null || [[ ! -s "$rs" ]]; then
+            cargo fetch --quiet || cuda_fail "cargo fetch (for cudarc's sources)"
+            cuda_bindings "$sys" >"$rs" || cuda_fail "cudarc 0.19.10's $sys is not in $registry after cargo fetch"
+        fi
+        grep -ohE "fn $pattern\(" "$rs" | sed 's/^fn //; s/($//' | sort -u |
+            awk '{ print "void " $1 "(void) {}" }' >"$cuda_link_dir/${lib%.so}_stub.c"
+        [[ -s "$cuda_link_dir/${lib%.so}_stub.c" ]] || cuda_fail "no entry points matching $pattern in cudarc's $sys"
+        cc -shared -fPIC -Wl,-soname,"$soname" -o "$cuda_link_dir/$lib" "$cuda_link_dir/${lib%.so}_stub.c" ||
+            cuda_fail "cc could not build the $lib stub"
+    }
+    cuda_stub src/driver/sys/mod.rs 'cu[A-Z][A-Za-z0-9_]*' libcuda.so.1 libcuda.so
+    cuda_stub src/cudnn/sys/mod.rs 'cudnn[A-Z][A-Za-z0-9_]*' libcudnn.so.9 libcudnn.so
     local lib
     for lib in cublas.so.13 cublasLt.so.13 curand.so.10 nvrtc.so.13; do
         [[ -f "$cuda_libs/nvidia/cu13/lib/lib$lib" ]] || cuda_fail "lib$lib is missing from $cuda_libs"

@@ -13,9 +13,9 @@
 #                                       so that tree + kit fit the 64 MiB a lent GPU machine copies;
 #                                       off: bring weights/ back; size: what would travel, in MiB
 #
-# The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check,layers_check} built with
-# `--features cuda` (release, stripped; PTX for CUDA_COMPUTE_CAP, default 90 = H100/H200; run.sh
-# unpacks them into a temporary folder), weights.tar.xz (the committed bundles less
+# The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check,layers_check,conv_check}
+# built with `--features cudnn` (cuda plus this crate's cuDNN convolutions; release, stripped; PTX for
+# CUDA_COMPUTE_CAP, default 90 = H100/H200; run.sh unpacks them into a temporary folder), weights.tar.xz (the committed bundles less
 # weights/accuracy, about 42 MiB packed; run.sh unpacks them likewise), scripts/ (bench_torch.py and what it imports: KIT_SCRIPTS), wheels/
 # (diffusers, denoising-diffusion-pytorch, stable-diffusion-sdkit, guided-diffusion-sdk and the
 # packages they import that a plain PyTorch install lacks; pure-Python, installed --no-deps by
@@ -31,7 +31,7 @@
 #
 # Building links against CUDA 13.0: scripts/cuda_toolkit.sh installs nvcc, cuBLAS, cuRAND and NVRTC
 # from PyPI wheels into ~/.cache/unet-attention/cuda-13.0 (about 1.2 GB, once) and builds a stub
-# libcuda; the release build gets its own target folder there. First build: about 15 min on two
+# libcuda and a stub libcudnn (soname libcudnn.so.9; the GPU machine's PyTorch brings cuDNN 9); the release build gets its own target folder there. First build: about 15 min on two
 # cores (candle-kernels' PTX); later ones reuse it.
 #
 # Not in the kit: `--features flash-attn` (candle-flash-attn's build script fetches CUTLASS from
@@ -47,7 +47,10 @@ source scripts/cuda_toolkit.sh
 # Wheels of the Python packages bench_torch.py's whole-block cases import, pinned as in
 # scripts/requirements.txt, and those they pull in that PyTorch's own install does not have.
 # The binaries of the kit (`--bin unet-parity`, the rest `--example`): run.sh calls these only.
-KIT_BINS=(unet-parity bench_sdpa bench_bundle fused_check layers_check)
+KIT_BINS=(unet-parity bench_sdpa bench_bundle fused_check layers_check conv_check)
+# The features the kit is built with: cuda, and cuDNN for the convolutions (the crate's own, f16/bf16
+# accumulated in f32 as PyTorch's).
+KIT_FEATURES=cudnn
 KIT_WHEELS=(diffusers==0.42.1 denoising-diffusion-pytorch==2.3.4 ema-pytorch==0.8.3 accelerate==1.15.0
     pytorch-fid==0.3.0 "psutil==7.2.2")
 # What of scripts/ the kit carries: bench_torch.py and every module it imports, directly or not (the
@@ -69,7 +72,7 @@ selftest() {
     tmp=$(mktemp -d)
     set +e
     # A PATH without nvidia-smi: what a machine without a GPU looks like to run.sh.
-    for stage in all fused layers check core fusedcore whole; do
+    for stage in all fused layers conv check core fusedcore whole; do
         err=$(PATH=/usr/bin:/bin bash scripts/gpu_kit/run.sh "$stage" "$tmp/out" 2>&1 >/dev/null)
         code=$?
         [[ $code -eq 3 ]] || { rm -rf "$tmp"; cuda_fail "selftest: run.sh $stage without a GPU exited $code, expected 3: $err"; }
@@ -88,8 +91,12 @@ selftest() {
         [[ " ${KIT_BINS[*]} " == *" $name "* ]] || cuda_fail "selftest: run.sh calls $name, which the kit does not build (KIT_BINS)"
     done
     [[ " $called " == *fused_check* ]] || cuda_fail "selftest: run.sh never calls fused_check"
+    [[ " $called " == *conv_check* ]] || cuda_fail "selftest: run.sh never calls conv_check"
     grep -qE '^all\).*run_fused' scripts/gpu_kit/run.sh || cuda_fail "selftest: run.sh all does not run the fused stage"
+    grep -qE '^all\).*run_fused;.* run_conv;.* run_check' scripts/gpu_kit/run.sh ||
+        cuda_fail "selftest: run.sh all does not run the conv stage after fused and before check"
     [[ -f crates/attention/examples/fused_check.rs ]] || cuda_fail "selftest: crates/attention/examples/fused_check.rs is missing"
+    [[ -f crates/attention/examples/conv_check.rs ]] || cuda_fail "selftest: crates/attention/examples/conv_check.rs is missing"
     [[ " $called " == *layers_check* ]] || cuda_fail "selftest: run.sh never calls layers_check"
     grep -qE '^all\).*run_fused; run_layers' scripts/gpu_kit/run.sh || cuda_fail "selftest: run.sh all does not run the layers stage right after fused"
     [[ -f crates/attention/examples/layers_check.rs ]] || cuda_fail "selftest: crates/attention/examples/layers_check.rs is missing"
@@ -108,9 +115,9 @@ build() {
     start=$(date +%s)
     local examples=() name
     for name in "${KIT_BINS[@]:1}"; do examples+=(--example "$name"); done
-    cargo build --release --features cuda -p unet-parity -p unet-attention --bin unet-parity \
+    cargo build --release --features "$KIT_FEATURES" -p unet-parity -p unet-attention --bin unet-parity \
         "${examples[@]}" --target-dir "$target_dir" ||
-        cuda_fail "cargo build --release --features cuda"
+        cuda_fail "cargo build --release --features $KIT_FEATURES"
     echo "== gpu-kit: cargo build took $(($(date +%s) - start)) s"
 
     rm -rf "$dir.partial"
@@ -221,7 +228,11 @@ dry_run() {
     else
         echo "gpu-kit dry run: build would install the CUDA wheels into $cuda_cache (about 1.2 GB)"
     fi
-    echo "gpu-kit dry run: build would run cargo build --release --features cuda (CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90})"
+    echo "gpu-kit dry run: build would link against stub libcuda.so.1 and libcudnn.so.9 (cc) and run" \
+        "cargo build --release --features $KIT_FEATURES (CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}), binaries: ${KIT_BINS[*]}"
+    for f in crates/attention/examples/fused_check.rs crates/attention/examples/layers_check.rs crates/attention/examples/conv_check.rs; do
+        [[ -f "$f" ]] || { echo "gpu-kit dry run: $f is missing" >&2; ok=0; }
+    done
     [[ $ok -eq 1 ]] || cuda_fail "dry run: something the build needs is missing (above)"
     echo "gpu-kit dry run: ok"
 }

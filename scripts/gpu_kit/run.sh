@@ -2,7 +2,7 @@
 # The GPU kit's runner (copied into the kit by `scripts/gpu_kit.sh build`; run it there, on a
 # machine with an NVIDIA GPU, its driver and PyTorch with CUDA as `python3`; no Rust needed).
 #
-#   ./run.sh [all|fused|layers|check|core|fusedcore|whole] [OUT]     (default: all, into $OUT or ./results)
+#   ./run.sh [all|fused|layers|conv|check|core|fusedcore|whole] [OUT]     (default: all, into $OUT or ./results)
 #
 #   fused   the crate's own fused CUDA attention kernel against the chunked path (fused_check:
 #           every head-dim bucket 8-512, odd lengths, masks, f16/bf16/f32, split-KV on and off;
@@ -13,6 +13,10 @@
 #           the bias/residual/rescale epilogue) against f64 CPU references, and the native
 #           half-precision projections and matmul against the CPU's (layers_check; layers.jsonl,
 #           one line a case). Runs right after `fused` in `all`.
+#   conv    the crate's cuDNN convolution and the Conv2d layer on it against an f64 CPU reference
+#           (conv_check: 1x1 and 3x3, 3-1280 channels, images 1x1-64x64, a non-contiguous input,
+#           bias and extras, f32/f16/bf16; the TF32 mode's error recorded; the algorithm cache;
+#           conv.jsonl, one line a case). Runs after `layers` in `all`.
 #   check   unet-parity check over the kit's bundles on cuda: in each bundle's dtype, then
 #           --dtype f16 and --dtype bf16 (check_<dtype>.json, the CLI's JSON, and one summary line
 #           each in summary.jsonl).
@@ -33,13 +37,13 @@
 #
 # Exit codes: 0 all stages ran (failures of bundles are in the JSON, and counted in
 # summary.jsonl), 1 a stage failed, 2 usage, 3 no NVIDIA GPU here, 4 a CUDA library the binaries
-# need is not found.
+# need is not found (cuDNN 9's libcudnn.so.9 included: PyTorch's nvidia-cudnn-cu13 wheel has it).
 set -uo pipefail
 kit="$(cd "$(dirname "$0")" && pwd)"
 stage="${1:-all}"
 out="${2:-${OUT:-$PWD/results}}"
-case "$stage" in all | fused | layers | check | core | fusedcore | whole) ;; *)
-    echo "usage: run.sh [all|fused|layers|check|core|fusedcore|whole] [OUT]" >&2
+case "$stage" in all | fused | layers | conv | check | core | fusedcore | whole) ;; *)
+    echo "usage: run.sh [all|fused|layers|conv|check|core|fusedcore|whole] [OUT]" >&2
     exit 2
     ;;
 esac
@@ -61,19 +65,24 @@ if [[ ! -x "$bin/unet-parity" ]]; then
     rm -rf "$bin" && mv "$bin.partial/bin" "$bin" && rm -rf "$bin.partial"
 fi
 
-# PyTorch's CUDA wheels (site-packages/nvidia/*/lib), then a system toolkit; the driver's libcuda
-# is found by the loader as usual.
+# PyTorch's CUDA wheels (site-packages/nvidia/*/lib: cuBLAS, NVRTC, ... and cuDNN's
+# nvidia/cudnn/lib), then a system toolkit and cuDNN; the driver's libcuda is found by the loader
+# as usual.
 libdirs=$(python3 - 2>/dev/null <<'PY'
 import glob, os, site
 roots = site.getsitepackages() + [site.getusersitepackages()]
 print(":".join(d for r in roots for d in sorted(glob.glob(os.path.join(r, "nvidia", "*", "lib")))))
 PY
 )
-for d in "${CUDA_HOME:-/nonexistent}/lib64" /usr/local/cuda/lib64; do
+for d in "${CUDA_HOME:-/nonexistent}/lib64" /usr/local/cuda/lib64 "${CUDNN_HOME:-/nonexistent}/lib" "${CUDNN_HOME:-/nonexistent}/lib64"; do
     [[ -d "$d" ]] && libdirs="${libdirs:+$libdirs:}$d"
 done
 export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 missing=$(ldd "$bin/unet-parity" 2>&1 | awk '/not found/ { print $1 }' | sort -u | tr '\n' ' ')
+if [[ " $missing" == *" libcudnn.so"* ]]; then
+    echo "run.sh: the kit's binaries need cuDNN 9 (libcudnn.so.9) and it is not in PyTorch's nvidia/cudnn/lib (pip install nvidia-cudnn-cu13), \$CUDNN_HOME/lib, \$CUDA_HOME/lib64, /usr/local/cuda/lib64 or the loader's path" >&2
+    exit 4
+fi
 if [[ -n "$missing" ]]; then
     echo "run.sh: the kit's binaries need ${missing% } and it is not in PyTorch's nvidia/*/lib, \$CUDA_HOME/lib64, /usr/local/cuda/lib64 or the loader's path" >&2
     exit 4
@@ -218,6 +227,33 @@ PY
     [[ $rc -eq 0 ]] || failed=1
 }
 
+# The cuDNN convolution against an f64 reference.
+run_conv() {
+    local start rc
+    note "conv_check (the cuDNN convolution against an f64 CPU reference)"
+    start=$SECONDS
+    "$bin/conv_check" --out "$out/conv.jsonl" 2>"$out/conv.stderr"
+    rc=$?
+    python3 - "$out/conv.jsonl" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
+import json, sys
+path, rc, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+try:
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+except Exception as e:  # noqa: BLE001
+    print(json.dumps({"stage": "conv", "exit": rc, "error": f"no JSON lines: {e}"}))
+    sys.exit(0)
+cases = [r for r in rows if not r.get("summary")]
+bad = [r for r in cases if not r.get("pass")]
+tf32 = [r["tf32_max_abs"] for r in cases if r.get("tf32_max_abs") is not None]
+print(json.dumps({"stage": "conv", "exit": rc, "seconds": round(secs, 1), "cases": len(cases),
+                  "passed": len(cases) - len(bad), "failed": len(bad),
+                  "worst_ratio": max((r.get("worst_ratio") or 0 for r in cases), default=None),
+                  "tf32_worst_max_abs": max(tf32, default=None), "not_passing": bad[:20]}))
+PY
+    tail -n 1 "$summary" >&2
+    [[ $rc -eq 0 ]] || failed=1
+}
+
 python_packages() {
     local py="${TMPDIR:-/tmp}/unet-gpu-kit-py"
     if [[ ! -f "$py/.done" ]]; then
@@ -261,9 +297,10 @@ run_bench() {
 record_env
 python_packages || { note "could not install the kit's wheels"; failed=1; }
 case "$stage" in
-all) run_fused; run_layers; run_check; run_bench core; run_bench fusedcore; run_bench block; run_bench whole ;;
+all) run_fused; run_layers; run_conv; run_check; run_bench core; run_bench fusedcore; run_bench block; run_bench whole ;;
 fused) run_fused ;;
 layers) run_layers ;;
+conv) run_conv ;;
 fusedcore) run_bench fusedcore ;;
 check) run_check ;;
 core) run_bench core; run_bench block ;;

@@ -33,7 +33,7 @@
 //! 3. `cpu` — the bottom of the CPU kernels: instruction set, cache sizes, settings, scratch,
 //!    `exp`/`erf`, the AVX2 and AVX-512 microkernels, `contiguous`.
 //! 4. [`cpu_kernels`], `cuda` — the CPU kernels (layer GEMM, Winograd, norms, the attention kernel);
-//!    the fused CUDA attention kernel.
+//!    the fused CUDA attention kernel, the cuDNN convolution (feature `cudnn`) and the TF32 mode.
 //! 5. [`ops`], [`heads`] — tensor ops with PyTorch's rounding; head splitting.
 //! 6. `validate` — argument checks of the blocks and the attention core.
 //! 7. [`sdpa`] — the attention core.

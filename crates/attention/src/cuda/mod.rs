@@ -29,6 +29,10 @@
 //! ones). A row whose keys are all masked gives 0 in every dtype (PyTorch's fused kernels do; the
 //! chunked path gives NaN in f32). Memory: the output, plus `splits × B·H·Lq·(D + 2)` f32 of
 //! workspace when the keys are split.
+//!
+//! Also here: the TF32 mode ([`tf32`], [`set_tf32`]: off by default) and, with the feature
+//! `cudnn`, this crate's own cuDNN convolution ([`conv`]: f16/bf16 with f32 accumulation, strict
+//! f32, the algorithm cached).
 
 mod launch;
 mod layers;
@@ -38,6 +42,11 @@ pub mod memory;
 pub use layers::{epilogue, gated, group_norm, layers_built, layers_enabled, BiasAxis, GateAct, NormAct};
 
 use candle_core::{DType, Device, Result, Tensor};
+
+#[cfg(feature = "cudnn")]
+pub mod conv;
+mod tf32_mode;
+pub use tf32_mode::{set_tf32, tf32};
 
 /// Whether [`SdpaPath::Auto`](crate::sdpa::SdpaPath::Auto) runs the fused kernel on CUDA. `false`
 /// until the GPU kit's `fused` stage has passed on a GPU: flip it then.

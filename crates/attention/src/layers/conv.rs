@@ -1,17 +1,27 @@
 //! `nn.Conv2d` on the packed convolution kernels ([`Conv2d`]), with the ops PyTorch applies
 //! after it fused into its write-out.
+//!
+//! On CUDA (`cuda_conv`), as PyTorch runs it: the convolution in the input's dtype (no f32
+//! copies of input and weight), on this crate's cuDNN convolution with the feature `cudnn`
+//! (`unet_attention::cuda::conv`: f16/bf16 accumulated in f32, f32 strict unless the TF32 mode
+//! is on), else on Candle's (im2col and a cuBLAS GEMM, which accumulates f16/bf16 in f32); the
+//! bias and the extras then added as separate ops in the input's dtype, as PyTorch adds the bias
+//! to cuDNN's output. The weight (and bias) in the input's dtype, where that is not the dtype
+//! they were loaded in, is made at the first call and kept (`Copies`).
 
 use crate::cpu_kernels::{ConvExtras, PackedConv};
 use crate::ops::upcast;
 use crate::Result;
 use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder};
+use std::sync::{Arc, Mutex};
 
 /// `nn.Conv2d(in, out, kernel, stride=1, padding=kernel // 2)` (the 3×3 and 1×1 convs of the
 /// ResNet blocks). Keys `weight (out, in, k, k)`, `bias (out,)` when `bias`. f16/bf16: computed
 /// in f32 and rounded once, as PyTorch's CPU convolution accumulates. An f32 weight on a CPU
 /// with AVX2+FMA or AVX-512 is packed once, here, for the CPU GEMM
-/// ([`crate::cpu_kernels::PackedConv`]: no im2col matrix, the unpacked copy dropped).
+/// ([`crate::cpu_kernels::PackedConv`]: no im2col matrix, the unpacked copy dropped). On CUDA:
+/// see the module docs.
 #[derive(Debug, Clone)]
 pub struct Conv2d {
     /// The weight, where it is not packed.
@@ -19,6 +29,8 @@ pub struct Conv2d {
     packed: Option<PackedConv>,
     bias: Option<Tensor>,
     padding: usize,
+    /// Weight and bias in another dtype or on another device than loaded (CUDA only).
+    copies: Copies,
 }
 
 impl Conv2d {
@@ -34,6 +46,7 @@ impl Conv2d {
                 None
             },
             padding: kernel / 2,
+            copies: Copies::default(),
         })
     }
 
@@ -60,8 +73,20 @@ impl Conv2d {
         apply_extras(h, extras)
     }
 
-    /// The convolution alone, in at least f32, rounded once to the dtype of `x`.
+    /// The convolution alone with its bias: on CUDA [`cuda_conv`]; elsewhere in at least f32,
+    /// rounded once to the dtype of `x`.
     fn conv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if x.device().is_cuda() {
+            let weight = || match (&self.weight, &self.packed) {
+                (Some(w), _) => Ok(w.clone()),
+                (None, Some(p)) => p.weight(),
+                (None, None) => candle_core::bail!("a Conv2d holds its weight one way or the other"),
+            };
+            let (w, b) = self.copies.get(x, weight, self.bias.as_ref())?;
+            if let Some(y) = cuda_conv(x, &w, b.as_ref(), [self.padding; 2])? {
+                return Ok(y);
+            }
+        }
         let x32 = upcast(x)?;
         if let Some(p) = &self.packed {
             if let Some(y) = p.forward(&x32, self.bias.as_ref(), ConvExtras::default())? {
@@ -80,6 +105,76 @@ impl Conv2d {
         let conv = candle_nn::Conv2d::new(upcast(&weight)?, self.bias.as_ref().map(upcast).transpose()?, config);
         conv.forward(&x32)?.to_dtype(x.dtype())
     }
+}
+
+/// A weight and its bias in one dtype.
+type DtypeCopy = (DType, Tensor, Option<Tensor>);
+
+/// A weight and its bias in the dtype and on the device of the inputs, made once per dtype.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Copies(Arc<Mutex<Vec<DtypeCopy>>>);
+
+impl Copies {
+    /// `weight()` and `bias` in `x`'s dtype on `x`'s device: themselves where they already are,
+    /// else the copy made at the first call (made again if the device changed).
+    pub(crate) fn get(
+        &self,
+        x: &Tensor,
+        weight: impl FnOnce() -> candle_core::Result<Tensor>,
+        bias: Option<&Tensor>,
+    ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+        let (dtype, device) = (x.dtype(), x.device());
+        let w = weight()?;
+        let here = |t: &Tensor| t.dtype() == dtype && t.device().same_device(device);
+        if here(&w) && bias.is_none_or(here) {
+            return Ok((w, bias.cloned()));
+        }
+        let mut copies = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, w, b)) = copies.iter().find(|c| c.0 == dtype && here(&c.1)) {
+            return Ok((w.clone(), b.clone()));
+        }
+        let to = |t: &Tensor| t.to_device(device)?.to_dtype(dtype);
+        let made = (to(&w)?, bias.map(to).transpose()?);
+        copies.retain(|c| c.0 != dtype);
+        copies.push((dtype, made.0.clone(), made.1.clone()));
+        Ok(made)
+    }
+}
+
+/// `conv2d(x, weight) + bias[:, None, None]` on CUDA, stride 1, zero padding `(ph, pw)`, weight
+/// and bias already in `x`'s dtype on its device: the convolution in that dtype (see the module
+/// docs), the bias added after as its own op. `None` where this does not apply (the caller's f32
+/// path runs): not on CUDA, or with `cudnn` a shape the cuDNN convolution declines (Candle's own
+/// conv would then run f16 with an f16 accumulator).
+pub(crate) fn cuda_conv(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    padding: [usize; 2],
+) -> candle_core::Result<Option<Tensor>> {
+    if !x.device().is_cuda() {
+        return Ok(None);
+    }
+    #[cfg(feature = "cudnn")]
+    let y = match crate::cuda::conv::cudnn_conv2d(x, weight, padding)? {
+        Some(y) => y,
+        None => return Ok(None),
+    };
+    #[cfg(not(feature = "cudnn"))]
+    let y = {
+        let [ph, pw] = padding;
+        if ph == pw {
+            x.conv2d(weight, ph, 1, 1, 1)?
+        } else {
+            x.pad_with_zeros(2, ph, ph)?
+                .pad_with_zeros(3, pw, pw)?
+                .conv2d(weight, 0, 1, 1, 1)?
+        }
+    };
+    Ok(Some(match bias {
+        Some(b) => y.broadcast_add(&b.reshape((1, (), 1, 1))?)?,
+        None => y,
+    }))
 }
 
 /// `h + channel_add[:, :, None, None]`, `residual + h`, `/ div`, as separate ops.

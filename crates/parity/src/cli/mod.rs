@@ -187,10 +187,17 @@ pub fn open_device(spec: DeviceSpec) -> Result<candle_core::Device, String> {
         };
         device.map_err(|e| ParityError::Usage(e.to_string()))
     });
-    opened.map_err(|e| match e {
+    let device = opened.map_err(|e| match e {
         ParityError::Internal { message, .. } => format!("device {spec} failed to initialise: {message}"),
         other => format!("device {spec} is not available: {other}"),
-    })
+    })?;
+    // The TF32 mode (`UNET_ATTENTION_TF32`) read now, before the first f32 GEMM, and a bad value
+    // reported here.
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        unet_attention::cuda::tf32().map_err(|e| format!("device {spec}: {e}"))?;
+    }
+    Ok(device)
 }
 
 /// `--weights`/`--prefix`/`--config`, or `--repo` resolving `config.json` and the weights

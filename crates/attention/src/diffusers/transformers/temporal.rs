@@ -26,7 +26,7 @@ use crate::config::defaults;
 use crate::cpu_kernels::Swish;
 use crate::diffusers::feed_forward::ActivationFn;
 use crate::diffusers::transformers::transformer::{BasicTransformerBlockConfig, TransformerBlock};
-use crate::layers::{group_norm, Activation, GroupNorm, Projection};
+use crate::layers::{cuda_conv, group_norm, Activation, Copies, GroupNorm, Projection};
 use crate::ops::upcast;
 use crate::trace;
 use crate::{Error, Result};
@@ -66,12 +66,15 @@ pub(crate) fn split_frames(
 
 /// `nn.Conv3d(in, out, (3, 1, 1), padding=(1, 0, 0))`: a convolution over the frame axis,
 /// computed as a `(3, 1)` Conv2d on `(B, C, F, H·W)` with the frames zero-padded; f16/bf16 in
-/// f32 and rounded once.
+/// f32 and rounded once. On CUDA the layers' convolution (`crate::layers::cuda_conv`: in the
+/// input's dtype, the bias added after, as PyTorch's cuDNN path).
 #[derive(Debug, Clone)]
 pub(crate) struct FrameConv {
     /// `(out, in, 3, 1)`.
     weight: Tensor,
     bias: Tensor,
+    /// Weight and bias in the input's dtype where they were loaded in another (CUDA only).
+    copies: Copies,
 }
 
 impl FrameConv {
@@ -80,6 +83,7 @@ impl FrameConv {
         Ok(Self {
             weight: weight.reshape((out_dim, in_dim, 3, 1))?,
             bias: vb.get(out_dim, "bias")?,
+            copies: Copies::default(),
         })
     }
 
@@ -87,6 +91,13 @@ impl FrameConv {
     pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         crate::validate::input("diffusers.TemporalConvLayer", "x", x, &[])?;
         let (b, c, f, h, w) = x.dims5()?;
+        if x.device().is_cuda() {
+            let (weight, bias) = self.copies.get(x, || Ok(self.weight.clone()), Some(&self.bias))?;
+            let x4 = x.reshape((b, c, f, h * w))?;
+            if let Some(y) = cuda_conv(&x4, &weight, bias.as_ref(), [1, 0])? {
+                return y.reshape((b, y.dim(1)?, f, h, w));
+            }
+        }
         let x32 = upcast(x)?.reshape((b, c, f, h * w))?.pad_with_zeros(2, 1, 1)?;
         let weight = self.weight.to_dtype(x32.dtype())?;
         let y = x32.conv2d(&weight, 0, 1, 1, 1)?;
