@@ -2,24 +2,30 @@
 # The GPU kit's runner (copied into the kit by `scripts/gpu_kit.sh build`; run it there, on a
 # machine with an NVIDIA GPU, its driver and PyTorch with CUDA as `python3`; no Rust needed).
 #
-#   ./run.sh [all|fused|layers|conv|check|core|fusedcore|whole] [OUT]     (default: all, into $OUT or ./results)
+#   ./run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|whole] [OUT]     (default: all, into $OUT or ./results)
 #
+#   candidate  what flipping unet_attention::cuda::{AUTO_PICKS_FUSED, AUTO_PICKS_CUDA_LAYERS}
+#           needs, in one short run (about 5 min on an H100; run it first when GPU time is short):
+#           fused_check, layers_check, conv_check, every bundle in its dtype with
+#           UNET_ATTENTION_SDPA=fused and UNET_ATTENTION_CUDA_LAYERS=on
+#           (check_candidate_bundle.json), the whole mid blocks in f16, one round (bench_whole_f16.*).
 #   fused   the crate's own fused CUDA attention kernel against the chunked path (fused_check:
 #           every head-dim bucket 8-512, odd lengths, masks, f16/bf16/f32, split-KV on and off;
 #           fused.jsonl, one line a case), then unet-parity check over the bundles with
-#           UNET_ATTENTION_SDPA=fused in each bundle's dtype (check_fused.json). Runs first in
+#           UNET_ATTENTION_SDPA=fused in each bundle's dtype (check_fused_bundle.json). Runs first in
 #           `all`: the kernel has not run on a GPU before this stage.
 #   layers  the crate's fused CUDA layers (GroupNorm with pre-add and swish, GEGLU/SwiGLU gates,
 #           the bias/residual/rescale epilogue) against f64 CPU references, and the native
 #           half-precision projections and matmul against the CPU's (layers_check; layers.jsonl,
-#           one line a case). Runs right after `fused` in `all`.
+#           one line a case; run with UNET_ATTENTION_CUDA_LAYERS=on). Runs right after `fused` in `all`.
 #   conv    the crate's cuDNN convolution and the Conv2d layer on it against an f64 CPU reference
 #           (conv_check: 1x1 and 3x3, 3-1280 channels, images 1x1-64x64, a non-contiguous input,
 #           bias and extras, f32/f16/bf16; the TF32 mode's error recorded; the algorithm cache;
-#           conv.jsonl, one line a case). Runs after `layers` in `all`.
+#           conv.jsonl, one line a case; with UNET_ATTENTION_CUDA_LAYERS=on). Runs after `layers`.
 #   check   unet-parity check over the kit's bundles on cuda: in each bundle's dtype, then
-#           --dtype f16 and --dtype bf16 (check_<dtype>.json, the CLI's JSON, and one summary line
-#           each in summary.jsonl).
+#           --dtype f16 and --dtype bf16 (CHECK_DTYPES; check_<dtype>.json, the CLI's JSON, and one
+#           summary line each in summary.jsonl), with the settings of the environment (by
+#           default the validated paths: chunked attention, the CUDA layers off).
 #   core    the attention core and the attention blocks, ours (bench_sdpa) against PyTorch's SDPA
 #           and the same PyTorch blocks, in f32 and f16 (bench_core_<dtype>.jsonl/.md, bench_block_<dtype>.jsonl/.md).
 #   fusedcore  the core shapes with UNET_ATTENTION_SDPA=fused against PyTorch's SDPA, in f16 and
@@ -27,8 +33,10 @@
 #   whole   the whole mid blocks of scripts/bench_torch.py (diffusers, guided-diffusion,
 #           denoising-diffusion-pytorch; their wheels come with the kit and are installed with
 #           --no-deps into a temporary folder), exported on the CPU, timed on the GPU with both
-#           sides' GPU memory: f16 and bf16 with PyTorch's defaults (DTYPES_WHOLE), f32 against
-#           --strict-f32, f32 with UNET_ATTENTION_TF32=on against PyTorch's default
+#           sides' GPU memory, ours with the fused attention and the CUDA layers on (unless
+#           UNET_ATTENTION_SDPA / UNET_ATTENTION_CUDA_LAYERS say otherwise): f16 and bf16 with
+#           PyTorch's defaults (DTYPES_WHOLE), then (WHOLE_F32=yes) f32 against --strict-f32 and
+#           f32 with UNET_ATTENTION_TF32=on against PyTorch's default
 #           (bench_whole_<dtype>.jsonl/.md, bench_whole_f32_strict.*, bench_whole_f32_tf32.*).
 #
 # Environment: ROUNDS (alternating rounds per case, default 2), DTYPES (core and block stages,
@@ -42,8 +50,8 @@ set -uo pipefail
 kit="$(cd "$(dirname "$0")" && pwd)"
 stage="${1:-all}"
 out="${2:-${OUT:-$PWD/results}}"
-case "$stage" in all | fused | layers | conv | check | core | fusedcore | whole) ;; *)
-    echo "usage: run.sh [all|fused|layers|conv|check|core|fusedcore|whole] [OUT]" >&2
+case "$stage" in candidate | all | fused | layers | conv | check | core | fusedcore | whole) ;; *)
+    echo "usage: run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|whole] [OUT]" >&2
     exit 2
     ;;
 esac
@@ -130,26 +138,28 @@ PY
 }
 
 run_check() {
-    local dt args file start rc
-    for dt in bundle f16 bf16; do
+    local dt args file start rc tag="${CHECK_TAG:-}"
+    for dt in ${CHECK_DTYPES:-bundle f16 bf16}; do
         args=()
         [[ "$dt" != bundle ]] && args=(--dtype "$dt")
-        file="$out/check_$dt.json"
-        note "unet-parity check weights --device cuda ${args[*]}"
+        file="$out/check${tag}_$dt.json"
+        note "unet-parity check weights --device cuda ${args[*]}" \
+            "(UNET_ATTENTION_CUDA_LAYERS=${UNET_ATTENTION_CUDA_LAYERS:-auto} UNET_ATTENTION_SDPA=${UNET_ATTENTION_SDPA:-auto})"
         start=$SECONDS
-        "$bin/unet-parity" check "$weights" --device cuda "${args[@]}" --json >"$file" 2>"$out/check_$dt.stderr"
+        "$bin/unet-parity" check "$weights" --device cuda "${args[@]}" --json >"$file" 2>"$out/check${tag}_$dt.stderr"
         rc=$?
-        python3 - "$file" "$dt" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
+        python3 - "$file" "$dt" "$rc" "$((SECONDS - start))" "${UNET_ATTENTION_CUDA_LAYERS:-auto}" "${UNET_ATTENTION_SDPA:-auto}" >>"$summary" <<'PY' || failed=1
 import json, sys
-path, dt, rc, secs = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+path, dt, rc, secs, layers, sdpa = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6]
+head = {"stage": "check", "dtype": dt, "cuda_layers": layers, "sdpa": sdpa, "exit": rc}
 try:
     doc = json.load(open(path))
 except Exception as e:  # noqa: BLE001
-    print(json.dumps({"stage": "check", "dtype": dt, "exit": rc, "error": f"no JSON: {e}"}))
+    print(json.dumps({**head, "error": f"no JSON: {e}"}))
     sys.exit(0)
 bad = [r for r in doc["bundles"] if not r.get("pass", False)]
 worst = lambda r: max((o.get("max_abs") or 0 for o in r.get("outputs", [])), default=None)
-print(json.dumps({"stage": "check", "dtype": dt, "exit": rc, "seconds": round(secs, 1), "bundles": len(doc["bundles"]),
+print(json.dumps({**head, "seconds": round(secs, 1), "bundles": len(doc["bundles"]),
                   "passed": doc["passed"], "failed": doc["failed"], "errors": doc["errors"],
                   "not_passing": [{"file": r["file"], "error": r.get("error"), "max_abs": worst(r)} for r in bad]}))
 PY
@@ -158,8 +168,20 @@ PY
     done
 }
 
-# The fused kernel against the chunked path, then the bundles through it.
-run_fused() {
+# What flipping AUTO_PICKS_FUSED and AUTO_PICKS_CUDA_LAYERS needs, in one short run (about 5 min on
+# an H100): the three kernel checks, every bundle in its own dtype with the fused attention and the
+# CUDA layers on (check_candidate_bundle.json), and the whole mid blocks in f16 with both on, one
+# round (bench_whole_f16.*).
+run_candidate() {
+    run_fused_check
+    run_layers
+    run_conv
+    UNET_ATTENTION_CUDA_LAYERS=on UNET_ATTENTION_SDPA=fused CHECK_DTYPES=bundle CHECK_TAG=_candidate run_check
+    ROUNDS="${ROUNDS:-1}" DTYPES_WHOLE="${DTYPES_WHOLE:-f16}" WHOLE_F32="${WHOLE_F32:-no}" run_bench whole
+}
+
+# The fused kernel against the chunked path.
+run_fused_check() {
     local start rc
     note "fused_check (the fused CUDA kernel against the chunked path)"
     start=$SECONDS
@@ -181,25 +203,12 @@ print(json.dumps({"stage": "fused", "exit": rc, "seconds": round(secs, 1), "case
 PY
     tail -n 1 "$summary" >&2
     [[ $rc -eq 0 ]] || failed=1
-    note "unet-parity check weights --device cuda with UNET_ATTENTION_SDPA=fused"
-    start=$SECONDS
-    UNET_ATTENTION_SDPA=fused "$bin/unet-parity" check "$weights" --device cuda --json \
-        >"$out/check_fused.json" 2>"$out/check_fused.stderr"
-    rc=$?
-    python3 - "$out/check_fused.json" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
-import json, sys
-path, rc, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-try:
-    doc = json.load(open(path))
-except Exception as e:  # noqa: BLE001
-    print(json.dumps({"stage": "check_fused", "exit": rc, "error": f"no JSON: {e}"}))
-    sys.exit(0)
-bad = [r["file"] for r in doc["bundles"] if not r.get("pass", False)]
-print(json.dumps({"stage": "check_fused", "exit": rc, "seconds": round(secs, 1), "bundles": len(doc["bundles"]),
-                  "passed": doc["passed"], "failed": doc["failed"], "errors": doc["errors"], "not_passing": bad}))
-PY
-    tail -n 1 "$summary" >&2
-    [[ $rc -le 1 ]] || failed=1
+}
+
+# The fused kernel against the chunked path, then the bundles through it (check_fused_bundle.json).
+run_fused() {
+    run_fused_check
+    UNET_ATTENTION_SDPA=fused CHECK_DTYPES=bundle CHECK_TAG=_fused run_check
 }
 
 # The fused layer kernels and the native half products against the CPU references.
@@ -207,7 +216,7 @@ run_layers() {
     local start rc
     note "layers_check (the fused CUDA layers and native half products against CPU references)"
     start=$SECONDS
-    "$bin/layers_check" --out "$out/layers.jsonl" 2>"$out/layers.stderr"
+    UNET_ATTENTION_CUDA_LAYERS=on "$bin/layers_check" --out "$out/layers.jsonl" 2>"$out/layers.stderr"
     rc=$?
     python3 - "$out/layers.jsonl" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
 import json, sys
@@ -232,7 +241,7 @@ run_conv() {
     local start rc
     note "conv_check (the cuDNN convolution against an f64 CPU reference)"
     start=$SECONDS
-    "$bin/conv_check" --out "$out/conv.jsonl" 2>"$out/conv.stderr"
+    UNET_ATTENTION_CUDA_LAYERS=on "$bin/conv_check" --out "$out/conv.jsonl" 2>"$out/conv.stderr"
     rc=$?
     python3 - "$out/conv.jsonl" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
 import json, sys
@@ -271,7 +280,8 @@ bench_one() {
     local only="$1" dt="$2" tag="$3"
     shift 3
     note "bench_torch.py compare --only $only --device cuda --dtype $dt $* ${BENCH_ARGS:-}" \
-        "(UNET_ATTENTION_SDPA=${UNET_ATTENTION_SDPA:-auto} UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off})"
+        "(UNET_ATTENTION_SDPA=${UNET_ATTENTION_SDPA:-auto} UNET_ATTENTION_CUDA_LAYERS=${UNET_ATTENTION_CUDA_LAYERS:-auto}" \
+        "UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off})"
     python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
         --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$out/bench_$tag.jsonl" "$@" ${BENCH_ARGS:-} \
         >"$out/bench_$tag.md" 2>>"$out/bench.stderr" || { note "the benchmarks bench_$tag failed (bench.stderr)"; failed=1; }
@@ -285,10 +295,15 @@ run_bench() {
     fusedcore) for dt in ${DTYPES_FUSED:-f16 bf16}; do UNET_ATTENTION_SDPA=fused bench_one core "$dt" "fused_$dt"; done ;;
     # whole: f16 and bf16 with PyTorch's defaults; f32 against PyTorch in strict f32 (ours is
     # strict by default); f32 with our TF32 mode against PyTorch's default (TF32 convolutions).
+    # Ours with the fused attention and the CUDA layers on (what flipping their AUTO_PICKS
+    # constants would give; set UNET_ATTENTION_SDPA / UNET_ATTENTION_CUDA_LAYERS to time another).
     whole)
+        export UNET_ATTENTION_SDPA="${UNET_ATTENTION_SDPA:-fused}" UNET_ATTENTION_CUDA_LAYERS="${UNET_ATTENTION_CUDA_LAYERS:-on}"
         for dt in ${DTYPES_WHOLE:-f16 bf16}; do bench_one whole "$dt" "whole_$dt"; done
-        bench_one whole f32 whole_f32_strict --strict-f32
-        UNET_ATTENTION_TF32=on bench_one whole f32 whole_f32_tf32
+        if [[ "${WHOLE_F32:-yes}" == yes ]]; then
+            bench_one whole f32 whole_f32_strict --strict-f32
+            UNET_ATTENTION_TF32=on bench_one whole f32 whole_f32_tf32
+        fi
         ;;
     *) for dt in ${DTYPES:-f32 f16}; do bench_one "$only" "$dt" "${only}_$dt"; done ;;
     esac
@@ -297,6 +312,7 @@ run_bench() {
 record_env
 python_packages || { note "could not install the kit's wheels"; failed=1; }
 case "$stage" in
+candidate) run_candidate ;;
 all) run_fused; run_layers; run_conv; run_check; run_bench core; run_bench fusedcore; run_bench block; run_bench whole ;;
 fused) run_fused ;;
 layers) run_layers ;;

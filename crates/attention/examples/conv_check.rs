@@ -395,6 +395,19 @@ mod gpu {
                 return 3;
             }
         };
+        // The layers under test run only with the CUDA layers on (off by default until they
+        // have passed here).
+        match unet_attention::cuda::layers_enabled() {
+            Ok(true) => {}
+            Ok(false) => {
+                eprintln!("conv_check: the CUDA layers are off: run with UNET_ATTENTION_CUDA_LAYERS=on (run.sh does)");
+                return 2;
+            }
+            Err(e) => {
+                eprintln!("conv_check: {e}");
+                return 2;
+            }
+        }
         set_tf32(false);
         let (mut passed, mut failed) = (0, 0);
         let mut record = |line: serde_json::Value, out: &mut dyn Write| {

@@ -440,6 +440,21 @@ mod gpu {
             eprintln!("layers_check: this build has no layer kernels (CUDA_COMPUTE_CAP below 8.0)");
             return 3;
         }
+        // The layers under test run only with the CUDA layers on (off by default until they
+        // have passed here).
+        match unet_attention::cuda::layers_enabled() {
+            Ok(true) => {}
+            Ok(false) => {
+                eprintln!(
+                    "layers_check: the CUDA layers are off: run with UNET_ATTENTION_CUDA_LAYERS=on (run.sh does)"
+                );
+                return 2;
+            }
+            Err(e) => {
+                eprintln!("layers_check: {e}");
+                return 2;
+            }
+        }
         let (mut passed, mut failed) = (0, 0);
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut emit = |r: Result<serde_json::Value>, mut line: serde_json::Value| {

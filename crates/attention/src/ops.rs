@@ -47,25 +47,25 @@ pub fn round_through(x: &Tensor, dtype: DType) -> Result<Tensor> {
 /// Whether a product with `x` as its left operand may run in `x`'s half dtype itself: `x` on a
 /// CUDA device, f16 or bf16, Candle's cuBLAS call accumulating in f32 for that dtype (its
 /// reduced-precision flag off), no stage trace being recorded (a trace keeps the reference
-/// path everywhere) and `UNET_ATTENTION_CUDA_LAYERS` not `off` (an invalid value counts as off
-/// here; the fused layers report it).
+/// path everywhere) and the CUDA layers on ([`cuda_layers`]; an invalid setting counts as off
+/// here, the fused layers and convolutions report it).
 pub fn native_half(x: &Tensor) -> bool {
     let f32_accumulation = match x.dtype() {
         DType::F16 => !candle_core::cuda::gemm_reduced_precision_f16(),
         DType::BF16 => !candle_core::cuda::gemm_reduced_precision_bf16(),
         _ => false,
     };
-    f32_accumulation && x.device().is_cuda() && !crate::trace::enabled() && cuda_layers_on()
+    f32_accumulation && x.device().is_cuda() && !crate::trace::enabled() && matches!(cuda_layers(), Ok(true))
 }
 
-#[cfg(feature = "cuda")]
-fn cuda_layers_on() -> bool {
-    matches!(crate::cuda::layers_enabled(), Ok(true))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_layers_on() -> bool {
-    true
+/// Whether the CUDA layers (fused kernels, products and convolutions in the input's half dtype)
+/// are on: `UNET_ATTENTION_CUDA_LAYERS` (`unet_attention::cuda::layers_enabled`); `false`
+/// without the `cuda` feature.
+pub fn cuda_layers() -> Result<bool> {
+    #[cfg(feature = "cuda")]
+    return crate::cuda::layers_enabled();
+    #[cfg(not(feature = "cuda"))]
+    Ok(false)
 }
 
 /// [`native_half`] for `a @ b`: `b` of `a`'s dtype on `a`'s device too.

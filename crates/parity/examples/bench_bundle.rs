@@ -213,10 +213,11 @@ fn main() -> Result<()> {
         .map_or("null".into(), |m| format!("{m:.2}"));
     let ms: Vec<String> = ms.iter().map(|x| format!("{x:.2}")).collect();
     println!(
-        "{{\"impl\": \"candle\", \"case\": {}, \"device\": \"{spec}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"layer_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}, \"max_abs_vs_f64\": {}, \"torch_max_abs_vs_f64\": {}{gpu_fields}}}",
+        "{{\"impl\": \"candle\", \"case\": {}, \"device\": \"{spec}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cuda_layers\": {}, \"cpu_kernel\": \"{}\", \"layer_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}, \"max_abs_vs_f64\": {}, \"torch_max_abs_vs_f64\": {}{gpu_fields}}}",
         serde_json::to_string(&case)?,
         prepared.dtype,
         unet_attention::sdpa::sdpa_path()?,
+        unet_attention::ops::cuda_layers()?,
         unet_attention::sdpa::cpu_kernel_isa(),
         unet_attention::cpu_kernels::layer_kernel_isa(),
         std::thread::available_parallelism().map_or(1, |n| n.get()),

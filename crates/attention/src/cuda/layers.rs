@@ -9,10 +9,11 @@
 //! runs its tensor ops. **Status: compiled in CI, never run on a GPU yet**; the GPU kit's `layers`
 //! stage (`examples/layers_check.rs`) checks each against an f64 CPU reference.
 //!
-//! **Switch**: `UNET_ATTENTION_CUDA_LAYERS=off` turns the kernels off (every function returns
-//! `None`) and with them the native half-precision products of `ops::matmul` and `Projection`
-//! ([`layers_enabled`]); `auto` (the default, also when unset or blank) leaves them on. Another
-//! value is an error from every call.
+//! **Switch** ([`layers_enabled`]): `UNET_ATTENTION_CUDA_LAYERS=on` turns the kernels on and with
+//! them the native half-precision products of `ops::matmul`, `Projection` and the convolutions;
+//! `off` keeps every function returning `None` and the half products computed on f32 copies, as
+//! on the CPU (the path the committed bundles have passed on an H100); `auto` (the default, also
+//! when unset or blank) is [`AUTO_PICKS_CUDA_LAYERS`]. Another value is an error from every call.
 
 use super::layers_launch::{self as launch, EpilogueOp, GatedOp, GroupNormOp};
 use candle_core::{DType, Device, Result, Tensor};
@@ -52,12 +53,18 @@ pub fn layers_built() -> bool {
     launch::LAYERS_PTX.is_some()
 }
 
+/// What `UNET_ATTENTION_CUDA_LAYERS=auto` (the default) means: `false` until the GPU kit's
+/// `layers` and `conv` stages and its `check` with `UNET_ATTENTION_CUDA_LAYERS=on` have passed on
+/// a GPU (none of this has run on one yet): flip it then, as [`super::AUTO_PICKS_FUSED`].
+pub const AUTO_PICKS_CUDA_LAYERS: bool = false;
+
 /// Whether the fused layers and the native half products are on (`UNET_ATTENTION_CUDA_LAYERS`,
 /// read once; see the module docs).
 pub fn layers_enabled() -> Result<bool> {
     static SETTING: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
+    let choices = [("auto", AUTO_PICKS_CUDA_LAYERS), ("on", true), ("off", false)];
     SETTING
-        .get_or_init(|| crate::cpu::setting::choice("UNET_ATTENTION_CUDA_LAYERS", &[("auto", true), ("off", false)]))
+        .get_or_init(|| crate::cpu::setting::choice("UNET_ATTENTION_CUDA_LAYERS", &choices))
         .clone()
         .map_err(candle_core::Error::msg)
 }

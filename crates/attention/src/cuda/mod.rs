@@ -39,7 +39,9 @@ mod layers;
 mod layers_launch;
 pub mod memory;
 
-pub use layers::{epilogue, gated, group_norm, layers_built, layers_enabled, BiasAxis, GateAct, NormAct};
+pub use layers::{
+    epilogue, gated, group_norm, layers_built, layers_enabled, BiasAxis, GateAct, NormAct, AUTO_PICKS_CUDA_LAYERS,
+};
 
 use candle_core::{DType, Device, Result, Tensor};
 

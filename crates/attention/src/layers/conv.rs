@@ -1,13 +1,15 @@
 //! `nn.Conv2d` on the packed convolution kernels ([`Conv2d`]), with the ops PyTorch applies
 //! after it fused into its write-out.
 //!
-//! On CUDA (`cuda_conv`), as PyTorch runs it: the convolution in the input's dtype (no f32
-//! copies of input and weight), on this crate's cuDNN convolution with the feature `cudnn`
+//! On CUDA with the CUDA layers on (`UNET_ATTENTION_CUDA_LAYERS=on`; `cuda_conv_layer`), as
+//! PyTorch runs it: the convolution in the input's dtype (no f32 copies of input and weight), on this crate's cuDNN convolution with the feature `cudnn`
 //! (`unet_attention::cuda::conv`: f16/bf16 accumulated in f32, f32 strict unless the TF32 mode
 //! is on), else on Candle's (im2col and a cuBLAS GEMM, which accumulates f16/bf16 in f32); the
 //! bias and the extras then added as separate ops in the input's dtype, as PyTorch adds the bias
 //! to cuDNN's output. The weight (and bias) in the input's dtype, where that is not the dtype
-//! they were loaded in, is made at the first call and kept (`Copies`).
+//! they were loaded in, is made at the first call and kept (`Copies`). With them off (the
+//! default until they have run on a GPU) half inputs are computed in f32 and rounded once, as on
+//! the CPU; under `cudnn` on this crate's cuDNN convolution in strict f32.
 
 use crate::cpu_kernels::{ConvExtras, PackedConv};
 use crate::ops::upcast;
@@ -76,16 +78,13 @@ impl Conv2d {
     /// The convolution alone with its bias: on CUDA [`cuda_conv`]; elsewhere in at least f32,
     /// rounded once to the dtype of `x`.
     fn conv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if x.device().is_cuda() {
-            let weight = || match (&self.weight, &self.packed) {
-                (Some(w), _) => Ok(w.clone()),
-                (None, Some(p)) => p.weight(),
-                (None, None) => candle_core::bail!("a Conv2d holds its weight one way or the other"),
-            };
-            let (w, b) = self.copies.get(x, weight, self.bias.as_ref())?;
-            if let Some(y) = cuda_conv(x, &w, b.as_ref(), [self.padding; 2])? {
-                return Ok(y);
-            }
+        let weight = || match (&self.weight, &self.packed) {
+            (Some(w), _) => Ok(w.clone()),
+            (None, Some(p)) => p.weight(),
+            (None, None) => candle_core::bail!("a Conv2d holds its weight one way or the other"),
+        };
+        if let Some(y) = cuda_conv_layer(x, weight, self.bias.as_ref(), [self.padding; 2], &self.copies)? {
+            return Ok(y);
         }
         let x32 = upcast(x)?;
         if let Some(p) = &self.packed {
@@ -139,6 +138,35 @@ impl Copies {
         copies.push((dtype, made.0.clone(), made.1.clone()));
         Ok(made)
     }
+}
+
+/// A convolution layer's `conv2d(x, weight) + bias[:, None, None]` on CUDA, stride 1, zero
+/// padding `(ph, pw)`, in `x`'s dtype: with the CUDA layers on ([`crate::ops::cuda_layers`]) and
+/// no trace recorded, computed in that dtype ([`cuda_conv`], the weight's copy in it kept in
+/// `copies`); otherwise in f32 and rounded once, as on the CPU, on this crate's cuDNN
+/// convolution under `cudnn` (strict f32 unless the TF32 mode is on: Candle's own cuDNN
+/// convolution would run f32 in TF32). `None` off CUDA, and off the CUDA layers without `cudnn`
+/// (the caller's f32 path, Candle's im2col, then runs).
+pub(crate) fn cuda_conv_layer(
+    x: &Tensor,
+    weight: impl FnOnce() -> candle_core::Result<Tensor>,
+    bias: Option<&Tensor>,
+    padding: [usize; 2],
+    copies: &Copies,
+) -> candle_core::Result<Option<Tensor>> {
+    if !x.device().is_cuda() {
+        return Ok(None);
+    }
+    if crate::ops::cuda_layers()? && !crate::trace::enabled() {
+        let (w, b) = copies.get(x, weight, bias)?;
+        return cuda_conv(x, &w, b.as_ref(), padding);
+    }
+    if !cfg!(feature = "cudnn") {
+        return Ok(None);
+    }
+    let (w, b) = (upcast(&weight()?)?, bias.map(upcast).transpose()?);
+    let y = cuda_conv(&upcast(x)?, &w, b.as_ref(), padding)?;
+    y.map(|y| y.to_dtype(x.dtype())).transpose()
 }
 
 /// `conv2d(x, weight) + bias[:, None, None]` on CUDA, stride 1, zero padding `(ph, pw)`, weight

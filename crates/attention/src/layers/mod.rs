@@ -11,7 +11,7 @@ mod resample;
 
 pub use activation::{scale_shift, Activation};
 pub use conv::Conv2d;
-pub(crate) use conv::{cuda_conv, Copies};
+pub(crate) use conv::{cuda_conv_layer, Copies};
 pub use norm::{
     group_norm, l2_normalize_last_dim, BatchNorm2d, GroupNorm, LastDimRmsNorm, LayerNorm, RmsNorm, SpatialNorm,
 };

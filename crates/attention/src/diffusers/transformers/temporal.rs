@@ -26,7 +26,7 @@ use crate::config::defaults;
 use crate::cpu_kernels::Swish;
 use crate::diffusers::feed_forward::ActivationFn;
 use crate::diffusers::transformers::transformer::{BasicTransformerBlockConfig, TransformerBlock};
-use crate::layers::{cuda_conv, group_norm, Activation, Copies, GroupNorm, Projection};
+use crate::layers::{cuda_conv_layer, group_norm, Activation, Copies, GroupNorm, Projection};
 use crate::ops::upcast;
 use crate::trace;
 use crate::{Error, Result};
@@ -66,8 +66,8 @@ pub(crate) fn split_frames(
 
 /// `nn.Conv3d(in, out, (3, 1, 1), padding=(1, 0, 0))`: a convolution over the frame axis,
 /// computed as a `(3, 1)` Conv2d on `(B, C, F, H·W)` with the frames zero-padded; f16/bf16 in
-/// f32 and rounded once. On CUDA the layers' convolution (`crate::layers::cuda_conv`: in the
-/// input's dtype, the bias added after, as PyTorch's cuDNN path).
+/// f32 and rounded once. On CUDA the layers' convolution (`crate::layers::cuda_conv_layer`: in
+/// the input's dtype with the CUDA layers on, the bias added after, as PyTorch's cuDNN path).
 #[derive(Debug, Clone)]
 pub(crate) struct FrameConv {
     /// `(out, in, 3, 1)`.
@@ -92,9 +92,9 @@ impl FrameConv {
         crate::validate::input("diffusers.TemporalConvLayer", "x", x, &[])?;
         let (b, c, f, h, w) = x.dims5()?;
         if x.device().is_cuda() {
-            let (weight, bias) = self.copies.get(x, || Ok(self.weight.clone()), Some(&self.bias))?;
             let x4 = x.reshape((b, c, f, h * w))?;
-            if let Some(y) = cuda_conv(&x4, &weight, bias.as_ref(), [1, 0])? {
+            let weight = || Ok(self.weight.clone());
+            if let Some(y) = cuda_conv_layer(&x4, weight, Some(&self.bias), [1, 0], &self.copies)? {
                 return y.reshape((b, y.dim(1)?, f, h, w));
             }
         }
