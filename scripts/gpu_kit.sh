@@ -86,7 +86,11 @@ selftest() {
     # Wiring: every binary run.sh calls is one the build puts in the kit, and `all` runs the fused
     # kernel's stage.
     local called name
-    called=$(grep -oE '"\$bin/[A-Za-z0-9_-]+"' scripts/gpu_kit/run.sh | sed 's/"\$bin\///; s/"$//' | sort -u)
+    # Called as "$bin/NAME", or through `gpu_check STAGE NAME ...`.
+    called=$({
+        grep -oE '"\$bin/[A-Za-z0-9_-]+"' scripts/gpu_kit/run.sh | sed 's/"\$bin\///; s/"$//'
+        grep -oE 'gpu_check [a-z]+ [A-Za-z0-9_-]+' scripts/gpu_kit/run.sh | awk '{ print $3 }'
+    } | sort -u)
     for name in $called; do
         [[ " ${KIT_BINS[*]} " == *" $name "* ]] || cuda_fail "selftest: run.sh calls $name, which the kit does not build (KIT_BINS)"
     done

@@ -180,29 +180,39 @@ run_candidate() {
     ROUNDS="${ROUNDS:-1}" DTYPES_WHOLE="${DTYPES_WHOLE:-f16}" WHOLE_F32="${WHOLE_F32:-no}" run_bench whole
 }
 
-# The fused kernel against the chunked path.
-run_fused_check() {
-    local start rc
-    note "fused_check (the fused CUDA kernel against the chunked path)"
+# gpu_check STAGE BINARY WHAT [FIELD...]: one of the kit's GPU checks (its JSON lines in
+# STAGE.jsonl, stderr in STAGE.stderr), summarised in one line of summary.jsonl: cases, passed,
+# failed, the first 20 failing cases and, for each FIELD, its largest value over the cases.
+gpu_check() {
+    local stage="$1" binary="$2" what="$3" start rc
+    shift 3
+    note "$binary ($what)"
     start=$SECONDS
-    "$bin/fused_check" --out "$out/fused.jsonl" 2>"$out/fused.stderr"
+    "$bin/$binary" --out "$out/$stage.jsonl" 2>"$out/$stage.stderr"
     rc=$?
-    python3 - "$out/fused.jsonl" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
+    python3 - "$stage" "$out/$stage.jsonl" "$rc" "$((SECONDS - start))" "$@" >>"$summary" <<'PY' || failed=1
 import json, sys
-path, rc, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+stage, path, rc, secs, fields = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5:]
 try:
     rows = [json.loads(l) for l in open(path) if l.strip()]
 except Exception as e:  # noqa: BLE001
-    print(json.dumps({"stage": "fused", "exit": rc, "error": f"no JSON lines: {e}"}))
+    print(json.dumps({"stage": stage, "exit": rc, "error": f"no JSON lines: {e}"}))
     sys.exit(0)
 cases = [r for r in rows if not r.get("summary")]
 bad = [r for r in cases if not r.get("pass")]
-print(json.dumps({"stage": "fused", "exit": rc, "seconds": round(secs, 1), "cases": len(cases),
-                  "passed": len(cases) - len(bad), "failed": len(bad),
-                  "worst": max((r.get("max_abs") or 0 for r in cases), default=None), "not_passing": bad[:20]}))
+line = {"stage": stage, "exit": rc, "seconds": round(secs, 1), "cases": len(cases),
+        "passed": len(cases) - len(bad), "failed": len(bad)}
+for f in fields:
+    line[f"max_{f}"] = max((r[f] for r in cases if isinstance(r.get(f), (int, float))), default=None)
+print(json.dumps({**line, "not_passing": bad[:20]}))
 PY
     tail -n 1 "$summary" >&2
     [[ $rc -eq 0 ]] || failed=1
+}
+
+# The fused kernel against the chunked path.
+run_fused_check() {
+    gpu_check fused fused_check "the fused CUDA kernel against the chunked path" max_abs rel
 }
 
 # The fused kernel against the chunked path, then the bundles through it (check_fused_bundle.json).
@@ -213,54 +223,14 @@ run_fused() {
 
 # The fused layer kernels and the native half products against the CPU references.
 run_layers() {
-    local start rc
-    note "layers_check (the fused CUDA layers and native half products against CPU references)"
-    start=$SECONDS
-    UNET_ATTENTION_CUDA_LAYERS=on "$bin/layers_check" --out "$out/layers.jsonl" 2>"$out/layers.stderr"
-    rc=$?
-    python3 - "$out/layers.jsonl" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
-import json, sys
-path, rc, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-try:
-    rows = [json.loads(l) for l in open(path) if l.strip()]
-except Exception as e:  # noqa: BLE001
-    print(json.dumps({"stage": "layers", "exit": rc, "error": f"no JSON lines: {e}"}))
-    sys.exit(0)
-cases = [r for r in rows if not r.get("summary")]
-bad = [r for r in cases if not r.get("pass")]
-print(json.dumps({"stage": "layers", "exit": rc, "seconds": round(secs, 1), "cases": len(cases),
-                  "passed": len(cases) - len(bad), "failed": len(bad),
-                  "worst": max((r.get("worst") or 0 for r in cases), default=None), "not_passing": bad[:20]}))
-PY
-    tail -n 1 "$summary" >&2
-    [[ $rc -eq 0 ]] || failed=1
+    UNET_ATTENTION_CUDA_LAYERS=on gpu_check layers layers_check \
+        "the fused CUDA layers and native half products against CPU references" worst
 }
 
 # The cuDNN convolution against an f64 reference.
 run_conv() {
-    local start rc
-    note "conv_check (the cuDNN convolution against an f64 CPU reference)"
-    start=$SECONDS
-    UNET_ATTENTION_CUDA_LAYERS=on "$bin/conv_check" --out "$out/conv.jsonl" 2>"$out/conv.stderr"
-    rc=$?
-    python3 - "$out/conv.jsonl" "$rc" "$((SECONDS - start))" >>"$summary" <<'PY' || failed=1
-import json, sys
-path, rc, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-try:
-    rows = [json.loads(l) for l in open(path) if l.strip()]
-except Exception as e:  # noqa: BLE001
-    print(json.dumps({"stage": "conv", "exit": rc, "error": f"no JSON lines: {e}"}))
-    sys.exit(0)
-cases = [r for r in rows if not r.get("summary")]
-bad = [r for r in cases if not r.get("pass")]
-tf32 = [r["tf32_max_abs"] for r in cases if r.get("tf32_max_abs") is not None]
-print(json.dumps({"stage": "conv", "exit": rc, "seconds": round(secs, 1), "cases": len(cases),
-                  "passed": len(cases) - len(bad), "failed": len(bad),
-                  "worst_ratio": max((r.get("worst_ratio") or 0 for r in cases), default=None),
-                  "tf32_worst_max_abs": max(tf32, default=None), "not_passing": bad[:20]}))
-PY
-    tail -n 1 "$summary" >&2
-    [[ $rc -eq 0 ]] || failed=1
+    UNET_ATTENTION_CUDA_LAYERS=on gpu_check conv conv_check "the cuDNN convolution against an f64 CPU reference" \
+        worst_ratio tf32_max_abs
 }
 
 python_packages() {

@@ -53,7 +53,12 @@ fn main() {
 }
 
 #[cfg(feature = "cudnn")]
+#[path = "support/gpu_check.rs"]
+mod gpu_check;
+
+#[cfg(feature = "cudnn")]
 mod gpu {
+    use super::gpu_check::Report;
     use candle_core::{DType, Device, Result, Tensor};
     use candle_nn::VarBuilder;
     use std::collections::HashMap;
@@ -375,90 +380,39 @@ mod gpu {
     }
 
     pub fn main() -> i32 {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let quick = args.iter().any(|a| a == "--quick");
-        let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1));
-        let mut out: Box<dyn Write> = match out_path {
-            Some(p) => match std::fs::File::create(p) {
-                Ok(f) => Box::new(f),
-                Err(e) => {
-                    eprintln!("conv_check: cannot create {p}: {e}");
-                    return 2;
-                }
-            },
-            None => Box::new(std::io::stdout()),
+        let mut report = match Report::from_args("conv_check") {
+            Ok(r) => r,
+            Err(code) => return code,
         };
-        let dev = match Device::new_cuda(0) {
+        let dev = match report.cuda_device() {
             Ok(d) => d,
-            Err(e) => {
-                eprintln!("conv_check: no CUDA device: {e}");
-                return 3;
-            }
+            Err(code) => return code,
         };
-        // The layers under test run only with the CUDA layers on (off by default until they
-        // have passed here).
-        match unet_attention::cuda::layers_enabled() {
-            Ok(true) => {}
-            Ok(false) => {
-                eprintln!("conv_check: the CUDA layers are off: run with UNET_ATTENTION_CUDA_LAYERS=on (run.sh does)");
-                return 2;
-            }
-            Err(e) => {
-                eprintln!("conv_check: {e}");
-                return 2;
-            }
+        if let Err(code) = report.require_cuda_layers() {
+            return code;
         }
         set_tf32(false);
-        let (mut passed, mut failed) = (0, 0);
-        let mut record = |line: serde_json::Value, out: &mut dyn Write| {
-            if line["pass"] == true {
-                passed += 1;
-            } else {
-                failed += 1;
-                eprintln!("conv_check: FAILED {line}");
-            }
-            let _ = writeln!(out, "{line}");
-        };
-        for (i, c) in cases(quick).into_iter().enumerate() {
+        for (i, c) in cases(report.quick).into_iter().enumerate() {
             let d = match data(&c, 1000 + i as u64) {
                 Ok(d) => d,
                 Err(e) => {
-                    record(
-                        serde_json::json!({"stage": "conv", "pass": false, "error": e.to_string()}),
-                        &mut out,
-                    );
+                    report.record(serde_json::json!({"stage": "conv", "pass": false, "error": e.to_string()}));
                     continue;
                 }
             };
             for dtype in [DType::F32, DType::F16, DType::BF16] {
-                let mut line = serde_json::json!({
+                let line = serde_json::json!({
                     "stage": "conv", "dtype": format!("{dtype:?}").to_lowercase(), "b": c.b, "cin": c.cin,
                     "cout": c.cout, "k": c.k, "h": c.h, "w": c.w, "noncontig": c.noncontig, "bias": c.bias,
                     "extras": c.extras,
                 });
-                match run(&c, &d, dtype, &dev) {
-                    Ok(v) => line
-                        .as_object_mut()
-                        .expect("an object")
-                        .extend(v.as_object().expect("an object").clone()),
-                    Err(e) => {
-                        line["pass"] = false.into();
-                        line["error"] = e.to_string().into();
-                    }
-                }
-                record(line, &mut out);
+                report.record(Report::merged(line, run(&c, &d, dtype, &dev)));
             }
         }
         let cache = plan_cache(&dev).unwrap_or_else(
             |e| serde_json::json!({"stage": "conv", "check": "plan_cache", "pass": false, "error": e.to_string()}),
         );
-        record(cache, &mut out);
-        eprintln!("conv_check: {passed} passed, {failed} failed");
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::json!({"stage": "conv", "summary": true, "passed": passed, "failed": failed})
-        );
-        i32::from(failed > 0)
+        report.record(cache);
+        report.finish("conv")
     }
 }

@@ -34,7 +34,12 @@ fn main() {
 }
 
 #[cfg(feature = "cuda")]
+#[path = "support/gpu_check.rs"]
+mod gpu_check;
+
+#[cfg(feature = "cuda")]
 mod gpu {
+    use super::gpu_check::Report;
     use candle_core::{DType, Device, Result, Tensor};
     use std::io::Write;
     use std::time::Instant;
@@ -273,62 +278,27 @@ mod gpu {
     }
 
     pub fn main() -> i32 {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let quick = args.iter().any(|a| a == "--quick");
-        let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1));
-        let mut out: Box<dyn Write> = match out_path {
-            Some(p) => match std::fs::File::create(p) {
-                Ok(f) => Box::new(f),
-                Err(e) => {
-                    eprintln!("fused_check: cannot create {p}: {e}");
-                    return 2;
-                }
-            },
-            None => Box::new(std::io::stdout()),
+        let mut report = match Report::from_args("fused_check") {
+            Ok(r) => r,
+            Err(code) => return code,
         };
-        let dev = match Device::new_cuda(0) {
+        let dev = match report.cuda_device() {
             Ok(d) => d,
-            Err(e) => {
-                eprintln!("fused_check: no CUDA device: {e}");
-                return 3;
-            }
+            Err(code) => return code,
         };
         if !kernel_built() {
             eprintln!("fused_check: this build has no fused kernel (CUDA_COMPUTE_CAP below 8.0)");
             return 3;
         }
-        let (mut passed, mut failed) = (0, 0);
-        for c in cases(quick) {
+        for c in cases(report.quick) {
             let (b, h, lq, lk, d) = c.dims;
-            let mut line = serde_json::json!({
+            let line = serde_json::json!({
                 "stage": "fused", "dtype": format!("{:?}", c.dtype).to_lowercase(), "b": b, "h": h, "lq": lq,
                 "lk": lk, "d": d, "mask": format!("{:?}", c.mask).to_lowercase(), "splits": c.splits,
                 "layout": format!("{:?}", c.layout).to_lowercase(),
             });
-            match run(&c, &dev) {
-                Ok(v) => line
-                    .as_object_mut()
-                    .expect("an object")
-                    .extend(v.as_object().expect("an object").clone()),
-                Err(e) => {
-                    line["pass"] = false.into();
-                    line["error"] = e.to_string().into();
-                }
-            }
-            if line["pass"] == true {
-                passed += 1;
-            } else {
-                failed += 1;
-                eprintln!("fused_check: FAILED {line}");
-            }
-            let _ = writeln!(out, "{line}");
+            report.record(Report::merged(line, run(&c, &dev)));
         }
-        eprintln!("fused_check: {passed} passed, {failed} failed");
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::json!({"stage": "fused", "summary": true, "passed": passed, "failed": failed})
-        );
-        i32::from(failed > 0)
+        report.finish("fused")
     }
 }

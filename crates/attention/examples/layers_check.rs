@@ -39,7 +39,12 @@ fn main() {
 }
 
 #[cfg(feature = "cuda")]
+#[path = "support/gpu_check.rs"]
+mod gpu_check;
+
+#[cfg(feature = "cuda")]
 mod gpu {
+    use super::gpu_check::Report;
     use candle_core::{DType, Device, Result, Tensor};
     use std::io::Write;
     use std::time::Instant;
@@ -416,73 +421,34 @@ mod gpu {
     }
 
     pub fn main() -> i32 {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let quick = args.iter().any(|a| a == "--quick");
-        let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1));
-        let mut out: Box<dyn Write> = match out_path {
-            Some(p) => match std::fs::File::create(p) {
-                Ok(f) => Box::new(f),
-                Err(e) => {
-                    eprintln!("layers_check: cannot create {p}: {e}");
-                    return 2;
-                }
-            },
-            None => Box::new(std::io::stdout()),
+        let mut report = match Report::from_args("layers_check") {
+            Ok(r) => r,
+            Err(code) => return code,
         };
-        let dev = match Device::new_cuda(0) {
+        let dev = match report.cuda_device() {
             Ok(d) => d,
-            Err(e) => {
-                eprintln!("layers_check: no CUDA device: {e}");
-                return 3;
-            }
+            Err(code) => return code,
         };
         if !layers_built() {
             eprintln!("layers_check: this build has no layer kernels (CUDA_COMPUTE_CAP below 8.0)");
             return 3;
         }
-        // The layers under test run only with the CUDA layers on (off by default until they
-        // have passed here).
-        match unet_attention::cuda::layers_enabled() {
-            Ok(true) => {}
-            Ok(false) => {
-                eprintln!(
-                    "layers_check: the CUDA layers are off: run with UNET_ATTENTION_CUDA_LAYERS=on (run.sh does)"
-                );
-                return 2;
-            }
-            Err(e) => {
-                eprintln!("layers_check: {e}");
-                return 2;
-            }
+        if let Err(code) = report.require_cuda_layers() {
+            return code;
         }
-        let (mut passed, mut failed) = (0, 0);
+        let quick = report.quick;
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-        let mut emit = |r: Result<serde_json::Value>, mut line: serde_json::Value| {
-            match r {
-                Ok(v) => line = v,
-                Err(e) => {
-                    line["pass"] = false.into();
-                    line["error"] = e.to_string().into();
-                }
-            }
-            if line["pass"] == true {
-                passed += 1;
-            } else {
-                failed += 1;
-                eprintln!("layers_check: FAILED {line}");
-            }
-            let _ = writeln!(out, "{line}");
+        // A case's result is its whole line; an error keeps the case's description.
+        let mut emit = |r: Result<serde_json::Value>, line: serde_json::Value| {
+            report.record(match r {
+                Ok(v) => v,
+                Err(e) => Report::merged(line, Err(e)),
+            })
         };
         group_norm_cases(quick, &dev, &mut rng, &mut emit);
         gated_cases(quick, &dev, &mut rng, &mut emit);
         epilogue_cases(quick, &dev, &mut rng, &mut emit);
         product_cases(quick, &dev, &mut rng, &mut emit);
-        eprintln!("layers_check: {passed} passed, {failed} failed");
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::json!({"stage": "layers", "summary": true, "passed": passed, "failed": failed})
-        );
-        i32::from(failed > 0)
+        report.finish("layers")
     }
 }
