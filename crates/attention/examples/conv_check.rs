@@ -62,7 +62,6 @@ mod gpu {
     use candle_core::{DType, Device, Result, Tensor};
     use candle_nn::VarBuilder;
     use std::collections::HashMap;
-    use std::io::Write;
     use std::time::Instant;
     use unet_attention::cpu_kernels::ConvExtras;
     use unet_attention::cuda::conv::{cudnn_conv2d, plan_cache_stats};

@@ -41,7 +41,6 @@ mod gpu_check;
 mod gpu {
     use super::gpu_check::Report;
     use candle_core::{DType, Device, Result, Tensor};
-    use std::io::Write;
     use std::time::Instant;
     use unet_attention::cuda::{fused_sdpa, kernel_built, FusedOptions};
     use unet_attention::sdpa::{default_scale, sdpa_with, SdpaPath};

@@ -46,7 +46,6 @@ mod gpu_check;
 mod gpu {
     use super::gpu_check::Report;
     use candle_core::{DType, Device, Result, Tensor};
-    use std::io::Write;
     use std::time::Instant;
     use unet_attention::cuda::{epilogue, gated, group_norm, layers_built, BiasAxis, GateAct, NormAct};
 
