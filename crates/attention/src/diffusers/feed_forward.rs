@@ -123,7 +123,7 @@ impl Module for ProjectIn {
 
 #[cfg(feature = "cuda")]
 impl ProjectIn {
-    /// GEGLU / SwiGLU's `hidden * act(gate)` in one CUDA kernel ([`crate::cuda::gated`]: the
+    /// GEGLU / SwiGLU's `hidden * act(gate)` in one CUDA kernel (`unet_attention::cuda::gated` (feature `cuda`): the
     /// activation rounded, then the product, as PyTorch's two ops), where it applies and no trace
     /// is recorded; `None` otherwise.
     fn gated_cuda(&self, h: &Tensor) -> candle_core::Result<Option<Tensor>> {

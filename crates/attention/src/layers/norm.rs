@@ -141,7 +141,7 @@ impl Module for BatchNorm2d {
 /// upcasts exactly.
 ///
 /// **On CUDA** (f32, f16, bf16, no stage trace recorded) the norm is one fused kernel
-/// ([`crate::cuda::group_norm`]: f32 statistics per (batch, group), the affine in f32, rounded
+/// (`unet_attention::cuda::group_norm` (feature `cuda`): f32 statistics per (batch, group), the affine in f32, rounded
 /// once, as PyTorch's CUDA kernel), and [`Self::forward_swish`] / [`Self::forward_swish_add`]
 /// fuse the swish (computed from the rounded norm, rounded again) and a resnet's pre-norm add.
 #[derive(Debug, Clone)]

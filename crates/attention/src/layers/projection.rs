@@ -4,7 +4,7 @@
 //! **On CUDA in f16/bf16** ([`crate::ops::native_half`]) the product runs in the input's dtype:
 //! cuBLAS accumulates in f32 and rounds once, the weight (and bias) converted to that dtype once
 //! per projection and kept. The bias is then added to the rounded product (the fused epilogue
-//! kernel, [`crate::cuda::epilogue`], else `broadcast_add`): two roundings where PyTorch's CUDA
+//! kernel, `unet_attention::cuda::epilogue` (feature `cuda`), else `broadcast_add`): two roundings where PyTorch's CUDA
 //! `addmm` adds the bias inside cuBLASLt before its single one (its strided `matmul` + add and
 //! cuDNN's 1×1 convolution round twice too). The difference is at most one rounding of the
 //! output dtype; on the CPU nothing changes (f32 products, one rounding, as PyTorch's CPU).

@@ -81,7 +81,7 @@ impl Attention {
 
     /// `to_out`, the image reshape, `+ residual` and `/ rescale_output_factor` on CUDA in half
     /// precision: the product natively ([`Projection::product_native`]), then bias, residual
-    /// and rescale in one epilogue kernel ([`crate::cuda::epilogue`]; each step rounded as
+    /// and rescale in one epilogue kernel (`unet_attention::cuda::epilogue` (feature `cuda`); each step rounded as
     /// PyTorch's separate ops, the bias as a separate add: see [`Projection`]). `None` off that
     /// path (not CUDA, not half, a trace recorded).
     #[cfg(feature = "cuda")]

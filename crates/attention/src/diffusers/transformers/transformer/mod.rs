@@ -271,7 +271,7 @@ impl SpatialTransformer {
 
     /// `proj_out`, the image reshape and `+ x` on CUDA in half precision: the product natively
     /// ([`Projection::product_native`] / [`Projection::product_channels_native`]), then bias and
-    /// residual in one epilogue kernel ([`crate::cuda::epilogue`], each add rounded as PyTorch's
+    /// residual in one epilogue kernel (`unet_attention::cuda::epilogue` (feature `cuda`), each add rounded as PyTorch's
     /// separate ops). `None` off that path (not CUDA, not half, a trace recorded).
     #[cfg(feature = "cuda")]
     fn proj_out_fused(&self, tokens: &Tensor, x: &Tensor, (h, w): (usize, usize)) -> Result<Option<Tensor>> {
