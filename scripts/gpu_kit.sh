@@ -16,7 +16,7 @@
 # The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check,layers_check,conv_check}
 # built with `--features cudnn` (cuda plus this crate's cuDNN convolutions; release, stripped; PTX for
 # CUDA_COMPUTE_CAP, default 90 = H100/H200; run.sh unpacks them into a temporary folder), weights.tar.xz (the committed bundles less
-# weights/accuracy, about 42 MiB packed; run.sh unpacks them likewise), scripts/ (bench_torch.py and what it imports: KIT_SCRIPTS), wheels/
+# weights/accuracy, about 39 MiB packed; run.sh unpacks them likewise), scripts/ (bench_torch.py and what it imports: KIT_SCRIPTS), wheels/
 # (diffusers, denoising-diffusion-pytorch, stable-diffusion-sdkit, guided-diffusion-sdk and the
 # packages they import that a plain PyTorch install lacks; pure-Python, installed --no-deps by
 # run.sh), run.sh and MANIFEST.json (commit, compute capability, sizes). Copy the folder to the GPU
@@ -140,9 +140,10 @@ build() {
     # The bundles packed, without weights/accuracy (the CPU accuracy test's 19 MB of perturbed f32
     # blocks, never run on the GPU): 78 MB of bundles with their float64 stage twins pack to about
     # 55 MiB whole, too much beside the binaries and wheels for a 64 MiB copy; without accuracy/
-    # about 41 MiB.
-    echo "== gpu-kit: packing weights/ without weights/accuracy (xz, about 1 min)"
-    tar --exclude=weights/accuracy -cf - weights | xz -6 -T2 >"$dir.partial/weights.tar.xz" ||
+    # about 42 MiB with xz -6, 39 MiB with -9e (3 MiB of room the 64 MiB copy needs: tree 3.6 MiB +
+    # kit 56 MiB).
+    echo "== gpu-kit: packing weights/ without weights/accuracy (xz -9e, about 2 min)"
+    tar --exclude=weights/accuracy -cf - weights | xz -9e -T2 >"$dir.partial/weights.tar.xz" ||
         cuda_fail "tar | xz of weights/"
     cp -r "${KIT_SCRIPTS[@]}" "$dir.partial/scripts/"
     find "$dir.partial/scripts" -name __pycache__ -prune -exec rm -rf {} +
