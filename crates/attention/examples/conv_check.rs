@@ -12,7 +12,9 @@
 //! some with a non-contiguous input (a transposed view), with a bias, and with the extras the
 //! ResNet blocks fuse (`+ temb[:, :, None, None]`, `residual +`, `/ √2`). Inputs N(0, 1), the
 //! weight scaled by `1/√K` (K = in channels × kernel area, the reduction length), all rounded to
-//! the dtype first; the reference is f64 on the CPU from those rounded values.
+//! the dtype first; the reference is f64 on the CPU from those rounded values. Then the video
+//! blocks' frame convolution, a (3, 1) filter with padding (1, 0), straight on `cudnn_conv2d`
+//! (`frame_conv` lines).
 //!
 //! **Tolerance**, per output element, from the dtype's unit roundoff `u` (2⁻²⁴ f32, 2⁻¹¹ f16,
 //! 2⁻⁸ bf16), the compute type's `u_c` (2⁻²⁴: f32 accumulation for every dtype here), the
@@ -356,6 +358,50 @@ mod gpu {
         Ok(v)
     }
 
+    /// The video blocks' frame convolution (`FrameConv`: `Conv3d` (3, 1, 1) as a (3, 1) filter
+    /// with padding (1, 0) on `(B, C, F, H·W)`): the only non-square filter and padding the
+    /// crate hands cuDNN, which the square cases above cannot tell from their transposes. The
+    /// convolution alone (no bias) against the f64 reference of the zero-padded input; the
+    /// tolerance of `judge` with one rounding (`mag` = `S`).
+    fn frame_case(
+        (b, cin, cout, f, n): (usize, usize, usize, usize, usize),
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<serde_json::Value> {
+        let mut rng = Rng(0x5EED ^ (cin * 31 + f) as u64);
+        let kk = (cin * 3) as f32;
+        let x = rng.tensor(&[b, cin, f, n], 1.0)?;
+        let w = rng.tensor(&[cout, cin, 3, 1], 1.0 / kk.sqrt())?;
+        let (x64, w64) = (rounded64(&x, dtype)?, rounded64(&w, dtype)?);
+        let xp = x64.pad_with_zeros(2, 1, 1)?;
+        let flat = |t: Tensor| t.flatten_all()?.to_vec1::<f64>();
+        let want = flat(xp.conv2d(&w64, 0, 1, 1, 1)?)?;
+        let s = flat(xp.abs()?.conv2d(&w64.abs()?, 0, 1, 1, 1)?)?;
+        let (xd, wd) = (x.to_dtype(dtype)?.to_device(dev)?, w.to_dtype(dtype)?.to_device(dev)?);
+        let Some(got) = cudnn_conv2d(&xd, &wd, [1, 0])? else {
+            return Ok(serde_json::json!({"cudnn": false, "pass": false}));
+        };
+        if got.dims() != [b, cout, f, n] {
+            candle_core::bail!("output {:?}, expected {:?}", got.dims(), [b, cout, f, n])
+        }
+        let got = got.to_device(&Device::Cpu)?;
+        // `judge`'s K is `cin·k·k`: K = 3·cin carried in `cin` with k = 1; one rounding (no
+        // bias, no extras).
+        let as_case = Case {
+            b,
+            cin: cin * 3,
+            cout,
+            k: 1,
+            h: f,
+            w: n,
+            noncontig: false,
+            bias: false,
+            extras: false,
+        };
+        let (max_abs, worst) = judge(&got, &want, &s, &s, &as_case, dtype)?;
+        Ok(serde_json::json!({"cudnn": true, "max_abs": max_abs, "worst_ratio": worst, "pass": worst <= 1.0}))
+    }
+
     /// A repeated shape must find its algorithm in the cache: one more hit, no more misses.
     fn plan_cache(dev: &Device) -> Result<serde_json::Value> {
         let mut rng = Rng(7);
@@ -406,6 +452,16 @@ mod gpu {
                     "extras": c.extras,
                 });
                 report.record(Report::merged(line, run(&c, &d, dtype, &dev)));
+            }
+        }
+        for shape in [(1, 320, 320, 8, 64), (2, 64, 128, 16, 256)] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let (b, cin, cout, f, n) = shape;
+                let line = serde_json::json!({
+                    "stage": "conv", "check": "frame_conv", "dtype": format!("{dtype:?}").to_lowercase(),
+                    "b": b, "cin": cin, "cout": cout, "frames": f, "hw": n,
+                });
+                report.record(Report::merged(line, frame_case(shape, dtype, &dev)));
             }
         }
         let cache = plan_cache(&dev).unwrap_or_else(
