@@ -95,8 +95,9 @@ pub fn mul(x: &Tensor, s: f64) -> Result<Tensor> {
     upcast(x)?.affine(s, 0.0)?.to_dtype(x.dtype())
 }
 
-/// `x / d` for a Python float `d`: a true division in at least f32 (PyTorch divides by `d`
-/// rounded to f32; it does not multiply by `1/d`), rounded once.
+/// `x / d` for a Python float `d`: a true division in at least f32, rounded once, as PyTorch's
+/// CPU kernels divide by `d` rounded to f32. (Its CUDA kernel multiplies by `1/d` instead when
+/// `d` is a CPU scalar: at most one rounding of the output dtype apart; this keeps the division.)
 pub fn div(x: &Tensor, d: f64) -> Result<Tensor> {
     if d == 1.0 {
         return Ok(x.clone());
