@@ -15,7 +15,10 @@
 //! * **Algorithm**: chosen once per (device, shapes, padding, dtype, math) by cuDNN's heuristics
 //!   (`cudnnGetConvolutionForwardAlgorithm_v7`: the first result whose status is success and whose
 //!   workspace is at most [`WORKSPACE_CAP`]), its math type adopted as PyTorch does (never for
-//!   strict f32, which stays FMA), and cached process-wide ([`plan_cache_stats`]).
+//!   strict f32, which stays FMA), and cached process-wide ([`plan_cache_stats`]); the other
+//!   usable results are kept in order, and an algorithm whose launch fails (not supported after
+//!   all, no room for its workspace) gives way to the next, for that call and the later ones, as
+//!   PyTorch tries them in turn.
 //! * **Workspace**: one buffer per device, grown when a call needs more, never zeroed.
 //! * **Handles**: cuDNN handles are not thread-safe, so each thread keeps its own per device
 //!   (as Candle does), bound to the device's stream.
@@ -62,11 +65,12 @@ pub fn cudnn_conv2d(x: &Tensor, w: &Tensor, padding: [usize; 2]) -> Result<Optio
         math,
         geom,
     };
-    let Some(plan) = plan(dev, &key)? else {
+    let plans = plans(dev, &key)?;
+    if plans.is_empty() {
         return Ok(None);
-    };
+    }
     let (x, w) = (ready(x)?, ready(w)?);
-    Ok(Some(x.apply_op2_no_bwd(&w, &CudnnConv { key, plan })?))
+    Ok(Some(x.apply_op2_no_bwd(&w, &CudnnConv { key, plans })?))
 }
 
 /// How often [`cudnn_conv2d`] found its algorithm in the cache (`hits`) and how often it asked
@@ -177,16 +181,18 @@ struct PlanKey {
     geom: Geometry,
 }
 
-/// The algorithm cuDNN's heuristics chose for a [`PlanKey`], with its math type and workspace.
-#[derive(Debug, Clone, Copy)]
+/// An algorithm cuDNN's heuristics offer for a [`PlanKey`], with its math type and workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Plan {
     algo: sys::cudnnConvolutionFwdAlgo_t,
     math: sys::cudnnMathType_t,
     workspace: usize,
 }
 
-/// `None` in the cache: cuDNN has no algorithm for the key within the workspace cap.
-static PLANS: LazyLock<Mutex<HashMap<PlanKey, Option<Plan>>>> = LazyLock::new(Default::default);
+/// The usable algorithms of each key in the heuristics' order, the one calls run first at the
+/// front (an algorithm whose launch failed is dropped, as PyTorch moves on to the next); empty:
+/// cuDNN has none for the key within the workspace cap.
+static PLANS: LazyLock<Mutex<HashMap<PlanKey, Vec<Plan>>>> = LazyLock::new(Default::default);
 /// One workspace per device, grown on demand.
 static WORKSPACES: LazyLock<Mutex<HashMap<DeviceId, CudaSlice<u8>>>> = LazyLock::new(Default::default);
 
@@ -195,24 +201,31 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The cached plan of `key`, or the heuristics' (then cached).
-fn plan(dev: &CudaDevice, key: &PlanKey) -> Result<Option<Plan>> {
+/// The cached plans of `key`, or the heuristics' (then cached).
+fn plans(dev: &CudaDevice, key: &PlanKey) -> Result<Vec<Plan>> {
     if let Some(p) = lock(&PLANS).get(key) {
         HITS.fetch_add(1, Ordering::Relaxed);
-        return Ok(*p);
+        return Ok(p.clone());
     }
     let found = with_handle(dev, |h| {
         let d = Descriptors::new(key)?;
         choose(h, &d, key.math)
     })?;
     MISSES.fetch_add(1, Ordering::Relaxed);
-    lock(&PLANS).insert(*key, found);
+    lock(&PLANS).insert(*key, found.clone());
     Ok(found)
 }
 
-/// The first heuristic result that succeeds within [`WORKSPACE_CAP`] (its workspace size asked
-/// again with the math type set, as the launch will run it).
-fn choose(h: sys::cudnnHandle_t, d: &Descriptors, math: Math) -> Result<Option<Plan>> {
+/// Drop plans of `key` whose launch failed, so later calls start with the next.
+fn drop_failed(key: &PlanKey, failed: &[Plan]) {
+    if let Some(p) = lock(&PLANS).get_mut(key) {
+        p.retain(|plan| !failed.contains(plan));
+    }
+}
+
+/// The heuristic results that succeed within [`WORKSPACE_CAP`], in the heuristics' order (each
+/// one's workspace size asked again with the math type set, as the launch will run it).
+fn choose(h: sys::cudnnHandle_t, d: &Descriptors, math: Math) -> Result<Vec<Plan>> {
     let mut max: i32 = 0;
     // SAFETY: `h` is a live handle; `max` is a valid out-pointer.
     unsafe { sys::cudnnGetConvolutionForwardAlgorithmMaxCount(h, &mut max) }
@@ -236,6 +249,7 @@ fn choose(h: sys::cudnnHandle_t, d: &Descriptors, math: Math) -> Result<Option<P
         )
     }
     .map_err(err("cudnnGetConvolutionForwardAlgorithm_v7"))?;
+    let mut plans = Vec::new();
     for p in perf.iter().take(returned.clamp(0, n as i32) as usize) {
         if p.status != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS || p.memory > WORKSPACE_CAP {
             continue;
@@ -249,17 +263,15 @@ fn choose(h: sys::cudnnHandle_t, d: &Descriptors, math: Math) -> Result<Option<P
         // SAFETY: the handle and descriptors are live.
         let ws = unsafe { result::get_convolution_forward_workspace_size(h, d.x.0, d.w.0, d.conv.0, d.y.0, p.algo) };
         match ws {
-            Ok(workspace) if workspace <= WORKSPACE_CAP => {
-                return Ok(Some(Plan {
-                    algo: p.algo,
-                    math,
-                    workspace,
-                }))
-            }
+            Ok(workspace) if workspace <= WORKSPACE_CAP => plans.push(Plan {
+                algo: p.algo,
+                math,
+                workspace,
+            }),
             _ => continue,
         }
     }
-    Ok(None)
+    Ok(plans)
 }
 
 /// A Candle error naming the cuDNN call that failed.
@@ -378,10 +390,11 @@ impl Descriptors {
     }
 }
 
-/// The convolution as a Candle op on (input, weight), both contiguous.
+/// The convolution as a Candle op on (input, weight), both contiguous: the first of `plans` whose
+/// workspace and launch succeed (at least one plan).
 struct CudnnConv {
     key: PlanKey,
-    plan: Plan,
+    plans: Vec<Plan>,
 }
 
 /// The device workspace of at least `bytes` (grown, never shrunk or zeroed), locked while the
@@ -409,7 +422,6 @@ impl CudnnConv {
         let y_len = g.y.iter().map(|&d| d as usize).product::<usize>();
         // SAFETY: cuDNN writes every element of the output (beta = 0).
         let mut y = unsafe { dev.alloc::<T>(y_len) }?;
-        let stream = dev.cuda_stream();
         let size = std::mem::size_of::<T>() as u64;
         let (f32_one, f32_zero, f64_one, f64_zero) = (1f32, 0f32, 1f64, 0f64);
         let (alpha, beta): (*const c_void, *const c_void) = if self.key.dtype == DType::F64 {
@@ -417,46 +429,80 @@ impl CudnnConv {
         } else {
             (&f32_one as *const f32 as _, &f32_zero as *const f32 as _)
         };
+        let (x, w) = ((x, x_off as u64 * size), (w, w_off as u64 * size));
         with_handle(dev, |h| {
             let d = Descriptors::new(&self.key)?;
-            d.conv.set_math(self.plan.math)?;
-            let mut ws = workspace(dev, self.plan.workspace)?;
-            let (xp, _gx) = x.device_ptr(&stream);
-            let (wp, _gw) = w.device_ptr(&stream);
-            let (yp, _gy) = y.device_ptr_mut(&stream);
-            let (wsp, ws_len, _gws) = match ws.get_mut(&dev.id()).filter(|_| self.plan.workspace > 0) {
-                Some(buf) => {
-                    let len = buf.len();
-                    let (p, g) = buf.device_ptr_mut(&stream);
-                    (p as *mut c_void, len, Some(g))
+            let mut failed = Vec::new();
+            for plan in &self.plans {
+                match launch(h, &d, plan, dev, (x, w, &mut y), (alpha, beta)) {
+                    Ok(()) => {
+                        drop_failed(&self.key, &failed);
+                        return Ok(());
+                    }
+                    // Not supported for these descriptors after all, or no room for its
+                    // workspace: the next algorithm, as PyTorch tries them in turn.
+                    Err(_) if failed.len() + 1 < self.plans.len() => failed.push(*plan),
+                    Err(e) => {
+                        drop_failed(&self.key, &failed);
+                        return Err(e);
+                    }
                 }
-                None => (std::ptr::null_mut(), 0, None),
-            };
-            // SAFETY: handle and descriptors are live and describe these buffers (contiguous NCHW
-            // / KCRS of the plan's sizes, `T` the descriptors' data type, the offsets inside the
-            // slices); alpha/beta are of the scaling type cuDNN expects for the data type; the
-            // workspace holds `ws_len >= plan.workspace` bytes; every guard lives past the call.
-            unsafe {
-                result::convolution_forward(
-                    h,
-                    alpha,
-                    d.x.0,
-                    (xp + x_off as u64 * size) as *const c_void,
-                    d.w.0,
-                    (wp + w_off as u64 * size) as *const c_void,
-                    d.conv.0,
-                    self.plan.algo,
-                    wsp,
-                    ws_len,
-                    beta,
-                    d.y.0,
-                    yp as *mut c_void,
-                )
             }
-            .map_err(err("cudnnConvolutionForward"))
+            bail!("cuDNN conv2d: no algorithm to run")
         })?;
         Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
     }
+}
+
+/// A convolution's input or weight: its slice and the byte offset of its first element.
+type Operand<'a, T> = (&'a CudaSlice<T>, u64);
+
+/// One algorithm's launch, enqueued on the device's stream: `x` and `w`, the output `y`, the
+/// scaling factors.
+fn launch<T: CudaDType + DeviceRepr>(
+    h: sys::cudnnHandle_t,
+    d: &Descriptors,
+    plan: &Plan,
+    dev: &CudaDevice,
+    ((x, x_off), (w, w_off), y): (Operand<T>, Operand<T>, &mut CudaSlice<T>),
+    (alpha, beta): (*const c_void, *const c_void),
+) -> Result<()> {
+    let stream = dev.cuda_stream();
+    d.conv.set_math(plan.math)?;
+    let mut ws = workspace(dev, plan.workspace)?;
+    let (xp, _gx) = x.device_ptr(&stream);
+    let (wp, _gw) = w.device_ptr(&stream);
+    let (yp, _gy) = y.device_ptr_mut(&stream);
+    let (wsp, ws_len, _gws) = match ws.get_mut(&dev.id()).filter(|_| plan.workspace > 0) {
+        Some(buf) => {
+            let len = buf.len();
+            let (p, g) = buf.device_ptr_mut(&stream);
+            (p as *mut c_void, len, Some(g))
+        }
+        None => (std::ptr::null_mut(), 0, None),
+    };
+    // SAFETY: handle and descriptors are live and describe these buffers (contiguous NCHW /
+    // KCRS of the plan's sizes, `T` the descriptors' data type, the byte offsets inside the
+    // slices); alpha/beta are of the scaling type cuDNN expects for the data type; the
+    // workspace holds `ws_len >= plan.workspace` bytes; every guard lives past the call.
+    unsafe {
+        result::convolution_forward(
+            h,
+            alpha,
+            d.x.0,
+            (xp + x_off) as *const c_void,
+            d.w.0,
+            (wp + w_off) as *const c_void,
+            d.conv.0,
+            plan.algo,
+            wsp,
+            ws_len,
+            beta,
+            d.y.0,
+            yp as *mut c_void,
+        )
+    }
+    .map_err(err("cudnnConvolutionForward"))
 }
 
 impl CustomOp2 for CudnnConv {
