@@ -7,8 +7,9 @@
 #   candidate  what flipping unet_attention::cuda::{AUTO_PICKS_FUSED, AUTO_PICKS_CUDA_LAYERS}
 #           needs, in one short run (about 5 min on an H100; run it first when GPU time is short):
 #           fused_check, layers_check, conv_check, every bundle in its dtype with
-#           UNET_ATTENTION_SDPA=fused and UNET_ATTENTION_CUDA_LAYERS=on
-#           (check_candidate_bundle.json), the whole mid blocks in f16, one round (bench_whole_f16.*).
+#           UNET_ATTENTION_SDPA=fused (check_fused_bundle.json) and, apart, with
+#           UNET_ATTENTION_CUDA_LAYERS=on (check_layers_bundle.json), the whole mid blocks in f16
+#           with both on, one round (bench_whole_f16.*).
 #   fused   the crate's own fused CUDA attention kernel against the chunked path (fused_check:
 #           every head-dim bucket 8-512, odd lengths, masks, f16/bf16/f32, split-KV on and off;
 #           fused.jsonl, one line a case), then unet-parity check over the bundles with
@@ -169,14 +170,16 @@ PY
 }
 
 # What flipping AUTO_PICKS_FUSED and AUTO_PICKS_CUDA_LAYERS needs, in one short run (about 5 min on
-# an H100): the three kernel checks, every bundle in its own dtype with the fused attention and the
-# CUDA layers on (check_candidate_bundle.json), and the whole mid blocks in f16 with both on, one
-# round (bench_whole_f16.*).
+# an H100): the three kernel checks, every bundle in its own dtype with the fused attention alone
+# (check_fused_bundle.json) and with the CUDA layers alone (check_layers_bundle.json), so that each
+# constant is decided by its own run, and the whole mid blocks in f16 with both on, one round
+# (bench_whole_f16.*).
 run_candidate() {
     run_fused_check
     run_layers
     run_conv
-    UNET_ATTENTION_CUDA_LAYERS=on UNET_ATTENTION_SDPA=fused CHECK_DTYPES=bundle CHECK_TAG=_candidate run_check
+    UNET_ATTENTION_SDPA=fused CHECK_DTYPES=bundle CHECK_TAG=_fused run_check
+    UNET_ATTENTION_CUDA_LAYERS=on CHECK_DTYPES=bundle CHECK_TAG=_layers run_check
     ROUNDS="${ROUNDS:-1}" DTYPES_WHOLE="${DTYPES_WHOLE:-f16}" WHOLE_F32="${WHOLE_F32:-no}" run_bench whole
 }
 
