@@ -77,28 +77,25 @@ mod gpu {
         let mut out = vec![];
         let head_dims: &[usize] = &[8, 16, 20, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256, 320, 512];
         for dtype in [DType::F16, DType::BF16, DType::F32] {
+            let mut push = |dims, mask, splits, layout| {
+                out.push(Case {
+                    dtype,
+                    dims,
+                    mask,
+                    splits,
+                    layout,
+                })
+            };
             for &d in head_dims {
                 let dims = (2, 3, 77, 131, d);
                 for splits in [None, Some(1), Some(3)] {
-                    out.push(Case {
-                        dtype,
-                        dims,
-                        mask: Mask::None,
-                        splits,
-                        layout: Layout::Contiguous,
-                    });
+                    push(dims, Mask::None, splits, Layout::Contiguous);
                 }
                 if quick && d != 64 && d != 512 {
                     continue;
                 }
                 for mask in [Mask::Additive, Mask::Boolean, Mask::KeyPadding] {
-                    out.push(Case {
-                        dtype,
-                        dims,
-                        mask,
-                        splits: None,
-                        layout: Layout::Contiguous,
-                    });
+                    push(dims, mask, None, Layout::Contiguous);
                 }
             }
             // Cross-attention with 77 context keys (SD 1.5), memory key/values (lucidrains),
@@ -109,56 +106,20 @@ mod gpu {
                 (1, 2, 1, 300, 64),
                 (2, 20, 1024, 1024, 64),
             ] {
-                out.push(Case {
-                    dtype,
-                    dims,
-                    mask: Mask::None,
-                    splits: None,
-                    layout: Layout::Contiguous,
-                });
-                out.push(Case {
-                    dtype,
-                    dims,
-                    mask: Mask::KeyPadding,
-                    splits: Some(2),
-                    layout: Layout::Contiguous,
-                });
+                push(dims, Mask::None, None, Layout::Contiguous);
+                push(dims, Mask::KeyPadding, Some(2), Layout::Contiguous);
             }
             // Strided and unaligned inputs (the cp.async path and the element-by-element one),
             // with keys split so that the split CTAs' base offsets are exercised too.
             for layout in [Layout::Transposed, Layout::Offset] {
                 for d in [40, 64, 512] {
-                    out.push(Case {
-                        dtype,
-                        dims: (2, 3, 77, 131, d),
-                        mask: Mask::Additive,
-                        splits: Some(3),
-                        layout,
-                    });
+                    push((2, 3, 77, 131, d), Mask::Additive, Some(3), layout);
                 }
             }
-            out.push(Case {
-                dtype,
-                dims: (1, 1, 4096, 4096, 512),
-                mask: Mask::None,
-                splits: None,
-                layout: Layout::Contiguous,
-            });
+            push((1, 1, 4096, 4096, 512), Mask::None, None, Layout::Contiguous);
             if !quick {
-                out.push(Case {
-                    dtype,
-                    dims: (1, 1, 4096, 4096, 512),
-                    mask: Mask::None,
-                    splits: Some(1),
-                    layout: Layout::Contiguous,
-                });
-                out.push(Case {
-                    dtype,
-                    dims: (1, 1, 16384, 16384, 512),
-                    mask: Mask::None,
-                    splits: None,
-                    layout: Layout::Contiguous,
-                });
+                push((1, 1, 4096, 4096, 512), Mask::None, Some(1), Layout::Contiguous);
+                push((1, 1, 16384, 16384, 512), Mask::None, None, Layout::Contiguous);
             }
         }
         out
