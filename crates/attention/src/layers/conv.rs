@@ -226,3 +226,39 @@ impl Module for Conv2d {
         self.forward_with(x, ConvExtras::default())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Copies;
+    use candle_core::{DType, Device, Tensor};
+
+    /// The weight in the input's dtype is made once and kept; a weight already in it is used as
+    /// it is; a new dtype gets its own copy (the CUDA layers' per-call f32 copies are gone).
+    #[test]
+    fn copies_are_made_once_per_dtype() {
+        let dev = Device::Cpu;
+        let w = Tensor::arange(0f32, 12., &dev).unwrap().reshape((3, 4)).unwrap();
+        let b = Tensor::new(&[1f32, 2., 3.], &dev).unwrap();
+        let copies = Copies::default();
+        let x16 = Tensor::zeros(4, DType::F16, &dev).unwrap();
+        let (w1, b1) = copies.get(&x16, || Ok(w.clone()), Some(&b)).unwrap();
+        let (w2, b2) = copies.get(&x16, || Ok(w.clone()), Some(&b)).unwrap();
+        assert_eq!((w1.dtype(), b1.as_ref().unwrap().dtype()), (DType::F16, DType::F16));
+        assert_eq!(w1.id(), w2.id(), "the second call reuses the copy");
+        assert_eq!(b1.unwrap().id(), b2.unwrap().id());
+        assert_eq!(
+            w1.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
+            w.to_vec2::<f32>().unwrap()
+        );
+
+        let x32 = Tensor::zeros(4, DType::F32, &dev).unwrap();
+        let (w3, _) = copies.get(&x32, || Ok(w.clone()), Some(&b)).unwrap();
+        assert_eq!(w3.id(), w.id(), "no copy where the dtype already matches");
+
+        let xb = Tensor::zeros(4, DType::BF16, &dev).unwrap();
+        let (w4, _) = copies.get(&xb, || Ok(w.clone()), None).unwrap();
+        assert_eq!(w4.dtype(), DType::BF16);
+        let (w5, _) = copies.get(&x16, || Ok(w.clone()), Some(&b)).unwrap();
+        assert_eq!(w5.id(), w1.id(), "the f16 copy is still there beside the bf16 one");
+    }
+}
