@@ -371,4 +371,37 @@ mod tests {
             .to_string();
         assert!(err.contains("p.weight") && err.contains("[5, 4]"), "{err}");
     }
+
+    /// The half-precision parameters of the CUDA layers' native products: made once per dtype
+    /// (clones of the projection share them), the unpacked weight's values, refused for f32; and
+    /// off CUDA the native path is never taken.
+    #[test]
+    fn half_parameters_are_made_once_and_only_for_half_dtypes() {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 1., (6, 3), &dev).unwrap();
+        let b = Tensor::randn(0f32, 1., 6, &dev).unwrap();
+        let ts = HashMap::from([("p.weight".to_string(), w.clone()), ("p.bias".to_string(), b)]);
+        let p = Projection::load(
+            VarBuilder::from_tensors(ts, DType::F32, &dev).pp("p"),
+            "test",
+            3,
+            6,
+            true,
+        )
+        .unwrap();
+        let (w16, b16) = p.half_params(DType::F16).unwrap();
+        let (again, _) = p.clone().half_params(DType::F16).unwrap();
+        assert_eq!(w16.id(), again.id(), "made once, shared by clones");
+        assert_eq!((w16.dtype(), b16.unwrap().dtype()), (DType::F16, DType::F16));
+        let want = w.to_dtype(DType::F16).unwrap().to_vec2::<half::f16>().unwrap();
+        assert_eq!(
+            w16.to_vec2::<half::f16>().unwrap(),
+            want,
+            "the (out, in) weight, packed or not"
+        );
+        assert_eq!(p.half_params(DType::BF16).unwrap().0.dtype(), DType::BF16);
+        assert!(p.half_params(DType::F32).is_err());
+        let x = Tensor::zeros((2, 3), DType::F16, &dev).unwrap();
+        assert!(p.product_native(&x).unwrap().is_none(), "never native off CUDA");
+    }
 }
