@@ -60,11 +60,10 @@ mod gpu_check;
 
 #[cfg(feature = "cudnn")]
 mod gpu {
-    use super::gpu_check::Report;
+    use super::gpu_check::{median_ms, Report};
     use candle_core::{DType, Device, Result, Tensor};
     use candle_nn::VarBuilder;
     use std::collections::HashMap;
-    use std::time::Instant;
     use unet_attention::cpu_kernels::ConvExtras;
     use unet_attention::cuda::conv::{cudnn_conv2d, plan_cache_stats};
     use unet_attention::cuda::set_tf32;
@@ -235,20 +234,6 @@ mod gpu {
             DType::BF16 => (2f64.powi(-8), 2f64.powi(-126)),
             _ => (2f64.powi(-24), 2f64.powi(-126)),
         }
-    }
-
-    fn median_ms(dev: &Device, mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
-        f()?;
-        dev.synchronize()?;
-        let mut ms = vec![];
-        for _ in 0..5 {
-            let t = Instant::now();
-            f()?;
-            dev.synchronize()?;
-            ms.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        ms.sort_by(f64::total_cmp);
-        Ok(ms[ms.len() / 2])
     }
 
     /// The case's tensors in `dtype` on `dev`; `x` a transposed view when `noncontig`.

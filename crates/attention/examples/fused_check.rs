@@ -39,9 +39,8 @@ mod gpu_check;
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use super::gpu_check::Report;
+    use super::gpu_check::{median_ms, Report};
     use candle_core::{DType, Device, Result, Tensor};
-    use std::time::Instant;
     use unet_attention::cuda::{fused_sdpa, kernel_built, FusedOptions};
     use unet_attention::sdpa::{default_scale, sdpa_with, SdpaPath};
 
@@ -152,20 +151,6 @@ mod gpu {
                 Some(Tensor::from_vec(m, (b, 1, 1, lk), &Device::Cpu)?.to_device(dev)?)
             }
         })
-    }
-
-    fn median_ms(dev: &Device, mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
-        f()?;
-        dev.synchronize()?;
-        let mut ms = vec![];
-        for _ in 0..5 {
-            let t = Instant::now();
-            f()?;
-            dev.synchronize()?;
-            ms.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        ms.sort_by(f64::total_cmp);
-        Ok(ms[ms.len() / 2])
     }
 
     fn run(c: &Case, dev: &Device) -> Result<serde_json::Value> {

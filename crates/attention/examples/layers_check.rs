@@ -45,9 +45,8 @@ mod gpu_check;
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use super::gpu_check::Report;
+    use super::gpu_check::{median_ms, Report};
     use candle_core::{DType, Device, Result, Tensor};
-    use std::time::Instant;
     use unet_attention::cuda::{epilogue, gated, group_norm, layers_built, BiasAxis, GateAct, NormAct};
 
     /// A seeded xorshift generator: N(0, 1) samples by Box–Muller.
@@ -135,20 +134,6 @@ mod gpu {
             worst = worst.max(d / (k * (w.abs() + a)));
         }
         Ok((max_abs, worst))
-    }
-
-    fn median_ms(dev: &Device, mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
-        f()?;
-        dev.synchronize()?;
-        let mut ms = vec![];
-        for _ in 0..5 {
-            let t = Instant::now();
-            f()?;
-            dev.synchronize()?;
-            ms.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        ms.sort_by(f64::total_cmp);
-        Ok(ms[ms.len() / 2])
     }
 
     fn sigmoid(y: f64) -> f64 {

@@ -112,3 +112,22 @@ impl Report {
         i32::from(self.failed > 0)
     }
 }
+
+/// The median wall time of 5 calls of `f` after one warm-up, in milliseconds, the device's queue
+/// drained after each.
+pub fn median_ms(
+    dev: &candle_core::Device,
+    mut f: impl FnMut() -> candle_core::Result<candle_core::Tensor>,
+) -> candle_core::Result<f64> {
+    f()?;
+    dev.synchronize()?;
+    let mut ms = vec![];
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        f()?;
+        dev.synchronize()?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
+}
