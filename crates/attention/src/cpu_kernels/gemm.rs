@@ -82,8 +82,9 @@ pub(crate) fn k_blocks(k: usize, kc: usize) -> Vec<(usize, usize)> {
 pub(crate) enum RowsOf<'a> {
     /// A packed weight.
     Packed(&'a PackedRows),
-    /// Row-major `(M, K)` activations (token rows), packed by each task.
-    Matrix(&'a [f32]),
+    /// Row-major `(M, K)` activations (token rows), rows `lda` (≥ `K`) apart: `(M − 1)·lda + K`
+    /// values or more; read in place by the tiles.
+    Matrix(&'a [f32], usize),
 }
 
 /// The `B` operand of a call.
@@ -117,6 +118,9 @@ pub(crate) struct Epilogue<'a> {
     /// With a paired weight ([`PackedCols::new_paired`]): write `hidden · gelu(gate)`, `n` wide,
     /// instead of both halves (GEGLU in the write-out; nothing else may be set but the bias).
     pub(crate) geglu: bool,
+    /// With [`Epilogue::geglu`]: output rows this many values apart (≥ `n`; the values between
+    /// rows are left as they are) instead of `n`.
+    pub(crate) out_ld: Option<usize>,
 }
 
 impl Epilogue<'_> {
@@ -126,6 +130,7 @@ impl Epilogue<'_> {
         residual: None,
         div: None,
         geglu: false,
+        out_ld: None,
     };
 }
 
@@ -180,9 +185,10 @@ impl<'a> Call<'a> {
         let Product { a, b, epi, out } = p;
         let (m, k_a) = match &a {
             RowsOf::Packed(p) => (p.rows, p.k),
-            RowsOf::Matrix(x) => {
+            RowsOf::Matrix(x, lda) => {
                 let k = b_depth(&b);
-                (x.len() / k.max(1), k)
+                assert!(*lda >= k, "activation rows closer than their length");
+                (x.len().div_ceil((*lda).max(1)), k)
             }
         };
         let (n, batch) = match &b {
@@ -201,7 +207,10 @@ impl<'a> Call<'a> {
         };
         let k = b_depth(&b);
         assert_eq!(k_a, k, "GEMM operands disagree on the reduction length");
-        assert_eq!(out.len(), batch * m * n_out);
+        match epi.out_ld {
+            Some(ld) => assert!(epi.geglu && ld >= n_out && out.len() == m * ld),
+            None => assert_eq!(out.len(), batch * m * n_out),
+        }
         assert!(pairs.is_some() || !epi.geglu, "GEGLU needs a paired weight");
         let only_bias = epi.item_row.is_none() && epi.residual.is_none() && epi.div.is_none();
         assert!(pairs.is_none() || (only_bias && !matches!(epi.bias, Bias::PerRow(_))));
@@ -403,7 +412,7 @@ impl Job<'_> {
         // Accumulator rows padded off multiples of 1 KiB (a column of tiles in few L1 sets).
         let ldc = panels * nr + if (panels * nr) % 256 == 0 { 16 } else { 0 };
         let kc_max = self.blocks.iter().map(|b| b.1).max().unwrap_or(0);
-        let a_len = if matches!(self.a, RowsOf::Matrix(_)) {
+        let a_len = if matches!(self.a, RowsOf::Matrix(..)) {
             mr * kc_max
         } else {
             0
@@ -465,8 +474,7 @@ impl Job<'_> {
                 kc: kcb,
                 tail: None,
             },
-            RowsOf::Matrix(x) => {
-                let k = x.len() / self.m;
+            RowsOf::Matrix(x, k) => {
                 let last = t.rows.div_ceil(mr) - 1;
                 let short = t.rows - last * mr;
                 let copy = self.isa == Isa::Avx512 && !short.is_multiple_of(4);
@@ -510,13 +518,14 @@ impl Job<'_> {
         let nr = self.isa.nr();
         let geglu = self.epi.geglu;
         let width = if geglu { half } else { 2 * half };
+        let ld = self.epi.out_ld.unwrap_or(width);
         let bias = match self.epi.bias {
             Bias::PerCol(b) => Some(b),
             _ => None,
         };
         let (mut h, mut g) = ([0f32; 32], [0f32; 32]);
         for r in 0..t.rows {
-            let start = (t.m0 + r) * width;
+            let start = (t.m0 + r) * ld;
             for q in 0..t.cols / (2 * nr) {
                 // Packed column `pc` starts the pair whose hidden columns begin at `pc / 2`.
                 let pc = t.n0 + 2 * q * nr;
