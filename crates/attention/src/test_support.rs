@@ -16,3 +16,27 @@ pub fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
         .to_scalar::<f64>()
         .unwrap()
 }
+
+/// Normal f32 values on the CPU from a fixed seed (and the shape), so that a test judges the same
+/// numbers on every run and under every kernel choice. (The unit tests' alone.)
+#[allow(dead_code)]
+pub fn seeded_randn(shape: &[usize], seed: u64) -> Tensor {
+    let mut state = shape.iter().fold(
+        0x2545_f491_4f6c_dd1d ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        |h, &d| (h ^ d as u64).wrapping_mul(0x100_0000_01b3),
+    ) | 1;
+    let mut uniform = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            let (u, v) = (uniform(), uniform());
+            ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()
+}

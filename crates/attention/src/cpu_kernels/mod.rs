@@ -32,9 +32,11 @@ mod dense;
 mod gemm;
 mod im2col;
 mod packed;
+mod rms_norm;
 mod winograd;
 
 pub use dense::{layer_kernel_isa, layer_path, set_layer_path, ConvExtras, LayerPath, PackedConv, PackedLinear};
+pub use rms_norm::rms_norm_act;
 
 /// `nn.GroupNorm(groups, C, eps)` of an f32 CPU tensor `(B, C, ...)` with f32 `weight` and
 /// `bias` `(C,)`, as PyTorch's CPU kernel (`group_norm_kernel.cpp`) computes it: mean and biased

@@ -49,6 +49,10 @@ impl Block {
     fn forward(&self, x: &Tensor, film: Option<(&Tensor, &Tensor)>, stages: [&str; 2]) -> candle_core::Result<Tensor> {
         let x = self.proj.forward(x)?;
         trace::record(stages[0], &x);
+        if !trace::enabled() {
+            // Norm, FiLM and SiLU in one pass (the trace wants the norm's output alone).
+            return self.norm.forward_film_silu(&x, film, true);
+        }
         let x = self.norm.forward(&x)?;
         trace::record(stages[1], &x);
         let x = match film {

@@ -70,8 +70,38 @@ impl RmsNorm {
     }
 }
 
+impl RmsNorm {
+    /// The norm, then lucidrains' `Block` tail: `x * (scale + 1) + shift` with `film`'s `(B, C)`
+    /// `(scale, shift)`, and SiLU when `silu`. One pass on f32 CPU tensors (the norm's bits, the
+    /// SiLU within 1 ulp: [`crate::cpu_kernels::rms_norm_act`]), else the tensor ops.
+    pub fn forward_film_silu(
+        &self,
+        x: &Tensor,
+        film: Option<(&Tensor, &Tensor)>,
+        silu: bool,
+    ) -> candle_core::Result<Tensor> {
+        let act = silu.then_some(Swish::Silu);
+        if let Some(y) = crate::cpu_kernels::rms_norm_act(x, &self.g, self.scale, film, act)? {
+            return Ok(y);
+        }
+        let y = self.forward(x)?;
+        let y = match film {
+            Some((scale, shift)) => super::scale_shift(&y, scale, shift)?,
+            None => y,
+        };
+        if silu {
+            super::Activation::Swish.forward(&y)
+        } else {
+            Ok(y)
+        }
+    }
+}
+
 impl Module for RmsNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if let Some(y) = crate::cpu_kernels::rms_norm_act(x, &self.g, self.scale, None, None)? {
+            return Ok(y);
+        }
         // F.normalize: x / max(||x||_2 over dim 1, 1e-12), the norm accumulated in at least f32
         // and rounded to x's dtype before the division (as PyTorch does); then `* g`, `* scale`.
         let up = upcast(x)?;
