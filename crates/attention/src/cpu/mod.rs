@@ -4,7 +4,8 @@
 //!   `UNET_ATTENTION_ISA`);
 //! * [`caches`]: the L1d and L2 sizes they block for (`UNET_ATTENTION_CACHE` forces them);
 //! * [`setting`]: the one reader of the `UNET_ATTENTION_*` environment settings;
-//! * [`scratch`], [`pool`]: per-worker scratch and buffers kept between calls;
+//! * [`scratch`], [`pool`]: per-worker scratch and buffers kept between calls; [`aligned`]:
+//!   buffers on 64-byte boundaries (packed operands, scratch);
 //! * [`math`]: vectorisable `exp` and `erf`;
 //! * [`microkernel`]: the AVX2 and AVX-512 register tiles;
 //! * [`contiguous`]: a fast transposed copy, for every layer above.
@@ -12,6 +13,7 @@
 //! Above it: the kernels ([`crate::cpu_kernels`]: GEMM, Winograd, the attention kernel), then the
 //! tensor ops, the attention core and the layers (see the crate's docs, "Layers").
 
+pub(crate) mod aligned;
 pub(crate) mod caches;
 pub(crate) mod isa;
 pub(crate) mod math;

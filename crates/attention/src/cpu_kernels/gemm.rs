@@ -412,8 +412,9 @@ impl Job<'_> {
         // Accumulator rows padded off multiples of 1 KiB (a column of tiles in few L1 sets).
         let ldc = panels * nr + if (panels * nr) % 256 == 0 { 16 } else { 0 };
         let kc_max = self.blocks.iter().map(|b| b.1).max().unwrap_or(0);
+        // Whole cache lines, so that the image panels after it start on one as the scratch does.
         let a_len = if matches!(self.a, RowsOf::Matrix(..)) {
-            mr * kc_max
+            (mr * kc_max).next_multiple_of(16)
         } else {
             0
         };

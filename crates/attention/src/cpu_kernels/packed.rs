@@ -3,6 +3,7 @@
 //! the `B` operand ([`PackedCols`]).
 
 use super::gemm::{k_blocks, Blocking};
+use crate::cpu::aligned::Aligned;
 use crate::cpu::isa::Isa;
 
 /// `A` rows are padded to a multiple of this in packed weights (every tile height, 4, 6, 8 or
@@ -24,7 +25,8 @@ pub(crate) struct PackedRows {
     /// Rows per interleaved micro-panel (1: row-major).
     pub(super) il: usize,
     pub(super) blocks: Vec<(usize, usize)>,
-    pub(super) data: Vec<f32>,
+    /// On a 64-byte boundary (`crate::cpu::aligned`).
+    pub(super) data: Aligned,
 }
 
 impl PackedRows {
@@ -48,7 +50,7 @@ impl PackedRows {
     /// [`PackedRows::zeros_with`] in the buffer `data` (its allocation reused; the values are
     /// whatever it held, for a caller that writes every one of them).
     pub(crate) fn in_buffer(
-        mut data: Vec<f32>,
+        data: Vec<f32>,
         rows: usize,
         k: usize,
         il: usize,
@@ -65,7 +67,7 @@ impl PackedRows {
         }
         assert_eq!(p, k, "reduction blocks must cover the reduction");
         let rows_p = rows.div_ceil(ROW_PAD) * ROW_PAD;
-        data.resize(rows_p * k, 0.0);
+        let data = Aligned::in_vec(data, rows_p * k);
         PackedRows {
             rows,
             k,
@@ -78,7 +80,7 @@ impl PackedRows {
 
     /// The buffer back, for [`PackedRows::in_buffer`].
     pub(crate) fn into_data(self) -> Vec<f32> {
-        self.data
+        self.data.into_vec()
     }
 
     /// Row `r` of the matrix set to `src` (`k` values).
@@ -193,7 +195,8 @@ pub(crate) struct PackedCols {
     pub(super) nr: usize,
     pub(super) panels: usize,
     pub(super) blocks: Vec<(usize, usize)>,
-    pub(super) data: Vec<f32>,
+    /// On a 64-byte boundary (`crate::cpu::aligned`).
+    pub(super) data: Aligned,
 }
 
 impl PackedCols {
@@ -203,7 +206,7 @@ impl PackedCols {
         let nr = isa.nr();
         let panels = cols.div_ceil(nr);
         let blocks = k_blocks(k, blocking.kc);
-        let mut data = vec![0f32; panels * nr * k];
+        let mut data = Aligned::zeroed(panels * nr * k);
         for &(p0, kcb) in &blocks {
             let block = &mut data[panels * nr * p0..][..panels * nr * kcb];
             for (jp, panel) in block.chunks_exact_mut(kcb * nr).enumerate() {
@@ -227,17 +230,10 @@ impl PackedCols {
 
     /// A `(cols, k)` matrix of zeros in the buffer `data` (its allocation reused), to be
     /// filled by column groups ([`PackedCols::column_groups_mut`]).
-    pub(crate) fn zeros_in(
-        mut data: Vec<f32>,
-        cols: usize,
-        k: usize,
-        isa: Isa,
-        blocks: Vec<(usize, usize)>,
-    ) -> PackedCols {
+    pub(crate) fn zeros_in(data: Vec<f32>, cols: usize, k: usize, isa: Isa, blocks: Vec<(usize, usize)>) -> PackedCols {
         let nr = isa.nr();
         let panels = cols.div_ceil(nr);
-        data.clear();
-        data.resize(panels * nr * k, 0.0);
+        let data = Aligned::zeroed_in(data, panels * nr * k);
         PackedCols {
             cols,
             k,
@@ -251,7 +247,7 @@ impl PackedCols {
 
     /// The buffer back, for [`PackedCols::zeros_in`].
     pub(crate) fn into_data(self) -> Vec<f32> {
-        self.data
+        self.data.into_vec()
     }
 
     /// The packed values split by runs of `per` whole panels (disjoint, so that column ranges

@@ -23,6 +23,7 @@
 use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor};
 use rayon::prelude::*;
 
+use crate::cpu::aligned::Aligned;
 use crate::cpu::isa::Isa;
 use crate::cpu::scratch::{packing_buffer, with_scratch};
 use crate::cpu::{caches, contiguous};
@@ -348,7 +349,7 @@ fn run_f32(
 /// `(D, Lk)` for `gemm` (it then packs Kᵀ as a plain copy, not a gather), each head's packed
 /// operands for the microkernels. Empty where a head is one task (that task packs its own).
 /// From [`packing_buffer`]: given back after the tasks.
-fn shared_keys(engine: Engine, dims: &Dims, k: &[f32], v: &[f32]) -> Vec<f32> {
+fn shared_keys(engine: Engine, dims: &Dims, k: &[f32], v: &[f32]) -> Aligned {
     match engine {
         Engine::Gemm => {
             let mut kt = packing_buffer::take(k.len());
@@ -360,7 +361,7 @@ fn shared_keys(engine: Engine, dims: &Dims, k: &[f32], v: &[f32]) -> Vec<f32> {
             tiles::pack_heads(k, v, dims, &mut packed);
             packed
         }
-        Engine::Tiles(_) => Vec::new(),
+        Engine::Tiles(_) => Aligned::default(),
     }
 }
 

@@ -25,11 +25,11 @@
 //! sums.
 
 use super::{simd, Dims, Inputs, Softmax};
-use crate::cpu::caches;
 use crate::cpu::isa::Isa;
 use crate::cpu::microkernel::avx512::{self, MR};
 use crate::cpu::microkernel::{avx2, prefetch, ALayout};
 use crate::cpu::scratch::with_scratch;
+use crate::cpu::{aligned, caches};
 use std::mem::MaybeUninit;
 
 /// Longest inner dimension of one tile product on `tile`: [`KC`] on AVX-512; on AVX2 a
@@ -73,14 +73,10 @@ pub(super) fn task(inp: &Inputs, dims: &Dims, bh: usize, q0: usize, o: &mut [May
     let lay = TaskLayout::new(dims, o.len() / dims.dv);
     let q = &inp.q[(bh * dims.lq + q0) * dims.d..][..lay.rows * dims.d];
     let sizes = lay.scratch_sizes(dims);
-    with_scratch(sizes.iter().sum(), |scratch| {
-        let (own, rest) = scratch.split_at_mut(sizes[0]);
+    // Each part on a cache line of its own (the tiles load and store 64 bytes at a time).
+    with_scratch(aligned::lines_len(&sizes), |scratch| {
+        let [own, row_max, qp, s, acc, alpha, mask_row] = aligned::split_lines(scratch, sizes);
         let head = HeadOperands::new(inp, dims, bh, own);
-        let (row_max, rest) = rest.split_at_mut(sizes[1]);
-        let (qp, rest) = rest.split_at_mut(sizes[2]);
-        let (s, rest) = rest.split_at_mut(sizes[3]);
-        let (acc, rest) = rest.split_at_mut(sizes[4]);
-        let (alpha, mask_row) = rest.split_at_mut(sizes[5]);
         let queries = QueryRows::copy(&lay, q, qp);
         alpha.fill(1.0);
         let mut softmax = Softmax::new(inp, dims, bh, lay.rows);

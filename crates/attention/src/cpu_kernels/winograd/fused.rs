@@ -86,7 +86,8 @@ impl Task<'_> {
         } else {
             ALayout::Interleaved
         };
-        let (a_len, acc_len) = (rows_p * kc, rows_p * ldc);
+        // Whole cache lines each, so that every part starts on one as the scratch does.
+        let (a_len, acc_len) = ((rows_p * kc).next_multiple_of(16), rows_p * ldc);
         with_scratch(16 * (a_len + acc_len), |scratch| {
             let (a, acc) = scratch.split_at_mut(16 * a_len);
             for (j, &(q0, kcb)) in self.blocks.iter().enumerate() {
