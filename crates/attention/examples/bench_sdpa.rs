@@ -17,7 +17,9 @@
 //! `linear` and `conv` time the layer GEMM of `unet_attention::cpu_kernels` alone (and, with
 //! `--candle`, Candle's `Linear` / `Conv2d` on the same data); their JSON adds `gflops`.
 //! `fma-peak` prints the f32 FMA rate of one core (independent `vfmadd` chains, AVX2 and, where
-//! the CPU has it, AVX-512), the peak the GFLOP/s figures of `BENCHMARKS.md` are held against.
+//! the CPU has it, AVX-512), the peak the GFLOP/s figures of `BENCHMARKS.md` are held against,
+//! and the layer GEMM's register tile alone on L1-resident operands (`tile_rows_gflops`,
+//! `tile_interleaved_gflops`): the loop's own ceiling on this CPU.
 //!
 //! Prints one JSON line: the times of each repetition (after one warm-up call, unless
 //! `--warmup 0`), their median, the resident set before the first call (inputs and weights
@@ -393,6 +395,27 @@ mod fma_peak {
             .fold(0.0, f64::max)
     }
 
+    /// The layer GEMM's own register tile on L1-resident operands (`unet_attention::cpu_kernels::
+    /// tile_flops`), best of 5 runs, for `A` read as rows and as one interleaved micro-panel.
+    #[cfg(target_arch = "x86_64")]
+    fn tile_rates() -> Vec<String> {
+        let kernel = unet_attention::cpu_kernels::layer_kernel_isa();
+        let mut fields = vec![format!("\"tile\": \"{kernel}\", \"tile_kc\": 128")];
+        for (name, interleaved) in [("rows", false), ("interleaved", true)] {
+            let best = (0..5)
+                .filter_map(|_| {
+                    let t = std::time::Instant::now();
+                    let flops = unet_attention::cpu_kernels::tile_flops(interleaved, 128, 300_000)?;
+                    Some(flops / t.elapsed().as_secs_f64() / 1e9)
+                })
+                .fold(0.0, f64::max);
+            if best > 0.0 {
+                fields.push(format!("\"tile_{name}_gflops\": {best:.1}"));
+            }
+        }
+        fields
+    }
+
     pub fn print() {
         #[cfg(target_arch = "x86_64")]
         {
@@ -411,6 +434,7 @@ mod fma_peak {
                 };
                 fields.push(format!("\"avx512_gflops\": {:.1}", rate(24.0 * 32.0, run)));
             }
+            fields.extend(tile_rates());
             println!("{{\"case\": \"fma-peak (one core)\", {}}}", fields.join(", "));
         }
         #[cfg(not(target_arch = "x86_64"))]

@@ -456,8 +456,9 @@ impl Job<'_> {
     }
 
     /// The task's rows of `A` over `[p0, p0 + kcb)`: a packed weight's (interleaved or `kcb`
-    /// apart), or the activation rows read in place (`K` apart; token rows are few and reused
-    /// across many column panels, so the short row streams cost little), except a short last
+    /// apart), or the activation rows read in place (`lda` apart; token rows are few and reused
+    /// across many column panels, so the short row streams cost little: packing them per task
+    /// measured 12 % slower, `docs/bench/notes.md`), except a short last
     /// micro-panel that the tile would read past (whole 4-row groups on AVX-512), copied
     /// zero-padded into `buf`.
     fn a_rows<'s>(&'s self, t: Task, p0: usize, kcb: usize, buf: &'s mut [f32]) -> ARows<'s> {

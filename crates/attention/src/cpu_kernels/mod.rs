@@ -279,6 +279,38 @@ pub(crate) fn geglu_row(dst: &mut [f32], hidden: &[f32], gate: &[f32]) {
     body(dst, hidden, gate)
 }
 
+/// The layer GEMM's register tile alone, for `bench_sdpa fma-peak`: `calls` calls of this CPU's
+/// tile ([`layer_kernel_isa`]) on operands that stay in L1 (a `kc`-deep `B` panel, `A` as rows
+/// `kc` apart or one interleaved micro-panel, the sums added to a `C` tile), on this thread.
+/// Returns the floating-point operations done (`None` without register tiles), so that the
+/// caller's clock gives the tile's own rate against the FMA peak: where it falls short, the
+/// loop is what limits the layers on that CPU, not how the GEMM feeds it.
+#[doc(hidden)]
+pub fn tile_flops(interleaved: bool, kc: usize, calls: usize) -> Option<f64> {
+    use crate::cpu::aligned::Aligned;
+    use crate::cpu::isa::Isa;
+    use crate::cpu::microkernel::{tile, ALayout};
+    let isa = Isa::with_tiles()?;
+    let (mr, nr) = (isa.mr(), isa.nr());
+    let (mut a, mut b, mut c) = (
+        Aligned::zeroed(mr * kc),
+        Aligned::zeroed(kc * nr),
+        Aligned::zeroed(mr * nr),
+    );
+    a.fill(0.5);
+    b.fill(0.25);
+    let layout = if interleaved {
+        ALayout::Interleaved
+    } else {
+        ALayout::Rows(kc)
+    };
+    for _ in 0..calls {
+        tile(isa, mr, (&a, layout), kc, &b, &mut c, nr, true);
+    }
+    std::hint::black_box(&c[..]);
+    Some(2.0 * (mr * nr * kc) as f64 * calls as f64)
+}
+
 /// `Σ_c x[b, c, ...]²` of an f32 CPU tensor `(B, C, ...)`, keeping the channel dim (size 1): the
 /// channels summed in order in f32, each position on its own (PyTorch's reduction over a
 /// non-innermost dim). `None` where it does not apply (not CPU, not f32, rank below 2).
