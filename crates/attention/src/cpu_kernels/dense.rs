@@ -376,23 +376,13 @@ mod tests {
     /// Normal values from a fixed seed (per shape), so that a test's outcome does not depend on
     /// the draw: the same numbers on every run, every kernel choice judged on the same inputs.
     fn randn(shape: &[usize]) -> Tensor {
-        let mut state = shape.iter().fold(0x2545_f491_4f6c_dd1du64, |h, &d| {
-            (h ^ d as u64).wrapping_mul(0x100_0000_01b3)
-        });
-        let mut uniform = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-        };
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                let (u, v) = (uniform(), uniform());
-                ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        crate::test_support::seeded_randn(shape, 0)
+    }
+
+    /// The bit patterns of a tensor's f32 values.
+    fn bits(t: &Tensor) -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.iter().map(|x| x.to_bits()).collect()
     }
 
     /// Largest `|a − b|` over `max(1, |b|)`, in f64.
@@ -451,10 +441,6 @@ mod tests {
         if Isa::with_tiles().is_none() {
             return;
         }
-        let bits = |t: &Tensor| -> Vec<u32> {
-            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            v.iter().map(|x| x.to_bits()).collect()
-        };
         // n = 1024: GEGLU rows 4 KiB long, written further apart (a narrowed view).
         for (tokens, inp, n) in [
             (13usize, 50usize, 37usize),
@@ -489,10 +475,6 @@ mod tests {
         if Isa::with_tiles().is_none() {
             return;
         }
-        let bits = |t: &Tensor| -> Vec<u32> {
-            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            v.iter().map(|x| x.to_bits()).collect()
-        };
         let p = PackedLinear::new(&randn(&[45, 40])).unwrap().unwrap();
         let base = randn(&[2, 1, 13, 56]);
         let cases = [
