@@ -19,7 +19,8 @@
 //! `fma-peak` prints the f32 FMA rate of one core (independent `vfmadd` chains, AVX2 and, where
 //! the CPU has it, AVX-512), the peak the GFLOP/s figures of `BENCHMARKS.md` are held against,
 //! and the layer GEMM's register tile alone on L1-resident operands (`tile_rows_gflops`,
-//! `tile_interleaved_gflops`): the loop's own ceiling on this CPU.
+//! `tile_interleaved_gflops`; `tile_rows3_gflops` for the AVX-512 candidate loop that addresses
+//! its rows from three base registers): the loop's own ceiling on this CPU.
 //!
 //! Prints one JSON line: the times of each repetition (after one warm-up call, unless
 //! `--warmup 0`), their median, the resident set before the first call (inputs and weights
@@ -396,16 +397,17 @@ mod fma_peak {
     }
 
     /// The layer GEMM's own register tile on L1-resident operands (`unet_attention::cpu_kernels::
-    /// tile_flops`), best of 5 runs, for `A` read as rows and as one interleaved micro-panel.
+    /// tile_flops`), best of 5 runs, for `A` read as rows, as one interleaved micro-panel, and
+    /// (AVX-512) as rows by the three-base candidate loop.
     #[cfg(target_arch = "x86_64")]
     fn tile_rates() -> Vec<String> {
         let kernel = unet_attention::cpu_kernels::layer_kernel_isa();
         let mut fields = vec![format!("\"tile\": \"{kernel}\", \"tile_kc\": 128")];
-        for (name, interleaved) in [("rows", false), ("interleaved", true)] {
+        for name in ["rows", "interleaved", "rows3"] {
             let best = (0..5)
                 .filter_map(|_| {
                     let t = std::time::Instant::now();
-                    let flops = unet_attention::cpu_kernels::tile_flops(interleaved, 128, 300_000)?;
+                    let flops = unet_attention::cpu_kernels::tile_flops(name, 128, 300_000)?;
                     Some(flops / t.elapsed().as_secs_f64() / 1e9)
                 })
                 .fold(0.0, f64::max);

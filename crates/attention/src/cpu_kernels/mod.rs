@@ -280,16 +280,18 @@ pub(crate) fn geglu_row(dst: &mut [f32], hidden: &[f32], gate: &[f32]) {
 }
 
 /// The layer GEMM's register tile alone, for `bench_sdpa fma-peak`: `calls` calls of this CPU's
-/// tile ([`layer_kernel_isa`]) on operands that stay in L1 (a `kc`-deep `B` panel, `A` as rows
-/// `kc` apart or one interleaved micro-panel, the sums added to a `C` tile), on this thread.
-/// Returns the floating-point operations done (`None` without register tiles), so that the
-/// caller's clock gives the tile's own rate against the FMA peak: where it falls short, the
-/// loop is what limits the layers on that CPU, not how the GEMM feeds it.
+/// tile ([`layer_kernel_isa`]) on operands that stay in L1 (a `kc`-deep `B` panel, a `C` tile the
+/// sums are added to, and `A` as `layout` says: `"rows"` `kc` apart, `"interleaved"` one
+/// micro-panel, `"rows3"` rows read by the AVX-512 candidate loop with three base registers),
+/// on this thread. Returns the floating-point operations done (`None` without register tiles,
+/// for an unknown layout, or `"rows3"` without AVX-512), so that the caller's clock gives the
+/// tile's own rate against the FMA peak: where it falls short, the loop is what limits the layers
+/// on that CPU, not how the GEMM feeds it.
 #[doc(hidden)]
-pub fn tile_flops(interleaved: bool, kc: usize, calls: usize) -> Option<f64> {
+pub fn tile_flops(layout: &str, kc: usize, calls: usize) -> Option<f64> {
     use crate::cpu::aligned::Aligned;
     use crate::cpu::isa::Isa;
-    use crate::cpu::microkernel::{tile, ALayout};
+    use crate::cpu::microkernel::{avx512, tile, ALayout};
     let isa = Isa::with_tiles()?;
     let (mr, nr) = (isa.mr(), isa.nr());
     let (mut a, mut b, mut c) = (
@@ -299,13 +301,23 @@ pub fn tile_flops(interleaved: bool, kc: usize, calls: usize) -> Option<f64> {
     );
     a.fill(0.5);
     b.fill(0.25);
-    let layout = if interleaved {
-        ALayout::Interleaved
-    } else {
-        ALayout::Rows(kc)
-    };
-    for _ in 0..calls {
-        tile(isa, mr, (&a, layout), kc, &b, &mut c, nr, true);
+    match layout {
+        "rows" | "interleaved" => {
+            let layout = if layout == "rows" {
+                ALayout::Rows(kc)
+            } else {
+                ALayout::Interleaved
+            };
+            for _ in 0..calls {
+                tile(isa, mr, (&a, layout), kc, &b, &mut c, nr, true);
+            }
+        }
+        "rows3" if isa == Isa::Avx512 => {
+            for _ in 0..calls {
+                avx512::gemm_tile_row_bases((&a, kc), &b, kc, &mut c, nr, true);
+            }
+        }
+        _ => return None,
     }
     std::hint::black_box(&c[..]);
     Some(2.0 * (mr * nr * kc) as f64 * calls as f64)
@@ -344,6 +356,47 @@ pub fn channel_sum_squares(x: &Tensor) -> Result<Option<Tensor>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The benchmark's candidate tile with three row bases gives the GEMM tile's bits (rows read
+    /// in place, `lda` past `kc`, a fresh and an accumulating call), and `tile_flops` counts every
+    /// layout it knows and refuses the others.
+    #[test]
+    fn row_bases_tile_gives_the_gemm_tiles_bits() {
+        use crate::cpu::microkernel::{avx512, tile, ALayout};
+        if !avx512::available() {
+            assert!(tile_flops("rows3", 8, 1).is_none());
+            return;
+        }
+        let (mr, nr, kc, lda, ldc) = (avx512::MR, avx512::NR, 37, 45, 40);
+        let values = |n: usize, seed: u32| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) % 1000)
+                .map(|v| v as f32 / 250.0 - 2.0)
+                .collect()
+        };
+        let (a, b) = (values((mr - 1) * lda + kc, 1), values(kc * nr, 2));
+        let start = values((mr - 1) * ldc + nr, 3);
+        for accumulate in [false, true] {
+            let (mut want, mut got) = (start.clone(), start.clone());
+            tile(
+                crate::cpu::isa::Isa::Avx512,
+                mr,
+                (&a, ALayout::Rows(lda)),
+                kc,
+                &b,
+                &mut want,
+                ldc,
+                accumulate,
+            );
+            avx512::gemm_tile_row_bases((&a, lda), &b, kc, &mut got, ldc, accumulate);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "accumulate {accumulate}");
+        }
+        for layout in ["rows", "interleaved", "rows3"] {
+            assert!(tile_flops(layout, 16, 2).is_some_and(|f| f > 0.0), "{layout}");
+        }
+        assert!(tile_flops("columns", 16, 2).is_none());
+    }
     /// The fused GEGLU is `hidden · gelu(gate)` to within its `erf`'s error (2.4 ulp) and the
     /// rounding of a few f32 steps, against an f64 GELU, and no further from it than Candle's
     /// `hidden * gelu_erf(gate)` is plus that.

@@ -152,6 +152,30 @@ pub(crate) fn gemm_tile(
     unreachable!("avx512::gemm_tile without AVX-512 (callers check `available`)")
 }
 
+/// [`gemm_tile`] on a full [`MR`]-row tile of `A` rows `lda` apart, its row addresses formed
+/// from three base registers: a candidate loop for two 512-bit FMA ports, timed by `bench_sdpa
+/// fma-peak` and not used by the GEMM. The same bits as [`gemm_tile`].
+pub(crate) fn gemm_tile_row_bases(
+    (a, lda): (&[f32], usize),
+    b: &[f32],
+    kc: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    assert!(kc > 0 && lda >= kc && a.len() >= (MR - 1) * lda + kc && b.len() >= kc * NR);
+    assert!(ldc >= NR && c.len() >= (MR - 1) * ldc + NR);
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: AVX-512F detected; the asserts bound every access.
+        unsafe { x86::gemm_tile_row_bases(a.as_ptr(), lda, b.as_ptr(), kc, c.as_mut_ptr(), ldc, accumulate) };
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = accumulate;
+    unreachable!("avx512::gemm_tile_row_bases without AVX-512 (callers check `available`)")
+}
+
 /// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·ldv + c]` (the
 /// sum formed from zero and added with one rounding) for [`tile_rows`]`(rows)` rows of weights
 /// `p` (read and written) and the `NR` channels of a V panel slice, over `n` keys (`init`

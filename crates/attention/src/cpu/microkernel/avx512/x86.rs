@@ -257,3 +257,64 @@ pub(super) unsafe fn gemm_tile_interleaved<const R: usize>(
         }
     }
 }
+
+/// [`score_tile`] as the layer GEMM's tile (`ADD`, no maxima) for a full [`MR`]-row tile, with
+/// the rows' addresses formed from three base registers (rows 0, 4 and 8) and the multiples of
+/// `lda` that x86 addressing modes carry, where the compiler otherwise spends about fifteen
+/// integer operations a step re-deriving twelve row addresses. A candidate for cores whose two
+/// 512-bit FMA ports share their issue ports with integer operations (Intel's), timed by
+/// `bench_sdpa fma-peak` (`tile_rows3_gflops`); the GEMM does not use it. Same products in the
+/// same order as [`score_tile`]: the same bits.
+///
+/// # Safety
+///
+/// The CPU has AVX-512F; `a` is valid for reads of `(MR − 1)·lda + kc` floats, `b` of `kc·NR`,
+/// and `c` for reads and writes of `(MR − 1)·ldc + NR`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn gemm_tile_row_bases(
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    kc: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: the caller guarantees the `# Safety` conditions above: AVX-512F, and every
+    // pointer valid for the reads and writes named there, which are all this body makes.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        let mut bases = [a, a.add(4 * lda), a.add(8 * lda)];
+        let mut bp = b;
+        for _ in 0..kc {
+            let b0 = _mm512_loadu_ps(bp);
+            let b1 = _mm512_loadu_ps(bp.add(16));
+            for (g, &base) in bases.iter().enumerate() {
+                // An opaque copy (an empty `asm!`): the compiler keeps the base in a register
+                // and addresses the group's four rows from it (`+ 0`, `+ lda`, `+ 2·lda`,
+                // `+ 3·lda`) instead of re-deriving twelve addresses each step.
+                let mut base = base;
+                std::arch::asm!("/* {0} */", inout(reg) base, options(pure, readonly, nostack, preserves_flags));
+                for i in 0..4 {
+                    let x = _mm512_set1_ps(*base.add(i * lda));
+                    let acc = &mut acc[4 * g + i];
+                    acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+                }
+            }
+            for base in bases.iter_mut() {
+                *base = base.add(1);
+            }
+            bp = bp.add(NR);
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let (mut x0, mut x1) = (acc[0], acc[1]);
+            if accumulate {
+                x0 = _mm512_add_ps(_mm512_loadu_ps(c.add(r * ldc)), x0);
+                x1 = _mm512_add_ps(_mm512_loadu_ps(c.add(r * ldc + 16)), x1);
+            }
+            _mm512_storeu_ps(c.add(r * ldc), x0);
+            _mm512_storeu_ps(c.add(r * ldc + 16), x1);
+        }
+    }
+}
