@@ -187,8 +187,14 @@ pub(crate) struct FusedAttention {
     pub plan: Plan,
 }
 
-/// Device address of element `offset` of a 16- or 32-bit float storage, and its use guard.
-fn input_ptr<'a>(st: &'a CudaStorage, offset: usize, stream: &'a CudaStream) -> Result<(u64, SyncOnDrop<'a>)> {
+/// Device address of element `offset` of a 16- or 32-bit float storage, and its use guard
+/// (`kernels`: who asks, for the error on another dtype). The fused layers' launches use it too.
+pub(super) fn storage_ptr<'a>(
+    st: &'a CudaStorage,
+    offset: usize,
+    stream: &'a CudaStream,
+    kernels: &str,
+) -> Result<(u64, SyncOnDrop<'a>)> {
     fn at<'a, T>(x: &'a CudaSlice<T>, offset: usize, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
         let (p, g) = x.device_ptr(stream);
         (p + (offset * std::mem::size_of::<T>()) as u64, g)
@@ -197,7 +203,7 @@ fn input_ptr<'a>(st: &'a CudaStorage, offset: usize, stream: &'a CudaStream) -> 
         CudaStorageSlice::F16(x) => at(x, offset, stream),
         CudaStorageSlice::BF16(x) => at(x, offset, stream),
         CudaStorageSlice::F32(x) => at(x, offset, stream),
-        _ => bail!("fused attention: expected f16, bf16 or f32 storage, found another dtype"),
+        _ => bail!("{kernels}: expected f16, bf16 or f32 storage, found another dtype"),
     })
 }
 
@@ -254,9 +260,9 @@ impl FusedAttention {
         let mut args = Args::sizes(p, self.scale);
         (args.q_s, args.k_s, args.v_s) = (strides3(ql)?, strides3(kl)?, strides3(vl)?);
         let mask_store = self.mask.as_ref().map(|m| m.storage_and_layout());
-        let (qp, _gq) = input_ptr(q, ql.start_offset(), &stream)?;
-        let (kp, _gk) = input_ptr(k, kl.start_offset(), &stream)?;
-        let (vp, _gv) = input_ptr(v, vl.start_offset(), &stream)?;
+        let (qp, _gq) = storage_ptr(q, ql.start_offset(), &stream, "fused attention")?;
+        let (kp, _gk) = storage_ptr(k, kl.start_offset(), &stream, "fused attention")?;
+        let (vp, _gv) = storage_ptr(v, vl.start_offset(), &stream, "fused attention")?;
         // cp.async copies 16 bytes and faults on an address that is not 16-byte aligned: every
         // row start must be, so the strides must be multiples of 8 elements and the start
         // address itself (the allocation's base plus the view's offset, checked as an address
@@ -272,7 +278,7 @@ impl FusedAttention {
                 let Storage::Cuda(cs) = &**st else {
                     bail!("fused attention: the mask is not on the CUDA device")
                 };
-                let (mp, g) = input_ptr(cs, ml.start_offset(), &stream)?;
+                let (mp, g) = storage_ptr(cs, ml.start_offset(), &stream, "fused attention")?;
                 (args.mask, args.m_s) = (mp, strides4(ml));
                 Some(g)
             }

@@ -6,9 +6,9 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop,
+    CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop,
 };
-use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
+use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage, WrapErr};
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor};
 use std::sync::Arc;
 
@@ -39,16 +39,7 @@ pub(crate) fn suffix(dtype: DType) -> Option<&'static str> {
 
 /// Device address of element `offset` of a 16- or 32-bit float storage, and its use guard.
 fn ptr<'a>(st: &'a CudaStorage, offset: usize, stream: &'a CudaStream) -> Result<(u64, SyncOnDrop<'a>)> {
-    fn at<'a, T>(x: &'a CudaSlice<T>, offset: usize, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
-        let (p, g) = x.device_ptr(stream);
-        (p + (offset * std::mem::size_of::<T>()) as u64, g)
-    }
-    Ok(match &st.slice {
-        CudaStorageSlice::F16(x) => at(x, offset, stream),
-        CudaStorageSlice::BF16(x) => at(x, offset, stream),
-        CudaStorageSlice::F32(x) => at(x, offset, stream),
-        _ => bail!("fused layers: expected f16, bf16 or f32 storage, found another dtype"),
-    })
+    super::launch::storage_ptr(st, offset, stream, "fused layers")
 }
 
 /// The CUDA storage of a carried tensor (its read guard is the caller's to hold).

@@ -435,15 +435,7 @@ mod tests {
         let fused = norm.forward_swish_add(&x, &add, "norm2", Swish::Silu, act).unwrap();
         let sum = x.broadcast_add(&add.reshape((2, 64, 1, 1)).unwrap()).unwrap();
         let plain = norm.forward_swish(&sum, "norm2", Swish::Silu, act).unwrap();
-        let diff = (fused.to_dtype(DType::F32).unwrap() - plain.to_dtype(DType::F32).unwrap())
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert_eq!(diff, 0.0);
+        assert_eq!(crate::test_support::max_diff(&fused, &plain), 0.0);
         assert!(!crate::ops::native_half(&x));
     }
 }

@@ -4,6 +4,24 @@ use super::{MR, NR};
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
+/// The GEMM tiles' write-out (a macro, so that it is compiled inside each tile's AVX-512 body
+/// with the accumulators in registers): each row's two sums stored to `c` (rows `ldc` apart), or
+/// added to what `c` holds first (`accumulate`: one rounding per block, the blocked
+/// accumulation). Inside an `unsafe` block with `c` valid for `(R − 1)·ldc + NR` floats.
+macro_rules! write_sums {
+    ($acc:expr, $c:expr, $ldc:expr, $accumulate:expr) => {
+        for (r, acc) in $acc.iter().enumerate() {
+            let (mut x0, mut x1) = (acc[0], acc[1]);
+            if $accumulate {
+                x0 = _mm512_add_ps(_mm512_loadu_ps($c.add(r * $ldc)), x0);
+                x1 = _mm512_add_ps(_mm512_loadu_ps($c.add(r * $ldc + 16)), x1);
+            }
+            _mm512_storeu_ps($c.add(r * $ldc), x0);
+            _mm512_storeu_ps($c.add(r * $ldc + 16), x1);
+        }
+    };
+}
+
 /// Lanes `0..n` (n ≤ 16) set.
 fn lanes(n: usize) -> __mmask16 {
     if n >= 16 {
@@ -246,15 +264,7 @@ pub(super) unsafe fn gemm_tile_interleaved<const R: usize>(
                 acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
             }
         }
-        for (r, acc) in acc.iter().enumerate() {
-            let (mut x0, mut x1) = (acc[0], acc[1]);
-            if accumulate {
-                x0 = _mm512_add_ps(_mm512_loadu_ps(c.add(r * ldc)), x0);
-                x1 = _mm512_add_ps(_mm512_loadu_ps(c.add(r * ldc + 16)), x1);
-            }
-            _mm512_storeu_ps(c.add(r * ldc), x0);
-            _mm512_storeu_ps(c.add(r * ldc + 16), x1);
-        }
+        write_sums!(acc, c, ldc, accumulate);
     }
 }
 
@@ -307,14 +317,6 @@ pub(super) unsafe fn gemm_tile_row_bases(
             }
             bp = bp.add(NR);
         }
-        for (r, acc) in acc.iter().enumerate() {
-            let (mut x0, mut x1) = (acc[0], acc[1]);
-            if accumulate {
-                x0 = _mm512_add_ps(_mm512_loadu_ps(c.add(r * ldc)), x0);
-                x1 = _mm512_add_ps(_mm512_loadu_ps(c.add(r * ldc + 16)), x1);
-            }
-            _mm512_storeu_ps(c.add(r * ldc), x0);
-            _mm512_storeu_ps(c.add(r * ldc + 16), x1);
-        }
+        write_sums!(acc, c, ldc, accumulate);
     }
 }
