@@ -35,10 +35,16 @@
 //
 // Requires sm_80+ for the mma/ldmatrix/cp.async kernels (build.rs builds nothing below that).
 // Status: compiled by nvcc in CI; it has NOT yet run on a GPU (see crates/attention/src/cuda).
+// Built with -DUNET_CUDA_EMULATE, this same source runs on the CPU under kernels/emu/cuda_emu.h
+// (crates/attention/src/cuda_plan/emulated.rs): a check of its logic, not of the GPU.
 
+#ifdef UNET_CUDA_EMULATE
+#include "emu/cuda_emu.h" // the CPU emulation the unit tests build this file with
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#endif
 
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -46,6 +52,17 @@ namespace {
 
 constexpr int BR = 64;       // queries per CTA (mma kernels)
 constexpr int THREADS = 128; // 4 warps
+
+#ifdef UNET_CUDA_EMULATE
+using emu::BF16;
+using emu::cp_async16;
+using emu::cp_async_commit;
+using emu::cp_async_wait_all;
+using emu::dynamic_smem;
+using emu::F16;
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void* p) { emu::ldmatrix_x4(r, p, false); }
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void* p) { emu::ldmatrix_x4(r, p, true); }
+#else
 
 struct F16 {
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
@@ -97,6 +114,13 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p)));
 }
+
+// The block's dynamic shared memory (its size is the launch's).
+template <typename T> __device__ __forceinline__ T* dynamic_smem() {
+    extern __shared__ __align__(16) unsigned char dynamic_smem_bytes[];
+    return reinterpret_cast<T*>(dynamic_smem_bytes);
+}
+#endif
 
 // Fill dst[r][c] (r < rows, c < cols, cols a multiple of 8, row stride dst_stride) with
 // src[r·src_stride + col0 + c] where r < rows_valid and col0 + c < d, else 0. 16-bit elements.
@@ -166,7 +190,7 @@ __device__ __forceinline__ void store_ml(const Args& a, int bh, int split, int q
 
 template <typename T, int DVC, int BC>
 __device__ void attention_mma(const Args a) {
-    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t* smem = dynamic_smem<uint16_t>();
     const int qs_stride = a.dp + 8, ks_stride = a.dp + 8, vs_stride = DVC + 8;
     uint16_t* qs = smem;
     uint16_t* ks = qs + BR * qs_stride;
@@ -313,7 +337,7 @@ __device__ void attention_mma(const Args a) {
 // f32: RW query rows a warp, key tiles of 32 (one key a lane for q·kᵀ), NI output columns a lane.
 template <int NI, int RW>
 __device__ void attention_f32(const Args a) {
-    extern __shared__ __align__(16) float fsm[];
+    float* fsm = dynamic_smem<float>();
     constexpr int KT = 32, ROWS = 4 * RW;
     const int d = a.d, ksd = a.d | 1; // odd k row stride: lane-per-key reads hit 32 banks
     float* qs = fsm;

@@ -29,13 +29,20 @@
 //   columns (token layout: cols = C) or along the rows modulo C (channel layout: rows = B·C,
 //   cols = spatial size).
 //
+// Built with -DUNET_CUDA_EMULATE, this same source runs on the CPU under kernels/emu/cuda_emu.h
+// (crates/attention/src/cuda_plan/emulated_layers.rs): a check of its logic, not of the GPU.
+//
 // Layouts: every tensor contiguous. Sizes: a group (C/G · spatial) and a row length fit in an
 // int; row counts and offsets are 64-bit. Channel indices within a group are walked without a
 // division per element where a thread's step is at most a channel's length (`ChannelWalk`).
 
+#ifdef UNET_CUDA_EMULATE
+#include "emu/cuda_emu.h" // the CPU emulation the unit tests build this file with
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#endif
 
 namespace {
 

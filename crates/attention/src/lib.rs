@@ -30,8 +30,9 @@
 //!
 //! 1. [`error`], `test_support` — the error type ([`Error`], [`Result`]); what the tests share.
 //! 2. [`config`], [`trace`] — configs read from PyTorch kwargs; the trace recorder.
-//! 3. `cpu` — the bottom of the CPU kernels: instruction set, cache sizes, settings, scratch,
-//!    `exp`/`erf`, the AVX2 and AVX-512 microkernels, `contiguous`.
+//! 3. `cpu`, `cuda_plan` — the bottom of the CPU kernels: instruction set, cache sizes, settings,
+//!    scratch, `exp`/`erf`, the AVX2 and AVX-512 microkernels, `contiguous`; the fused CUDA
+//!    attention kernel's launch plan (pure arithmetic, run through the CPU emulation in tests).
 //! 4. [`cpu_kernels`], `cuda` — the CPU kernels (layer GEMM, Winograd, norms, the attention kernel);
 //!    the fused CUDA attention kernel, the cuDNN convolution (feature `cudnn`) and the TF32 mode.
 //! 5. [`ops`], [`heads`] — tensor ops with PyTorch's rounding; head splitting.
@@ -74,6 +75,8 @@ pub(crate) mod cpu;
 pub mod cpu_kernels;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(any(feature = "cuda", test))]
+pub(crate) mod cuda_plan;
 pub mod ddpm;
 pub mod diffusers;
 pub mod error;

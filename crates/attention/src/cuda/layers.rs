@@ -6,8 +6,9 @@
 //!
 //! Every function returns `Ok(None)` where it does not apply (not CUDA, a dtype or shape the
 //! kernels do not take, no PTX in this build, compute capability below 8.0); the caller then
-//! runs its tensor ops. **Status: compiled in CI, never run on a GPU yet**; the GPU kit's `layers`
-//! stage (`examples/layers_check.rs`) checks each against an f64 CPU reference.
+//! runs its tensor ops. **Status: compiled in CI, never run on a GPU yet**; the unit tests run the
+//! kernels' source on the CPU under a CUDA emulator (`cuda_plan/emulated_layers.rs`), and the GPU
+//! kit's `layers` stage (`examples/layers_check.rs`) checks each against an f64 CPU reference.
 //!
 //! **Switch** ([`layers_enabled`]): `UNET_ATTENTION_CUDA_LAYERS=on` turns the kernels on and with
 //! them the native half-precision products of `ops::matmul`, `Projection` and the convolutions;

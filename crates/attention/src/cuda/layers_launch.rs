@@ -4,6 +4,7 @@
 //! dtypes, shapes and contiguity; the ops check again what a wrong launch would turn into an
 //! out-of-bounds access (storage kinds, contiguity, lengths).
 
+use crate::cuda_plan::{finalize_grid, group_grid, row_grid, stats_split, APPLY_TILE, FINALIZE_THREADS, LAYER_THREADS};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{
     CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop,
@@ -16,17 +17,6 @@ include!(concat!(env!("OUT_DIR"), "/layers_ptx.rs"));
 
 /// The name Candle's device caches the loaded PTX module under.
 const MODULE: &str = "unet_attention_layers";
-/// Threads per block of every layer kernel (`GN_THREADS` in the CUDA source).
-const THREADS: u32 = 256;
-/// Elements per block of `gn_apply` (8 a thread).
-const APPLY_TILE: usize = 2048;
-/// Smallest chunk of a group one `gn_stats` block reduces when a group is split.
-const MIN_CHUNK: usize = 2048;
-/// `gn_stats` blocks to aim for (a few per SM of an H100) before chunks get smaller.
-const TARGET_BLOCKS: usize = 1024;
-/// The most blocks of the grid-stride kernels.
-const MAX_BLOCKS: usize = 65_535;
-
 /// The kernel-name suffix of a storage dtype the kernels take.
 pub(crate) fn suffix(dtype: DType) -> Option<&'static str> {
     match dtype {
@@ -66,16 +56,11 @@ fn ptx() -> Result<&'static str> {
     }
 }
 
-/// A grid of `THREADS`-thread blocks over `(rows, cols)`: columns over x and the threads, rows
-/// over y (both grid-strided past `MAX_BLOCKS`).
-fn row_grid(rows: usize, cols: usize) -> LaunchConfig {
+/// A launch of `grid` blocks of `threads` threads, no dynamic shared memory.
+fn config(grid_dim: (u32, u32, u32), threads: u32) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (
-            cols.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32,
-            rows.clamp(1, MAX_BLOCKS) as u32,
-            1,
-        ),
-        block_dim: (THREADS, 1, 1),
+        grid_dim,
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -100,14 +85,6 @@ pub(crate) struct GroupNormOp {
     pub act: i32,
 }
 
-/// How the statistics of one call are split: `(chunk, splits)` per group.
-fn stats_split(groups_total: usize, group_len: usize) -> (usize, usize) {
-    let wanted = TARGET_BLOCKS.div_ceil(groups_total.max(1));
-    let splits = wanted.clamp(1, group_len.div_ceil(MIN_CHUNK).max(1));
-    let chunk = group_len.div_ceil(splits);
-    (chunk, group_len.div_ceil(chunk))
-}
-
 /// `gn_finalize`: the chunks' `(mean, M2)` at `part` combined into `(mean, rstd)` at `stats`.
 fn finalize_stats(
     dev: &CudaDevice,
@@ -120,11 +97,7 @@ fn finalize_stats(
     let mut l = f.builder();
     l.arg(&part).arg(&stats);
     l.arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&ints[3]).arg(&eps);
-    let cfg = LaunchConfig {
-        grid_dim: (groups_total.div_ceil(128) as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = config(finalize_grid(groups_total), FINALIZE_THREADS);
     // SAFETY: `part` holds 2·splits floats and `stats` 2 floats per group; one thread per group.
     unsafe { l.launch(cfg) }.w()?;
     Ok(())
@@ -196,11 +169,7 @@ impl GroupNormOp {
             .arg(&chunk_i)
             .arg(&splits_i)
             .arg(&self.eps);
-        let grid = |x: usize| LaunchConfig {
-            grid_dim: (x as u32, bg as u32, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let grid = |x: usize| config(group_grid(x, bg), LAYER_THREADS);
         // SAFETY: arguments in the kernel's order and types; x is (B, C, spatial) contiguous,
         // add (B, C), γ/β (C) f32, the workspace 2·B·G·splits and stats 2·B·G floats.
         unsafe { l.launch(grid(splits)) }.w()?;
@@ -246,7 +215,7 @@ impl GatedOp {
         let mut l = f.builder();
         l.arg(&hp).arg(&op).arg(&rows_i).arg(&n_i).arg(&self.act);
         // SAFETY: h holds rows·2n elements, the output rows·n.
-        unsafe { l.launch(row_grid(rows, n)) }.w()?;
+        unsafe { l.launch(config(row_grid(rows, n), LAYER_THREADS)) }.w()?;
         drop((_gh, _go));
         Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(dims)))
     }
@@ -313,7 +282,7 @@ impl EpilogueOp {
             .arg(&has_div);
         // SAFETY: h, the residual and the output hold rows·cols elements; the bias `bias_len`
         // (cols along the columns).
-        unsafe { l.launch(row_grid(rows, cols)) }.w()?;
+        unsafe { l.launch(config(row_grid(rows, cols), LAYER_THREADS)) }.w()?;
         drop((_gh, guards, _go));
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }

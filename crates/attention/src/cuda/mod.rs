@@ -3,7 +3,8 @@
 //! (`layers.rs`: GroupNorm with pre-add and swish, GEGLU/SwiGLU gates, the bias + residual +
 //! rescale epilogue; [`group_norm`], [`gated`], [`epilogue`]).
 //!
-//! **Status: compiled in CI, never run on a GPU yet.** [`SdpaPath::Auto`](crate::sdpa::SdpaPath)
+//! **Status: compiled in CI, never run on a GPU yet**; its source runs on the CPU under a CUDA
+//! emulator in the unit tests (`cuda_plan/emulated.rs`, docs/gpu.md), with the same launch plans. [`SdpaPath::Auto`](crate::sdpa::SdpaPath)
 //! does not pick it ([`AUTO_PICKS_FUSED`] is `false`); `UNET_ATTENTION_SDPA=fused` (or
 //! [`SdpaPath::Fused`](crate::sdpa::SdpaPath::Fused)) does. The GPU kit's `fused` stage
 //! (`examples/fused_check.rs`) checks it against the chunked path; once that passes on a GPU,
@@ -43,6 +44,7 @@ pub use layers::{
     epilogue, gated, group_norm, layers_built, layers_enabled, BiasAxis, GateAct, NormAct, AUTO_PICKS_CUDA_LAYERS,
 };
 
+use crate::cuda_plan::{Dims, Plan};
 use candle_core::{DType, Device, Result, Tensor};
 
 #[cfg(feature = "cudnn")]
@@ -83,7 +85,7 @@ pub fn fused_sdpa(
     let Some(shape) = supported_dims(q, k, v)? else {
         return Ok(None);
     };
-    let Some(gpu) = launch::Gpu::query(dev)? else {
+    let Some(gpu) = launch::gpu_limits(dev)? else {
         return Ok(None);
     };
     let mask = match mask {
@@ -97,7 +99,7 @@ pub fn fused_sdpa(
             Err(_) => return Ok(None),
         },
     };
-    let Some(plan) = launch::Plan::new(&shape, q.dtype(), &gpu, opts) else {
+    let Some(plan) = Plan::new(&shape, q.dtype(), &gpu, opts.splits) else {
         return Ok(None);
     };
     let last_dim_contiguous = |t: &Tensor| -> Result<Tensor> {
@@ -118,16 +120,6 @@ pub fn fused_sdpa(
         plan,
     };
     Ok(Some(q.apply_op3_no_bwd(&k, &v, &op)?))
-}
-
-/// `(B, H, Lq, Lk, D)` of a q, k, v the kernel takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Dims {
-    pub b: usize,
-    pub h: usize,
-    pub lq: usize,
-    pub lk: usize,
-    pub d: usize,
 }
 
 fn supported_dims(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Option<Dims>> {

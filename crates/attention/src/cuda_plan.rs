@@ -1,0 +1,354 @@
+//! The launch plans of this crate's CUDA kernels: for the fused attention
+//! (`kernels/fused_attention.cu`) which kernel, how many query tiles, output-column chunks and
+//! key splits, how much shared memory, and the kernel's argument block ([`Args`], laid out as the
+//! CUDA `struct Args`); for the fused layers (`kernels/fused_layers.cu`) the GroupNorm
+//! statistics' split and the grids.
+//!
+//! Pure arithmetic, with no CUDA types, so that it is compiled on every build: `cuda::launch`
+//! launches what it plans on a GPU, and the unit tests in `emulated` run the very same plans
+//! through the kernels compiled for the CPU under `kernels/emu/` (a CUDA emulator written for
+//! these kernels), where no GPU is at hand.
+
+use candle_core::DType;
+
+/// Threads per block of the attention kernels (4 warps).
+pub(crate) const THREADS: u32 = 128;
+/// Queries per block of the mma kernels.
+const BR: usize = 64;
+/// Output-column chunks the mma kernels are compiled for (`fattn_{f16,bf16}_dv{N}`).
+const DVCS: [usize; 8] = [16, 32, 64, 96, 128, 160, 192, 256];
+
+/// `(B, H, Lq, Lk, D)` of a q, k, v the kernel takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dims {
+    pub b: usize,
+    pub h: usize,
+    pub lq: usize,
+    pub lk: usize,
+    pub d: usize,
+}
+
+/// What the plan needs to know of the GPU.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GpuLimits {
+    /// Streaming multiprocessors.
+    pub sms: usize,
+    /// The most dynamic shared memory a block may opt in to, in bytes.
+    pub smem_optin: usize,
+}
+
+/// Kernels, grid and workspace of one call.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub dims: Dims,
+    pub dtype: DType,
+    /// The attention kernel's name in the PTX.
+    pub kernel: String,
+    /// The merge kernel's name (run only when `splits > 1`).
+    pub merge: &'static str,
+    /// The head dim padded to the mma's 16 (f32: the head dim).
+    pub dp: usize,
+    /// Output-column chunks (grid y is batch · heads · chunks).
+    pub chunks: usize,
+    pub grid: (u32, u32, u32),
+    /// Dynamic shared memory of one block, in bytes.
+    pub smem: usize,
+    pub splits: usize,
+    pub tiles_per_split: usize,
+}
+
+impl Plan {
+    /// `None` where the shape does not fit the kernels (shared memory, grid or index limits).
+    /// `splits`: the key splits asked for (clamped to the key tiles); `None` chooses from the
+    /// SM count.
+    pub(crate) fn new(s: &Dims, dtype: DType, gpu: &GpuLimits, splits: Option<usize>) -> Option<Plan> {
+        let (dp, chunks, rows, key_tile, smem, kernel, merge) = match dtype {
+            DType::F32 => {
+                let ni = s.d.div_ceil(32).next_power_of_two();
+                let rows = if ni <= 4 { 16 } else { 8 };
+                let smem = (rows * s.d + 32 * (s.d | 1) + 32 * s.d) * 4;
+                (s.d, 1, rows, 32, smem, format!("fattn_f32_ni{ni}"), "fattn_merge_f32")
+            }
+            DType::F16 | DType::BF16 => {
+                let dp = s.d.div_ceil(16) * 16;
+                let dvc = DVCS.into_iter().find(|&c| c >= dp).unwrap_or(256);
+                let bc = if dvc <= 160 { 64 } else { 32 };
+                let smem = (BR * (dp + 8) + bc * (dp + 8) + bc * (dvc + 8)) * 2;
+                let (name, merge) = if dtype == DType::F16 {
+                    ("f16", "fattn_merge_f16")
+                } else {
+                    ("bf16", "fattn_merge_bf16")
+                };
+                let kernel = format!("fattn_{name}_dv{dvc}");
+                (dp, s.d.div_ceil(dvc), BR, bc, smem, kernel, merge)
+            }
+            _ => return None,
+        };
+        let bh = s.b * s.h;
+        let q_tiles = s.lq.div_ceil(rows);
+        let key_tiles = s.lk.div_ceil(key_tile);
+        let ctas = q_tiles * bh * chunks;
+        let wanted = splits.unwrap_or_else(|| {
+            if ctas >= gpu.sms {
+                1
+            } else {
+                (2 * gpu.sms).div_ceil(ctas).min(key_tiles / 2).min(64)
+            }
+        });
+        let tiles_per_split = key_tiles.div_ceil(wanted.clamp(1, key_tiles));
+        let splits = key_tiles.div_ceil(tiles_per_split);
+        let fits_i32 = |x: usize| x <= i32::MAX as usize;
+        let ok = smem <= gpu.smem_optin
+            && bh * chunks <= 65_535
+            && splits <= 65_535
+            && [q_tiles, s.lq, s.lk, bh, bh * s.lq].into_iter().all(fits_i32);
+        ok.then(|| Plan {
+            dims: *s,
+            dtype,
+            kernel,
+            merge,
+            dp,
+            chunks,
+            grid: (q_tiles as u32, (bh * chunks) as u32, splits as u32),
+            smem,
+            splits,
+            tiles_per_split,
+        })
+    }
+
+    /// Rows of the merge kernel's grid (one block of [`THREADS`] threads each) when the keys are
+    /// split: every (batch, head, query).
+    pub(crate) fn merge_rows(&self) -> usize {
+        self.dims.b * self.dims.h * self.dims.lq
+    }
+
+    /// Elements of the split workspace's partial outputs and of its `(max, sum)` pairs (one each
+    /// when the keys are not split: the kernels then never touch them).
+    pub(crate) fn workspace(&self) -> (usize, usize) {
+        let s = self.dims;
+        let rows = s.b * s.h * s.lq;
+        if self.splits > 1 {
+            (self.splits * rows * s.d, self.splits * rows * 2)
+        } else {
+            (1, 1)
+        }
+    }
+}
+
+/// Whether the kernel may copy q, k and v with 16-byte `cp.async` (which faults on an address
+/// that is not 16-byte aligned): every row start must be, so the head dim and every stride (in
+/// elements of a 16-bit dtype) must be multiples of 8 and each start address a multiple of 16
+/// bytes. Else the kernel copies element by element. `inputs`: each one's `(batch, head, row)`
+/// strides and start address.
+pub(crate) fn vector_copies(d: usize, inputs: [([i64; 3], u64); 3]) -> bool {
+    d.is_multiple_of(8)
+        && inputs
+            .iter()
+            .all(|(strides, ptr)| strides.iter().all(|x| x % 8 == 0) && ptr.is_multiple_of(16))
+}
+
+/// Threads per block of every layer kernel of `kernels/fused_layers.cu` but `gn_finalize`
+/// (`GN_THREADS` in the CUDA source).
+pub(crate) const LAYER_THREADS: u32 = 256;
+/// Threads per block of `gn_finalize` (one thread per group).
+pub(crate) const FINALIZE_THREADS: u32 = 128;
+/// Elements per block of `gn_apply` (8 a thread).
+pub(crate) const APPLY_TILE: usize = 2048;
+/// Smallest chunk of a group one `gn_stats` block reduces when a group is split.
+const MIN_CHUNK: usize = 2048;
+/// `gn_stats` blocks to aim for (a few per SM of an H100) before chunks get smaller.
+const TARGET_BLOCKS: usize = 1024;
+/// The most blocks of the grid-stride kernels.
+const MAX_BLOCKS: usize = 65_535;
+
+/// How the GroupNorm statistics of one call are split: `(chunk, splits)` per group, for
+/// `groups_total` (batch × groups) groups of `group_len` elements.
+pub(crate) fn stats_split(groups_total: usize, group_len: usize) -> (usize, usize) {
+    let wanted = TARGET_BLOCKS.div_ceil(groups_total.max(1));
+    let splits = wanted.clamp(1, group_len.div_ceil(MIN_CHUNK).max(1));
+    let chunk = group_len.div_ceil(splits);
+    (chunk, group_len.div_ceil(chunk))
+}
+
+/// The grid of `gn_stats` (`splits` blocks per group) and of `gn_apply` (one block per
+/// [`APPLY_TILE`] elements of a group): `(blocks per group, groups_total, 1)`.
+pub(crate) fn group_grid(blocks_per_group: usize, groups_total: usize) -> (u32, u32, u32) {
+    (blocks_per_group as u32, groups_total as u32, 1)
+}
+
+/// The grid of `gn_finalize` ([`FINALIZE_THREADS`] groups a block).
+pub(crate) fn finalize_grid(groups_total: usize) -> (u32, u32, u32) {
+    (groups_total.div_ceil(FINALIZE_THREADS as usize) as u32, 1, 1)
+}
+
+/// A grid of [`LAYER_THREADS`]-thread blocks over `(rows, cols)` (`gated`, `epilogue`):
+/// columns over x and the threads, rows over y (both grid-strided past 65,535 blocks).
+pub(crate) fn row_grid(rows: usize, cols: usize) -> (u32, u32, u32) {
+    (
+        cols.div_ceil(LAYER_THREADS as usize).clamp(1, MAX_BLOCKS) as u32,
+        rows.clamp(1, MAX_BLOCKS) as u32,
+        1,
+    )
+}
+
+/// The CUDA `struct Args` of `kernels/fused_attention.cu`, field for field (7 pointers, 10
+/// ints, 13 long longs, 1 float; 208 bytes with the tail padding).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Args {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub mask: u64,
+    pub out: u64,
+    pub ws_o: u64,
+    pub ws_ml: u64,
+    pub heads: i32,
+    pub bhs: i32,
+    pub lq: i32,
+    pub lk: i32,
+    pub d: i32,
+    pub dp: i32,
+    pub chunks: i32,
+    pub splits: i32,
+    pub tiles_per_split: i32,
+    pub vec: i32,
+    pub q_s: [i64; 3],
+    pub k_s: [i64; 3],
+    pub v_s: [i64; 3],
+    pub m_s: [i64; 4],
+    pub scale: f32,
+}
+
+impl Args {
+    /// The sizes of `plan` and the scale; the pointers, strides and `vec` are the launch's to fill.
+    pub(crate) fn sizes(plan: &Plan, scale: f32) -> Args {
+        let s = plan.dims;
+        Args {
+            heads: s.h as i32,
+            bhs: (s.b * s.h) as i32,
+            lq: s.lq as i32,
+            lk: s.lk as i32,
+            d: s.d as i32,
+            dp: plan.dp as i32,
+            chunks: plan.chunks as i32,
+            splits: plan.splits as i32,
+            tiles_per_split: plan.tiles_per_split as i32,
+            scale,
+            ..Args::default()
+        }
+    }
+
+    /// The bytes of this block as the kernel receives them (little-endian, `#[repr(C)]` order).
+    #[cfg(test)]
+    pub(crate) fn to_bytes(self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(std::mem::size_of::<Args>());
+        for p in [self.q, self.k, self.v, self.mask, self.out, self.ws_o, self.ws_ml] {
+            b.extend(p.to_le_bytes());
+        }
+        let ints = [
+            self.heads,
+            self.bhs,
+            self.lq,
+            self.lk,
+            self.d,
+            self.dp,
+            self.chunks,
+            self.splits,
+            self.tiles_per_split,
+            self.vec,
+        ];
+        for x in ints {
+            b.extend(x.to_le_bytes());
+        }
+        // 7 · 8 + 10 · 4 = 96: the long longs start 8-aligned without padding.
+        for x in self.q_s.iter().chain(&self.k_s).chain(&self.v_s).chain(&self.m_s) {
+            b.extend(x.to_le_bytes());
+        }
+        b.extend(self.scale.to_le_bytes());
+        b.resize(std::mem::size_of::<Args>(), 0); // the struct's tail padding
+        b
+    }
+}
+
+#[cfg(test)]
+#[path = "cuda_plan/emulated.rs"]
+mod emulated;
+#[cfg(test)]
+#[path = "cuda_plan/emulated_layers.rs"]
+mod emulated_layers;
+#[cfg(test)]
+#[path = "cuda_plan/emulator.rs"]
+mod emulator;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H100: GpuLimits = GpuLimits {
+        sms: 132,
+        smem_optin: 227 * 1024,
+    };
+
+    #[test]
+    fn args_bytes_follow_the_struct_layout() {
+        assert_eq!(std::mem::size_of::<Args>(), 208);
+        let mut a = Args {
+            q: 1,
+            scale: 2.5,
+            vec: 7,
+            ..Args::default()
+        };
+        a.m_s[3] = -3;
+        let b = a.to_bytes();
+        assert_eq!(b.len(), 208);
+        assert_eq!(b[0], 1);
+        assert_eq!(i32::from_le_bytes(b[92..96].try_into().unwrap()), 7);
+        assert_eq!(i64::from_le_bytes(b[192..200].try_into().unwrap()), -3);
+        assert_eq!(f32::from_le_bytes(b[200..204].try_into().unwrap()), 2.5);
+    }
+
+    #[test]
+    fn vae_head_dim_512_takes_two_column_chunks_and_splits_keys() {
+        let dims = Dims {
+            b: 1,
+            h: 1,
+            lq: 4096,
+            lk: 4096,
+            d: 512,
+        };
+        let p = Plan::new(&dims, DType::F16, &H100, None).unwrap();
+        assert_eq!((p.kernel.as_str(), p.dp, p.chunks), ("fattn_f16_dv256", 512, 2));
+        // 64 query tiles × 2 chunks = 128 blocks < 132 SMs: the 128 key tiles are split.
+        assert_eq!(p.grid.0, 64);
+        assert!(p.splits > 1 && p.splits * p.tiles_per_split >= 128, "{p:?}");
+        assert!(p.smem <= H100.smem_optin);
+    }
+
+    #[test]
+    fn shared_memory_beyond_the_gpu_declines() {
+        let dims = Dims {
+            b: 1,
+            h: 1,
+            lq: 10,
+            lk: 10,
+            d: 512,
+        };
+        let small = GpuLimits {
+            sms: 10,
+            smem_optin: 48 * 1024,
+        };
+        assert!(Plan::new(&dims, DType::F16, &small, None).is_none());
+        assert!(Plan::new(&dims, DType::F16, &H100, None).is_some());
+        assert!(Plan::new(&dims, DType::F64, &H100, None).is_none());
+    }
+
+    #[test]
+    fn vector_copies_need_aligned_rows() {
+        let ok = ([8 * 100, 8 * 10, 64], 4096u64);
+        assert!(vector_copies(64, [ok, ok, ok]));
+        assert!(!vector_copies(60, [ok, ok, ok]));
+        assert!(!vector_copies(64, [ok, ([8, 8, 12], 0), ok]));
+        assert!(!vector_copies(64, [ok, ok, ([8, 8, 8], 8)]));
+    }
+}

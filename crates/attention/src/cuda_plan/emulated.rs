@@ -1,0 +1,406 @@
+//! The fused CUDA attention kernel, run on the CPU: `kernels/fused_attention.cu` compiled with
+//! the system's C++ compiler under the CUDA emulation of `kernels/emu/cuda_emu.h`, launched with
+//! the plans of [`Plan::new`] and the argument blocks of [`Args`], and checked element by element
+//! against attention computed here in f64 from the same rounded inputs.
+//!
+//! What this shows: the kernels' indexing, mma fragment layouts (as NVIDIA documents them),
+//! online softmax, masks, key bounds, head-dim padding and column chunks, split-KV and its merge,
+//! strided inputs and both copy paths, and that the Rust and CUDA argument blocks agree. What it
+//! cannot show: anything of the GPU itself (speed, the tensor cores' own rounding, the
+//! compiler's code); that needs the GPU kit (`scripts/gpu_kit.sh`).
+//!
+//! The emulator and its limits: [`super::emulator`], `kernels/emu/cuda_emu.h`.
+
+use super::emulator::{decode, elem_size, encode, round, runner, Arg, Request, Rng};
+use super::{vector_copies, Args, Dims, GpuLimits, Plan, THREADS};
+use candle_core::DType;
+use std::path::Path;
+
+const H100: GpuLimits = GpuLimits {
+    sms: 132,
+    smem_optin: 227 * 1024,
+};
+
+/// How q, k and v lie in memory, as (B, H, L, D) strides.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Layout {
+    /// (B, H, L, D) contiguous.
+    Contiguous,
+    /// (B, L, H, D) contiguous, seen as (B, H, L, D): heads split from tokens without a copy.
+    TokensMajor,
+    /// Rows `pad` elements longer than the head dim.
+    PaddedRows(usize),
+}
+
+impl Layout {
+    /// `(strides, elements)` of one input with `l` rows.
+    fn strides(self, b: usize, h: usize, l: usize, d: usize) -> ([usize; 3], usize) {
+        let _ = b;
+        match self {
+            Layout::Contiguous => ([h * l * d, l * d, d], b * h * l * d),
+            Layout::TokensMajor => ([l * h * d, d, h * d], b * h * l * d),
+            Layout::PaddedRows(pad) => {
+                let r = d + pad;
+                ([h * l * r, l * r, r], b * h * l * r)
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mask {
+    None,
+    /// Additive (B, 1, Lq, Lk), broadcast over heads: random values, some keys −∞, and every
+    /// fifth query row wholly −∞ (that row's output is 0).
+    Additive,
+    /// Key padding as an additive (B, 1, 1, Lk): the last third of batch 1's keys −∞.
+    KeyPadding,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    dtype: DType,
+    dims: Dims,
+    layout: Layout,
+    mask: Mask,
+    splits: Option<usize>,
+    late_copies: bool,
+    /// The emulator's schedule: 0 in order, else the seed of a random one with fast and slow
+    /// warps ([`Request::new`]).
+    seed: u64,
+    /// Multiplies q: larger logits, a peakier softmax.
+    q_gain: f64,
+    /// Gives the kernel a scale 30 % off the reference's (to show that the check can fail).
+    wrong_scale: bool,
+}
+
+fn case(dtype: DType, (b, h, lq, lk, d): (usize, usize, usize, usize, usize)) -> Case {
+    Case {
+        dtype,
+        dims: Dims { b, h, lq, lk, d },
+        layout: Layout::Contiguous,
+        mask: Mask::None,
+        splits: None,
+        late_copies: false,
+        seed: 0,
+        q_gain: 1.0,
+        wrong_scale: false,
+    }
+}
+
+/// One input: its elements at the layout's places (rounded to the dtype; padding NaN, which the
+/// kernel must never read) and the rounded logical values (B, H, L, D) as f64.
+struct Input {
+    storage: Vec<f32>,
+    strides: [usize; 3],
+    values: Vec<f64>,
+}
+
+fn input(c: &Case, rng: &mut Rng, l: usize, gain: f64) -> Input {
+    let Dims { b, h, d, .. } = c.dims;
+    let (strides, n) = c.layout.strides(b, h, l, d);
+    let mut storage = vec![f32::NAN; n];
+    let mut values = Vec::with_capacity(b * h * l * d);
+    for bi in 0..b {
+        for hi in 0..h {
+            for r in 0..l {
+                for e in 0..d {
+                    let x = round(c.dtype, (rng.next() * 2.0 * gain) as f32);
+                    storage[bi * strides[0] + hi * strides[1] + r * strides[2] + e] = x;
+                    values.push(x as f64);
+                }
+            }
+        }
+    }
+    Input {
+        storage,
+        strides,
+        values,
+    }
+}
+
+/// The mask's elements and (b, h, q, k) strides, or `None`.
+fn mask(c: &Case, rng: &mut Rng) -> Option<(Vec<f32>, [i64; 4])> {
+    let Dims { b, lq, lk, .. } = c.dims;
+    match c.mask {
+        Mask::None => None,
+        Mask::Additive => {
+            let mut m = Vec::with_capacity(b * lq * lk);
+            for _ in 0..b {
+                for q in 0..lq {
+                    for _ in 0..lk {
+                        let x = rng.next();
+                        m.push(if q % 5 == 4 || x > 0.8 {
+                            f32::NEG_INFINITY
+                        } else {
+                            (x * 3.0) as f32
+                        });
+                    }
+                }
+            }
+            Some((m, [(lq * lk) as i64, 0, lk as i64, 1]))
+        }
+        Mask::KeyPadding => {
+            let m = (0..b)
+                .flat_map(|bi| {
+                    (0..lk).map(move |k| {
+                        if bi == 1 && 3 * k >= 2 * lk {
+                            f32::NEG_INFINITY
+                        } else {
+                            0.0
+                        }
+                    })
+                })
+                .collect();
+            Some((m, [lk as i64, 0, 0, 1]))
+        }
+    }
+}
+
+/// softmax(q·kᵀ·scale + mask)·v in f64, (B, H, Lq, D); a row with every key at −∞ gives 0.
+fn reference(c: &Case, q: &Input, k: &Input, v: &Input, m: Option<&(Vec<f32>, [i64; 4])>, scale: f64) -> Vec<f64> {
+    let Dims { b, h, lq, lk, d } = c.dims;
+    let mut out = vec![0.0; b * h * lq * d];
+    let mut s = vec![0.0; lk];
+    for bh in 0..b * h {
+        let (bi, hi) = (bh / h, bh % h);
+        for qi in 0..lq {
+            let qrow = &q.values[(bh * lq + qi) * d..][..d];
+            for (ki, sk) in s.iter_mut().enumerate() {
+                let krow = &k.values[(bh * lk + ki) * d..][..d];
+                let dot: f64 = qrow.iter().zip(krow).map(|(a, b)| a * b).sum();
+                let add = m.map_or(0.0, |(m, st)| {
+                    let i = bi as i64 * st[0] + hi as i64 * st[1] + qi as i64 * st[2] + ki as i64 * st[3];
+                    m[i as usize] as f64
+                });
+                *sk = dot * scale + add;
+            }
+            let top = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if top == f64::NEG_INFINITY {
+                continue;
+            }
+            let p: Vec<f64> = s.iter().map(|x| (x - top).exp()).collect();
+            let sum: f64 = p.iter().sum();
+            let o = &mut out[(bh * lq + qi) * d..][..d];
+            for (ki, pk) in p.iter().enumerate() {
+                let vrow = &v.values[(bh * lk + ki) * d..][..d];
+                for (oe, ve) in o.iter_mut().zip(vrow) {
+                    *oe += pk / sum * ve;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Runs one case through the emulator; the max error relative to max |v| against the f64
+/// reference, with the plan (for messages). Panics on NaN or a failed run.
+fn run(bin: &Path, c: &Case) -> (f64, Plan) {
+    let Dims { b, h, lq, lk, d } = c.dims;
+    let plan = Plan::new(&c.dims, c.dtype, &H100, c.splits).unwrap_or_else(|| panic!("no plan for {c:?}"));
+    assert_eq!((plan.dtype, plan.dims), (c.dtype, c.dims));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (lq * 131 + lk * 7 + d) as u64);
+    let q = input(c, &mut rng, lq, c.q_gain);
+    let k = input(c, &mut rng, lk, 1.0);
+    let v = input(c, &mut rng, lk, 1.0);
+    let m = mask(c, &mut rng);
+    let scale = 1.0 / (d as f64).sqrt();
+    let want = reference(c, &q, &k, &v, m.as_ref(), scale);
+
+    let kernel_scale = if c.wrong_scale { scale * 1.3 } else { scale };
+    let mut args = Args::sizes(&plan, kernel_scale as f32);
+    let st = |s: [usize; 3]| s.map(|x| x as i64);
+    (args.q_s, args.k_s, args.v_s) = (st(q.strides), st(k.strides), st(v.strides));
+    // The emulator's buffers start 16-byte aligned, as CUDA's allocations do.
+    args.vec = (c.dtype != DType::F32 && vector_copies(d, [(args.q_s, 0), (args.k_s, 0), (args.v_s, 0)])) as i32;
+    if let Some((_, ms)) = &m {
+        args.m_s = *ms;
+    }
+    let mut req = Request::new(c.late_copies, c.seed);
+    let [qb, kb, vb] = [&q, &k, &v].map(|x| req.data(encode(c.dtype, &x.storage)));
+    let mask_buf = m.as_ref().map(|(m, _)| req.data(encode(DType::F32, m)));
+    let out = req.garbage(b * h * lq * d * elem_size(c.dtype));
+    let (ws_o, ws_ml) = plan.workspace();
+    let (ws_o, ws_ml) = (req.zeros(ws_o * 4), req.zeros(ws_ml * 4));
+    // The runner replaces buffer index + 1 in the pointer fields with the buffers' addresses.
+    let reference = |i: usize| i as u64 + 1;
+    (args.q, args.k, args.v, args.out) = (reference(qb), reference(kb), reference(vb), reference(out));
+    args.mask = mask_buf.map_or(0, reference);
+    if plan.splits > 1 {
+        (args.ws_o, args.ws_ml) = (reference(ws_o), reference(ws_ml));
+    }
+    let arg = Arg::Struct {
+        bytes: args.to_bytes(),
+        pointers: 7,
+    };
+    req.launch(&plan.kernel, plan.grid, THREADS, plan.smem, &[arg]);
+    if plan.splits > 1 {
+        let rows = plan.merge_rows();
+        let merge_args = [
+            Arg::Buf(Some(ws_o)),
+            Arg::Buf(Some(ws_ml)),
+            Arg::Buf(Some(out)),
+            Arg::I32(rows as i32),
+            Arg::I32(d as i32),
+            Arg::I32(plan.splits as i32),
+        ];
+        req.launch(plan.merge, (rows as u32, 1, 1), THREADS, 0, &merge_args);
+    }
+    let bytes = req.run(bin, &[out], &(c, &plan)).remove(0);
+    let got: Vec<f64> = decode(c.dtype, &bytes).into_iter().map(f64::from).collect();
+    assert_eq!(got.len(), want.len(), "{c:?}: output length");
+    let v_max = v.values.iter().fold(0f64, |a, x| a.max(x.abs()));
+    let mut worst = (0.0, 0);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(g.is_finite(), "{c:?} {plan:?}: element {i} is {g} (want {w})");
+        let e = (g - w).abs() / v_max;
+        if e > worst.0 {
+            worst = (e, i);
+        }
+    }
+    (worst.0, plan)
+}
+
+/// The error bound relative to max |v|: the output's own rounding plus the probabilities'
+/// (rounded to the dtype before p·v, as PyTorch's kernels do), with room for f32 sums.
+fn bound(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 1.5e-3,
+        DType::BF16 => 1.2e-2,
+        _ => 1e-5,
+    }
+}
+
+fn check(cases: &[Case]) {
+    let Some(bin) = runner() else { return };
+    for c in cases {
+        let (err, plan) = run(bin, c);
+        eprintln!(
+            "{:?} {:?} {:?} {:?} splits {}: error {err:.2e} × max|v|",
+            c.dtype, c.dims, c.layout, c.mask, plan.splits
+        );
+        assert!(
+            err <= bound(c.dtype),
+            "{c:?}: error {err:.3e} × max|v| > {:.1e} ({plan:?})",
+            bound(c.dtype)
+        );
+    }
+}
+
+/// The shapes of the mma kernels, in f16 and bf16: every column chunk (16 … 256, and 512 as two
+/// chunks), odd head dims (zero padding, element-wise copies), partial query and key tiles, one
+/// key, 77 keys, masks with wholly masked rows, strided inputs, forced and automatic split-KV.
+fn half_cases(dtype: DType) -> Vec<Case> {
+    let c = |dims| case(dtype, dims);
+    vec![
+        Case {
+            mask: Mask::Additive,
+            ..c((2, 3, 70, 77, 64))
+        },
+        Case {
+            mask: Mask::KeyPadding,
+            layout: Layout::TokensMajor,
+            seed: 1,
+            ..c((2, 2, 33, 300, 40))
+        },
+        Case {
+            layout: Layout::PaddedRows(8),
+            q_gain: 4.0,
+            ..c((1, 1, 40, 100, 512))
+        },
+        Case {
+            mask: Mask::Additive,
+            layout: Layout::TokensMajor,
+            splits: Some(1),
+            ..c((1, 2, 20, 65, 160))
+        },
+        Case {
+            layout: Layout::PaddedRows(3),
+            ..c((1, 2, 17, 5, 13))
+        },
+        Case {
+            splits: Some(3),
+            ..c((1, 1, 64, 77, 200))
+        },
+        c((1, 1, 130, 129, 8)),
+        Case {
+            late_copies: true,
+            seed: 2,
+            ..c((1, 1, 65, 1, 96))
+        },
+        Case {
+            late_copies: true,
+            mask: Mask::Additive,
+            splits: Some(2),
+            seed: 3,
+            ..c((1, 1, 30, 150, 128))
+        },
+        Case {
+            late_copies: true,
+            layout: Layout::PaddedRows(5),
+            ..c((1, 1, 9, 40, 192))
+        },
+        Case {
+            seed: 4,
+            ..c((1, 2, 70, 200, 64))
+        },
+    ]
+}
+
+#[test]
+fn f16_kernels_match_f64_attention() {
+    check(&half_cases(DType::F16));
+}
+
+#[test]
+fn bf16_kernels_match_f64_attention() {
+    check(&half_cases(DType::BF16));
+}
+
+#[test]
+fn f32_kernels_match_f64_attention() {
+    let c = |dims| case(DType::F32, dims);
+    check(&[
+        Case {
+            mask: Mask::Additive,
+            ..c((2, 2, 21, 77, 8))
+        },
+        Case {
+            mask: Mask::KeyPadding,
+            layout: Layout::TokensMajor,
+            ..c((2, 1, 33, 70, 40))
+        },
+        Case {
+            layout: Layout::PaddedRows(3),
+            splits: Some(2),
+            ..c((1, 1, 17, 90, 100))
+        },
+        Case {
+            q_gain: 4.0,
+            seed: 5,
+            ..c((1, 1, 9, 40, 200))
+        },
+        c((1, 1, 10, 33, 512)),
+        c((1, 3, 5, 1, 1)),
+    ]);
+}
+
+/// The check can fail: the kernel given a scale 30 % off (the reference keeps the right one)
+/// lands far outside the bound, in every dtype.
+#[test]
+fn a_wrong_scale_fails_the_check() {
+    let Some(bin) = runner() else { return };
+    for dtype in [DType::F16, DType::BF16, DType::F32] {
+        let right = case(dtype, (1, 1, 16, 40, 64));
+        let wrong = Case {
+            wrong_scale: true,
+            ..right
+        };
+        let (ok, _) = run(bin, &right);
+        let (bad, _) = run(bin, &wrong);
+        assert!(
+            ok <= bound(dtype) && bad > 3.0 * bound(dtype),
+            "{dtype:?}: right {ok:.2e}, wrong {bad:.2e}"
+        );
+    }
+}
