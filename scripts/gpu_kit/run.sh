@@ -30,7 +30,9 @@
 #   core    the attention core and the attention blocks, ours (bench_sdpa) against PyTorch's SDPA
 #           and the same PyTorch blocks, in f32 and f16 (bench_core_<dtype>.jsonl/.md, bench_block_<dtype>.jsonl/.md).
 #   fusedcore  the core shapes with UNET_ATTENTION_SDPA=fused against PyTorch's SDPA, in f16 and
-#           bf16 (DTYPES_FUSED; bench_fused_<dtype>.jsonl/.md).
+#           bf16 (DTYPES_FUSED; bench_fused_<dtype>.jsonl/.md), once per kernel variant
+#           (FUSED_VARIANTS, default "base exp2 w8 w8-exp2": UNET_ATTENTION_FUSED_VARIANT;
+#           bench_fused_<variant>_<dtype>.* for all but base): which one should be the default.
 #   whole   the whole mid blocks of scripts/bench_torch.py (diffusers, guided-diffusion,
 #           denoising-diffusion-pytorch; their wheels come with the kit and are installed with
 #           --no-deps into a temporary folder), exported on the CPU, timed on the GPU with both
@@ -41,7 +43,7 @@
 #           (bench_whole_<dtype>.jsonl/.md, bench_whole_f32_strict.*, bench_whole_f32_tf32.*).
 #
 # Environment: ROUNDS (alternating rounds per case, default 2), DTYPES (core and block stages,
-# default "f32 f16"), DTYPES_FUSED (fusedcore, "f16 bf16"), DTYPES_WHOLE (whole, "f16 bf16"),
+# default "f32 f16"), DTYPES_FUSED (fusedcore, "f16 bf16"), FUSED_VARIANTS (fusedcore), DTYPES_WHOLE (whole, "f16 bf16"),
 # BENCH_ARGS (more bench_torch.py compare flags, e.g. --strict-f32), UNET_KIT_WEIGHTS (bundles).
 #
 # Exit codes: 0 all stages ran (failures of bundles are in the JSON, and counted in
@@ -254,7 +256,7 @@ bench_one() {
     shift 3
     note "bench_torch.py compare --only $only --device cuda --dtype $dt $* ${BENCH_ARGS:-}" \
         "(UNET_ATTENTION_SDPA=${UNET_ATTENTION_SDPA:-auto} UNET_ATTENTION_CUDA_LAYERS=${UNET_ATTENTION_CUDA_LAYERS:-auto}" \
-        "UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off})"
+        "UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off} UNET_ATTENTION_FUSED_VARIANT=${UNET_ATTENTION_FUSED_VARIANT:-base})"
     python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
         --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$out/bench_$tag.jsonl" "$@" ${BENCH_ARGS:-} \
         >"$out/bench_$tag.md" 2>>"$out/bench.stderr" || { note "the benchmarks bench_$tag failed (bench.stderr)"; failed=1; }
@@ -264,8 +266,18 @@ bench_one() {
 run_bench() {
     local only="$1" dt
     case "$only" in
-    # fusedcore: the core shapes on the fused kernel, in half precision.
-    fusedcore) for dt in ${DTYPES_FUSED:-f16 bf16}; do UNET_ATTENTION_SDPA=fused bench_one core "$dt" "fused_$dt"; done ;;
+    # fusedcore: the core shapes on the fused kernel, in half precision, in each kernel variant
+    # (FUSED_VARIANTS; the default variant's files keep the names bench_fused_<dtype>.*).
+    fusedcore)
+        local v tag
+        for v in ${FUSED_VARIANTS:-base exp2 w8 w8-exp2}; do
+            for dt in ${DTYPES_FUSED:-f16 bf16}; do
+                tag="fused_$dt"
+                [[ "$v" == base ]] || tag="fused_${v}_$dt"
+                UNET_ATTENTION_SDPA=fused UNET_ATTENTION_FUSED_VARIANT="$v" bench_one core "$dt" "$tag"
+            done
+        done
+        ;;
     # whole: f16 and bf16 with PyTorch's defaults; f32 against PyTorch in strict f32 (ours is
     # strict by default); f32 with our TF32 mode against PyTorch's default (TF32 convolutions).
     # Ours with the fused attention and the CUDA layers on (what flipping their AUTO_PICKS

@@ -306,8 +306,9 @@ fn report(opts: &Options, bench: &Bench, ms: Vec<f64>, rss_before: f64) {
         String::new()
     };
     let ms: Vec<String> = ms.iter().map(|x| format!("{x:.2}")).collect();
+    let variant = fused_variant_field();
     println!(
-        "{{\"impl\": \"candle\", \"case\": \"{}\", \"device\": \"{}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cpu_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median:.2}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}{gflops}}}",
+        "{{\"impl\": \"candle\", \"case\": \"{}\", \"device\": \"{}\", \"dtype\": \"{:?}\", \"path\": \"{}\"{variant}, \"cpu_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median:.2}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}{gflops}}}",
         bench.name,
         opts.device,
         opts.dtype,
@@ -317,6 +318,19 @@ fn report(opts: &Options, bench: &Bench, ms: Vec<f64>, rss_before: f64) {
         ms.join(", "),
         mib(bench.io_bytes)
     );
+}
+
+/// `, "fused_variant": "<name>"`: the fused CUDA kernel's variant (`UNET_ATTENTION_FUSED_VARIANT`)
+/// in a CUDA build; nothing in another.
+#[cfg(feature = "cuda")]
+fn fused_variant_field() -> String {
+    let name = unet_attention::cuda::fused_variant().map_or("invalid", |v| v.name());
+    format!(", \"fused_variant\": \"{name}\"")
+}
+
+#[cfg(not(feature = "cuda"))]
+fn fused_variant_field() -> String {
+    String::new()
 }
 
 /// The device of `--device` opened, and `--dtype`.

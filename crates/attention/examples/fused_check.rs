@@ -9,7 +9,8 @@
 //! that are not multiples of 8), odd query and key counts (never a multiple of the key tile),
 //! cross-attention with 77 keys, memory key/values (4 extra keys), the masks the blocks pass
 //! (none, additive float broadcast over heads, boolean as −inf, key padding), f16, bf16 and f32,
-//! split-KV automatic, off (1) and forced (3); the VAE and SDXL core shapes once each. Each case
+//! split-KV automatic, off (1) and forced (3); the VAE and SDXL core shapes once each; and the
+//! other f16/bf16 kernel variants (`variant`: 8 warps, `ex2`) on four of those shapes. Each case
 //! writes one JSON line (to `--out`, default stdout): the shape, `max_abs` (fused vs chunked),
 //! `tol`, `pass`, `fused_ms` and `chunked_ms` (median of 5 synchronised calls after a warm-up).
 //! Tolerances, set before any GPU run from each dtype's rounding (the kernel rounds the
@@ -41,7 +42,7 @@ mod gpu_check;
 mod gpu {
     use super::gpu_check::{median_ms, Report};
     use candle_core::{DType, Device, Result, Tensor};
-    use unet_attention::cuda::{fused_sdpa, kernel_built, FusedOptions};
+    use unet_attention::cuda::{fused_sdpa, kernel_built, FusedOptions, FusedVariant};
     use unet_attention::sdpa::{default_scale, sdpa_with, SdpaPath};
 
     #[derive(Clone, Copy, Debug)]
@@ -70,21 +71,33 @@ mod gpu {
         mask: Mask,
         splits: Option<usize>,
         layout: Layout,
+        variant: FusedVariant,
     }
 
     fn cases(quick: bool) -> Vec<Case> {
         let mut out = vec![];
         let head_dims: &[usize] = &[8, 16, 20, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256, 320, 512];
         for dtype in [DType::F16, DType::BF16, DType::F32] {
-            let mut push = |dims, mask, splits, layout| {
+            let mut push_variant = |dims, mask, splits, layout, variant| {
                 out.push(Case {
                     dtype,
                     dims,
                     mask,
                     splits,
                     layout,
+                    variant,
                 })
             };
+            // The other f16/bf16 kernels (8 warps, ex2) on a few shapes each (f32 has one).
+            if dtype != DType::F32 {
+                for (_, variant) in &FusedVariant::ALL[1..] {
+                    push_variant((2, 3, 77, 131, 64), Mask::Additive, None, Layout::Contiguous, *variant);
+                    push_variant((2, 3, 77, 131, 40), Mask::KeyPadding, Some(3), Layout::Offset, *variant);
+                    push_variant((2, 20, 1024, 1024, 64), Mask::None, None, Layout::Transposed, *variant);
+                    push_variant((1, 1, 4096, 4096, 512), Mask::None, None, Layout::Contiguous, *variant);
+                }
+            }
+            let mut push = |dims, mask, splits, layout| push_variant(dims, mask, splits, layout, FusedVariant::Base);
             for &d in head_dims {
                 let dims = (2, 3, 77, 131, d);
                 for splits in [None, Some(1), Some(3)] {
@@ -172,7 +185,10 @@ mod gpu {
             .map(|m| m.to_dtype(c.dtype))
             .transpose()?;
         let scale = default_scale(d);
-        let opts = FusedOptions { splits: c.splits };
+        let opts = FusedOptions {
+            splits: c.splits,
+            variant: Some(c.variant),
+        };
         let Some(got) = fused_sdpa(&q, &k, &v, mask.as_ref(), scale, opts)? else {
             candle_core::bail!("the fused kernel declined this case")
         };
@@ -240,7 +256,7 @@ mod gpu {
             let line = serde_json::json!({
                 "stage": "fused", "dtype": format!("{:?}", c.dtype).to_lowercase(), "b": b, "h": h, "lq": lq,
                 "lk": lk, "d": d, "mask": format!("{:?}", c.mask).to_lowercase(), "splits": c.splits,
-                "layout": format!("{:?}", c.layout).to_lowercase(),
+                "layout": format!("{:?}", c.layout).to_lowercase(), "variant": c.variant.name(),
             });
             report.record(Report::merged(line, run(&c, &dev)));
         }

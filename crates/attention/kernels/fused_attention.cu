@@ -7,8 +7,10 @@
 //
 // Kernels (all `extern "C"`, launched from crates/attention/src/cuda/mod.rs):
 //
-// * `fattn_{f16,bf16}_dv{16,32,64,96,128,160,192,256}`: 4 warps, 64 queries per CTA (16 rows a
-//   warp), key tiles of 64 (32 when the output chunk is wider than 160 columns). q·kᵀ and p·v
+// * `fattn_{f16,bf16}_dv{16,32,64,96,128,160,192,256}[_w8][_e2]`: 4 warps (`_w8`: 8), 16 query
+//   rows a warp (64 or 128 per CTA); `_e2` takes the exponentials as 2^(x·log2 e) (`ex2.approx.ftz`, as
+//   FlashAttention-2) instead of `expf`. The variants exist to be timed against each other on a
+//   GPU (`UNET_ATTENTION_FUSED_VARIANT`); the default is the plain 4-warp `expf` one. Key tiles of 64 (32 when the output chunk is wider than 160 columns). q·kᵀ and p·v
 //   with `mma.sync.aligned.m16n8k16` (f32 accumulate) on fragments read with `ldmatrix`
 //   (`.trans` for v); q, k and v tiles copied with `cp.async` (16 bytes, zero-filled past the
 //   ends) when every row is 16-byte aligned, element by element otherwise. The head dim is
@@ -50,8 +52,8 @@
 
 namespace {
 
-constexpr int BR = 64;       // queries per CTA (mma kernels)
-constexpr int THREADS = 128; // 4 warps
+constexpr int THREADS = 128; // 4 warps (f32 and merge kernels)
+constexpr float LOG2E = 1.4426950408889634f;
 
 #ifdef UNET_CUDA_EMULATE
 using emu::BF16;
@@ -62,6 +64,7 @@ using emu::dynamic_smem;
 using emu::F16;
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void* p) { emu::ldmatrix_x4(r, p, false); }
 __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void* p) { emu::ldmatrix_x4(r, p, true); }
+using emu::exp2_approx;
 #else
 
 struct F16 {
@@ -113,6 +116,13 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p)));
+}
+
+// 2^x by ex2.approx.ftz.f32 (the special-function unit; 2^-126 and below flush to 0).
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // The block's dynamic shared memory (its size is the launch's).
@@ -188,8 +198,16 @@ __device__ __forceinline__ void store_ml(const Args& a, int bh, int split, int q
     ml[1] = l;
 }
 
-template <typename T, int DVC, int BC>
+// e^x, or with EXP2 2^(x·log2 e) by one multiply and the hardware's approximate exp2
+// (FlashAttention-2's form; relative error about 2^-22, results below 2^-126 flushed to 0), for
+// x = s − m ≤ 0 or −∞.
+template <bool EXP2> __device__ __forceinline__ float exp_of(float x) {
+    return EXP2 ? exp2_approx(x * LOG2E) : expf(x);
+}
+
+template <typename T, int DVC, int BC, int WARPS, bool EXP2>
 __device__ void attention_mma(const Args a) {
+    constexpr int BR = 16 * WARPS; // queries per CTA: 16 a warp
     uint16_t* smem = dynamic_smem<uint16_t>();
     const int qs_stride = a.dp + 8, ks_stride = a.dp + 8, vs_stride = DVC + 8;
     uint16_t* qs = smem;
@@ -269,7 +287,7 @@ __device__ void attention_mma(const Args a) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
             const float m_new = fmaxf(m[r], mx[r]);
             m_use[r] = m_new == NEG_INF ? 0.f : m_new;
-            const float alpha = expf(m[r] - m_use[r]);
+            const float alpha = exp_of<EXP2>(m[r] - m_use[r]);
             m[r] = m_new;
             l[r] *= alpha;
 #pragma unroll
@@ -282,7 +300,7 @@ __device__ void attention_mma(const Args a) {
         for (int j = 0; j < BC / 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float p = expf(s[j][e] - m_use[e / 2]);
+                const float p = exp_of<EXP2>(s[j][e] - m_use[e / 2]);
                 s[j][e] = p;
                 l[e / 2] += p;
             }
@@ -455,25 +473,35 @@ __device__ void merge_rows(const float* ws_o, const float* ws_ml, int rows, int 
 
 } // namespace
 
-#define FATTN_MMA(NAME, T, DVC, BC)                                                                              \
-    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const Args a) { attention_mma<T, DVC, BC>(a); }
+// The mma kernel families: (dtype name, type, output-column chunk, key tile). Each comes in four
+// variants: `fattn_<ty>_dv<DVC>` (4 warps: 64 queries a CTA; expf), `_e2` (exp2 with the log2 e
+// factor), `_w8` (8 warps: 128 queries a CTA, k and v tiles shared by twice the queries), `_w8_e2`.
+#define FATTN_MMA_FAMILIES(X)                                                                                   \
+    X(f16, F16, 16, 64) X(f16, F16, 32, 64) X(f16, F16, 64, 64) X(f16, F16, 96, 64) X(f16, F16, 128, 64)        \
+    X(f16, F16, 160, 64) X(f16, F16, 192, 32) X(f16, F16, 256, 32) X(bf16, BF16, 16, 64) X(bf16, BF16, 32, 64)  \
+    X(bf16, BF16, 64, 64) X(bf16, BF16, 96, 64) X(bf16, BF16, 128, 64) X(bf16, BF16, 160, 64)                   \
+    X(bf16, BF16, 192, 32) X(bf16, BF16, 256, 32)
 
-FATTN_MMA(fattn_f16_dv16, F16, 16, 64)
-FATTN_MMA(fattn_f16_dv32, F16, 32, 64)
-FATTN_MMA(fattn_f16_dv64, F16, 64, 64)
-FATTN_MMA(fattn_f16_dv96, F16, 96, 64)
-FATTN_MMA(fattn_f16_dv128, F16, 128, 64)
-FATTN_MMA(fattn_f16_dv160, F16, 160, 64)
-FATTN_MMA(fattn_f16_dv192, F16, 192, 32)
-FATTN_MMA(fattn_f16_dv256, F16, 256, 32)
-FATTN_MMA(fattn_bf16_dv16, BF16, 16, 64)
-FATTN_MMA(fattn_bf16_dv32, BF16, 32, 64)
-FATTN_MMA(fattn_bf16_dv64, BF16, 64, 64)
-FATTN_MMA(fattn_bf16_dv96, BF16, 96, 64)
-FATTN_MMA(fattn_bf16_dv128, BF16, 128, 64)
-FATTN_MMA(fattn_bf16_dv160, BF16, 160, 64)
-FATTN_MMA(fattn_bf16_dv192, BF16, 192, 32)
-FATTN_MMA(fattn_bf16_dv256, BF16, 256, 32)
+// The four variants of family (TY, DVC), for a macro `V(X, name, warps, exp2)` (X passed through).
+#define FATTN_MMA_VARIANTS(V, X, TY, DVC)                                                                       \
+    V(X, fattn_##TY##_dv##DVC, 4, false)                                                                       \
+    V(X, fattn_##TY##_dv##DVC##_e2, 4, true)                                                                   \
+    V(X, fattn_##TY##_dv##DVC##_w8, 8, false)                                                                  \
+    V(X, fattn_##TY##_dv##DVC##_w8_e2, 8, true)
+
+#define FATTN_MMA_KERNEL(FAMILY, NAME, WARPS, EXP2)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(const Args a) {                              \
+        FAMILY::run<WARPS, EXP2>(a);                                                                           \
+    }
+#define FATTN_MMA_FAMILY(TY, T, DVC, BC)                                                                        \
+    struct Family_##TY##_##DVC {                                                                               \
+        template <int WARPS, bool EXP2> static __device__ __forceinline__ void run(const Args a) {             \
+            attention_mma<T, DVC, BC, WARPS, EXP2>(a);                                                         \
+        }                                                                                                      \
+    };                                                                                                         \
+    FATTN_MMA_VARIANTS(FATTN_MMA_KERNEL, Family_##TY##_##DVC, TY, DVC)
+
+FATTN_MMA_FAMILIES(FATTN_MMA_FAMILY)
 
 #define FATTN_F32(NAME, NI, RW)                                                                                  \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(const Args a) { attention_f32<NI, RW>(a); }

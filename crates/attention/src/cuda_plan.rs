@@ -11,10 +11,8 @@
 
 use candle_core::DType;
 
-/// Threads per block of the attention kernels (4 warps).
+/// Threads per block of the f32 attention kernels and of the merge kernel (4 warps).
 pub(crate) const THREADS: u32 = 128;
-/// Queries per block of the mma kernels.
-const BR: usize = 64;
 /// Output-column chunks the mma kernels are compiled for (`fattn_{f16,bf16}_dv{N}`).
 const DVCS: [usize; 8] = [16, 32, 64, 96, 128, 160, 192, 256];
 
@@ -26,6 +24,53 @@ pub(crate) struct Dims {
     pub lq: usize,
     pub lk: usize,
     pub d: usize,
+}
+
+/// Variants of the f16/bf16 attention kernels, built to be timed against each other on a GPU
+/// (`UNET_ATTENTION_FUSED_VARIANT`, the GPU kit's `fusedcore` stage); the f32 kernels have one
+/// form and ignore it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FusedVariant {
+    /// 4 warps (64 queries a thread block), `expf`: the default.
+    #[default]
+    Base,
+    /// 4 warps, the exponentials as `2^(x · log2 e)` by the hardware's approximate `ex2`
+    /// (FlashAttention-2's form; about 2^-22 relative error, underflow below 2^-126 to 0).
+    Exp2,
+    /// 8 warps (128 queries a thread block): each k and v tile in shared memory serves twice the
+    /// queries. Where its shared memory does not fit the GPU, the 4-warp kernel runs.
+    Warps8,
+    /// 8 warps and the approximate `ex2`.
+    Warps8Exp2,
+}
+
+impl FusedVariant {
+    /// Every variant with its name (`UNET_ATTENTION_FUSED_VARIANT`'s values), the default first.
+    pub const ALL: [(&'static str, FusedVariant); 4] = [
+        ("base", FusedVariant::Base),
+        ("exp2", FusedVariant::Exp2),
+        ("w8", FusedVariant::Warps8),
+        ("w8-exp2", FusedVariant::Warps8Exp2),
+    ];
+
+    /// Its name in [`FusedVariant::ALL`].
+    pub fn name(self) -> &'static str {
+        FusedVariant::ALL
+            .iter()
+            .find(|(_, v)| *v == self)
+            .map_or("base", |(n, _)| n)
+    }
+
+    fn warps(self) -> usize {
+        match self {
+            FusedVariant::Warps8 | FusedVariant::Warps8Exp2 => 8,
+            _ => 4,
+        }
+    }
+
+    fn exp2(self) -> bool {
+        matches!(self, FusedVariant::Exp2 | FusedVariant::Warps8Exp2)
+    }
 }
 
 /// What the plan needs to know of the GPU.
@@ -51,6 +96,8 @@ pub(crate) struct Plan {
     /// Output-column chunks (grid y is batch · heads · chunks).
     pub chunks: usize,
     pub grid: (u32, u32, u32),
+    /// Threads per block of the attention kernel.
+    pub threads: u32,
     /// Dynamic shared memory of one block, in bytes.
     pub smem: usize,
     pub splits: usize,
@@ -60,8 +107,14 @@ pub(crate) struct Plan {
 impl Plan {
     /// `None` where the shape does not fit the kernels (shared memory, grid or index limits).
     /// `splits`: the key splits asked for (clamped to the key tiles); `None` chooses from the
-    /// SM count.
-    pub(crate) fn new(s: &Dims, dtype: DType, gpu: &GpuLimits, splits: Option<usize>) -> Option<Plan> {
+    /// SM count. `variant`: which f16/bf16 kernel (f32 has one).
+    pub(crate) fn new(
+        s: &Dims,
+        dtype: DType,
+        gpu: &GpuLimits,
+        splits: Option<usize>,
+        variant: FusedVariant,
+    ) -> Option<Plan> {
         let (dp, chunks, rows, key_tile, smem, kernel, merge) = match dtype {
             DType::F32 => {
                 let ni = s.d.div_ceil(32).next_power_of_two();
@@ -73,17 +126,33 @@ impl Plan {
                 let dp = s.d.div_ceil(16) * 16;
                 let dvc = DVCS.into_iter().find(|&c| c >= dp).unwrap_or(256);
                 let bc = if dvc <= 160 { 64 } else { 32 };
-                let smem = (BR * (dp + 8) + bc * (dp + 8) + bc * (dvc + 8)) * 2;
+                // 16 query rows a warp; q, k and v tiles with rows 8 elements longer than dp.
+                let smem_of = |rows: usize| (rows * (dp + 8) + bc * (dp + 8) + bc * (dvc + 8)) * 2;
+                let warps = match variant.warps() {
+                    8 if smem_of(128) <= gpu.smem_optin => 8,
+                    _ => 4,
+                };
                 let (name, merge) = if dtype == DType::F16 {
                     ("f16", "fattn_merge_f16")
                 } else {
                     ("bf16", "fattn_merge_bf16")
                 };
-                let kernel = format!("fattn_{name}_dv{dvc}");
-                (dp, s.d.div_ceil(dvc), BR, bc, smem, kernel, merge)
+                let w8 = if warps == 8 { "_w8" } else { "" };
+                let e2 = if variant.exp2() { "_e2" } else { "" };
+                let kernel = format!("fattn_{name}_dv{dvc}{w8}{e2}");
+                (
+                    dp,
+                    s.d.div_ceil(dvc),
+                    16 * warps,
+                    bc,
+                    smem_of(16 * warps),
+                    kernel,
+                    merge,
+                )
             }
             _ => return None,
         };
+        let threads = if dtype == DType::F32 { THREADS } else { 2 * rows as u32 };
         let bh = s.b * s.h;
         let q_tiles = s.lq.div_ceil(rows);
         let key_tiles = s.lk.div_ceil(key_tile);
@@ -110,6 +179,7 @@ impl Plan {
             dp,
             chunks,
             grid: (q_tiles as u32, (bh * chunks) as u32, splits as u32),
+            threads,
             smem,
             splits,
             tiles_per_split,
@@ -290,6 +360,10 @@ mod tests {
         smem_optin: 227 * 1024,
     };
 
+    fn dims(b: usize, h: usize, lq: usize, lk: usize, d: usize) -> Dims {
+        Dims { b, h, lq, lk, d }
+    }
+
     #[test]
     fn args_bytes_follow_the_struct_layout() {
         assert_eq!(std::mem::size_of::<Args>(), 208);
@@ -310,14 +384,8 @@ mod tests {
 
     #[test]
     fn vae_head_dim_512_takes_two_column_chunks_and_splits_keys() {
-        let dims = Dims {
-            b: 1,
-            h: 1,
-            lq: 4096,
-            lk: 4096,
-            d: 512,
-        };
-        let p = Plan::new(&dims, DType::F16, &H100, None).unwrap();
+        let dims = dims(1, 1, 4096, 4096, 512);
+        let p = Plan::new(&dims, DType::F16, &H100, None, FusedVariant::Base).unwrap();
         assert_eq!((p.kernel.as_str(), p.dp, p.chunks), ("fattn_f16_dv256", 512, 2));
         // 64 query tiles × 2 chunks = 128 blocks < 132 SMs: the 128 key tiles are split.
         assert_eq!(p.grid.0, 64);
@@ -327,20 +395,42 @@ mod tests {
 
     #[test]
     fn shared_memory_beyond_the_gpu_declines() {
-        let dims = Dims {
-            b: 1,
-            h: 1,
-            lq: 10,
-            lk: 10,
-            d: 512,
-        };
+        let dims = dims(1, 1, 10, 10, 512);
         let small = GpuLimits {
             sms: 10,
             smem_optin: 48 * 1024,
         };
-        assert!(Plan::new(&dims, DType::F16, &small, None).is_none());
-        assert!(Plan::new(&dims, DType::F16, &H100, None).is_some());
-        assert!(Plan::new(&dims, DType::F64, &H100, None).is_none());
+        assert!(Plan::new(&dims, DType::F16, &small, None, FusedVariant::Base).is_none());
+        assert!(Plan::new(&dims, DType::F16, &H100, None, FusedVariant::Base).is_some());
+        assert!(Plan::new(&dims, DType::F64, &H100, None, FusedVariant::Base).is_none());
+    }
+
+    #[test]
+    fn variants_name_their_kernels_and_fall_back_to_four_warps() {
+        let dims = dims(1, 1, 4096, 4096, 512);
+        let plan = |gpu: &GpuLimits, v| Plan::new(&dims, DType::BF16, gpu, None, v).unwrap();
+        for (name, v) in FusedVariant::ALL {
+            assert_eq!(v.name(), name);
+        }
+        let p = plan(&H100, FusedVariant::Warps8Exp2);
+        assert_eq!(
+            (p.kernel.as_str(), p.threads, p.grid.0),
+            ("fattn_bf16_dv256_w8_e2", 256, 32)
+        );
+        let p = plan(&H100, FusedVariant::Exp2);
+        assert_eq!(
+            (p.kernel.as_str(), p.threads, p.grid.0),
+            ("fattn_bf16_dv256_e2", 128, 64)
+        );
+        // An A100's 163 KiB cannot hold the 8-warp tiles of head dim 512: 4 warps run.
+        let a100 = GpuLimits {
+            sms: 108,
+            smem_optin: 163 * 1024,
+        };
+        let p = plan(&a100, FusedVariant::Warps8);
+        assert_eq!((p.kernel.as_str(), p.threads), ("fattn_bf16_dv256", 128));
+        let f32_plan = Plan::new(&dims, DType::F32, &H100, None, FusedVariant::Warps8).unwrap();
+        assert_eq!((f32_plan.kernel.as_str(), f32_plan.threads), ("fattn_f32_ni16", 128));
     }
 
     #[test]

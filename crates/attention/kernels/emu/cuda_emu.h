@@ -427,6 +427,13 @@ inline void cp_async_wait_all() {
 
 template <typename T> inline T* dynamic_smem() { return reinterpret_cast<T*>(block->smem); }
 
+// ex2.approx.ftz.f32: 2^x, results below the smallest normal flushed to 0 (here exact otherwise;
+// the hardware's is within about 2^-22 relative).
+inline float exp2_approx(float x) {
+    const float y = std::exp2(x);
+    return std::fpclassify(y) == FP_SUBNORMAL ? 0.f : y;
+}
+
 // The 16-bit types as the kernels use them (their bits, and conversions to and from f32).
 template <uint16_t (*Bits)(float), float (*Value)(uint16_t)> struct Half16 {
     static uint32_t pack(float a, float b) {

@@ -128,12 +128,13 @@ using Binder = Call (*)(Args_&);
 std::map<std::string, Binder> kernels() {
     std::map<std::string, Binder> k;
 #define ATTENTION(name) k[#name] = [](Args_& a) -> Call { const Args s = a.strct<Args>(); a.done(); return [s] { name(s); }; };
-    ATTENTION(fattn_f16_dv16) ATTENTION(fattn_f16_dv32) ATTENTION(fattn_f16_dv64) ATTENTION(fattn_f16_dv96)
-    ATTENTION(fattn_f16_dv128) ATTENTION(fattn_f16_dv160) ATTENTION(fattn_f16_dv192) ATTENTION(fattn_f16_dv256)
-    ATTENTION(fattn_bf16_dv16) ATTENTION(fattn_bf16_dv32) ATTENTION(fattn_bf16_dv64) ATTENTION(fattn_bf16_dv96)
-    ATTENTION(fattn_bf16_dv128) ATTENTION(fattn_bf16_dv160) ATTENTION(fattn_bf16_dv192) ATTENTION(fattn_bf16_dv256)
+#define ATTENTION_VARIANT(X, name, warps, exp2) ATTENTION(name)
+#define ATTENTION_FAMILY(TY, T, DVC, BC) FATTN_MMA_VARIANTS(ATTENTION_VARIANT, _, TY, DVC)
+    FATTN_MMA_FAMILIES(ATTENTION_FAMILY)
     ATTENTION(fattn_f32_ni1) ATTENTION(fattn_f32_ni2) ATTENTION(fattn_f32_ni4) ATTENTION(fattn_f32_ni8)
     ATTENTION(fattn_f32_ni16)
+#undef ATTENTION_FAMILY
+#undef ATTENTION_VARIANT
 #undef ATTENTION
 #define MERGE(name, T)                                                                                          \
     k[#name] = [](Args_& a) -> Call {                                                                          \

@@ -156,7 +156,7 @@ impl FusedAttention {
         }
         let cfg = LaunchConfig {
             grid_dim: p.grid,
-            block_dim: (THREADS, 1, 1),
+            block_dim: (p.threads, 1, 1),
             shared_mem_bytes: p.smem as u32,
         };
         let mut b = func.builder();

@@ -18,8 +18,10 @@
 //! rounded to f16/bf16 before p·v, as PyTorch's CUDA kernels do. Head dims 1 – 512 (padded with
 //! zeros to a multiple of 16 in shared memory); the output columns are computed in chunks of at
 //! most 256 (head dim 512: two thread blocks per query tile, each recomputing q·kᵀ). f32: plain
-//! FMA, no tensor cores. **Split-KV**: when (batch·heads·query tiles·chunks) is below twice the
-//! number of SMs, the key tiles are split over up to 64 thread blocks per tile, and a merge kernel
+//! FMA, no tensor cores. **Variants** ([`FusedVariant`], `UNET_ATTENTION_FUSED_VARIANT`): the
+//! f16/bf16 kernels also come with 8 warps (128 queries a block) and with the approximate `ex2`
+//! for the exponentials, to be timed against the default on a GPU. **Split-KV**: when
+//! (batch·heads·query tiles·chunks) is below twice the number of SMs, the key tiles are split over up to 64 thread blocks per tile, and a merge kernel
 //! combines their f32 partial outputs and `(max, sum)`.
 //!
 //! **Limits** (outside them [`fused_sdpa`] returns `None` and the caller falls back): a CUDA
@@ -44,8 +46,10 @@ pub use layers::{
     epilogue, gated, group_norm, layers_built, layers_enabled, BiasAxis, GateAct, NormAct, AUTO_PICKS_CUDA_LAYERS,
 };
 
+pub use crate::cuda_plan::FusedVariant;
 use crate::cuda_plan::{Dims, Plan};
 use candle_core::{DType, Device, Result, Tensor};
+use std::sync::OnceLock;
 
 #[cfg(feature = "cudnn")]
 pub mod conv;
@@ -62,6 +66,20 @@ pub struct FusedOptions {
     /// Split the keys over this many thread blocks per query tile (clamped to the number of key
     /// tiles; 1 turns split-KV off). `None`: chosen from the GPU's SM count.
     pub splits: Option<usize>,
+    /// Which f16/bf16 kernel. `None`: [`fused_variant`] (`UNET_ATTENTION_FUSED_VARIANT`).
+    pub variant: Option<FusedVariant>,
+}
+
+/// The f16/bf16 kernel variant `UNET_ATTENTION_FUSED_VARIANT` names (`base`, the default when
+/// unset or blank, `exp2`, `w8`, `w8-exp2`; see [`FusedVariant`]), read once; another value is an
+/// error from every call. For timing the variants against each other on a GPU (the kit's
+/// `fusedcore` stage); the default stays `base` until such a run says otherwise.
+pub fn fused_variant() -> Result<FusedVariant> {
+    static SETTING: OnceLock<std::result::Result<FusedVariant, String>> = OnceLock::new();
+    SETTING
+        .get_or_init(|| crate::cpu::setting::choice("UNET_ATTENTION_FUSED_VARIANT", &FusedVariant::ALL))
+        .clone()
+        .map_err(candle_core::Error::msg)
 }
 
 /// Whether this build carries the kernel's PTX (built for compute capability ≥ 8.0).
@@ -99,7 +117,11 @@ pub fn fused_sdpa(
             Err(_) => return Ok(None),
         },
     };
-    let Some(plan) = Plan::new(&shape, q.dtype(), &gpu, opts.splits) else {
+    let variant = match opts.variant {
+        Some(v) => v,
+        None => fused_variant()?,
+    };
+    let Some(plan) = Plan::new(&shape, q.dtype(), &gpu, opts.splits, variant) else {
         return Ok(None);
     };
     let last_dim_contiguous = |t: &Tensor| -> Result<Tensor> {

@@ -12,7 +12,7 @@
 //! The emulator and its limits: [`super::emulator`], `kernels/emu/cuda_emu.h`.
 
 use super::emulator::{decode, elem_size, encode, round, runner, Arg, Request, Rng};
-use super::{vector_copies, Args, Dims, GpuLimits, Plan, THREADS};
+use super::{vector_copies, Args, Dims, FusedVariant, GpuLimits, Plan, THREADS};
 use candle_core::DType;
 use std::path::Path;
 
@@ -70,6 +70,8 @@ struct Case {
     seed: u64,
     /// Multiplies q: larger logits, a peakier softmax.
     q_gain: f64,
+    /// Which f16/bf16 kernel.
+    variant: FusedVariant,
     /// Gives the kernel a scale 30 % off the reference's (to show that the check can fail).
     wrong_scale: bool,
 }
@@ -84,6 +86,7 @@ fn case(dtype: DType, (b, h, lq, lk, d): (usize, usize, usize, usize, usize)) ->
         late_copies: false,
         seed: 0,
         q_gain: 1.0,
+        variant: FusedVariant::Base,
         wrong_scale: false,
     }
 }
@@ -197,7 +200,7 @@ fn reference(c: &Case, q: &Input, k: &Input, v: &Input, m: Option<&(Vec<f32>, [i
 /// reference, with the plan (for messages). Panics on NaN or a failed run.
 fn run(bin: &Path, c: &Case) -> (f64, Plan) {
     let Dims { b, h, lq, lk, d } = c.dims;
-    let plan = Plan::new(&c.dims, c.dtype, &H100, c.splits).unwrap_or_else(|| panic!("no plan for {c:?}"));
+    let plan = Plan::new(&c.dims, c.dtype, &H100, c.splits, c.variant).unwrap_or_else(|| panic!("no plan for {c:?}"));
     assert_eq!((plan.dtype, plan.dims), (c.dtype, c.dims));
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (lq * 131 + lk * 7 + d) as u64);
     let q = input(c, &mut rng, lq, c.q_gain);
@@ -233,7 +236,7 @@ fn run(bin: &Path, c: &Case) -> (f64, Plan) {
         bytes: args.to_bytes(),
         pointers: 7,
     };
-    req.launch(&plan.kernel, plan.grid, THREADS, plan.smem, &[arg]);
+    req.launch(&plan.kernel, plan.grid, plan.threads, plan.smem, &[arg]);
     if plan.splits > 1 {
         let rows = plan.merge_rows();
         let merge_args = [
@@ -276,8 +279,8 @@ fn check(cases: &[Case]) {
     for c in cases {
         let (err, plan) = run(bin, c);
         eprintln!(
-            "{:?} {:?} {:?} {:?} splits {}: error {err:.2e} × max|v|",
-            c.dtype, c.dims, c.layout, c.mask, plan.splits
+            "{} {:?} {:?} {:?} splits {}: error {err:.2e} × max|v|",
+            plan.kernel, c.dims, c.layout, c.mask, plan.splits
         );
         assert!(
             err <= bound(c.dtype),
@@ -355,6 +358,31 @@ fn f16_kernels_match_f64_attention() {
 #[test]
 fn bf16_kernels_match_f64_attention() {
     check(&half_cases(DType::BF16));
+}
+
+/// The other variants (8 warps, `ex2`) on the shapes that stress what they change: a query
+/// tile that the 8-warp block covers partly, two column chunks, odd head dims, split keys,
+/// masks, a random schedule.
+#[test]
+fn kernel_variants_match_f64_attention() {
+    let mut cases = vec![];
+    for (dtype, variant) in [
+        (DType::F16, FusedVariant::Exp2),
+        (DType::F16, FusedVariant::Warps8),
+        (DType::BF16, FusedVariant::Warps8Exp2),
+    ] {
+        // From the default kernel's cases: two column chunks, an odd head dim with element-wise
+        // copies, split keys with late copies; and a query tile the 8-warp block covers partly.
+        let base = half_cases(dtype);
+        cases.extend([&base[2], &base[4], &base[8]].map(|c| Case { variant, ..*c }));
+        cases.push(Case {
+            mask: Mask::Additive,
+            seed: 6,
+            variant,
+            ..case(dtype, (2, 1, 150, 77, 64))
+        });
+    }
+    check(&cases);
 }
 
 #[test]
