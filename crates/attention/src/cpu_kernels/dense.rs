@@ -11,6 +11,7 @@
 use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, PackedCols, PackedRows, RowsOf};
 use super::{im2col, winograd};
 use crate::cpu::isa::{self, Isa};
+use crate::cpu::microkernel::avx512;
 use crate::cpu::{caches, contiguous, cpu_slice, setting};
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -48,11 +49,12 @@ pub fn set_layer_path(path: Option<LayerPath>) {
 }
 
 /// The path calls take now. An unparsable `UNET_ATTENTION_LAYERS` (or `UNET_ATTENTION_ISA`, the
-/// cap on the vector instructions the kernels use, or `UNET_ATTENTION_CACHE`, the cache sizes
-/// they block for) is an error on every call.
+/// cap on the vector instructions the kernels use, `UNET_ATTENTION_CACHE`, the cache sizes they
+/// block for, or `UNET_ATTENTION_GEMM_TILE`, the AVX-512 GEMM loop) is an error on every call.
 pub fn layer_path() -> Result<LayerPath> {
     isa::setting().map_err(candle_core::Error::msg)?;
     caches::setting().map_err(candle_core::Error::msg)?;
+    avx512::rows_tile_setting().map_err(candle_core::Error::msg)?;
     match OVERRIDE.load(Ordering::Relaxed) {
         1 => return Ok(LayerPath::Auto),
         2 => return Ok(LayerPath::Candle),
@@ -74,10 +76,13 @@ pub fn layer_path() -> Result<LayerPath> {
     .map_err(candle_core::Error::msg)
 }
 
-/// The register tile the layer GEMM runs on this CPU: `"avx512"`, `"avx2"`, or `"none"` (Candle's
-/// ops for every layer).
+/// The register tile the layer GEMM runs on this CPU: `"avx512"` (`"avx512-rows3"` under
+/// `UNET_ATTENTION_GEMM_TILE=rows3`), `"avx2"`, or `"none"` (Candle's ops for every layer).
 pub fn layer_kernel_isa() -> &'static str {
-    Isa::detect().name()
+    match Isa::detect() {
+        Isa::Avx512 if avx512::rows_tile_setting() == Ok(avx512::RowsTile::RowBases) => "avx512-rows3",
+        isa => isa.name(),
+    }
 }
 
 /// Whether a weight is packed: an f32 CPU tensor on a CPU the GEMM runs on.

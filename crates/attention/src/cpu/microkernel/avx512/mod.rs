@@ -21,6 +21,30 @@ pub(crate) fn available() -> bool {
     Isa::detect() == Isa::Avx512
 }
 
+/// Which loop runs the layer GEMM's full tiles on activation rows read in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowsTile {
+    /// [`x86::score_tile`] as the GEMM's tile: the compiler forms the twelve row addresses.
+    Plain,
+    /// [`gemm_tile_row_bases`]: the rows addressed from three base registers.
+    RowBases,
+}
+
+/// `UNET_ATTENTION_GEMM_TILE` (read once): `auto` (the default, [`RowsTile::Plain`]) or `rows3`
+/// ([`RowsTile::RowBases`]); any other value is an error (checked by
+/// `cpu_kernels::layer_path`, as the other settings). The same bits either way: a switch to time
+/// the two loops in whole blocks on a CPU where integer operations compete with the FMAs for
+/// issue ports (Intel's two 512-bit FMA ports), without a rebuild.
+pub(crate) fn rows_tile_setting() -> Result<RowsTile, String> {
+    static SETTING: std::sync::OnceLock<Result<RowsTile, String>> = std::sync::OnceLock::new();
+    SETTING
+        .get_or_init(|| {
+            let choices = [("auto", RowsTile::Plain), ("rows3", RowsTile::RowBases)];
+            crate::cpu::setting::choice("UNET_ATTENTION_GEMM_TILE", &choices)
+        })
+        .clone()
+}
+
 /// Register-tile rows for a micro-panel of `rows` (1 ..= [`MR`]) rows: 4, 8 or 12, so a short
 /// last micro-panel costs a third or two thirds of a full one.
 pub(crate) fn tile_rows(rows: usize) -> usize {
@@ -136,9 +160,11 @@ pub(crate) fn gemm_tile(
         let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
         // SAFETY: AVX-512F detected; the asserts bound every access.
         unsafe {
+            let row_bases = rows_tile_setting() == Ok(RowsTile::RowBases);
             match (layout, r) {
                 (ALayout::Rows(lda), 4) => x86::score_tile::<4, true>(a, lda, b, kc, c, ldc, accumulate, None),
                 (ALayout::Rows(lda), 8) => x86::score_tile::<8, true>(a, lda, b, kc, c, ldc, accumulate, None),
+                (ALayout::Rows(lda), _) if row_bases => x86::gemm_tile_row_bases(a, lda, b, kc, c, ldc, accumulate),
                 (ALayout::Rows(lda), _) => x86::score_tile::<MR, true>(a, lda, b, kc, c, ldc, accumulate, None),
                 (ALayout::Interleaved, 4) => x86::gemm_tile_interleaved::<4>(a, b, kc, c, ldc, accumulate),
                 (ALayout::Interleaved, 8) => x86::gemm_tile_interleaved::<8>(a, b, kc, c, ldc, accumulate),
@@ -154,7 +180,8 @@ pub(crate) fn gemm_tile(
 
 /// [`gemm_tile`] on a full [`MR`]-row tile of `A` rows `lda` apart, its row addresses formed
 /// from three base registers: a candidate loop for two 512-bit FMA ports, timed by `bench_sdpa
-/// fma-peak` and not used by the GEMM. The same bits as [`gemm_tile`].
+/// fma-peak`; the GEMM runs it under `UNET_ATTENTION_GEMM_TILE=rows3` ([`rows_tile_setting`]).
+/// The same bits as [`gemm_tile`].
 pub(crate) fn gemm_tile_row_bases(
     (a, lda): (&[f32], usize),
     b: &[f32],
