@@ -11,7 +11,10 @@
 // dynamic shared memory; shared memory starts as NaN bytes (0xff) in every block, so a read of
 // what no thread wrote shows as NaN. `cp.async` copies land either at once or only at the
 // issuing thread's `cp.async.wait_all` (`emu::Config::late_copies`), the two extremes the
-// hardware may take, so a missing wait or barrier shows in one of the two runs.
+// hardware may take, so a missing wait or barrier shows in one of the two runs. Threads run in
+// turn, or (`emu::Config::seed`) by a random ranking of the warps, the highest-ranked one that can
+// run always running, so that a warp gets ahead of the others as far as the barriers let it.
+// `ex2.approx.ftz` is exact here but for the flush of results below 2^-126.
 //
 // What it does not model: timing, occupancy, register limits, bank conflicts, and the tensor
 // cores' own rounding (products are summed in double and rounded once to f32). It is a check of
