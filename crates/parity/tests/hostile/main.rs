@@ -16,6 +16,7 @@ mod files;
 mod hub;
 mod limits;
 mod pickles;
+mod settings;
 
 /// Not a test of its own: the CLI when [`common::run_limited`] runs this binary.
 #[test]
