@@ -40,3 +40,39 @@ pub fn seeded_randn(shape: &[usize], seed: u64) -> Tensor {
         .collect();
     Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()
 }
+
+/// Attention in f64 on plain row-major values, the tests' reference: `q` is (heads, lq, d), `k`
+/// (heads, lk, d), `v` (heads, lk, dv) for `dims` = (heads, lq, lk, d, dv); `score(head, i, j,
+/// q_i·k_j)` gives the logit (the caller's scale and mask); out (heads, lq, dv) =
+/// `Σ_j e^(s_j − max)·v_j / Σ_j e^(s_j − max)`, or `empty` for a row whose logits are all −∞.
+#[allow(dead_code)]
+pub fn naive_attention(
+    (q, k, v): (&[f64], &[f64], &[f64]),
+    (heads, lq, lk, d, dv): (usize, usize, usize, usize, usize),
+    score: impl Fn(usize, usize, usize, f64) -> f64,
+    empty: f64,
+) -> Vec<f64> {
+    let mut out = Vec::with_capacity(heads * lq * dv);
+    for h in 0..heads {
+        for i in 0..lq {
+            let qi = &q[(h * lq + i) * d..][..d];
+            let s: Vec<f64> = (0..lk)
+                .map(|j| {
+                    let kj = &k[(h * lk + j) * d..][..d];
+                    score(h, i, j, qi.iter().zip(kj).map(|(a, b)| a * b).sum())
+                })
+                .collect();
+            let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if max == f64::NEG_INFINITY {
+                out.extend(std::iter::repeat_n(empty, dv));
+                continue;
+            }
+            let w: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for c in 0..dv {
+                out.push((0..lk).map(|j| w[j] * v[(h * lk + j) * dv + c]).sum::<f64>() / sum);
+            }
+        }
+    }
+    out
+}

@@ -80,9 +80,8 @@ struct PendingCopy {
 // One lane's operands of a warp-wide instruction.
 struct Slot {
     const char* op = nullptr;
-    uint32_t r[8] = {};
+    uint32_t r[6] = {}; // mma: a0..a3, b0, b1
     float f = 0.f;
-    int src_lane = 0;
     const void* p = nullptr;
 };
 

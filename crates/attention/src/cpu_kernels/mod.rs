@@ -291,7 +291,8 @@ pub(crate) fn geglu_row(dst: &mut [f32], hidden: &[f32], gate: &[f32]) {
 pub fn tile_flops(layout: &str, kc: usize, calls: usize) -> Option<f64> {
     use crate::cpu::aligned::Aligned;
     use crate::cpu::isa::Isa;
-    use crate::cpu::microkernel::{avx512, tile, ALayout};
+    use crate::cpu::microkernel::avx512::{self, RowsTile};
+    use crate::cpu::microkernel::{tile, ALayout};
     let isa = Isa::with_tiles()?;
     let (mr, nr) = (isa.mr(), isa.nr());
     let (mut a, mut b, mut c) = (
@@ -309,12 +310,26 @@ pub fn tile_flops(layout: &str, kc: usize, calls: usize) -> Option<f64> {
                 ALayout::Interleaved
             };
             for _ in 0..calls {
-                tile(isa, mr, (&a, layout), kc, &b, &mut c, nr, true);
+                if isa == Isa::Avx512 {
+                    // The default loop whatever UNET_ATTENTION_GEMM_TILE says: "rows3" is the other.
+                    avx512::gemm_tile_using(RowsTile::Plain, mr, (&a, layout), &b, kc, &mut c, nr, true);
+                } else {
+                    tile(isa, mr, (&a, layout), kc, &b, &mut c, nr, true);
+                }
             }
         }
         "rows3" if isa == Isa::Avx512 => {
             for _ in 0..calls {
-                avx512::gemm_tile_row_bases((&a, kc), &b, kc, &mut c, nr, true);
+                avx512::gemm_tile_using(
+                    RowsTile::RowBases,
+                    mr,
+                    (&a, ALayout::Rows(kc)),
+                    &b,
+                    kc,
+                    &mut c,
+                    nr,
+                    true,
+                );
             }
         }
         _ => return None,
@@ -362,7 +377,8 @@ mod tests {
     /// layout it knows and refuses the others.
     #[test]
     fn row_bases_tile_gives_the_gemm_tiles_bits() {
-        use crate::cpu::microkernel::{avx512, tile, ALayout};
+        use crate::cpu::microkernel::avx512::{self, RowsTile};
+        use crate::cpu::microkernel::ALayout;
         if !avx512::available() {
             assert!(tile_flops("rows3", 8, 1).is_none());
             return;
@@ -378,17 +394,9 @@ mod tests {
         let start = values((mr - 1) * ldc + nr, 3);
         for accumulate in [false, true] {
             let (mut want, mut got) = (start.clone(), start.clone());
-            tile(
-                crate::cpu::isa::Isa::Avx512,
-                mr,
-                (&a, ALayout::Rows(lda)),
-                kc,
-                &b,
-                &mut want,
-                ldc,
-                accumulate,
-            );
-            avx512::gemm_tile_row_bases((&a, lda), &b, kc, &mut got, ldc, accumulate);
+            let rows = (&a[..], ALayout::Rows(lda));
+            avx512::gemm_tile_using(RowsTile::Plain, mr, rows, &b, kc, &mut want, ldc, accumulate);
+            avx512::gemm_tile_using(RowsTile::RowBases, mr, rows, &b, kc, &mut got, ldc, accumulate);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "accumulate {accumulate}");
         }

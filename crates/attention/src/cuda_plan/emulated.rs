@@ -11,8 +11,9 @@
 //!
 //! The emulator and its limits: [`super::emulator`], `kernels/emu/cuda_emu.h`.
 
-use super::emulator::{decode, elem_size, encode, round, runner, Arg, Request, Rng};
+use super::emulator::{decode, elem_size, encode, normals, runner, Arg, Request};
 use super::{vector_copies, Args, Dims, FusedVariant, GpuLimits, Plan, THREADS};
+use crate::test_support::naive_attention;
 use candle_core::DType;
 use std::path::Path;
 
@@ -35,7 +36,6 @@ enum Layout {
 impl Layout {
     /// `(strides, elements)` of one input with `l` rows.
     fn strides(self, b: usize, h: usize, l: usize, d: usize) -> ([usize; 3], usize) {
-        let _ = b;
         match self {
             Layout::Contiguous => ([h * l * d, l * d, d], b * h * l * d),
             Layout::TokensMajor => ([l * h * d, d, h * d], b * h * l * d),
@@ -99,48 +99,41 @@ struct Input {
     values: Vec<f64>,
 }
 
-fn input(c: &Case, rng: &mut Rng, l: usize, gain: f64) -> Input {
+fn input(c: &Case, seed: u64, l: usize, gain: f64) -> Input {
     let Dims { b, h, d, .. } = c.dims;
     let (strides, n) = c.layout.strides(b, h, l, d);
+    let values = normals(seed, b * h * l * d, gain, c.dtype);
     let mut storage = vec![f32::NAN; n];
-    let mut values = Vec::with_capacity(b * h * l * d);
-    for bi in 0..b {
-        for hi in 0..h {
-            for r in 0..l {
-                for e in 0..d {
-                    let x = round(c.dtype, (rng.next() * 2.0 * gain) as f32);
-                    storage[bi * strides[0] + hi * strides[1] + r * strides[2] + e] = x;
-                    values.push(x as f64);
-                }
-            }
-        }
+    for (i, &x) in values.iter().enumerate() {
+        let (bh, r, e) = (i / (l * d), i / d % l, i % d);
+        storage[bh / h * strides[0] + bh % h * strides[1] + r * strides[2] + e] = x;
     }
     Input {
         storage,
         strides,
-        values,
+        values: values.into_iter().map(f64::from).collect(),
     }
 }
 
 /// The mask's elements and (b, h, q, k) strides, or `None`.
-fn mask(c: &Case, rng: &mut Rng) -> Option<(Vec<f32>, [i64; 4])> {
+fn mask(c: &Case, seed: u64) -> Option<(Vec<f32>, [i64; 4])> {
     let Dims { b, lq, lk, .. } = c.dims;
     match c.mask {
         Mask::None => None,
         Mask::Additive => {
-            let mut m = Vec::with_capacity(b * lq * lk);
-            for _ in 0..b {
-                for q in 0..lq {
-                    for _ in 0..lk {
-                        let x = rng.next();
-                        m.push(if q % 5 == 4 || x > 0.8 {
-                            f32::NEG_INFINITY
-                        } else {
-                            (x * 3.0) as f32
-                        });
+            // Normal values; above 1.28 (about one in ten) −∞, and every fifth query row −∞.
+            let x = normals(seed, b * lq * lk, 1.0, DType::F32);
+            let m = x
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| {
+                    if (i / lk) % lq % 5 == 4 || x > 1.28 {
+                        f32::NEG_INFINITY
+                    } else {
+                        x * 1.5
                     }
-                }
-            }
+                })
+                .collect();
             Some((m, [(lq * lk) as i64, 0, lk as i64, 1]))
         }
         Mask::KeyPadding => {
@@ -160,40 +153,18 @@ fn mask(c: &Case, rng: &mut Rng) -> Option<(Vec<f32>, [i64; 4])> {
     }
 }
 
-/// softmax(q·kᵀ·scale + mask)·v in f64, (B, H, Lq, D); a row with every key at −∞ gives 0.
+/// softmax(q·kᵀ·scale + mask)·v in f64 ([`naive_attention`]), (B, H, Lq, D); a row with every
+/// key at −∞ gives 0 (the kernel's, and PyTorch's fused kernels', convention).
 fn reference(c: &Case, q: &Input, k: &Input, v: &Input, m: Option<&(Vec<f32>, [i64; 4])>, scale: f64) -> Vec<f64> {
     let Dims { b, h, lq, lk, d } = c.dims;
-    let mut out = vec![0.0; b * h * lq * d];
-    let mut s = vec![0.0; lk];
-    for bh in 0..b * h {
-        let (bi, hi) = (bh / h, bh % h);
-        for qi in 0..lq {
-            let qrow = &q.values[(bh * lq + qi) * d..][..d];
-            for (ki, sk) in s.iter_mut().enumerate() {
-                let krow = &k.values[(bh * lk + ki) * d..][..d];
-                let dot: f64 = qrow.iter().zip(krow).map(|(a, b)| a * b).sum();
-                let add = m.map_or(0.0, |(m, st)| {
-                    let i = bi as i64 * st[0] + hi as i64 * st[1] + qi as i64 * st[2] + ki as i64 * st[3];
-                    m[i as usize] as f64
-                });
-                *sk = dot * scale + add;
-            }
-            let top = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            if top == f64::NEG_INFINITY {
-                continue;
-            }
-            let p: Vec<f64> = s.iter().map(|x| (x - top).exp()).collect();
-            let sum: f64 = p.iter().sum();
-            let o = &mut out[(bh * lq + qi) * d..][..d];
-            for (ki, pk) in p.iter().enumerate() {
-                let vrow = &v.values[(bh * lk + ki) * d..][..d];
-                for (oe, ve) in o.iter_mut().zip(vrow) {
-                    *oe += pk / sum * ve;
-                }
-            }
-        }
-    }
-    out
+    let score = |bh: usize, i: usize, j: usize, dot: f64| {
+        let add = m.map_or(0.0, |(m, st)| {
+            let at = (bh / h) as i64 * st[0] + (bh % h) as i64 * st[1] + i as i64 * st[2] + j as i64 * st[3];
+            m[at as usize] as f64
+        });
+        dot * scale + add
+    };
+    naive_attention((&q.values, &k.values, &v.values), (b * h, lq, lk, d, d), score, 0.0)
 }
 
 /// Runs one case through the emulator; the max error relative to max |v| against the f64
@@ -202,11 +173,11 @@ fn run(bin: &Path, c: &Case) -> (f64, Plan) {
     let Dims { b, h, lq, lk, d } = c.dims;
     let plan = Plan::new(&c.dims, c.dtype, &H100, c.splits, c.variant).unwrap_or_else(|| panic!("no plan for {c:?}"));
     assert_eq!((plan.dtype, plan.dims), (c.dtype, c.dims));
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (lq * 131 + lk * 7 + d) as u64);
-    let q = input(c, &mut rng, lq, c.q_gain);
-    let k = input(c, &mut rng, lk, 1.0);
-    let v = input(c, &mut rng, lk, 1.0);
-    let m = mask(c, &mut rng);
+    let seed = (lq * 131 + lk * 7 + d) as u64 * 4;
+    let q = input(c, seed, lq, c.q_gain);
+    let k = input(c, seed + 1, lk, 1.0);
+    let v = input(c, seed + 2, lk, 1.0);
+    let m = mask(c, seed + 3);
     let scale = 1.0 / (d as f64).sqrt();
     let want = reference(c, &q, &k, &v, m.as_ref(), scale);
 

@@ -6,7 +6,7 @@
 //! activation; the GEGLU/SwiGLU gates; the bias + residual + rescale epilogue in both bias
 //! layouts. In f32, f16 and bf16.
 
-use super::emulator::{decode, elem_size, encode, round, runner, Arg, Request, Rng};
+use super::emulator::{decode, elem_size, encode, normals, round, runner, Arg, Request};
 use super::{finalize_grid, group_grid, row_grid, stats_split, APPLY_TILE, FINALIZE_THREADS, LAYER_THREADS};
 use candle_core::DType;
 use std::path::Path;
@@ -19,11 +19,6 @@ fn suffix(dtype: DType) -> &'static str {
         DType::BF16 => "bf16",
         _ => "f32",
     }
-}
-
-/// `n` random values in [-gain, gain), rounded to `dtype`.
-fn values(rng: &mut Rng, dtype: DType, n: usize, gain: f64) -> Vec<f32> {
-    (0..n).map(|_| round(dtype, (rng.next() * gain) as f32)).collect()
 }
 
 /// The largest error of `got` against `want`, in units of the dtype's epsilon times
@@ -70,11 +65,11 @@ fn group_norm(bin: &Path, g: GroupNormCase) -> (f64, usize) {
         ..
     } = g;
     let eps = 1e-6f32;
-    let mut rng = Rng(0x51ed_270b_cafe_f00d ^ (c * spatial) as u64);
-    let x = values(&mut rng, dtype, b * c * spatial, 3.0);
-    let add = g.add.then(|| values(&mut rng, dtype, b * c, 1.0));
-    let gamma = values(&mut rng, DType::F32, c, 2.0);
-    let beta = values(&mut rng, DType::F32, c, 1.0);
+    let seed = (c * spatial) as u64 * 4;
+    let x = normals(seed, b * c * spatial, 1.5, dtype);
+    let add = g.add.then(|| normals(seed + 1, b * c, 0.5, dtype));
+    let gamma = normals(seed + 2, c, 1.0, DType::F32);
+    let beta = normals(seed + 3, c, 0.5, DType::F32);
     let (bg, cpg) = (b * groups, c / groups);
     let group_len = cpg * spatial;
     let (chunk, splits) = stats_split(bg, group_len);
@@ -220,8 +215,7 @@ fn run_row_kernel(
 
 /// `gated_*` as `GatedOp::run` launches it: `hidden · act(gate)` of `[hidden | gate]` rows.
 fn gated(bin: &Path, dtype: DType, rows: usize, n: usize, act: i32) -> f64 {
-    let mut rng = Rng(0x0dd_ba11 ^ (rows * n) as u64);
-    let h = values(&mut rng, dtype, rows * 2 * n, 4.0);
+    let h = normals((rows * n) as u64, rows * 2 * n, 2.0, dtype);
     let mut req = Request::new(false, 0);
     let hb = req.data(encode(dtype, &h));
     let out = req.garbage(rows * n * elem_size(dtype));
@@ -280,10 +274,10 @@ struct EpilogueCase {
 /// `epilogue_*` as `EpilogueOp::run` launches it: `((h + bias) + residual) / div`.
 fn epilogue(bin: &Path, e: EpilogueCase) -> f64 {
     let EpilogueCase { dtype, rows, cols, .. } = e;
-    let mut rng = Rng(0xe9_11_06_0e ^ (rows * cols) as u64);
-    let h = values(&mut rng, dtype, rows * cols, 3.0);
-    let bias = e.bias_on_rows.map(|_| values(&mut rng, dtype, e.bias_len, 1.0));
-    let residual = e.residual.then(|| values(&mut rng, dtype, rows * cols, 3.0));
+    let seed = (rows * cols) as u64 * 3;
+    let h = normals(seed, rows * cols, 1.5, dtype);
+    let bias = e.bias_on_rows.map(|_| normals(seed + 1, e.bias_len, 0.5, dtype));
+    let residual = e.residual.then(|| normals(seed + 2, rows * cols, 1.5, dtype));
     let mut req = Request::new(false, 0);
     let hb = req.data(encode(dtype, &h));
     let bb = bias.as_ref().map(|x| req.data(encode(dtype, x)));

@@ -7,6 +7,7 @@
 //! and pass, unless `UNET_ATTENTION_REQUIRE_EMULATOR` is set (as `.ci/run` does), which makes a
 //! missing compiler a failure.
 
+use crate::test_support::seeded_randn;
 use candle_core::DType;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -267,17 +268,10 @@ impl Request {
     }
 }
 
-/// A small deterministic generator (xorshift64*), uniform in [-1, 1).
-pub(super) struct Rng(pub u64);
-
-impl Rng {
-    pub(super) fn next(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        (x >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-    }
+/// `n` normal values from `seed` ([`seeded_randn`]) times `gain`, rounded to `dtype`.
+pub(super) fn normals(seed: u64, n: usize, gain: f64, dtype: DType) -> Vec<f32> {
+    let x = seeded_randn(&[n], seed).to_vec1::<f32>().unwrap();
+    x.into_iter().map(|v| round(dtype, (v as f64 * gain) as f32)).collect()
 }
 
 /// `x` rounded to `dtype` (f16, bf16 or f32), as f32.

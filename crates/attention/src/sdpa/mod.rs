@@ -346,34 +346,24 @@ pub fn linear_attention(q: &Tensor, k: &Tensor, v: &Tensor, q_scale: Option<f64>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::naive_attention;
     use candle_core::Device;
 
-    /// Naive f64 attention over plain vectors, indexed [b][h][i][d].
+    /// Naive f64 attention ([`naive_attention`]) of (b·h, L, D) tensors and a (Lq, Lk) mask.
     fn naive(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f64) -> Vec<f64> {
-        let q = q.to_dtype(DType::F64).unwrap().to_vec3::<f64>().unwrap();
-        let k = k.to_dtype(DType::F64).unwrap().to_vec3::<f64>().unwrap();
-        let v = v.to_dtype(DType::F64).unwrap().to_vec3::<f64>().unwrap();
-        let m = mask.map(|m| m.to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap());
-        let mut out = vec![];
-        for bh in 0..q.len() {
-            for (i, qi) in q[bh].iter().enumerate() {
-                let s: Vec<f64> = k[bh]
-                    .iter()
-                    .enumerate()
-                    .map(|(j, kj)| {
-                        let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                        dot * scale + m.as_ref().map_or(0.0, |m| m[i][j])
-                    })
-                    .collect();
-                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
-                let z: f64 = e.iter().sum();
-                for d in 0..v[bh][0].len() {
-                    out.push(e.iter().zip(&v[bh]).map(|(ej, vj)| ej / z * vj[d]).sum());
-                }
-            }
-        }
-        out
+        let f = |t: &Tensor| {
+            t.flatten_all()
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+        };
+        let m = mask.map(f);
+        let (heads, lq, d) = q.dims3().unwrap();
+        let (lk, dv) = (k.dim(1).unwrap(), v.dim(2).unwrap());
+        let score = |_, i, j, dot: f64| dot * scale + m.as_ref().map_or(0.0, |m| m[i * lk + j]);
+        naive_attention((&f(q), &f(k), &f(v)), (heads, lq, lk, d, dv), score, f64::NAN)
     }
 
     /// `dims` = (batch, heads, q_tokens, k_tokens, head_dim, v_dim).

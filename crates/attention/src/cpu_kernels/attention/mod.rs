@@ -392,45 +392,31 @@ fn run_tasks(engine: Engine, inputs: &Inputs, dims: &Dims) -> Vec<f32> {
 mod tests {
     use super::{attention_on, Empty, Engine, ScoreScale};
     use crate::cpu::isa::Isa;
+    use crate::test_support::naive_attention;
     use candle_core::{DType, Device, Tensor};
 
-    /// `softmax(q·kᵀ <scale> + mask)·v` in f64, row by row (an all-masked row: `empty`).
+    /// `softmax(q·kᵀ <scale> + mask)·v` in f64 ([`naive_attention`]; an all-masked row: `empty`).
     fn naive(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: ScoreScale, empty: Empty) -> Vec<f64> {
-        let f = |t: &Tensor| t.to_dtype(DType::F64).unwrap().to_vec3::<f64>().unwrap();
-        let (q, k, v) = (f(q), f(k), f(v));
-        let mask = mask.map(|m| m.to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap());
-        let mut out = vec![];
-        for h in 0..q.len() {
-            for (i, qi) in q[h].iter().enumerate() {
-                let s: Vec<f64> = k[h]
-                    .iter()
-                    .enumerate()
-                    .map(|(j, kj)| {
-                        let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                        let dot = match scale {
-                            ScoreScale::Mul(c) => dot * c as f64,
-                            ScoreScale::Div(c) => dot / c as f64,
-                        };
-                        dot + mask.as_ref().map_or(0.0, |m| m[i][j])
-                    })
-                    .collect();
-                let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let w: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
-                let sum: f64 = w.iter().sum();
-                for c in 0..v[h][0].len() {
-                    out.push(if max == f64::NEG_INFINITY {
-                        if empty == Empty::Nan {
-                            f64::NAN
-                        } else {
-                            0.0
-                        }
-                    } else {
-                        w.iter().zip(&v[h]).map(|(w, vj)| w * vj[c]).sum::<f64>() / sum
-                    });
-                }
-            }
-        }
-        out
+        let f = |t: &Tensor| {
+            t.flatten_all()
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+        };
+        let mask = mask.map(f);
+        let (heads, lq, d) = q.dims3().unwrap();
+        let (lk, dv) = (k.dim(1).unwrap(), v.dim(2).unwrap());
+        let score = |_, i, j, dot: f64| {
+            let dot = match scale {
+                ScoreScale::Mul(c) => dot * c as f64,
+                ScoreScale::Div(c) => dot / c as f64,
+            };
+            dot + mask.as_ref().map_or(0.0, |m| m[i * lk + j])
+        };
+        let empty = if empty == Empty::Nan { f64::NAN } else { 0.0 };
+        naive_attention((&f(q), &f(k), &f(v)), (heads, lq, lk, d, dv), score, empty)
     }
 
     /// Both engines (the microkernels where this CPU has AVX-512) against the f64 reference, on

@@ -26,7 +26,7 @@ pub(crate) fn available() -> bool {
 pub(crate) enum RowsTile {
     /// [`x86::score_tile`] as the GEMM's tile: the compiler forms the twelve row addresses.
     Plain,
-    /// [`gemm_tile_row_bases`]: the rows addressed from three base registers.
+    /// `x86::gemm_tile_row_bases`: the rows addressed from three base registers.
     RowBases,
 }
 
@@ -145,6 +145,23 @@ pub(crate) fn gemm_tile(
     ldc: usize,
     accumulate: bool,
 ) {
+    let rows_tile = rows_tile_setting().unwrap_or(RowsTile::Plain);
+    gemm_tile_using(rows_tile, rows, (a, layout), b, kc, c, ldc, accumulate);
+}
+
+/// [`gemm_tile`] with its full rows tiles on the loop `rows_tile` whatever
+/// `UNET_ATTENTION_GEMM_TILE` says (`bench_sdpa fma-peak` times both; the same bits).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_tile_using(
+    rows_tile: RowsTile,
+    rows: usize,
+    (a, layout): (&[f32], ALayout),
+    b: &[f32],
+    kc: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
     let r = tile_rows(rows);
     let a_len = match layout {
         ALayout::Rows(lda) => {
@@ -160,7 +177,7 @@ pub(crate) fn gemm_tile(
         let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
         // SAFETY: AVX-512F detected; the asserts bound every access.
         unsafe {
-            let row_bases = rows_tile_setting() == Ok(RowsTile::RowBases);
+            let row_bases = rows_tile == RowsTile::RowBases;
             match (layout, r) {
                 (ALayout::Rows(lda), 4) => x86::score_tile::<4, true>(a, lda, b, kc, c, ldc, accumulate, None),
                 (ALayout::Rows(lda), 8) => x86::score_tile::<8, true>(a, lda, b, kc, c, ldc, accumulate, None),
@@ -174,33 +191,8 @@ pub(crate) fn gemm_tile(
         return;
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (accumulate, layout);
+    let _ = (accumulate, layout, rows_tile);
     unreachable!("avx512::gemm_tile without AVX-512 (callers check `available`)")
-}
-
-/// [`gemm_tile`] on a full [`MR`]-row tile of `A` rows `lda` apart, its row addresses formed
-/// from three base registers: a candidate loop for two 512-bit FMA ports, timed by `bench_sdpa
-/// fma-peak`; the GEMM runs it under `UNET_ATTENTION_GEMM_TILE=rows3` ([`rows_tile_setting`]).
-/// The same bits as [`gemm_tile`].
-pub(crate) fn gemm_tile_row_bases(
-    (a, lda): (&[f32], usize),
-    b: &[f32],
-    kc: usize,
-    c: &mut [f32],
-    ldc: usize,
-    accumulate: bool,
-) {
-    assert!(kc > 0 && lda >= kc && a.len() >= (MR - 1) * lda + kc && b.len() >= kc * NR);
-    assert!(ldc >= NR && c.len() >= (MR - 1) * ldc + NR);
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        // SAFETY: AVX-512F detected; the asserts bound every access.
-        unsafe { x86::gemm_tile_row_bases(a.as_ptr(), lda, b.as_ptr(), kc, c.as_mut_ptr(), ldc, accumulate) };
-        return;
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = accumulate;
-    unreachable!("avx512::gemm_tile_row_bases without AVX-512 (callers check `available`)")
 }
 
 /// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·ldv + c]` (the

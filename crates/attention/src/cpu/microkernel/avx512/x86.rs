@@ -273,8 +273,9 @@ pub(super) unsafe fn gemm_tile_interleaved<const R: usize>(
 /// `lda` that x86 addressing modes carry, where the compiler otherwise spends about fifteen
 /// integer operations a step re-deriving twelve row addresses. A candidate for cores whose two
 /// 512-bit FMA ports share their issue ports with integer operations (Intel's), timed by
-/// `bench_sdpa fma-peak` (`tile_rows3_gflops`); the GEMM does not use it. Same products in the
-/// same order as [`score_tile`]: the same bits.
+/// `bench_sdpa fma-peak` (`tile_rows3_gflops`) and run by the GEMM under
+/// `UNET_ATTENTION_GEMM_TILE=rows3`. Same products in the same order as [`score_tile`]: the same
+/// bits.
 ///
 /// # Safety
 ///
