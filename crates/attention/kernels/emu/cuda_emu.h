@@ -26,6 +26,7 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -77,6 +78,45 @@ struct PendingCopy {
     bool valid;
 };
 
+// What the memory system would be asked (counts, not timings), for the tests' traffic checks.
+// Shared memory has 32 banks of 4 bytes; a 16-byte access covers 4 of them, so 8 accesses in
+// distinct 16-byte bank groups (offset / 16 mod 8) are served in one wavefront, and a phase
+// whose accesses put k different addresses in one group takes k (a k-way bank conflict; one
+// address read by several lanes is a broadcast). `ldmatrix.x4` reads its four matrices as four
+// phases of 8 row addresses; a warp's 16-byte shared stores (cp.async's shared side) go as four
+// phases of 8 lanes. cp.async's global side: the 32-byte sectors that one warp's copies of one
+// instruction touch, against the bytes they ask for.
+struct Traffic {
+    unsigned long long ldsm_phases = 0, ldsm_wavefronts = 0;
+    unsigned long long copy_phases = 0, copy_wavefronts = 0;
+    unsigned long long copy_bytes = 0, copy_sectors = 0;
+};
+inline Traffic traffic;
+
+// One thread's cp.async: its warp, how many it had issued before, its lane, where it writes
+// (offset in shared memory), what it reads.
+struct CopyRecord {
+    unsigned warp, seq, lane;
+    size_t dst_offset;
+    uintptr_t src;
+    bool valid;
+};
+
+// Wavefronts of one phase of 16-byte shared accesses at `offsets` (16-byte aligned).
+inline unsigned long long wavefronts16(const std::vector<size_t>& offsets) {
+    size_t worst = 0;
+    for (size_t group = 0; group < 8; ++group) {
+        std::vector<size_t> distinct;
+        for (size_t off : offsets) {
+            if ((off / 16) % 8 == group && std::find(distinct.begin(), distinct.end(), off) == distinct.end()) {
+                distinct.push_back(off);
+            }
+        }
+        worst = std::max(worst, distinct.size());
+    }
+    return worst;
+}
+
 // One lane's operands of a warp-wide instruction.
 struct Slot {
     const char* op = nullptr;
@@ -98,6 +138,7 @@ struct Thread {
     const Barrier* blocked = nullptr; // the barrier it waits at, released when its generation moves on
     unsigned blocked_generation = 0;
     std::vector<PendingCopy> pending;
+    unsigned copies = 0; // cp.async issued in this block
     bool can_run() const { return !done && !(blocked && blocked->generation == blocked_generation); }
 };
 
@@ -112,6 +153,7 @@ struct Block {
     std::vector<Slot> slots;
     unsigned char* smem = nullptr;
     size_t smem_bytes = 0;
+    std::vector<CopyRecord> copy_log; // this block's cp.async, for `traffic`
     std::function<void()> body;
 };
 inline Block* block = nullptr;
@@ -224,6 +266,37 @@ inline void run_block(Block& b, unsigned n) {
     }
 }
 
+// Adds one block's cp.async to `traffic`: the records of one warp with the same count of
+// earlier copies are one instruction (every loop over a tile runs the same trips in each lane),
+// its lanes stored in four phases of 8, its valid sources read in 32-byte sectors.
+inline void count_copies(std::vector<CopyRecord>& log) {
+    std::sort(log.begin(), log.end(), [](const CopyRecord& a, const CopyRecord& b) {
+        return a.warp != b.warp ? a.warp < b.warp : a.seq != b.seq ? a.seq < b.seq : a.lane < b.lane;
+    });
+    for (size_t i = 0; i < log.size();) {
+        size_t end = i;
+        while (end < log.size() && log[end].warp == log[i].warp && log[end].seq == log[i].seq) ++end;
+        std::vector<uintptr_t> sectors;
+        for (unsigned phase = 0; phase < 4; ++phase) {
+            std::vector<size_t> offsets;
+            for (size_t j = i; j < end; ++j) {
+                if (log[j].lane / 8 == phase) offsets.push_back(log[j].dst_offset);
+            }
+            if (!offsets.empty()) {
+                traffic.copy_phases += 1;
+                traffic.copy_wavefronts += wavefronts16(offsets);
+            }
+        }
+        for (size_t j = i; j < end; ++j) {
+            if (!log[j].valid) continue;
+            traffic.copy_bytes += 16;
+            if (std::find(sectors.begin(), sectors.end(), log[j].src / 32) == sectors.end()) sectors.push_back(log[j].src / 32);
+        }
+        traffic.copy_sectors += sectors.size();
+        i = end;
+    }
+}
+
 // Runs `body` once per thread of each block of `grid`, with `smem_bytes` of dynamic shared
 // memory. Exits the process with a message on a deadlock.
 inline void launch(Dim3 grid, Dim3 threads, size_t smem_bytes, std::function<void()> body) {
@@ -261,13 +334,16 @@ inline void launch(Dim3 grid, Dim3 threads, size_t smem_bytes, std::function<voi
                     t.waiting = nullptr;
                     t.blocked = nullptr;
                     t.pending.clear();
+                    t.copies = 0;
                     getcontext(&t.ctx);
                     t.ctx.uc_stack.ss_sp = t.stack.data();
                     t.ctx.uc_stack.ss_size = t.stack.size();
                     t.ctx.uc_link = &b.scheduler;
                     makecontext(&t.ctx, entry, 0);
                 }
+                b.copy_log.clear();
                 run_block(b, n);
+                count_copies(b.copy_log);
             }
     block = nullptr;
 }
@@ -339,6 +415,16 @@ inline void check_shared(const void* p, size_t bytes, const char* op) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fail("%s: address %p is not 16-byte aligned", op, p);
 }
 
+// The shared-memory wavefronts of one warp's ldmatrix.x4 (`w`: the 32 lanes' slots).
+inline void count_ldmatrix(const Slot* w) {
+    for (int i = 0; i < 4; ++i) {
+        std::vector<size_t> rows;
+        for (int r = 0; r < 8; ++r) rows.push_back(static_cast<const unsigned char*>(w[8 * i + r].p) - block->smem);
+        traffic.ldsm_phases += 1;
+        traffic.ldsm_wavefronts += wavefronts16(rows);
+    }
+}
+
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give the 8 row addresses (16
 // bytes each) of matrix i; register i of lane l receives row l/4, columns 2(l%4) and 2(l%4)+1 of
 // matrix i (low half first), or with .trans column l/4 of rows 2(l%4) and 2(l%4)+1.
@@ -350,6 +436,7 @@ inline void ldmatrix_x4(uint32_t r[4], const void* p, bool trans) {
     s.p = p;
     const int lane = lane_id();
     warp_collective(s, [&](const Slot* w) {
+        if (lane == 0) count_ldmatrix(w);
         for (int i = 0; i < 4; ++i) {
             uint16_t e[2];
             for (int j = 0; j < 2; ++j) {
@@ -414,9 +501,13 @@ inline void apply(const PendingCopy& c) {
 inline void cp_async16(void* dst, const void* src, bool valid) {
     check_shared(dst, 16, "cp.async (shared destination)");
     if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0) fail("cp.async: global source %p is not 16-byte aligned", src);
+    Thread& t = me();
+    block->copy_log.push_back({static_cast<unsigned>(linear_tid() / 32), t.copies++, static_cast<unsigned>(lane_id()),
+                               static_cast<size_t>(static_cast<unsigned char*>(dst) - block->smem),
+                               reinterpret_cast<uintptr_t>(src), valid});
     const PendingCopy c{dst, src, valid};
     if (config.late_copies) {
-        me().pending.push_back(c);
+        t.pending.push_back(c);
     } else {
         apply(c);
     }

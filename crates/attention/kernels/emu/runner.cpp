@@ -12,10 +12,11 @@
 // value: 0 a buffer (u32 index, 0xffffffff for a null pointer), 1 i32, 2 i64, 3 f32, 4 a struct
 // (u32 bytes, u32 pointer count n, the bytes: its first n u64 fields are buffer indices + 1, or 0
 // for null, which the runner replaces with the buffers' addresses); then u32 output count and
-// the buffer index of each. Answer: those buffers' bytes, in order.
+// the buffer index of each. Answer: those buffers' bytes, in order, then the six counters of
+// `emu::traffic` over all the launches (u64 each, in the struct's order).
 //
 // Every buffer is allocated exactly as long as the request says, so AddressSanitizer (when
-// built with it) reports any access past its end.
+// built with it) reports any access past its end, and 256-byte aligned, as cudaMalloc's are.
 
 #include "../fused_attention.cu"
 #include "../fused_layers.cu"
@@ -39,10 +40,10 @@ void read_bytes(void* p, size_t n) {
 struct Buffer {
     unsigned char* p = nullptr;
     size_t bytes = 0;
-    explicit Buffer(size_t n) : p(static_cast<unsigned char*>(::operator new(n ? n : 1, std::align_val_t{16}))), bytes(n) {}
+    explicit Buffer(size_t n) : p(static_cast<unsigned char*>(::operator new(n ? n : 1, std::align_val_t{256}))), bytes(n) {}
     Buffer(Buffer&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
     ~Buffer() {
-        if (p) ::operator delete(p, std::align_val_t{16});
+        if (p) ::operator delete(p, std::align_val_t{256});
     }
     Buffer(const Buffer&) = delete;
     Buffer& operator=(const Buffer&) = delete;
@@ -233,5 +234,9 @@ int main() {
         if (b >= buffers.size()) emu::fail("request: no output buffer %u", b);
         if (std::fwrite(buffers[b].p, 1, buffers[b].bytes, stdout) != buffers[b].bytes) emu::fail("could not write the output");
     }
+    const emu::Traffic& t = emu::traffic;
+    const unsigned long long counts[6] = {t.ldsm_phases, t.ldsm_wavefronts, t.copy_phases,
+                                          t.copy_wavefronts, t.copy_bytes,  t.copy_sectors};
+    if (std::fwrite(counts, sizeof counts, 1, stdout) != 1) emu::fail("could not write the traffic counts");
     return 0;
 }

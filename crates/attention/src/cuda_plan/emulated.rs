@@ -11,7 +11,7 @@
 //!
 //! The emulator and its limits: [`super::emulator`], `kernels/emu/cuda_emu.h`.
 
-use super::emulator::{decode, elem_size, encode, normals, runner, Arg, Request};
+use super::emulator::{decode, elem_size, encode, normals, runner, Arg, Request, Traffic};
 use super::{vector_copies, Args, Dims, FusedVariant, GpuLimits, Plan, THREADS};
 use crate::test_support::naive_attention;
 use candle_core::DType;
@@ -168,8 +168,9 @@ fn reference(c: &Case, q: &Input, k: &Input, v: &Input, m: Option<&(Vec<f32>, [i
 }
 
 /// Runs one case through the emulator; the max error relative to max |v| against the f64
-/// reference, with the plan (for messages). Panics on NaN or a failed run.
-fn run(bin: &Path, c: &Case) -> (f64, Plan) {
+/// reference, with the plan (for messages) and the memory traffic the emulator counted. Panics
+/// on NaN or a failed run.
+fn run(bin: &Path, c: &Case) -> (f64, Plan, Traffic) {
     let Dims { b, h, lq, lk, d } = c.dims;
     let plan = Plan::new(&c.dims, c.dtype, &H100, c.splits, c.variant).unwrap_or_else(|| panic!("no plan for {c:?}"));
     assert_eq!((plan.dtype, plan.dims), (c.dtype, c.dims));
@@ -185,7 +186,7 @@ fn run(bin: &Path, c: &Case) -> (f64, Plan) {
     let mut args = Args::sizes(&plan, kernel_scale as f32);
     let st = |s: [usize; 3]| s.map(|x| x as i64);
     (args.q_s, args.k_s, args.v_s) = (st(q.strides), st(k.strides), st(v.strides));
-    // The emulator's buffers start 16-byte aligned, as CUDA's allocations do.
+    // The emulator's buffers start 256-byte aligned, as CUDA's allocations do.
     args.vec = (c.dtype != DType::F32 && vector_copies(d, [(args.q_s, 0), (args.k_s, 0), (args.v_s, 0)])) as i32;
     if let Some((_, ms)) = &m {
         args.m_s = *ms;
@@ -220,7 +221,8 @@ fn run(bin: &Path, c: &Case) -> (f64, Plan) {
         ];
         req.launch(plan.merge, (rows as u32, 1, 1), THREADS, 0, &merge_args);
     }
-    let bytes = req.run(bin, &[out], &(c, &plan)).remove(0);
+    let (mut outputs, traffic) = req.run_counted(bin, &[out], &(c, &plan));
+    let bytes = outputs.remove(0);
     let got: Vec<f64> = decode(c.dtype, &bytes).into_iter().map(f64::from).collect();
     assert_eq!(got.len(), want.len(), "{c:?}: output length");
     let v_max = v.values.iter().fold(0f64, |a, x| a.max(x.abs()));
@@ -232,7 +234,7 @@ fn run(bin: &Path, c: &Case) -> (f64, Plan) {
             worst = (e, i);
         }
     }
-    (worst.0, plan)
+    (worst.0, plan, traffic)
 }
 
 /// The error bound relative to max |v|: the output's own rounding plus the probabilities'
@@ -248,7 +250,7 @@ fn bound(dtype: DType) -> f64 {
 fn check(cases: &[Case]) {
     let Some(bin) = runner() else { return };
     for c in cases {
-        let (err, plan) = run(bin, c);
+        let (err, plan, _) = run(bin, c);
         eprintln!(
             "{} {:?} {:?} {:?} splits {}: error {err:.2e} × max|v|",
             plan.kernel, c.dims, c.layout, c.mask, plan.splits
@@ -395,11 +397,70 @@ fn a_wrong_scale_fails_the_check() {
             wrong_scale: true,
             ..right
         };
-        let (ok, _) = run(bin, &right);
-        let (bad, _) = run(bin, &wrong);
+        let (ok, ..) = run(bin, &right);
+        let (bad, ..) = run(bin, &wrong);
         assert!(
             ok <= bound(dtype) && bad > 3.0 * bound(dtype),
             "{dtype:?}: right {ok:.2e}, wrong {bad:.2e}"
         );
+    }
+}
+
+/// What the mma kernels ask of shared and global memory on the head dims of the benchmarked
+/// blocks, counted by the emulator ([`Traffic`]; a static view of the access patterns, the
+/// part of speed that needs no GPU to see): every `ldmatrix` free of bank conflicts (the shared
+/// rows are `dp + 8` elements long, an odd number of 16-byte groups, so 8 consecutive rows fall
+/// in 8 different groups); the tile copies' shared stores at most 2-way conflicted, and free of
+/// conflicts where a copied row is a multiple of 64 elements (8 lanes, one row); with
+/// contiguous rows of a multiple of 16 elements, every 32-byte sector the copies read wholly
+/// used. Both variants (4 and 8 warps); `ex2` changes no access.
+#[test]
+fn mma_kernels_access_memory_without_bank_conflicts() {
+    let Some(bin) = runner() else { return };
+    for d in [32, 40, 64, 80, 128, 160, 512] {
+        for variant in [FusedVariant::Base, FusedVariant::Warps8] {
+            let c = Case {
+                variant,
+                ..case(DType::F16, (1, 1, 128, 64, d))
+            };
+            let (err, plan, t) = run(bin, &c);
+            eprintln!(
+                "{} d {d}: ldmatrix {:.3} wavefronts a phase ({} phases), copies {:.3} ({} phases), \
+                 global sectors {:.3} used",
+                plan.kernel,
+                t.ldmatrix_ways(),
+                t.ldmatrix_phases,
+                t.copy_ways(),
+                t.copy_phases,
+                t.copy_sector_use()
+            );
+            assert!(err <= bound(c.dtype), "{c:?}: error {err:.3e}");
+            assert!(
+                t.ldmatrix_phases > 0 && t.copy_phases > 0,
+                "{}: nothing counted: {t:?}",
+                plan.kernel
+            );
+            assert_eq!(
+                t.ldmatrix_wavefronts, t.ldmatrix_phases,
+                "{} d {d}: ldmatrix bank conflicts",
+                plan.kernel
+            );
+            assert!(t.copy_wavefronts <= 2 * t.copy_phases, "{} d {d}: {t:?}", plan.kernel);
+            if d % 64 == 0 {
+                assert_eq!(
+                    t.copy_wavefronts, t.copy_phases,
+                    "{} d {d}: copy bank conflicts",
+                    plan.kernel
+                );
+            }
+            if d % 16 == 0 {
+                assert_eq!(
+                    32 * t.copy_sectors,
+                    t.copy_bytes,
+                    "{} d {d}: partly used sectors",
+                    plan.kernel
+                );
+            }
+        }
     }
 }

@@ -217,6 +217,16 @@ impl Request {
     /// Runs the launches in order on `bin`; the bytes of each buffer of `outputs`. Panics with
     /// the runner's message (`what` says which case) when it fails.
     pub(super) fn run(self, bin: &Path, outputs: &[usize], what: &dyn std::fmt::Debug) -> Vec<Vec<u8>> {
+        self.run_counted(bin, outputs, what).0
+    }
+
+    /// [`Request::run`], and what the launches asked of the memory system ([`Traffic`]).
+    pub(super) fn run_counted(
+        self,
+        bin: &Path,
+        outputs: &[usize],
+        what: &dyn std::fmt::Debug,
+    ) -> (Vec<Vec<u8>>, Traffic) {
         let mut req = Vec::new();
         put_u32(&mut req, 0x554d_4555);
         put_u32(&mut req, self.late_copies as u32);
@@ -256,15 +266,64 @@ impl Request {
             done.status,
             String::from_utf8_lossy(&done.stderr)
         );
+        let want: usize = outputs.iter().map(|&o| sizes[o]).sum::<usize>() + 6 * 8;
+        assert_eq!(done.stdout.len(), want, "{what:?}: the runner's answer length");
         let mut at = 0;
-        outputs
+        let buffers = outputs
             .iter()
             .map(|&o| {
                 let part = done.stdout[at..at + sizes[o]].to_vec();
                 at += sizes[o];
                 part
             })
-            .collect()
+            .collect();
+        let c: Vec<u64> = done.stdout[at..]
+            .chunks_exact(8)
+            .map(|x| u64::from_le_bytes(x.try_into().unwrap()))
+            .collect();
+        let traffic = Traffic {
+            ldmatrix_phases: c[0],
+            ldmatrix_wavefronts: c[1],
+            copy_phases: c[2],
+            copy_wavefronts: c[3],
+            copy_bytes: c[4],
+            copy_sectors: c[5],
+        };
+        (buffers, traffic)
+    }
+}
+
+/// What a run's launches asked of the memory system, counted by the emulator (`emu::Traffic` in
+/// `kernels/emu/cuda_emu.h`): a static view of the access patterns, not a timing. A phase is 8
+/// sixteen-byte shared accesses (one `ldmatrix` matrix, or a quarter of a warp's `cp.async`
+/// stores); it takes one wavefront when its addresses fall in distinct bank groups, more when
+/// they conflict. The global side of `cp.async`: bytes asked for, 32-byte sectors touched per
+/// warp instruction.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Traffic {
+    pub ldmatrix_phases: u64,
+    pub ldmatrix_wavefronts: u64,
+    pub copy_phases: u64,
+    pub copy_wavefronts: u64,
+    pub copy_bytes: u64,
+    pub copy_sectors: u64,
+}
+
+impl Traffic {
+    /// Wavefronts per phase of `ldmatrix` (1.0: no bank conflicts).
+    pub fn ldmatrix_ways(&self) -> f64 {
+        self.ldmatrix_wavefronts as f64 / self.ldmatrix_phases.max(1) as f64
+    }
+
+    /// Wavefronts per phase of the `cp.async` shared stores (1.0: no bank conflicts).
+    pub fn copy_ways(&self) -> f64 {
+        self.copy_wavefronts as f64 / self.copy_phases.max(1) as f64
+    }
+
+    /// Bytes asked for over bytes of the sectors touched, of the `cp.async` reads (1.0: every
+    /// sector fully used).
+    pub fn copy_sector_use(&self) -> f64 {
+        self.copy_bytes as f64 / (32 * self.copy_sectors).max(1) as f64
     }
 }
 
