@@ -15,6 +15,9 @@
 #    --only whole` (or --only SUBSTR), ROUNDS alternating rounds (default 2), with the default GEMM
 #    loop (whole.jsonl, whole.md) and with UNET_ATTENTION_GEMM_TILE=rows3 (whole-rows3.*). About
 #    10 minutes each on 2 cores; the first run also exports the bundles to target/bench_blocks.
+# 4. with those bundles, lucidrains 32² and SD 1.5 mid by `bench_bundle` with rayon's default pool
+#    (`--rayon-default`) and with the main thread a worker (the default), alternating, 3 rounds,
+#    into pool.jsonl: the spread between calls (issue 31 saw ours twice as wide as PyTorch's).
 #
 # DIR defaults to docs/bench/<date>-<cpu>-<commit>. Builds the two release examples first (the
 # first build compiles Candle: minutes). Exit 0: everything ran; 1: a step failed (the others still
@@ -87,5 +90,14 @@ if [[ "$whole" == yes ]]; then
         done
     fi
 fi
+for case in ddpm_mid_32 sd15_mid; do
+    bundle="target/bench_blocks/$case.safetensors"
+    [[ -f "$bundle" ]] || continue
+    note "bench_bundle $case, rayon's default pool against the main thread a worker"
+    for round in 1 2 3; do
+        step target/release/examples/bench_bundle "$bundle" --reps 10 --rayon-default >>"$out/pool.jsonl"
+        step target/release/examples/bench_bundle "$bundle" --reps 10 >>"$out/pool.jsonl"
+    done
+done
 note "done (exit $failed)"
 exit "$failed"

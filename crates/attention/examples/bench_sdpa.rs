@@ -27,6 +27,11 @@
 //! built) and its peak (`VmHWM`), and the bytes of inputs plus output. `UNET_ATTENTION_SDPA`
 //! picks the path as for any caller. `scripts/bench_torch.py` prints the same for PyTorch.
 //!
+//! The timed calls run from the main thread made one of rayon's workers
+//! (`unet_attention::cpu_kernels::join_rayon_pool`, as the README advises a program to; the line's
+//! `rayon_pool` is `calling-thread`), unless `--rayon-default` leaves rayon's default pool
+//! (`default`).
+//!
 //! `--help` prints the usage; a bad argument prints what is wrong and the usage, and exits with
 //! status 2 (a device that does not open: status 1).
 
@@ -51,7 +56,7 @@ fn mib(bytes: usize) -> f64 {
 }
 
 const USAGE: &str =
-    "usage: bench_sdpa CASE [--reps N] [--warmup N] [--device cpu|cuda[:N]|metal[:N]] [--dtype f32|f16|bf16] [--candle]
+    "usage: bench_sdpa CASE [--reps N] [--warmup N] [--device cpu|cuda[:N]|metal[:N]] [--dtype f32|f16|bf16] [--candle] [--rayon-default]
 cases:
   core B H LQ LK D      the attention core (sdpa) on (B, H, L, D) inputs
   block vae|ddpm SIDE   a whole attention block on a (1, C, SIDE, SIDE) input
@@ -81,6 +86,8 @@ struct Options {
     place: Place,
     dtype: DType,
     candle: bool,
+    /// Leave rayon's global pool as built by default (the main thread outside it).
+    rayon_default: bool,
 }
 
 /// The command line, or what is wrong with it.
@@ -93,6 +100,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         place: Place::Cpu,
         dtype: DType::F32,
         candle: false,
+        rayon_default: false,
     };
     let mut positional = vec![];
     let mut it = args.iter();
@@ -114,6 +122,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 }
             }
             "--candle" => opts.candle = true,
+            "--rayon-default" => opts.rayon_default = true,
             flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
             _ => positional.push(arg.clone()),
         }
@@ -219,10 +228,15 @@ fn main() {
         eprintln!("bench_sdpa: {e}");
         std::process::exit(1)
     });
+    let rayon_pool = if !opts.rayon_default && unet_attention::cpu_kernels::join_rayon_pool() {
+        "calling-thread"
+    } else {
+        "default"
+    };
     let bench = build(&opts, &on);
     let rss_before = status_kib("VmRSS:") / 1024.0;
     let ms = time(&*bench.run, &opts, &on.device);
-    report(&opts, &bench, ms, rss_before);
+    report(&opts, &bench, ms, rss_before, rayon_pool);
 }
 
 /// A case ready to time.
@@ -295,7 +309,7 @@ fn time(run: &dyn Fn() -> Tensor, opts: &Options, device: &Device) -> Vec<f64> {
 }
 
 /// The JSON line of the run.
-fn report(opts: &Options, bench: &Bench, ms: Vec<f64>, rss_before: f64) {
+fn report(opts: &Options, bench: &Bench, ms: Vec<f64>, rss_before: f64, rayon_pool: &str) {
     let mut sorted = ms.clone();
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
@@ -308,7 +322,7 @@ fn report(opts: &Options, bench: &Bench, ms: Vec<f64>, rss_before: f64) {
     let ms: Vec<String> = ms.iter().map(|x| format!("{x:.2}")).collect();
     let variant = fused_variant_field();
     println!(
-        "{{\"impl\": \"candle\", \"case\": \"{}\", \"device\": \"{}\", \"dtype\": \"{:?}\", \"path\": \"{}\"{variant}, \"cpu_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median:.2}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}{gflops}}}",
+        "{{\"impl\": \"candle\", \"case\": \"{}\", \"device\": \"{}\", \"dtype\": \"{:?}\", \"path\": \"{}\"{variant}, \"cpu_kernel\": \"{}\", \"threads\": {}, \"rayon_pool\": \"{rayon_pool}\", \"ms\": [{}], \"median_ms\": {median:.2}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}{gflops}}}",
         bench.name,
         opts.device,
         opts.dtype,

@@ -26,6 +26,11 @@
 //! `max_memory_allocated()` after `reset_peak_memory_stats()`), and `gpu_device_used_mib` (total −
 //! free of the whole device after the calls), `null` where the device has no memory pool
 //! (`unet_attention::cuda::memory`).
+//!
+//! The calls run from the main thread made one of rayon's workers
+//! (`unet_attention::cpu_kernels::join_rayon_pool`, as the README advises a program to), and the
+//! line says so (`rayon_pool`: `calling-thread`); `--rayon-default` leaves rayon's pool as it is
+//! built by default (`default`: every parallel loop handed from the main thread to the pool).
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
@@ -168,6 +173,7 @@ fn json_f64(x: Option<f64>) -> String {
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let rayon_pool = rayon_pool(&args);
     let opt = |name: &str, default: usize| -> Result<usize> {
         match args.iter().position(|a| a == name) {
             None => Ok(default),
@@ -177,7 +183,9 @@ fn main() -> Result<()> {
     let sopt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1));
     let (reps, warmup) = (opt("--reps", 5)?, opt("--warmup", 1)?);
     let Some(file) = args.first().filter(|a| !a.starts_with("--")) else {
-        bail!("usage: bench_bundle BUNDLE.safetensors [--reps N] [--warmup N] [--device D] [--dtype T]");
+        bail!(
+            "usage: bench_bundle BUNDLE.safetensors [--reps N] [--warmup N] [--device D] [--dtype T] [--rayon-default]"
+        );
     };
     let spec = parse_device(sopt("--device").map_or("cpu", |s| s.as_str())).map_err(anyhow::Error::msg)?;
     let device = open_device(spec).map_err(anyhow::Error::msg)?;
@@ -213,7 +221,7 @@ fn main() -> Result<()> {
         .map_or("null".into(), |m| format!("{m:.2}"));
     let ms: Vec<String> = ms.iter().map(|x| format!("{x:.2}")).collect();
     println!(
-        "{{\"impl\": \"candle\", \"case\": {}, \"device\": \"{spec}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cuda_layers\": {}, \"cpu_kernel\": \"{}\", \"layer_kernel\": \"{}\", \"threads\": {}, \"ms\": [{}], \"median_ms\": {median}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}, \"max_abs_vs_f64\": {}, \"torch_max_abs_vs_f64\": {}{gpu_fields}}}",
+        "{{\"impl\": \"candle\", \"case\": {}, \"device\": \"{spec}\", \"dtype\": \"{:?}\", \"path\": \"{}\", \"cuda_layers\": {}, \"cpu_kernel\": \"{}\", \"layer_kernel\": \"{}\", \"threads\": {}, \"rayon_pool\": \"{rayon_pool}\", \"ms\": [{}], \"median_ms\": {median}, \"rss_before_mib\": {rss_before:.1}, \"peak_rss_mib\": {peak:.1}, \"io_mib\": {:.1}, \"max_abs_vs_f64\": {}, \"torch_max_abs_vs_f64\": {}{gpu_fields}}}",
         serde_json::to_string(&case)?,
         prepared.dtype,
         unet_attention::sdpa::sdpa_path()?,
@@ -227,4 +235,14 @@ fn main() -> Result<()> {
         json_f64(torch_err),
     );
     Ok(())
+}
+
+/// Makes the main thread one of rayon's workers unless `--rayon-default` is given; what the JSON
+/// line reports as `rayon_pool`.
+fn rayon_pool(args: &[String]) -> &'static str {
+    if !args.iter().any(|a| a == "--rayon-default") && unet_attention::cpu_kernels::join_rayon_pool() {
+        "calling-thread"
+    } else {
+        "default"
+    }
 }

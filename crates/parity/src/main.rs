@@ -4,7 +4,7 @@ fn main() {
         eprintln!("error: cannot write the output: standard output is closed");
         std::process::exit(2);
     }
-    let code = unet_parity::cli::run(std::env::args_os(), &mut std::io::stdout(), &mut std::io::stderr());
+    let code = unet_parity::cli::run_main(std::env::args_os(), &mut std::io::stdout(), &mut std::io::stderr());
     std::process::exit(code);
 }
 

@@ -8,7 +8,9 @@
 //!   buffers on 64-byte boundaries (packed operands, scratch);
 //! * [`math`]: vectorisable `exp` and `erf`;
 //! * [`microkernel`]: the AVX2 and AVX-512 register tiles;
-//! * [`contiguous`]: a fast transposed copy, for every layer above.
+//! * [`contiguous`]: a fast transposed copy, for every layer above;
+//! * [`workers`]: rayon's global pool with the calling thread as a worker (public as
+//!   [`crate::cpu_kernels::join_rayon_pool`]).
 //!
 //! Above it: the kernels ([`crate::cpu_kernels`]: GEMM, Winograd, the attention kernel), then the
 //! tensor ops, the attention core and the layers (see the crate's docs, "Layers").
@@ -22,6 +24,7 @@ pub(crate) mod pool;
 pub(crate) mod scratch;
 pub(crate) mod setting;
 mod tensor;
+pub(crate) mod workers;
 
 pub use tensor::contiguous;
 pub(crate) use tensor::cpu_slice;

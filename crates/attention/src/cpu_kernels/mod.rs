@@ -35,6 +35,7 @@ mod packed;
 mod rms_norm;
 mod winograd;
 
+pub use crate::cpu::workers::join_rayon_pool;
 pub use dense::{layer_kernel_isa, layer_path, set_layer_path, ConvExtras, LayerPath, PackedConv, PackedLinear};
 pub use rms_norm::rms_norm_act;
 

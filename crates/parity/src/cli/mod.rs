@@ -1,5 +1,5 @@
-//! The `unet-parity` command line. `main.rs` only forwards to [`run`], so the tests drive the
-//! exact code path the binary runs.
+//! The `unet-parity` command line. `main.rs` only forwards to [`run_main`] ([`run`] plus rayon's
+//! pool joined by the main thread), so the tests drive the code path the binary runs.
 
 use crate::bundle::{Bundle, Load};
 use crate::check::{Options, WeightsFrom};
@@ -32,8 +32,32 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    run_with(args, out, err, false)
+}
+
+/// [`run`] as the binary runs it, from its main thread: once the thread counts are capped,
+/// rayon's global pool is built with this thread as one of its workers
+/// (`unet_attention::cpu_kernels::join_rayon_pool`), so the blocks' parallel loops start here
+/// rather than being handed to the pool. The tests call [`run`], which leaves the pool alone
+/// (their threads come and go).
+pub fn run_main<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    run_with(args, out, err, true)
+}
+
+fn run_with<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write, join_pool: bool) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     let (mut out, mut err) = (crate::terminal::Safe::new(out), crate::terminal::Safe::new(err));
     threads::cap(&mut err);
+    if join_pool {
+        unet_attention::cpu_kernels::join_rayon_pool();
+    }
     let code = run_unescaped(args, &mut out, &mut err);
     // Output that could not be written (a full disk, /dev/full, a reader that went away) is a
     // failed run, said once: the table or the JSON was lost.
