@@ -14,8 +14,10 @@
 //   with `mma.sync.aligned.m16n8k16` (f32 accumulate) on fragments read with `ldmatrix`
 //   (`.trans` for v); q, k and v tiles copied with `cp.async` (16 bytes, zero-filled past the
 //   ends) when every row is 16-byte aligned, element by element otherwise. The head dim is
-//   padded with zeros to `dp`, a multiple of 16, in shared memory; shared rows are 8 elements
-//   longer than `dp` so that the 8 row addresses of an `ldmatrix` fall in 8 different banks. The
+//   padded with zeros to `dp`, a multiple of 16, in shared memory; rows of a multiple of 64
+//   elements are stored with their 16-byte chunks swizzled (XOR with the row), other rows 8
+//   elements longer (`SmemTile`), so that the 8 row addresses of an `ldmatrix` fall in 8
+//   different bank groups. The
 //   output columns are split into chunks of `DVC` (grid y), each chunk's CTA recomputing q·kᵀ:
 //   this keeps the accumulator at most 128 f32 registers a thread (head dim 512 = 2 chunks of
 //   256) and doubles the CTAs where there are few. The probabilities `exp(s − m)` are rounded to
@@ -132,15 +134,36 @@ template <typename T> __device__ __forceinline__ T* dynamic_smem() {
 }
 #endif
 
-// Fill dst[r][c] (r < rows, c < cols, cols a multiple of 8, row stride dst_stride) with
+// A tile of 16-bit elements in shared memory, addressed by 8-element chunks (16 bytes: what one
+// `ldmatrix` row address and one `cp.async` cover). Rows of a multiple of 64 elements are stored
+// `swizzled`: chunk j of row r at chunk j ^ (r % 8) of the same row, so the 8 rows an `ldmatrix`
+// phase reads at one column, and the 8 chunks of one row that 8 lanes copy, fall in 8 different
+// bank groups without padding. Other rows are padded by 8 elements (an odd number of chunks a
+// row) for the same effect on `ldmatrix`.
+struct SmemTile {
+    uint16_t* base;
+    int stride; // elements a row
+    bool swizzled;
+    __device__ __forceinline__ uint16_t* chunk(int r, int c) const { // c: a multiple of 8
+        return base + r * stride + (swizzled ? (((c >> 3) ^ (r & 7)) << 3) : c);
+    }
+};
+
+// The tile of `rows` rows of `cols` elements (a multiple of 16) at `base`.
+__device__ __forceinline__ SmemTile smem_tile(uint16_t* base, int cols) {
+    const bool swizzled = cols % 64 == 0;
+    return SmemTile{base, swizzled ? cols : cols + 8, swizzled};
+}
+
+// Fill tile element (r, c) (r < rows, c < cols, cols a multiple of 8) with
 // src[r·src_stride + col0 + c] where r < rows_valid and col0 + c < d, else 0. 16-bit elements.
 // `vec`: every 8-element chunk is 16-byte aligned and wholly inside or outside d (cp.async).
-__device__ __forceinline__ void load_tile16(uint16_t* dst, int dst_stride, const uint16_t* src, long long src_stride,
-                                            int rows, int rows_valid, int col0, int cols, int d, bool vec) {
+__device__ __forceinline__ void load_tile16(const SmemTile& dst, const uint16_t* src, long long src_stride, int rows,
+                                            int rows_valid, int col0, int cols, int d, bool vec) {
     const int chunks = cols / 8;
     for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
         const int r = i / chunks, c = (i % chunks) * 8;
-        uint16_t* out = dst + r * dst_stride + c;
+        uint16_t* out = dst.chunk(r, c);
         if (vec) {
             const bool ok = r < rows_valid && col0 + c < d;
             cp_async16(out, ok ? src + r * src_stride + col0 + c : src, ok);
@@ -209,10 +232,9 @@ template <typename T, int DVC, int BC, int WARPS, bool EXP2>
 __device__ void attention_mma(const Args a) {
     constexpr int BR = 16 * WARPS; // queries per CTA: 16 a warp
     uint16_t* smem = dynamic_smem<uint16_t>();
-    const int qs_stride = a.dp + 8, ks_stride = a.dp + 8, vs_stride = DVC + 8;
-    uint16_t* qs = smem;
-    uint16_t* ks = qs + BR * qs_stride;
-    uint16_t* vs = ks + BC * ks_stride;
+    const SmemTile qs = smem_tile(smem, a.dp);
+    const SmemTile ks = smem_tile(qs.base + BR * qs.stride, a.dp);
+    const SmemTile vs = smem_tile(ks.base + BC * ks.stride, DVC);
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
     const int q0 = blockIdx.x * BR;
@@ -229,9 +251,9 @@ __device__ void attention_mma(const Args a) {
     const int kt_begin = split * a.tiles_per_split;
     const int kt_end = min(tiles, kt_begin + a.tiles_per_split);
 
-    load_tile16(qs, qs_stride, qg, a.q_sr, BR, a.lq - q0, 0, a.dp, a.d, vec);
+    load_tile16(qs, qg, a.q_sr, BR, a.lq - q0, 0, a.dp, a.d, vec);
     if (kt_begin < kt_end) {
-        load_tile16(ks, ks_stride, kg + (long long)kt_begin * BC * a.k_sr, a.k_sr, BC, a.lk - kt_begin * BC, 0, a.dp, a.d, vec);
+        load_tile16(ks, kg + (long long)kt_begin * BC * a.k_sr, a.k_sr, BC, a.lk - kt_begin * BC, 0, a.dp, a.d, vec);
     }
     cp_async_commit();
 
@@ -245,7 +267,7 @@ __device__ void attention_mma(const Args a) {
         const int kv0 = kt * BC;
         cp_async_wait_all();
         __syncthreads(); // k tile kt (and q) in shared memory; every warp done with the last v tile
-        load_tile16(vs, vs_stride, vg + (long long)kv0 * a.v_sr, a.v_sr, BC, a.lk - kv0, col0, DVC, a.d, vec);
+        load_tile16(vs, vg + (long long)kv0 * a.v_sr, a.v_sr, BC, a.lk - kv0, col0, DVC, a.d, vec);
         cp_async_commit();
 
         // s = q·kᵀ for this warp's 16 rows × BC keys.
@@ -254,11 +276,11 @@ __device__ void attention_mma(const Args a) {
         for (int j = 0; j < BC / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
         for (int k0 = 0; k0 < a.dp; k0 += 16) {
             uint32_t af[4];
-            ldsm_x4(af, qs + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * qs_stride + k0 + (lane / 16) * 8);
+            ldsm_x4(af, qs.chunk(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, k0 + (lane / 16) * 8));
 #pragma unroll
             for (int n = 0; n < BC / 16; ++n) {
                 uint32_t bf[4];
-                ldsm_x4(bf, ks + (n * 16 + (lane % 8) + (lane / 16) * 8) * ks_stride + k0 + ((lane / 8) % 2) * 8);
+                ldsm_x4(bf, ks.chunk(n * 16 + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
                 T::mma(s[2 * n], af, bf[0], bf[1]);
                 T::mma(s[2 * n + 1], af, bf[2], bf[3]);
             }
@@ -309,7 +331,7 @@ __device__ void attention_mma(const Args a) {
         cp_async_wait_all();
         __syncthreads(); // v tile in shared memory; every warp done with the k tile
         if (kt + 1 < kt_end) {
-            load_tile16(ks, ks_stride, kg + (long long)(kv0 + BC) * a.k_sr, a.k_sr, BC, a.lk - kv0 - BC, 0, a.dp, a.d, vec);
+            load_tile16(ks, kg + (long long)(kv0 + BC) * a.k_sr, a.k_sr, BC, a.lk - kv0 - BC, 0, a.dp, a.d, vec);
         }
         cp_async_commit();
 
@@ -322,7 +344,7 @@ __device__ void attention_mma(const Args a) {
 #pragma unroll
             for (int n = 0; n < DVC / 16; ++n) {
                 uint32_t bf[4];
-                ldsm_x4_t(bf, vs + (ks16 * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * vs_stride + n * 16 + (lane / 16) * 8);
+                ldsm_x4_t(bf, vs.chunk(ks16 * 16 + (lane % 8) + ((lane / 8) % 2) * 8, n * 16 + (lane / 16) * 8));
                 T::mma(o[2 * n], af, bf[0], bf[1]);
                 T::mma(o[2 * n + 1], af, bf[2], bf[3]);
             }

@@ -126,8 +126,11 @@ impl Plan {
                 let dp = s.d.div_ceil(16) * 16;
                 let dvc = DVCS.into_iter().find(|&c| c >= dp).unwrap_or(256);
                 let bc = if dvc <= 160 { 64 } else { 32 };
-                // 16 query rows a warp; q, k and v tiles with rows 8 elements longer than dp.
-                let smem_of = |rows: usize| (rows * (dp + 8) + bc * (dp + 8) + bc * (dvc + 8)) * 2;
+                // 16 query rows a warp; q and k tiles of rows of dp elements, v of dvc, each
+                // stored as the kernel's `smem_tile` does: swizzled where a multiple of 64,
+                // else 8 elements longer.
+                let row = |cols: usize| if cols.is_multiple_of(64) { cols } else { cols + 8 };
+                let smem_of = |rows: usize| (rows * row(dp) + bc * row(dp) + bc * row(dvc)) * 2;
                 let warps = match variant.warps() {
                     8 if smem_of(128) <= gpu.smem_optin => 8,
                     _ => 4,
@@ -391,6 +394,9 @@ mod tests {
         assert_eq!(p.grid.0, 64);
         assert!(p.splits > 1 && p.splits * p.tiles_per_split >= 128, "{p:?}");
         assert!(p.smem <= H100.smem_optin);
+        // Swizzled rows (no padding): two blocks fit an H100 SM's 228 KiB (1 KiB reserved each).
+        assert_eq!(p.smem, (64 * 512 + 32 * 512 + 32 * 256) * 2);
+        assert!(2 * (p.smem + 1024) <= 228 * 1024, "{p:?}");
     }
 
     #[test]
