@@ -20,15 +20,26 @@
 /// Builds rayon's global pool with the calling thread as one of its workers: the CPU kernels'
 /// parallel loops started from this thread then run on it and the pool's other threads. Call it
 /// once, at the start of `main`, before anything uses rayon (Candle's CPU ops use it too); run
-/// the blocks from this thread. The threads: `RAYON_NUM_THREADS` if set, else one a CPU, this
-/// thread included.
+/// the blocks from this thread (a call from another thread runs on the other workers only, as
+/// rayon's workers do not take work handed to this thread's pool while it is busy elsewhere). The
+/// threads: `RAYON_NUM_THREADS` if it is a positive whole number, else one a CPU, this thread
+/// included.
 ///
 /// Returns `false`, changing nothing, where the global pool already exists (built by an earlier
-/// call, by the program, or by a first use of rayon): the blocks then run as they would without
-/// this call, with the same results. The results never depend on it; only the time does.
+/// call, by the program, or by a first use of rayon), and where the pool would have a single
+/// thread (this one: work handed to the pool from another thread would then wait for it): the
+/// blocks then run as they would without this call. The results never depend on it; only the
+/// time does.
 pub fn join_rayon_pool() -> bool {
-    rayon::ThreadPoolBuilder::new()
-        .use_current_thread()
-        .build_global()
-        .is_ok()
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    threads >= 2
+        && rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .use_current_thread()
+            .build_global()
+            .is_ok()
 }
