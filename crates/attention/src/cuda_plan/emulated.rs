@@ -408,9 +408,10 @@ fn a_wrong_scale_fails_the_check() {
 
 /// What the mma kernels ask of shared and global memory on the head dims of the benchmarked
 /// blocks, counted by the emulator ([`Traffic`]; a static view of the access patterns, the
-/// part of speed that needs no GPU to see): every `ldmatrix` free of bank conflicts (the shared
-/// rows are `dp + 8` elements long, an odd number of 16-byte groups, so 8 consecutive rows fall
-/// in 8 different groups); the tile copies' shared stores at most 2-way conflicted, and free of
+/// part of speed that needs no GPU to see): every `ldmatrix` free of bank conflicts (shared rows
+/// of a multiple of 64 elements swizzled, others 8 elements longer, an odd number of 16-byte
+/// groups: either way 8 consecutive rows fall in 8 different groups at one column; the kernel's
+/// `SmemTile`); the tile copies' shared stores at most 2-way conflicted, and free of
 /// conflicts where a copied row is a multiple of 64 elements (8 lanes, one row); with
 /// contiguous rows of a multiple of 16 elements, every 32-byte sector the copies read wholly
 /// used. Both variants (4 and 8 warps); `ex2` changes no access.
