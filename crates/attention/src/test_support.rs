@@ -17,6 +17,16 @@ pub fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
         .unwrap()
 }
 
+/// Every element of `t` (any float dtype, any shape), in f64, row-major.
+pub fn values_f64(t: &Tensor) -> Vec<f64> {
+    t.flatten_all()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+}
+
 /// Normal f32 values on the CPU from a fixed seed (and the shape), so that a test judges the same
 /// numbers on every run and under every kernel choice. (The unit tests' alone.)
 #[allow(dead_code)]

@@ -346,19 +346,12 @@ pub fn linear_attention(q: &Tensor, k: &Tensor, v: &Tensor, q_scale: Option<f64>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::naive_attention;
+    use crate::test_support::{naive_attention, values_f64};
     use candle_core::Device;
 
     /// Naive f64 attention ([`naive_attention`]) of (b·h, L, D) tensors and a (Lq, Lk) mask.
     fn naive(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f64) -> Vec<f64> {
-        let f = |t: &Tensor| {
-            t.flatten_all()
-                .unwrap()
-                .to_dtype(DType::F64)
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap()
-        };
+        let f = values_f64;
         let m = mask.map(f);
         let (heads, lq, d) = q.dims3().unwrap();
         let (lk, dv) = (k.dim(1).unwrap(), v.dim(2).unwrap());

@@ -7,6 +7,7 @@
 //! 1e-5; f16: rtol 1e-3, atol 1e-5; bf16: rtol 1.6e-2, atol 1e-5), elementwise
 //! `|ours − ref| ≤ atol + rtol·|ref|`.
 
+use crate::common::values_f64;
 use candle_core::{DType, Device, Tensor};
 use unet_attention::sdpa::{default_scale, eager_attention_with, sdpa_with, Scale, SdpaPath};
 
@@ -21,20 +22,11 @@ fn tol(dtype: DType) -> (f64, f64) {
     }
 }
 
-fn values(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f64>()
-        .unwrap()
-}
-
 fn assert_close(got: &Tensor, want: &Tensor, dtype: DType, what: &str) {
     assert_eq!(got.dims(), want.dims(), "{what}");
     assert_eq!(got.dtype(), want.dtype(), "{what}");
     let (rtol, atol) = tol(dtype);
-    let (g, w) = (values(got), values(want));
+    let (g, w) = (values_f64(got), values_f64(want));
     let mut worst = (0.0f64, 0usize);
     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
         assert!(a.is_finite() && b.is_finite(), "{what}: element {i}: {a} vs {b}");
@@ -227,9 +219,9 @@ fn f64_runs_on_the_reference_arithmetic() {
         randn(&[1, 2, 14, 16], 1.0, DType::F64),
         randn(&[1, 2, 14, 16], 1.0, DType::F64),
     );
-    let want = values(&sdpa_with(SdpaPath::Reference, &q, &k, &v, None, 0.25).unwrap());
+    let want = values_f64(&sdpa_with(SdpaPath::Reference, &q, &k, &v, None, 0.25).unwrap());
     for path in PATHS {
-        let got = values(&sdpa_with(path, &q, &k, &v, None, 0.25).unwrap());
+        let got = values_f64(&sdpa_with(path, &q, &k, &v, None, 0.25).unwrap());
         let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         assert!(err < 1e-14, "{path}: {err}");
     }
@@ -250,11 +242,12 @@ fn rows_without_keys() {
             randn(&[1, 1, lk, d], 1.0, dtype),
         );
         let mh = mask.to_dtype(dtype).unwrap();
-        let got = values(&sdpa_with(SdpaPath::Flash, &q, &k, &v, Some(&mh), 0.3).unwrap());
+        let got = values_f64(&sdpa_with(SdpaPath::Flash, &q, &k, &v, Some(&mh), 0.3).unwrap());
         assert!(got[..d].iter().all(|&x| x == 0.0), "{dtype:?}");
         assert!(got[d..].iter().all(|x| x.is_finite()), "{dtype:?}");
         if dtype == DType::F32 {
-            let got = values(&eager_attention_with(SdpaPath::Flash, &q, &k, &v, Some(&mh), Scale::Mul(0.3)).unwrap());
+            let got =
+                values_f64(&eager_attention_with(SdpaPath::Flash, &q, &k, &v, Some(&mh), Scale::Mul(0.3)).unwrap());
             assert!(got[..d].iter().all(|x| x.is_nan()));
             assert!(got[d..].iter().all(|x| x.is_finite()));
         }

@@ -392,19 +392,12 @@ fn run_tasks(engine: Engine, inputs: &Inputs, dims: &Dims) -> Vec<f32> {
 mod tests {
     use super::{attention_on, Empty, Engine, ScoreScale};
     use crate::cpu::isa::Isa;
-    use crate::test_support::naive_attention;
+    use crate::test_support::{naive_attention, values_f64};
     use candle_core::{DType, Device, Tensor};
 
     /// `softmax(q·kᵀ <scale> + mask)·v` in f64 ([`naive_attention`]; an all-masked row: `empty`).
     fn naive(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: ScoreScale, empty: Empty) -> Vec<f64> {
-        let f = |t: &Tensor| {
-            t.flatten_all()
-                .unwrap()
-                .to_dtype(DType::F64)
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap()
-        };
+        let f = values_f64;
         let mask = mask.map(f);
         let (heads, lq, d) = q.dims3().unwrap();
         let (lk, dv) = (k.dim(1).unwrap(), v.dim(2).unwrap());
