@@ -72,7 +72,7 @@ selftest() {
     tmp=$(mktemp -d)
     set +e
     # A PATH without nvidia-smi: what a machine without a GPU looks like to run.sh.
-    for stage in candidate all fused layers conv check core fusedcore whole; do
+    for stage in candidate all fused layers conv check core fusedcore splits whole; do
         err=$(PATH=/usr/bin:/bin bash scripts/gpu_kit/run.sh "$stage" "$tmp/out" 2>&1 >/dev/null)
         code=$?
         [[ $code -eq 3 ]] || { rm -rf "$tmp"; cuda_fail "selftest: run.sh $stage without a GPU exited $code, expected 3: $err"; }

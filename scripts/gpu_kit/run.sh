@@ -2,7 +2,7 @@
 # The GPU kit's runner (copied into the kit by `scripts/gpu_kit.sh build`; run it there, on a
 # machine with an NVIDIA GPU, its driver and PyTorch with CUDA as `python3`; no Rust needed).
 #
-#   ./run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|whole] [OUT]     (default: all, into $OUT or ./results)
+#   ./run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|splits|whole] [OUT]     (default: all, into $OUT or ./results)
 #
 #   candidate  what flipping unet_attention::cuda::{AUTO_PICKS_FUSED, AUTO_PICKS_CUDA_LAYERS}
 #           needs, in one short run (about 5 min on an H100; run it first when GPU time is short):
@@ -33,6 +33,10 @@
 #           bf16 (DTYPES_FUSED; bench_fused_<dtype>.jsonl/.md), once per kernel variant
 #           (FUSED_VARIANTS, default "base exp2 w8 w8-exp2": UNET_ATTENTION_FUSED_VARIANT;
 #           bench_fused_<variant>_<dtype>.* for all but base): which one should be the default.
+#   splits  the fused kernel's key splits (UNET_ATTENTION_FUSED_SPLITS: each of FUSED_SPLITS,
+#           default "auto 1 2 3 4") on the VAE's 64² core shape (head dim 512) and SDXL's, f16,
+#           against PyTorch's SDPA (bench_splits_<n>_<case>.*): whether the automatic count is
+#           the fastest. Not part of `all`.
 #   whole   the whole mid blocks of scripts/bench_torch.py (diffusers, guided-diffusion,
 #           denoising-diffusion-pytorch; their wheels come with the kit and are installed with
 #           --no-deps into a temporary folder), exported on the CPU, timed on the GPU with both
@@ -43,7 +47,7 @@
 #           (bench_whole_<dtype>.jsonl/.md, bench_whole_f32_strict.*, bench_whole_f32_tf32.*).
 #
 # Environment: ROUNDS (alternating rounds per case, default 2), DTYPES (core and block stages,
-# default "f32 f16"), DTYPES_FUSED (fusedcore, "f16 bf16"), FUSED_VARIANTS (fusedcore), DTYPES_WHOLE (whole, "f16 bf16"),
+# default "f32 f16"), DTYPES_FUSED (fusedcore, "f16 bf16"), FUSED_VARIANTS (fusedcore), FUSED_SPLITS (splits), DTYPES_WHOLE (whole, "f16 bf16"),
 # BENCH_ARGS (more bench_torch.py compare flags, e.g. --strict-f32), UNET_KIT_WEIGHTS (bundles).
 #
 # Exit codes: 0 all stages ran (failures of bundles are in the JSON, and counted in
@@ -53,8 +57,8 @@ set -uo pipefail
 kit="$(cd "$(dirname "$0")" && pwd)"
 stage="${1:-all}"
 out="${2:-${OUT:-$PWD/results}}"
-case "$stage" in candidate | all | fused | layers | conv | check | core | fusedcore | whole) ;; *)
-    echo "usage: run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|whole] [OUT]" >&2
+case "$stage" in candidate | all | fused | layers | conv | check | core | fusedcore | splits | whole) ;; *)
+    echo "usage: run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|splits|whole] [OUT]" >&2
     exit 2
     ;;
 esac
@@ -256,7 +260,8 @@ bench_one() {
     shift 3
     note "bench_torch.py compare --only $only --device cuda --dtype $dt $* ${BENCH_ARGS:-}" \
         "(UNET_ATTENTION_SDPA=${UNET_ATTENTION_SDPA:-auto} UNET_ATTENTION_CUDA_LAYERS=${UNET_ATTENTION_CUDA_LAYERS:-auto}" \
-        "UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off} UNET_ATTENTION_FUSED_VARIANT=${UNET_ATTENTION_FUSED_VARIANT:-base})"
+        "UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off} UNET_ATTENTION_FUSED_VARIANT=${UNET_ATTENTION_FUSED_VARIANT:-base}" \
+        "UNET_ATTENTION_FUSED_SPLITS=${UNET_ATTENTION_FUSED_SPLITS:-auto})"
     python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
         --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$out/bench_$tag.jsonl" "$@" ${BENCH_ARGS:-} \
         >"$out/bench_$tag.md" 2>>"$out/bench.stderr" || { note "the benchmarks bench_$tag failed (bench.stderr)"; failed=1; }
@@ -275,6 +280,18 @@ run_bench() {
                 tag="fused_$dt"
                 [[ "$v" == base ]] || tag="fused_${v}_$dt"
                 UNET_ATTENTION_SDPA=fused UNET_ATTENTION_FUSED_VARIANT="$v" bench_one core "$dt" "$tag"
+            done
+        done
+        ;;
+    # splits: the fused kernel's key splits, each count of FUSED_SPLITS (default "auto 1 2 3 4":
+    # UNET_ATTENTION_FUSED_SPLITS) on the core shapes that split or nearly do: the VAE's head dim
+    # 512 at 64² (one query tile column per SM) and SDXL's 20 heads; f16 (bench_splits_<n>_<case>.*).
+    splits)
+        local s shape tag
+        for s in ${FUSED_SPLITS:-auto 1 2 3 4}; do
+            for shape in "vae64:1 1 4096 4096 512" "sdxl:2 20 1024 1024 64"; do
+                tag="splits_${s}_${shape%%:*}"
+                UNET_ATTENTION_SDPA=fused UNET_ATTENTION_FUSED_SPLITS="$s" bench_one "core ${shape#*:}" f16 "$tag"
             done
         done
         ;;
@@ -303,6 +320,7 @@ fused) run_fused ;;
 layers) run_layers ;;
 conv) run_conv ;;
 fusedcore) run_bench fusedcore ;;
+splits) run_bench splits ;;
 check) run_check ;;
 core) run_bench core; run_bench block ;;
 whole) run_bench whole ;;

@@ -334,12 +334,18 @@ fn report(opts: &Options, bench: &Bench, ms: Vec<f64>, rss_before: f64, rayon_po
     );
 }
 
-/// `, "fused_variant": "<name>"`: the fused CUDA kernel's variant (`UNET_ATTENTION_FUSED_VARIANT`)
-/// in a CUDA build; nothing in another.
+/// `, "fused_variant": "<name>", "fused_splits": "<auto|n>"`: the fused CUDA kernel's variant
+/// and key splits (`UNET_ATTENTION_FUSED_VARIANT`, `UNET_ATTENTION_FUSED_SPLITS`) in a CUDA
+/// build; nothing in another.
 #[cfg(feature = "cuda")]
 fn fused_variant_field() -> String {
     let name = unet_attention::cuda::fused_variant().map_or("invalid", |v| v.name());
-    format!(", \"fused_variant\": \"{name}\"")
+    let splits = match unet_attention::cuda::fused_splits() {
+        Ok(Some(n)) => n.to_string(),
+        Ok(None) => "auto".to_string(),
+        Err(_) => "invalid".to_string(),
+    };
+    format!(", \"fused_variant\": \"{name}\", \"fused_splits\": \"{splits}\"")
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -100,21 +100,19 @@ pub(crate) struct Plan {
     pub threads: u32,
     /// Dynamic shared memory of one block, in bytes.
     pub smem: usize,
+    /// Keys a key tile (the kernels' `BC`, or 32 in f32).
+    pub key_tile: usize,
+    /// Thread blocks the key tiles of each query tile are split over (1: unsplit).
     pub splits: usize,
+    /// Key tiles a split.
     pub tiles_per_split: usize,
 }
 
 impl Plan {
-    /// `None` where the shape does not fit the kernels (shared memory, grid or index limits).
-    /// `splits`: the key splits asked for (clamped to the key tiles); `None` chooses from the
-    /// SM count. `variant`: which f16/bf16 kernel (f32 has one).
-    pub(crate) fn new(
-        s: &Dims,
-        dtype: DType,
-        gpu: &GpuLimits,
-        splits: Option<usize>,
-        variant: FusedVariant,
-    ) -> Option<Plan> {
+    /// The plan of one call with its keys unsplit (see [`Plan::split_keys`]); `None` where the
+    /// shape does not fit the kernels (shared memory, grid or index limits). `variant`: which
+    /// f16/bf16 kernel (f32 has one).
+    pub(crate) fn new(s: &Dims, dtype: DType, gpu: &GpuLimits, variant: FusedVariant) -> Option<Plan> {
         let (dp, chunks, rows, key_tile, smem, kernel, merge) = match dtype {
             DType::F32 => {
                 let ni = s.d.div_ceil(32).next_power_of_two();
@@ -159,20 +157,9 @@ impl Plan {
         let bh = s.b * s.h;
         let q_tiles = s.lq.div_ceil(rows);
         let key_tiles = s.lk.div_ceil(key_tile);
-        let ctas = q_tiles * bh * chunks;
-        let wanted = splits.unwrap_or_else(|| {
-            if ctas >= gpu.sms {
-                1
-            } else {
-                (2 * gpu.sms).div_ceil(ctas).min(key_tiles / 2).min(64)
-            }
-        });
-        let tiles_per_split = key_tiles.div_ceil(wanted.clamp(1, key_tiles));
-        let splits = key_tiles.div_ceil(tiles_per_split);
         let fits_i32 = |x: usize| x <= i32::MAX as usize;
         let ok = smem <= gpu.smem_optin
             && bh * chunks <= 65_535
-            && splits <= 65_535
             && [q_tiles, s.lq, s.lk, bh, bh * s.lq].into_iter().all(fits_i32);
         ok.then(|| Plan {
             dims: *s,
@@ -181,12 +168,53 @@ impl Plan {
             merge,
             dp,
             chunks,
-            grid: (q_tiles as u32, (bh * chunks) as u32, splits as u32),
+            grid: (q_tiles as u32, (bh * chunks) as u32, 1),
             threads,
             smem,
-            splits,
-            tiles_per_split,
+            key_tile,
+            splits: 1,
+            tiles_per_split: key_tiles,
         })
+    }
+
+    /// Key tiles of one (batch, head, query tile): what the splits divide.
+    fn key_tiles(&self) -> usize {
+        self.dims.lk.div_ceil(self.key_tile)
+    }
+
+    /// This plan with the key tiles of each query tile split over `wanted` thread blocks
+    /// (clamped to 1 ..= the key tiles; each split's partial output and `(max, sum)` go to the
+    /// workspace, and the merge kernel combines them); `None` past the grid's limit.
+    pub(crate) fn split_keys(mut self, wanted: usize) -> Option<Plan> {
+        let key_tiles = self.key_tiles();
+        self.tiles_per_split = key_tiles.div_ceil(wanted.clamp(1, key_tiles));
+        self.splits = key_tiles.div_ceil(self.tiles_per_split);
+        self.grid.2 = self.splits as u32;
+        (self.splits <= 65_535).then_some(self)
+    }
+
+    /// The key splits to ask [`Plan::split_keys`] for when `places` thread blocks of this plan's
+    /// kernel can be resident on the whole GPU at once (SMs × blocks a SM, from the kernel's
+    /// registers and shared memory). A grid of blocks runs in waves of `places`; the last wave
+    /// may leave places idle. Splitting the keys `s` ways makes `s` times the blocks, each `s`
+    /// times shorter, so the share of the places kept busy over the whole run is
+    /// `blocks / (places × waves)`. One split where the unsplit grid already fills 80 % of a wave
+    /// (splitting then costs more in partial outputs and the merge than it gains); else the
+    /// fewest splits whose busy share is within 85 % of the best one up to 64 splits, each
+    /// split keeping at least 2 key tiles.
+    pub(crate) fn auto_splits(&self, places: usize) -> usize {
+        let places = places.max(1);
+        let blocks = self.grid.0 as usize * self.grid.1 as usize;
+        let most = (self.key_tiles() / 2).clamp(1, 64);
+        if 5 * blocks >= 4 * places || most == 1 {
+            return 1;
+        }
+        let busy = |s: usize| {
+            let total = blocks * s;
+            total as f64 / (places * total.div_ceil(places)) as f64
+        };
+        let best = (1..=most).map(busy).fold(0.0, f64::max);
+        (1..=most).find(|&s| busy(s) >= 0.85 * best).unwrap_or(1)
     }
 
     /// Rows of the merge kernel's grid (one block of [`THREADS`] threads each) when the keys are
@@ -205,6 +233,19 @@ impl Plan {
         } else {
             (1, 1)
         }
+    }
+}
+
+/// The text of `UNET_ATTENTION_FUSED_SPLITS`: blank or `auto` (any case) is `None` (chosen by
+/// [`Plan::auto_splits`]), a positive integer that count; anything else an error.
+pub(crate) fn parse_splits(text: &str) -> Result<Option<usize>, String> {
+    match text.trim() {
+        "" => Ok(None),
+        t if t.eq_ignore_ascii_case("auto") => Ok(None),
+        t => match t.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err("expected auto or a positive number of key splits".to_string()),
+        },
     }
 }
 
@@ -367,6 +408,13 @@ mod tests {
         Dims { b, h, lq, lk, d }
     }
 
+    /// The plan with the automatic split for `per_sm` blocks a SM of an H100.
+    fn auto(dims: &Dims, dtype: DType, variant: FusedVariant, per_sm: usize) -> Plan {
+        let p = Plan::new(dims, dtype, &H100, variant).unwrap();
+        let splits = p.auto_splits(H100.sms * per_sm);
+        p.split_keys(splits).unwrap()
+    }
+
     #[test]
     fn args_bytes_follow_the_struct_layout() {
         assert_eq!(std::mem::size_of::<Args>(), 208);
@@ -388,15 +436,63 @@ mod tests {
     #[test]
     fn vae_head_dim_512_takes_two_column_chunks_and_splits_keys() {
         let dims = dims(1, 1, 4096, 4096, 512);
-        let p = Plan::new(&dims, DType::F16, &H100, None, FusedVariant::Base).unwrap();
+        // Two blocks a SM (the swizzled tiles' 112 KiB; 242 registers): 264 places.
+        let p = auto(&dims, DType::F16, FusedVariant::Base, 2);
         assert_eq!((p.kernel.as_str(), p.dp, p.chunks), ("fattn_f16_dv256", 512, 2));
-        // 64 query tiles × 2 chunks = 128 blocks < 132 SMs: the 128 key tiles are split.
-        assert_eq!(p.grid.0, 64);
-        assert!(p.splits > 1 && p.splits * p.tiles_per_split >= 128, "{p:?}");
+        // 64 query tiles × 2 chunks = 128 blocks, under half of 264 places: the 128 key tiles
+        // are split in 2 (256 blocks, one wave 97 % full; 3 would take 1.45 waves).
+        assert_eq!(p.grid, (64, 2, 2));
+        assert_eq!((p.splits, p.tiles_per_split), (2, 64));
         assert!(p.smem <= H100.smem_optin);
         // Swizzled rows (no padding): two blocks fit an H100 SM's 228 KiB (1 KiB reserved each).
         assert_eq!(p.smem, (64 * 512 + 32 * 512 + 32 * 256) * 2);
         assert!(2 * (p.smem + 1024) <= 228 * 1024, "{p:?}");
+    }
+
+    #[test]
+    fn key_splits_fill_the_resident_places_in_whole_waves() {
+        let vae = dims(1, 1, 4096, 4096, 512);
+        // One block a SM: 128 blocks fill 97 % of 132 places, no split.
+        assert_eq!(auto(&vae, DType::F16, FusedVariant::Base, 1).splits, 1);
+        // The VAE at 128²: 256 query tiles × 2 chunks = 512 blocks, more than a wave of 264.
+        assert_eq!(
+            auto(&dims(1, 1, 16384, 16384, 512), DType::F16, FusedVariant::Base, 2).splits,
+            1
+        );
+        // SDXL's self-attention (20 heads × 16 query tiles = 320 blocks) on 4 blocks a SM (528
+        // places, 61 % of a wave): 3 splits, 960 blocks, 1.82 waves.
+        let sdxl = auto(&dims(1, 20, 1024, 1024, 64), DType::F16, FusedVariant::Base, 4);
+        assert_eq!((sdxl.splits, sdxl.tiles_per_split, sdxl.grid), (3, 6, (16, 20, 3)));
+        // Cross-attention on 77 keys (2 tiles) is never split: each split keeps 2 tiles.
+        assert_eq!(
+            auto(&dims(1, 20, 1024, 77, 64), DType::F16, FusedVariant::Base, 4).splits,
+            1
+        );
+        // One query tile, one head, long keys: up to 64 splits.
+        let one = auto(&dims(1, 1, 16, 65536, 64), DType::F32, FusedVariant::Base, 4);
+        assert!(
+            (50..=64).contains(&one.splits) && one.splits * one.tiles_per_split >= 2048,
+            "{one:?}"
+        );
+        // A forced count is clamped to the key tiles, and every tile is covered once.
+        let p = Plan::new(&dims(2, 3, 100, 130, 40), DType::F16, &H100, FusedVariant::Base).unwrap();
+        assert_eq!(p.key_tile, 64);
+        let forced = p.clone().split_keys(50).unwrap();
+        assert_eq!((forced.splits, forced.tiles_per_split, forced.grid.2), (3, 1, 3));
+        let two = p.split_keys(2).unwrap();
+        assert_eq!((two.splits, two.tiles_per_split), (2, 2));
+    }
+
+    #[test]
+    fn the_splits_setting_reads_auto_or_a_positive_count() {
+        for auto in ["", " ", "auto", " AUTO "] {
+            assert_eq!(parse_splits(auto), Ok(None), "{auto:?}");
+        }
+        assert_eq!(parse_splits("3"), Ok(Some(3)));
+        assert_eq!(parse_splits(" 64 "), Ok(Some(64)));
+        for bad in ["0", "-1", "2.5", "two", "auto3"] {
+            assert!(parse_splits(bad).unwrap_err().contains("positive number"), "{bad:?}");
+        }
     }
 
     #[test]
@@ -406,15 +502,15 @@ mod tests {
             sms: 10,
             smem_optin: 48 * 1024,
         };
-        assert!(Plan::new(&dims, DType::F16, &small, None, FusedVariant::Base).is_none());
-        assert!(Plan::new(&dims, DType::F16, &H100, None, FusedVariant::Base).is_some());
-        assert!(Plan::new(&dims, DType::F64, &H100, None, FusedVariant::Base).is_none());
+        assert!(Plan::new(&dims, DType::F16, &small, FusedVariant::Base).is_none());
+        assert!(Plan::new(&dims, DType::F16, &H100, FusedVariant::Base).is_some());
+        assert!(Plan::new(&dims, DType::F64, &H100, FusedVariant::Base).is_none());
     }
 
     #[test]
     fn variants_name_their_kernels_and_fall_back_to_four_warps() {
         let dims = dims(1, 1, 4096, 4096, 512);
-        let plan = |gpu: &GpuLimits, v| Plan::new(&dims, DType::BF16, gpu, None, v).unwrap();
+        let plan = |gpu: &GpuLimits, v| Plan::new(&dims, DType::BF16, gpu, v).unwrap();
         for (name, v) in FusedVariant::ALL {
             assert_eq!(v.name(), name);
         }
@@ -435,7 +531,7 @@ mod tests {
         };
         let p = plan(&a100, FusedVariant::Warps8);
         assert_eq!((p.kernel.as_str(), p.threads), ("fattn_bf16_dv256", 128));
-        let f32_plan = Plan::new(&dims, DType::F32, &H100, None, FusedVariant::Warps8).unwrap();
+        let f32_plan = Plan::new(&dims, DType::F32, &H100, FusedVariant::Warps8).unwrap();
         assert_eq!((f32_plan.kernel.as_str(), f32_plan.threads), ("fattn_f32_ni16", 128));
     }
 

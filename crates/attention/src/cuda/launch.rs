@@ -5,7 +5,8 @@
 
 use crate::cuda_plan::{vector_copies, Args, GpuLimits, Plan, THREADS};
 use candle_core::cuda::cudarc::driver::{
-    sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop,
+    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    SyncOnDrop,
 };
 use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
@@ -32,6 +33,36 @@ pub(crate) fn gpu_limits(dev: &CudaDevice) -> Result<Option<GpuLimits>> {
         sms: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize,
         smem_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as usize,
     }))
+}
+
+/// Thread blocks of `plan`'s attention kernel that fit one SM at once, as the driver computes
+/// it from the kernel's registers and the plan's shared memory
+/// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`); at least 1. Where the driver cannot say,
+/// 2 (the number the key splits were planned for before this query).
+pub(crate) fn blocks_per_sm(dev: &CudaDevice, plan: &Plan) -> Result<usize> {
+    let Some(ptx) = PTX else {
+        bail!("fused attention: this build has no PTX (CUDA_COMPUTE_CAP below 8.0)")
+    };
+    let func = dev.get_or_load_custom_func(&plan.kernel, MODULE, ptx)?;
+    allow_shared_memory(dev, &func, plan.smem)?;
+    dev.cuda_stream().context().bind_to_thread().w()?;
+    Ok(func
+        .occupancy_max_active_blocks_per_multiprocessor(plan.threads, plan.smem, None)
+        .map_or(2, |n| (n as usize).max(1)))
+}
+
+/// Raises `func`'s dynamic shared memory limit to `smem` bytes where that is over the default
+/// 48 KiB (launches, and occupancy queries, of more fail otherwise).
+fn allow_shared_memory(dev: &CudaDevice, func: &CudaFunction, smem: usize) -> Result<()> {
+    if smem > 48 * 1024 {
+        use sys::CUfunction_attribute as F;
+        // cuFuncSetAttribute acts on the current context: make it this device's on this
+        // thread (cudarc binds it for launches, not for attributes).
+        dev.cuda_stream().context().bind_to_thread().w()?;
+        func.set_attribute(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .w()?;
+    }
+    Ok(())
 }
 
 // SAFETY: plain old data: `Args` is `#[repr(C)]` with the field order, types and alignment of
@@ -146,14 +177,7 @@ impl FusedAttention {
         (args.q, args.k, args.v, args.out) = (qp, kp, vp, op);
         (args.ws_o, args.ws_ml) = if split { (wo, wm) } else { (0, 0) };
         let func = dev.get_or_load_custom_func(&p.kernel, MODULE, ptx)?;
-        if p.smem > 48 * 1024 {
-            use sys::CUfunction_attribute as F;
-            // cuFuncSetAttribute acts on the current context: make it this device's on this
-            // thread (cudarc binds it for launches, not for attributes).
-            stream.context().bind_to_thread().w()?;
-            func.set_attribute(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, p.smem as i32)
-                .w()?;
-        }
+        allow_shared_memory(dev, &func, p.smem)?;
         let cfg = LaunchConfig {
             grid_dim: p.grid,
             block_dim: (p.threads, 1, 1),

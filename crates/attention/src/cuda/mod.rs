@@ -21,8 +21,11 @@
 //! FMA, no tensor cores. **Variants** ([`FusedVariant`], `UNET_ATTENTION_FUSED_VARIANT`): the
 //! f16/bf16 kernels also come with 8 warps (128 queries a block) and with the approximate `ex2`
 //! for the exponentials, to be timed against the default on a GPU. **Split-KV**: when
-//! (batch·heads·query tiles·chunks) is below twice the number of SMs, the key tiles are split over up to 64 thread blocks per tile, and a merge kernel
-//! combines their f32 partial outputs and `(max, sum)`.
+//! (batch·heads·query tiles·chunks) fills less than 80 % of the blocks the GPU holds at once
+//! (SMs × the kernel's occupancy, from the driver), the key tiles are split over up to 64
+//! thread blocks per tile, as few as keep those places busy in whole waves, and a merge kernel
+//! combines their f32 partial outputs and `(max, sum)` (`UNET_ATTENTION_FUSED_SPLITS` forces a
+//! count).
 //!
 //! **Limits** (outside them [`fused_sdpa`] returns `None` and the caller falls back): a CUDA
 //! device of compute capability ≥ 8.0 and PTX built for ≥ 8.0 (`CUDA_COMPUTE_CAP`); q, k, v
@@ -64,7 +67,9 @@ pub const AUTO_PICKS_FUSED: bool = false;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FusedOptions {
     /// Split the keys over this many thread blocks per query tile (clamped to the number of key
-    /// tiles; 1 turns split-KV off). `None`: chosen from the GPU's SM count.
+    /// tiles; 1 turns split-KV off). `None`: [`fused_splits`] (`UNET_ATTENTION_FUSED_SPLITS`),
+    /// and where that is `auto`, the fewest splits that keep the GPU's resident block places
+    /// busy in whole waves (from the SM count and the kernel's occupancy the driver reports).
     pub splits: Option<usize>,
     /// Which f16/bf16 kernel. `None`: [`fused_variant`] (`UNET_ATTENTION_FUSED_VARIANT`).
     pub variant: Option<FusedVariant>,
@@ -78,6 +83,25 @@ pub fn fused_variant() -> Result<FusedVariant> {
     static SETTING: OnceLock<std::result::Result<FusedVariant, String>> = OnceLock::new();
     SETTING
         .get_or_init(|| crate::cpu::setting::choice("UNET_ATTENTION_FUSED_VARIANT", &FusedVariant::ALL))
+        .clone()
+        .map_err(candle_core::Error::msg)
+}
+
+/// The key splits `UNET_ATTENTION_FUSED_SPLITS` asks for: `None` (unset, blank or `auto`: chosen
+/// from the GPU, see [`FusedOptions::splits`]) or a positive count, read once; another value is
+/// an error from every call. For timing split counts on a GPU (the kit's `splits` stage);
+/// [`FusedOptions::splits`] overrides it.
+pub fn fused_splits() -> Result<Option<usize>> {
+    static SETTING: OnceLock<std::result::Result<Option<usize>, String>> = OnceLock::new();
+    SETTING
+        .get_or_init(|| {
+            crate::cpu::setting::parsed(
+                "UNET_ATTENTION_FUSED_SPLITS",
+                "auto or a positive number",
+                crate::cuda_plan::parse_splits,
+            )
+            .map(Option::flatten)
+        })
         .clone()
         .map_err(candle_core::Error::msg)
 }
@@ -121,7 +145,14 @@ pub fn fused_sdpa(
         Some(v) => v,
         None => fused_variant()?,
     };
-    let Some(plan) = Plan::new(&shape, q.dtype(), &gpu, opts.splits, variant) else {
+    let Some(plan) = Plan::new(&shape, q.dtype(), &gpu, variant) else {
+        return Ok(None);
+    };
+    let splits = match opts.splits.map_or_else(fused_splits, |n| Ok(Some(n)))? {
+        Some(n) => n,
+        None => plan.auto_splits(gpu.sms * launch::blocks_per_sm(dev, &plan)?),
+    };
+    let Some(plan) = plan.split_keys(splits) else {
         return Ok(None);
     };
     let last_dim_contiguous = |t: &Tensor| -> Result<Tensor> {

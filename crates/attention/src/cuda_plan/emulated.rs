@@ -172,7 +172,13 @@ fn reference(c: &Case, q: &Input, k: &Input, v: &Input, m: Option<&(Vec<f32>, [i
 /// on NaN or a failed run.
 fn run(bin: &Path, c: &Case) -> (f64, Plan, Traffic) {
     let Dims { b, h, lq, lk, d } = c.dims;
-    let plan = Plan::new(&c.dims, c.dtype, &H100, c.splits, c.variant).unwrap_or_else(|| panic!("no plan for {c:?}"));
+    let plan = Plan::new(&c.dims, c.dtype, &H100, c.variant)
+        .and_then(|p| {
+            // Automatic splits as on an H100 with two blocks a SM.
+            let splits = c.splits.unwrap_or_else(|| p.auto_splits(2 * H100.sms));
+            p.split_keys(splits)
+        })
+        .unwrap_or_else(|| panic!("no plan for {c:?}"));
     assert_eq!((plan.dtype, plan.dims), (c.dtype, c.dims));
     let seed = (lq * 131 + lk * 7 + d) as u64 * 4;
     let q = input(c, seed, lq, c.q_gain);
