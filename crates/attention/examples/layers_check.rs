@@ -11,7 +11,7 @@
 //! inputs with a mean per channel, with and without the pre-add, no swish (eps 1), `F.silu` and
 //! ldm's `y * sigmoid(y)` (eps 1e-6)); GEGLU and SwiGLU gates (n 320 – 5120,
 //! odd n too); the epilogue in token and channel layout with each optional part; `Projection`
-//! (tokens and channels) and `ops::matmul` in half precision on CUDA (cuBLAS, no f32 copies)
+//! (tokens with the bias inside cuBLAS's sum, strided tokens and channels) and `ops::matmul` in half precision on CUDA (cuBLAS, no f32 copies)
 //! against the same calls on the CPU (f32 products, one rounding). Every case in f32, f16 and
 //! bf16. The kernels' references are computed in f64 on the CPU from the same stored inputs,
 //! rounded to the dtype at every point where PyTorch's separate ops round.
@@ -23,7 +23,8 @@
 //! then product, product then bias), and `a` covers f32 errors of the statistics near zero
 //! (≈ 1e-6, below ε/64) and subnormals. f32: k = 64, a = 1 — f32 statistics over up to 262 144
 //! elements, `expf`/`erff` within a few ulp. The products (GPU half against CPU f32, outputs of
-//! order 1): k = 4, a = 1 (the GPU rounds the product before adding the bias). Each case writes one JSON line (to `--out`,
+//! order 1): k = 4, a = 1 (sums of up to 1,280 products in another order; the strided and
+//! channel forms round the product before adding the bias, on both sides). Each case writes one JSON line (to `--out`,
 //! default stdout): the case, `max_abs`, `worst` (largest |got − want| / tol, pass when ≤ 1),
 //! `pass`, `fused_ms` (median of 5 synchronised calls). Exit 0: every case passed (also: built
 //! without the `cuda` feature, after one line saying so); 1: some failed; 3: no CUDA device or
@@ -405,12 +406,24 @@ mod gpu {
                         .to_dtype(DType::F64)?
                         .flatten_all()?
                         .to_vec1::<f64>()?;
+                    // cuBLAS with the bias in its f32 sum (`cuda::linear_with_bias`), rounded
+                    // once as the CPU's.
                     let got = gpu.forward_tokens(&xg)?;
-                    // Outputs of order 1 from sums of `cin` products: a = 1 (the GPU rounds the
-                    // product, then the sum with the bias; the CPU once).
+                    // Outputs of order 1 from sums of `cin` products: a = 1 (the sums' order
+                    // differs; the strided and channel forms round the product, then the sum
+                    // with the bias, on both sides).
                     let tol = (tolerance(dtype).0, 1.0);
                     let tokens = compare_with(&got, &want, tol)?;
                     let xc = x.transpose(1, 2)?.contiguous()?;
+                    // The same tokens as a strided view: `matmul`, then the bias (two roundings).
+                    let xs = xc.transpose(1, 2)?;
+                    let want_s = cpu
+                        .forward_tokens_strided(&xs)?
+                        .to_dtype(DType::F64)?
+                        .flatten_all()?
+                        .to_vec1::<f64>()?;
+                    let got_s = gpu.forward_tokens_strided(&xc.to_device(dev)?.transpose(1, 2)?)?;
+                    let strided = compare_with(&got_s, &want_s, tol)?;
                     let want_c = cpu
                         .forward_channels(&xc)?
                         .to_dtype(DType::F64)?
@@ -426,9 +439,10 @@ mod gpu {
                         .to_vec1::<f64>()?;
                     let got_m = unet_attention::ops::matmul(&k.to_device(dev)?, &kt.to_device(dev)?)?;
                     let matmul = compare_with(&got_m, &want_m, tol)?;
-                    let worst = tokens.1.max(channels.1).max(matmul.1);
-                    let max_abs = tokens.0.max(channels.0).max(matmul.0);
+                    let worst = tokens.1.max(strided.1).max(channels.1).max(matmul.1);
+                    let max_abs = tokens.0.max(strided.0).max(channels.0).max(matmul.0);
                     line["worst_tokens"] = tokens.1.into();
+                    line["worst_strided"] = strided.1.into();
                     line["worst_channels"] = channels.1.into();
                     line["worst_matmul"] = matmul.1.into();
                     let ms = median_ms(dev, || gpu.forward_tokens(&xg))?;

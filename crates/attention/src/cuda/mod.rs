@@ -1,7 +1,8 @@
 //! This crate's own fused attention forward on CUDA (feature `cuda`): `softmax(q·kᵀ·scale +
 //! mask)·v` in one kernel, without the score matrix in memory; and its fused layers
 //! (`layers.rs`: GroupNorm with pre-add and swish, GEGLU/SwiGLU gates, the bias + residual +
-//! rescale epilogue; [`group_norm`], [`gated`], [`epilogue`]).
+//! rescale epilogue; [`group_norm`], [`gated`], [`epilogue`]), and `nn.Linear` with its bias
+//! inside cuBLAS's f32 sum, as PyTorch's `addmm` ([`linear_with_bias`]).
 //!
 //! **Status: compiled in CI, never run on a GPU yet**; its source runs on the CPU under a CUDA
 //! emulator in the unit tests (`cuda_plan/emulated.rs`, docs/gpu.md), with the same launch plans. [`SdpaPath::Auto`](crate::sdpa::SdpaPath)
@@ -43,6 +44,7 @@
 mod launch;
 mod layers;
 mod layers_launch;
+mod linear;
 pub mod memory;
 
 pub use layers::{
@@ -52,6 +54,7 @@ pub use layers::{
 pub use crate::cuda_plan::FusedVariant;
 use crate::cuda_plan::{Dims, Plan};
 use candle_core::{DType, Device, Result, Tensor};
+pub use linear::linear_with_bias;
 use std::sync::OnceLock;
 
 #[cfg(feature = "cudnn")]

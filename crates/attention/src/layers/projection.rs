@@ -3,11 +3,14 @@
 //!
 //! **On CUDA in f16/bf16** ([`crate::ops::native_half`]) the product runs in the input's dtype:
 //! cuBLAS accumulates in f32 and rounds once, the weight (and bias) converted to that dtype once
-//! per projection and kept. The bias is then added to the rounded product (the fused epilogue
-//! kernel, `unet_attention::cuda::epilogue` (feature `cuda`), else `broadcast_add`): two roundings where PyTorch's CUDA
-//! `addmm` adds the bias inside cuBLASLt before its single one (its strided `matmul` + add and
-//! cuDNN's 1×1 convolution round twice too). The difference is at most one rounding of the
-//! output dtype; on the CPU nothing changes (f32 products, one rounding, as PyTorch's CPU).
+//! per projection and kept. Where PyTorch rounds once, so does this: `nn.Linear` on a contiguous
+//! input is `addmm`, the bias summed into cuBLAS's f32 accumulator
+//! ([`Projection::linear_native`], on `unet_attention::cuda::linear_with_bias` (feature
+//! `cuda`)). Where PyTorch rounds twice, so does this: `F.linear` on a strided input
+//! (`matmul`, then the bias added) and the 1×1 convolution (cuDNN, then the bias added) take
+//! [`Projection::product_native`] / [`Projection::product_channels_native`] and add the bias to
+//! the rounded product (the fused epilogue kernel, `unet_attention::cuda::epilogue`, else
+//! `broadcast_add`). On the CPU nothing changes (f32 products, one rounding, as PyTorch's CPU).
 
 use crate::cpu::contiguous;
 use crate::cpu_kernels::PackedLinear;
@@ -198,6 +201,24 @@ impl Projection {
         Ok(Some((y, bias)))
     }
 
+    /// `x · Wᵀ + b` on the last dimension in `x`'s half dtype with the bias inside cuBLAS's f32
+    /// sum, rounded once, as PyTorch's CUDA `addmm` (`nn.Linear` on a contiguous input); `None`
+    /// off the native path. Without a bias, [`Self::product_native`]'s product.
+    pub fn linear_native(&self, x: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        if !self.native(x) {
+            return Ok(None);
+        }
+        let (weight, bias) = self.half_params(x.dtype())?;
+        #[cfg(feature = "cuda")]
+        if let Some(bias) = &bias {
+            if let Some(y) = crate::cuda::linear_with_bias(x, &weight, bias)? {
+                return Ok(Some(y));
+            }
+        }
+        let y = candle_nn::Linear::new(weight, None).forward(&x.contiguous()?)?;
+        add_bias(y, bias.as_ref(), BiasAlong::Last).map(Some)
+    }
+
     /// [`Self::product_native`] on dimension 1 (a 1×1 convolution without its bias): `(B, in,
     /// ...)` → `(B, out, ...)`, and the bias in `x`'s dtype; `None` off the native path.
     pub fn product_channels_native(&self, x: &Tensor) -> candle_core::Result<Option<(Tensor, Option<Tensor>)>> {
@@ -240,10 +261,11 @@ impl Projection {
     /// Apply to the last dimension, like `nn.Linear`: `(.., in)` → `(.., out)`.
     ///
     /// f16/bf16: product and bias in f32, rounded once, as PyTorch's `addmm` does (Candle's
-    /// half-precision `Linear` rounds the product and then the sum).
+    /// half-precision `Linear` rounds the product and then the sum); on CUDA natively
+    /// ([`Self::linear_native`]).
     pub fn forward_tokens(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if let Some((y, bias)) = self.product_native(x)? {
-            return add_bias(y, bias.as_ref(), BiasAlong::Last);
+        if let Some(y) = self.linear_native(x)? {
+            return Ok(y);
         }
         if is_half(x.dtype()) {
             return self.product(&upcast(x)?, true)?.to_dtype(x.dtype());
@@ -257,7 +279,10 @@ impl Projection {
     /// it is one fused `addmm`, [`Self::forward_tokens`]). Same values as
     /// [`Self::forward_tokens`] in f32/f64.
     pub fn forward_tokens_strided(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if !is_half(x.dtype()) || self.native(x) {
+        if let Some((y, bias)) = self.product_native(x)? {
+            return add_bias(y, bias.as_ref(), BiasAlong::Last);
+        }
+        if !is_half(x.dtype()) {
             return self.forward_tokens(x);
         }
         let product = self.product(&upcast(x)?, false)?.to_dtype(x.dtype())?;

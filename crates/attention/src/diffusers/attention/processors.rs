@@ -80,10 +80,11 @@ impl Attention {
     }
 
     /// `to_out`, the image reshape, `+ residual` and `/ rescale_output_factor` on CUDA in half
-    /// precision: the product natively ([`Projection::product_native`]), then bias, residual
-    /// and rescale in one epilogue kernel (`unet_attention::cuda::epilogue` (feature `cuda`); each step rounded as
-    /// PyTorch's separate ops, the bias as a separate add: see [`Projection`]). `None` off that
-    /// path (not CUDA, not half, a trace recorded).
+    /// precision: `to_out` natively with its bias inside the GEMM's sum
+    /// ([`Projection::linear_native`]: PyTorch's `addmm` on the contiguous merged heads), then
+    /// residual and rescale in one epilogue kernel (`unet_attention::cuda::epilogue` (feature
+    /// `cuda`); each step rounded as PyTorch's separate ops). `None` off that path (not CUDA,
+    /// not half, a trace recorded).
     #[cfg(feature = "cuda")]
     fn to_out_fused(
         &self,
@@ -91,27 +92,22 @@ impl Attention {
         image: Option<(usize, usize, usize, usize)>,
         residual: &Tensor,
     ) -> Result<Option<Tensor>> {
-        use crate::cuda::BiasAxis;
-        let Some((y, bias)) = self.to_out.product_native(merged)? else {
+        let Some(y) = self.to_out.linear_native(merged)? else {
             return Ok(None);
         };
-        let (y, axis) = match image {
-            Some((_, _, h, w)) => (tokens_to_image(&y, h, w)?, BiasAxis::Channels),
-            None => (y, BiasAxis::Last),
+        let y = match image {
+            Some((_, _, h, w)) => tokens_to_image(&y, h, w)?,
+            None => y,
         };
         let residual = self.residual_connection.then_some(residual);
         let rescale = Some(self.rescale_output_factor);
-        if let Some(out) = crate::cuda::epilogue(&y, bias.as_ref().map(|b| (b, axis)), residual, rescale)? {
+        if let Some(out) = crate::cuda::epilogue(&y, None, residual, rescale)? {
             return Ok(Some(out));
         }
-        let mut out = match (&bias, axis) {
-            (None, _) => y,
-            (Some(b), BiasAxis::Last) => y.broadcast_add(b)?,
-            (Some(b), BiasAxis::Channels) => y.broadcast_add(&b.reshape((b.elem_count(), 1, 1))?)?,
+        let out = match residual {
+            Some(r) => (y + r)?,
+            None => y,
         };
-        if let Some(r) = residual {
-            out = (out + r)?;
-        }
         Ok(Some(div(&out, self.rescale_output_factor)?))
     }
 

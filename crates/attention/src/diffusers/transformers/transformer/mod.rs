@@ -269,17 +269,20 @@ impl SpatialTransformer {
         self.run(x, &contexts, attention_mask, encoder_attention_mask)
     }
 
-    /// `proj_out`, the image reshape and `+ x` on CUDA in half precision: the product natively
-    /// ([`Projection::product_native`] / [`Projection::product_channels_native`]), then bias and
-    /// residual in one epilogue kernel (`unet_attention::cuda::epilogue` (feature `cuda`), each add rounded as PyTorch's
+    /// `proj_out`, the image reshape and `+ x` on CUDA in half precision: the linear
+    /// `proj_out` natively with its bias inside the GEMM's sum ([`Projection::linear_native`],
+    /// PyTorch's `addmm` on the contiguous tokens), the 1×1 conv natively
+    /// ([`Projection::product_channels_native`]) with its bias added after, as cuDNN's
+    /// convolution and PyTorch's separate add; then bias and residual in one epilogue kernel
+    /// (`unet_attention::cuda::epilogue` (feature `cuda`), each add rounded as PyTorch's
     /// separate ops). `None` off that path (not CUDA, not half, a trace recorded).
     #[cfg(feature = "cuda")]
     fn proj_out_fused(&self, tokens: &Tensor, x: &Tensor, (h, w): (usize, usize)) -> Result<Option<Tensor>> {
         let (y, bias) = if self.linear {
-            let Some((y, bias)) = self.proj_out.product_native(tokens)? else {
+            let Some(y) = self.proj_out.linear_native(tokens)? else {
                 return Ok(None);
             };
-            (tokens_to_image(&y, h, w)?, bias)
+            (tokens_to_image(&y, h, w)?, None)
         } else {
             let image = tokens_to_image(tokens, h, w)?;
             let Some(pair) = self.proj_out.product_channels_native(&image)? else {
