@@ -26,6 +26,10 @@ fn main() {
     for (source, _, _) in KERNELS {
         println!("cargo::rerun-if-changed={source}");
     }
+    // Included by kernels/fused_attention.cu.
+    for header in ["kernels/attention_steps.cuh", "kernels/attention_wide.cuh"] {
+        println!("cargo::rerun-if-changed={header}");
+    }
     for var in ["CUDA_COMPUTE_CAP", "NVCC", "CUDA_HOME", "CUDA_PATH"] {
         println!("cargo::rerun-if-env-changed={var}");
     }

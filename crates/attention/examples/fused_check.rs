@@ -10,7 +10,7 @@
 //! cross-attention with 77 keys, memory key/values (4 extra keys), the masks the blocks pass
 //! (none, additive float broadcast over heads, boolean as −inf, key padding), f16, bf16 and f32,
 //! split-KV automatic, off (1) and forced (3); the VAE and SDXL core shapes once each; and the
-//! other f16/bf16 kernel variants (`variant`: 8 warps, `ex2`) on four of those shapes. Each case
+//! other f16/bf16 kernel variants (`variant`: 8 warps, `ex2`, head dims over 256 in column chunks) on four of those shapes. Each case
 //! writes one JSON line (to `--out`, default stdout): the shape, `max_abs` (fused vs chunked),
 //! `tol`, `pass`, `fused_ms` and `chunked_ms` (median of 5 synchronised calls after a warm-up).
 //! Tolerances, set before any GPU run from each dtype's rounding (the kernel rounds the

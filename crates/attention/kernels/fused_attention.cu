@@ -23,6 +23,11 @@
 //   256) and doubles the CTAs where there are few. The probabilities `exp(s − m)` are rounded to
 //   the input dtype before p·v (PyTorch's GPU kernels do so); the row sum `l` is taken before
 //   rounding; `m` is the running maximum.
+// * `fattn_{f16,bf16}_wide[_e2]` (attention_wide.cuh): head dims over 256 (the VAE's 512) as
+//   8 warps on one tile of 64 queries: the two halves of each 16-row block split the keys of a
+//   tile for q·kᵀ (each score computed once, where the column chunks above compute it twice),
+//   share their rounded probabilities through shared memory and split the 512 output columns
+//   for p·v. The chunk kernels still run head dims over 256 as the `chunked` and `w8` variants.
 // * `fattn_f32_ni{1,2,4,8,16}`: plain f32 FMA, no tensor cores: 4 warps of `RW` query rows each (4 up to head dim 128, else 2);
 //   key tiles of 32, one key per lane for q·kᵀ, output columns spread over the lanes (`NI` per
 //   lane) for p·v.
@@ -228,6 +233,8 @@ template <bool EXP2> __device__ __forceinline__ float exp_of(float x) {
     return EXP2 ? exp2_approx(x * LOG2E) : expf(x);
 }
 
+#include "attention_steps.cuh" // head_inputs, key_tiles, scores, mask_and_max, rescale, ...
+
 template <typename T, int DVC, int BC, int WARPS, bool EXP2>
 __device__ void attention_mma(const Args a) {
     constexpr int BR = 16 * WARPS; // queries per CTA: 16 a warp
@@ -239,99 +246,38 @@ __device__ void attention_mma(const Args a) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
     const int q0 = blockIdx.x * BR;
     const int bh = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks, split = blockIdx.z;
-    const int b = bh / a.heads, h = bh % a.heads;
     const int col0 = chunk * DVC;
     const bool vec = a.vec != 0;
-    const uint16_t* qg = static_cast<const uint16_t*>(a.q) + b * a.q_sb + h * a.q_sh + q0 * a.q_sr;
-    const uint16_t* kg = static_cast<const uint16_t*>(a.k) + b * a.k_sb + h * a.k_sh;
-    const uint16_t* vg = static_cast<const uint16_t*>(a.v) + b * a.v_sb + h * a.v_sh;
-    const float* mg = a.mask ? a.mask + b * a.m_sb + h * a.m_sh : nullptr;
+    const HeadInputs in = head_inputs(a, bh, q0);
+    const KeyTiles kt_range = key_tiles(a, split, BC);
 
-    const int tiles = (a.lk + BC - 1) / BC;
-    const int kt_begin = split * a.tiles_per_split;
-    const int kt_end = min(tiles, kt_begin + a.tiles_per_split);
-
-    load_tile16(qs, qg, a.q_sr, BR, a.lq - q0, 0, a.dp, a.d, vec);
-    if (kt_begin < kt_end) {
-        load_tile16(ks, kg + (long long)kt_begin * BC * a.k_sr, a.k_sr, BC, a.lk - kt_begin * BC, 0, a.dp, a.d, vec);
-    }
-    cp_async_commit();
-
+    load_first_tiles(qs, ks, in, a, q0, BR, BC, kt_range, vec);
     float o[DVC / 8][4];
-#pragma unroll
-    for (int j = 0; j < DVC / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    zero_blocks<DVC / 8>(o);
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     const int qrow[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
 
-    for (int kt = kt_begin; kt < kt_end; ++kt) {
+    for (int kt = kt_range.begin; kt < kt_range.end; ++kt) {
         const int kv0 = kt * BC;
         cp_async_wait_all();
         __syncthreads(); // k tile kt (and q) in shared memory; every warp done with the last v tile
-        load_tile16(vs, vg + (long long)kv0 * a.v_sr, a.v_sr, BC, a.lk - kv0, col0, DVC, a.d, vec);
+        load_tile16(vs, in.v + (long long)kv0 * a.v_sr, a.v_sr, BC, a.lk - kv0, col0, DVC, a.d, vec);
         cp_async_commit();
 
         // s = q·kᵀ for this warp's 16 rows × BC keys.
         float s[BC / 8][4];
-#pragma unroll
-        for (int j = 0; j < BC / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        for (int k0 = 0; k0 < a.dp; k0 += 16) {
-            uint32_t af[4];
-            ldsm_x4(af, qs.chunk(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, k0 + (lane / 16) * 8));
-#pragma unroll
-            for (int n = 0; n < BC / 16; ++n) {
-                uint32_t bf[4];
-                ldsm_x4(bf, ks.chunk(n * 16 + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
-                T::mma(s[2 * n], af, bf[0], bf[1]);
-                T::mma(s[2 * n + 1], af, bf[2], bf[3]);
-            }
-        }
+        scores<T, BC / 8>(s, qs, ks, warp * 16, 0, a.dp, lane);
 
         // Scale, mask, key bounds; online softmax over rows g and g + 8.
-        float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int j = 0; j < BC / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e / 2, key = kv0 + j * 8 + 2 * t + (e & 1);
-                float x = NEG_INF;
-                if (key < a.lk) {
-                    x = s[j][e] * a.scale;
-                    if (mg && qrow[r] < a.lq) x += mg[qrow[r] * a.m_sq + key * a.m_sk];
-                }
-                s[j][e] = x;
-                mx[r] = fmaxf(mx[r], x);
-            }
-        }
-        float m_use[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-            const float m_new = fmaxf(m[r], mx[r]);
-            m_use[r] = m_new == NEG_INF ? 0.f : m_new;
-            const float alpha = exp_of<EXP2>(m[r] - m_use[r]);
-            m[r] = m_new;
-            l[r] *= alpha;
-#pragma unroll
-            for (int j = 0; j < DVC / 8; ++j) {
-                o[j][2 * r] *= alpha;
-                o[j][2 * r + 1] *= alpha;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < BC / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float p = exp_of<EXP2>(s[j][e] - m_use[e / 2]);
-                s[j][e] = p;
-                l[e / 2] += p;
-            }
-        }
+        float mx[2], m_use[2];
+        mask_and_max<BC / 8>(s, mx, a, in.mask, kv0, qrow, t);
+        rescale<EXP2, DVC / 8>(m, l, o, mx, m_use);
+        exponentiate<EXP2, BC / 8>(s, m_use, l);
 
         cp_async_wait_all();
         __syncthreads(); // v tile in shared memory; every warp done with the k tile
-        if (kt + 1 < kt_end) {
-            load_tile16(ks, kg + (long long)(kv0 + BC) * a.k_sr, a.k_sr, BC, a.lk - kv0 - BC, 0, a.dp, a.d, vec);
+        if (kt + 1 < kt_range.end) {
+            load_tile16(ks, in.k + (long long)(kv0 + BC) * a.k_sr, a.k_sr, BC, a.lk - kv0 - BC, 0, a.dp, a.d, vec);
         }
         cp_async_commit();
 
@@ -351,28 +297,11 @@ __device__ void attention_mma(const Args a) {
         }
     }
     cp_async_wait_all();
-
-    const PutHalf<T> put{static_cast<uint16_t*>(a.out)};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-    }
-#pragma unroll
-    for (int j = 0; j < DVC / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = e / 2, col = col0 + j * 8 + 2 * t + (e & 1);
-            if (qrow[r] < a.lq && col < a.d) store_out(a, bh, split, qrow[r], col, o[j][e], l[r], put);
-        }
-    }
-    if (a.splits > 1 && chunk == 0 && t == 0) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            if (qrow[r] < a.lq) store_ml(a, bh, split, qrow[r], m[r], l[r]);
-        }
-    }
+    quad_sum(l);
+    store_rows<T, DVC / 8>(a, bh, split, qrow, col0, t, o, m, l, chunk == 0 && t == 0);
 }
+
+#include "attention_wide.cuh" // head dims over 256 in one block: attention_wide<T, EXP2>
 
 // f32: RW query rows a warp, key tiles of 32 (one key a lane for q·kᵀ), NI output columns a lane.
 template <int NI, int RW>
@@ -524,6 +453,18 @@ __device__ void merge_rows(const float* ws_o, const float* ws_ml, int rows, int 
     FATTN_MMA_VARIANTS(FATTN_MMA_KERNEL, Family_##TY##_##DVC, TY, DVC)
 
 FATTN_MMA_FAMILIES(FATTN_MMA_FAMILY)
+
+// Head dims over 256: 8 warps sharing one 64-query tile, q·kᵀ once (attention_wide.cuh).
+#define FATTN_WIDE(TY, T)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) fattn_##TY##_wide(const Args a) {                        \
+        attention_wide<T, false>(a);                                                                           \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) fattn_##TY##_wide_e2(const Args a) {                     \
+        attention_wide<T, true>(a);                                                                            \
+    }
+
+FATTN_WIDE(f16, F16)
+FATTN_WIDE(bf16, BF16)
 
 #define FATTN_F32(NAME, NI, RW)                                                                                  \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(const Args a) { attention_f32<NI, RW>(a); }

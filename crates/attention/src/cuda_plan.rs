@@ -28,7 +28,9 @@ pub(crate) struct Dims {
 
 /// Variants of the f16/bf16 attention kernels, built to be timed against each other on a GPU
 /// (`UNET_ATTENTION_FUSED_VARIANT`, the GPU kit's `fusedcore` stage); the f32 kernels have one
-/// form and ignore it.
+/// form and ignore it. Head dims over 256 (the VAE's 512) run the wide kernel under `base` and
+/// `exp2` (8 warps on one 64-query tile, each score computed once) and column chunks of 256
+/// under the others (a thread block per chunk, each recomputing q·kᵀ).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FusedVariant {
     /// 4 warps (64 queries a thread block), `expf`: the default.
@@ -42,15 +44,19 @@ pub enum FusedVariant {
     Warps8,
     /// 8 warps and the approximate `ex2`.
     Warps8Exp2,
+    /// `base`, but head dims over 256 in column chunks (4 warps a chunk, q·kᵀ recomputed per
+    /// chunk; two thread blocks a SM at head dim 512): the wide kernel's alternative.
+    Chunked,
 }
 
 impl FusedVariant {
     /// Every variant with its name (`UNET_ATTENTION_FUSED_VARIANT`'s values), the default first.
-    pub const ALL: [(&'static str, FusedVariant); 4] = [
+    pub const ALL: [(&'static str, FusedVariant); 5] = [
         ("base", FusedVariant::Base),
         ("exp2", FusedVariant::Exp2),
         ("w8", FusedVariant::Warps8),
         ("w8-exp2", FusedVariant::Warps8Exp2),
+        ("chunked", FusedVariant::Chunked),
     ];
 
     /// Its name in [`FusedVariant::ALL`].
@@ -71,6 +77,19 @@ impl FusedVariant {
     fn exp2(self) -> bool {
         matches!(self, FusedVariant::Exp2 | FusedVariant::Warps8Exp2)
     }
+
+    /// Whether head dims over 256 take the wide kernel.
+    fn wide(self) -> bool {
+        matches!(self, FusedVariant::Base | FusedVariant::Exp2)
+    }
+}
+
+/// Shared memory of the wide kernel (`kernels/attention_wide.cuh`) at padded head dim `dp`:
+/// q (64 × dp), a k tile (32 × dp), a v tile (32 × 512), the p tile (64 × 32, rows padded to 40)
+/// in 16-bit elements, and 2 × 64 f32 row maxima / sums.
+fn wide_smem(dp: usize) -> usize {
+    let row = |cols: usize| if cols.is_multiple_of(64) { cols } else { cols + 8 };
+    (64 * row(dp) + 32 * row(dp) + 32 * row(512) + 64 * row(32)) * 2 + 2 * 64 * 4
 }
 
 /// What the plan needs to know of the GPU.
@@ -113,12 +132,44 @@ impl Plan {
     /// shape does not fit the kernels (shared memory, grid or index limits). `variant`: which
     /// f16/bf16 kernel (f32 has one).
     pub(crate) fn new(s: &Dims, dtype: DType, gpu: &GpuLimits, variant: FusedVariant) -> Option<Plan> {
-        let (dp, chunks, rows, key_tile, smem, kernel, merge) = match dtype {
+        // (padded head dim, column chunks, queries a block, threads, keys a tile, shared bytes,
+        // kernel, merge kernel)
+        let (dp, chunks, rows, threads, key_tile, smem, kernel, merge) = match dtype {
             DType::F32 => {
                 let ni = s.d.div_ceil(32).next_power_of_two();
                 let rows = if ni <= 4 { 16 } else { 8 };
                 let smem = (rows * s.d + 32 * (s.d | 1) + 32 * s.d) * 4;
-                (s.d, 1, rows, 32, smem, format!("fattn_f32_ni{ni}"), "fattn_merge_f32")
+                (
+                    s.d,
+                    1,
+                    rows,
+                    THREADS,
+                    32,
+                    smem,
+                    format!("fattn_f32_ni{ni}"),
+                    "fattn_merge_f32",
+                )
+            }
+            DType::F16 | DType::BF16
+                if s.d > 256 && variant.wide() && wide_smem(s.d.div_ceil(16) * 16) <= gpu.smem_optin =>
+            {
+                let dp = s.d.div_ceil(16) * 16;
+                let (name, merge) = if dtype == DType::F16 {
+                    ("f16", "fattn_merge_f16")
+                } else {
+                    ("bf16", "fattn_merge_bf16")
+                };
+                let e2 = if variant.exp2() { "_e2" } else { "" };
+                (
+                    dp,
+                    1,
+                    64,
+                    256,
+                    32,
+                    wide_smem(dp),
+                    format!("fattn_{name}_wide{e2}"),
+                    merge,
+                )
             }
             DType::F16 | DType::BF16 => {
                 let dp = s.d.div_ceil(16) * 16;
@@ -145,6 +196,7 @@ impl Plan {
                     dp,
                     s.d.div_ceil(dvc),
                     16 * warps,
+                    32 * warps as u32,
                     bc,
                     smem_of(16 * warps),
                     kernel,
@@ -153,7 +205,6 @@ impl Plan {
             }
             _ => return None,
         };
-        let threads = if dtype == DType::F32 { THREADS } else { 2 * rows as u32 };
         let bh = s.b * s.h;
         let q_tiles = s.lq.div_ceil(rows);
         let key_tiles = s.lk.div_ceil(key_tile);
@@ -434,31 +485,51 @@ mod tests {
     }
 
     #[test]
-    fn vae_head_dim_512_takes_two_column_chunks_and_splits_keys() {
-        let dims = dims(1, 1, 4096, 4096, 512);
-        // Two blocks a SM (the swizzled tiles' 112 KiB; 242 registers): 264 places.
-        let p = auto(&dims, DType::F16, FusedVariant::Base, 2);
+    fn vae_head_dim_512_takes_the_wide_kernel_or_two_column_chunks() {
+        let vae = dims(1, 1, 4096, 4096, 512);
+        // The wide kernel: one 8-warp block a query tile, 133.5 KiB (one block a SM).
+        let p = auto(&vae, DType::F16, FusedVariant::Base, 1);
+        assert_eq!(
+            (p.kernel.as_str(), p.dp, p.chunks, p.threads),
+            ("fattn_f16_wide", 512, 1, 256)
+        );
+        assert_eq!(p.smem, (64 * 512 + 32 * 512 + 32 * 512 + 64 * 40) * 2 + 512);
+        assert!(
+            p.smem <= 163 * 1024,
+            "fits an A100's opt-in limit, and so an H100's: {p:?}"
+        );
+        // 64 query tiles on 132 places: 2 splits (128 blocks, one wave 97 % full).
+        assert_eq!((p.grid, p.splits, p.tiles_per_split), ((64, 1, 2), 2, 64));
+        // `chunked`: two column chunks of 256, each block recomputing q·kᵀ; two blocks a SM
+        // (the swizzled tiles' 112 KiB; 242 registers): 264 places.
+        let p = auto(&vae, DType::F16, FusedVariant::Chunked, 2);
         assert_eq!((p.kernel.as_str(), p.dp, p.chunks), ("fattn_f16_dv256", 512, 2));
         // 64 query tiles × 2 chunks = 128 blocks, under half of 264 places: the 128 key tiles
         // are split in 2 (256 blocks, one wave 97 % full; 3 would take 1.45 waves).
         assert_eq!(p.grid, (64, 2, 2));
         assert_eq!((p.splits, p.tiles_per_split), (2, 64));
-        assert!(p.smem <= H100.smem_optin);
         // Swizzled rows (no padding): two blocks fit an H100 SM's 228 KiB (1 KiB reserved each).
         assert_eq!(p.smem, (64 * 512 + 32 * 512 + 32 * 256) * 2);
         assert!(2 * (p.smem + 1024) <= 228 * 1024, "{p:?}");
+        // Head dims up to 256 are the same kernel under `base` and `chunked`.
+        let d256 = dims(1, 1, 4096, 4096, 256);
+        let base = Plan::new(&d256, DType::BF16, &H100, FusedVariant::Base).unwrap();
+        let chunked = Plan::new(&d256, DType::BF16, &H100, FusedVariant::Chunked).unwrap();
+        assert_eq!(
+            (base.kernel.as_str(), chunked.kernel.as_str()),
+            ("fattn_bf16_dv256", "fattn_bf16_dv256")
+        );
     }
 
     #[test]
     fn key_splits_fill_the_resident_places_in_whole_waves() {
         let vae = dims(1, 1, 4096, 4096, 512);
-        // One block a SM: 128 blocks fill 97 % of 132 places, no split.
-        assert_eq!(auto(&vae, DType::F16, FusedVariant::Base, 1).splits, 1);
-        // The VAE at 128²: 256 query tiles × 2 chunks = 512 blocks, more than a wave of 264.
-        assert_eq!(
-            auto(&dims(1, 1, 16384, 16384, 512), DType::F16, FusedVariant::Base, 2).splits,
-            1
-        );
+        // Column chunks on one block a SM: 128 blocks fill 97 % of 132 places, no split.
+        assert_eq!(auto(&vae, DType::F16, FusedVariant::Chunked, 1).splits, 1);
+        // The VAE at 128²: 256 query tiles, more than a wave of 132 (wide) or 264 (chunks).
+        let vae128 = dims(1, 1, 16384, 16384, 512);
+        assert_eq!(auto(&vae128, DType::F16, FusedVariant::Base, 1).splits, 1);
+        assert_eq!(auto(&vae128, DType::F16, FusedVariant::Chunked, 2).splits, 1);
         // SDXL's self-attention (20 heads × 16 query tiles = 320 blocks) on 4 blocks a SM (528
         // places, 61 % of a wave): 3 splits, 960 blocks, 1.82 waves.
         let sdxl = auto(&dims(1, 20, 1024, 1024, 64), DType::F16, FusedVariant::Base, 4);
@@ -522,8 +593,10 @@ mod tests {
         let p = plan(&H100, FusedVariant::Exp2);
         assert_eq!(
             (p.kernel.as_str(), p.threads, p.grid.0),
-            ("fattn_bf16_dv256_e2", 128, 64)
+            ("fattn_bf16_wide_e2", 256, 64)
         );
+        let p = plan(&H100, FusedVariant::Chunked);
+        assert_eq!((p.kernel.as_str(), p.threads, p.grid.0), ("fattn_bf16_dv256", 128, 64));
         // An A100's 163 KiB cannot hold the 8-warp tiles of head dim 512: 4 warps run.
         let a100 = GpuLimits {
             sms: 108,

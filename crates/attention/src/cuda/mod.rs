@@ -17,11 +17,14 @@
 //! p·v, the v tile during q·kᵀ); `mma.sync.m16n8k16` on `ldmatrix` fragments, f32 accumulation;
 //! running row max and sum (online softmax), one division at the end. The probabilities are
 //! rounded to f16/bf16 before p·v, as PyTorch's CUDA kernels do. Head dims 1 – 512 (padded with
-//! zeros to a multiple of 16 in shared memory); the output columns are computed in chunks of at
-//! most 256 (head dim 512: two thread blocks per query tile, each recomputing q·kᵀ). f32: plain
-//! FMA, no tensor cores. **Variants** ([`FusedVariant`], `UNET_ATTENTION_FUSED_VARIANT`): the
-//! f16/bf16 kernels also come with 8 warps (128 queries a block) and with the approximate `ex2`
-//! for the exponentials, to be timed against the default on a GPU. **Split-KV**: when
+//! zeros to a multiple of 16 in shared memory). Head dims over 256 (the VAE's 512) run the wide
+//! kernel (`kernels/attention_wide.cuh`): 8 warps on one 64-query tile, the two halves of each
+//! 16-row block splitting a key tile's scores (each computed once), sharing their rounded
+//! probabilities through shared memory and splitting the output columns. f32: plain FMA, no
+//! tensor cores. **Variants** ([`FusedVariant`], `UNET_ATTENTION_FUSED_VARIANT`): the f16/bf16
+//! kernels also come with 8 warps (128 queries a block), with the approximate `ex2` for the
+//! exponentials, and (`chunked`) with head dims over 256 as column chunks of 256, a thread block
+//! each recomputing q·kᵀ, to be timed against the default on a GPU. **Split-KV**: when
 //! (batch·heads·query tiles·chunks) fills less than 80 % of the blocks the GPU holds at once
 //! (SMs × the kernel's occupancy, from the driver), the key tiles are split over up to 64
 //! thread blocks per tile, as few as keep those places busy in whole waves, and a merge kernel
@@ -79,7 +82,7 @@ pub struct FusedOptions {
 }
 
 /// The f16/bf16 kernel variant `UNET_ATTENTION_FUSED_VARIANT` names (`base`, the default when
-/// unset or blank, `exp2`, `w8`, `w8-exp2`; see [`FusedVariant`]), read once; another value is an
+/// unset or blank, `exp2`, `w8`, `w8-exp2`, `chunked`; see [`FusedVariant`]), read once; another value is an
 /// error from every call. For timing the variants against each other on a GPU (the kit's
 /// `fusedcore` stage); the default stays `base` until such a run says otherwise.
 pub fn fused_variant() -> Result<FusedVariant> {

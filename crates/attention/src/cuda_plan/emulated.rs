@@ -269,8 +269,8 @@ fn check(cases: &[Case]) {
     }
 }
 
-/// The shapes of the mma kernels, in f16 and bf16: every column chunk (16 … 256, and 512 as two
-/// chunks), odd head dims (zero padding, element-wise copies), partial query and key tiles, one
+/// The shapes of the mma kernels, in f16 and bf16: every column chunk (16 … 256) and the wide
+/// kernel of head dims over 256 (300, 512), odd head dims (zero padding, element-wise copies), partial query and key tiles, one
 /// key, 77 keys, masks with wholly masked rows, strided inputs, forced and automatic split-KV.
 fn half_cases(dtype: DType) -> Vec<Case> {
     let c = |dims| case(dtype, dims);
@@ -326,6 +326,21 @@ fn half_cases(dtype: DType) -> Vec<Case> {
             seed: 4,
             ..c((1, 2, 70, 200, 64))
         },
+        // Head dims over 256 on the wide kernel (`base`): element-wise copies, a key-padding
+        // mask, split keys landing late, partial query and key tiles; strided 512 with a mask.
+        Case {
+            mask: Mask::KeyPadding,
+            splits: Some(3),
+            late_copies: true,
+            seed: 7,
+            ..c((1, 2, 70, 77, 300))
+        },
+        Case {
+            mask: Mask::Additive,
+            layout: Layout::TokensMajor,
+            seed: 8,
+            ..c((2, 1, 65, 40, 512))
+        },
     ]
 }
 
@@ -339,9 +354,9 @@ fn bf16_kernels_match_f64_attention() {
     check(&half_cases(DType::BF16));
 }
 
-/// The other variants (8 warps, `ex2`) on the shapes that stress what they change: a query
-/// tile that the 8-warp block covers partly, two column chunks, odd head dims, split keys,
-/// masks, a random schedule.
+/// The other variants (8 warps, `ex2`, column chunks over 256) on the shapes that stress what
+/// they change: a query tile that the 8-warp block covers partly, head dims over 256 (wide or
+/// in two column chunks), odd head dims, split keys, masks, a random schedule.
 #[test]
 fn kernel_variants_match_f64_attention() {
     let mut cases = vec![];
@@ -349,11 +364,14 @@ fn kernel_variants_match_f64_attention() {
         (DType::F16, FusedVariant::Exp2),
         (DType::F16, FusedVariant::Warps8),
         (DType::BF16, FusedVariant::Warps8Exp2),
+        (DType::BF16, FusedVariant::Chunked),
     ] {
-        // From the default kernel's cases: two column chunks, an odd head dim with element-wise
-        // copies, split keys with late copies; and a query tile the 8-warp block covers partly.
+        // From the default kernel's cases: head dim 512 (the wide kernel under `exp2`, two
+        // column chunks under the others), an odd head dim with element-wise copies, split keys
+        // with late copies, head dim 300 split and masked; and a query tile the 8-warp block
+        // covers partly.
         let base = half_cases(dtype);
-        cases.extend([&base[2], &base[4], &base[8]].map(|c| Case { variant, ..*c }));
+        cases.extend([&base[2], &base[4], &base[8], &base[11]].map(|c| Case { variant, ..*c }));
         cases.push(Case {
             mask: Mask::Additive,
             seed: 6,

@@ -37,8 +37,10 @@ const FLAG_SETS: [&[&str]; 2] = [
 ];
 
 /// What the runner is built from (relative to `kernels/`).
-const SOURCES: [&str; 4] = [
+const SOURCES: [&str; 6] = [
     "fused_attention.cu",
+    "attention_steps.cuh",
+    "attention_wide.cuh",
     "fused_layers.cu",
     "emu/cuda_emu.h",
     "emu/runner.cpp",

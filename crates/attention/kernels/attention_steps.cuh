@@ -1,0 +1,163 @@
+// The steps the two mma attention kernels share (`attention_mma` in fused_attention.cu and
+// `attention_wide` in attention_wide.cuh). Included by fused_attention.cu inside its anonymous
+// namespace, after `Args`, `SmemTile`, `load_tile16`, `store_out`, `store_ml`, `PutHalf` and
+// `exp_of`.
+//
+// A lane holds its warp's scores and outputs as m16n8 accumulator fragments: for each block j of
+// 8 columns, elements 0, 1 in row g = lane / 4 and 2, 3 in row g + 8, at columns 2·(lane % 4)
+// and + 1.
+
+// What the (batch, head) `bh` of a thread block reads: its q rows from query q0, k and v from
+// key 0, and its mask (null when there is none).
+struct HeadInputs {
+    const uint16_t* q;
+    const uint16_t* k;
+    const uint16_t* v;
+    const float* mask;
+};
+__device__ __forceinline__ HeadInputs head_inputs(const Args& a, int bh, int q0) {
+    const int b = bh / a.heads, h = bh % a.heads;
+    return HeadInputs{static_cast<const uint16_t*>(a.q) + b * a.q_sb + h * a.q_sh + q0 * a.q_sr,
+                      static_cast<const uint16_t*>(a.k) + b * a.k_sb + h * a.k_sh,
+                      static_cast<const uint16_t*>(a.v) + b * a.v_sb + h * a.v_sh,
+                      a.mask ? a.mask + b * a.m_sb + h * a.m_sh : nullptr};
+}
+
+// The key tiles [begin, end) of split `split` (tiles of `bc` keys).
+struct KeyTiles {
+    int begin, end;
+};
+__device__ __forceinline__ KeyTiles key_tiles(const Args& a, int split, int bc) {
+    const int tiles = (a.lk + bc - 1) / bc;
+    const int begin = split * a.tiles_per_split;
+    return KeyTiles{begin, min(tiles, begin + a.tiles_per_split)};
+}
+
+// The block's q tile (`br` queries from q0) and its first k tile (`bc` keys), copied as one
+// commit group.
+__device__ __forceinline__ void load_first_tiles(const SmemTile& qs, const SmemTile& ks, const HeadInputs& in,
+                                                 const Args& a, int q0, int br, int bc, KeyTiles range, bool vec) {
+    load_tile16(qs, in.q, a.q_sr, br, a.lq - q0, 0, a.dp, a.d, vec);
+    if (range.begin < range.end) {
+        const int kv0 = range.begin * bc;
+        load_tile16(ks, in.k + (long long)kv0 * a.k_sr, a.k_sr, bc, a.lk - kv0, 0, a.dp, a.d, vec);
+    }
+    cp_async_commit();
+}
+
+template <int N> __device__ __forceinline__ void zero_blocks(float o[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+}
+
+// s = q·kᵀ for the 16 query rows from `row0` of the q tile and the NJ·8 keys from `key0` of the
+// k tile, over the padded head dim `dp`.
+template <typename T, int NJ>
+__device__ __forceinline__ void scores(float s[NJ][4], const SmemTile& qs, const SmemTile& ks, int row0, int key0,
+                                       int dp, int lane) {
+    zero_blocks<NJ>(s);
+    for (int k0 = 0; k0 < dp; k0 += 16) {
+        uint32_t af[4];
+        ldsm_x4(af, qs.chunk(row0 + (lane % 8) + ((lane / 8) % 2) * 8, k0 + (lane / 16) * 8));
+#pragma unroll
+        for (int n = 0; n < NJ / 2; ++n) {
+            uint32_t bf[4];
+            ldsm_x4(bf, ks.chunk(key0 + n * 16 + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
+            T::mma(s[2 * n], af, bf[0], bf[1]);
+            T::mma(s[2 * n + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+// The scores of NJ column blocks from key `key0` on scaled, masked (keys past lk at −∞, plus the
+// additive mask) in place; each row's maximum over them, across the 4 lanes of the row.
+template <int NJ>
+__device__ __forceinline__ void mask_and_max(float s[NJ][4], float mx[2], const Args& a, const float* mg, int key0,
+                                             const int qrow[2], int t) {
+    mx[0] = mx[1] = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = e / 2, key = key0 + j * 8 + 2 * t + (e & 1);
+            float x = NEG_INF;
+            if (key < a.lk) {
+                x = s[j][e] * a.scale;
+                if (mg && qrow[r] < a.lq) x += mg[qrow[r] * a.m_sq + key * a.m_sk];
+            }
+            s[j][e] = x;
+            mx[r] = fmaxf(mx[r], x);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+    }
+}
+
+// The online softmax's step for a tile whose row maxima are `mx`: the running max `m` moves to
+// max(m, mx), `l` and the NO output blocks `o` are rescaled by e^(m_old − m_new), and `m_use` is
+// what to subtract from the tile's scores (0 while a row has no finite score).
+template <bool EXP2, int NO>
+__device__ __forceinline__ void rescale(float m[2], float l[2], float o[NO][4], const float mx[2], float m_use[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m[r], mx[r]);
+        m_use[r] = m_new == NEG_INF ? 0.f : m_new;
+        const float alpha = exp_of<EXP2>(m[r] - m_use[r]);
+        m[r] = m_new;
+        l[r] *= alpha;
+#pragma unroll
+        for (int j = 0; j < NO; ++j) {
+            o[j][2 * r] *= alpha;
+            o[j][2 * r + 1] *= alpha;
+        }
+    }
+}
+
+// p = e^(s − m_use) in place over NJ column blocks, summed (unrounded) into `l`.
+template <bool EXP2, int NJ>
+__device__ __forceinline__ void exponentiate(float s[NJ][4], const float m_use[2], float l[2]) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = exp_of<EXP2>(s[j][e] - m_use[e / 2]);
+            s[j][e] = p;
+            l[e / 2] += p;
+        }
+    }
+}
+
+// A row's sum across the 4 lanes that hold it.
+__device__ __forceinline__ void quad_sum(float l[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    }
+}
+
+// The NO output blocks from column col0 of rows `qrow` (divided by the row sums `l`, or into
+// the split workspace), and with `with_ml` (one lane of a row when the keys are split) the rows'
+// (m, l).
+template <typename T, int NO>
+__device__ __forceinline__ void store_rows(const Args& a, int bh, int split, const int qrow[2], int col0, int t,
+                                           const float o[NO][4], const float m[2], const float l[2], bool with_ml) {
+    const PutHalf<T> put{static_cast<uint16_t*>(a.out)};
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = e / 2, col = col0 + j * 8 + 2 * t + (e & 1);
+            if (qrow[r] < a.lq && col < a.d) store_out(a, bh, split, qrow[r], col, o[j][e], l[r], put);
+        }
+    }
+    if (a.splits > 1 && with_ml) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (qrow[r] < a.lq) store_ml(a, bh, split, qrow[r], m[r], l[r]);
+        }
+    }
+}
