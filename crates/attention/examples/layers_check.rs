@@ -9,7 +9,8 @@
 //!
 //! Cases: GroupNorm (32 groups, C 64 – 1280, spatial 1×1 – 128×128 and a partial last chunk,
 //! inputs with a mean per channel, with and without the pre-add, no swish (eps 1), `F.silu` and
-//! ldm's `y * sigmoid(y)` (eps 1e-6)); GEGLU and SwiGLU gates (n 320 – 5120,
+//! ldm's `y * sigmoid(y)` (eps 1e-6)); LayerNorm (n 320 – 1280 and an odd 333, with and
+//! without the affine); GEGLU and SwiGLU gates (n 320 – 5120,
 //! odd n too); the epilogue in token and channel layout with each optional part; `Projection`
 //! (tokens with the bias inside cuBLAS's sum, strided tokens and channels) and `ops::matmul` in half precision on CUDA (cuBLAS, no f32 copies)
 //! against the same calls on the CPU (f32 products, one rounding). Every case in f32, f16 and
@@ -48,7 +49,7 @@ mod gpu_check;
 mod gpu {
     use super::gpu_check::{median_ms, Report};
     use candle_core::{DType, Device, Result, Tensor};
-    use unet_attention::cuda::{epilogue, gated, group_norm, layers_built, BiasAxis, GateAct, NormAct};
+    use unet_attention::cuda::{epilogue, gated, group_norm, layer_norm, layers_built, BiasAxis, GateAct, NormAct};
 
     /// A seeded xorshift generator: N(0, 1) samples by Box–Muller.
     struct Rng(u64);
@@ -252,6 +253,52 @@ mod gpu {
                         })();
                         emit(r, line);
                     }
+                }
+            }
+        }
+    }
+
+    /// `nn.LayerNorm` over token rows of SD / SDXL widths (and an odd one), with and without the
+    /// affine, against f64 statistics of the stored inputs rounded once.
+    fn layer_norm_cases(
+        quick: bool,
+        dev: &Device,
+        rng: &mut Rng,
+        emit: &mut dyn FnMut(Result<serde_json::Value>, serde_json::Value),
+    ) {
+        let ns: &[usize] = if quick { &[320] } else { &[320, 333, 640, 1280] };
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for &n in ns {
+                for affine in [true, false] {
+                    let rows = 4096;
+                    let mut line = json_case(
+                        "layer_norm",
+                        dtype,
+                        serde_json::json!({"rows": rows, "n": n, "affine": affine}),
+                    );
+                    let r = (|| -> Result<serde_json::Value> {
+                        let (x, xs) = random(rng, &[2, rows / 2, n], dtype, 1.5, 2.0, dev)?;
+                        let (w, ws) = random(rng, &[n], DType::F32, 1.0, 1.0, dev)?;
+                        let (b, bs) = random(rng, &[n], DType::F32, 0.5, 0.0, dev)?;
+                        let pair = affine.then_some((&w, &b));
+                        let Some(got) = layer_norm(&x, pair, 1e-5)? else {
+                            candle_core::bail!("the kernel declined this case")
+                        };
+                        let mut want = Vec::with_capacity(rows * n);
+                        for row in xs.chunks(n) {
+                            let mean = row.iter().sum::<f64>() / n as f64;
+                            let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+                            let rstd = 1.0 / (var + 1e-5).sqrt();
+                            for (j, v) in row.iter().enumerate() {
+                                let y = (v - mean) * rstd;
+                                want.push(round(if affine { y * ws[j] + bs[j] } else { y }, dtype));
+                            }
+                        }
+                        let ms = median_ms(dev, || Ok(layer_norm(&x, pair, 1e-5)?.expect("ran above")))?;
+                        outcome(&mut line, compare(&got, &want, dtype)?, ms);
+                        Ok(line.clone())
+                    })();
+                    emit(r, line);
                 }
             }
         }
@@ -480,6 +527,7 @@ mod gpu {
             })
         };
         group_norm_cases(quick, &dev, &mut rng, &mut emit);
+        layer_norm_cases(quick, &dev, &mut rng, &mut emit);
         gated_cases(quick, &dev, &mut rng, &mut emit);
         epilogue_cases(quick, &dev, &mut rng, &mut emit);
         product_cases(quick, &dev, &mut rng, &mut emit);

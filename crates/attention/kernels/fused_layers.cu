@@ -1,5 +1,5 @@
 // Fused elementwise and normalisation layers for CUDA: GroupNorm (with an optional pre-add of a
-// per-(batch, channel) vector and an optional swish), the gated activations of a GEGLU/SwiGLU
+// per-(batch, channel) vector and an optional swish), LayerNorm, the gated activations of a GEGLU/SwiGLU
 // projection, and the bias + residual + rescale epilogue of a projection.
 //
 // Written for this project from the PyTorch ops' definitions; no code was copied. Arithmetic is
@@ -20,6 +20,9 @@
 //   `b = β[c] − mean·a` (PyTorch's per-channel scale and shift), rounded to T; `act` 1: `F.silu`
 //   of the rounded `y` (`y / (1 + exp(−y))`), 2: ldm's `y * torch.sigmoid(y)` (the sigmoid
 //   rounded to T, then the product rounded), each computed in f32. γ and β are f32.
+// * `ln_{ty}` (one GN_THREADS block a row, rows strided over grid x): `nn.LayerNorm` over the
+//   last dimension, two-pass mean and biased variance in f32, `(x − mean)·rstd·γ + β` in f32
+//   (γ, β f32, or none), rounded once to T (PyTorch's CUDA kernel: f32 statistics, one rounding).
 // * `gated_{ty}` (rows over grid y, columns over grid x): from `h` (rows, 2n) `[hidden | gate]`
 //   to (rows, n):
 //   `act(gate)` in f32 rounded to T, then `hidden · act` rounded: act 0 is the erf GELU
@@ -162,6 +165,32 @@ __device__ void gn_apply(const T* x, const T* add, const float* stats, const flo
     }
 }
 
+// `nn.LayerNorm` over rows of `n`: one block a row (rows over grid x, strided), two-pass mean
+// and biased variance in f32, `y = (x − mean)·rstd·γ + β` in f32, rounded once to T. γ and β f32,
+// both null without the affine.
+template <typename T>
+__device__ void layer_norm(const T* x, const float* gamma, const float* beta, T* out, long long rows, int n,
+                           float eps) {
+    __shared__ float red[32];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* row = x + r * n;
+        float sum = 0.f;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) sum += to_f32(row[j]);
+        const float mean = block_sum(sum, red) / (float)n;
+        float m2 = 0.f;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            const float d = to_f32(row[j]) - mean;
+            m2 = fmaf(d, d, m2);
+        }
+        const float rstd = 1.f / sqrtf(block_sum(m2, red) / (float)n + eps);
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            float y = (to_f32(row[j]) - mean) * rstd;
+            if (gamma != nullptr) y = fmaf(y, gamma[j], beta[j]);
+            out[r * n + j] = from_f32<T>(y);
+        }
+    }
+}
+
 // Rows over grid y (strided), columns over grid x and the threads: no division per element.
 template <typename T> __device__ void gated(const T* h, T* out, long long rows, int n, int act) {
     for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -225,6 +254,10 @@ extern "C" __global__ void gn_finalize(const float* part, float* stats, int n_gr
         gn_apply_##SUFFIX(const T* x, const T* add, const float* stats, const float* gamma, const float* beta,    \
                           T* out, int channels, int groups, int spatial, int tile, int act) {                    \
         gn_apply<T>(x, add, stats, gamma, beta, out, channels, groups, spatial, tile, act);                      \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(GN_THREADS)                                                     \
+        ln_##SUFFIX(const T* x, const float* gamma, const float* beta, T* out, long long rows, int n, float eps) {  \
+        layer_norm<T>(x, gamma, beta, out, rows, n, eps);                                                          \
     }                                                                                                            \
     extern "C" __global__ void gated_##SUFFIX(const T* h, T* out, long long rows, int n, int act) {              \
         gated<T>(h, out, rows, n, act);                                                                          \

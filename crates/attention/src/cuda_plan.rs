@@ -346,6 +346,11 @@ pub(crate) fn finalize_grid(groups_total: usize) -> (u32, u32, u32) {
     (groups_total.div_ceil(FINALIZE_THREADS as usize) as u32, 1, 1)
 }
 
+/// The grid of `ln_*`: one [`LAYER_THREADS`]-thread block a row (grid-strided past 65,535 rows).
+pub(crate) fn norm_rows_grid(rows: usize) -> (u32, u32, u32) {
+    (rows.clamp(1, MAX_BLOCKS) as u32, 1, 1)
+}
+
 /// A grid of [`LAYER_THREADS`]-thread blocks over `(rows, cols)` (`gated`, `epilogue`):
 /// columns over x and the threads, rows over y (both grid-strided past 65,535 blocks).
 pub(crate) fn row_grid(rows: usize, cols: usize) -> (u32, u32, u32) {

@@ -162,6 +162,12 @@ std::map<std::string, Binder> kernels() {
         a.done();                                                                                              \
         return [=] { gn_apply_##SFX(x, add, stats, gamma, beta, out, c, g, sp, tile, act); };                  \
     };                                                                                                         \
+    k["ln_" #SFX] = [](Args_& a) -> Call {                                                                     \
+        auto x = a.ptr<const T>(); auto gamma = a.ptr<const float>(); auto beta = a.ptr<const float>();         \
+        auto out = a.ptr<T>(); long long rows = a.i64(); int n = a.i32(); float eps = a.f32();                  \
+        a.done();                                                                                              \
+        return [=] { ln_##SFX(x, gamma, beta, out, rows, n, eps); };                                           \
+    };                                                                                                         \
     k["gated_" #SFX] = [](Args_& a) -> Call {                                                                  \
         auto h = a.ptr<const T>(); auto out = a.ptr<T>(); long long rows = a.i64(); int n = a.i32();            \
         int act = a.i32();                                                                                     \

@@ -1,5 +1,5 @@
 //! Fused layers on CUDA (`kernels/fused_layers.cu`): GroupNorm with an optional pre-add and
-//! swish ([`group_norm`]), the gated activations of GEGLU/SwiGLU ([`gated`]) and the bias +
+//! swish ([`group_norm`]), LayerNorm ([`layer_norm`]), the gated activations of GEGLU/SwiGLU ([`gated`]) and the bias +
 //! residual + rescale epilogue of a projection ([`epilogue`]). Each computes in f32 and rounds
 //! to the storage dtype (f32, f16 or bf16) exactly where PyTorch's chain of separate ops rounds
 //! in that dtype, so a fused call gives what the unfused ops give up to f32 evaluation order.
@@ -16,7 +16,7 @@
 //! on the CPU (the path the committed bundles have passed on an H100); `auto` (the default, also
 //! when unset or blank) is [`AUTO_PICKS_CUDA_LAYERS`]. Another value is an error from every call.
 
-use super::layers_launch::{self as launch, EpilogueOp, GatedOp, GroupNormOp};
+use super::layers_launch::{self as launch, EpilogueOp, GatedOp, GroupNormOp, LayerNormOp};
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::OnceLock;
 
@@ -153,6 +153,32 @@ pub fn group_norm(
             Some(NormAct::Silu) => 1,
             Some(NormAct::TimesSigmoid) => 2,
         },
+    };
+    Ok(Some(x.contiguous()?.apply_op1_no_bwd(&op)?))
+}
+
+/// `nn.LayerNorm(n, eps)` over the last dimension of `x` `(.., n)`, with `affine` `(weight,
+/// bias)` `(n,)` in f32 or without one. Matches PyTorch's CUDA `LayerNorm`: per-row mean and
+/// biased variance in f32 (two passes here, Welford's there), `(x − mean)·rstd·γ + β` in f32,
+/// rounded once to `x`'s dtype. One kernel where Candle's ops take ten passes over the tokens.
+pub fn layer_norm(x: &Tensor, affine: Option<(&Tensor, &Tensor)>, eps: f64) -> Result<Option<Tensor>> {
+    if !usable_device(x)? || x.rank() == 0 {
+        return Ok(None);
+    }
+    let n = x.dims()[x.rank() - 1];
+    if n == 0 || !fits_i32(n) {
+        return Ok(None);
+    }
+    let affine = match affine {
+        None => None,
+        Some((w, b)) => match (operand(w, x, DType::F32, n)?, operand(b, x, DType::F32, n)?) {
+            (Some(w), Some(b)) => Some((w, b)),
+            _ => return Ok(None),
+        },
+    };
+    let op = LayerNormOp {
+        affine,
+        eps: eps as f32,
     };
     Ok(Some(x.contiguous()?.apply_op1_no_bwd(&op)?))
 }

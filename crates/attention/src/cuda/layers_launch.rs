@@ -1,10 +1,12 @@
 //! Launching `kernels/fused_layers.cu` through Candle's CUDA device: one `CustomOp1` per layer
-//! ([`GroupNormOp`], [`GatedOp`], [`EpilogueOp`]), its other tensors carried in the op (as the
+//! ([`GroupNormOp`], [`LayerNormOp`], [`GatedOp`], [`EpilogueOp`]), its other tensors carried in the op (as the
 //! attention kernel carries its mask). The callers in [`super::layers`] have checked devices,
 //! dtypes, shapes and contiguity; the ops check again what a wrong launch would turn into an
 //! out-of-bounds access (storage kinds, contiguity, lengths).
 
-use crate::cuda_plan::{finalize_grid, group_grid, row_grid, stats_split, APPLY_TILE, FINALIZE_THREADS, LAYER_THREADS};
+use crate::cuda_plan::{
+    finalize_grid, group_grid, norm_rows_grid, row_grid, stats_split, APPLY_TILE, FINALIZE_THREADS, LAYER_THREADS,
+};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{
     CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop,
@@ -188,6 +190,55 @@ impl GroupNormOp {
     }
 }
 
+/// `nn.LayerNorm` over the last dim; see `layer_norm`.
+pub(crate) struct LayerNormOp {
+    /// `(γ, β)`, each `(n,)` f32, contiguous; `None` without the affine.
+    pub affine: Option<(Tensor, Tensor)>,
+    pub eps: f32,
+}
+
+impl LayerNormOp {
+    fn run<T: CudaDType + DeviceRepr>(&self, x: &CudaStorage, xl: &Layout) -> Result<CudaStorage> {
+        let dev = &x.device;
+        let stream = dev.cuda_stream();
+        let n = xl.dims().last().copied().unwrap_or(0);
+        let total = xl.shape().elem_count();
+        let affine_ok = self
+            .affine
+            .as_ref()
+            .is_none_or(|(g, b)| g.elem_count() == n && b.elem_count() == n);
+        if n == 0 || !affine_ok {
+            bail!("fused LayerNorm: operand sizes do not match x {:?}", xl.dims())
+        }
+        let rows = total / n;
+        let mut out = alloc_out::<T>(dev, total)?;
+        let (xp, _gx) = ptr(x, contiguous_start(xl, "x")?, &stream)?;
+        let stores = self
+            .affine
+            .as_ref()
+            .map(|(g, b)| [g, b].map(|t| t.storage_and_layout()));
+        let mut ptrs = [0u64; 2];
+        let mut guards = vec![];
+        for (i, (st, l)) in stores.iter().flatten().enumerate() {
+            let what = "a LayerNorm weight";
+            let (p, g) = ptr(cuda_of(st, what)?, contiguous_start(l, what)?, &stream)?;
+            ptrs[i] = p;
+            guards.push(g);
+        }
+        let (op, _go) = out.device_ptr_mut(&stream);
+        let (rows_i, n_i) = (rows as i64, n as i32);
+        let sfx = suffix(x.dtype()).unwrap_or("f32");
+        let f = dev.get_or_load_custom_func(&format!("ln_{sfx}"), MODULE, ptx()?)?;
+        let mut l = f.builder();
+        l.arg(&xp).arg(&ptrs[0]).arg(&ptrs[1]).arg(&op);
+        l.arg(&rows_i).arg(&n_i).arg(&self.eps);
+        // SAFETY: x and the output hold rows·n elements, γ and β n floats (or are null).
+        unsafe { l.launch(config(norm_rows_grid(rows), LAYER_THREADS)) }.w()?;
+        drop((_gx, guards, _go));
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+}
+
 /// `hidden · act(gate)` of a `[hidden | gate]` last dim; see `gated`.
 pub(crate) struct GatedOp {
     /// 0 erf GELU, 1 SiLU.
@@ -323,6 +374,10 @@ macro_rules! cuda_only_op {
 }
 
 cuda_only_op!(GroupNormOp, "unet-fused-group-norm", |s, st, l, T| Ok((
+    s.run::<T>(st, l)?,
+    l.shape().clone()
+)));
+cuda_only_op!(LayerNormOp, "unet-fused-layer-norm", |s, st, l, T| Ok((
     s.run::<T>(st, l)?,
     l.shape().clone()
 )));

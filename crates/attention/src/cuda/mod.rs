@@ -1,7 +1,7 @@
 //! This crate's own fused attention forward on CUDA (feature `cuda`): `softmax(q·kᵀ·scale +
 //! mask)·v` in one kernel, without the score matrix in memory; and its fused layers
-//! (`layers.rs`: GroupNorm with pre-add and swish, GEGLU/SwiGLU gates, the bias + residual +
-//! rescale epilogue; [`group_norm`], [`gated`], [`epilogue`]), and `nn.Linear` with its bias
+//! (`layers.rs`: GroupNorm with pre-add and swish, LayerNorm, GEGLU/SwiGLU gates, the bias +
+//! residual + rescale epilogue; [`group_norm`], [`layer_norm`], [`gated`], [`epilogue`]), and `nn.Linear` with its bias
 //! inside cuBLAS's f32 sum, as PyTorch's `addmm` ([`linear_with_bias`]).
 //!
 //! **Status: compiled in CI, never run on a GPU yet**; its source runs on the CPU under a CUDA
@@ -51,7 +51,8 @@ mod linear;
 pub mod memory;
 
 pub use layers::{
-    epilogue, gated, group_norm, layers_built, layers_enabled, BiasAxis, GateAct, NormAct, AUTO_PICKS_CUDA_LAYERS,
+    epilogue, gated, group_norm, layer_norm, layers_built, layers_enabled, BiasAxis, GateAct, NormAct,
+    AUTO_PICKS_CUDA_LAYERS,
 };
 
 pub use crate::cuda_plan::FusedVariant;

@@ -3,11 +3,13 @@
 //! `cuda::layers_launch`, and checked element by element against each layer computed here in
 //! f64 with the kernels' rounding points (the storage dtype wherever PyTorch's separate ops
 //! would round): GroupNorm with and without the pre-add, split and unsplit statistics, every
-//! activation; the GEGLU/SwiGLU gates; the bias + residual + rescale epilogue in both bias
-//! layouts. In f32, f16 and bf16.
+//! activation; LayerNorm with and without the affine; the GEGLU/SwiGLU gates; the bias +
+//! residual + rescale epilogue in both bias layouts. In f32, f16 and bf16.
 
 use super::emulator::{decode, elem_size, encode, normals, round, runner, Arg, Request};
-use super::{finalize_grid, group_grid, row_grid, stats_split, APPLY_TILE, FINALIZE_THREADS, LAYER_THREADS};
+use super::{
+    finalize_grid, group_grid, norm_rows_grid, row_grid, stats_split, APPLY_TILE, FINALIZE_THREADS, LAYER_THREADS,
+};
 use candle_core::DType;
 use std::path::Path;
 
@@ -211,6 +213,79 @@ fn run_row_kernel(
     let name = format!("{kernel}_{}", suffix(dtype));
     req.launch(&name, row_grid(rows, cols), LAYER_THREADS, 0, args);
     decode(dtype, &req.run(bin, &[out], what).remove(0))
+}
+
+/// `ln_*` as `LayerNormOp::run` launches it: `nn.LayerNorm` over rows of `n` (inputs with a mean
+/// of 3 a row, so that the centring matters), with f32 γ and β or without the affine.
+fn layer_norm(bin: &Path, dtype: DType, rows: usize, n: usize, affine: bool) -> f64 {
+    let x: Vec<f32> = normals((rows * 7 + n) as u64, rows * n, 1.5, dtype)
+        .iter()
+        .map(|v| round(dtype, v + 3.0))
+        .collect();
+    let gamma = normals(11, n, 1.0, DType::F32);
+    let beta = normals(12, n, 0.5, DType::F32);
+    let eps = 1e-5f32;
+    let mut req = Request::new(false, (rows + n) as u64);
+    let xb = req.data(encode(dtype, &x));
+    let (gb, bb) = if affine {
+        (
+            Some(req.data(encode(DType::F32, &gamma))),
+            Some(req.data(encode(DType::F32, &beta))),
+        )
+    } else {
+        (None, None)
+    };
+    let out = req.garbage(rows * n * elem_size(dtype));
+    let args = [
+        Arg::Buf(Some(xb)),
+        Arg::Buf(gb),
+        Arg::Buf(bb),
+        Arg::Buf(Some(out)),
+        Arg::I64(rows as i64),
+        Arg::I32(n as i32),
+        Arg::F32(eps),
+    ];
+    let what = format!("ln {dtype:?} ({rows}, {n}) affine {affine}");
+    req.launch(
+        &format!("ln_{}", suffix(dtype)),
+        norm_rows_grid(rows),
+        LAYER_THREADS,
+        0,
+        &args,
+    );
+    let got = decode(dtype, &req.run(bin, &[out], &what).remove(0));
+    let mut want = Vec::with_capacity(rows * n);
+    for row in x.chunks(n) {
+        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+        let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+        let rstd = 1.0 / (var + eps as f64).sqrt();
+        for (j, &v) in row.iter().enumerate() {
+            let y = (v as f64 - mean) * rstd;
+            let y = if affine {
+                y * gamma[j] as f64 + beta[j] as f64
+            } else {
+                y
+            };
+            want.push(round(dtype, y as f32) as f64);
+        }
+    }
+    error_in_eps(dtype, &got, &want, &what)
+}
+
+#[test]
+fn layer_norm_kernels_match_f64() {
+    let Some(bin) = runner() else { return };
+    for dtype in DTYPES {
+        // SD's and SDXL's widths, a row shorter than the block, an odd width with partial
+        // thread strides.
+        for (rows, n, affine) in [(6, 320, true), (3, 1280, true), (5, 77, false), (4, 1031, true)] {
+            let err = layer_norm(bin, dtype, rows, n, affine);
+            assert!(
+                err <= BOUND_EPS,
+                "ln {dtype:?} ({rows}, {n}) affine {affine}: error {err:.2} eps"
+            );
+        }
+    }
 }
 
 /// `gated_*` as `GatedOp::run` launches it: `hidden · act(gate)` of `[hidden | gate]` rows.

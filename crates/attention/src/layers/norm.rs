@@ -9,6 +9,7 @@ use crate::ops::{mul, upcast};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder};
+use std::sync::{Arc, OnceLock};
 
 /// `nn.GroupNorm(num_groups, channels, eps, affine=True)` over dimension 1 of `(B, C, ...)`
 /// (see [`GroupNorm`]).
@@ -18,12 +19,16 @@ pub fn group_norm(vb: VarBuilder, block: &'static str, groups: usize, channels: 
 
 /// `nn.LayerNorm(dim, eps, elementwise_affine)` over the last dimension: two-pass mean and
 /// biased variance, then the affine, all in at least f32 (as PyTorch's CPU kernel), cast back.
-/// Keys `weight`, `bias` when `affine`.
+/// Keys `weight`, `bias` when `affine`. On CUDA with the CUDA layers on, one fused kernel of
+/// the same arithmetic (`unet_attention::cuda::layer_norm` (feature `cuda`)).
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
     weight: Option<Tensor>,
     bias: Option<Tensor>,
     eps: f64,
+    /// The affine in f32 for the CUDA kernel, made on its first call and shared by clones.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    affine_f32: Arc<OnceLock<Option<(Tensor, Tensor)>>>,
 }
 
 impl LayerNorm {
@@ -33,12 +38,47 @@ impl LayerNorm {
         } else {
             (None, None)
         };
-        Ok(Self { weight, bias, eps })
+        Ok(Self {
+            weight,
+            bias,
+            eps,
+            affine_f32: Arc::default(),
+        })
+    }
+
+    /// The fused CUDA kernel where it applies (CUDA, the CUDA layers on, no stage trace being
+    /// recorded: a trace keeps the reference path); `None` elsewhere.
+    fn fused_cuda(&self, x: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        if !x.device().is_cuda() || crate::trace::enabled() {
+            return Ok(None);
+        }
+        self.fused_cuda_kernel(x)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn fused_cuda_kernel(&self, x: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let affine = match (&self.weight, &self.bias, self.affine_f32.get()) {
+            (Some(_), Some(_), Some(pair)) => pair.clone(),
+            (Some(w), Some(b), None) => {
+                let pair = Some((w.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?));
+                self.affine_f32.get_or_init(|| pair).clone()
+            }
+            _ => None,
+        };
+        crate::cuda::layer_norm(x, affine.as_ref().map(|(w, b)| (w, b)), self.eps)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn fused_cuda_kernel(&self, _x: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(None)
     }
 }
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if let Some(y) = self.fused_cuda(x)? {
+            return Ok(y);
+        }
         let dtype = x.dtype();
         let compute = crate::ops::compute_dtype(dtype);
         let x = x.to_dtype(compute)?;
