@@ -6,8 +6,9 @@
 //! on CUDA is either cuBLASLt with its bias epilogue or cuBLAS's `C = A·B + β·C` over a copy of
 //! the bias (β = 1); both sum the bias into the f32 accumulator and round once. A product
 //! rounded to f16 and then added to the bias rounds twice. Here: the bias broadcast to the
-//! output's rows, then `cublasGemmEx` with β = 1 over it (f32 compute type, the path PyTorch
-//! takes without cuBLASLt).
+//! output's rows, then `cublasGemmEx` with β = 1 over it, in place (f32 compute type, the path
+//! PyTorch takes without cuBLASLt): one pass over the output more than the product alone, as
+//! the separate bias add it replaces.
 //!
 //! **Status: compiled in CI, never run on a GPU yet**; the GPU kit's `layers` stage
 //! (`examples/layers_check.rs`, "projection") checks it against the CPU's f32 product and bias
@@ -16,7 +17,7 @@
 use candle_core::cuda::cudarc::cublas::{sys, CudaBlas, Gemm, GemmConfig};
 use candle_core::cuda::cudarc::driver::{CudaSlice, DeviceRepr};
 use candle_core::cuda::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
-use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{bail, CpuStorage, DType, InplaceOp3, Layout, Result, Tensor, D};
 
 /// `x · weightᵀ + bias` on `x`'s last dimension, `(.., in)` → `(.., out)`, in `x`'s dtype with
 /// the bias inside cuBLAS's f32 sum (see the module docs). `None` where it does not apply: not
@@ -39,97 +40,97 @@ pub fn linear_with_bias(x: &Tensor, weight: &Tensor, bias: &Tensor) -> Result<Op
         return Ok(None);
     }
     let rows = x.contiguous()?.reshape((m, k))?;
-    let start = bias.broadcast_as((m, n))?.contiguous()?;
-    let y = rows.apply_op3_no_bwd(&weight.contiguous()?, &start, &BiasedGemm)?;
+    // The output starts as the bias in every row, in storage of its own (a broadcast made
+    // contiguous is a copy; one row is copied explicitly, as its view would be the bias's).
+    let out = if m > 1 {
+        bias.broadcast_as((m, n))?.contiguous()?
+    } else {
+        bias.reshape((1, n))?.copy()?
+    };
+    out.inplace_op3(&rows, &weight.contiguous()?, &AccumulateProduct)?;
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("rank ≥ 1") = n;
-    Ok(Some(y.reshape(dims)?))
+    Ok(Some(out.reshape(dims)?))
 }
 
-/// `(rows (m, k), weight (n, k), start (m, n))` → `rows · weightᵀ + start` in one GEMM with β = 1,
-/// into a new tensor (the start is copied first: it may share the bias's storage).
-struct BiasedGemm;
+/// `out (m, n) += rows (m, k) · weightᵀ (weight (n, k))` in one GEMM with β = 1, in place.
+struct AccumulateProduct;
 
-impl CustomOp3 for BiasedGemm {
+impl InplaceOp3 for AccumulateProduct {
     fn name(&self) -> &'static str {
         "unet-linear-with-bias"
     }
 
     fn cpu_fwd(
         &self,
-        _: &CpuStorage,
+        _: &mut CpuStorage,
         _: &Layout,
         _: &CpuStorage,
         _: &Layout,
         _: &CpuStorage,
         _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    ) -> Result<()> {
         bail!("linear_with_bias runs on CUDA only")
     }
 
     fn cuda_fwd(
         &self,
+        out: &mut CudaStorage,
+        ol: &Layout,
         x: &CudaStorage,
         xl: &Layout,
         w: &CudaStorage,
         wl: &Layout,
-        c: &CudaStorage,
-        cl: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
+    ) -> Result<()> {
         let (m, k) = xl.shape().dims2()?;
         let (n, _) = wl.shape().dims2()?;
-        if !xl.is_contiguous() || !wl.is_contiguous() || !cl.is_contiguous() || cl.dims() != [m, n] {
+        if !xl.is_contiguous() || !wl.is_contiguous() || !ol.is_contiguous() || ol.dims() != [m, n] {
             bail!(
-                "linear_with_bias: expected contiguous (m, k), (n, k), (m, n) operands, found {:?}, {:?}, {:?}",
+                "linear_with_bias: expected contiguous (m, n), (m, k), (n, k) operands, found {:?}, {:?}, {:?}",
+                ol.dims(),
                 xl.dims(),
-                wl.dims(),
-                cl.dims()
+                wl.dims()
             )
         }
         let at = Offsets {
+            out: ol.start_offset(),
             x: xl.start_offset(),
             w: wl.start_offset(),
-            c: cl.start_offset(),
         };
-        let dev = &x.device;
-        let out = match (&x.slice, &w.slice, &c.slice) {
-            (CudaStorageSlice::F16(xs), CudaStorageSlice::F16(ws), CudaStorageSlice::F16(cs)) => {
-                gemm(dev, (xs, ws, cs), at, (m, n, k), half::f16::ONE)?
+        let dev = x.device.clone();
+        match (&mut out.slice, &x.slice, &w.slice) {
+            (CudaStorageSlice::F16(os), CudaStorageSlice::F16(xs), CudaStorageSlice::F16(ws)) => {
+                gemm(&dev, (os, xs, ws), at, (m, n, k), half::f16::ONE)
             }
-            (CudaStorageSlice::BF16(xs), CudaStorageSlice::BF16(ws), CudaStorageSlice::BF16(cs)) => {
-                gemm(dev, (xs, ws, cs), at, (m, n, k), half::bf16::ONE)?
+            (CudaStorageSlice::BF16(os), CudaStorageSlice::BF16(xs), CudaStorageSlice::BF16(ws)) => {
+                gemm(&dev, (os, xs, ws), at, (m, n, k), half::bf16::ONE)
             }
             _ => bail!("linear_with_bias: expected three f16 or three bf16 operands"),
-        };
-        Ok((out, Shape::from((m, n))))
+        }
     }
 }
 
 /// Where each operand starts in its storage, in elements.
 #[derive(Clone, Copy)]
 struct Offsets {
+    out: usize,
     x: usize,
     w: usize,
-    c: usize,
 }
 
-/// The start copied into a new `(m, n)` buffer, then `buffer = x · wᵀ + buffer` by cuBLAS
-/// (column-major: `bufferᵀ (n × m) = w (op T of the k × n view) · xᵀ (k × m)`), α = β = 1, f32
-/// compute type (cudarc's `Gemm` for f16/bf16).
+/// `out = x · wᵀ + out` by cuBLAS (column-major: `outᵀ (n × m) = w (op T of the k × n view) ·
+/// xᵀ (k × m) + outᵀ`), α = β = 1, f32 compute type (cudarc's `Gemm` for f16/bf16).
 fn gemm<T>(
     dev: &CudaDevice,
-    (x, w, c): (&CudaSlice<T>, &CudaSlice<T>, &CudaSlice<T>),
+    (out, x, w): (&mut CudaSlice<T>, &CudaSlice<T>, &CudaSlice<T>),
     at: Offsets,
     (m, n, k): (usize, usize, usize),
     one: T,
-) -> Result<CudaStorage>
+) -> Result<()>
 where
-    T: DeviceRepr + candle_core::cuda::CudaDType + Copy,
+    T: DeviceRepr + Copy,
     CudaBlas: Gemm<T>,
 {
-    // SAFETY: every element is written by the copy below before it is read.
-    let mut out = unsafe { dev.alloc::<T>(m * n)? };
-    dev.memcpy_dtod(&c.slice(at.c..at.c + m * n), &mut out)?;
     let cfg = GemmConfig {
         transa: sys::cublasOperation_t::CUBLAS_OP_T,
         transb: sys::cublasOperation_t::CUBLAS_OP_N,
@@ -144,16 +145,16 @@ where
     };
     let blas = dev.cublas_handle();
     // SAFETY: `w` holds n rows of k, `x` m rows of k and `out` m rows of n elements from the
-    // given offsets (checked contiguous by the caller), which is what the leading dimensions
-    // above describe; cuBLAS runs on the device's stream, as Candle's own GEMMs.
+    // given offsets (checked contiguous above), which is what the leading dimensions describe;
+    // cuBLAS runs on the device's stream, as Candle's own GEMMs.
     unsafe {
         blas.gemm(
             cfg,
             &w.slice(at.w..at.w + n * k),
             &x.slice(at.x..at.x + m * k),
-            &mut out,
+            &mut out.slice_mut(at.out..at.out + m * n),
         )
     }
     .w()?;
-    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    Ok(())
 }
