@@ -11,6 +11,9 @@ use candle_core::cuda::cudarc::driver::{
 use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 include!(concat!(env!("OUT_DIR"), "/fused_ptx.rs"));
 
 /// The name Candle's device caches the loaded PTX module under.
@@ -39,16 +42,26 @@ pub(crate) fn gpu_limits(dev: &CudaDevice) -> Result<Option<GpuLimits>> {
 /// it from the kernel's registers and the plan's shared memory
 /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`); at least 1. Where the driver cannot say,
 /// 2 (the number the key splits were planned for before this query).
+/// Asked once per device, kernel and shared memory size (a few driver calls), then remembered.
 pub(crate) fn blocks_per_sm(dev: &CudaDevice, plan: &Plan) -> Result<usize> {
+    type Key = (candle_core::cuda::DeviceId, String, usize);
+    static KNOWN: OnceLock<Mutex<HashMap<Key, usize>>> = OnceLock::new();
+    let known = KNOWN.get_or_init(Mutex::default);
+    let key = (dev.id(), plan.kernel.clone(), plan.smem);
+    if let Some(&n) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(n);
+    }
     let Some(ptx) = PTX else {
         bail!("fused attention: this build has no PTX (CUDA_COMPUTE_CAP below 8.0)")
     };
     let func = dev.get_or_load_custom_func(&plan.kernel, MODULE, ptx)?;
     allow_shared_memory(dev, &func, plan.smem)?;
     dev.cuda_stream().context().bind_to_thread().w()?;
-    Ok(func
+    let n = func
         .occupancy_max_active_blocks_per_multiprocessor(plan.threads, plan.smem, None)
-        .map_or(2, |n| (n as usize).max(1)))
+        .map_or(2, |n| (n as usize).max(1));
+    known.lock().unwrap_or_else(|e| e.into_inner()).insert(key, n);
+    Ok(n)
 }
 
 /// Raises `func`'s dynamic shared memory limit to `smem` bytes where that is over the default
