@@ -14,11 +14,13 @@
 // computes p·v over all BC keys for its own 256 output columns (h·256 …). The row sums are
 // kept per half (over its own keys, with the common running maximum) and added at the end.
 // Shared memory: q (64 × dp), one k tile (BC × dp), one v tile (BC × 512), the p tile (64 × BC)
-// and 2 × 64 floats; 133.5 KiB at head dim 512 (one block, 8 warps, a SM on an H100 or A100).
+// and 2 × 64 floats: at head dim 512, 200.5 KiB with key tiles of 64 (an H100's opt-in limit is
+// 227 KiB) and 133.5 KiB with tiles of 32 (an A100's is 163 KiB); one block, 8 warps, a SM.
+// Tiles of 64 read each q fragment from shared memory for 32 keys a warp instead of 16.
 
-template <typename T, bool EXP2>
+template <typename T, int BC, bool EXP2>
 __device__ void attention_wide(const Args a) {
-    constexpr int BR = 64, BC = 32, HALF = BC / 2, DVC = 256;
+    constexpr int BR = 64, HALF = BC / 2, DVC = 256;
     uint16_t* smem = dynamic_smem<uint16_t>();
     const SmemTile qs = smem_tile(smem, a.dp);
     const SmemTile ks = smem_tile(qs.base + BR * qs.stride, a.dp);
@@ -68,9 +70,9 @@ __device__ void attention_wide(const Args a) {
         exponentiate<EXP2, HALF / 8>(s, m_use, l);
 #pragma unroll
         for (int j = 0; j < HALF / 8; ++j) {
-            const int c = key_off + j * 8 + 2 * t;
-            *reinterpret_cast<uint32_t*>(ps.base + local[0] * ps.stride + c) = T::pack(s[j][0], s[j][1]);
-            *reinterpret_cast<uint32_t*>(ps.base + local[1] * ps.stride + c) = T::pack(s[j][2], s[j][3]);
+            const int c = key_off + j * 8; // this block's 8 keys: one 16-byte chunk of a p row
+            *reinterpret_cast<uint32_t*>(ps.chunk(local[0], c) + 2 * t) = T::pack(s[j][0], s[j][1]);
+            *reinterpret_cast<uint32_t*>(ps.chunk(local[1], c) + 2 * t) = T::pack(s[j][2], s[j][3]);
         }
 
         cp_async_wait_all();

@@ -23,7 +23,7 @@
 //   256) and doubles the CTAs where there are few. The probabilities `exp(s − m)` are rounded to
 //   the input dtype before p·v (PyTorch's GPU kernels do so); the row sum `l` is taken before
 //   rounding; `m` is the running maximum.
-// * `fattn_{f16,bf16}_wide[_e2]` (attention_wide.cuh): head dims over 256 (the VAE's 512) as
+// * `fattn_{f16,bf16}_wide[32][_e2]` (attention_wide.cuh): head dims over 256 (the VAE's 512) as
 //   8 warps on one tile of 64 queries: the two halves of each 16-row block split the keys of a
 //   tile for q·kᵀ (each score computed once, where the column chunks above compute it twice),
 //   share their rounded probabilities through shared memory and split the 512 output columns
@@ -301,7 +301,7 @@ __device__ void attention_mma(const Args a) {
     store_rows<T, DVC / 8>(a, bh, split, qrow, col0, t, o, m, l, chunk == 0 && t == 0);
 }
 
-#include "attention_wide.cuh" // head dims over 256 in one block: attention_wide<T, EXP2>
+#include "attention_wide.cuh" // head dims over 256 in one block: attention_wide<T, BC, EXP2>
 
 // f32: RW query rows a warp, key tiles of 32 (one key a lane for q·kᵀ), NI output columns a lane.
 template <int NI, int RW>
@@ -454,14 +454,15 @@ __device__ void merge_rows(const float* ws_o, const float* ws_ml, int rows, int 
 
 FATTN_MMA_FAMILIES(FATTN_MMA_FAMILY)
 
-// Head dims over 256: 8 warps sharing one 64-query tile, q·kᵀ once (attention_wide.cuh).
+// Head dims over 256: 8 warps sharing one 64-query tile, q·kᵀ once (attention_wide.cuh); key
+// tiles of 64 (`_wide`) or, where that shared memory does not fit, 32 (`_wide32`).
+#define FATTN_WIDE_KERNEL(NAME, T, BC, EXP2)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const Args a) { attention_wide<T, BC, EXP2>(a); }
 #define FATTN_WIDE(TY, T)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256) fattn_##TY##_wide(const Args a) {                        \
-        attention_wide<T, false>(a);                                                                           \
-    }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(256) fattn_##TY##_wide_e2(const Args a) {                     \
-        attention_wide<T, true>(a);                                                                            \
-    }
+    FATTN_WIDE_KERNEL(fattn_##TY##_wide, T, 64, false)                                                         \
+    FATTN_WIDE_KERNEL(fattn_##TY##_wide_e2, T, 64, true)                                                       \
+    FATTN_WIDE_KERNEL(fattn_##TY##_wide32, T, 32, false)                                                       \
+    FATTN_WIDE_KERNEL(fattn_##TY##_wide32_e2, T, 32, true)
 
 FATTN_WIDE(f16, F16)
 FATTN_WIDE(bf16, BF16)

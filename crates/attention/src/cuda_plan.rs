@@ -84,12 +84,18 @@ impl FusedVariant {
     }
 }
 
-/// Shared memory of the wide kernel (`kernels/attention_wide.cuh`) at padded head dim `dp`:
-/// q (64 × dp), a k tile (32 × dp), a v tile (32 × 512), the p tile (64 × 32, rows padded to 40)
-/// in 16-bit elements, and 2 × 64 f32 row maxima / sums.
-fn wide_smem(dp: usize) -> usize {
+/// Shared memory of the wide kernel (`kernels/attention_wide.cuh`) at padded head dim `dp` with
+/// key tiles of `bc`: q (64 × dp), a k tile (bc × dp), a v tile (bc × 512), the p tile (64 × bc)
+/// in 16-bit elements, rows stored as `smem_tile` does, and 2 × 64 f32 row maxima / sums.
+fn wide_smem(dp: usize, bc: usize) -> usize {
     let row = |cols: usize| if cols.is_multiple_of(64) { cols } else { cols + 8 };
-    (64 * row(dp) + 32 * row(dp) + 32 * row(512) + 64 * row(32)) * 2 + 2 * 64 * 4
+    (64 * row(dp) + bc * row(dp) + bc * row(512) + 64 * row(bc)) * 2 + 2 * 64 * 4
+}
+
+/// The wide kernel's key tile at padded head dim `dp`: 64 where its shared memory fits the GPU,
+/// else 32 where that fits; `None` where neither does.
+fn wide_tile(dp: usize, gpu: &GpuLimits) -> Option<usize> {
+    [64, 32].into_iter().find(|&bc| wide_smem(dp, bc) <= gpu.smem_optin)
 }
 
 /// What the plan needs to know of the GPU.
@@ -151,25 +157,19 @@ impl Plan {
                 )
             }
             DType::F16 | DType::BF16
-                if s.d > 256 && variant.wide() && wide_smem(s.d.div_ceil(16) * 16) <= gpu.smem_optin =>
+                if s.d > 256 && variant.wide() && wide_tile(s.d.div_ceil(16) * 16, gpu).is_some() =>
             {
                 let dp = s.d.div_ceil(16) * 16;
+                let bc = wide_tile(dp, gpu)?;
                 let (name, merge) = if dtype == DType::F16 {
                     ("f16", "fattn_merge_f16")
                 } else {
                     ("bf16", "fattn_merge_bf16")
                 };
+                let tile = if bc == 64 { "" } else { "32" };
                 let e2 = if variant.exp2() { "_e2" } else { "" };
-                (
-                    dp,
-                    1,
-                    64,
-                    256,
-                    32,
-                    wide_smem(dp),
-                    format!("fattn_{name}_wide{e2}"),
-                    merge,
-                )
+                let kernel = format!("fattn_{name}_wide{tile}{e2}");
+                (dp, 1, 64, 256, bc, wide_smem(dp, bc), kernel, merge)
             }
             DType::F16 | DType::BF16 => {
                 let dp = s.d.div_ceil(16) * 16;
@@ -492,19 +492,26 @@ mod tests {
     #[test]
     fn vae_head_dim_512_takes_the_wide_kernel_or_two_column_chunks() {
         let vae = dims(1, 1, 4096, 4096, 512);
-        // The wide kernel: one 8-warp block a query tile, 133.5 KiB (one block a SM).
+        // The wide kernel: one 8-warp block a query tile, key tiles of 64, 200.5 KiB (one
+        // block a SM).
         let p = auto(&vae, DType::F16, FusedVariant::Base, 1);
         assert_eq!(
-            (p.kernel.as_str(), p.dp, p.chunks, p.threads),
-            ("fattn_f16_wide", 512, 1, 256)
+            (p.kernel.as_str(), p.dp, p.chunks, p.threads, p.key_tile),
+            ("fattn_f16_wide", 512, 1, 256, 64)
         );
+        assert_eq!(p.smem, (64 * 512 + 64 * 512 + 64 * 512 + 64 * 64) * 2 + 512);
+        assert!(p.smem <= H100.smem_optin, "{p:?}");
+        // 64 query tiles on 132 places: 2 splits of the 64 key tiles (128 blocks, one wave
+        // 97 % full).
+        assert_eq!((p.grid, p.splits, p.tiles_per_split), ((64, 1, 2), 2, 32));
+        // An A100's 163 KiB: key tiles of 32, 133.5 KiB.
+        let a100 = GpuLimits {
+            sms: 108,
+            smem_optin: 163 * 1024,
+        };
+        let p = Plan::new(&vae, DType::BF16, &a100, FusedVariant::Exp2).unwrap();
+        assert_eq!((p.kernel.as_str(), p.key_tile), ("fattn_bf16_wide32_e2", 32));
         assert_eq!(p.smem, (64 * 512 + 32 * 512 + 32 * 512 + 64 * 40) * 2 + 512);
-        assert!(
-            p.smem <= 163 * 1024,
-            "fits an A100's opt-in limit, and so an H100's: {p:?}"
-        );
-        // 64 query tiles on 132 places: 2 splits (128 blocks, one wave 97 % full).
-        assert_eq!((p.grid, p.splits, p.tiles_per_split), ((64, 1, 2), 2, 64));
         // `chunked`: two column chunks of 256, each block recomputing q·kᵀ; two blocks a SM
         // (the swizzled tiles' 112 KiB; 242 registers): 264 places.
         let p = auto(&vae, DType::F16, FusedVariant::Chunked, 2);

@@ -135,6 +135,8 @@ std::map<std::string, Binder> kernels() {
     ATTENTION(fattn_f32_ni1) ATTENTION(fattn_f32_ni2) ATTENTION(fattn_f32_ni4) ATTENTION(fattn_f32_ni8)
     ATTENTION(fattn_f32_ni16)
     ATTENTION(fattn_f16_wide) ATTENTION(fattn_f16_wide_e2) ATTENTION(fattn_bf16_wide) ATTENTION(fattn_bf16_wide_e2)
+    ATTENTION(fattn_f16_wide32) ATTENTION(fattn_f16_wide32_e2) ATTENTION(fattn_bf16_wide32)
+    ATTENTION(fattn_bf16_wide32_e2)
 #undef ATTENTION_FAMILY
 #undef ATTENTION_VARIANT
 #undef ATTENTION

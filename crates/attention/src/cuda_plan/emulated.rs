@@ -22,6 +22,12 @@ const H100: GpuLimits = GpuLimits {
     smem_optin: 227 * 1024,
 };
 
+/// An A100's limits: 163 KiB a block (the wide kernel's key tiles of 32, `_wide32`).
+const A100: GpuLimits = GpuLimits {
+    sms: 108,
+    smem_optin: 163 * 1024,
+};
+
 /// How q, k and v lie in memory, as (B, H, L, D) strides.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Layout {
@@ -74,6 +80,8 @@ struct Case {
     variant: FusedVariant,
     /// Gives the kernel a scale 30 % off the reference's (to show that the check can fail).
     wrong_scale: bool,
+    /// The plan's GPU: an H100, or ([`A100`]) one with less shared memory a block.
+    gpu: GpuLimits,
 }
 
 fn case(dtype: DType, (b, h, lq, lk, d): (usize, usize, usize, usize, usize)) -> Case {
@@ -88,6 +96,7 @@ fn case(dtype: DType, (b, h, lq, lk, d): (usize, usize, usize, usize, usize)) ->
         q_gain: 1.0,
         variant: FusedVariant::Base,
         wrong_scale: false,
+        gpu: H100,
     }
 }
 
@@ -172,10 +181,10 @@ fn reference(c: &Case, q: &Input, k: &Input, v: &Input, m: Option<&(Vec<f32>, [i
 /// on NaN or a failed run.
 fn run(bin: &Path, c: &Case) -> (f64, Plan, Traffic) {
     let Dims { b, h, lq, lk, d } = c.dims;
-    let plan = Plan::new(&c.dims, c.dtype, &H100, c.variant)
+    let plan = Plan::new(&c.dims, c.dtype, &c.gpu, c.variant)
         .and_then(|p| {
-            // Automatic splits as on an H100 with two blocks a SM.
-            let splits = c.splits.unwrap_or_else(|| p.auto_splits(2 * H100.sms));
+            // Automatic splits as on that GPU with two blocks a SM.
+            let splits = c.splits.unwrap_or_else(|| p.auto_splits(2 * c.gpu.sms));
             p.split_keys(splits)
         })
         .unwrap_or_else(|| panic!("no plan for {c:?}"));
@@ -340,6 +349,15 @@ fn half_cases(dtype: DType) -> Vec<Case> {
             layout: Layout::TokensMajor,
             seed: 8,
             ..c((2, 1, 65, 40, 512))
+        },
+        // The wide kernel with key tiles of 32 (an A100's shared memory): partial tiles, split
+        // keys landing late.
+        Case {
+            gpu: A100,
+            splits: Some(2),
+            late_copies: true,
+            seed: 9,
+            ..c((1, 1, 70, 100, 512))
         },
     ]
 }
