@@ -133,76 +133,104 @@ pub(crate) struct Plan {
     pub tiles_per_split: usize,
 }
 
+/// The attention kernel a call runs and its tiling, as [`Plan::new`] chooses it.
+struct Kernel {
+    /// The head dim padded to the mma's 16 (f32: the head dim).
+    dp: usize,
+    /// Output-column chunks (thread blocks a query tile).
+    chunks: usize,
+    /// Queries a thread block.
+    rows: usize,
+    threads: u32,
+    /// Keys a key tile.
+    key_tile: usize,
+    /// Dynamic shared memory of one block, in bytes.
+    smem: usize,
+    kernel: String,
+    merge: &'static str,
+}
+
+impl Kernel {
+    /// `fattn_f32_ni{N}`: N output columns a lane, 16 query rows a block (8 past head dim 128).
+    fn f32(d: usize) -> Kernel {
+        let ni = d.div_ceil(32).next_power_of_two();
+        let rows = if ni <= 4 { 16 } else { 8 };
+        Kernel {
+            dp: d,
+            chunks: 1,
+            rows,
+            threads: THREADS,
+            key_tile: 32,
+            smem: (rows * d + 32 * (d | 1) + 32 * d) * 4,
+            kernel: format!("fattn_f32_ni{ni}"),
+            merge: "fattn_merge_f32",
+        }
+    }
+
+    /// The f16/bf16 mma kernel of `variant`: the wide kernel for head dims over 256 where the
+    /// variant takes it and its shared memory fits, else the column-chunk kernel.
+    fn half(d: usize, dtype: DType, gpu: &GpuLimits, variant: FusedVariant) -> Kernel {
+        let dp = d.div_ceil(16) * 16;
+        let (name, merge) = if dtype == DType::F16 {
+            ("f16", "fattn_merge_f16")
+        } else {
+            ("bf16", "fattn_merge_bf16")
+        };
+        let e2 = if variant.exp2() { "_e2" } else { "" };
+        if let Some(bc) = wide_tile(dp, gpu).filter(|_| d > 256 && variant.wide()) {
+            let tile = if bc == 64 { "" } else { "32" };
+            return Kernel {
+                dp,
+                chunks: 1,
+                rows: 64,
+                threads: 256,
+                key_tile: bc,
+                smem: wide_smem(dp, bc),
+                kernel: format!("fattn_{name}_wide{tile}{e2}"),
+                merge,
+            };
+        }
+        let dvc = DVCS.into_iter().find(|&c| c >= dp).unwrap_or(256);
+        let bc = if dvc <= 160 { 64 } else { 32 };
+        // 16 query rows a warp; q and k tiles of rows of dp elements, v of dvc, each stored as
+        // the kernel's `smem_tile` does: swizzled where a multiple of 64, else 8 elements longer.
+        let row = |cols: usize| if cols.is_multiple_of(64) { cols } else { cols + 8 };
+        let smem_of = |rows: usize| (rows * row(dp) + bc * row(dp) + bc * row(dvc)) * 2;
+        let warps = match variant.warps() {
+            8 if smem_of(128) <= gpu.smem_optin => 8,
+            _ => 4,
+        };
+        let w8 = if warps == 8 { "_w8" } else { "" };
+        Kernel {
+            dp,
+            chunks: d.div_ceil(dvc),
+            rows: 16 * warps,
+            threads: 32 * warps as u32,
+            key_tile: bc,
+            smem: smem_of(16 * warps),
+            kernel: format!("fattn_{name}_dv{dvc}{w8}{e2}"),
+            merge,
+        }
+    }
+}
+
 impl Plan {
     /// The plan of one call with its keys unsplit (see [`Plan::split_keys`]); `None` where the
     /// shape does not fit the kernels (shared memory, grid or index limits). `variant`: which
     /// f16/bf16 kernel (f32 has one).
     pub(crate) fn new(s: &Dims, dtype: DType, gpu: &GpuLimits, variant: FusedVariant) -> Option<Plan> {
-        // (padded head dim, column chunks, queries a block, threads, keys a tile, shared bytes,
-        // kernel, merge kernel)
-        let (dp, chunks, rows, threads, key_tile, smem, kernel, merge) = match dtype {
-            DType::F32 => {
-                let ni = s.d.div_ceil(32).next_power_of_two();
-                let rows = if ni <= 4 { 16 } else { 8 };
-                let smem = (rows * s.d + 32 * (s.d | 1) + 32 * s.d) * 4;
-                (
-                    s.d,
-                    1,
-                    rows,
-                    THREADS,
-                    32,
-                    smem,
-                    format!("fattn_f32_ni{ni}"),
-                    "fattn_merge_f32",
-                )
-            }
-            DType::F16 | DType::BF16
-                if s.d > 256 && variant.wide() && wide_tile(s.d.div_ceil(16) * 16, gpu).is_some() =>
-            {
-                let dp = s.d.div_ceil(16) * 16;
-                let bc = wide_tile(dp, gpu)?;
-                let (name, merge) = if dtype == DType::F16 {
-                    ("f16", "fattn_merge_f16")
-                } else {
-                    ("bf16", "fattn_merge_bf16")
-                };
-                let tile = if bc == 64 { "" } else { "32" };
-                let e2 = if variant.exp2() { "_e2" } else { "" };
-                let kernel = format!("fattn_{name}_wide{tile}{e2}");
-                (dp, 1, 64, 256, bc, wide_smem(dp, bc), kernel, merge)
-            }
-            DType::F16 | DType::BF16 => {
-                let dp = s.d.div_ceil(16) * 16;
-                let dvc = DVCS.into_iter().find(|&c| c >= dp).unwrap_or(256);
-                let bc = if dvc <= 160 { 64 } else { 32 };
-                // 16 query rows a warp; q and k tiles of rows of dp elements, v of dvc, each
-                // stored as the kernel's `smem_tile` does: swizzled where a multiple of 64,
-                // else 8 elements longer.
-                let row = |cols: usize| if cols.is_multiple_of(64) { cols } else { cols + 8 };
-                let smem_of = |rows: usize| (rows * row(dp) + bc * row(dp) + bc * row(dvc)) * 2;
-                let warps = match variant.warps() {
-                    8 if smem_of(128) <= gpu.smem_optin => 8,
-                    _ => 4,
-                };
-                let (name, merge) = if dtype == DType::F16 {
-                    ("f16", "fattn_merge_f16")
-                } else {
-                    ("bf16", "fattn_merge_bf16")
-                };
-                let w8 = if warps == 8 { "_w8" } else { "" };
-                let e2 = if variant.exp2() { "_e2" } else { "" };
-                let kernel = format!("fattn_{name}_dv{dvc}{w8}{e2}");
-                (
-                    dp,
-                    s.d.div_ceil(dvc),
-                    16 * warps,
-                    32 * warps as u32,
-                    bc,
-                    smem_of(16 * warps),
-                    kernel,
-                    merge,
-                )
-            }
+        let Kernel {
+            dp,
+            chunks,
+            rows,
+            threads,
+            key_tile,
+            smem,
+            kernel,
+            merge,
+        } = match dtype {
+            DType::F32 => Kernel::f32(s.d),
+            DType::F16 | DType::BF16 => Kernel::half(s.d, dtype, gpu, variant),
             _ => return None,
         };
         let bh = s.b * s.h;
