@@ -409,8 +409,39 @@ impl Bundle {
                     format!("`parity.dtype` {s:?} is not one of float32, float16, bfloat16, float64"),
                 )
             }),
-            None => Ok(self.output(&self.outputs[0]).map(|t| t.dtype()).unwrap_or(DType::F32)),
+            None => self.inferred_dtype(),
         }
+    }
+
+    /// Without `parity.dtype`: the dtype of the first output, if a weight or input was stored in
+    /// it too. Half-precision outputs of a bundle whose every float weight and input is float32
+    /// are refused: rounding an f32 run's output to f16/bf16 would otherwise have it judged at a
+    /// half dtype's tolerances.
+    fn inferred_dtype(&self) -> Result<DType> {
+        let Some(dtype) = self.outputs.first().and_then(|o| self.output(o)).map(|t| t.dtype()) else {
+            return Ok(DType::F32);
+        };
+        if !matches!(dtype, DType::F16 | DType::BF16) {
+            return Ok(dtype);
+        }
+        let stored_in_it = self
+            .tensors
+            .iter()
+            .filter(|(name, _)| !name.starts_with(OUTPUT_PREFIX) && !name.starts_with(crate::trace::TRACE_PREFIX))
+            .any(|(_, t)| t.dtype() == dtype);
+        if stored_in_it {
+            return Ok(dtype);
+        }
+        Err(ParityError::bundle(
+            &self.path,
+            format!(
+                "the bundle has no `parity.dtype` and its outputs are {} while no weight or input is: a float32 run's \
+                 output rounded to {} would be judged at {}'s tolerances; set `parity.dtype` to the dtype PyTorch ran in",
+                dtype.as_str(),
+                dtype.as_str(),
+                dtype.as_str()
+            ),
+        ))
     }
 }
 

@@ -212,7 +212,16 @@ impl PortCheck {
             .map(|t| t.to_device(&Device::Cpu))
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(|e| ParityError::bundle(path, format!("moving the outputs to the CPU: {e}")))?;
-        let mut outputs = compare_outputs(bundle, &bundle.block, &ours, dtype, bundle_dtype, tol.rtol, tol.atol)?;
+        let mut outputs = compare_outputs(
+            bundle,
+            &bundle.block,
+            &ours,
+            dtype,
+            bundle_dtype,
+            tol.rtol,
+            tol.atol,
+            None,
+        )?;
         if self.strict {
             outputs.iter_mut().for_each(apply_strict);
         }
@@ -223,7 +232,16 @@ impl PortCheck {
             if let Some(first) = ours.first() {
                 stages.push(("output".into(), first.clone()));
             }
-            trace::compare_stages(bundle, &stage_aliases(bundle, stages)?, tol.rtol, tol.atol)?
+            trace::compare_stages(
+                bundle,
+                &stage_aliases(bundle, stages)?,
+                &trace::StageRule {
+                    rtol: tol.rtol,
+                    atol: tol.atol,
+                    strict: self.strict,
+                    outputs_pass: outputs.iter().all(|o| o.pass),
+                },
+            )?
         } else {
             trace::without_table(format!(
                 "stages are compared only in the bundle's dtype ({}), not in {}",
@@ -351,7 +369,9 @@ pub struct PortReport {
 }
 
 impl PortReport {
-    /// The first recorded stage that fails, in the bundle's stage order.
+    /// The first recorded stage that fails, in the bundle's stage order, when some output failed
+    /// (`None` whenever [`PortReport::pass`] holds: the verdict is the outputs'; see
+    /// [`crate::trace::compare_stages`]).
     pub fn first_divergence(&self) -> Option<&str> {
         self.trace.first_divergence.as_deref()
     }

@@ -337,7 +337,30 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
         ));
     }
 
-    let mut outputs = compare_outputs(bundle, inputs.block, &ours, dtype, bundle_dtype, rtol, atol)?;
+    // Run again in float64 (on the CPU) only if a float64 output needs confirming.
+    let mut float64 = || -> Result<Vec<candle_core::Tensor>> {
+        let opts64 = Options {
+            dtype: Some(DType::F64),
+            device: Device::Cpu,
+            trace: false,
+            ..opts.clone()
+        };
+        let prepared = prepare_bundle(bundle, &opts64)?;
+        prepared
+            .block
+            .run(&prepared.inputs)
+            .map_err(|e| ParityError::block(path, prepared.inputs.block, e))
+    };
+    let mut outputs = compare_outputs(
+        bundle,
+        inputs.block,
+        &ours,
+        dtype,
+        bundle_dtype,
+        rtol,
+        atol,
+        Some(&mut float64),
+    )?;
     if opts.strict {
         outputs.iter_mut().for_each(apply_strict);
     }
@@ -351,7 +374,16 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
             dtype_name(dtype)
         )))
     } else {
-        Some(trace::compare_stages(bundle, &stages, rtol, atol)?)
+        Some(trace::compare_stages(
+            bundle,
+            &stages,
+            &trace::StageRule {
+                rtol,
+                atol,
+                strict: opts.strict,
+                outputs_pass: outputs.iter().all(|o| o.pass),
+            },
+        )?)
     };
     let report = Report {
         file: path.display().to_string(),

@@ -20,3 +20,4 @@ mod pass_rule;
 mod port;
 mod robustness;
 mod trace;
+mod verdict;

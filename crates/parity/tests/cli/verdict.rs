@@ -1,0 +1,214 @@
+//! The verdict means what it says both ways (issue 44): the wrong-PASS classes a hostile review
+//! found, each now a FAIL or a refused bundle while the honest bundles they were made from pass;
+//! the stage table judged by the verdict's own rule.
+
+use crate::common::{cli, scratch, weights, RawBundle};
+use candle_core::{DType, Tensor};
+use std::path::Path;
+use unet_parity::trace::TraceReport;
+use unet_parity::{check_file, Options};
+
+const OUT: &str = "parity.output.output";
+const TWIN: &str = "parity.output.output.float64";
+
+fn check(p: &Path, extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["check"];
+    args.extend_from_slice(extra);
+    args.push(p.to_str().unwrap());
+    cli(&args)
+}
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+fn like(v: Vec<f64>, t: &Tensor) -> Tensor {
+    Tensor::from_vec(v, t.dims(), t.device())
+        .unwrap()
+        .to_dtype(t.dtype())
+        .unwrap()
+}
+
+/// The bundle with PyTorch's output moved by `shift(i, value)` (so our honest output is wrong by
+/// that much against it) and the float64 twin forged by `twin(i, moved value, our value)`.
+fn forged(
+    rel: &str,
+    dir: &Path,
+    shift: impl Fn(usize, f64) -> f64,
+    twin: impl Fn(usize, f64, f64) -> f64,
+) -> std::path::PathBuf {
+    RawBundle::edited(rel, dir, |b| {
+        let out = b.tensors[OUT].clone();
+        let ours = f64s(&out);
+        let moved: Vec<f64> = ours.iter().enumerate().map(|(i, x)| shift(i, *x)).collect();
+        let moved = like(moved, &out);
+        let rounded = f64s(&moved);
+        let forged: Vec<f64> = rounded
+            .iter()
+            .zip(&ours)
+            .enumerate()
+            .map(|(i, (t, o))| twin(i, *t, *o))
+            .collect();
+        b.tensors.insert(TWIN.into(), like(forged, &b.tensors[TWIN]));
+        b.tensors.insert(OUT.into(), moved);
+    })
+}
+
+/// A port off by 0.3 at every element but one huge one, with a twin forged at the old bound
+/// (whose floor was the output's RMS, 15,600 with one 1e6 element): refused or failed.
+#[test]
+fn one_huge_element_licenses_no_error_elsewhere() {
+    let dir = scratch("verdict-huge");
+    let rel = "diffusers/attention_vae_mid.safetensors";
+    let p = forged(
+        rel,
+        &dir,
+        |i, x| if i == 0 { 1e6 } else { x + 0.3 },
+        |i, t, o| if i == 0 { t } else { o + 0.3 - 0.12 },
+    );
+    let (code, out, err) = check(&p, &[]);
+    assert_ne!(code, 0, "{out}{err}");
+    let (code, out, err) = check(&weights().join(rel), &[]);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+/// Whole-output bias errors that forged twins within the old bound let pass (85–97 % of it; here
+/// the strongest forgery, the twin placed on our wrong output itself): refused in every dtype.
+#[test]
+fn forged_twins_license_no_bias() {
+    let dir = scratch("verdict-forged-bias");
+    for (rel, bias) in [
+        ("textbook/self_attention_dx6_d5_dv7.safetensors", 4.3e-5),
+        ("textbook/self_attention_dx6_d5_dv7_f16.safetensors", 0.089),
+        ("textbook/self_attention_dx6_d5_dv7_bf16.safetensors", 0.63),
+        ("diffusers/attention_vae_mid.safetensors", 4.3e-5),
+    ] {
+        let (code, out, err) = check(&weights().join(rel), &[]);
+        assert_eq!(code, 0, "honest {rel}: {out}{err}");
+        let p = forged(rel, &dir, |_, x| x + bias, |_, _, o| o);
+        let (code, out, err) = check(&p, &[]);
+        assert_ne!(code, 0, "{rel} with a bias of {bias}: {out}{err}");
+        assert!(err.contains("rounding error") || out.contains("FAIL"), "{out}{err}");
+    }
+}
+
+/// The honest outlier bundles (one huge input element at (0, 5, 3, 7)) with the output
+/// projection's bias off on the outlier's own channel: PyTorch's large error at the outlier
+/// licenses nothing at the channel's ordinary pixels.
+#[test]
+fn a_bias_on_the_outliers_channel_fails() {
+    let dir = scratch("verdict-outlier-channel");
+    for (rel, delta) in [
+        ("outlier/vae_attention_outlier_1e6.safetensors", 0.05),
+        ("outlier/vae_attention_outlier_1e4.safetensors", 4e-4),
+        ("outlier/vae_attention_outlier_1e4_f16.safetensors", 1.0),
+        ("outlier/vae_attention_outlier_1e4_bf16.safetensors", 1.0),
+    ] {
+        let p = RawBundle::edited(rel, &dir, |b| {
+            let bias = &b.tensors["to_out.0.bias"];
+            let mut v = f64s(bias);
+            v[5] += delta;
+            let moved = like(v, bias);
+            b.tensors.insert("to_out.0.bias".into(), moved);
+        });
+        let (code, out, err) = check(&p, &[]);
+        assert_eq!(code, 1, "{rel}, channel 5 off by {delta}: {out}{err}");
+    }
+}
+
+/// A float32 bundle without `parity.dtype` whose output was rounded to bfloat16 is not taken
+/// for a bfloat16 bundle (whose tolerances would pass a 5e-3 error).
+#[test]
+fn a_rounded_output_without_a_dtype_is_refused() {
+    let dir = scratch("verdict-dtype");
+    let p = RawBundle::edited("textbook/self_attention_dx6_d5_dv7.safetensors", &dir, |b| {
+        b.metadata.remove("parity.dtype");
+        let out = &b.tensors[OUT];
+        let moved = (out + 5e-3).unwrap().to_dtype(DType::BF16).unwrap();
+        b.tensors.insert(OUT.into(), moved);
+    });
+    let (code, out, err) = check(&p, &[]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("parity.dtype"), "{err}");
+}
+
+fn trace_of(path: &Path, strict: bool) -> (bool, TraceReport) {
+    let opts = Options {
+        trace: true,
+        strict,
+        ..Options::default()
+    };
+    let report = check_file(path, &opts).unwrap();
+    (report.pass, report.trace.expect("--trace gives a trace report"))
+}
+
+/// Stage twins forged to 1e30 are ignored (with a note), and a wrong head layout is still found
+/// at `q`, not sent to `output`.
+#[test]
+fn forged_stage_twins_are_ignored_and_q_is_named() {
+    let dir = scratch("verdict-forged-deltas");
+    let p = RawBundle::edited("openai/attention_block_legacy_c32_h2.safetensors", &dir, |b| {
+        let mut cfg: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+        cfg["use_new_attention_order"] = true.into();
+        b.metadata.insert("parity.config".into(), cfg.to_string());
+        for (k, t) in b.tensors.iter_mut() {
+            if k.ends_with(".float64_delta") {
+                *t = (t.ones_like().unwrap() * 1e30).unwrap();
+            }
+        }
+    });
+    let (pass, t) = trace_of(&p, false);
+    assert!(!pass);
+    assert_eq!(t.first_divergence.as_deref(), Some("q"), "{t}");
+    assert!(t.stages[1].twin_note.as_deref().unwrap().contains("ignored"), "{t}");
+}
+
+/// NaN stage twins: the correct port still passes, and no stage is blamed.
+#[test]
+fn nan_stage_twins_blame_no_stage_of_a_passing_port() {
+    let dir = scratch("verdict-nan-twins");
+    let rel = "diffusers/attention_vae_mid_f16.safetensors";
+    let p = RawBundle::edited(rel, &dir, |b| {
+        for (k, t) in b.tensors.iter_mut() {
+            if k.starts_with("parity.trace.") && k.ends_with(".float64") {
+                *t = (t.zeros_like().unwrap() * f64::NAN).unwrap();
+            }
+        }
+    });
+    let (pass, t) = trace_of(&p, false);
+    assert!(pass, "{t}");
+    assert_eq!(t.first_divergence, None, "{t}");
+    assert!(t.stages.iter().all(|s| s.status != "DIVERGES"), "{t}");
+    assert!(t.to_string().contains("ignored"), "{t}");
+}
+
+/// `--strict` judges the stages too: a half-precision block that needs rule (b) fails under it,
+/// and the trace names where, instead of "no stage diverges".
+#[test]
+fn strict_judges_the_stages_as_it_judges_the_outputs() {
+    let p = weights().join("mid/unet_mid_block_2d_cross_attn_sd1_f16.safetensors");
+    let (pass, t) = trace_of(&p, false);
+    assert!(pass && t.first_divergence.is_none(), "{t}");
+    let (pass, t) = trace_of(&p, true);
+    assert!(!pass);
+    assert!(t.first_divergence.is_some(), "{t}");
+    assert!(!t.to_string().contains("no stage diverges"), "{t}");
+}
+
+/// Every committed half-precision bundle with stages: PASS and no first divergence agree.
+#[test]
+fn pass_and_first_divergence_agree_on_committed_half_bundles() {
+    for path in crate::common::committed_bundles() {
+        let name = path.to_string_lossy().to_string();
+        if !(name.ends_with("_f16.safetensors") || name.ends_with("_bf16.safetensors")) || !name.contains("/mid/") {
+            continue;
+        }
+        let (pass, t) = trace_of(&path, false);
+        assert_eq!(pass, t.first_divergence.is_none(), "{name}: {t}");
+    }
+}

@@ -1,0 +1,170 @@
+"""Templates: every block configuration the project exports, as a recipe for fresh bundles.
+
+Two sources, both the project's own:
+
+* the attention bundles of ``attention_bundles.specs.bundle_specs()`` (every float32 spec, plus
+  the half-only ``..._nomask`` substitute and the large-activation VAE attention), built with
+  ``attention_bundles.blocks.build_module``; their inputs are the spec's ``make_inputs`` (masks and
+  aliasing, e.g. MultiheadAttention's ``key is value``, included);
+* the mid-block bundles of ``export/`` (``weights/mid/*.safetensors``, float32 ones): those are
+  captured inside whole small models, so the template reads the block id, config, forward kwargs
+  and input tensors back from the committed bundle's header and inputs (no whole model is
+  rebuilt) and builds the block with ``export.blocks.build_module`` (the same constructor the
+  exporter and its re-check use). Duplicates (the ``_ref`` twin of a self-contained bundle) are
+  dropped.
+
+``Template.half`` says how the block runs in float16 / bfloat16: ``"to"`` (``module.to(dtype)``),
+``"convert"`` (guided-diffusion's ``convert_to_fp16`` form, ``convert_convs_to_half_``: PyTorch's
+CPU GroupNorm32 rejects a half weight) or ``None`` (no half form: ``attention_bundles.half``'s
+``HALF_REJECTED`` and ldm's SpatialTransformer middle block, see ``export.bundles.half_twin``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from parity.run import flatten_list_inputs
+
+MID_DIR = Path(__file__).resolve().parent.parent.parent / "weights" / "mid"
+
+
+@dataclass
+class Template:
+    """One block configuration: how to build it, its forward inputs (float32 / bool / int
+    tensors, list inputs flattened to ``name.0``, ...), kwargs and half-precision form."""
+
+    name: str
+    block: str
+    config: dict
+    source: str
+    kwargs: dict | None
+    inputs: "OrderedDict[str, torch.Tensor]"
+    half: str | None
+    kind: str                      # "attention" or "mid"
+    state_keys: tuple = ()
+    half_input_dtypes: dict | None = field(default=None)
+    half_rejected: str | None = None
+
+    @property
+    def family(self) -> str:
+        return self.block.split(".")[0]
+
+    def build(self) -> nn.Module:
+        """The block in float32 with its constructor's weights (randomize them afterwards)."""
+        if self.kind == "attention":
+            from attention_bundles.blocks import build_module
+
+            return build_module(self.block, self.config, self.state_keys, self.source)
+        from export.blocks import build_module
+
+        return build_module(self.block, self.config)
+
+    def matches(self, tokens) -> bool:
+        """``--families``: a token equal to the block id or its family (``diffusers``, ``ldm``,
+        ``openai``, ``torch``, ...), or a substring of the template name."""
+        return any(t == self.block or t == self.family or t in self.name for t in tokens)
+
+
+def attention_templates() -> list[Template]:
+    from attention_bundles.half import HALF_CONVERT_TO_FP16, HALF_REJECTED
+    from attention_bundles.specs import bundle_specs
+
+    out = []
+    for spec in bundle_specs():
+        if spec.get("rejected"):
+            continue
+        stem = spec["path"][: -len(".safetensors")]
+        if spec.get("dtype") is not None:
+            # a half twin: a template of its own only where no float32 spec has its configuration
+            if not stem.endswith("_f16") or not (stem.endswith("_nomask_f16") or spec.get("large_activations")):
+                continue
+            stem = stem[: -len("_f16")]
+        if stem in HALF_CONVERT_TO_FP16 or spec["block"] == "openai.AttentionBlock":
+            half = "convert"
+        elif stem in HALF_REJECTED:
+            half = None
+        else:
+            half = "to"
+        gen = torch.Generator().manual_seed(spec["seed"] + 100_000)
+        inputs = flatten_list_inputs(spec["make_inputs"](gen))
+        keys = ("qkv.weight",) if spec.get("fused") else ()
+        out.append(Template(name=f"attn:{stem}", block=spec["block"], config=dict(spec["config"]),
+                            source=spec["source"] or "", kwargs=spec["kwargs"], inputs=OrderedDict(inputs),
+                            half=half, kind="attention", state_keys=keys))
+    return out
+
+
+def _mid_half(block: str, config: dict):
+    """(half form, input dtypes in the half form) of a mid block (``export.bundles.half_twin``)."""
+    if block != "openai.MiddleBlock":
+        return "to", None
+    if config.get("use_spatial_transformer"):
+        return None, None
+    return "convert", {"emb": torch.float32}
+
+
+def mid_templates(folder: Path = MID_DIR) -> list[Template]:
+    from safetensors import safe_open
+
+    out, seen = [], set()
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+            if meta.get("parity.dtype") != "float32":
+                continue
+            names = json.loads(meta["parity.inputs"])
+            inputs = OrderedDict((n, f.get_tensor(f"parity.input.{n}")) for n in names)
+        block, config = meta["parity.block"], json.loads(meta["parity.config"])
+        kwargs = json.loads(meta["parity.kwargs"]) if "parity.kwargs" in meta else None
+        key = (block, json.dumps(config, sort_keys=True), json.dumps(kwargs, sort_keys=True),
+               tuple((n, tuple(t.shape)) for n, t in inputs.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        half, half_dtypes = _mid_half(block, config)
+        out.append(Template(name=f"mid:{path.stem}", block=block, config=config, source=meta.get("parity.source", ""),
+                            kwargs=kwargs, inputs=inputs, half=half, kind="mid", half_input_dtypes=half_dtypes))
+    return out
+
+
+def half_runs(template, dtype) -> str | None:
+    """``None`` if PyTorch runs the template (its own inputs, seed-0 weights) in ``dtype`` in its
+    half form, else the first line of PyTorch's error (e.g. the SD 2.x CrossAttention, whose fp32
+    q/k upcast meets a half ``v`` in ``einsum``)."""
+    from parity.export import _inputs_to_store
+    from parity.run import run_module
+    from parity_bundle import convert_convs_to_half_, randomize_
+
+    from attention_bundles.blocks import cast_module
+
+    m = randomize_(template.build(), 0).eval()
+    m = convert_convs_to_half_(m, dtype) if template.half == "convert" else cast_module(m, dtype)
+    try:
+        run_module(m, _inputs_to_store(template.inputs, dtype, template.half_input_dtypes), template.kwargs)
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
+
+
+def all_templates(families=None) -> list[Template]:
+    """Every template (attention first, then mid blocks, each in a fixed order), optionally only
+    those matching ``families`` (see ``Template.matches``). A template PyTorch cannot run in
+    float16 or bfloat16 on the CPU gets ``half = None`` (float32 bundles only) and the reason in
+    ``half_rejected``."""
+    ts = attention_templates() + mid_templates()
+    if families:
+        ts = [t for t in ts if t.matches(families)]
+    if not ts:
+        raise SystemExit(f"no template matches --families {families}")
+    for t in ts:
+        if t.half is not None:
+            why = half_runs(t, torch.float16) or half_runs(t, torch.bfloat16)
+            if why is not None:
+                t.half, t.half_rejected = None, why
+    return ts
