@@ -5,7 +5,7 @@
 //! and reports false FAILs and power on the other (docs/cli.md, "Calibration").
 //!
 //! ```text
-//! cargo run --release -p unet-parity --example calibrate -- DIR [--lane NAME] > lines.jsonl
+//! cargo run --release -p unet-parity --example calibrate -- DIR [--lane NAME] [--half validate] > lines.jsonl
 //! cargo run --release -p unet-parity --example calibrate -- --constants
 //! ```
 //!
@@ -53,16 +53,27 @@ fn main() -> Res<()> {
         return Ok(());
     }
     let dir = PathBuf::from(args.first().ok_or("usage: calibrate DIR [--lane NAME]")?);
-    let lane = match args.iter().position(|a| a == "--lane") {
-        Some(i) => args.get(i + 1).cloned().ok_or("--lane needs a name")?,
-        None => "default".into(),
+    let option = |name: &str| -> Res<Option<String>> {
+        match args.iter().position(|a| a == name) {
+            Some(i) => Ok(Some(args.get(i + 1).cloned().ok_or(format!("{name} needs a value"))?)),
+            None => Ok(None),
+        }
     };
+    let lane = option("--lane")?.unwrap_or_else(|| "default".into());
+    // `--half validate`: only the validation half (a slow lane, e.g. aarch64 under qemu).
+    let only_half = option("--half")?;
     let manifest = std::fs::File::open(dir.join("manifest.jsonl"))?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for line in std::io::BufReader::new(manifest).lines() {
         let entry: Value = serde_json::from_str(&line?)?;
         if entry.get("error").is_some() || entry.get("path").is_none() {
+            continue;
+        }
+        if only_half
+            .as_deref()
+            .is_some_and(|h| entry.get("half").and_then(Value::as_str) != Some(h))
+        {
             continue;
         }
         let mut base = serde_json::Map::new();

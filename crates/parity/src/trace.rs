@@ -14,7 +14,7 @@
 //! element counts agree (layouts are documented in `unet_attention::trace`).
 
 use crate::bundle::{Bundle, FLOAT64_SUFFIX};
-use crate::compare::{apply_strict, check_reference, compare, OutputReport};
+use crate::compare::{apply_strict, check_reference_within, compare, stage_twin_bounds, OutputReport};
 use crate::error::{ParityError, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
@@ -179,7 +179,8 @@ pub struct StageRule {
 
 /// Compare our recorded `ours` stages with the bundle's, each under the rule the outputs are
 /// judged by ([`StageRule`]). A stage's float64 twin is used only when it passes the checks an
-/// output's twin must pass ([`check_reference`]); otherwise it is ignored, with a note, and the
+/// output's twin must pass ([`check_reference_within`], at [`stage_twin_bounds`]); otherwise it is
+/// ignored, with a note, and the
 /// stage is judged by rule (a) alone: failing that, it `differs`. The first stage in forward order
 /// that diverges or differs is named, and only when some output failed: when the outputs pass, no
 /// stage is blamed (the verdict is the outputs').
@@ -268,13 +269,13 @@ fn compare_stage(bundle: &Bundle, name: &str, ours: &Tensor, torch: &Tensor, rul
     })
 }
 
-/// The stage's float64 twin if the bundle holds one that passes [`check_reference`] at the
+/// The stage's float64 twin if the bundle holds one that passes [`check_reference_within`] at the
 /// bundle's dtype; otherwise `None`, with why it was ignored when there was one.
 fn usable_twin(bundle: &Bundle, name: &str, torch: &Tensor) -> Result<(Option<Tensor>, Option<String>)> {
-    let twin = match float64_stage(bundle, name, torch) {
-        Ok(Some(twin)) => twin,
-        Ok(None) => return Ok((None, None)),
-        Err(e) => return Ok((None, Some(format!("its float64 twin is ignored: {e}")))),
+    // A twin of the wrong shape or dtype is a broken bundle (an error); one whose values PyTorch's
+    // rounding cannot explain is ignored with a note.
+    let Some(twin) = float64_stage(bundle, name, torch)? else {
+        return Ok((None, None));
     };
     let dtype = bundle.run_dtype()?;
     let finite = crate::compare::count_non_finite_values(&twin)
@@ -282,7 +283,7 @@ fn usable_twin(bundle: &Bundle, name: &str, torch: &Tensor) -> Result<(Option<Te
     let verdict = if finite > 0 {
         Err(format!("it holds {finite} NaN or infinite values"))
     } else {
-        check_reference(torch, &twin, dtype)
+        check_reference_within(torch, &twin, dtype, stage_twin_bounds(dtype))
             .map_err(|e| ParityError::bundle(&bundle.path, format!("stage {name}: {e}")))?
             .map_err(|problem| problem.to_string())
     };

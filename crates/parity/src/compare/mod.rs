@@ -25,8 +25,8 @@ pub mod model;
 mod tolerance;
 pub use model::{ErrorModel, Factors, CONFIRMED_FACTORS, FACTORS, NEIGHBOURHOOD};
 pub use tolerance::{
-    check_reference, check_tolerance, confirm_twin, default_tolerance, epsilon, error_ratio, twin_bounds, TwinBounds,
-    TwinProblem,
+    check_reference, check_reference_within, check_tolerance, confirm_twin, default_tolerance, epsilon, error_ratio,
+    stage_twin_bounds, twin_bounds, TwinBounds, TwinProblem,
 };
 
 /// How an output (or one element) met the rule, best first.
@@ -617,9 +617,19 @@ mod tests {
         assert_eq!(v(&[1.0 + 1e-3 + 1e-7, 2.0 - 1e-3, 3.0 + 1e-3]), Verdict::Close);
         assert_eq!(v(&[1.0 - 1e-3, 2.0 + 1e-3, 3.0 - 1e-3]), Verdict::TorchError);
         assert_eq!(v(&[1.0 + 1e-1, 2.0, 3.0]), Verdict::Fail);
-        // A bias three times PyTorch's error everywhere: within the element factor, beyond the
-        // window's.
-        assert_eq!(v(&[1.0 + 5e-3, 2.0 + 5e-3, 3.0 + 5e-3]), Verdict::Fail);
+        // A bias about twelve times PyTorch's error everywhere: within the element factor, beyond
+        // the window's.
+        let biased = compare(
+            "x",
+            &tensor(&[1.012, 2.012, 3.012]),
+            &tensor(&t),
+            Some(&tensor(&r)),
+            1e-6,
+            1e-6,
+        )
+        .unwrap();
+        assert!(biased.element_factor.unwrap() < FACTORS.element, "{biased:?}");
+        assert_eq!(biased.verdict, Verdict::Fail);
     }
 
     #[test]

@@ -38,8 +38,10 @@ fn a_right_port_passes_with_every_stage_matching() {
     assert!(text.contains("PASS") && text.contains("no stage diverges"), "{text}");
 }
 
+/// A recorded stage that diverges while every output passes is shown, but not blamed: the verdict
+/// is the outputs' (issue 44: `pass` and `first_divergence()` agree).
 #[test]
-fn a_wrong_stage_is_named_first_even_when_the_output_passes() {
+fn a_wrong_stage_is_shown_but_not_blamed_when_the_output_passes() {
     let check = PortCheck::open(bundle(VAE_MID)).unwrap();
     let mid = vae_mid(&check);
     let vb = check.var_builder().unwrap();
@@ -57,12 +59,16 @@ fn a_wrong_stage_is_named_first_even_when_the_output_passes() {
             candle_core::Result::Ok(out.clone())
         })
         .unwrap();
-    assert_eq!(report.first_divergence(), Some("resnets.0/norm1"), "{report}");
+    assert!(report.pass, "{report}");
+    assert_eq!(report.first_divergence(), None, "{report}");
     let stage = |n: &str| report.trace.stages.iter().find(|s| s.stage == n).unwrap();
+    assert_eq!(stage("resnets.0/norm1").status, "DIVERGES", "{report}");
     assert_eq!(stage("resnets.0/conv1").status, "not recorded");
     // The mid block's output is not the resnet's: the alias reached the resnet's stage and failed.
     assert_eq!(stage("resnets.0/output").status, "DIVERGES", "{report}");
-    assert!(report.to_string().contains("first divergence: `resnets.0/norm1`"));
+    assert!(report
+        .to_string()
+        .contains("no stage blamed: the outputs pass, though `resnets.0/norm1`"));
 }
 
 #[test]

@@ -378,8 +378,8 @@ fn every_committed_bundle_matches_stage_by_stage() {
 }
 
 /// A stage is judged against PyTorch's own error, as an output is, not by a fixed absolute
-/// number: PyTorch's stored `norm` moved by 3e-5 (three times the f32 `atol`, as a CPU whose
-/// kernels sum in another order and round worse could leave it), its float64 twin unchanged,
+/// number: PyTorch's stored `norm` moved by 3e-5 at some elements (three times the f32 `atol`, as a
+/// CPU whose kernels sum in another order and round worse could leave it), its float64 twin unchanged,
 /// still matches, because ours is closer to float64 than PyTorch is. Moving the float64 twin
 /// with it (the reference agreeing with PyTorch, ours 3e-5 off) is a divergence, and a delta of
 /// the wrong shape is a clear error.
@@ -392,9 +392,24 @@ fn a_stage_is_judged_against_pytorchs_own_error() {
             let delta = b.tensors["parity.trace.norm.float64_delta"]
                 .to_dtype(DType::F64)
                 .unwrap();
-            let n = stage.elem_count();
-            // +3e-5 / -3e-5 alternately
-            let step: Vec<f64> = (0..n).map(|i| if i % 2 == 0 { 3e-5 } else { -3e-5 }).collect();
+            // +3e-5 / -3e-5 alternately at every 32nd element of magnitude at least 1 (sparse
+            // and large enough for PyTorch's float32 rounding to reach it: a stage twin further
+            // from PyTorch's stage than that is ignored).
+            let values = stage
+                .flatten_all()
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap();
+            let step: Vec<f64> = values
+                .iter()
+                .enumerate()
+                .map(|(i, x)| match (i % 32, x.abs() >= 1.0) {
+                    (0, true) => 3e-5 * if i % 64 == 0 { 1.0 } else { -1.0 },
+                    _ => 0.0,
+                })
+                .collect();
             let step = Tensor::from_vec(step, stage.dims(), stage.device()).unwrap();
             let moved = (stage.to_dtype(DType::F64).unwrap() + &step).unwrap();
             let f64_stage = (stage.to_dtype(DType::F64).unwrap() + delta).unwrap();

@@ -77,23 +77,48 @@ fn one_huge_element_licenses_no_error_elsewhere() {
     assert_eq!(code, 0, "{out}{err}");
 }
 
-/// Whole-output bias errors that forged twins within the old bound let pass (85–97 % of it; here
-/// the strongest forgery, the twin placed on our wrong output itself): refused in every dtype.
+/// The earlier bound on a twin: 64 (f32) or 16 (f16, bf16) epsilons of the larger of the largest
+/// `|r|` within 64 places and the output's RMS.
+fn old_bound(r: &[f64], epsilons: f64) -> Vec<f64> {
+    let n = r.len();
+    let rms = (r.iter().map(|x| x * x).sum::<f64>() / n as f64).sqrt();
+    (0..n)
+        .map(|i| {
+            let local = r[i.saturating_sub(64)..(i + 65).min(n)]
+                .iter()
+                .fold(0.0f64, |m, x| m.max(x.abs()));
+            epsilons * local.max(rms)
+        })
+        .collect()
+}
+
+/// Whole-output bias errors that forged twins at 85–97 % of the earlier bound let pass: PyTorch's
+/// output moved by 90 % of that bound (our honest output is then that far off, a bias), the twin
+/// left on our output. Refused now in every dtype: beyond the twin bounds, and our float64 run
+/// does not confirm the twin.
 #[test]
 fn forged_twins_license_no_bias() {
     let dir = scratch("verdict-forged-bias");
-    for (rel, bias) in [
-        ("textbook/self_attention_dx6_d5_dv7.safetensors", 4.3e-5),
-        ("textbook/self_attention_dx6_d5_dv7_f16.safetensors", 0.089),
-        ("textbook/self_attention_dx6_d5_dv7_bf16.safetensors", 0.63),
-        ("diffusers/attention_vae_mid.safetensors", 4.3e-5),
+    for (rel, eps) in [
+        ("textbook/self_attention_dx6_d5_dv7.safetensors", 64.0 * 2f64.powi(-23)),
+        (
+            "textbook/self_attention_dx6_d5_dv7_f16.safetensors",
+            16.0 * 2f64.powi(-10),
+        ),
+        (
+            "textbook/self_attention_dx6_d5_dv7_bf16.safetensors",
+            16.0 * 2f64.powi(-7),
+        ),
+        ("diffusers/attention_vae_mid.safetensors", 64.0 * 2f64.powi(-23)),
     ] {
         let (code, out, err) = check(&weights().join(rel), &[]);
         assert_eq!(code, 0, "honest {rel}: {out}{err}");
-        let p = forged(rel, &dir, |_, x| x + bias, |_, _, o| o);
+        let b = RawBundle::read(&weights().join(rel));
+        let bound = old_bound(&f64s(&b.tensors[TWIN]), eps);
+        let p = forged(rel, &dir, |i, x| x + 0.9 * bound[i], |_, _, o| o);
         let (code, out, err) = check(&p, &[]);
-        assert_ne!(code, 0, "{rel} with a bias of {bias}: {out}{err}");
-        assert!(err.contains("rounding error") || out.contains("FAIL"), "{out}{err}");
+        assert_eq!(code, 2, "{rel} with a bias of 90 % of the old bound: {out}{err}");
+        assert!(err.contains("does not confirm"), "{err}");
     }
 }
 
