@@ -237,3 +237,42 @@ fn pass_and_first_divergence_agree_on_committed_half_bundles() {
         assert_eq!(pass, t.first_divergence.is_none(), "{name}: {t}");
     }
 }
+
+/// A sample of the generated calibration bundles (docs/calibration/sample; the full set is never
+/// committed): the honest ones pass, and every planted float32 bug among them (a port computing
+/// with that bug, `<id>.bugs.safetensors`) fails under the rule, judged as `check` judges it.
+#[test]
+fn the_calibration_sample_passes_and_its_float32_bugs_fail() {
+    use unet_parity::compare::{check_reference, compare_with_factors, TwinProblem, CONFIRMED_FACTORS, FACTORS};
+    let dir = crate::common::root().join("docs/calibration/sample");
+    let (code, out, err) = cli(&["check", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("9 passed, 0 failed"), "{out}");
+    let mut failed = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let Some(id) = name.strip_suffix(".bugs.safetensors") else {
+            continue;
+        };
+        let bundle = unet_parity::Bundle::read(&dir.join(format!("{id}.safetensors"))).unwrap();
+        if bundle.run_dtype().unwrap() != DType::F32 {
+            continue;
+        }
+        let bugs = candle_core::safetensors::load(&path, &candle_core::Device::Cpu).unwrap();
+        for (key, wrong) in bugs {
+            let output = key.split_once('/').unwrap().1;
+            let (t, r) = (bundle.output(output).unwrap(), bundle.output_f64(output).unwrap());
+            let factors = match check_reference(t, r, DType::F32).unwrap() {
+                Ok(()) => FACTORS,
+                Err(TwinProblem::BeyondRounding(_)) => CONFIRMED_FACTORS,
+                Err(e) => panic!("{id}: {e}"),
+            };
+            let (rtol, atol) = unet_parity::compare::default_tolerance(DType::F32);
+            let report = compare_with_factors(output, &wrong, t, Some(r), (rtol, atol), factors).unwrap();
+            assert!(!report.pass, "{id} {key}: {report:?}");
+            failed += 1;
+        }
+    }
+    assert!(failed >= 3, "{failed} float32 bugs in the sample");
+}
