@@ -122,7 +122,9 @@ impl HubFiles {
 
     /// Download timeouts: `answer` for resolving, connecting and the headers of each answer,
     /// `idle` the most time without a byte of the body. Default: `HF_HUB_ETAG_TIMEOUT` and
-    /// `HF_HUB_DOWNLOAD_TIMEOUT` seconds, else 10 s each.
+    /// `HF_HUB_DOWNLOAD_TIMEOUT` seconds, else 10 s each. Any duration is accepted; one above
+    /// about 11.6 days (up to `Duration::MAX`) is held to that. Each download also has a
+    /// deadline: both waits plus its declared size at 64 KiB/s.
     pub fn with_timeouts(mut self, answer: Duration, idle: Duration) -> Self {
         self.timeouts = Some((answer, idle));
         self
