@@ -409,8 +409,30 @@ impl Bundle {
                     format!("`parity.dtype` {s:?} is not one of float32, float16, bfloat16, float64"),
                 )
             }),
-            None => Ok(self.output(&self.outputs[0]).map(|t| t.dtype()).unwrap_or(DType::F32)),
+            None => Ok(self
+                .outputs
+                .first()
+                .and_then(|o| self.output(o))
+                .map(|t| t.dtype())
+                .unwrap_or(DType::F32)),
         }
+    }
+
+    /// Check again what [`Bundle::from_raw`] checked, on the public fields as they are now (a
+    /// `Bundle` built or edited by hand): inputs and outputs listed, a loaded tensor for each,
+    /// tolerances finite and ≥ 0, `dtype` one this tool runs in.
+    pub fn validate(&self) -> Result<()> {
+        let loaded: BTreeSet<&str> = self.tensors.keys().map(String::as_str).collect();
+        check_listed(&self.path, &loaded, &self.inputs, &self.outputs)?;
+        for (key, tol) in [("parity.atol", self.atol), ("parity.rtol", self.rtol)] {
+            if let Some(t) = tol.filter(|t| crate::compare::check_tolerance(*t).is_err()) {
+                return Err(ParityError::bundle(
+                    &self.path,
+                    format!("`{key}` must be a finite number ≥ 0, found {t}"),
+                ));
+            }
+        }
+        self.run_dtype().map(|_| ())
     }
 }
 

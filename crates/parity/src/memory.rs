@@ -260,13 +260,29 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "T" => 1 << 40,
         _ => return Err(format!("{s:?}: expected a size such as 8G, 512M or 1073741824")),
     };
+    let too_large = || format!("{s:?}: more than 2^64 - 1 bytes, the most a memory limit can be");
+    let too_small = || format!("{s:?}: a memory limit must be at least 1 byte");
+    // A whole number exactly (2^64 - 1 is not exact as an f64).
+    if let Ok(n) = number.trim().parse::<u64>() {
+        return match n.checked_mul(scale) {
+            None => Err(too_large()),
+            Some(0) => Err(too_small()),
+            Some(bytes) => Ok(bytes),
+        };
+    }
     let n: f64 = number
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?}: expected a size such as 8G, 512M or 1073741824"))?;
+        .ok()
+        .filter(|n: &f64| n.is_finite())
+        .ok_or_else(|| format!("{s:?}: expected a size such as 8G, 512M or 1073741824"))?;
     let bytes = n * scale as f64;
-    if !bytes.is_finite() || bytes < 1.0 || bytes >= u64::MAX as f64 {
-        return Err(format!("{s:?}: a memory limit must be at least 1 byte and finite"));
+    if bytes < 1.0 {
+        return Err(too_small());
+    }
+    // 2^64 as an f64: every value below it converts to a u64.
+    if bytes >= 18_446_744_073_709_551_616.0 {
+        return Err(too_large());
     }
     Ok(bytes as u64)
 }
@@ -344,9 +360,13 @@ mod tests {
         assert_eq!(parse_size("512MiB"), Ok(512 << 20));
         assert_eq!(parse_size("1.5g"), Ok(3 << 29));
         assert_eq!(parse_size("4096"), Ok(4096));
-        for bad in ["", "G", "-1G", "0", "1e400", "NaN", "8Q", "inf"] {
+        for bad in ["", "G", "-1G", "0", "1e400", "NaN", "8Q", "inf", "0.5", "18446744073709551616", "17179869184G"] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_size("16777215T"), Ok(16_777_215 << 40));
+        assert!(parse_size("18446744073709551616").unwrap_err().contains("more than 2^64"));
+        assert!(parse_size("0").unwrap_err().contains("at least 1 byte"));
         assert_eq!(human(3 << 29), "1.5 GiB");
         assert_eq!(human(100), "100 B");
     }

@@ -202,7 +202,8 @@ impl HubFiles {
     }
 
     /// The cached copy of `file`: `Ok(Some)` when present, `Ok(None)` when not cached, an error
-    /// when the cache holds something that is not a commit or leads out of it.
+    /// when the cache holds something that is not a commit, leads out of it, or is not a regular
+    /// file (a FIFO, a folder).
     pub fn cached(&self, file: &str) -> Result<Option<PathBuf>> {
         let in_repo = self.checked_file(file)?;
         let rev = self.repo.revision();
@@ -219,7 +220,16 @@ impl HubFiles {
             return Ok(None);
         }
         confined(self.cache.path(), &path)?;
-        Ok(path.is_file().then_some(path))
+        // Present but not a file (a FIFO or a folder planted as the blob): say so, rather than
+        // "not in the cache" (and a download over it).
+        let io = |source| ParityError::Io {
+            path: path.clone(),
+            source,
+        };
+        if let Some(what) = crate::files::kind_if_not_regular(&path).map_err(io)? {
+            return Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, what)));
+        }
+        Ok(Some(path))
     }
 
     /// `config.json` and the first of [`WEIGHT_FILES`] the cache holds: `Ok(None)` when either
