@@ -342,6 +342,12 @@ fn max_memory_sets_the_limit() {
     let c = run_limited(&["check", file, "--max-memory", "lots"], &[]);
     assert_eq!(c.code, 2, "{}", c.err);
     assert!(c.err.contains("expected a size"), "{}", c.err);
+    // The largest limit there is (2^64 - 1 bytes) is a limit; one byte more says why it is not.
+    let c = run_limited(&["check", file, "--max-memory", "18446744073709551615"], &[]);
+    assert_eq!(c.code, 0, "{}{}", c.out, c.err);
+    let c = run_limited(&["check", file, "--max-memory", "18446744073709551616"], &[]);
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(c.err.contains("more than 2^64 - 1 bytes"), "{}", c.err);
 }
 
 // ---- Issue 32, item 6: the thread count capped by the machine ----
