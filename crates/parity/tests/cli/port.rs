@@ -273,3 +273,21 @@ fn the_right_values_in_the_wrong_shape_do_not_match() {
     let output = report.trace.stages.iter().find(|s| s.stage == "output").unwrap();
     assert_eq!(output.status, "DIVERGES", "{report}");
 }
+
+/// A candle error carrying its backtrace (as candle's `bt()` makes one under `RUST_BACKTRACE=1`)
+/// comes back as one line with the message only (it carried the whole backtrace, escaped).
+#[test]
+fn a_candle_backtrace_stays_out_of_the_error_line() {
+    let check = PortCheck::open(bundle(VAE_MID)).unwrap();
+    let text = check
+        .run(|_| {
+            Err::<Tensor, _>(candle_core::Error::WithBacktrace {
+                inner: Box::new(candle_core::Error::Msg("shape mismatch in my conv".into())),
+                backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+            })
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(text.ends_with("your port: shape mismatch in my conv"), "{text}");
+    assert!(!text.contains("\\n") && text.lines().count() == 1, "{text}");
+}
