@@ -79,7 +79,10 @@ fn a_single_thread_pool_is_declined() {
 #[ignore = "run in a child process by a_call_inside_a_rayon_worker_leaves_the_global_pool_alone"]
 fn child_join_inside_a_local_pool() {
     let local = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-    assert!(!local.install(join_rayon_pool), "joined from inside a local pool's worker");
+    assert!(
+        !local.install(join_rayon_pool),
+        "joined from inside a local pool's worker"
+    );
     assert!(join_rayon_pool(), "the global pool could not be built afterwards");
     let dev = Device::Cpu;
     let t = || Tensor::randn(0f32, 1.0, (1, 2, 70, 32), &dev).unwrap();

@@ -177,11 +177,16 @@ fn reference_scores(config: &serde_json::Value, infos: &[TensorInfo], run: u64) 
     let (batch, channels, tokens) = if r == 3 {
         (d(0), d(1).min(d(2)), d(1).max(d(2)))
     } else {
-        let between = input.shape[2..r - 2].iter().fold(1u64, |n, &x| n.saturating_mul(x as u64));
+        let between = input.shape[2..r - 2]
+            .iter()
+            .fold(1u64, |n, &x| n.saturating_mul(x as u64));
         (d(0).saturating_mul(between), d(1), d(r - 2).saturating_mul(d(r - 1)))
     };
     let int = |key: &str| config.get(key).and_then(|v| v.as_u64()).filter(|&v| v > 0);
-    let keys = config.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()).unwrap_or_default();
+    let keys = config
+        .as_object()
+        .map(|o| o.keys().cloned().collect::<Vec<_>>())
+        .unwrap_or_default();
     let from_heads = keys.iter().filter(|k| k.contains("heads")).filter_map(|k| int(k)).max();
     let from_dim = keys
         .iter()
@@ -445,12 +450,26 @@ mod tests {
         assert_eq!(parse_size("512MiB"), Ok(512 << 20));
         assert_eq!(parse_size("1.5g"), Ok(3 << 29));
         assert_eq!(parse_size("4096"), Ok(4096));
-        for bad in ["", "G", "-1G", "0", "1e400", "NaN", "8Q", "inf", "0.5", "18446744073709551616", "17179869184G"] {
+        for bad in [
+            "",
+            "G",
+            "-1G",
+            "0",
+            "1e400",
+            "NaN",
+            "8Q",
+            "inf",
+            "0.5",
+            "18446744073709551616",
+            "17179869184G",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
         assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
         assert_eq!(parse_size("16777215T"), Ok(16_777_215 << 40));
-        assert!(parse_size("18446744073709551616").unwrap_err().contains("more than 2^64"));
+        assert!(parse_size("18446744073709551616")
+            .unwrap_err()
+            .contains("more than 2^64"));
         assert!(parse_size("0").unwrap_err().contains("at least 1 byte"));
         assert_eq!(human(3 << 29), "1.5 GiB");
         assert_eq!(human(100), "100 B");
@@ -502,9 +521,17 @@ mod tests {
         let auto = estimate_with(&meta, &infos, Load::NoStages, None, SdpaPath::Auto);
         let reference = estimate_with(&meta, &infos, Load::NoStages, None, SdpaPath::Reference);
         let tokens = 181u64 * 181;
-        let scores = reference.parts.iter().find(|(w, _)| *w == "attention scores").unwrap().1;
+        let scores = reference
+            .parts
+            .iter()
+            .find(|(w, _)| *w == "attention scores")
+            .unwrap()
+            .1;
         assert_eq!(scores, tokens * tokens * REFERENCE_SCORES * 4);
-        assert!(auto.bytes < 1 << 30 && reference.bytes > 12 << 30, "{auto:?} {reference:?}");
+        assert!(
+            auto.bytes < 1 << 30 && reference.bytes > 12 << 30,
+            "{auto:?} {reference:?}"
+        );
         // The chunked path: one capped block of scores.
         let chunked = estimate_with(&meta, &infos, Load::NoStages, None, SdpaPath::Chunked);
         assert!(chunked.bytes - auto.bytes == SCORE_CHUNK * 24, "{chunked:?}");

@@ -271,7 +271,9 @@ impl PortCheck {
 fn library_text(s: &str) -> String {
     ["atol", "rtol", "strict", "dtype"]
         .iter()
-        .fold(s.to_string(), |s, name| s.replace(&format!("--{name}"), &format!("PortCheck::{name}")))
+        .fold(s.to_string(), |s, name| {
+            s.replace(&format!("--{name}"), &format!("PortCheck::{name}"))
+        })
 }
 
 /// [`library_text`] on the message of a bundle error.

@@ -76,7 +76,10 @@ pub(crate) fn compare_outputs(
     let mut outputs = vec![];
     for (name, ours) in bundle.outputs.iter().zip(ours) {
         let torch = bundle.output(name).ok_or_else(|| {
-            ParityError::bundle(path, format!("`parity.outputs` names `{name}` but tensor `parity.output.{name}` is missing"))
+            ParityError::bundle(
+                path,
+                format!("`parity.outputs` names `{name}` but tensor `parity.output.{name}` is missing"),
+            )
         })?;
         let torch_f64 = bundle.output_f64(name);
         if let Some(reference) = torch_f64 {

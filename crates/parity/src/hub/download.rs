@@ -373,7 +373,10 @@ mod tests {
 
     #[test]
     fn downloads_are_capped_and_deadlined() {
-        assert_eq!(size_cap("diffusion_pytorch_model.safetensors", Some(5 << 30)), Ok(5 << 30));
+        assert_eq!(
+            size_cap("diffusion_pytorch_model.safetensors", Some(5 << 30)),
+            Ok(5 << 30)
+        );
         assert_eq!(size_cap("config.json", Some(1000)), Ok(1000));
         assert!(size_cap("config.json", Some(1 << 40)).unwrap_err().contains("JSON"));
         assert!(size_cap("model.safetensors", None).unwrap_err().contains("no size"));

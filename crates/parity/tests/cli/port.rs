@@ -78,7 +78,10 @@ fn a_wrong_output_fails_and_strict_refuses_loose_tolerances() {
     let loose = PortCheck::open(bundle(VAE_MID)).unwrap().atol(1.0).strict(true);
     let err = loose.run(|inputs| anyhow::Ok(inputs.get("hidden_states")?.clone()));
     let text = err.unwrap_err().to_string();
-    assert!(text.contains("PortCheck::strict refuses") && text.contains("from PortCheck::atol"), "{text}");
+    assert!(
+        text.contains("PortCheck::strict refuses") && text.contains("from PortCheck::atol"),
+        "{text}"
+    );
     assert!(!text.contains("--"), "a library user gave no flag: {text}");
 }
 
@@ -238,14 +241,20 @@ fn port_tolerances_are_validated_and_named_as_set() {
             (PortCheck::open(bundle(VAE_MID)).unwrap().rtol(bad), "PortCheck::rtol"),
         ] {
             let text = check.run(forward).unwrap_err().to_string();
-            assert!(text.contains(name) && text.contains("finite number ≥ 0"), "{bad}: {text}");
+            assert!(
+                text.contains(name) && text.contains("finite number ≥ 0"),
+                "{bad}: {text}"
+            );
         }
     }
     let check = PortCheck::open(bundle(VAE_MID)).unwrap().atol(1.0);
     let mid = vae_mid(&check);
     let report = check.run(|i| mid.forward(i.get("hidden_states")?, None)).unwrap();
     let text = report.to_string();
-    assert!(text.contains("from PortCheck::atol") && !text.contains("--atol"), "{text}");
+    assert!(
+        text.contains("from PortCheck::atol") && !text.contains("--atol"),
+        "{text}"
+    );
 }
 
 /// An input the bundle lacks: `<file>: your port:` once, not twice.

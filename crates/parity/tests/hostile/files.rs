@@ -189,7 +189,10 @@ fn a_fifo_blob_is_reported_as_not_a_file() {
     std::fs::create_dir_all(&blobs).unwrap();
     let blob = blobs.join("ab".repeat(32));
     mkfifo(&blob);
-    let weights_file = repo.join("snapshots").join(COMMIT).join("diffusion_pytorch_model.safetensors");
+    let weights_file = repo
+        .join("snapshots")
+        .join(COMMIT)
+        .join("diffusion_pytorch_model.safetensors");
     std::fs::remove_file(&weights_file).unwrap();
     std::os::unix::fs::symlink(format!("../../blobs/{}", "ab".repeat(32)), &weights_file).unwrap();
     let bundle = weights().join("mid/unet_mid_block_2d_unet2d_ref.safetensors");
@@ -203,7 +206,10 @@ fn a_fifo_blob_is_reported_as_not_a_file() {
         "--offline",
     ]);
     assert_eq!(code, 2, "{out}{err}");
-    assert!(err.contains("not a regular file") && !err.contains("not in the cache"), "{err}");
+    assert!(
+        err.contains("not a regular file") && !err.contains("not in the cache"),
+        "{err}"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 

@@ -267,7 +267,11 @@ fn a_json_file_declared_huge_is_refused() {
     });
     let c = check_from(&endpoint, &scratch("hub-huge-json"), "5");
     assert_eq!(c.code, 2, "{}", c.err);
-    assert!(c.err.contains("JSON file") && c.err.contains("config.json"), "{}", c.err);
+    assert!(
+        c.err.contains("JSON file") && c.err.contains("config.json"),
+        "{}",
+        c.err
+    );
 }
 
 /// A well-behaved endpoint: the files land in the cache as `huggingface_hub` lays them out

@@ -432,7 +432,10 @@ fn the_reference_attention_path_counts_its_score_matrix() {
     meta.remove("parity.trace");
     let path = dir.join("vae_32761_tokens.safetensors");
     sparse_safetensors(&path, &meta, &entries);
-    let c = run_limited(&["check", path.to_str().unwrap()], &[("UNET_ATTENTION_SDPA", "reference")]);
+    let c = run_limited(
+        &["check", path.to_str().unwrap()],
+        &[("UNET_ATTENTION_SDPA", "reference")],
+    );
     assert_refused(&c, "vae_32761_tokens", "ulimit -v");
     assert!(c.err.contains("attention scores"), "{}", c.err);
 }

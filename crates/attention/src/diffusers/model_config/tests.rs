@@ -57,7 +57,10 @@ fn norm_eps_must_be_a_finite_number_above_zero() {
     for bad in [json!(-1), json!(0), json!(-1e-6), json!("1e-5")] {
         let c = json!({"_class_name": "UNet2DModel", "norm_eps": bad});
         let e = mid_blocks(&c, None, false).unwrap_err().to_string();
-        assert!(e.contains("`norm_eps` must be a finite number > 0") && e.contains("config.json"), "{e}");
+        assert!(
+            e.contains("`norm_eps` must be a finite number > 0") && e.contains("config.json"),
+            "{e}"
+        );
     }
     let c = json!({"_class_name": "UNet2DModel", "norm_eps": 1e-6});
     assert!(mid_blocks(&c, None, false).is_ok());
