@@ -67,6 +67,18 @@ pub(crate) fn shape(block: &'static str, name: &str, t: &Tensor, ranks: &[usize]
     Ok(())
 }
 
+/// A norm's `eps`: a finite number > 0 (a negative one makes `var + eps` negative somewhere and
+/// the block NaN; zero divides by zero on a constant group).
+pub(crate) fn eps(block: &'static str, eps: f64) -> Result<()> {
+    if eps.is_finite() && eps > 0.0 {
+        return Ok(());
+    }
+    Err(Error::config(
+        block,
+        format!("a norm's eps must be a finite number > 0, found {eps}"),
+    ))
+}
+
 /// A forward input: [`float`] and [`shape`].
 pub(crate) fn input(block: &'static str, name: &str, t: &Tensor, ranks: &[usize]) -> Result<()> {
     float(block, name, t)?;

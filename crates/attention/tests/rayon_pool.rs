@@ -71,3 +71,36 @@ fn a_single_thread_pool_is_declined() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Run in a child process by the test below (ignored in a plain run): a call inside a local
+/// pool's worker declines without touching rayon's one-time global initialisation, so the global
+/// pool still builds, and the blocks still run, afterwards.
+#[test]
+#[ignore = "run in a child process by a_call_inside_a_rayon_worker_leaves_the_global_pool_alone"]
+fn child_join_inside_a_local_pool() {
+    let local = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    assert!(
+        !local.install(join_rayon_pool),
+        "joined from inside a local pool's worker"
+    );
+    assert!(join_rayon_pool(), "the global pool could not be built afterwards");
+    let dev = Device::Cpu;
+    let t = || Tensor::randn(0f32, 1.0, (1, 2, 70, 32), &dev).unwrap();
+    let out = attention(&(t(), t(), t()));
+    assert!(out.iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn a_call_inside_a_rayon_worker_leaves_the_global_pool_alone() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_join_inside_a_local_pool", "--ignored"])
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -443,6 +443,23 @@ impl Bundle {
             ),
         ))
     }
+
+    /// Check again what [`Bundle::from_raw`] checked, on the public fields as they are now (a
+    /// `Bundle` built or edited by hand): inputs and outputs listed, a loaded tensor for each,
+    /// tolerances finite and ≥ 0, `dtype` one this tool runs in.
+    pub fn validate(&self) -> Result<()> {
+        let loaded: BTreeSet<&str> = self.tensors.keys().map(String::as_str).collect();
+        check_listed(&self.path, &loaded, &self.inputs, &self.outputs)?;
+        for (key, tol) in [("parity.atol", self.atol), ("parity.rtol", self.rtol)] {
+            if let Some(t) = tol.filter(|t| crate::compare::check_tolerance(*t).is_err()) {
+                return Err(ParityError::bundle(
+                    &self.path,
+                    format!("`{key}` must be a finite number ≥ 0, found {t}"),
+                ));
+            }
+        }
+        self.run_dtype().map(|_| ())
+    }
 }
 
 impl Bundle {

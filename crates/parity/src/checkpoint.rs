@@ -100,6 +100,20 @@ impl std::fmt::Debug for Checkpoint {
     }
 }
 
+/// A file name a `torch.save` checkpoint goes by (`.bin`, `.pt`, `.pth`, `.ckpt`).
+fn is_pickle_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    [".bin", ".pt", ".pth", ".ckpt"].iter().any(|ext| lower.ends_with(ext))
+}
+
+/// `bytes` as hex pairs (`4a 55 4e 4b`), or `none` (an empty file).
+fn hex_bytes(bytes: &[u8]) -> String {
+    if bytes.is_empty() {
+        return "none (the file is empty)".into();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+}
+
 fn err(path: &Path, message: impl Into<String>) -> ParityError {
     ParityError::Checkpoint {
         path: path.to_path_buf(),
@@ -134,6 +148,14 @@ impl Checkpoint {
                 path,
                 "a legacy (pre-1.6, non-zip) torch.save file, which this tool does not read; re-save it with \
                  torch >= 1.6 (`torch.save(torch.load(f), f2)`) or convert it to safetensors",
+            )),
+            first if is_pickle_name(&name) => Err(err(
+                path,
+                format!(
+                    "neither a zip archive (a torch.save checkpoint starts with `PK\\x03\\x04`) nor a pickle \
+                     (`\\x80`) nor safetensors: its first bytes are {}",
+                    hex_bytes(first)
+                ),
             )),
             _ => Self::open_safetensors(path),
         }

@@ -7,42 +7,42 @@ use std::path::PathBuf;
 /// control characters that a file name, a metadata string or a parser echoes are escaped.
 #[derive(Debug, thiserror::Error)]
 pub enum ParityError {
-    #[error("{}: cannot read: {}", esc(path.display()), esc(source))]
+    #[error("{}: cannot read: {}", esc(path.display()), msg(source))]
     Io { path: PathBuf, source: std::io::Error },
     /// A file or folder the tool writes (`show --out`) that could not be written.
-    #[error("{}: cannot write: {}", esc(path.display()), esc(source))]
+    #[error("{}: cannot write: {}", esc(path.display()), msg(source))]
     Write { path: PathBuf, source: std::io::Error },
-    #[error("{}: not a valid safetensors file: {}", esc(path.display()), esc(message))]
+    #[error("{}: not a valid safetensors file: {}", esc(path.display()), msg(message))]
     Format { path: PathBuf, message: String },
-    #[error("{}: not a parity bundle: {}", esc(path.display()), esc(message))]
+    #[error("{}: not a parity bundle: {}", esc(path.display()), msg(message))]
     Bundle { path: PathBuf, message: String },
     /// A well-formed bundle whose content cannot be checked (non-finite weights or inputs).
-    #[error("{}: {}", esc(path.display()), esc(message))]
+    #[error("{}: {}", esc(path.display()), msg(message))]
     Invalid { path: PathBuf, message: String },
     /// A checkpoint (`--weights`, `parity.weights`) that cannot be read or has no such prefix.
-    #[error("{}: {}", esc(path.display()), esc(message))]
+    #[error("{}: {}", esc(path.display()), msg(message))]
     Checkpoint { path: PathBuf, message: String },
     #[error("{}: unknown block id `{}`; known blocks: {known}", esc(path.display()), esc(id))]
     UnknownBlock { path: PathBuf, id: String, known: String },
-    #[error("{}: {}", esc(path.display()), esc(with_block(block, source)))]
+    #[error("{}: {}", esc(path.display()), msg(with_block(block, source)))]
     Block {
         path: PathBuf,
         block: String,
         source: Box<unet_attention::Error>,
     },
     /// A panic caught while checking (a bug in this tool; see `guard`).
-    #[error("{}: internal error (a bug in unet-parity, please report it): {}", esc(path.display()), esc(message))]
+    #[error("{}: internal error (a bug in unet-parity, please report it): {}", esc(path.display()), msg(message))]
     Internal { path: PathBuf, message: String },
     /// A port checked with [`crate::port::PortCheck`] whose forward failed, asked for an input the
     /// bundle lacks, or returned other outputs than the bundle holds.
-    #[error("{}: your port: {}", esc(path.display()), esc(message))]
+    #[error("{}: your port: {}", esc(path.display()), msg(message))]
     Port { path: PathBuf, message: String },
     #[error("{}: no parity bundles (*.safetensors) found", esc(path.display()))]
     NoBundles { path: PathBuf },
-    #[error("{}", esc(_0))]
+    #[error("{}", msg(_0))]
     Usage(String),
     /// A Hugging Face Hub repository or file that cannot be resolved or downloaded (`hub`).
-    #[error("{}", esc(hub_message(repo, revision, file, message)))]
+    #[error("{}", msg(hub_message(repo, revision, file, message)))]
     Hub {
         /// `org/name`.
         repo: String,
@@ -70,6 +70,41 @@ fn esc(x: impl std::fmt::Display) -> String {
             }
         })
         .collect()
+}
+
+/// A message on one line as [`esc`] writes it, without the backtrace candle appends to its errors
+/// when `RUST_BACKTRACE` is set (`candle_core::Error::WithBacktrace`: the message, a newline, then
+/// the frames `   0: name` / `      at file:line`, each line indented): what follows the
+/// backtrace is kept. Paths are never passed through this, only messages.
+fn msg(x: impl std::fmt::Display) -> String {
+    esc(strip_backtrace(&x.to_string()))
+}
+
+fn strip_backtrace(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find('\n').filter(|_| rest.contains(" 0: ")) {
+        let (before, after) = rest.split_at(at);
+        out.push_str(before);
+        let after = &after[1..];
+        let first = after.lines().next().unwrap_or("");
+        if !first.trim_start().starts_with("0: ") || !first.starts_with(' ') {
+            out.push('\n');
+            rest = after;
+            continue;
+        }
+        // Skip the indented lines of the backtrace.
+        let mut tail = after;
+        while tail.starts_with(' ') {
+            tail = tail.split_once('\n').map_or("", |(_, t)| t);
+        }
+        rest = tail;
+        if !rest.is_empty() {
+            out.push(' ');
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 fn hub_message(repo: &str, revision: &str, file: &str, message: &str) -> String {
@@ -119,5 +154,34 @@ impl From<ParityError> for candle_core::Error {
 impl From<ParityError> for unet_attention::Error {
     fn from(e: ParityError) -> Self {
         unet_attention::Error::Candle(candle_core::Error::wrap(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candle_backtraces_are_left_out_of_messages() {
+        let inner = candle_core::Error::Msg("shape mismatch in add, lhs: [2], rhs: [3]".into());
+        let e = candle_core::Error::WithBacktrace {
+            inner: Box::new(inner),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        };
+        let raw = format!("stage q: {e}");
+        assert!(raw.lines().count() > 2, "no backtrace to strip: {raw}");
+        let line = ParityError::bundle(std::path::Path::new("b.safetensors"), raw).to_string();
+        assert_eq!(
+            line,
+            "b.safetensors: not a parity bundle: stage q: shape mismatch in add, lhs: [2], rhs: [3]"
+        );
+        let block = ParityError::block(std::path::Path::new("b"), "blk", e).to_string();
+        assert_eq!(block, "b: blk: shape mismatch in add, lhs: [2], rhs: [3]");
+        // Text after the backtrace stays; other newlines are escaped as before.
+        assert_eq!(strip_backtrace("a\n   0: f\n      at x.rs:1\nb"), "a b");
+        assert_eq!(msg("a\nb"), "a\\nb");
+        // A path is never cut.
+        let odd = ParityError::bundle(std::path::Path::new("x\n   0: y"), "m").to_string();
+        assert!(odd.starts_with("x\\n   0: y:"), "{odd}");
     }
 }

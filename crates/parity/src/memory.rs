@@ -10,9 +10,15 @@
 //!   dtype (at least 4 bytes an element: half-precision blocks compute in f32 in places);
 //! * a score matrix the block forms whole: `torch.MultiheadAttention` with `need_weights` (the
 //!   default) forms the `(N, heads, L, S)` scores, their softmax and the head mean (3 copies);
-//!   a run in f64, f16 or bf16 may take the chunked reference path, whose score blocks are capped
-//!   at 2^24 elements (3 copies, 8 bytes each);
-//! * the comparison: [`COMPARE`] float64 copies of the largest output.
+//!   a run in f64, f16 or bf16, or `UNET_ATTENTION_SDPA=chunked`, may take the chunked reference
+//!   path, whose score blocks are capped at 2^24 elements (3 copies, 8 bytes each);
+//!   `UNET_ATTENTION_SDPA=reference` forms every attention's whole `(B, heads, L, L)` score matrix
+//!   ([`REFERENCE_SCORES`] copies), `L` the largest input's tokens (its last two dimensions, or
+//!   the longer of the two of a 3-D input), `heads` read from `parity.config`;
+//! * the comparison: [`COMPARE`] float64 copies of the largest output;
+//! * with the stage traces (`--trace`, `show`): our own recorded stages, all held at once (at
+//!   least 4 bytes an element), and [`COMPARE`] + 3 float64 copies of the largest stage, compared
+//!   one at a time (the float64 reference rebuilt from a delta takes three).
 //!
 //! The constants were calibrated by peak RSS (`examples/memory_peak.rs`) on committed bundles and
 //! on bundles scaled up to hundreds of megabytes: the estimate stays above the measured peak.
@@ -23,6 +29,7 @@
 
 use crate::bundle::{Load, TensorInfo, FLOAT64_SUFFIX, INPUT_PREFIX, OUTPUT_PREFIX};
 use std::collections::BTreeMap;
+use unet_attention::sdpa::SdpaPath;
 
 /// Copies of the largest input or output the forward holds at its peak (measured: up to 7 on the
 /// mid blocks, whose resnets keep a normalised, an activated and a convolved copy next to the
@@ -32,6 +39,9 @@ pub const ACTIVATIONS: u64 = 10;
 /// and PyTorch's error as `f64` values, the error's neighbourhood maximum (the elementwise rule
 /// of `compare`), PyTorch's output again in a run in another dtype, and two conversions in flight.
 pub const COMPARE: u64 = 8;
+/// Score-matrix copies the reference attention path holds at once: the scores, scaled, masked,
+/// and their softmax.
+pub const REFERENCE_SCORES: u64 = 4;
 /// What the process holds before any bundle: code, the thread pools, the allocator's arenas.
 pub const BASELINE: u64 = 64 << 20;
 /// The chunked reference attention's score block (`unet_attention::sdpa`, on the CPU).
@@ -76,6 +86,18 @@ pub fn estimate(
     load: Load,
     run_dtype: Option<&str>,
 ) -> Estimate {
+    let path = unet_attention::sdpa::sdpa_path().unwrap_or(SdpaPath::Auto);
+    estimate_with(metadata, infos, load, run_dtype, path)
+}
+
+/// [`estimate`] for a run whose attention takes `path` (`UNET_ATTENTION_SDPA`).
+pub fn estimate_with(
+    metadata: &BTreeMap<String, String>,
+    infos: &[TensorInfo],
+    load: Load,
+    run_dtype: Option<&str>,
+    path: SdpaPath,
+) -> Estimate {
     let stored_dtype = metadata.get("parity.dtype").map(String::as_str);
     let run = run_size(run_dtype.or(stored_dtype).unwrap_or("float32"));
     let loaded: Vec<&TensorInfo> = infos
@@ -102,8 +124,9 @@ pub fn estimate(
     let largest_output = loaded.iter().filter(is_output).map(|i| elements(i)).max().unwrap_or(0);
     let largest = largest_input.max(largest_output);
     let activations = largest.saturating_mul(run.max(4)).saturating_mul(ACTIVATIONS);
-    let scores = scores(metadata, infos, run, largest_input);
+    let scores = scores(metadata, infos, run, largest_input, path);
     let compare = largest_output.saturating_mul(8).saturating_mul(COMPARE);
+    let (our_stages, stage_compare) = stages(&loaded, run);
     let mut parts = vec![
         ("tensors", tensors),
         ("reading", reading),
@@ -111,6 +134,8 @@ pub fn estimate(
         ("activations", activations),
         ("attention scores", scores),
         ("comparison", compare),
+        ("our stages", our_stages),
+        ("stage comparison", stage_compare),
         ("baseline", BASELINE),
     ];
     let bytes = parts.iter().fold(0u64, |n, (_, b)| n.saturating_add(*b));
@@ -119,8 +144,71 @@ pub fn estimate(
     Estimate { bytes, parts }
 }
 
+/// Our recorded stages (every loaded `parity.trace.<stage>`, at least 4 bytes an element) and the
+/// float64 copies comparing the largest one takes (see the module docs); nothing without stages.
+fn stages(loaded: &[&TensorInfo], run: u64) -> (u64, u64) {
+    let is_stage = |i: &&&TensorInfo| {
+        i.name.starts_with(crate::trace::TRACE_PREFIX)
+            && !i.name.ends_with(FLOAT64_SUFFIX)
+            && !i.name.ends_with(crate::trace::DELTA_SUFFIX)
+    };
+    let ours = loaded
+        .iter()
+        .filter(is_stage)
+        .fold(0u64, |n, i| n.saturating_add(elements(i).saturating_mul(run.max(4))));
+    let largest = loaded.iter().filter(is_stage).map(|i| elements(i)).max().unwrap_or(0);
+    (ours, largest.saturating_mul(8).saturating_mul(COMPARE + 3))
+}
+
+/// The whole score matrices of the reference attention path: `(B, heads, L, L)` for the largest
+/// input of rank 3 or more (see the module docs), [`REFERENCE_SCORES`] copies.
+fn reference_scores(config: &serde_json::Value, infos: &[TensorInfo], run: u64) -> u64 {
+    let Some(input) = infos
+        .iter()
+        .filter(|i| i.name.starts_with(INPUT_PREFIX) && i.shape.len() >= 3)
+        .max_by_key(|i| elements(i))
+    else {
+        return 0;
+    };
+    let d = |k: usize| input.shape[k] as u64;
+    let r = input.shape.len();
+    // (B, N, C) or (B, C, N): the longer is the tokens; (B, C, ..., H, W): H·W tokens, the
+    // dimensions between channels and H a batch of attentions (video frames).
+    let (batch, channels, tokens) = if r == 3 {
+        (d(0), d(1).min(d(2)), d(1).max(d(2)))
+    } else {
+        let between = input.shape[2..r - 2]
+            .iter()
+            .fold(1u64, |n, &x| n.saturating_mul(x as u64));
+        (d(0).saturating_mul(between), d(1), d(r - 2).saturating_mul(d(r - 1)))
+    };
+    let int = |key: &str| config.get(key).and_then(|v| v.as_u64()).filter(|&v| v > 0);
+    let keys = config
+        .as_object()
+        .map(|o| o.keys().cloned().collect::<Vec<_>>())
+        .unwrap_or_default();
+    let from_heads = keys.iter().filter(|k| k.contains("heads")).filter_map(|k| int(k)).max();
+    let from_dim = keys
+        .iter()
+        .filter(|k| k.contains("head_dim") || k.contains("dim_head"))
+        .filter_map(|k| int(k))
+        .map(|dim| channels / dim)
+        .max();
+    let heads = from_heads.max(from_dim).unwrap_or(1).clamp(1, channels.max(1));
+    batch
+        .saturating_mul(heads)
+        .saturating_mul(tokens.saturating_mul(tokens))
+        .saturating_mul(REFERENCE_SCORES * run.max(4))
+}
+
 /// The score matrices a block forms whole (see the module docs).
-fn scores(metadata: &BTreeMap<String, String>, infos: &[TensorInfo], run: u64, largest_input: u64) -> u64 {
+fn scores(
+    metadata: &BTreeMap<String, String>,
+    infos: &[TensorInfo],
+    run: u64,
+    largest_input: u64,
+    path: SdpaPath,
+) -> u64 {
     let block = metadata.get("parity.block").map(String::as_str).unwrap_or("");
     let json = |key: &str| -> serde_json::Value {
         metadata
@@ -154,7 +242,9 @@ fn scores(metadata: &BTreeMap<String, String>, infos: &[TensorInfo], run: u64, l
             bytes = weights.0.saturating_mul(per_head).saturating_mul(3 * run.max(4));
         }
     }
-    if run != 4 {
+    if path == SdpaPath::Reference {
+        bytes = bytes.saturating_add(reference_scores(&json("parity.config"), infos, run));
+    } else if run != 4 || path == SdpaPath::Chunked {
         let chunk = largest_input.saturating_mul(largest_input).min(SCORE_CHUNK);
         bytes = bytes.saturating_add(chunk.saturating_mul(3 * 8));
     }
@@ -260,13 +350,29 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "T" => 1 << 40,
         _ => return Err(format!("{s:?}: expected a size such as 8G, 512M or 1073741824")),
     };
+    let too_large = || format!("{s:?}: more than 2^64 - 1 bytes, the most a memory limit can be");
+    let too_small = || format!("{s:?}: a memory limit must be at least 1 byte");
+    // A whole number exactly (2^64 - 1 is not exact as an f64).
+    if let Ok(n) = number.trim().parse::<u64>() {
+        return match n.checked_mul(scale) {
+            None => Err(too_large()),
+            Some(0) => Err(too_small()),
+            Some(bytes) => Ok(bytes),
+        };
+    }
     let n: f64 = number
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?}: expected a size such as 8G, 512M or 1073741824"))?;
+        .ok()
+        .filter(|n: &f64| n.is_finite())
+        .ok_or_else(|| format!("{s:?}: expected a size such as 8G, 512M or 1073741824"))?;
     let bytes = n * scale as f64;
-    if !bytes.is_finite() || bytes < 1.0 || bytes >= u64::MAX as f64 {
-        return Err(format!("{s:?}: a memory limit must be at least 1 byte and finite"));
+    if bytes < 1.0 {
+        return Err(too_small());
+    }
+    // 2^64 as an f64: every value below it converts to a u64.
+    if bytes >= 18_446_744_073_709_551_616.0 {
+        return Err(too_large());
     }
     Ok(bytes as u64)
 }
@@ -344,9 +450,27 @@ mod tests {
         assert_eq!(parse_size("512MiB"), Ok(512 << 20));
         assert_eq!(parse_size("1.5g"), Ok(3 << 29));
         assert_eq!(parse_size("4096"), Ok(4096));
-        for bad in ["", "G", "-1G", "0", "1e400", "NaN", "8Q", "inf"] {
+        for bad in [
+            "",
+            "G",
+            "-1G",
+            "0",
+            "1e400",
+            "NaN",
+            "8Q",
+            "inf",
+            "0.5",
+            "18446744073709551616",
+            "17179869184G",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_size("16777215T"), Ok(16_777_215 << 40));
+        assert!(parse_size("18446744073709551616")
+            .unwrap_err()
+            .contains("more than 2^64"));
+        assert!(parse_size("0").unwrap_err().contains("at least 1 byte"));
         assert_eq!(human(3 << 29), "1.5 GiB");
         assert_eq!(human(100), "100 B");
     }
@@ -379,6 +503,66 @@ mod tests {
         let e = estimate(&meta, infos, Load::NoStages, None);
         assert!(e.parts.iter().all(|(w, _)| *w != "attention scores"), "{e:?}");
         assert!(e.bytes < 100 << 20, "{e:?}");
+    }
+
+    #[test]
+    fn the_reference_path_counts_the_whole_score_matrix() {
+        let meta: BTreeMap<String, String> = [
+            ("parity.block", "diffusers.Attention"),
+            ("parity.config", r#"{"query_dim": 32, "heads": 1, "dim_head": 32}"#),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let infos = vec![
+            info("parity.input.hidden_states", "f32", &[1, 32, 181, 181]),
+            info("parity.output.output", "f32", &[1, 32, 181, 181]),
+        ];
+        let auto = estimate_with(&meta, &infos, Load::NoStages, None, SdpaPath::Auto);
+        let reference = estimate_with(&meta, &infos, Load::NoStages, None, SdpaPath::Reference);
+        let tokens = 181u64 * 181;
+        let scores = reference
+            .parts
+            .iter()
+            .find(|(w, _)| *w == "attention scores")
+            .unwrap()
+            .1;
+        assert_eq!(scores, tokens * tokens * REFERENCE_SCORES * 4);
+        assert!(
+            auto.bytes < 1 << 30 && reference.bytes > 12 << 30,
+            "{auto:?} {reference:?}"
+        );
+        // The chunked path: one capped block of scores.
+        let chunked = estimate_with(&meta, &infos, Load::NoStages, None, SdpaPath::Chunked);
+        assert!(chunked.bytes - auto.bytes == SCORE_CHUNK * 24, "{chunked:?}");
+        // Heads from the config (`heads`, or channels / `dim_head`), at most the channels.
+        let heads = |config: &str| {
+            let config: serde_json::Value = serde_json::from_str(config).unwrap();
+            reference_scores(&config, &infos, 4) / (tokens * tokens * REFERENCE_SCORES * 4)
+        };
+        assert_eq!(heads(r#"{"heads": 8}"#), 8);
+        assert_eq!(heads(r#"{"dim_head": 8}"#), 4);
+        assert_eq!(heads(r#"{"num_attention_heads": 1000}"#), 32);
+        assert_eq!(heads("{}"), 1);
+    }
+
+    #[test]
+    fn trace_counts_our_stages_and_their_float64_copies() {
+        let meta = BTreeMap::new();
+        let infos = vec![
+            info("parity.input.x", "f32", &[1, 4]),
+            info("parity.output.out", "f32", &[1, 4]),
+            info("parity.trace.ff", "bf16", &[1, 1_200_000, 160]),
+            info("parity.trace.ff.float64_delta", "bf16", &[1, 1_200_000, 160]),
+        ];
+        let e = estimate_with(&meta, &infos, Load::All, None, SdpaPath::Auto);
+        let part = |name: &str| e.parts.iter().find(|(w, _)| *w == name).unwrap().1;
+        let n = 1_200_000u64 * 160;
+        assert_eq!(part("our stages"), n * 4);
+        assert_eq!(part("stage comparison"), n * 8 * (COMPARE + 3));
+        assert!(e.bytes > 4 << 30, "{e:?}");
+        let plain = estimate_with(&meta, &infos, Load::NoStages, None, SdpaPath::Auto);
+        assert!(plain.parts.iter().all(|(w, _)| !w.contains("stage")), "{plain:?}");
     }
 
     #[test]

@@ -94,13 +94,15 @@ impl PortCheck {
         self
     }
 
-    /// Rule (a)'s absolute tolerance, instead of the bundle's or the dtype's default.
+    /// Rule (a)'s absolute tolerance, instead of the bundle's or the dtype's default: a finite
+    /// number ≥ 0 ([`PortCheck::run`] refuses anything else).
     pub fn atol(mut self, atol: f64) -> Self {
         self.atol = Some(atol);
         self
     }
 
-    /// Rule (a)'s relative tolerance, instead of the bundle's or the dtype's default.
+    /// Rule (a)'s relative tolerance, instead of the bundle's or the dtype's default: a finite
+    /// number ≥ 0 ([`PortCheck::run`] refuses anything else).
     pub fn rtol(mut self, rtol: f64) -> Self {
         self.rtol = Some(rtol);
         self
@@ -150,11 +152,14 @@ impl PortCheck {
 
     /// The bundle's forward inputs, floats in the run dtype, on the run device.
     pub fn inputs(&self) -> Result<PortInputs> {
+        self.bundle.validate()?;
         let dtype = self.run_dtype()?;
         let path = &self.bundle.path;
         let mut tensors = BTreeMap::new();
         for name in &self.bundle.inputs {
-            let t = self.bundle.input(name).expect("validated when the bundle was read");
+            let t = self.bundle.input(name).ok_or_else(|| {
+                ParityError::bundle(path, format!("input `{name}` is listed but its tensor is missing"))
+            })?;
             let t = if t.dtype().is_float() {
                 t.to_dtype(dtype)
             } else {
@@ -172,9 +177,23 @@ impl PortCheck {
         })
     }
 
+    /// The tolerances set with [`PortCheck::atol`] / [`PortCheck::rtol`], each a finite number ≥ 0.
+    fn check_tolerances(&self) -> Result<()> {
+        for (name, tol) in [("atol", self.atol), ("rtol", self.rtol)] {
+            if let Some(Err(why)) = tol.map(crate::compare::check_tolerance) {
+                return Err(ParityError::Invalid {
+                    path: self.bundle.path.clone(),
+                    message: format!("PortCheck::{name}: {why}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Run `forward` on the bundle's inputs, recording the stages it [`record`]s, and judge its
     /// outputs and stages against PyTorch's. An error from `forward` comes back as
-    /// [`ParityError::Port`], naming the bundle.
+    /// [`ParityError::Port`], naming the bundle; a bundle whose fields contradict each other, or a
+    /// tolerance that is not a finite number ≥ 0, as an error before the forward runs.
     pub fn run<O, E, F>(&self, forward: F) -> Result<PortReport>
     where
         O: PortOutputs,
@@ -183,17 +202,20 @@ impl PortCheck {
     {
         let bundle = &self.bundle;
         let path = bundle.path.as_path();
+        bundle.validate()?;
+        self.check_tolerances()?;
         bundle.check_values()?;
         let opts = self.options();
         let bundle_dtype = bundle.run_dtype()?;
         let dtype = self.run_dtype()?;
-        let tol = tolerances(bundle, &opts, dtype, bundle_dtype)?;
+        let mut tol = tolerances(bundle, &opts, dtype, bundle_dtype).map_err(library_words)?;
+        tol.loosened = tol.loosened.iter().map(|l| library_text(l)).collect();
         let inputs = self.inputs()?;
         let (result, stages) = unet_attention::trace::with_trace(|| forward(&inputs));
         let ours = result
             .map_err(|e| ParityError::Port {
                 path: path.to_path_buf(),
-                message: e.into().to_string(),
+                message: forward_message(path, &e.into().to_string()),
             })?
             .into_outputs();
         if ours.len() != bundle.outputs.len() {
@@ -221,7 +243,8 @@ impl PortCheck {
             tol.rtol,
             tol.atol,
             None,
-        )?;
+        )
+        .map_err(library_words)?;
         if self.strict {
             outputs.iter_mut().for_each(apply_strict);
         }
@@ -258,6 +281,41 @@ impl PortCheck {
             trace,
             loosened: tol.loosened,
         })
+    }
+}
+
+/// The CLI's flags in a message named as this API's methods: a library user set
+/// `PortCheck::atol`, never `--atol`.
+fn library_text(s: &str) -> String {
+    ["atol", "rtol", "strict", "dtype"]
+        .iter()
+        .fold(s.to_string(), |s, name| {
+            s.replace(&format!("--{name}"), &format!("PortCheck::{name}"))
+        })
+}
+
+/// [`library_text`] on the message of a bundle error.
+fn library_words(e: ParityError) -> ParityError {
+    match e {
+        ParityError::Bundle { path, message } => ParityError::Bundle {
+            message: library_text(&message),
+            path,
+        },
+        other => other,
+    }
+}
+
+/// The message of an error the forward returned, without the `<file>: your port: ` that an error
+/// of [`PortInputs::get`] already carries (it is added once, by the caller).
+fn forward_message(path: &Path, message: &str) -> String {
+    let prefix = ParityError::Port {
+        path: path.to_path_buf(),
+        message: String::new(),
+    }
+    .to_string();
+    match message.find(&prefix) {
+        Some(at) => format!("{}{}", &message[..at], &message[at + prefix.len()..]),
+        None => message.to_string(),
     }
 }
 

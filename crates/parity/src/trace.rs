@@ -10,8 +10,9 @@
 //! float64 stage minus the float32 one, in bfloat16, so the reference is the stage plus the
 //! delta, exact to 2^-9 of PyTorch's own error at each element). A stage without one (bundles
 //! exported before) is judged by rule (a) alone. The `output` stage is the bundle's first output
-//! and is judged exactly as the check judges it. Our stage is reshaped to PyTorch's when the
-//! element counts agree (layouts are documented in `unet_attention::trace`).
+//! and is judged exactly as the check judges it, in its own shape. Another stage of ours is
+//! reshaped to PyTorch's when the element counts agree (layouts are documented in
+//! `unet_attention::trace`).
 
 use crate::bundle::{Bundle, FLOAT64_SUFFIX};
 use crate::compare::{apply_strict, check_reference_within, compare, stage_twin_bounds, OutputReport};
@@ -94,13 +95,13 @@ pub fn torch_stage<'a>(bundle: &'a Bundle, name: &str) -> Option<&'a Tensor> {
 pub fn hint(stage: &str) -> &'static str {
     // `attentions.0/norm1#2` -> `norm`
     let last = stage.rsplit('/').next().unwrap_or(stage);
-    let base = last
-        .split('#')
-        .next()
-        .unwrap_or(last)
-        .trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    let name = last.split('#').next().unwrap_or(last);
+    let base = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
     // Module-path stages (`scripts/export_own.py --trace modules`) name diffusers' submodules.
     let base = match base {
+        // `attn` itself is the named stage (the weighted sum, heads merged); `attn1`, `attn2` are
+        // diffusers' whole attention modules.
+        "attn" if name == "attn" => "attn",
         "group_norm" | "norm_cross" => "norm",
         "to_q" | "to_k" | "to_v" | "query" | "key" | "value" => "q",
         "to_out" | "proj_attn" => "proj",
@@ -242,7 +243,10 @@ fn compare_stage(bundle: &Bundle, name: &str, ours: &Tensor, torch: &Tensor, rul
     let err = |e: candle_core::Error| ParityError::bundle(&bundle.path, format!("stage {name}: {e}"));
     let t = ours.to_device(&Device::Cpu).map_err(err)?;
     let shape = t.dims().to_vec();
-    let t = if t.elem_count() == torch.elem_count() && t.dims() != torch.dims() {
+    // Not the `output` stage: the output is judged in its own shape, as the check judges it
+    // (values in the wrong shape do not match).
+    let reshape = name != "output" && t.elem_count() == torch.elem_count();
+    let t = if reshape && t.dims() != torch.dims() {
         t.reshape(torch.dims()).map_err(err)?
     } else {
         t

@@ -26,11 +26,25 @@
 /// included.
 ///
 /// Returns `false`, changing nothing, where the global pool already exists (built by an earlier
-/// call, by the program, or by a first use of rayon), and where the pool would have a single
-/// thread (this one: work handed to the pool from another thread would then wait for it): the
-/// blocks then run as they would without this call. The results never depend on it; only the
+/// call, by the program, or by a first use of rayon), where this thread is already a worker of
+/// some rayon pool (a call inside a local pool's `install`: rayon's one-time global init is left
+/// untouched, so the global pool can still be built later), and where the pool would have a
+/// single thread (this one: work handed to the pool from another thread would then wait for it):
+/// the blocks then run as they would without this call. The results never depend on it; only the
 /// time does.
+///
+/// **Caveat** (rayon's `use_current_thread`): this thread only takes the pool's work while it is
+/// itself inside a rayon call. A `rayon::broadcast` (or `spawn_broadcast`) runs on every worker,
+/// this thread included, so one started from *another* thread waits until this thread next
+/// enters rayon; if this thread meanwhile blocks on that other thread (joins it, waits on a
+/// channel it fills), the two deadlock. In a program that broadcasts from other threads, do not
+/// call this, or keep this thread entering rayon while it waits.
 pub fn join_rayon_pool() -> bool {
+    if rayon::current_thread_index().is_some() {
+        // Inside a rayon worker: `build_global` would fail here and still use up rayon's
+        // one-time global initialisation, leaving every later global-pool use to panic.
+        return false;
+    }
     let threads = std::env::var("RAYON_NUM_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())

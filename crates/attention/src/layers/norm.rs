@@ -33,6 +33,7 @@ pub struct LayerNorm {
 
 impl LayerNorm {
     pub fn load(vb: VarBuilder, dim: usize, eps: f64, affine: bool) -> Result<Self> {
+        crate::validate::eps("nn.LayerNorm", eps)?;
         let (weight, bias) = if affine {
             (Some(vb.get(dim, "weight")?), Some(vb.get(dim, "bias")?))
         } else {
@@ -168,6 +169,7 @@ pub struct BatchNorm2d {
 
 impl BatchNorm2d {
     pub fn load(vb: VarBuilder, channels: usize, eps: f64) -> Result<Self> {
+        crate::validate::eps("nn.BatchNorm2d", eps)?;
         // `num_batches_tracked` only matters for training; it is part of the state dict, a scalar.
         if vb.contains_tensor("num_batches_tracked") {
             vb.get_with_hints_dtype((), "num_batches_tracked", candle_nn::Init::Const(0.), DType::I64)?;
@@ -232,6 +234,7 @@ impl GroupNorm {
                 format!("{groups} norm groups do not divide {channels} channels"),
             ));
         }
+        crate::validate::eps(block, eps)?;
         // Rounded to the block's dtype first, as PyTorch's `module.to(dtype)` rounds a wider
         // checkpoint's parameters, then held in the compute dtype. (A block that keeps its norms
         // wider, as guided-diffusion's `convert_to_fp16` does, passes a `vb` of that dtype.)
@@ -376,6 +379,7 @@ pub struct LastDimRmsNorm {
 
 impl LastDimRmsNorm {
     pub fn load(vb: VarBuilder, dim: usize, eps: f64, affine: bool) -> Result<Self> {
+        crate::validate::eps("RMSNorm", eps)?;
         let weight = if affine { Some(vb.get(dim, "weight")?) } else { None };
         Ok(Self { weight, dim, eps })
     }
@@ -450,6 +454,24 @@ mod tests {
     use super::*;
     use candle_core::Device;
     use std::collections::HashMap;
+
+    /// A norm's eps that is not a finite number > 0 is a config error, whatever the route in.
+    #[test]
+    fn eps_must_be_finite_and_positive() {
+        let dev = Device::Cpu;
+        let ts = HashMap::from([
+            ("n.weight".to_string(), Tensor::ones(64, DType::F32, &dev).unwrap()),
+            ("n.bias".to_string(), Tensor::zeros(64, DType::F32, &dev).unwrap()),
+        ]);
+        let vb = VarBuilder::from_tensors(ts, DType::F32, &dev);
+        for eps in [-1.0, 0.0, f64::NAN, f64::INFINITY] {
+            let e = group_norm(vb.pp("n"), "test", 32, 64, eps).unwrap_err().to_string();
+            assert!(e.contains("eps must be a finite number > 0"), "{e}");
+            assert!(LayerNorm::load(vb.pp("n"), 64, eps, true).is_err(), "{eps}");
+            assert!(LastDimRmsNorm::load(vb.pp("n"), 64, eps, true).is_err(), "{eps}");
+        }
+        assert!(group_norm(vb.pp("n"), "test", 32, 64, 1e-6).is_ok());
+    }
 
     /// Off CUDA the pre-add form is the add (in the input's dtype) and then the norm and swish,
     /// and no block is told to move its add into the norm.

@@ -74,7 +74,12 @@ pub(crate) fn compare_outputs(
     let mut outputs = vec![];
     let mut ours64: Option<Vec<candle_core::Tensor>> = None;
     for (index, (name, ours)) in bundle.outputs.iter().zip(ours).enumerate() {
-        let torch = bundle.output(name).expect("validated when the bundle was read");
+        let torch = bundle.output(name).ok_or_else(|| {
+            ParityError::bundle(
+                path,
+                format!("`parity.outputs` names `{name}` but tensor `parity.output.{name}` is missing"),
+            )
+        })?;
         let torch_f64 = bundle.output_f64(name);
         let mut twin_note = None;
         if let Some(reference) = torch_f64 {

@@ -285,7 +285,12 @@ fn bundle_inputs(
 ) -> Result<Inputs> {
     let mut tensors = std::collections::BTreeMap::new();
     for name in &bundle.inputs {
-        let t = bundle.input(name).expect("validated when the bundle was read");
+        let t = bundle.input(name).ok_or_else(|| {
+            ParityError::bundle(
+                &bundle.path,
+                format!("`parity.inputs` names `{name}` but tensor `parity.input.{name}` is missing"),
+            )
+        })?;
         let t = if input_converts(t, dtype, bundle_dtype) {
             weights.record_conversion(&format!("{}{name}", crate::bundle::INPUT_PREFIX), t.dtype(), dtype);
             t.to_dtype(dtype)

@@ -21,10 +21,17 @@
 //!   redirected to.
 
 use super::files::{confined, repo_name, HubFiles};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use ureq::http::{HeaderMap, Response};
+
+/// The slowest average rate a download may keep: its deadline allows its declared size at this
+/// rate, on top of the waits for the answer and between bytes.
+const MIN_RATE: u64 = 64 << 10;
+/// The longest any one timeout or deadline is held to (about 11.6 days): a longer one, up to
+/// `Duration::MAX`, means the same, and stays addable to the clock.
+const MAX_WAIT: Duration = Duration::from_secs(1_000_000);
 
 /// Seconds from the environment variable `name` (a positive number), else `default`.
 fn seconds(name: &str, default: f64) -> Duration {
@@ -162,8 +169,81 @@ fn metadata(agent: &ureq::Agent, origin: &str, url: &str, token: Option<&str>) -
     Err("the Hub redirected more than 5 times".into())
 }
 
-/// The body at `meta.location` written to `blob` (through a temporary file beside it).
-fn fetch(agent: &ureq::Agent, meta: &Meta, token: Option<&str>, blob: &Path) -> Result<(), String> {
+/// The most bytes a download of `file` may write, from the size its HEAD declared: that size,
+/// and no more than [`crate::files::MAX_TEXT_BYTES`] for a JSON file. A download that declares no
+/// size, or a JSON file declared larger, is refused before a byte is fetched.
+fn size_cap(file: &str, declared: Option<u64>) -> Result<u64, String> {
+    let json = file.ends_with(".json");
+    match declared {
+        Some(size) if json && size > crate::files::MAX_TEXT_BYTES => Err(format!(
+            "the Hub declares {size} bytes for a JSON file, more than the {} a JSON file may have",
+            crate::files::MAX_TEXT_BYTES
+        )),
+        Some(size) => Ok(size),
+        None => Err("the Hub's answer declares no size (Content-Length or X-Linked-Size)".into()),
+    }
+}
+
+/// When a download of `size` bytes must be done, counted from `start`: the waits for an answer
+/// and between bytes, plus the time the bytes take at [`MIN_RATE`]; the furthest instant the
+/// clock can hold where that overflows.
+fn deadline(start: Instant, answer: Duration, idle: Duration, size: u64) -> Instant {
+    let budget = answer
+        .checked_add(idle)
+        .and_then(|d| d.checked_add(Duration::from_secs(size / MIN_RATE)))
+        .unwrap_or(MAX_WAIT);
+    start
+        .checked_add(budget)
+        .or_else(|| start.checked_add(MAX_WAIT))
+        .unwrap_or(start)
+}
+
+/// `body` copied into `file`, ending with an error past `deadline` or after more than `cap` bytes.
+fn copy_bounded(body: &mut impl Read, file: &mut impl Write, cap: u64, deadline: Instant) -> Result<u64, String> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut n = 0u64;
+    loop {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the download took too long: {n} bytes by its deadline (a slower average than {} KiB/s)",
+                MIN_RATE >> 10
+            ));
+        }
+        let read = match body.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(read) => read,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_error(e)),
+        };
+        n = n.saturating_add(read as u64);
+        if n > cap {
+            return Err(format!("the download sent more than the {cap} bytes the Hub declared"));
+        }
+        file.write_all(&buf[..read]).map_err(|e| format!("cannot write: {e}"))?;
+    }
+}
+
+fn read_error(e: std::io::Error) -> String {
+    let timeout = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<ureq::Error>())
+        .is_some_and(|u| matches!(u, ureq::Error::Timeout(_)));
+    if timeout || e.kind() == std::io::ErrorKind::TimedOut {
+        "the download stalled (no data within HF_HUB_DOWNLOAD_TIMEOUT seconds)".to_string()
+    } else {
+        format!("the download broke off: {e}")
+    }
+}
+
+/// The body at `meta.location` written to `blob` (through a temporary file beside it): at most
+/// `cap` bytes, by `deadline`.
+fn fetch(
+    agent: &ureq::Agent,
+    meta: &Meta,
+    token: Option<&str>,
+    blob: &Path,
+    (cap, deadline): (u64, Instant),
+) -> Result<(), String> {
     let mut req = agent.get(&meta.location);
     if let Some(t) = token.filter(|_| meta.on_endpoint) {
         req = req.header("Authorization", format!("Bearer {t}"));
@@ -182,17 +262,7 @@ fn fetch(agent: &ureq::Agent, meta: &Meta, token: Option<&str>, blob: &Path) -> 
             .create_new(true)
             .open(&tmp)
             .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-        let n = std::io::copy(&mut body, &mut file).map_err(|e| {
-            let timeout = e
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<ureq::Error>())
-                .is_some_and(|u| matches!(u, ureq::Error::Timeout(_)));
-            if timeout || e.kind() == std::io::ErrorKind::TimedOut {
-                "the download stalled (no data within HF_HUB_DOWNLOAD_TIMEOUT seconds)".to_string()
-            } else {
-                format!("the download broke off: {e}")
-            }
-        })?;
+        let n = copy_bounded(&mut body, &mut file, cap, deadline)?;
         file.flush()
             .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
         Ok(n)
@@ -238,6 +308,7 @@ pub(super) fn download(files: &HubFiles, endpoint: &str, file: &str) -> Result<P
             seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10.0),
         )
     });
+    let (answer, idle) = (answer.min(MAX_WAIT), idle.min(MAX_WAIT));
     let token = files.token.clone().or_else(token);
     let meta = metadata(&agent(answer, idle, answer), &origin, &url, token.as_deref())?;
     let cache = files.cache().path();
@@ -251,7 +322,9 @@ pub(super) fn download(files: &HubFiles, endpoint: &str, file: &str) -> Result<P
     let blob = layout.blob_path(&meta.etag);
     mkdir(&files.repo_dir().join("blobs"))?;
     if !blob.is_file() {
-        fetch(&agent(idle, idle, answer), &meta, token.as_deref(), &blob)?;
+        let cap = size_cap(file, meta.size)?;
+        let bounds = (cap, deadline(Instant::now(), answer, idle, cap));
+        fetch(&agent(idle, idle, answer), &meta, token.as_deref(), &blob, bounds)?;
     }
     let pointer = layout.pointer_path(&meta.commit).join(file);
     let Some(folder) = pointer.parent() else {
@@ -296,5 +369,30 @@ mod tests {
         assert_eq!(encode("refs/pr/1", false), "refs%2Fpr%2F1");
         assert_eq!(encode("unet/config.json", true), "unet/config.json");
         assert_eq!(encode("a b?", true), "a%20b%3F");
+    }
+
+    #[test]
+    fn downloads_are_capped_and_deadlined() {
+        assert_eq!(
+            size_cap("diffusion_pytorch_model.safetensors", Some(5 << 30)),
+            Ok(5 << 30)
+        );
+        assert_eq!(size_cap("config.json", Some(1000)), Ok(1000));
+        assert!(size_cap("config.json", Some(1 << 40)).unwrap_err().contains("JSON"));
+        assert!(size_cap("model.safetensors", None).unwrap_err().contains("no size"));
+        let now = Instant::now();
+        let d = deadline(now, Duration::from_secs(1), Duration::from_secs(2), 10 * MIN_RATE);
+        assert_eq!(d - now, Duration::from_secs(13));
+        // No overflow, however long the waits or large the size.
+        let far = deadline(now, Duration::MAX, Duration::MAX, u64::MAX);
+        assert!(far > now);
+        // One byte at a time past the deadline ends; more than the cap ends.
+        let mut sink = vec![];
+        let e = copy_bounded(&mut &[1u8; 10][..], &mut sink, 100, now).unwrap_err();
+        assert!(e.contains("deadline"), "{e}");
+        let later = now + Duration::from_secs(60);
+        let e = copy_bounded(&mut &[1u8; 10][..], &mut sink, 9, later).unwrap_err();
+        assert!(e.contains("more than the 9 bytes"), "{e}");
+        assert_eq!(copy_bounded(&mut &[1u8; 10][..], &mut sink, 10, later), Ok(10));
     }
 }

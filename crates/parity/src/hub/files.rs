@@ -122,7 +122,9 @@ impl HubFiles {
 
     /// Download timeouts: `answer` for resolving, connecting and the headers of each answer,
     /// `idle` the most time without a byte of the body. Default: `HF_HUB_ETAG_TIMEOUT` and
-    /// `HF_HUB_DOWNLOAD_TIMEOUT` seconds, else 10 s each.
+    /// `HF_HUB_DOWNLOAD_TIMEOUT` seconds, else 10 s each. Any duration is accepted; one above
+    /// about 11.6 days (up to `Duration::MAX`) is held to that. Each download also has a
+    /// deadline: both waits plus its declared size at 64 KiB/s.
     pub fn with_timeouts(mut self, answer: Duration, idle: Duration) -> Self {
         self.timeouts = Some((answer, idle));
         self
@@ -200,7 +202,8 @@ impl HubFiles {
     }
 
     /// The cached copy of `file`: `Ok(Some)` when present, `Ok(None)` when not cached, an error
-    /// when the cache holds something that is not a commit or leads out of it.
+    /// when the cache holds something that is not a commit, leads out of it, or is not a regular
+    /// file (a FIFO, a folder).
     pub fn cached(&self, file: &str) -> Result<Option<PathBuf>> {
         let in_repo = self.checked_file(file)?;
         let rev = self.repo.revision();
@@ -217,7 +220,16 @@ impl HubFiles {
             return Ok(None);
         }
         confined(self.cache.path(), &path)?;
-        Ok(path.is_file().then_some(path))
+        // Present but not a file (a FIFO or a folder planted as the blob): say so, rather than
+        // "not in the cache" (and a download over it).
+        let io = |source| ParityError::Io {
+            path: path.clone(),
+            source,
+        };
+        if let Some(what) = crate::files::kind_if_not_regular(&path).map_err(io)? {
+            return Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, what)));
+        }
+        Ok(Some(path))
     }
 
     /// `config.json` and the first of [`WEIGHT_FILES`] the cache holds: `Ok(None)` when either

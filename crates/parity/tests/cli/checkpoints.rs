@@ -671,6 +671,38 @@ fn config_json_of_another_model_fails() {
     ]);
 }
 
+/// `norm_eps` that is not a finite number > 0 in a model's `config.json`: exit 2 naming the key
+/// (it was accepted, and the block output NaN that the check blamed on the port).
+#[test]
+fn a_norm_eps_that_is_not_positive_is_refused() {
+    let dir = scratch("bad-norm-eps");
+    let text = std::fs::read_to_string(models("diffusers_unet2d/config.json")).unwrap();
+    let bundle = w("mid/unet_mid_block_2d_unet2d_ref.safetensors");
+    for bad in [serde_json::json!(-1), serde_json::json!(0.0), serde_json::json!("1e-5")] {
+        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        json["norm_eps"] = bad.clone();
+        let path = dir.join("config.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        let (code, out, err) = cli(&["check", &bundle, "--config", path.to_str().unwrap()]);
+        assert_eq!(code, 2, "{bad}: {out}{err}");
+        assert!(err.contains("`norm_eps` must be a finite number > 0"), "{bad}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    // Through the library: a model folder whose config has norm_eps -1 is an Err.
+    let folder = dir.join("model");
+    std::fs::create_dir_all(&folder).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["norm_eps"] = serde_json::json!(-1);
+    std::fs::write(folder.join("config.json"), json.to_string()).unwrap();
+    std::fs::copy(
+        models("diffusers_unet2d/diffusion_pytorch_model.safetensors"),
+        folder.join("diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
+    let e = unet_parity::model::mid_block(&folder, None, &candle_core::Device::Cpu, candle_core::DType::F32);
+    assert!(e.err().unwrap().to_string().contains("norm_eps"));
+}
+
 fn detect(file: &str) -> String {
     let (code, out, err) = cli(&["detect", &models(file)]);
     assert_eq!(code, 0, "{file}: {err}");
@@ -804,6 +836,8 @@ fn broken_pickles_are_named_not_unpickled_blindly() {
         ("empty.bin", vec![], "safetensors"),
         ("legacy.pt", vec![0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc], "legacy"),
         ("garbage.ckpt", b"PK\x03\x04 this is not really a zip".to_vec(), "zip"),
+        // Neither zip nor pickle: said so (it was "not a valid safetensors file: header too large").
+        ("junk.bin", b"JUNKJUNKJUNKJUNK".to_vec(), "neither a zip archive"),
     ];
     for (name, content, needle) in cases {
         let path = dir.join(name);

@@ -83,7 +83,12 @@ fn a_wrong_output_fails_and_strict_refuses_loose_tolerances() {
 
     let loose = PortCheck::open(bundle(VAE_MID)).unwrap().atol(1.0).strict(true);
     let err = loose.run(|inputs| anyhow::Ok(inputs.get("hidden_states")?.clone()));
-    assert!(err.unwrap_err().to_string().contains("--strict refuses"));
+    let text = err.unwrap_err().to_string();
+    assert!(
+        text.contains("PortCheck::strict refuses") && text.contains("from PortCheck::atol"),
+        "{text}"
+    );
+    assert!(!text.contains("--"), "a library user gave no flag: {text}");
 }
 
 #[test]
@@ -200,4 +205,104 @@ fn a_model_folder_gives_its_mid_block_in_one_call() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("config.json"), "{err}");
+}
+
+// ---- Issue 45: a library that returns Err ----
+
+/// A `Bundle` whose public fields contradict its tensors: an input or output name it lacks, no
+/// outputs and no dtype. `run` and `inputs` return an error naming the file, never a panic.
+#[test]
+fn a_bundle_whose_fields_contradict_each_other_is_an_error() {
+    use unet_parity::bundle::Bundle;
+    let read = || Bundle::read(&bundle(VAE_MID)).unwrap();
+    let forward = |i: &unet_parity::port::PortInputs| anyhow::Ok(i.get("hidden_states")?.clone());
+    let mut ghost_input = read();
+    ghost_input.inputs.push("ghost".into());
+    let mut ghost_output = read();
+    ghost_output.outputs = vec!["phantom".into()];
+    let mut nothing = read();
+    nothing.outputs.clear();
+    nothing.dtype = None;
+    for (b, needle) in [
+        (ghost_input, "`ghost`"),
+        (ghost_output, "`phantom`"),
+        (nothing, "no outputs"),
+    ] {
+        let check = PortCheck::from_bundle(b);
+        let text = check.run(forward).unwrap_err().to_string();
+        assert!(text.contains(VAE_MID) && text.contains(needle), "{text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(check.inputs().is_err());
+    }
+}
+
+/// Tolerances that are NaN, negative or infinite are refused by name; a looser one is reported as
+/// `PortCheck::atol`, the call the user made.
+#[test]
+fn port_tolerances_are_validated_and_named_as_set() {
+    let forward = |i: &unet_parity::port::PortInputs| anyhow::Ok(i.get("hidden_states")?.clone());
+    for bad in [f64::NAN, -1.0, f64::INFINITY, f64::NEG_INFINITY] {
+        for (check, name) in [
+            (PortCheck::open(bundle(VAE_MID)).unwrap().atol(bad), "PortCheck::atol"),
+            (PortCheck::open(bundle(VAE_MID)).unwrap().rtol(bad), "PortCheck::rtol"),
+        ] {
+            let text = check.run(forward).unwrap_err().to_string();
+            assert!(
+                text.contains(name) && text.contains("finite number ≥ 0"),
+                "{bad}: {text}"
+            );
+        }
+    }
+    let check = PortCheck::open(bundle(VAE_MID)).unwrap().atol(1.0);
+    let mid = vae_mid(&check);
+    let report = check.run(|i| mid.forward(i.get("hidden_states")?, None)).unwrap();
+    let text = report.to_string();
+    assert!(
+        text.contains("from PortCheck::atol") && !text.contains("--atol"),
+        "{text}"
+    );
+}
+
+/// An input the bundle lacks: `<file>: your port:` once, not twice.
+#[test]
+fn a_missing_input_names_the_file_once() {
+    let check = PortCheck::open(bundle(VAE_MID)).unwrap();
+    let text = check
+        .run(|i| candle_core::Result::Ok(i.get("no_such_input")?.clone()))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(text.matches("your port:").count(), 1, "{text}");
+    assert_eq!(text.matches(VAE_MID).count(), 1, "{text}");
+    assert!(text.contains("`no_such_input`"), "{text}");
+}
+
+/// The right values in the wrong shape fail, and the stage table does not call the output a match.
+#[test]
+fn the_right_values_in_the_wrong_shape_do_not_match() {
+    let check = PortCheck::open(bundle(VAE_MID)).unwrap();
+    let mid = vae_mid(&check);
+    let report = check
+        .run(|i| mid.forward(i.get("hidden_states")?, None)?.flatten_all())
+        .unwrap();
+    assert!(!report.pass, "{report}");
+    let output = report.trace.stages.iter().find(|s| s.stage == "output").unwrap();
+    assert_eq!(output.status, "DIVERGES", "{report}");
+}
+
+/// A candle error carrying its backtrace (as candle's `bt()` makes one under `RUST_BACKTRACE=1`)
+/// comes back as one line with the message only (it carried the whole backtrace, escaped).
+#[test]
+fn a_candle_backtrace_stays_out_of_the_error_line() {
+    let check = PortCheck::open(bundle(VAE_MID)).unwrap();
+    let text = check
+        .run(|_| {
+            Err::<Tensor, _>(candle_core::Error::WithBacktrace {
+                inner: Box::new(candle_core::Error::Msg("shape mismatch in my conv".into())),
+                backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+            })
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(text.ends_with("your port: shape mismatch in my conv"), "{text}");
+    assert!(!text.contains("\\n") && text.lines().count() == 1, "{text}");
 }

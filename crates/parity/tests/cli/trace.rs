@@ -573,3 +573,24 @@ fn show_takes_weights_from_a_checkpoint() {
     assert_eq!(code, 2, "{out}{err}");
     assert!(err.contains("no tensor under prefix `decoder.no_such_block.`"), "{err}");
 }
+
+/// The documented `attn` stage (the weighted sum, heads merged) gets its own hint; diffusers'
+/// `attn1`/`attn2` modules and `attentions.N` the whole block's.
+#[test]
+fn the_attn_stage_has_its_own_hint() {
+    use unet_parity::trace::hint;
+    for stage in ["attn", "mid_attn/attn", "attn#2"] {
+        assert!(
+            hint(stage).starts_with("the weighted sum and head merge"),
+            "{stage}: {}",
+            hint(stage)
+        );
+    }
+    for stage in ["attentions.0/transformer_blocks.0/attn1", "attn2", "attentions.0"] {
+        assert!(
+            hint(stage).starts_with("an attention block as a whole"),
+            "{stage}: {}",
+            hint(stage)
+        );
+    }
+}

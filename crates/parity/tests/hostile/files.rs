@@ -179,6 +179,40 @@ fn the_hub_cache_is_not_left() {
     refused(&base, "leads out of the Hub cache");
 }
 
+/// A cache whose weights blob is a FIFO (the snapshot file links to it): the error says it is not
+/// a regular file, not that the file is missing from the cache, and nothing blocks on the FIFO.
+#[test]
+fn a_fifo_blob_is_reported_as_not_a_file() {
+    let (cache, repo, _) = hub_cache("hostile-hub-fifo");
+    std::fs::write(repo.join("refs/main"), COMMIT).unwrap();
+    let blobs = repo.join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let blob = blobs.join("ab".repeat(32));
+    mkfifo(&blob);
+    let weights_file = repo
+        .join("snapshots")
+        .join(COMMIT)
+        .join("diffusion_pytorch_model.safetensors");
+    std::fs::remove_file(&weights_file).unwrap();
+    std::os::unix::fs::symlink(format!("../../blobs/{}", "ab".repeat(32)), &weights_file).unwrap();
+    let bundle = weights().join("mid/unet_mid_block_2d_unet2d_ref.safetensors");
+    let (code, out, err) = cli_bounded(&[
+        "check",
+        bundle.to_str().unwrap(),
+        "--repo",
+        "acme/tiny-unet",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--offline",
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("not a regular file") && !err.contains("not in the cache"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
 /// A failing bundle whose file name carries a fake `PASS` row, an ANSI "conceal" sequence, a
 /// carriage return and a right-to-left override, and whose metadata carries an OSC 52 clipboard
 /// write: no command prints any of those characters raw (the table, `inspect`, error lines), so

@@ -24,6 +24,14 @@ enum Reply {
         body: Vec<u8>,
         stall_after: Option<usize>,
     },
+    /// Status 200 and `headers` without a length, then `chunks` pieces of `chunk` bytes,
+    /// `every` apart (a server that streams past the size it declared, or trickles).
+    Stream {
+        headers: Vec<(String, String)>,
+        chunk: usize,
+        chunks: usize,
+        every: std::time::Duration,
+    },
 }
 
 /// An HTTP/1.1 server on 127.0.0.1 answering each request (method, path) with `reply`; its URL.
@@ -44,6 +52,29 @@ fn serve(reply: impl Fn(&str, &str) -> Reply + Send + 'static) -> String {
             let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
             match reply(method, path) {
                 Reply::Stall => stalled.push(stream),
+                Reply::Stream {
+                    headers,
+                    chunk,
+                    chunks,
+                    every,
+                } => {
+                    // On a thread of its own: a trickle must not hold up the next request.
+                    std::thread::spawn(move || {
+                        let mut head = "HTTP/1.1 200 OK\r\nConnection: close\r\n".to_string();
+                        for (k, v) in headers {
+                            head.push_str(&format!("{k}: {v}\r\n"));
+                        }
+                        head.push_str("\r\n");
+                        let _ = stream.write_all(head.as_bytes());
+                        let piece = vec![b' '; chunk];
+                        for _ in 0..chunks {
+                            if stream.write_all(&piece).is_err() {
+                                break;
+                            }
+                            std::thread::sleep(every);
+                        }
+                    });
+                }
                 Reply::Answer {
                     status,
                     headers,
@@ -156,6 +187,91 @@ fn a_download_that_stalls_ends() {
     assert_eq!(c.code, 2, "{}", c.err);
     assert!(c.err.contains("stalled") || c.err.contains("timed out"), "{}", c.err);
     assert!(c.took.as_secs() < 10, "{:?}", c.took);
+}
+
+/// The HEAD of a file that declares 1000 bytes, and a GET answered by `stream`.
+fn declares_1000(stream: fn() -> Reply) -> String {
+    serve(move |method, _| match method {
+        "GET" => stream(),
+        _ => Reply::Answer {
+            status: 200,
+            headers: vec![
+                ("X-Repo-Commit".into(), COMMIT.into()),
+                ("ETag".into(), format!("\"{}\"", "cd".repeat(32))),
+            ],
+            body: vec![b' '; 1000],
+            stall_after: None,
+        },
+    })
+}
+
+/// No file left in the cache's blobs (nor a temporary one).
+fn no_blobs(cache: &Path) {
+    let blobs = cache.join("models--acme--tiny/blobs");
+    let left: Vec<_> = std::fs::read_dir(&blobs).map_or(vec![], |d| d.flatten().map(|e| e.path()).collect());
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A server that declares 1000 bytes and then streams on (64 MiB at most here): the download
+/// stops just past the declared size, and nothing stays in the cache.
+#[test]
+fn a_download_past_its_declared_size_is_cut_off() {
+    let endpoint = declares_1000(|| Reply::Stream {
+        headers: vec![],
+        chunk: 1 << 20,
+        chunks: 64,
+        every: std::time::Duration::ZERO,
+    });
+    let cache = scratch("hub-overlong");
+    let c = check_from(&endpoint, &cache, "5");
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(c.err.contains("more than the 1000 bytes"), "{}", c.err);
+    assert_eq!(c.err.lines().count(), 1, "{}", c.err);
+    assert!(c.took.as_secs() < 10, "{:?}", c.took);
+    no_blobs(&cache);
+}
+
+/// A server that trickles a byte every 300 ms, within the 1-second read timeout: the download's
+/// deadline (the waits plus 1000 bytes at 64 KiB/s, about 2 s) ends it.
+#[test]
+fn a_trickling_download_meets_its_deadline() {
+    let endpoint = declares_1000(|| Reply::Stream {
+        headers: vec![],
+        chunk: 1,
+        chunks: 60,
+        every: std::time::Duration::from_millis(300),
+    });
+    let cache = scratch("hub-trickle");
+    let c = check_from(&endpoint, &cache, "1");
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(c.err.contains("took too long"), "{}", c.err);
+    assert!(c.took.as_secs() < 10, "{:?}", c.took);
+    no_blobs(&cache);
+}
+
+/// A `config.json` declared at 1 TiB is refused before a byte of it is fetched.
+#[test]
+fn a_json_file_declared_huge_is_refused() {
+    let endpoint = serve(|method, _| match method {
+        "GET" => Reply::Stall,
+        _ => Reply::Answer {
+            status: 200,
+            headers: vec![
+                ("X-Repo-Commit".into(), COMMIT.into()),
+                ("ETag".into(), format!("\"{}\"", "ef".repeat(32))),
+                ("X-Linked-Size".into(), (1u64 << 40).to_string()),
+            ],
+            body: vec![],
+            stall_after: None,
+        },
+    });
+    let c = check_from(&endpoint, &scratch("hub-huge-json"), "5");
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(
+        c.err.contains("JSON file") && c.err.contains("config.json"),
+        "{}",
+        c.err
+    );
 }
 
 /// A well-behaved endpoint: the files land in the cache as `huggingface_hub` lays them out
@@ -300,6 +416,19 @@ mod through_an_api_repo {
             assert!(!cache.parent().unwrap().join("hub-api-escaped").exists());
             assert!(!Path::new("/tmp/hub-api-escaped").exists());
         }
+    }
+
+    /// Timeouts of `Duration::MAX` mean "no shorter limit", not a panic adding them to the clock.
+    #[test]
+    fn the_longest_timeouts_do_not_panic() {
+        if offline_from_env() {
+            return eprintln!("HF_HUB_OFFLINE is set: the download is not tried");
+        }
+        let cache = scratch("hub-api-max");
+        let (api, files) = handles(&model_server(hex_etag, COMMIT), "acme/tiny", &cache);
+        let files = files.with_timeouts(Duration::MAX, Duration::MAX);
+        let config = files.get(&api, "config.json").unwrap();
+        assert!(config.is_file(), "{}", config.display());
     }
 
     /// An `ApiRepo` for another repository than the [`HubFiles`]: refused before any request.

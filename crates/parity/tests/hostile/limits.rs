@@ -342,6 +342,12 @@ fn max_memory_sets_the_limit() {
     let c = run_limited(&["check", file, "--max-memory", "lots"], &[]);
     assert_eq!(c.code, 2, "{}", c.err);
     assert!(c.err.contains("expected a size"), "{}", c.err);
+    // The largest limit there is (2^64 - 1 bytes) is a limit; one byte more says why it is not.
+    let c = run_limited(&["check", file, "--max-memory", "18446744073709551615"], &[]);
+    assert_eq!(c.code, 0, "{}{}", c.out, c.err);
+    let c = run_limited(&["check", file, "--max-memory", "18446744073709551616"], &[]);
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(c.err.contains("more than 2^64 - 1 bytes"), "{}", c.err);
 }
 
 // ---- Issue 32, item 6: the thread count capped by the machine ----
@@ -362,4 +368,74 @@ fn a_huge_thread_count_is_capped_by_the_machine() {
         );
         assert!(!c.err.contains("internal error"), "{}", c.err);
     }
+}
+
+// ---- Issue 45, item 1: the estimate knows --trace, show and the reference attention ----
+
+/// The tensors of `raw` that `keep` keeps, as entries of a sparse file (f32 and f64 only).
+fn entries_of(raw: &RawBundle, keep: impl Fn(&str, &candle_core::Tensor) -> bool) -> Vec<Entry> {
+    raw.tensors
+        .iter()
+        .filter(|(name, t)| keep(name, t))
+        .map(|(name, t)| {
+            let t64 = t.to_dtype(candle_core::DType::F64).unwrap();
+            let values = t64.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+            let (dtype, bytes): (&'static str, Vec<u8>) = match t.dtype() {
+                candle_core::DType::F32 => ("F32", values.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect()),
+                candle_core::DType::F64 => ("F64", values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+                other => panic!("{other:?}"),
+            };
+            (name.clone(), dtype, t.dims().to_vec(), Some(bytes))
+        })
+        .collect()
+}
+
+/// The textbook bundle with its stage `q` a bfloat16 hole of (1, 1,200,000, 160) (384 MB; the
+/// issue's GEGLU stages): `check --trace` and `show` compare it in float64 copies (and hold our
+/// own stage), so both are refused from the header under 4 GiB, in one line, where they aborted
+/// ("memory allocation of 1536000000 bytes failed"); a plain `check` leaves the stages on the disk
+/// and passes.
+#[test]
+fn trace_and_show_count_the_stage_copies() {
+    let dir = scratch("limits-stage-copies");
+    let raw = RawBundle::read(&weights().join("textbook/self_attention_dx6_d5_dv7.safetensors"));
+    let mut entries = entries_of(&raw, |name, t| {
+        t.dtype() != candle_core::DType::BF16 && name != "parity.trace.q"
+    });
+    entries.push(("parity.trace.q".into(), "BF16", vec![1, 1_200_000, 160], None));
+    let path = dir.join("big_stage.safetensors");
+    sparse_safetensors(&path, &raw.metadata, &entries);
+    let file = path.to_str().unwrap();
+    let c = run_limited(&["check", file], &[]);
+    assert_eq!(c.code, 0, "{}{}", c.out, c.err);
+    let c = run_limited(&["check", file, "--trace"], &[]);
+    assert_refused(&c, "big_stage", "ulimit -v");
+    assert!(c.err.contains("stage comparison"), "{}", c.err);
+    let pictures = dir.join("pictures");
+    let c = run_limited(&["show", file, "--out", pictures.to_str().unwrap()], &[]);
+    assert_refused(&c, "big_stage", "ulimit -v");
+}
+
+/// The VAE attention bundle at 181 × 181 = 32,761 tokens (4 MB of input): the default path never
+/// forms the score matrix, `UNET_ATTENTION_SDPA=reference` forms all 4.3 GB of it, so the estimate
+/// refuses that run from the header (it aborted in 0.2 s).
+#[test]
+fn the_reference_attention_path_counts_its_score_matrix() {
+    let dir = scratch("limits-reference");
+    let raw = RawBundle::read(&weights().join("diffusers/attention_vae_mid.safetensors"));
+    let c = raw.tensors["parity.input.hidden_states"].dims()[1];
+    let mut entries = entries_of(&raw, |name, _| !name.starts_with("parity."));
+    for name in ["parity.input.hidden_states", "parity.output.output"] {
+        entries.push((name.into(), "F32", vec![1, c, 181, 181], None));
+    }
+    let mut meta = raw.metadata.clone();
+    meta.remove("parity.trace");
+    let path = dir.join("vae_32761_tokens.safetensors");
+    sparse_safetensors(&path, &meta, &entries);
+    let c = run_limited(
+        &["check", path.to_str().unwrap()],
+        &[("UNET_ATTENTION_SDPA", "reference")],
+    );
+    assert_refused(&c, "vae_32761_tokens", "ulimit -v");
+    assert!(c.err.contains("attention scores"), "{}", c.err);
 }

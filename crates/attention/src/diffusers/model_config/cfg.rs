@@ -45,6 +45,7 @@ impl Cfg<'_> {
     /// `transformer_layers_per_block`) hold one entry per down block, and the counts among them
     /// are whole numbers (a `layers_per_block` of `1e308` is not a model).
     pub(super) fn check_shapes(&self, default_blocks: usize) -> Result<()> {
+        self.check_eps()?;
         // Every model class indexes its first down block (`block_out_channels[0]`): none is no model.
         if matches!(self.0.get("down_block_types"), Some(Value::Array(types)) if types.is_empty()) {
             return Err(bad(
@@ -92,6 +93,18 @@ impl Cfg<'_> {
                 return Err(bad(format!(
                     "`{key}` must be a whole number or a list of them, found {value}"
                 )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every `*eps` key (`norm_eps`, `resnet_eps`, ...) a finite number > 0: diffusers takes a
+    /// negative one and its blocks output NaN.
+    fn check_eps(&self) -> Result<()> {
+        for (key, value) in self.0.iter().filter(|(k, _)| *k == "eps" || k.ends_with("_eps")) {
+            let ok = value.as_f64().is_some_and(|e| e.is_finite() && e > 0.0);
+            if !ok && !value.is_null() {
+                return Err(bad(format!("`{key}` must be a finite number > 0, found {value}")));
             }
         }
         Ok(())

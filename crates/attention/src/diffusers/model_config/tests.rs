@@ -53,6 +53,20 @@ fn lists_and_counts_are_checked_as_the_model_checks_them() {
 }
 
 #[test]
+fn norm_eps_must_be_a_finite_number_above_zero() {
+    for bad in [json!(-1), json!(0), json!(-1e-6), json!("1e-5")] {
+        let c = json!({"_class_name": "UNet2DModel", "norm_eps": bad});
+        let e = mid_blocks(&c, None, false).unwrap_err().to_string();
+        assert!(
+            e.contains("`norm_eps` must be a finite number > 0") && e.contains("config.json"),
+            "{e}"
+        );
+    }
+    let c = json!({"_class_name": "UNet2DModel", "norm_eps": 1e-6});
+    assert!(mid_blocks(&c, None, false).is_ok());
+}
+
+#[test]
 fn sd_configs_mean_heads_by_attention_head_dim() {
     // SD 1.5's unet/config.json essentials: `attention_head_dim: 8` is 8 heads.
     let spec = one(
