@@ -263,6 +263,7 @@ impl PortCheck {
                     atol: tol.atol,
                     strict: self.strict,
                     outputs_pass: outputs.iter().all(|o| o.pass),
+                    output: outputs.first(),
                 },
             )?
         } else {

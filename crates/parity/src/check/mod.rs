@@ -387,6 +387,7 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
                 atol,
                 strict: opts.strict,
                 outputs_pass: outputs.iter().all(|o| o.pass),
+                output: outputs.first(),
             },
         )?)
     };
