@@ -174,8 +174,19 @@ def main():
     ap.add_argument("--bound-margin", type=float, default=1.0,
                     help="the twin bounds: this times PyTorch's largest error on the normal bundles")
     ap.add_argument("--current", default=None, help="E,W,CE,CW,F32E,F32R,HE,HR (calibrate --constants)")
+    ap.add_argument("--validate-only", action="store_true",
+                    help="a fresh set: every bundle is validation, judged at --current only")
     args = ap.parse_args()
     lines = read(args.lines)
+    if args.validate_only:
+        if not args.current:
+            ap.error("--validate-only needs --current")
+        for line in lines:
+            line["half"] = "validate"
+        c = [float(x) for x in args.current.split(",")]
+        report(lines, {"within": (c[0], c[1]), "confirmed": (c[2], c[3])}, {"f32": (c[4], c[5]), "half": (c[6], c[7])},
+               "The library's constants, on a fresh set (every bundle)")
+        return
     ids = {(l["id"], l.get("half")) for l in lines}
     print(f"{len(lines)} lines, {len({i for i in ids if i[1] == 'calibrate'})} calibration bundles, "
           f"{len({i for i in ids if i[1] == 'validate'})} validation bundles, lanes {sorted({l['lane'] for l in lines})}")
