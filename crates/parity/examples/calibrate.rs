@@ -28,8 +28,8 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use unet_parity::bundle::Bundle;
 use unet_parity::compare::{
-    check_reference, compare, confirm_twin, default_tolerance, epsilon, error_ratio, twin_bounds, ErrorModel,
-    OutputReport, CONFIRMED_FACTORS, FACTORS,
+    check_reference, compare, confirm_twin, default_tolerance, epsilon, twin_bounds, ErrorModel, OutputReport,
+    CONFIRMED_FACTORS, FACTORS,
 };
 use unet_parity::{prepare_bundle, trace, Options};
 
@@ -264,5 +264,30 @@ fn confirm_line(bundle: &Bundle, name: &str, (ours, t, r): (&Tensor, &Tensor, &T
             json!({"kind": "confirm", "name": name, "confirmed": false, "why": why, "ratio": ratio})
         }
         Err(e) => json!({"kind": "confirm", "name": name, "confirmed": false, "why": e.to_string()}),
+    }
+}
+
+/// PyTorch's RMS relative error (`t` against `r`) over ours (`o` against `o64`), relative to `scale`.
+fn error_ratio(o: &[f64], o64: &[f64], t: &[f64], r: &[f64], scale: &[f64]) -> f64 {
+    let rms = |a: &[f64], b: &[f64]| {
+        let sum: f64 = a
+            .iter()
+            .zip(b)
+            .zip(scale)
+            .map(|((x, y), m)| {
+                if (x - y).is_finite() && *m > 0.0 {
+                    ((x - y) / m).powi(2)
+                } else {
+                    0.0
+                }
+            })
+            .sum();
+        (sum / a.len().max(1) as f64).sqrt()
+    };
+    let (torch, ours) = (rms(t, r), rms(o, o64));
+    if torch == 0.0 {
+        0.0
+    } else {
+        torch / ours
     }
 }

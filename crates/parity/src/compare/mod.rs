@@ -25,7 +25,7 @@ pub mod model;
 mod tolerance;
 pub use model::{ErrorModel, Factors, CONFIRMED_FACTORS, FACTORS, NEIGHBOURHOOD};
 pub use tolerance::{
-    check_reference, check_reference_within, check_tolerance, confirm_twin, default_tolerance, epsilon, error_ratio,
+    check_reference, check_reference_within, check_tolerance, confirm_twin, default_tolerance, epsilon,
     stage_twin_bounds, twin_bounds, TwinBounds, TwinProblem,
 };
 

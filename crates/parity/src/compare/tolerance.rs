@@ -177,31 +177,6 @@ pub fn confirm_twin(ours64: &Tensor, torch: &Tensor, reference: &Tensor) -> cand
     Ok(Ok(()))
 }
 
-/// PyTorch's RMS relative error (`t` against `r`) over ours (`o` against `o64`), relative to `scale`.
-pub fn error_ratio(o: &[f64], o64: &[f64], t: &[f64], r: &[f64], scale: &[f64]) -> f64 {
-    let rms = |a: &[f64], b: &[f64]| {
-        let sum: f64 = a
-            .iter()
-            .zip(b)
-            .zip(scale)
-            .map(|((x, y), m)| {
-                if (x - y).is_finite() && *m > 0.0 {
-                    ((x - y) / m).powi(2)
-                } else {
-                    0.0
-                }
-            })
-            .sum();
-        (sum / a.len().max(1) as f64).sqrt()
-    };
-    let (torch, ours) = (rms(t, r), rms(o, o64));
-    if torch == 0.0 {
-        0.0
-    } else {
-        torch / ours
-    }
-}
-
 /// [`check_reference`] on values: the worst element against the elementwise bound, then the worst
 /// neighbourhood against the RMS bound.
 fn twin_within_bounds(t: &[f64], r: &[f64], dtype: DType, bounds: TwinBounds, dims: &[usize]) -> Result<(), String> {
