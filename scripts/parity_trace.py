@@ -61,12 +61,24 @@ from its qualified module path by these rules:
    stage comes after the stages of the submodules it called, as ``<name>/output`` does above);
    the top module's output is the stage ``output``, last, stored as ``parity.output.<first
    output>`` as for any bundle.
+7. an attention module (diffusers ``Attention`` with ``AttnProcessor2_0`` / ``AttnProcessor`` /
+   the added-KV processors, ``SelfAttention1d``, lucidrains ``Attention``, ldm ``AttnBlock`` /
+   ``SpatialSelfAttention`` / ``CrossAttention`` / ``LinearAttention``, OpenAI
+   ``AttentionBlock``) also records the stages of its attention core, which no submodule returns,
+   under its own path: ``<path>/q``, ``k``, ``v`` (``(B, heads, tokens, head_dim)`` after the
+   head split, before any scale), ``probs`` (``(B, heads, Lq, Lk)``, f32, unmasked and at most
+   65,536 weights), ``context`` (linear attention) and ``attn`` (the input of the output
+   projection, heads merged), in the layouts of the named stages below, just before the output
+   projection's stage (``attentions.0/transformer_blocks.0/attn1/to_v``,
+   ``.../attn1/q``, ``k``, ``v``, ``probs``, ``attn``, ``.../attn1/to_out.0``); a name a submodule
+   already has (ldm ``AttnBlock``'s ``q`` convolution) is left to the submodule.
 
 A submodule whose stage name would be ``output`` is an error. The bundle records the mode as
 metadata ``parity.trace_mode`` = ``"modules"`` (absent: the named tracers), and checks re-record
-its stages the same way. Module stages are the modules' own outputs, unreshaped (no ``q``/``k``/
-``v`` head split, no ``probs``): a port records, at the end of its forward of the submodule with
-that path, the tensor that submodule returns, under the name these rules give.
+its stages the same way. Module stages are the modules' own outputs, unreshaped, plus the
+attention cores of rule 7: a port records, at the end of its forward of the submodule with that
+path, the tensor that submodule returns, under the name these rules give, and inside its
+attention the core's tensors in the layouts rule 7 gives.
 
 Bundles store stage ``s`` as ``parity.trace.<s>`` and the metadata ``parity.trace`` = JSON list of
 the stage names in forward order (``output`` last). Every bundle also stores the float64 run's

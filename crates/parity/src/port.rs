@@ -31,8 +31,10 @@
 //!   stage names the bundle's exporter wrote (`parity.trace`, listed by `unet-parity inspect`).
 //!   Bundles from the named-stage tracers call a nested block's output `<name>/output`
 //!   (`resnets.0/output`); recording `resnets.0` counts as that. Bundles exported with
-//!   module-path stages (`scripts/export_own.py --module-stages`) name every submodule's output
-//!   by its path (`attentions.0/transformer_blocks.0/ff`). Stages you do not record are shown as
+//!   module-path stages (`scripts/export_own.py --trace modules`) name every submodule's output
+//!   by its path (`attentions.0/transformer_blocks.0/ff`), and each attention module's core
+//!   under its path (`.../attn1/q`, `k`, `v`, `probs`, `attn`: docs/tracing.md gives the
+//!   layouts). A name you record that the bundle lacks is listed with the closest one it has. Stages you do not record are shown as
 //!   `not recorded` and never fail; the first recorded stage that fails is the first divergence.
 //!   Stage `output` is what the forward returns. Our blocks record their stages too when they run
 //!   inside a check (under [`scope`] names you give them, else at the top level, where names the

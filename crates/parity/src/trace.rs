@@ -26,6 +26,12 @@ pub const TRACE_KEY: &str = "parity.trace";
 pub const TRACE_PREFIX: &str = "parity.trace.";
 /// Suffix of a float32 bundle's float64 stages, stored as deltas from the stage.
 pub const DELTA_SUFFIX: &str = ".float64_delta";
+/// Metadata key of a bundle's trace mode: `modules` for stages named by module path, absent for
+/// the named stages.
+pub const TRACE_MODE_KEY: &str = "parity.trace_mode";
+/// The attention core's stages, which no PyTorch submodule returns: the exporter records them
+/// under each attention module's path (`attn1/q`, `attn1/probs`, ...).
+pub const ATTENTION_CORE_STAGES: [&str; 6] = ["q", "k", "v", "probs", "context", "attn"];
 
 /// One stage of the trace table.
 #[derive(Debug, Clone, Serialize)]
@@ -56,6 +62,10 @@ pub struct TraceReport {
     pub hint: Option<String>,
     /// Stages we recorded that the bundle does not hold (not compared).
     pub ours_only: Vec<String>,
+    /// The bundle's stages are named by module path (`parity.trace_mode` = `modules`): the
+    /// PyTorch submodules' outputs, which a block of ours records only in part.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub module_paths: bool,
     /// Why there is no table (no traces in the bundle, a run in another dtype).
     pub note: Option<String>,
 }
@@ -167,6 +177,52 @@ pub fn hint(stage: &str) -> &'static str {
     }
 }
 
+/// [`hint`] for the first divergence `first` among `stages`, and, at an attention module's output
+/// projection (`attn1/to_out.0`, `proj`) whose attention core was not compared (its `q`, `k`, `v`,
+/// `probs`, `attn` not recorded, or not in the bundle), a word that the core is as likely: a
+/// wrong scale or head split first shows at the projection then.
+pub fn hint_in_context(stages: &[StageReport], first: &str) -> String {
+    let base = hint(first).to_string();
+    let (parent, last) = first.rsplit_once('/').unwrap_or(("", first));
+    let last = last.split('#').next().unwrap_or(last);
+    let projection = matches!(last, "to_out.0" | "proj_attn" | "proj" | "proj_out" | "to_out");
+    if !projection || hint(first) != hint("proj") {
+        return base;
+    }
+    let core = |s: &StageReport| {
+        let (p, l) = s.stage.rsplit_once('/').unwrap_or(("", s.stage.as_str()));
+        p == parent && ATTENTION_CORE_STAGES.contains(&l)
+    };
+    if stages.iter().any(|s| core(s) && s.compare.is_some()) {
+        return base;
+    }
+    let at = |n: &str| {
+        if parent.is_empty() {
+            n.to_string()
+        } else {
+            format!("{parent}/{n}")
+        }
+    };
+    let how = if stages.iter().any(core) {
+        format!(
+            "record `{}`, `{}`, `{}`, `{}` and `{}` in the layouts of docs/tracing.md to tell them apart",
+            at("q"),
+            at("k"),
+            at("v"),
+            at("probs"),
+            at("attn")
+        )
+    } else {
+        "the bundle has no stages inside the attention (re-export it with scripts/export_own.py, whose \
+         module-path stages now include `q`, `k`, `v`, `probs`, `attn`)"
+            .to_string()
+    };
+    format!(
+        "{base}; or, as nothing before it inside the attention was compared, the attention core: the scale, the \
+         head split, the softmax, the weighted sum and head merge ({how})"
+    )
+}
+
 /// How stages are judged: by the verdict's own rule (its tolerances, `--strict`), knowing whether
 /// the outputs passed.
 #[derive(Debug, Clone, Copy)]
@@ -225,8 +281,9 @@ pub fn compare_stages(bundle: &Bundle, ours: &[(String, Tensor)], rule: &StageRu
             .map(|s| s.stage.clone())
     };
     Ok(TraceReport {
-        hint: first.as_deref().map(|s| hint(s).to_string()),
+        hint: first.as_deref().map(|s| hint_in_context(&stages, s)),
         first_divergence: first,
+        module_paths: bundle.metadata.get(TRACE_MODE_KEY).map(String::as_str) == Some("modules"),
         outputs_pass: rule.outputs_pass,
         ours_only: ours
             .iter()
@@ -349,8 +406,35 @@ pub fn without_table(note: impl Into<String>) -> TraceReport {
         outputs_pass: false,
         hint: None,
         ours_only: vec![],
+        module_paths: false,
         note: Some(note.into()),
     }
+}
+
+/// The bundle stage whose name is closest to `name` (fewest single-character edits; the first
+/// in forward order on a tie), when one is within half of `name`'s length.
+pub fn closest_stage<'a>(name: &str, stages: &'a [StageReport]) -> Option<&'a str> {
+    let best = stages
+        .iter()
+        .map(|s| (edit_distance(name, &s.stage), s.stage.as_str()))
+        .min_by_key(|(d, _)| *d)?;
+    (best.0 * 2 <= name.chars().count().max(2)).then_some(best.1)
+}
+
+/// Levenshtein distance over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// A number as the tables print it (`-` for NaN).
@@ -371,13 +455,17 @@ impl std::fmt::Display for TraceReport {
 }
 
 impl TraceReport {
-    /// The table as `Display` writes it; with `recorded_only`, the stages we did not record are
-    /// counted in one line instead of listed (a port that records a few stages of many).
-    pub fn render(&self, f: &mut impl std::fmt::Write, recorded_only: bool) -> std::fmt::Result {
+    /// The table as `Display` writes it. For a user's port (`port`), the stages it did not record
+    /// are counted in one line instead of listed (a port records a few stages of many), and the
+    /// names it recorded that the bundle lacks are listed with the closest bundle stage. Our own
+    /// block on a bundle of module-path stages is shown the same way (it records the named stages
+    /// only, so most module paths are not its names).
+    pub fn render(&self, f: &mut impl std::fmt::Write, port: bool) -> std::fmt::Result {
         let line = |s: &str| crate::terminal::one_line(s).into_owned();
         if let Some(note) = &self.note {
             writeln!(f, "  ({})", line(note))?;
         }
+        let recorded_only = port || self.module_paths;
         let mut rows: Vec<[String; 6]> =
             vec![["STAGE", "SHAPE(torch)", "SHAPE(ours)", "MAX_ABS", "MAX_REL", "RESULT"].map(String::from)];
         let skipped = self
@@ -410,12 +498,23 @@ impl TraceReport {
                 writeln!(f, "  {}", cells.join("  ").trim_end())?;
             }
         }
-        if skipped > 0 {
+        if skipped > 0 && port {
             writeln!(
                 f,
                 "  ({skipped} of the bundle's {} stages not recorded; record them to narrow a divergence down)",
                 self.stages.len()
             )?;
+        } else if skipped > 0 {
+            writeln!(
+                f,
+                "  ({skipped} of the bundle's {} stages not shown: they are PyTorch submodules' outputs named by module \
+                 path (`{TRACE_MODE_KEY}` = modules), which our block does not record under those names; a bundle \
+                 exported with the named stages (scripts/export_own.py without --trace modules) is traced in full)",
+                self.stages.len()
+            )?;
+        }
+        if port {
+            self.render_unknown_names(f)?;
         }
         for s in self.stages.iter().filter(|s| s.twin_note.is_some()) {
             writeln!(
@@ -437,5 +536,31 @@ impl TraceReport {
             _ if !self.stages.is_empty() => writeln!(f, "  no stage diverges"),
             _ => Ok(()),
         }
+    }
+
+    /// The names a port recorded that the bundle does not hold, each with the closest stage name
+    /// it does hold: a misspelled name is never silently `not recorded`.
+    fn render_unknown_names(&self, f: &mut impl std::fmt::Write) -> std::fmt::Result {
+        const SHOWN: usize = 8;
+        if self.ours_only.is_empty() || self.stages.is_empty() {
+            return Ok(());
+        }
+        let line = |s: &str| crate::terminal::one_line(s).into_owned();
+        writeln!(
+            f,
+            "  recorded but not in the bundle, so not compared ({} name{}):",
+            self.ours_only.len(),
+            if self.ours_only.len() == 1 { "" } else { "s" }
+        )?;
+        for name in self.ours_only.iter().take(SHOWN) {
+            match closest_stage(name, &self.stages) {
+                Some(near) => writeln!(f, "    `{}` (closest bundle stage: `{}`)", line(name), line(near))?,
+                None => writeln!(f, "    `{}` (no bundle stage is close)", line(name))?,
+            }
+        }
+        if self.ours_only.len() > SHOWN {
+            writeln!(f, "    ... and {} more", self.ours_only.len() - SHOWN)?;
+        }
+        Ok(())
     }
 }

@@ -306,3 +306,132 @@ fn a_candle_backtrace_stays_out_of_the_error_line() {
     assert!(text.ends_with("your port: shape mismatch in my conv"), "{text}");
     assert!(!text.contains("\\n") && text.lines().count() == 1, "{text}");
 }
+
+/// The VAE decoder's mid block with module-path stages (`scripts/export_own.py --trace modules`),
+/// whose attention module also records its core: `attentions.0/q`, `k`, `v`, `probs`, `attn`.
+const VAE_MID_MODULES: &str = "weights/own/modules/diffusers_vae_decoder_mid_block.safetensors";
+
+/// How a hand-written port of diffusers' VAE attention (`Attention` with `AttnProcessor2_0`) may
+/// go wrong.
+#[derive(Clone, Copy, PartialEq)]
+enum Slip {
+    None,
+    /// The scores scaled by 1/d instead of 1/sqrt(d).
+    Scale,
+    /// Two heads of 8 channels where the model has one head of 16.
+    HeadSplit,
+}
+
+/// A user's port of the VAE mid block: our resnets, a hand-written attention recording its
+/// module-path stages and, with `core`, the attention core's stages in docs/tracing.md's layouts.
+fn vae_port(
+    vb: &candle_nn::VarBuilder,
+    x: &Tensor,
+    slip: Slip,
+    core: bool,
+    misspelled: bool,
+) -> anyhow::Result<Tensor> {
+    use unet_attention::diffusers::{ResnetBlock2D, ResnetBlock2DConfig};
+    let cfg = ResnetBlock2DConfig {
+        temb_channels: None,
+        groups: 4,
+        eps: 1e-6,
+        ..ResnetBlock2DConfig::new(16)
+    };
+    let resnet = |i: usize| ResnetBlock2D::new(vb.pp(format!("resnets.{i}")), &cfg);
+    let (first, last) = (resnet(0)?, resnet(1)?);
+    let h = unet_parity::port::scope("resnets.0", || first.forward(x, None))?;
+    record("resnets.0", &h);
+
+    let (b, c, hh, ww) = h.dims4()?;
+    let n = hh * ww;
+    let heads = if slip == Slip::HeadSplit { 2 } else { 1 };
+    let d = c / heads;
+    let va = vb.pp("attentions.0");
+    let at = |s: &str| format!("attentions.0/{s}");
+    let normed = candle_nn::group_norm(4, c, 1e-6, va.pp("group_norm"))?.forward(&h.reshape((b, c, n))?)?;
+    record(&at("group_norm"), &normed);
+    let tokens = normed.transpose(1, 2)?.contiguous()?;
+    let project = |name: &str| -> candle_core::Result<Tensor> {
+        let t = candle_nn::linear(c, c, va.pp(name))?.forward(&tokens)?;
+        record(&at(name), &t);
+        t.reshape((b, n, heads, d))?.transpose(1, 2)?.contiguous()
+    };
+    let (q, k, v) = (project("to_q")?, project("to_k")?, project("to_v")?);
+    let scale = if slip == Slip::Scale {
+        1.0 / d as f64
+    } else {
+        1.0 / (d as f64).sqrt()
+    };
+    let probs = candle_nn::ops::softmax_last_dim(&(q.matmul(&k.t()?)? * scale)?)?;
+    let attn = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, n, c))?;
+    if core {
+        record(&at("q"), &q);
+        record(&at("k"), &k);
+        record(&at("v"), &v);
+        record(&at(if misspelled { "prob" } else { "probs" }), &probs);
+        record(&at("attn"), &attn);
+    }
+    let out = candle_nn::linear(c, c, va.pp("to_out.0"))?.forward(&attn)?;
+    record(&at("to_out.0"), &out);
+    let y = (out.transpose(1, 2)?.reshape((b, c, hh, ww))? + &h)?;
+    record("attentions.0", &y);
+    Ok(unet_parity::port::scope("resnets.1", || last.forward(&y, None))?)
+}
+
+fn vae_port_report(slip: Slip, core: bool, misspelled: bool) -> unet_parity::port::PortReport {
+    let check = PortCheck::open(bundle(VAE_MID_MODULES)).unwrap();
+    let vb = check.var_builder().unwrap();
+    check
+        .run(|inputs| vae_port(&vb, inputs.get("hidden_states")?, slip, core, misspelled))
+        .unwrap()
+}
+
+/// Issue 47: a port with a wrong attention scale or head split, checked against a default
+/// module-path export, is sent to the attention core's stage with the right hint; one that records
+/// only the modules' outputs is told the core is as likely as the projection it stops at.
+#[test]
+fn attention_core_slips_are_placed_at_the_core() {
+    let right = vae_port_report(Slip::None, true, false);
+    assert!(right.pass, "{right}");
+    let core = ["q", "k", "v", "probs", "attn"].map(|s| format!("attentions.0/{s}"));
+    for s in right.trace.stages.iter().filter(|s| core.contains(&s.stage)) {
+        assert_eq!(s.status, "match", "{right}");
+    }
+
+    let scale = vae_port_report(Slip::Scale, true, false);
+    assert!(!scale.pass, "{scale}");
+    assert_eq!(scale.first_divergence(), Some("attentions.0/probs"), "{scale}");
+    assert!(scale.trace.hint.as_deref().unwrap().contains("scale"), "{scale}");
+
+    let split = vae_port_report(Slip::HeadSplit, true, false);
+    assert!(!split.pass, "{split}");
+    assert_eq!(split.first_divergence(), Some("attentions.0/q"), "{split}");
+    assert!(split.trace.hint.as_deref().unwrap().contains("head split"), "{split}");
+
+    let blind = vae_port_report(Slip::Scale, false, false);
+    assert_eq!(blind.first_divergence(), Some("attentions.0/to_out.0"), "{blind}");
+    let hint = blind.trace.hint.as_deref().unwrap();
+    assert!(
+        hint.contains("output projection")
+            && hint.contains("the attention core")
+            && hint.contains("`attentions.0/probs`"),
+        "{hint}"
+    );
+    // With the core recorded, the projection's own hint stands alone.
+    assert!(!scale.trace.hint.as_deref().unwrap().contains("output projection"));
+}
+
+/// Issue 47: a misspelled `record` name is listed with the closest stage the bundle holds, not
+/// silently `not recorded`.
+#[test]
+fn a_misspelled_stage_name_is_listed_with_the_closest_bundle_stage() {
+    let report = vae_port_report(Slip::None, true, true);
+    assert!(report.pass, "{report}");
+    let text = report.to_string();
+    assert!(
+        text.contains("recorded but not in the bundle")
+            && text.contains("`attentions.0/prob` (closest bundle stage: `attentions.0/probs`)"),
+        "{text}"
+    );
+}
