@@ -6,6 +6,7 @@ block(s) receive, and write *referencing* parity bundles (with stage traces) for
                                  [--inputs FILE.safetensors] [--variant V] [--threads N]
     python scripts/export_own.py model-10.pt --unet-kwargs '{"dim": 64, "dim_mults": [1, 2, 4, 8]}' [--entry ema]
     python scripts/export_own.py MODEL --trace modules [--only decoder_mid_block]   # module-path stages
+    python scripts/export_own.py MODEL --dtype f16      # the mid blocks run in float16 (or bf16)
 
 MODEL is a folder that diffusers' ``save_pretrained`` wrote (``config.json`` + the weights:
 ``diffusion_pytorch_model.safetensors``, its sharded index, or ``.bin``), or the weights file in
@@ -32,6 +33,12 @@ output of every submodule that runs, named by its module path (``resnets.0/norm1
 rules are in ``parity_trace.py``'s docstring), for a port whose forward records its submodules'
 outputs under the same paths. ``--only SITE ...`` writes only those mid blocks (file-name
 suffixes: ``mid_block``, ``encoder_mid_block``, ``decoder_mid_block``, ``controlnet_mid_block``).
+
+``--dtype f16`` / ``bf16``: the model still runs in float32 to capture the mid block's inputs; the
+block is then converted with ``.to(dtype)`` and run by PyTorch in that dtype on those inputs cast
+to it (``export_bundle(dtype=...)``). Such a bundle holds its rounded weights itself instead of
+referencing the checkpoint, and is named ``<name>_<site>_<dtype>.safetensors``; its float64 twin
+starts from the same rounded weights and inputs.
 """
 
 from __future__ import annotations
@@ -395,7 +402,11 @@ def rebuilt(block, cfg, weights: Path, key, prefix):
     return module.eval()
 
 
-def export_site(site, ins, expected, kwargs, weights: Path, key, out: Path, source: str, trace="named"):
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def export_site(site, ins, expected, kwargs, weights: Path, key, out: Path, source: str, trace="named",
+                dtype="f32"):
     suffix, block, cfg, prefix, _ = site
     module = rebuilt(block, cfg, weights, key, prefix)
     got = list(run_module(module, ins, kwargs).values())
@@ -408,6 +419,8 @@ def export_site(site, ins, expected, kwargs, weights: Path, key, out: Path, sour
         source += (f"; the model passed {', '.join(strided)} non-contiguous, stored contiguous with PyTorch's output "
                    "on the contiguous copy")
     out.parent.mkdir(parents=True, exist_ok=True)
+    if dtype != "f32":
+        return export_half(module, block, cfg, ins, kwargs, out, source, trace, dtype)
     rel = os.path.relpath(weights.resolve(), out.parent.resolve()).replace(os.sep, "/")
     ref = (rel, prefix) if key is None else (rel, prefix, key)
     contiguous = OrderedDict((k, v.contiguous()) for k, v in ins.items())
@@ -420,6 +433,17 @@ def export_site(site, ins, expected, kwargs, weights: Path, key, out: Path, sour
                        OrderedDict((k, v.clone()) for k, v in back["inputs"].items()), back["kwargs"])
     assert all(torch.equal(again[n], back["expected"][n]) for n in back["expected"]), out
     return info
+
+
+def export_half(module, block, cfg, ins, kwargs, out: Path, source: str, trace, dtype):
+    """The float32 block converted to ``dtype`` (f16 / bf16) and run by PyTorch in it on the captured
+    inputs cast to it, as a *self-contained* bundle: it holds the block's weights in ``dtype``
+    (the rounded weights PyTorch ran, which the checkpoint does not hold) and, as every half
+    bundle, the float64 copy's outputs and stages started from those rounded weights."""
+    contiguous = OrderedDict((k, v.contiguous()) for k, v in ins.items())
+    return export_bundle(module, block, cfg, contiguous, out, kwargs=kwargs, dtype=DTYPES[dtype],
+                         trace=True if trace == "named" else trace,
+                         source=f"{source}; the float32 block converted to {DTYPES[dtype]} (.to(dtype)) and run in it")
 
 
 def fresh_copies_(model):
@@ -467,6 +491,10 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", choices=("named", "modules"), default="named",
                     help="stage traces: the block's named stages (q, k, v, probs, ...; default), or 'modules': every "
                     "submodule's output under its module path (resnets.0/norm1, ...; parity_trace.py's rules)")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="f32",
+                    help="the dtype PyTorch runs the mid block in (f32, the default; f16 or bf16: the block converted "
+                    "with .to(dtype) on the captured inputs cast to it, a self-contained bundle holding the rounded "
+                    "weights, named <name>_<site>_<dtype>.safetensors)")
     ap.add_argument("--only", nargs="+", metavar="SITE",
                     help="only these mid blocks, by file-name suffix (e.g. decoder_mid_block of an AutoencoderKL)")
     args = ap.parse_args(argv)
@@ -498,12 +526,13 @@ def main(argv=None) -> int:
                 raise Refused(f"{args.model}: the {cls} forward fails on the inputs ({what}): {brief(e)}; give "
                               "your own with --inputs FILE.safetensors") from None
             source = site_source(site, cls, what)
-            out = args.out / f"{name}_{site[0]}.safetensors"
-            info = export_site(site, ins, expected, kwargs, weights, key, out, source, args.trace)
+            tag = "" if args.dtype == "f32" else f"_{args.dtype}"
+            out = args.out / f"{name}_{site[0]}{tag}.safetensors"
+            info = export_site(site, ins, expected, kwargs, weights, key, out, source, args.trace, args.dtype)
             diffs = ", ".join(f"{k} {v:.2e}" for k, v in info["max_abs_diff_f64"].items())
             shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in ins.items())
             print(f"wrote {out} ({info['bytes']} B) {site[1]} inputs [{shapes}] prefix {site[3]!r} "
-                  f"max|f32-f64| {diffs}")
+                  f"max|{args.dtype}-f64| {diffs}")
             written.append(out)
     except Refused as e:
         print(f"error: {e}", file=sys.stderr)
