@@ -3,8 +3,11 @@
 //! C++ compiler once per source text, and runs [`Request`]s through it: buffers, then launches as
 //! the Rust launch code plans them, then the buffers asked for back.
 //!
-//! Needs a C++17 compiler (`$CXX`, else `c++`, `g++` or `clang++`). Without one the tests say so
-//! and pass, unless `UNET_ATTENTION_REQUIRE_EMULATOR` is set (as `.ci/run` does), which makes a
+//! They run in a lane of their own (two minutes of a sanitized C++ build and emulation, which a
+//! user's `cargo test --workspace` need not wait for): only with `UNET_ATTENTION_EMULATOR=1`, or
+//! with `UNET_ATTENTION_REQUIRE_EMULATOR` set (as `.ci/run`'s emulator lane does); otherwise each
+//! says it skipped. Needs a C++17 compiler (`$CXX`, else `c++`, `g++` or `clang++`). Without one
+//! the tests say so and pass, unless `UNET_ATTENTION_REQUIRE_EMULATOR` is set, which makes a
 //! missing compiler a failure.
 
 use crate::test_support::seeded_randn;
@@ -49,7 +52,23 @@ const SOURCES: [&str; 6] = [
 /// The runner binary, built once (`None`: no C++ compiler, the caller's test is skipped).
 pub(super) fn runner() -> Option<&'static Path> {
     static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BIN.get_or_init(build).as_deref()
+    BIN.get_or_init(|| {
+        if !wanted() {
+            eprintln!(
+                "skipped: the emulated CUDA kernels run in their own lane (UNET_ATTENTION_EMULATOR=1, or .ci/run)"
+            );
+            return None;
+        }
+        build()
+    })
+    .as_deref()
+}
+
+/// The emulated kernels are asked for: `UNET_ATTENTION_EMULATOR=1`, or
+/// `UNET_ATTENTION_REQUIRE_EMULATOR` set.
+fn wanted() -> bool {
+    std::env::var_os("UNET_ATTENTION_REQUIRE_EMULATOR").is_some()
+        || std::env::var("UNET_ATTENTION_EMULATOR").is_ok_and(|v| v.trim() == "1")
 }
 
 fn build() -> Option<PathBuf> {
