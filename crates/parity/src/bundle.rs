@@ -250,12 +250,14 @@ fn json_field<T: serde::de::DeserializeOwned>(
 }
 
 /// `parity.block`, after checking that `parity.format` is the one this tool reads.
-fn block_of(path: &Path, metadata: &BTreeMap<String, String>) -> Result<String> {
+/// A file without any `parity.*` (a model checkpoint) is told what to do instead.
+fn block_of(path: &Path, metadata: &BTreeMap<String, String>, infos: &[TensorInfo]) -> Result<String> {
     let require = |key: &str| {
-        metadata
-            .get(key)
-            .cloned()
-            .ok_or_else(|| ParityError::bundle(path, format!("metadata `{key}` is missing")))
+        metadata.get(key).cloned().ok_or_else(|| {
+            let names: Vec<&str> = infos.iter().map(|i| i.name.as_str()).collect();
+            let next = crate::next_step::not_a_bundle(path, metadata, &names).unwrap_or_default();
+            ParityError::bundle(path, format!("metadata `{key}` is missing{next}"))
+        })
     };
     let format = require("parity.format")?;
     if format != FORMAT {
@@ -351,7 +353,7 @@ impl Bundle {
 
     /// Validate a parsed file as a bundle.
     pub fn from_raw(path: &Path, (metadata, infos, tensors): RawFile) -> Result<Self> {
-        let block = block_of(path, &metadata)?;
+        let block = block_of(path, &metadata, &infos)?;
         let config = config_of(path, &metadata)?;
         let listed: BTreeSet<&str> = infos.iter().map(|i| i.name.as_str()).collect();
         let inputs: Vec<String> = json_field(path, &metadata, "parity.inputs", "a JSON array of strings")?
