@@ -171,7 +171,8 @@ fn probs_stages<'a>(
             if names.is_empty() {
                 "; it has no stages at all (export it with trace=True)"
             } else {
-                " (the block has no attention, or its exporter recorded no weights)"
+                " (the block has no attention, or the exporter left the weights out: a masked attention \
+                 or one of more than 65,536 weights)"
             }
         ));
     }
