@@ -8,11 +8,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// The folder holding `config.json` among `folder` and the folders of `checkpoints`.
+/// The folder holding `config.json` among the folders of `checkpoints` and `folder`.
 fn model_folder<'a>(folder: Option<&'a Path>, checkpoints: &'a [PathBuf]) -> Option<&'a Path> {
-    folder
-        .into_iter()
-        .chain(checkpoints.iter().filter_map(|c| c.parent()))
+    checkpoints
+        .iter()
+        .filter_map(|c| c.parent())
+        .chain(folder)
         .find(|d| d.join("config.json").is_file())
 }
 
@@ -49,8 +50,14 @@ fn commands(file: &Path, folder: Option<&Path>) -> String {
 /// (safetensors files without `parity.*` metadata). Empty for a folder with neither checkpoints
 /// nor `config.json`.
 pub(crate) fn no_bundles(folder: &Path, checkpoints: &[PathBuf]) -> String {
-    let model = model_folder(Some(folder), checkpoints);
-    let Some(first) = checkpoints.first() else {
+    // In a pipeline folder, a diffusers model's weights (`unet/`, `vae/`) before a text encoder's.
+    let diffusers = checkpoints.iter().find(|c| {
+        c.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("diffusion_pytorch_model"))
+    });
+    let first = diffusers.or(checkpoints.first());
+    let model = model_folder(Some(folder), first.map(std::slice::from_ref).unwrap_or_default());
+    let Some(first) = first else {
         return match model {
             Some(dir) => format!(
                 "; {} is a model folder (config.json) without safetensors weights: {}",

@@ -50,6 +50,32 @@ fn a_model_folder_says_how_to_get_bundles() {
 }
 
 #[test]
+fn a_pipeline_folder_names_its_diffusers_model_not_the_text_encoder() {
+    let dir = scratch("first-hour-pipeline");
+    let (vae, text) = (dir.join("vae"), dir.join("text_encoder"));
+    for d in [&vae, &text] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let model = weights().join("models/diffusers_vae");
+    for name in ["config.json", "diffusion_pytorch_model.safetensors"] {
+        std::fs::copy(model.join(name), vae.join(name)).unwrap();
+    }
+    std::fs::write(text.join("config.json"), "{}").unwrap();
+    std::fs::copy(
+        model.join("diffusion_pytorch_model.safetensors"),
+        text.join("model.safetensors"),
+    )
+    .unwrap();
+    let line = error_line(&["check", dir.to_str().unwrap()]);
+    assert!(line.contains("2 model checkpoints"), "{line}");
+    assert!(
+        line.contains(&format!("scripts/export_own.py {} --out", vae.display())),
+        "{line}"
+    );
+    assert!(!line.contains("text_encoder"), "{line}");
+}
+
+#[test]
 fn a_raw_checkpoint_says_it_is_one_and_what_to_run() {
     let ckpt = weights().join("models/diffusers_sd1/diffusion_pytorch_model.safetensors");
     let line = error_line(&["check", ckpt.to_str().unwrap()]);
