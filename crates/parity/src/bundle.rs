@@ -343,7 +343,11 @@ impl Bundle {
     /// [`Bundle::read`], loading the tensors `load` names: `check` without `--trace` leaves the
     /// stage traces on the disk.
     pub fn read_with(path: &Path, load: Load) -> Result<Self> {
-        Self::from_raw(path, read_file_with(path, load)?)
+        let st = open_bundle(path)?;
+        // A model checkpoint is told so from its header, before any of its tensors is read.
+        let (metadata, infos) = table(&st);
+        block_of(path, &metadata, &infos)?;
+        Self::from_raw(path, load_tensors(path, &st, load)?)
     }
 
     /// Parse and validate a bundle held in memory; `path` only labels it (in errors and reports).

@@ -89,6 +89,14 @@ fn a_raw_checkpoint_says_it_is_one_and_what_to_run() {
         "{line}"
     );
     assert_names_next_steps(&line);
+    // Said from the header: not refused by the memory estimate first (a 10 GB checkpoint), for
+    // `check` and `show` alike.
+    for cmd in [&["check"][..], &["show", "--out", "/nonexistent-never-written"][..]] {
+        let mut args = cmd.to_vec();
+        args.extend([ckpt.to_str().unwrap(), "--max-memory", "1M"]);
+        let line = error_line(&args);
+        assert!(line.contains("it looks like a model checkpoint"), "{line}");
+    }
     // A safetensors file whose names are no state dict's: how a bundle is written.
     let dir = scratch("first-hour-plain");
     let plain = dir.join("plain.safetensors");
