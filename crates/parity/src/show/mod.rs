@@ -18,8 +18,9 @@
 //! Maps wider or taller than `MAX_SIDE` (512) cells are max-pooled down to it (a pooled cell shows the
 //! largest value it covers), and at most `MAX_ITEMS` (16) batch items and heads are drawn (the
 //! first ones; the title and the caption say how many of how many), so a picture stays a few
-//! megapixels whatever the bundle holds. A bundle with nothing to draw is an error, not an empty
-//! folder. The pictures are written as new files renamed into place, never through a symbolic
+//! megapixels whatever the bundle holds. A picture left out is named, with why, in
+//! [`Shown::left_out`] (`note:` lines in the CLI); a bundle with nothing to draw is an error, not
+//! an empty folder. The pictures are written as new files renamed into place, never through a symbolic
 //! link planted in the folder (`crate::files::write_new`).
 //!
 //! Colours: black → purple → red → yellow → white. The output panels share one scale (0 to the
@@ -253,7 +254,8 @@ pub(crate) fn draw(
         ));
     }
     let probs = probs_stages(bundle, stages, left_out)?;
-    if torch.rank() == 3 && same {
+    let tokens = torch.rank() == 3 && same;
+    if tokens {
         pictures.push(token_output_picture(path, &name, torch, ours, out)?);
         for (stage, pt, po) in &probs {
             let b = pt.dim(0).map_err(err)?;
@@ -266,9 +268,9 @@ pub(crate) fn draw(
             let po = po.reshape(pt.dims()).map_err(err)?;
             pictures.push(token_probs_picture(path, stage, pt, &po, batch, out)?);
         }
-    } else {
-        query_pictures(bundle, &probs, out, (query, batch), &mut shown)?;
     }
+    // Also for token outputs of an image input; their stages were drawn whole, so none is noted.
+    query_pictures(bundle, &probs, out, (query, batch), tokens, &mut shown)?;
     if shown.pictures.is_empty() {
         return Err(ParityError::bundle(
             path,
@@ -285,19 +287,20 @@ pub(crate) fn draw(
 
 /// The attention weights of one query pixel, for every `probs` stage over the pixels of the
 /// bundle's first input (`probs`, or a part's `attentions.0/probs`, `mid_attn/probs`, ... in a
-/// composite block).
+/// composite block). A stage left out is noted in `shown`, unless `drawn` (as tokens) already.
 fn query_pictures(
     bundle: &Bundle,
     probs: &[(String, &Tensor, &Tensor)],
     out: &Path,
     (query, batch): (Option<(usize, usize)>, usize),
+    drawn: bool,
     shown: &mut Shown,
 ) -> Result<()> {
     let path = bundle.path.as_path();
     let err = |e: candle_core::Error| ParityError::bundle(path, e.to_string());
     let image = bundle.inputs.first().and_then(|n| bundle.input(n));
     let Some(img) = image.filter(|t| t.rank() == 4) else {
-        for (stage, ..) in probs {
+        for (stage, ..) in probs.iter().filter(|_| !drawn) {
             shown.left_out.push(format!(
                 "no attention map of `{stage}`: the first input is not an image (B, C, H, W), so it has no query pixel"
             ));
@@ -308,6 +311,9 @@ fn query_pictures(
     for (stage, pt, po) in probs {
         let (b, _, lq, lk) = pt.dims4().map_err(err)?;
         if lq != h * w || lk < h * w {
+            if drawn {
+                continue;
+            }
             shown.left_out.push(format!(
                 "no attention map of `{stage}`: its {lq} queries × {lk} keys are not over the input's {h}×{w} pixels"
             ));
