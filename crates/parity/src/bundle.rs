@@ -250,12 +250,14 @@ fn json_field<T: serde::de::DeserializeOwned>(
 }
 
 /// `parity.block`, after checking that `parity.format` is the one this tool reads.
-fn block_of(path: &Path, metadata: &BTreeMap<String, String>) -> Result<String> {
+/// A file without any `parity.*` (a model checkpoint) is told what to do instead.
+fn block_of(path: &Path, metadata: &BTreeMap<String, String>, infos: &[TensorInfo]) -> Result<String> {
     let require = |key: &str| {
-        metadata
-            .get(key)
-            .cloned()
-            .ok_or_else(|| ParityError::bundle(path, format!("metadata `{key}` is missing")))
+        metadata.get(key).cloned().ok_or_else(|| {
+            let names: Vec<&str> = infos.iter().map(|i| i.name.as_str()).collect();
+            let next = crate::next_step::not_a_bundle(path, metadata, &names).unwrap_or_default();
+            ParityError::bundle(path, format!("metadata `{key}` is missing{next}"))
+        })
     };
     let format = require("parity.format")?;
     if format != FORMAT {
@@ -341,7 +343,11 @@ impl Bundle {
     /// [`Bundle::read`], loading the tensors `load` names: `check` without `--trace` leaves the
     /// stage traces on the disk.
     pub fn read_with(path: &Path, load: Load) -> Result<Self> {
-        Self::from_raw(path, read_file_with(path, load)?)
+        let st = open_bundle(path)?;
+        // A model checkpoint is told so from its header, before any of its tensors is read.
+        let (metadata, infos) = table(&st);
+        block_of(path, &metadata, &infos)?;
+        Self::from_raw(path, load_tensors(path, &st, load)?)
     }
 
     /// Parse and validate a bundle held in memory; `path` only labels it (in errors and reports).
@@ -351,7 +357,7 @@ impl Bundle {
 
     /// Validate a parsed file as a bundle.
     pub fn from_raw(path: &Path, (metadata, infos, tensors): RawFile) -> Result<Self> {
-        let block = block_of(path, &metadata)?;
+        let block = block_of(path, &metadata, &infos)?;
         let config = config_of(path, &metadata)?;
         let listed: BTreeSet<&str> = infos.iter().map(|i| i.name.as_str()).collect();
         let inputs: Vec<String> = json_field(path, &metadata, "parity.inputs", "a JSON array of strings")?

@@ -37,8 +37,10 @@ pub enum ParityError {
     /// bundle lacks, or returned other outputs than the bundle holds.
     #[error("{}: your port: {}", esc(path.display()), msg(message))]
     Port { path: PathBuf, message: String },
-    #[error("{}: no parity bundles (*.safetensors) found", esc(path.display()))]
-    NoBundles { path: PathBuf },
+    /// A folder without bundles; `checkpoints` are the safetensors files without `parity.*`
+    /// metadata found in it (the message says what to do with them, and with a model folder).
+    #[error("{}: no parity bundles (*.safetensors) found{}", esc(path.display()), msg(crate::next_step::no_bundles(path, checkpoints)))]
+    NoBundles { path: PathBuf, checkpoints: Vec<PathBuf> },
     #[error("{}", msg(_0))]
     Usage(String),
     /// A Hugging Face Hub repository or file that cannot be resolved or downloaded (`hub`).

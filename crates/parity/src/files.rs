@@ -166,10 +166,13 @@ pub fn collect(paths: &[PathBuf]) -> Result<Found> {
         if meta.is_dir() {
             // A folder already searched (named twice, or inside one named before) adds nothing.
             let seen = visited.contains(&std::fs::canonicalize(path).map_err(io_err(path))?);
-            let before = found.bundles.len();
+            let (before, skipped) = (found.bundles.len(), found.skipped.len());
             walk(path, &mut found, &mut visited, 0)?;
             if found.bundles.len() == before && !seen {
-                return Err(ParityError::NoBundles { path: path.clone() });
+                return Err(ParityError::NoBundles {
+                    path: path.clone(),
+                    checkpoints: found.skipped[skipped..].to_vec(),
+                });
             }
         } else {
             found.bundles.push(path.clone());

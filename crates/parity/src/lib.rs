@@ -17,6 +17,7 @@ pub mod guard;
 pub mod hub;
 pub mod memory;
 pub mod model;
+mod next_step;
 pub mod pickle;
 pub mod port;
 pub mod registry;

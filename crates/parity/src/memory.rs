@@ -395,7 +395,7 @@ pub fn human(bytes: u64) -> String {
 
 /// Read the header of the bundle at `path` and refuse it, as [`crate::ParityError::Invalid`],
 /// when checking it would take more than `limit` by [`estimate`]. Files that are not bundles
-/// pass: reading them says what is wrong.
+/// (no `parity.format`: a model checkpoint) pass: reading them says what is wrong, from the header.
 pub fn check_bundle_fits(
     path: &std::path::Path,
     load: Load,
@@ -405,6 +405,9 @@ pub fn check_bundle_fits(
     let Ok((metadata, infos)) = crate::bundle::read_header(path) else {
         return Ok(());
     };
+    if !metadata.contains_key("parity.format") {
+        return Ok(());
+    }
     let estimate = estimate(&metadata, &infos, load, run_dtype);
     if estimate.bytes <= limit.bytes {
         return Ok(());

@@ -42,7 +42,9 @@
 //!   blocks can stand in for the parts of your port you have not written yet.
 
 use crate::bundle::{Bundle, Load};
-use crate::check::{apply_strict, compare_outputs, device_name, dtype_name, tolerances, weight_source, Options};
+use crate::check::{
+    apply_strict, compare_outputs, device_name, dtype_name, explain_lower_precision, tolerances, weight_source, Options,
+};
 use crate::compare::OutputReport;
 use crate::error::{ParityError, Result};
 use crate::trace::{self, TraceReport};
@@ -250,6 +252,8 @@ impl PortCheck {
         if self.strict {
             outputs.iter_mut().for_each(apply_strict);
         }
+        explain_lower_precision(&mut outputs, path, dtype, bundle_dtype);
+        let mut drawn = vec![];
         let trace = if dtype == bundle_dtype {
             // The `output` stage is what the forward returned: a block used as a part records its
             // own `output` at the top level, which is not the bundle's.
@@ -257,9 +261,10 @@ impl PortCheck {
             if let Some(first) = ours.first() {
                 stages.push(("output".into(), first.clone()));
             }
+            drawn = stage_aliases(bundle, stages)?;
             trace::compare_stages(
                 bundle,
-                &stage_aliases(bundle, stages)?,
+                &drawn,
                 &trace::StageRule {
                     rtol: tol.rtol,
                     atol: tol.atol,
@@ -283,7 +288,25 @@ impl PortCheck {
             outputs,
             trace,
             loosened: tol.loosened,
+            ours,
+            stages: drawn,
         })
+    }
+
+    /// Write `show`'s pictures of a [`PortCheck::run`] of this check into the folder `out`: the
+    /// output error maps and, for each attention-weight stage the forward [`record`]ed (`probs`,
+    /// `attentions.0/probs`, ...), PyTorch's and your attention maps, of query pixel `query`
+    /// (default: the image's centre) of batch item `batch` (see [`crate::show`]).
+    /// [`Shown::left_out`](crate::show::Shown) says which pictures were not drawn and why.
+    /// Stages are drawn only from a run in the bundle's own dtype.
+    pub fn show(
+        &self,
+        report: &PortReport,
+        out: impl AsRef<Path>,
+        query: Option<(usize, usize)>,
+        batch: usize,
+    ) -> Result<crate::show::Shown> {
+        crate::show::draw(&self.bundle, &report.ours, &report.stages, out.as_ref(), (query, batch))
     }
 }
 
@@ -427,6 +450,11 @@ pub struct PortReport {
     pub trace: TraceReport,
     /// Tolerances above the dtype's defaults, and where they came from.
     pub loosened: Vec<String>,
+    /// Our outputs (on the CPU) and recorded stages, kept for [`PortCheck::show`].
+    #[serde(skip)]
+    ours: Vec<Tensor>,
+    #[serde(skip)]
+    stages: Vec<(String, Tensor)>,
 }
 
 impl PortReport {

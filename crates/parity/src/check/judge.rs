@@ -13,6 +13,7 @@ use crate::compare::{
 };
 use crate::error::{ParityError, Result};
 use candle_core::DType;
+use std::path::Path;
 
 /// Rule (a)'s tolerances for a run: the options', else the bundle's (in its own dtype only), else
 /// the run dtype's defaults; with each one above its default named in `loosened`.
@@ -168,4 +169,50 @@ fn compare_across_dtypes(
         )
     });
     Ok(report)
+}
+
+/// The unit roundoff of a float dtype: larger is less precise.
+fn roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 2f64.powi(-8),
+        DType::F16 => 2f64.powi(-11),
+        DType::F32 => 2f64.powi(-24),
+        _ => 2f64.powi(-53),
+    }
+}
+
+/// A failed output of a run in a lower precision than the bundle's (`--dtype bf16` on an f32
+/// bundle) is told why that run may fail by design, and where a check in that dtype is: rule (a)
+/// holds it to the run dtype's tolerances against the float64 output, and rule (b) licenses only
+/// PyTorch's own error in the bundle's (higher) precision, which the run's rounding exceeds.
+pub(crate) fn explain_lower_precision(outputs: &mut [OutputReport], path: &Path, dtype: DType, bundle_dtype: DType) {
+    if roundoff(dtype) <= roundoff(bundle_dtype) {
+        return;
+    }
+    let (run, ours) = (dtype_name(dtype), dtype_name(bundle_dtype));
+    let twin = path
+        .file_stem()
+        .map(|stem| path.with_file_name(format!("{}_{run}.safetensors", stem.to_string_lossy())))
+        .filter(|p| p.is_file());
+    let next = match twin {
+        Some(twin) => format!(
+            "check its {run} twin, {}, which holds PyTorch's own {run} output",
+            twin.display()
+        ),
+        None => format!(
+            "check a bundle exported in {run}, which holds PyTorch's own {run} output (export_bundle(..., \
+             dtype=torch.{}), docs/exporting.md; the committed bundles have `_f16`/`_bf16` twins)",
+            if dtype == DType::BF16 { "bfloat16" } else { "float16" }
+        ),
+    };
+    let note = format!(
+        ". This may fail by design: a {run} run of this {ours} bundle is judged against its float64 twin at {run}'s \
+         tolerances, and rule (b) allows only PyTorch's own {ours} error, which {run} rounding exceeds, even where \
+         the block rounds exactly as PyTorch does in {run}. To check {run}, {next}"
+    );
+    for o in outputs.iter_mut().filter(|o| !o.pass) {
+        if let Some(reason) = o.reason.as_mut() {
+            reason.push_str(&note);
+        }
+    }
 }

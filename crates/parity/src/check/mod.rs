@@ -26,7 +26,7 @@
 mod judge;
 mod weights;
 
-pub(crate) use judge::{apply_strict, compare_outputs, tolerances, Tolerances};
+pub(crate) use judge::{apply_strict, compare_outputs, explain_lower_precision, tolerances, Tolerances};
 pub(crate) use weights::weight_source;
 
 use crate::bundle::Bundle;
@@ -369,6 +369,7 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
     if opts.strict {
         outputs.iter_mut().for_each(apply_strict);
     }
+    explain_lower_precision(&mut outputs, path, dtype, bundle_dtype);
     let same_dtype = dtype == bundle_dtype;
     let trace = if !opts.trace {
         None

@@ -110,7 +110,7 @@ where
         }
         Command::Inspect { file } => guard::catch(&file, || inspect(&file, out)),
         Command::Blocks => blocks(out),
-        Command::Show(args) => guard::catch(&args.bundle, || show(&args, out)),
+        Command::Show(args) => guard::catch(&args.bundle, || show(&args, out, err)),
     };
     match result {
         Ok(()) => EXIT_PASS,
@@ -121,8 +121,9 @@ where
     }
 }
 
-/// `show`: the pictures of one bundle's error, one line per file written.
-fn show(args: &ShowArgs, out: &mut dyn Write) -> Result<(), ParityError> {
+/// `show`: the pictures of one bundle's error, one line per file written, and a `note:` on
+/// `err` for each picture left out, with why.
+fn show(args: &ShowArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ParityError> {
     let (weights, model_config) = resolve_model(
         args.weights.clone(),
         args.prefix.clone(),
@@ -137,13 +138,17 @@ fn show(args: &ShowArgs, out: &mut dyn Write) -> Result<(), ParityError> {
         ..Options::default()
     };
     let b = Bundle::read(&args.bundle)?;
-    for p in crate::show::show(&b, &args.out, args.query, args.batch, opts)? {
+    let shown = crate::show::show(&b, &args.out, args.query, args.batch, opts)?;
+    for p in &shown.pictures {
         let _ = writeln!(
             out,
             "wrote {}: {}",
             line(&p.path.display().to_string()),
             line(&p.caption)
         );
+    }
+    for why in &shown.left_out {
+        let _ = writeln!(err, "note: {}: {}", line(&args.bundle.display().to_string()), line(why));
     }
     Ok(())
 }

@@ -18,8 +18,9 @@
 //! Maps wider or taller than `MAX_SIDE` (512) cells are max-pooled down to it (a pooled cell shows the
 //! largest value it covers), and at most `MAX_ITEMS` (16) batch items and heads are drawn (the
 //! first ones; the title and the caption say how many of how many), so a picture stays a few
-//! megapixels whatever the bundle holds. A bundle with nothing to draw is an error, not an empty
-//! folder. The pictures are written as new files renamed into place, never through a symbolic
+//! megapixels whatever the bundle holds. A picture left out is named, with why, in
+//! [`Shown::left_out`] (`note:` lines in the CLI); a bundle with nothing to draw is an error, not
+//! an empty folder. The pictures are written as new files renamed into place, never through a symbolic
 //! link planted in the folder (`crate::files::write_new`).
 //!
 //! Colours: black → purple → red → yellow → white. The output panels share one scale (0 to the
@@ -153,50 +154,110 @@ fn max_of(v: &[f64]) -> f64 {
 
 /// The attention-weight stages (`probs`, or a part's `attentions.0/probs`, `mid_attn/probs`, ...
 /// in a composite block) that both runs recorded, as `(B, H, Lq, Lk)`: name, PyTorch's, ours.
-fn probs_stages<'a>(bundle: &'a Bundle, run: &'a crate::check::Run) -> Result<Vec<(String, &'a Tensor, &'a Tensor)>> {
+/// Each one left out is named in `left_out`, with why.
+fn probs_stages<'a>(
+    bundle: &'a Bundle,
+    stages: &'a [(String, Tensor)],
+    left_out: &mut Vec<String>,
+) -> Result<Vec<(String, &'a Tensor, &'a Tensor)>> {
     let mut found = vec![];
-    for stage in crate::trace::stage_names(bundle)? {
-        if stage != "probs" && !stage.ends_with("/probs") {
-            continue;
-        }
-        let pt = torch_stage(bundle, &stage).expect("listed stages exist");
-        let Some(po) = run.stages.iter().find(|(n, _)| *n == stage).map(|(_, t)| t) else {
+    let names = crate::trace::stage_names(bundle)?;
+    let probs: Vec<_> = names
+        .iter()
+        .filter(|s| *s == "probs" || s.ends_with("/probs"))
+        .collect();
+    if probs.is_empty() {
+        left_out.push(format!(
+            "no attention map: the bundle records no attention-weight stage (`probs`, `<part>/probs`){}",
+            if names.is_empty() {
+                "; it has no stages at all (export it with trace=True)"
+            } else {
+                " (the block has no attention, or the exporter left the weights out: a masked attention \
+                 or one of more than 65,536 weights)"
+            }
+        ));
+    }
+    for stage in probs {
+        let pt = torch_stage(bundle, stage).expect("listed stages exist");
+        let Some(po) = stages.iter().find(|(n, _)| n == stage).map(|(_, t)| t) else {
+            left_out.push(format!("no attention map of `{stage}`: our run recorded no such stage"));
             continue;
         };
-        if pt.rank() == 4 && po.elem_count() == pt.elem_count() {
-            found.push((stage, pt, po));
+        if pt.rank() != 4 {
+            left_out.push(format!(
+                "no attention map of `{stage}`: PyTorch's is {}, not (B, heads, Lq, Lk)",
+                shape(pt.dims())
+            ));
+        } else if po.elem_count() != pt.elem_count() {
+            left_out.push(format!(
+                "no attention map of `{stage}`: ours is {}, PyTorch's {}",
+                shape(po.dims()),
+                shape(pt.dims())
+            ));
+        } else {
+            found.push((stage.clone(), pt, po));
         }
     }
     Ok(found)
+}
+
+/// What `show` wrote, and what it left out and why (`note:` lines in the CLI).
+#[derive(Debug, Clone, Default)]
+pub struct Shown {
+    pub pictures: Vec<Picture>,
+    /// One line per picture not drawn: `no attention map: the bundle records no ...`.
+    pub left_out: Vec<String>,
 }
 
 /// Write the pictures of `bundle` into `out`; `query` is the `(y, x)` query pixel of the
 /// attention map (default: the image centre), `batch` the batch item it is drawn for. The block
 /// is built and run as `check` does with `opts` (weights from a checkpoint, a model config),
 /// with its stages traced.
-pub fn show(
-    bundle: &Bundle,
-    out: &Path,
-    query: Option<(usize, usize)>,
-    batch: usize,
-    opts: Options,
-) -> Result<Vec<Picture>> {
+pub fn show(bundle: &Bundle, out: &Path, query: Option<(usize, usize)>, batch: usize, opts: Options) -> Result<Shown> {
     crate::files::create_dir(out)?;
     let opts = Options { trace: true, ..opts };
     let run = run_bundle(bundle, &opts)?;
+    draw(bundle, &run.ours, &run.stages, out, (query, batch))
+}
+
+/// The pictures of our outputs `ours` (in the bundle's order) and recorded `stages` against
+/// `bundle`'s: what [`show`] draws for our block and [`crate::port::PortCheck::show`] for a port.
+pub(crate) fn draw(
+    bundle: &Bundle,
+    ours: &[Tensor],
+    stages: &[(String, Tensor)],
+    out: &Path,
+    (query, batch): (Option<(usize, usize)>, usize),
+) -> Result<Shown> {
+    crate::files::create_dir(out)?;
     let path = bundle.path.as_path();
     let err = |e: candle_core::Error| ParityError::bundle(path, e.to_string());
-    let mut pictures = vec![];
+    let mut shown = Shown::default();
     let name = bundle.outputs.first().cloned().unwrap_or_default();
-    let (Some(torch), Some(ours)) = (bundle.output(&name), run.ours.first()) else {
-        return Ok(pictures);
+    let (Some(torch), Some(ours)) = (bundle.output(&name), ours.first()) else {
+        return Ok(shown);
     };
-    if torch.rank() == 4 && torch.dims() == ours.dims() {
+    let (pictures, left_out) = (&mut shown.pictures, &mut shown.left_out);
+    let same = torch.dims() == ours.dims();
+    if !same {
+        left_out.push(format!(
+            "no error map of output `{name}`: ours is {}, PyTorch's {}",
+            shape(ours.dims()),
+            shape(torch.dims())
+        ));
+    } else if torch.rank() == 4 {
         pictures.extend(image_output_pictures(path, &name, torch, ours, out)?);
+    } else if torch.rank() != 3 {
+        left_out.push(format!(
+            "no error map of output `{name}`: {} is neither an image (B, C, H, W) nor tokens (B, L, C)",
+            shape(torch.dims())
+        ));
     }
-    if torch.rank() == 3 && torch.dims() == ours.dims() {
+    let probs = probs_stages(bundle, stages, left_out)?;
+    let tokens = torch.rank() == 3 && same;
+    if tokens {
         pictures.push(token_output_picture(path, &name, torch, ours, out)?);
-        for (stage, pt, po) in probs_stages(bundle, &run)? {
+        for (stage, pt, po) in &probs {
             let b = pt.dim(0).map_err(err)?;
             if batch >= b {
                 return Err(ParityError::bundle(
@@ -205,45 +266,71 @@ pub fn show(
                 ));
             }
             let po = po.reshape(pt.dims()).map_err(err)?;
-            pictures.push(token_probs_picture(path, &stage, pt, &po, batch, out)?);
+            pictures.push(token_probs_picture(path, stage, pt, &po, batch, out)?);
         }
     }
-    // attention weights of one query pixel, for every `probs` stage over the image's pixels
-    // (`probs`, or a part's `attentions.0/probs`, `mid_attn/probs`, ... in a composite block)
-    let image = bundle
-        .inputs
-        .first()
-        .and_then(|n| bundle.input(n))
-        .filter(|t| t.rank() == 4);
-    if let Some(img) = image {
-        let (_, _, h, w) = img.dims4().map_err(err)?;
-        for (stage, pt, po) in probs_stages(bundle, &run)? {
-            let (b, _, lq, lk) = pt.dims4().map_err(err)?;
-            if lq != h * w || lk < h * w {
-                continue;
-            }
-            let (qy, qx) = query.unwrap_or((h / 2, w / 2));
-            if qy >= h || qx >= w || batch >= b {
-                return Err(ParityError::bundle(
-                    path,
-                    format!("--query {qy},{qx} / --batch {batch} outside the {h}×{w} image of {b} items"),
-                ));
-            }
-            let po = po.reshape(pt.dims()).map_err(err)?;
-            pictures.push(probs_picture(path, &stage, (pt, &po), (h, w), (qy, qx), batch, out)?);
-        }
-    }
-    if pictures.is_empty() {
+    // Also for token outputs of an image input; their stages were drawn whole, so none is noted.
+    query_pictures(bundle, &probs, out, (query, batch), tokens, &mut shown)?;
+    if shown.pictures.is_empty() {
         return Err(ParityError::bundle(
             path,
             format!(
                 "nothing to picture: output `{name}` has shape {:?} (show draws (B, C, H, W) images and (B, L, C) \
-                 tokens) and no attention-weight stage fits",
-                torch.dims()
+                 tokens) and no attention-weight stage fits: {}",
+                torch.dims(),
+                shown.left_out.join("; ")
             ),
         ));
     }
-    Ok(pictures)
+    Ok(shown)
+}
+
+/// The attention weights of one query pixel, for every `probs` stage over the pixels of the
+/// bundle's first input (`probs`, or a part's `attentions.0/probs`, `mid_attn/probs`, ... in a
+/// composite block). A stage left out is noted in `shown`, unless `drawn` (as tokens) already.
+fn query_pictures(
+    bundle: &Bundle,
+    probs: &[(String, &Tensor, &Tensor)],
+    out: &Path,
+    (query, batch): (Option<(usize, usize)>, usize),
+    drawn: bool,
+    shown: &mut Shown,
+) -> Result<()> {
+    let path = bundle.path.as_path();
+    let err = |e: candle_core::Error| ParityError::bundle(path, e.to_string());
+    let image = bundle.inputs.first().and_then(|n| bundle.input(n));
+    let Some(img) = image.filter(|t| t.rank() == 4) else {
+        for (stage, ..) in probs.iter().filter(|_| !drawn) {
+            shown.left_out.push(format!(
+                "no attention map of `{stage}`: the first input is not an image (B, C, H, W), so it has no query pixel"
+            ));
+        }
+        return Ok(());
+    };
+    let (_, _, h, w) = img.dims4().map_err(err)?;
+    for (stage, pt, po) in probs {
+        let (b, _, lq, lk) = pt.dims4().map_err(err)?;
+        if lq != h * w || lk < h * w {
+            if drawn {
+                continue;
+            }
+            shown.left_out.push(format!(
+                "no attention map of `{stage}`: its {lq} queries × {lk} keys are not over the input's {h}×{w} pixels"
+            ));
+            continue;
+        }
+        let (qy, qx) = query.unwrap_or((h / 2, w / 2));
+        if qy >= h || qx >= w || batch >= b {
+            return Err(ParityError::bundle(
+                path,
+                format!("--query {qy},{qx} / --batch {batch} outside the {h}×{w} image of {b} items"),
+            ));
+        }
+        let po = po.reshape(pt.dims()).map_err(err)?;
+        let picture = probs_picture(path, stage, (pt, &po), (h, w), (qy, qx), batch, out)?;
+        shown.pictures.push(picture);
+    }
+    Ok(())
 }
 
 /// The (up to) four channels of `diff` (`B × C × HW`) with the largest values: (channel, max).

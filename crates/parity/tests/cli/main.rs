@@ -14,6 +14,7 @@ mod bundles;
 mod checkpoints;
 mod closed_stdout;
 mod devices;
+mod first_hour;
 mod forged_pass;
 mod own_checkpoint;
 mod pass_rule;
