@@ -36,6 +36,7 @@ __device__ void attention_wide(const Args a) {
     const bool vec = a.vec != 0;
     const HeadInputs in = head_inputs(a, bh, q0);
     const KeyTiles kt_range = key_tiles(a, split, BC);
+    const Softmax sm = softmax_of(a);
 
     load_first_tiles(qs, ks, in, a, q0, BR, BC, kt_range, vec);
     float o[DVC / 8][4];
@@ -56,8 +57,8 @@ __device__ void attention_wide(const Args a) {
         scores<T, HALF / 8>(s, qs, ks, rows0, key_off, a.dp, lane);
 
         // Scale, mask, key bounds; this half's row maxima, then both halves'.
-        float mx[2], m_use[2];
-        mask_and_max<HALF / 8>(s, mx, a, in.mask, kv0 + key_off, qrow, t);
+        float mx[2], sub[2];
+        mask_and_max<EXP2, HALF / 8>(s, mx, a, in.mask, kv0 + key_off, qrow, t, sm);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             if (t == 0) row_max[half * BR + local[r]] = mx[r];
@@ -65,9 +66,9 @@ __device__ void attention_wide(const Args a) {
         __syncthreads(); // both halves' maxima written
 #pragma unroll
         for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], row_max[(1 - half) * BR + local[r]]);
-        rescale<EXP2, DVC / 8>(m, l, o, mx, m_use);
+        rescale<EXP2, DVC / 8>(m, l, o, mx, sub, sm);
         // p = e^(s − m), summed unrounded, stored rounded (as PyTorch's kernels use it in p·v).
-        exponentiate<EXP2, HALF / 8>(s, m_use, l);
+        exponentiate<EXP2, HALF / 8>(s, sub, l, sm);
 #pragma unroll
         for (int j = 0; j < HALF / 8; ++j) {
             const int c = key_off + j * 8; // this block's 8 keys: one 16-byte chunk of a p row
@@ -108,5 +109,6 @@ __device__ void attention_wide(const Args a) {
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] += row_max[(1 - half) * BR + local[r]];
+    logit_max<EXP2>(m, sm);
     store_rows<T, DVC / 8>(a, bh, split, qrow, col0, t, o, m, l, half == 0 && t == 0);
 }
