@@ -49,9 +49,16 @@ pub enum BiasAxis {
     Channels,
 }
 
-/// Whether this build carries the layer kernels' PTX (built for compute capability ≥ 8.0).
+/// Whether this build carries the layer kernels (always, under the `cuda` feature: a fat binary
+/// of SASS and PTX, `build.rs`; whether a GPU runs it is [`layers_image`]'s question).
 pub fn layers_built() -> bool {
-    launch::LAYERS_PTX.is_some()
+    !launch::LAYERS.bytes.is_empty()
+}
+
+/// What the GPU of `dev` runs of the layer kernels' image, in words: `sm_90 machine code`,
+/// `compute_80 PTX compiled by the driver` or `fallback: <why>`.
+pub fn layers_image(dev: &candle_core::cuda::CudaDevice) -> Result<String> {
+    super::module::describe_selection(dev, &launch::LAYERS)
 }
 
 /// What `UNET_ATTENTION_CUDA_LAYERS=auto` (the default) means: `false` until the GPU kit's
