@@ -116,6 +116,8 @@ build() {
     cuda_link_libs
     cuda_env
     export CUDA_COMPUTE_CAP="$cap"
+    # This crate's kernel images, kept by a hash of their sources (shared with .ci/cuda-check).
+    export UNET_ATTENTION_KERNEL_CACHE="${UNET_ATTENTION_KERNEL_CACHE:-$cuda_cache/kernels}"
     export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-L native=$cuda_link_dir"
     local start
     start=$(date +%s)

@@ -85,8 +85,9 @@ fn main() {
                 compile(&nvcc, &args, source, &fatbin, &log);
                 if let Some((f, l)) = &cached {
                     std::fs::create_dir_all(f.parent().expect("a folder")).ok();
-                    copy(&fatbin, f);
-                    copy(&log, l);
+                    // The log last: it marks the image complete (a reader wants both).
+                    publish(&fatbin, f);
+                    publish(&log, l);
                 }
             }
         }
@@ -198,6 +199,14 @@ fn cache_key(nvcc: &Path, args: &[String], source: &str) -> u64 {
 
 fn copy(from: &Path, to: &Path) {
     std::fs::copy(from, to).unwrap_or_else(|e| panic!("could not copy {} to {}: {e}", from.display(), to.display()));
+}
+
+/// `from` copied to `to` under another name first, then renamed: a concurrent build never reads
+/// half a file.
+fn publish(from: &Path, to: &Path) {
+    let partial = to.with_extension(format!("partial-{}", std::process::id()));
+    copy(from, &partial);
+    std::fs::rename(&partial, to).unwrap_or_else(|e| panic!("could not rename {}: {e}", partial.display()));
 }
 
 fn write(path: &Path, text: &str) {

@@ -18,8 +18,8 @@
 // 227 KiB) and 133.5 KiB with tiles of 32 (an A100's is 163 KiB); one block, 8 warps, a SM.
 // Tiles of 64 read each q fragment from shared memory for 32 keys a warp instead of 16.
 
-template <typename T, int BC, bool EXP2>
-__device__ void attention_wide(const Args a) {
+template <typename T, int BC, bool EXP2, bool RAW>
+__device__ __forceinline__ void attention_wide_tiles(const Args a) {
     constexpr int BR = 64, HALF = BC / 2, DVC = 256;
     uint16_t* smem = dynamic_smem<uint16_t>();
     const SmemTile qs = smem_tile(smem, a.dp);
@@ -36,7 +36,7 @@ __device__ void attention_wide(const Args a) {
     const bool vec = a.vec != 0;
     const HeadInputs in = head_inputs(a, bh, q0);
     const KeyTiles kt_range = key_tiles(a, split, BC);
-    const Softmax sm = softmax_of(a);
+    const Softmax sm = softmax_of<RAW>(a);
 
     load_first_tiles(qs, ks, in, a, q0, BR, BC, kt_range, vec);
     float o[DVC / 8][4];
@@ -111,4 +111,14 @@ __device__ void attention_wide(const Args a) {
     for (int r = 0; r < 2; ++r) l[r] += row_max[(1 - half) * BR + local[r]];
     logit_max<EXP2>(m, sm);
     store_rows<T, DVC / 8>(a, bh, split, qrow, col0, t, o, m, l, half == 0 && t == 0);
+}
+
+// `attention_wide_tiles` in the softmax form the call takes (`Softmax`).
+template <typename T, int BC, bool EXP2>
+__device__ void attention_wide(const Args a) {
+    if (EXP2 && raw_scores(a)) {
+        attention_wide_tiles<T, BC, EXP2, EXP2>(a);
+    } else {
+        attention_wide_tiles<T, BC, EXP2, false>(a);
+    }
 }

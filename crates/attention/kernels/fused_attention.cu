@@ -239,16 +239,18 @@ struct Softmax {
     float unit; // logit = u·unit
     float k;    // unit·log2 e
 };
-__device__ __forceinline__ Softmax softmax_of(const Args& a) {
-    const bool raw = a.mask == nullptr && a.scale > 0.f;
-    const float unit = raw ? a.scale : 1.f;
-    return Softmax{raw, unit, unit * LOG2E};
+template <bool RAW> __device__ __forceinline__ Softmax softmax_of(const Args& a) {
+    const float unit = RAW ? a.scale : 1.f;
+    return Softmax{RAW, unit, unit * LOG2E};
 }
+// Whether an `_e2` kernel keeps the raw scores (no mask, a positive scale): decided once a
+// kernel, so that each form is compiled on its own (no branch, and no register held for it).
+__device__ __forceinline__ bool raw_scores(const Args& a) { return a.mask == nullptr && a.scale > 0.f; }
 
 #include "attention_steps.cuh" // head_inputs, key_tiles, scores, mask_and_max, rescale, ...
 
-template <typename T, int DVC, int BC, int WARPS, bool EXP2>
-__device__ void attention_mma(const Args a) {
+template <typename T, int DVC, int BC, int WARPS, bool EXP2, bool RAW>
+__device__ __forceinline__ void attention_mma_tiles(const Args a) {
     constexpr int BR = 16 * WARPS; // queries per CTA: 16 a warp
     uint16_t* smem = dynamic_smem<uint16_t>();
     const SmemTile qs = smem_tile(smem, a.dp);
@@ -262,7 +264,7 @@ __device__ void attention_mma(const Args a) {
     const bool vec = a.vec != 0;
     const HeadInputs in = head_inputs(a, bh, q0);
     const KeyTiles kt_range = key_tiles(a, split, BC);
-    const Softmax sm = softmax_of(a);
+    const Softmax sm = softmax_of<RAW>(a);
 
     load_first_tiles(qs, ks, in, a, q0, BR, BC, kt_range, vec);
     float o[DVC / 8][4];
@@ -313,6 +315,16 @@ __device__ void attention_mma(const Args a) {
     quad_sum(l);
     logit_max<EXP2>(m, sm);
     store_rows<T, DVC / 8>(a, bh, split, qrow, col0, t, o, m, l, chunk == 0 && t == 0);
+}
+
+// `attention_mma_tiles` in the softmax form the call takes (`Softmax`).
+template <typename T, int DVC, int BC, int WARPS, bool EXP2>
+__device__ void attention_mma(const Args a) {
+    if (EXP2 && raw_scores(a)) {
+        attention_mma_tiles<T, DVC, BC, WARPS, EXP2, EXP2>(a);
+    } else {
+        attention_mma_tiles<T, DVC, BC, WARPS, EXP2, false>(a);
+    }
 }
 
 #include "attention_wide.cuh" // head dims over 256 in one block: attention_wide<T, BC, EXP2>
