@@ -207,7 +207,7 @@ within_budget() {
         return
     fi
     KIT_TIMEOUT="$left" "$@"
-    (((SECONDS - candidate_start) <= ${CANDIDATE_BUDGET_S:-330})) ||
+    (((SECONDS - candidate_start) < ${CANDIDATE_BUDGET_S:-330})) ||
         echo "{\"stage\": \"$stage\", \"stopped\": \"past CANDIDATE_BUDGET_S=${CANDIDATE_BUDGET_S:-330}\"}" >>"$summary"
 }
 # limited COMMAND...: COMMAND, stopped after KIT_TIMEOUT seconds where that is set (exit 124).
