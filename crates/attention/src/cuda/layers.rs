@@ -5,7 +5,8 @@
 //! in that dtype, so a fused call gives what the unfused ops give up to f32 evaluation order.
 //!
 //! Every function returns `Ok(None)` where it does not apply (not CUDA, a dtype or shape the
-//! kernels do not take, no PTX in this build, compute capability below 8.0); the caller then
+//! kernels do not take, a GPU the build's kernel image does not serve: compute capability below
+//! 8.0 or no entry for it, with a note once); the caller then
 //! runs its tensor ops. **Status: compiled in CI, never run on a GPU yet**; the unit tests run the
 //! kernels' source on the CPU under a CUDA emulator (`cuda_plan/emulated_layers.rs`), and the GPU
 //! kit's `layers` stage (`examples/layers_check.rs`) checks each against an f64 CPU reference.
