@@ -124,6 +124,7 @@ impl FusedAttention {
         // and its (m, l) of every row before the merge reads them (the emulated tests run with
         // these buffers filled with NaN); unsplit, the kernels never touch them.
         let mut ws_o = unsafe { dev.alloc::<f32>(ws_o_len)? };
+        // SAFETY: as for `ws_o`: each split writes its (m, l) of every row before the merge.
         let mut ws_ml = unsafe { dev.alloc::<f32>(ws_ml_len)? };
         self.launch_attention((q, k, v), &mut out, (&mut ws_o, &mut ws_ml))?;
         if p.splits > 1 {
