@@ -14,8 +14,10 @@
 #                                       off: bring weights/ back; size: what would travel, in MiB
 #
 # The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check,layers_check,conv_check}
-# built with `--features cudnn` (cuda plus this crate's cuDNN convolutions; release, stripped; PTX for
-# CUDA_COMPUTE_CAP, default 90 = H100/H200; run.sh unpacks them into a temporary folder), weights.tar.xz (the committed bundles less
+# built with `--features cudnn` (cuda plus this crate's cuDNN convolutions; release, stripped;
+# candle-kernels' PTX for CUDA_COMPUTE_CAP, default 90 = H100/H200; this crate's kernels as SASS
+# for UNET_ATTENTION_CUDA_ARCHS, default sm_80 and sm_90, plus compute_80 PTX; run.sh unpacks
+# them into a temporary folder), weights.tar.xz (the committed bundles less
 # weights/accuracy, about 39 MiB packed; run.sh unpacks them likewise), scripts/ (bench_torch.py and what it imports: KIT_SCRIPTS), wheels/
 # (diffusers, denoising-diffusion-pytorch, stable-diffusion-sdkit, guided-diffusion-sdk and the
 # packages they import that a plain PyTorch install lacks; pure-Python, installed --no-deps by
@@ -114,6 +116,8 @@ build() {
     cuda_link_libs
     cuda_env
     export CUDA_COMPUTE_CAP="$cap"
+    # This crate's kernel images, kept by a hash of their sources (shared with .ci/cuda-check).
+    export UNET_ATTENTION_KERNEL_CACHE="${UNET_ATTENTION_KERNEL_CACHE:-$cuda_cache/kernels}"
     export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-L native=$cuda_link_dir"
     local start
     start=$(date +%s)
@@ -165,6 +169,7 @@ for root, _, files in os.walk(kit):
         top = os.path.relpath(os.path.join(root, f), kit).split(os.sep)[0]
         sizes[top] = sizes.get(top, 0) + os.path.getsize(os.path.join(root, f))
 json.dump({"commit": commit, "uncommitted_changes": dirty, "cuda_compute_cap": cap, "cuda": "13.0",
+           "kernel_archs": os.environ.get("UNET_ATTENTION_CUDA_ARCHS") or "80,90",
            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "mib": {k: round(v / 2**20, 1) for k, v in sorted(sizes.items())}},
           open(os.path.join(kit, "MANIFEST.json"), "w"), indent=1)

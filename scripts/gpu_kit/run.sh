@@ -5,8 +5,10 @@
 #   ./run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|splits|whole] [OUT]     (default: all, into $OUT or ./results)
 #
 #   candidate  what flipping unet_attention::cuda::{AUTO_PICKS_FUSED, AUTO_PICKS_CUDA_LAYERS}
-#           needs, in one short run (about 5 min on an H100; run it first when GPU time is short):
-#           fused_check, layers_check, conv_check, every bundle in its dtype with
+#           needs, in one short run (about 5 min on an H100, held within CANDIDATE_BUDGET_S,
+#           default 330 s; run it first when GPU time is short): fused_check and layers_check
+#           (each opening with its first call's latency, loading the kernels included:
+#           `first_call_s`, target under 2 s), conv_check, every bundle in its dtype with
 #           UNET_ATTENTION_SDPA=fused (check_fused_bundle.json) and, apart, with
 #           UNET_ATTENTION_CUDA_LAYERS=on (check_layers_bundle.json), the whole mid blocks in f16
 #           with both on, one round (bench_whole_f16.*).
@@ -31,8 +33,8 @@
 #           and the same PyTorch blocks, in f32 and f16 (bench_core_<dtype>.jsonl/.md, bench_block_<dtype>.jsonl/.md).
 #   fusedcore  the core shapes with UNET_ATTENTION_SDPA=fused against PyTorch's SDPA, in f16 and
 #           bf16 (DTYPES_FUSED; bench_fused_<dtype>.jsonl/.md), once per kernel variant
-#           (FUSED_VARIANTS, default "base exp2 w8 w8-exp2 chunked": UNET_ATTENTION_FUSED_VARIANT;
-#           bench_fused_<variant>_<dtype>.* for all but base): which one should be the default.
+#           (FUSED_VARIANTS, default "exp2 base w8 w8-exp2 chunked": UNET_ATTENTION_FUSED_VARIANT;
+#           bench_fused_<variant>_<dtype>.* for all but exp2, the default): which one should be the default.
 #   splits  the fused kernel's key splits (UNET_ATTENTION_FUSED_SPLITS: each of FUSED_SPLITS,
 #           default "auto 1 2 3 4") on the VAE's 64² core shape (head dim 512) and SDXL's, f16,
 #           against PyTorch's SDPA (bench_splits_<n>_<case>.*): whether the automatic count is
@@ -153,7 +155,7 @@ run_check() {
         note "unet-parity check weights --device cuda ${args[*]}" \
             "(UNET_ATTENTION_CUDA_LAYERS=${UNET_ATTENTION_CUDA_LAYERS:-auto} UNET_ATTENTION_SDPA=${UNET_ATTENTION_SDPA:-auto})"
         start=$SECONDS
-        "$bin/unet-parity" check "$weights" --device cuda "${args[@]}" --json >"$file" 2>"$out/check${tag}_$dt.stderr"
+        limited "$bin/unet-parity" check "$weights" --device cuda "${args[@]}" --json >"$file" 2>"$out/check${tag}_$dt.stderr"
         rc=$?
         python3 - "$file" "$dt" "$rc" "$((SECONDS - start))" "${UNET_ATTENTION_CUDA_LAYERS:-auto}" "${UNET_ATTENTION_SDPA:-auto}" >>"$summary" <<'PY' || failed=1
 import json, sys
@@ -180,13 +182,37 @@ PY
 # (check_fused_bundle.json) and with the CUDA layers alone (check_layers_bundle.json), so that each
 # constant is decided by its own run, and the whole mid blocks in f16 with both on, one round
 # (bench_whole_f16.*).
+# Each stage runs within what is left of CANDIDATE_BUDGET_S (default 330 s: the whole command,
+# unpacking and loading included, within 6 minutes): a stage past it is stopped (its JSON lines
+# so far stay) and the stages after it are skipped, each with a line in summary.jsonl.
 run_candidate() {
-    run_fused_check
-    run_layers
-    run_conv
-    UNET_ATTENTION_SDPA=fused CHECK_DTYPES=bundle CHECK_TAG=_fused run_check
-    UNET_ATTENTION_CUDA_LAYERS=on CHECK_DTYPES=bundle CHECK_TAG=_layers run_check
-    ROUNDS="${ROUNDS:-1}" DTYPES_WHOLE="${DTYPES_WHOLE:-f16}" WHOLE_F32="${WHOLE_F32:-no}" run_bench whole
+    candidate_start=$SECONDS
+    within_budget fused run_fused_check
+    within_budget layers run_layers
+    within_budget conv run_conv
+    UNET_ATTENTION_SDPA=fused CHECK_DTYPES=bundle CHECK_TAG=_fused within_budget check_fused run_check
+    UNET_ATTENTION_CUDA_LAYERS=on CHECK_DTYPES=bundle CHECK_TAG=_layers within_budget check_layers run_check
+    ROUNDS="${ROUNDS:-1}" DTYPES_WHOLE="${DTYPES_WHOLE:-f16}" WHOLE_F32="${WHOLE_F32:-no}" within_budget whole run_bench whole
+}
+# within_budget STAGE COMMAND...: COMMAND (a function of this script; variables set before
+# within_budget reach it) with KIT_TIMEOUT set to the seconds left of CANDIDATE_BUDGET_S, or a
+# skip line in summary.jsonl when fewer than 15 are left.
+within_budget() {
+    local stage="$1" left
+    shift
+    left=$((${CANDIDATE_BUDGET_S:-330} - (SECONDS - candidate_start)))
+    if ((left < 15)); then
+        echo "{\"stage\": \"$stage\", \"skipped\": \"CANDIDATE_BUDGET_S=${CANDIDATE_BUDGET_S:-330} spent\"}" >>"$summary"
+        note "skipped $stage: the candidate budget is spent"
+        return
+    fi
+    KIT_TIMEOUT="$left" "$@"
+    (((SECONDS - candidate_start) < ${CANDIDATE_BUDGET_S:-330})) ||
+        echo "{\"stage\": \"$stage\", \"stopped\": \"past CANDIDATE_BUDGET_S=${CANDIDATE_BUDGET_S:-330}\"}" >>"$summary"
+}
+# limited COMMAND...: COMMAND, stopped after KIT_TIMEOUT seconds where that is set (exit 124).
+limited() {
+    if [[ -n "${KIT_TIMEOUT:-}" ]]; then timeout --kill-after=5 "$KIT_TIMEOUT" "$@"; else "$@"; fi
 }
 
 # gpu_check STAGE BINARY WHAT [FIELD...]: one of the kit's GPU checks (its JSON lines in
@@ -197,7 +223,7 @@ gpu_check() {
     shift 3
     note "$binary ($what)"
     start=$SECONDS
-    "$bin/$binary" --out "$out/$stage.jsonl" 2>"$out/$stage.stderr"
+    limited "$bin/$binary" --out "$out/$stage.jsonl" 2>"$out/$stage.stderr"
     rc=$?
     python3 - "$stage" "$out/$stage.jsonl" "$rc" "$((SECONDS - start))" "$@" >>"$summary" <<'PY' || failed=1
 import json, sys
@@ -260,9 +286,9 @@ bench_one() {
     shift 3
     note "bench_torch.py compare --only $only --device cuda --dtype $dt $* ${BENCH_ARGS:-}" \
         "(UNET_ATTENTION_SDPA=${UNET_ATTENTION_SDPA:-auto} UNET_ATTENTION_CUDA_LAYERS=${UNET_ATTENTION_CUDA_LAYERS:-auto}" \
-        "UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off} UNET_ATTENTION_FUSED_VARIANT=${UNET_ATTENTION_FUSED_VARIANT:-base}" \
+        "UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off} UNET_ATTENTION_FUSED_VARIANT=${UNET_ATTENTION_FUSED_VARIANT:-exp2}" \
         "UNET_ATTENTION_FUSED_SPLITS=${UNET_ATTENTION_FUSED_SPLITS:-auto})"
-    python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
+    limited python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
         --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$out/bench_$tag.jsonl" "$@" ${BENCH_ARGS:-} \
         >"$out/bench_$tag.md" 2>>"$out/bench.stderr" || { note "the benchmarks bench_$tag failed (bench.stderr)"; failed=1; }
     cat "$out/bench_$tag.md" >&2
@@ -275,10 +301,10 @@ run_bench() {
     # (FUSED_VARIANTS; the default variant's files keep the names bench_fused_<dtype>.*).
     fusedcore)
         local v tag
-        for v in ${FUSED_VARIANTS:-base exp2 w8 w8-exp2 chunked}; do
+        for v in ${FUSED_VARIANTS:-exp2 base w8 w8-exp2 chunked}; do
             for dt in ${DTYPES_FUSED:-f16 bf16}; do
                 tag="fused_$dt"
-                [[ "$v" == base ]] || tag="fused_${v}_$dt"
+                [[ "$v" == exp2 ]] || tag="fused_${v}_$dt"
                 UNET_ATTENTION_SDPA=fused UNET_ATTENTION_FUSED_VARIANT="$v" bench_one core "$dt" "$tag"
             done
         done

@@ -47,9 +47,11 @@ mod gpu_check;
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use super::gpu_check::{median_ms, Report};
+    use super::gpu_check::{first_call, median_ms, Report};
     use candle_core::{DType, Device, Result, Tensor};
-    use unet_attention::cuda::{epilogue, gated, group_norm, layer_norm, layers_built, BiasAxis, GateAct, NormAct};
+    use unet_attention::cuda::{
+        epilogue, gated, group_norm, layer_norm, layers_built, layers_image, BiasAxis, GateAct, NormAct,
+    };
 
     /// A seeded xorshift generator: N(0, 1) samples by Box–Muller.
     struct Rng(u64);
@@ -501,6 +503,24 @@ mod gpu {
         }
     }
 
+    /// The first layer-kernel call of the process (a GroupNorm in f16), loading the kernels included.
+    fn first_layers_call(dev: &Device) -> serde_json::Value {
+        let inputs = (|| -> Result<(Tensor, Tensor, Tensor)> {
+            let x = Tensor::randn(0f32, 1., (1, 64, 8, 8), dev)?.to_dtype(DType::F16)?;
+            let (gamma, beta) = (Tensor::ones(64, DType::F32, dev)?, Tensor::zeros(64, DType::F32, dev)?);
+            dev.synchronize()?;
+            Ok((x, gamma, beta))
+        })();
+        let image = match dev {
+            Device::Cuda(d) => layers_image(d),
+            _ => Ok("not a CUDA device".to_string()),
+        };
+        first_call("layers", dev, image, || {
+            let (x, gamma, beta) = inputs?;
+            group_norm(&x, None, &gamma, &beta, 32, 1e-5, None)
+        })
+    }
+
     pub fn main() -> i32 {
         let mut report = match Report::from_args("layers_check") {
             Ok(r) => r,
@@ -511,12 +531,13 @@ mod gpu {
             Err(code) => return code,
         };
         if !layers_built() {
-            eprintln!("layers_check: this build has no layer kernels (CUDA_COMPUTE_CAP below 8.0)");
+            eprintln!("layers_check: this build has no layer kernels");
             return 3;
         }
         if let Err(code) = report.require_cuda_layers() {
             return code;
         }
+        report.record(first_layers_call(&dev));
         let quick = report.quick;
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         // A case's result is its whole line; an error keeps the case's description.

@@ -1,7 +1,7 @@
 // The steps the two mma attention kernels share (`attention_mma` in fused_attention.cu and
 // `attention_wide` in attention_wide.cuh). Included by fused_attention.cu inside its anonymous
 // namespace, after `Args`, `SmemTile`, `load_tile16`, `store_out`, `store_ml`, `PutHalf` and
-// `exp_of`.
+// `Softmax`.
 //
 // A lane holds its warp's scores and outputs as m16n8 accumulator fragments: for each block j of
 // 8 columns, elements 0, 1 in row g = lane / 4 and 2, 3 in row g + 8, at columns 2·(lane % 4)
@@ -70,10 +70,11 @@ __device__ __forceinline__ void scores(float s[NJ][4], const SmemTile& qs, const
 }
 
 // The scores of NJ column blocks from key `key0` on scaled, masked (keys past lk at −∞, plus the
-// additive mask) in place; each row's maximum over them, across the 4 lanes of the row.
-template <int NJ>
+// additive mask) in place; each row's maximum over them, across the 4 lanes of the row. With
+// EXP2 they become `Softmax`'s u: the raw scores (`sm.raw`), else s·scale + mask by one FFMA.
+template <bool EXP2, int NJ>
 __device__ __forceinline__ void mask_and_max(float s[NJ][4], float mx[2], const Args& a, const float* mg, int key0,
-                                             const int qrow[2], int t) {
+                                             const int qrow[2], int t, const Softmax& sm) {
     mx[0] = mx[1] = NEG_INF;
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
@@ -82,8 +83,13 @@ __device__ __forceinline__ void mask_and_max(float s[NJ][4], float mx[2], const 
             const int r = e / 2, key = key0 + j * 8 + 2 * t + (e & 1);
             float x = NEG_INF;
             if (key < a.lk) {
-                x = s[j][e] * a.scale;
-                if (mg && qrow[r] < a.lq) x += mg[qrow[r] * a.m_sq + key * a.m_sk];
+                const bool masked = mg && qrow[r] < a.lq;
+                if (EXP2) {
+                    x = sm.raw ? s[j][e] : fmaf(s[j][e], a.scale, masked ? mg[qrow[r] * a.m_sq + key * a.m_sk] : 0.f);
+                } else {
+                    x = s[j][e] * a.scale;
+                    if (masked) x += mg[qrow[r] * a.m_sq + key * a.m_sk];
+                }
             }
             s[j][e] = x;
             mx[r] = fmaxf(mx[r], x);
@@ -97,15 +103,18 @@ __device__ __forceinline__ void mask_and_max(float s[NJ][4], float mx[2], const 
 }
 
 // The online softmax's step for a tile whose row maxima are `mx`: the running max `m` moves to
-// max(m, mx), `l` and the NO output blocks `o` are rescaled by e^(m_old − m_new), and `m_use` is
-// what to subtract from the tile's scores (0 while a row has no finite score).
+// max(m, mx), `l` and the NO output blocks `o` are rescaled by e^(m_old − m_new) (EXP2:
+// 2^((m_old − m_new)·k)), and `sub` is what the tile's exponents take off: m_use, or m_use·k
+// with EXP2 (m_use: the new max, 0 while a row has no finite score).
 template <bool EXP2, int NO>
-__device__ __forceinline__ void rescale(float m[2], float l[2], float o[NO][4], const float mx[2], float m_use[2]) {
+__device__ __forceinline__ void rescale(float m[2], float l[2], float o[NO][4], const float mx[2], float sub[2],
+                                        const Softmax& sm) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m[r], mx[r]);
-        m_use[r] = m_new == NEG_INF ? 0.f : m_new;
-        const float alpha = exp_of<EXP2>(m[r] - m_use[r]);
+        const float m_use = m_new == NEG_INF ? 0.f : m_new;
+        sub[r] = EXP2 ? m_use * sm.k : m_use;
+        const float alpha = EXP2 ? exp2_approx((m[r] - m_use) * sm.k) : expf(m[r] - m_use);
         m[r] = m_new;
         l[r] *= alpha;
 #pragma unroll
@@ -116,17 +125,26 @@ __device__ __forceinline__ void rescale(float m[2], float l[2], float o[NO][4], 
     }
 }
 
-// p = e^(s − m_use) in place over NJ column blocks, summed (unrounded) into `l`.
+// p = e^(x − m_use) in place over NJ column blocks (EXP2: 2^(u·k − m_use·k), one FFMA and
+// `ex2.approx`), summed (unrounded) into `l`.
 template <bool EXP2, int NJ>
-__device__ __forceinline__ void exponentiate(float s[NJ][4], const float m_use[2], float l[2]) {
+__device__ __forceinline__ void exponentiate(float s[NJ][4], const float sub[2], float l[2], const Softmax& sm) {
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float p = exp_of<EXP2>(s[j][e] - m_use[e / 2]);
+            const float p = EXP2 ? exp2_approx(fmaf(s[j][e], sm.k, -sub[e / 2])) : expf(s[j][e] - sub[e / 2]);
             s[j][e] = p;
             l[e / 2] += p;
         }
+    }
+}
+
+// The running maxima as logits (m·unit: what the merge of split keys reads) for EXP2's u.
+template <bool EXP2> __device__ __forceinline__ void logit_max(float m[2], const Softmax& sm) {
+    if (EXP2) {
+        m[0] *= sm.unit;
+        m[1] *= sm.unit;
     }
 }
 

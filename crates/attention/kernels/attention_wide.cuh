@@ -18,8 +18,8 @@
 // 227 KiB) and 133.5 KiB with tiles of 32 (an A100's is 163 KiB); one block, 8 warps, a SM.
 // Tiles of 64 read each q fragment from shared memory for 32 keys a warp instead of 16.
 
-template <typename T, int BC, bool EXP2>
-__device__ void attention_wide(const Args a) {
+template <typename T, int BC, bool EXP2, bool RAW>
+__device__ __forceinline__ void attention_wide_tiles(const Args a) {
     constexpr int BR = 64, HALF = BC / 2, DVC = 256;
     uint16_t* smem = dynamic_smem<uint16_t>();
     const SmemTile qs = smem_tile(smem, a.dp);
@@ -36,6 +36,7 @@ __device__ void attention_wide(const Args a) {
     const bool vec = a.vec != 0;
     const HeadInputs in = head_inputs(a, bh, q0);
     const KeyTiles kt_range = key_tiles(a, split, BC);
+    const Softmax sm = softmax_of<RAW>(a);
 
     load_first_tiles(qs, ks, in, a, q0, BR, BC, kt_range, vec);
     float o[DVC / 8][4];
@@ -56,8 +57,8 @@ __device__ void attention_wide(const Args a) {
         scores<T, HALF / 8>(s, qs, ks, rows0, key_off, a.dp, lane);
 
         // Scale, mask, key bounds; this half's row maxima, then both halves'.
-        float mx[2], m_use[2];
-        mask_and_max<HALF / 8>(s, mx, a, in.mask, kv0 + key_off, qrow, t);
+        float mx[2], sub[2];
+        mask_and_max<EXP2, HALF / 8>(s, mx, a, in.mask, kv0 + key_off, qrow, t, sm);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             if (t == 0) row_max[half * BR + local[r]] = mx[r];
@@ -65,9 +66,9 @@ __device__ void attention_wide(const Args a) {
         __syncthreads(); // both halves' maxima written
 #pragma unroll
         for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], row_max[(1 - half) * BR + local[r]]);
-        rescale<EXP2, DVC / 8>(m, l, o, mx, m_use);
+        rescale<EXP2, DVC / 8>(m, l, o, mx, sub, sm);
         // p = e^(s − m), summed unrounded, stored rounded (as PyTorch's kernels use it in p·v).
-        exponentiate<EXP2, HALF / 8>(s, m_use, l);
+        exponentiate<EXP2, HALF / 8>(s, sub, l, sm);
 #pragma unroll
         for (int j = 0; j < HALF / 8; ++j) {
             const int c = key_off + j * 8; // this block's 8 keys: one 16-byte chunk of a p row
@@ -108,5 +109,16 @@ __device__ void attention_wide(const Args a) {
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] += row_max[(1 - half) * BR + local[r]];
+    logit_max<EXP2>(m, sm);
     store_rows<T, DVC / 8>(a, bh, split, qrow, col0, t, o, m, l, half == 0 && t == 0);
+}
+
+// `attention_wide_tiles` in the softmax form the call takes (`Softmax`).
+template <typename T, int BC, bool EXP2>
+__device__ void attention_wide(const Args a) {
+    if (EXP2 && raw_scores(a)) {
+        attention_wide_tiles<T, BC, EXP2, EXP2>(a);
+    } else {
+        attention_wide_tiles<T, BC, EXP2, false>(a);
+    }
 }

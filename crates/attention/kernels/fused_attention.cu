@@ -8,8 +8,9 @@
 // Kernels (all `extern "C"`, launched from crates/attention/src/cuda/mod.rs):
 //
 // * `fattn_{f16,bf16}_dv{16,32,64,96,128,160,192,256}[_w8][_e2]`: 4 warps (`_w8`: 8), 16 query
-//   rows a warp (64 or 128 per CTA); `_e2` takes the exponentials as 2^(x·log2 e) (`ex2.approx.ftz`, as
-//   FlashAttention-2) instead of `expf`. The variants exist to be timed against each other on a
+//   rows a warp (64 or 128 per CTA); `_e2` takes the exponentials as FlashAttention-2 does, one
+//   FFMA with the scale and log2 e folded in and the max subtracted, then `ex2.approx.ftz`
+//   (`Softmax`), instead of a multiply, a subtraction and `expf`. The variants exist to be timed against each other on a
 //   GPU (`UNET_ATTENTION_FUSED_VARIANT`); the default is the plain 4-warp `expf` one. Key tiles of 64 (32 when the output chunk is wider than 160 columns). q·kᵀ and p·v
 //   with `mma.sync.aligned.m16n8k16` (f32 accumulate) on fragments read with `ldmatrix`
 //   (`.trans` for v); q, k and v tiles copied with `cp.async` (16 bytes, zero-filled past the
@@ -226,17 +227,30 @@ __device__ __forceinline__ void store_ml(const Args& a, int bh, int split, int q
     ml[1] = l;
 }
 
-// e^x, or with EXP2 2^(x·log2 e) by one multiply and the hardware's approximate exp2
-// (FlashAttention-2's form; relative error about 2^-22, results below 2^-126 flushed to 0), for
-// x = s − m ≤ 0 or −∞.
-template <bool EXP2> __device__ __forceinline__ float exp_of(float x) {
-    return EXP2 ? exp2_approx(x * LOG2E) : expf(x);
+// How the mma kernels turn scores into probabilities. The `expf` kernels (EXP2 false): x =
+// s·scale (+ mask), the row max m over x, p = e^(x − m). The `_e2` kernels, FlashAttention-2's
+// form: the scores are kept as u, the logit being u·unit: the raw score (unit = scale) where
+// there is no mask and scale > 0, else s·scale + mask by one FFMA (unit = 1); the row max m is
+// taken over u, and p = 2^(u·k − m·k) with k = unit·log2 e: one FFMA and one `ex2.approx.ftz`
+// a score (relative error about 2^-22, results below 2^-126 flushed to 0). The split workspace
+// gets m·unit, a logit, as the merge reads it.
+struct Softmax {
+    bool raw;   // u is the raw score
+    float unit; // logit = u·unit
+    float k;    // unit·log2 e
+};
+template <bool RAW> __device__ __forceinline__ Softmax softmax_of(const Args& a) {
+    const float unit = RAW ? a.scale : 1.f;
+    return Softmax{RAW, unit, unit * LOG2E};
 }
+// Whether an `_e2` kernel keeps the raw scores (no mask, a positive scale): decided once a
+// kernel, so that each form is compiled on its own (no branch, and no register held for it).
+__device__ __forceinline__ bool raw_scores(const Args& a) { return a.mask == nullptr && a.scale > 0.f; }
 
 #include "attention_steps.cuh" // head_inputs, key_tiles, scores, mask_and_max, rescale, ...
 
-template <typename T, int DVC, int BC, int WARPS, bool EXP2>
-__device__ void attention_mma(const Args a) {
+template <typename T, int DVC, int BC, int WARPS, bool EXP2, bool RAW>
+__device__ __forceinline__ void attention_mma_tiles(const Args a) {
     constexpr int BR = 16 * WARPS; // queries per CTA: 16 a warp
     uint16_t* smem = dynamic_smem<uint16_t>();
     const SmemTile qs = smem_tile(smem, a.dp);
@@ -250,6 +264,7 @@ __device__ void attention_mma(const Args a) {
     const bool vec = a.vec != 0;
     const HeadInputs in = head_inputs(a, bh, q0);
     const KeyTiles kt_range = key_tiles(a, split, BC);
+    const Softmax sm = softmax_of<RAW>(a);
 
     load_first_tiles(qs, ks, in, a, q0, BR, BC, kt_range, vec);
     float o[DVC / 8][4];
@@ -269,10 +284,10 @@ __device__ void attention_mma(const Args a) {
         scores<T, BC / 8>(s, qs, ks, warp * 16, 0, a.dp, lane);
 
         // Scale, mask, key bounds; online softmax over rows g and g + 8.
-        float mx[2], m_use[2];
-        mask_and_max<BC / 8>(s, mx, a, in.mask, kv0, qrow, t);
-        rescale<EXP2, DVC / 8>(m, l, o, mx, m_use);
-        exponentiate<EXP2, BC / 8>(s, m_use, l);
+        float mx[2], sub[2];
+        mask_and_max<EXP2, BC / 8>(s, mx, a, in.mask, kv0, qrow, t, sm);
+        rescale<EXP2, DVC / 8>(m, l, o, mx, sub, sm);
+        exponentiate<EXP2, BC / 8>(s, sub, l, sm);
 
         cp_async_wait_all();
         __syncthreads(); // v tile in shared memory; every warp done with the k tile
@@ -298,7 +313,18 @@ __device__ void attention_mma(const Args a) {
     }
     cp_async_wait_all();
     quad_sum(l);
+    logit_max<EXP2>(m, sm);
     store_rows<T, DVC / 8>(a, bh, split, qrow, col0, t, o, m, l, chunk == 0 && t == 0);
+}
+
+// `attention_mma_tiles` in the softmax form the call takes (`Softmax`).
+template <typename T, int DVC, int BC, int WARPS, bool EXP2>
+__device__ void attention_mma(const Args a) {
+    if (EXP2 && raw_scores(a)) {
+        attention_mma_tiles<T, DVC, BC, WARPS, EXP2, EXP2>(a);
+    } else {
+        attention_mma_tiles<T, DVC, BC, WARPS, EXP2, false>(a);
+    }
 }
 
 #include "attention_wide.cuh" // head dims over 256 in one block: attention_wide<T, BC, EXP2>

@@ -33,11 +33,14 @@ pub(crate) struct Dims {
 /// under the others (a thread block per chunk, each recomputing q·kᵀ).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FusedVariant {
-    /// 4 warps (64 queries a thread block), `expf`: the default.
-    #[default]
+    /// 4 warps (64 queries a thread block), the softmax's exponentials by `expf` of the scaled
+    /// score less the row max (a multiply, a subtraction and `expf` a score).
     Base,
-    /// 4 warps, the exponentials as `2^(x · log2 e)` by the hardware's approximate `ex2`
-    /// (FlashAttention-2's form; about 2^-22 relative error, underflow below 2^-126 to 0).
+    /// The default: 4 warps, the exponentials as FlashAttention-2 takes them, one FFMA with the
+    /// scale and log2 e folded in and the row max subtracted (`s·scale·log2 e − m·scale·log2 e`;
+    /// with a mask, the masked logit times log2 e), then the hardware's approximate `ex2`
+    /// (about 2^-22 relative error, underflow below 2^-126 to 0).
+    #[default]
     Exp2,
     /// 8 warps (128 queries a thread block): each k and v tile in shared memory serves twice the
     /// queries. Where its shared memory does not fit the GPU, the 4-warp kernel runs.
@@ -52,8 +55,8 @@ pub enum FusedVariant {
 impl FusedVariant {
     /// Every variant with its name (`UNET_ATTENTION_FUSED_VARIANT`'s values), the default first.
     pub const ALL: [(&'static str, FusedVariant); 5] = [
-        ("base", FusedVariant::Base),
         ("exp2", FusedVariant::Exp2),
+        ("base", FusedVariant::Base),
         ("w8", FusedVariant::Warps8),
         ("w8-exp2", FusedVariant::Warps8Exp2),
         ("chunked", FusedVariant::Chunked),
@@ -64,7 +67,7 @@ impl FusedVariant {
         FusedVariant::ALL
             .iter()
             .find(|(_, v)| *v == self)
-            .map_or("base", |(n, _)| n)
+            .map_or("exp2", |(n, _)| n)
     }
 
     fn warps(self) -> usize {
@@ -469,6 +472,9 @@ impl Args {
     }
 }
 
+#[path = "cuda_plan/image.rs"]
+pub(crate) mod image;
+
 #[cfg(test)]
 #[path = "cuda_plan/emulated.rs"]
 mod emulated;
@@ -625,6 +631,7 @@ mod tests {
         for (name, v) in FusedVariant::ALL {
             assert_eq!(v.name(), name);
         }
+        assert_eq!(FusedVariant::ALL[0].1, FusedVariant::default());
         let p = plan(&H100, FusedVariant::Warps8Exp2);
         assert_eq!(
             (p.kernel.as_str(), p.threads, p.grid.0),

@@ -131,3 +131,31 @@ pub fn median_ms(
     ms.sort_by(f64::total_cmp);
     Ok(ms[ms.len() / 2])
 }
+
+/// What the first call of a kernel family costs, loading its image included (`cuModuleLoadData`:
+/// the SASS of the GPU's architecture in milliseconds, or the driver's ptxas over PTX for
+/// minutes), as one JSON line of `stage`: `first_call_s` (`f` and a synchronisation, timed once,
+/// before any other call of the family in this process), `image` (what the GPU runs of it, from
+/// `describe`), `ran` (whether `f` gave a result rather than declining) and `pass`: it ran within
+/// `target_s` = 2 s.
+#[allow(dead_code)] // conv_check's convolutions are cuDNN's, no image of this crate
+pub fn first_call(
+    stage: &str,
+    dev: &candle_core::Device,
+    image: candle_core::Result<String>,
+    f: impl FnOnce() -> candle_core::Result<Option<candle_core::Tensor>>,
+) -> Value {
+    const TARGET_S: f64 = 2.0;
+    let image = image.unwrap_or_else(|e| format!("unknown: {e}"));
+    let start = std::time::Instant::now();
+    let ran = f().and_then(|out| dev.synchronize().map(|()| out.is_some()));
+    let secs = start.elapsed().as_secs_f64();
+    let (ran, error) = match ran {
+        Ok(r) => (r, None),
+        Err(e) => (false, Some(e.to_string())),
+    };
+    serde_json::json!({
+        "stage": stage, "case": "first_call", "first_call_s": secs, "target_s": TARGET_S,
+        "image": image, "ran": ran, "error": error, "pass": ran && secs < TARGET_S,
+    })
+}

@@ -3,10 +3,10 @@
 //! of the GPU, and the [`FusedAttention`] `CustomOp3` whose `cuda_fwd` launches the attention
 //! kernel and, when the keys are split, the merge kernel.
 
+use super::module::{self, Image};
 use crate::cuda_plan::{vector_copies, Args, GpuLimits, Plan, THREADS};
 use candle_core::cuda::cudarc::driver::{
-    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
-    SyncOnDrop,
+    sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop,
 };
 use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
@@ -14,24 +14,25 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Sto
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-include!(concat!(env!("OUT_DIR"), "/fused_ptx.rs"));
+include!(concat!(env!("OUT_DIR"), "/fused_image.rs"));
 
-/// The name Candle's device caches the loaded PTX module under.
-const MODULE: &str = "unet_attention_fused";
+/// The attention kernels' fat binary (`build.rs`).
+pub(crate) static FUSED: Image = Image {
+    what: "the fused attention kernels",
+    bytes: FUSED_IMAGE,
+};
 
-/// What the plan needs to know of the GPU: `None` where the kernel cannot run (no PTX in this
-/// build, or compute capability below 8.0).
+/// What the plan needs to know of the GPU: `None` where the kernels cannot run on it (see
+/// [`module::runs`]: compute capability below 8.0, no entry of the image for it, or a load the
+/// driver refused; a note says which, once).
 pub(crate) fn gpu_limits(dev: &CudaDevice) -> Result<Option<GpuLimits>> {
-    if PTX.is_none() {
+    if !module::runs(dev, &FUSED)? {
         return Ok(None);
     }
     let stream = dev.cuda_stream();
     let ctx = stream.context();
     let attr = |a| ctx.attribute(a).w();
     use sys::CUdevice_attribute as A;
-    if attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? < 8 {
-        return Ok(None);
-    }
     Ok(Some(GpuLimits {
         sms: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize,
         smem_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as usize,
@@ -51,31 +52,13 @@ pub(crate) fn blocks_per_sm(dev: &CudaDevice, plan: &Plan) -> Result<usize> {
     if let Some(&n) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(n);
     }
-    let Some(ptx) = PTX else {
-        bail!("fused attention: this build has no PTX (CUDA_COMPUTE_CAP below 8.0)")
-    };
-    let func = dev.get_or_load_custom_func(&plan.kernel, MODULE, ptx)?;
-    allow_shared_memory(dev, &func, plan.smem)?;
+    let func = module::function(dev, &FUSED, &plan.kernel)?;
     dev.cuda_stream().context().bind_to_thread().w()?;
     let n = func
         .occupancy_max_active_blocks_per_multiprocessor(plan.threads, plan.smem, None)
         .map_or(2, |n| (n as usize).max(1));
     known.lock().unwrap_or_else(|e| e.into_inner()).insert(key, n);
     Ok(n)
-}
-
-/// Raises `func`'s dynamic shared memory limit to `smem` bytes where that is over the default
-/// 48 KiB (launches, and occupancy queries, of more fail otherwise).
-fn allow_shared_memory(dev: &CudaDevice, func: &CudaFunction, smem: usize) -> Result<()> {
-    if smem > 48 * 1024 {
-        use sys::CUfunction_attribute as F;
-        // cuFuncSetAttribute acts on the current context: make it this device's on this
-        // thread (cudarc binds it for launches, not for attributes).
-        dev.cuda_stream().context().bind_to_thread().w()?;
-        func.set_attribute(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .w()?;
-    }
-    Ok(())
 }
 
 // SAFETY: plain old data: `Args` is `#[repr(C)]` with the field order, types and alignment of
@@ -133,18 +116,19 @@ impl FusedAttention {
     fn run<T: CudaDType + DeviceRepr>(&self, q: Input<'_>, k: Input<'_>, v: Input<'_>) -> Result<CudaStorage> {
         let (p, s) = (&self.plan, self.plan.dims);
         let dev = &q.0.device;
-        let Some(ptx) = PTX else {
-            bail!("fused attention: this build has no PTX (CUDA_COMPUTE_CAP below 8.0)")
-        };
         let rows = s.b * s.h * s.lq;
         // SAFETY: every element is written by the kernels below before it is read.
         let mut out = unsafe { dev.alloc::<T>(rows * s.d)? };
         let (ws_o_len, ws_ml_len) = p.workspace();
-        let mut ws_o = dev.alloc_zeros::<f32>(ws_o_len)?;
-        let mut ws_ml = dev.alloc_zeros::<f32>(ws_ml_len)?;
-        self.launch_attention(ptx, (q, k, v), &mut out, (&mut ws_o, &mut ws_ml))?;
+        // SAFETY: with split keys every split writes its partial output of every (row, column)
+        // and its (m, l) of every row before the merge reads them (the emulated tests run with
+        // these buffers filled with NaN); unsplit, the kernels never touch them.
+        let mut ws_o = unsafe { dev.alloc::<f32>(ws_o_len)? };
+        // SAFETY: as for `ws_o`: each split writes its (m, l) of every row before the merge.
+        let mut ws_ml = unsafe { dev.alloc::<f32>(ws_ml_len)? };
+        self.launch_attention((q, k, v), &mut out, (&mut ws_o, &mut ws_ml))?;
         if p.splits > 1 {
-            self.launch_merge(ptx, dev, (&ws_o, &ws_ml), &mut out)?;
+            self.launch_merge(dev, (&ws_o, &ws_ml), &mut out)?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
@@ -153,7 +137,6 @@ impl FusedAttention {
     /// (partial outputs, and each row's max and sum).
     fn launch_attention<T: DeviceRepr>(
         &self,
-        ptx: &str,
         ((q, ql), (k, kl), (v, vl)): (Input<'_>, Input<'_>, Input<'_>),
         out: &mut CudaSlice<T>,
         (ws_o, ws_ml): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
@@ -189,14 +172,13 @@ impl FusedAttention {
         let split = p.splits > 1;
         (args.q, args.k, args.v, args.out) = (qp, kp, vp, op);
         (args.ws_o, args.ws_ml) = if split { (wo, wm) } else { (0, 0) };
-        let func = dev.get_or_load_custom_func(&p.kernel, MODULE, ptx)?;
-        allow_shared_memory(dev, &func, p.smem)?;
+        let func = module::function(dev, &FUSED, &p.kernel)?;
         let cfg = LaunchConfig {
             grid_dim: p.grid,
             block_dim: (p.threads, 1, 1),
             shared_mem_bytes: p.smem as u32,
         };
-        let mut b = func.builder();
+        let mut b = stream.launch_builder(&func);
         b.arg(&args);
         // SAFETY: `args` matches the kernel's parameter; every pointer in it is live (its
         // guard is held) and addresses the extent the grid reads or writes.
@@ -207,21 +189,21 @@ impl FusedAttention {
     /// The merge kernel: the split keys' partial outputs in the workspace combined into `out`.
     fn launch_merge<T: DeviceRepr>(
         &self,
-        ptx: &str,
         dev: &CudaDevice,
         (ws_o, ws_ml): (&CudaSlice<f32>, &CudaSlice<f32>),
         out: &mut CudaSlice<T>,
     ) -> Result<()> {
         let (p, s) = (&self.plan, self.plan.dims);
         let rows = p.merge_rows();
-        let func = dev.get_or_load_custom_func(p.merge, MODULE, ptx)?;
+        let func = module::function(dev, &FUSED, p.merge)?;
+        let stream = dev.cuda_stream();
         let (rows_i, d_i, splits_i) = (rows as i32, s.d as i32, p.splits as i32);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = func.builder();
+        let mut b = stream.launch_builder(&func);
         b.arg(ws_o).arg(ws_ml).arg(out).arg(&rows_i).arg(&d_i).arg(&splits_i);
         // SAFETY: the workspace holds `splits` partial outputs and (m, l) of `rows` rows.
         unsafe { b.launch(cfg) }.w()?;

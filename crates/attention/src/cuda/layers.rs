@@ -5,7 +5,8 @@
 //! in that dtype, so a fused call gives what the unfused ops give up to f32 evaluation order.
 //!
 //! Every function returns `Ok(None)` where it does not apply (not CUDA, a dtype or shape the
-//! kernels do not take, no PTX in this build, compute capability below 8.0); the caller then
+//! kernels do not take, a GPU the build's kernel image does not serve: compute capability below
+//! 8.0 or no entry for it, with a note once); the caller then
 //! runs its tensor ops. **Status: compiled in CI, never run on a GPU yet**; the unit tests run the
 //! kernels' source on the CPU under a CUDA emulator (`cuda_plan/emulated_layers.rs`), and the GPU
 //! kit's `layers` stage (`examples/layers_check.rs`) checks each against an f64 CPU reference.
@@ -49,9 +50,16 @@ pub enum BiasAxis {
     Channels,
 }
 
-/// Whether this build carries the layer kernels' PTX (built for compute capability ≥ 8.0).
+/// Whether this build carries the layer kernels (always, under the `cuda` feature: a fat binary
+/// of SASS and PTX, `build.rs`; whether a GPU runs it is [`layers_image`]'s question).
 pub fn layers_built() -> bool {
-    launch::LAYERS_PTX.is_some()
+    !launch::LAYERS.bytes.is_empty()
+}
+
+/// What the GPU of `dev` runs of the layer kernels' image, in words: `sm_90 machine code`,
+/// `compute_80 PTX compiled by the driver` or `fallback: <why>`.
+pub fn layers_image(dev: &candle_core::cuda::CudaDevice) -> Result<String> {
+    super::module::describe_selection(dev, &launch::LAYERS)
 }
 
 /// What `UNET_ATTENTION_CUDA_LAYERS=auto` (the default) means: `false` until the GPU kit's

@@ -4,21 +4,24 @@
 //! dtypes, shapes and contiguity; the ops check again what a wrong launch would turn into an
 //! out-of-bounds access (storage kinds, contiguity, lengths).
 
+use super::module::{self, Image};
 use crate::cuda_plan::{
     finalize_grid, group_grid, norm_rows_grid, row_grid, stats_split, APPLY_TILE, FINALIZE_THREADS, LAYER_THREADS,
 };
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop,
+    CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop,
 };
 use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage, WrapErr};
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor};
-use std::sync::Arc;
 
-include!(concat!(env!("OUT_DIR"), "/layers_ptx.rs"));
+include!(concat!(env!("OUT_DIR"), "/layers_image.rs"));
 
-/// The name Candle's device caches the loaded PTX module under.
-const MODULE: &str = "unet_attention_layers";
+/// The layer kernels' fat binary (`build.rs`).
+pub(crate) static LAYERS: Image = Image {
+    what: "the fused layer kernels",
+    bytes: LAYERS_IMAGE,
+};
 /// The kernel-name suffix of a storage dtype the kernels take.
 pub(crate) fn suffix(dtype: DType) -> Option<&'static str> {
     match dtype {
@@ -50,12 +53,9 @@ fn contiguous_start(l: &Layout, what: &str) -> Result<usize> {
     Ok(l.start_offset())
 }
 
-/// The layer kernels' PTX, or an error where this build has none.
-fn ptx() -> Result<&'static str> {
-    match LAYERS_PTX {
-        Some(ptx) => Ok(ptx),
-        None => bail!("fused layers: this build has no PTX (CUDA_COMPUTE_CAP below 8.0)"),
-    }
+/// Kernel `name` of the layer kernels on `dev`.
+fn func(dev: &CudaDevice, name: &str) -> Result<CudaFunction> {
+    module::function(dev, &LAYERS, name)
 }
 
 /// A launch of `grid` blocks of `threads` threads, no dynamic shared memory.
@@ -95,8 +95,9 @@ fn finalize_stats(
     eps: f32,
 ) -> Result<()> {
     let ints = [groups_total, group_len, chunk, splits].map(|v| v as i32);
-    let f = dev.get_or_load_custom_func("gn_finalize", MODULE, ptx()?)?;
-    let mut l = f.builder();
+    let f = func(dev, "gn_finalize")?;
+    let stream = dev.cuda_stream();
+    let mut l = stream.launch_builder(&f);
     l.arg(&part).arg(&stats);
     l.arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&ints[3]).arg(&eps);
     let cfg = config(finalize_grid(groups_total), FINALIZE_THREADS);
@@ -162,8 +163,8 @@ impl GroupNormOp {
         let (op, _go) = out.device_ptr_mut(&stream);
         let ints = [c as i32, self.groups as i32, spatial as i32];
         let (chunk_i, splits_i) = (chunk as i32, splits as i32);
-        let f = dev.get_or_load_custom_func(&format!("gn_stats_{sfx}"), MODULE, ptx()?)?;
-        let mut l = f.builder();
+        let f = func(dev, &format!("gn_stats_{sfx}"))?;
+        let mut l = stream.launch_builder(&f);
         l.arg(&xp).arg(&ap).arg(&pp).arg(&sp);
         l.arg(&ints[0])
             .arg(&ints[1])
@@ -179,8 +180,8 @@ impl GroupNormOp {
             finalize_stats(dev, (pp, sp), (bg, group_len, chunk, splits), self.eps)?;
         }
         let tile_i = APPLY_TILE as i32;
-        let f = dev.get_or_load_custom_func(&format!("gn_apply_{sfx}"), MODULE, ptx()?)?;
-        let mut l = f.builder();
+        let f = func(dev, &format!("gn_apply_{sfx}"))?;
+        let mut l = stream.launch_builder(&f);
         l.arg(&xp).arg(&ap).arg(&sp).arg(&gp).arg(&bp).arg(&op);
         l.arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&tile_i).arg(&self.act);
         // SAFETY: as above; the output holds B·C·spatial elements.
@@ -228,8 +229,8 @@ impl LayerNormOp {
         let (op, _go) = out.device_ptr_mut(&stream);
         let (rows_i, n_i) = (rows as i64, n as i32);
         let sfx = suffix(x.dtype()).unwrap_or("f32");
-        let f = dev.get_or_load_custom_func(&format!("ln_{sfx}"), MODULE, ptx()?)?;
-        let mut l = f.builder();
+        let f = func(dev, &format!("ln_{sfx}"))?;
+        let mut l = stream.launch_builder(&f);
         l.arg(&xp).arg(&ptrs[0]).arg(&ptrs[1]).arg(&op);
         l.arg(&rows_i).arg(&n_i).arg(&self.eps);
         // SAFETY: x and the output hold rows·n elements, γ and β n floats (or are null).
@@ -262,8 +263,8 @@ impl GatedOp {
         let (op, _go) = out.device_ptr_mut(&stream);
         let (rows_i, n_i) = (rows as i64, n as i32);
         let sfx = suffix(h.dtype()).unwrap_or("f32");
-        let f = dev.get_or_load_custom_func(&format!("gated_{sfx}"), MODULE, ptx()?)?;
-        let mut l = f.builder();
+        let f = func(dev, &format!("gated_{sfx}"))?;
+        let mut l = stream.launch_builder(&f);
         l.arg(&hp).arg(&op).arg(&rows_i).arg(&n_i).arg(&self.act);
         // SAFETY: h holds rows·2n elements, the output rows·n.
         unsafe { l.launch(config(row_grid(rows, n), LAYER_THREADS)) }.w()?;
@@ -322,8 +323,8 @@ impl EpilogueOp {
         let (rows_i, cols_i, on_rows) = (rows as i64, cols as i32, i32::from(self.bias_on_rows));
         let (div, has_div) = (self.div.unwrap_or(1.0), i32::from(self.div.is_some()));
         let sfx = suffix(h.dtype()).unwrap_or("f32");
-        let f = dev.get_or_load_custom_func(&format!("epilogue_{sfx}"), MODULE, ptx()?)?;
-        let mut l = f.builder();
+        let f = func(dev, &format!("epilogue_{sfx}"))?;
+        let mut l = stream.launch_builder(&f);
         l.arg(&hp).arg(&ptrs[0]).arg(&ptrs[1]).arg(&op);
         l.arg(&rows_i)
             .arg(&cols_i)
@@ -387,16 +388,7 @@ cuda_only_op!(EpilogueOp, "unet-fused-epilogue", |s, st, l, T| Ok((
     l.shape().clone()
 )));
 
-/// Whether the device can run the layer kernels: PTX in this build and compute capability ≥ 8.0.
+/// Whether the device can run the layer kernels (see [`module::runs`]; a note says why not, once).
 pub(crate) fn usable(dev: &CudaDevice) -> Result<bool> {
-    if LAYERS_PTX.is_none() {
-        return Ok(false);
-    }
-    let stream: Arc<CudaStream> = dev.cuda_stream();
-    use candle_core::cuda::cudarc::driver::sys::CUdevice_attribute as A;
-    Ok(stream
-        .context()
-        .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-        .w()?
-        >= 8)
+    module::runs(dev, &LAYERS)
 }

@@ -21,9 +21,10 @@
 //! kernel (`kernels/attention_wide.cuh`): 8 warps on one 64-query tile, the two halves of each
 //! 16-row block splitting a key tile's scores (each computed once), sharing their rounded
 //! probabilities through shared memory and splitting the output columns. f32: plain FMA, no
-//! tensor cores. **Variants** ([`FusedVariant`], `UNET_ATTENTION_FUSED_VARIANT`): the f16/bf16
-//! kernels also come with 8 warps (128 queries a block), with the approximate `ex2` for the
-//! exponentials, and (`chunked`) with head dims over 256 as column chunks of 256, a thread block
+//! tensor cores. **Variants** ([`FusedVariant`], `UNET_ATTENTION_FUSED_VARIANT`): the default
+//! f16/bf16 kernels take the softmax's exponentials as FlashAttention-2 does (one FFMA with the
+//! scale and log2 e folded in, then the approximate `ex2`); they also come with `expf` (`base`),
+//! with 8 warps (128 queries a block), and (`chunked`) with head dims over 256 as column chunks of 256, a thread block
 //! each recomputing q·kᵀ, to be timed against the default on a GPU. **Split-KV**: when
 //! (batch·heads·query tiles·chunks) fills less than 80 % of the blocks the GPU holds at once
 //! (SMs × the kernel's occupancy, from the driver), the key tiles are split over up to 64
@@ -32,7 +33,9 @@
 //! count).
 //!
 //! **Limits** (outside them [`fused_sdpa`] returns `None` and the caller falls back): a CUDA
-//! device of compute capability ≥ 8.0 and PTX built for ≥ 8.0 (`CUDA_COMPUTE_CAP`); q, k, v
+//! device of compute capability ≥ 8.0 that the build's fat binary serves (SASS of its
+//! architecture, or PTX the driver compiles: [`kernel_image`]; `UNET_ATTENTION_CUDA_ARCHS`, by
+//! default sm_80 and sm_90 SASS and compute_80 PTX); q, k, v
 //! f16, bf16 or f32, all one dtype, rank 4 `(B, H, L, D)` with equal batch and heads and equal
 //! head dims `1 ≤ D ≤ 512` (v's head dim too); at least one query and one key; an additive mask
 //! that broadcasts to `(B, H, Lq, Lk)` (boolean and key-padding masks arrive here as additive
@@ -49,9 +52,10 @@ mod layers;
 mod layers_launch;
 mod linear;
 pub mod memory;
+mod module;
 
 pub use layers::{
-    epilogue, gated, group_norm, layer_norm, layers_built, layers_enabled, BiasAxis, GateAct, NormAct,
+    epilogue, gated, group_norm, layer_norm, layers_built, layers_enabled, layers_image, BiasAxis, GateAct, NormAct,
     AUTO_PICKS_CUDA_LAYERS,
 };
 
@@ -82,10 +86,11 @@ pub struct FusedOptions {
     pub variant: Option<FusedVariant>,
 }
 
-/// The f16/bf16 kernel variant `UNET_ATTENTION_FUSED_VARIANT` names (`base`, the default when
-/// unset or blank, `exp2`, `w8`, `w8-exp2`, `chunked`; see [`FusedVariant`]), read once; another value is an
+/// The f16/bf16 kernel variant `UNET_ATTENTION_FUSED_VARIANT` names (`exp2`, the default when
+/// unset or blank, `base`, `w8`, `w8-exp2`, `chunked`; see [`FusedVariant`]), read once; another value is an
 /// error from every call. For timing the variants against each other on a GPU (the kit's
-/// `fusedcore` stage); the default stays `base` until such a run says otherwise.
+/// `fusedcore` stage); `exp2` (FlashAttention-2's softmax) is the default until such a run says
+/// otherwise, `base` keeps the `expf` softmax to time it against.
 pub fn fused_variant() -> Result<FusedVariant> {
     static SETTING: OnceLock<std::result::Result<FusedVariant, String>> = OnceLock::new();
     SETTING
@@ -113,9 +118,17 @@ pub fn fused_splits() -> Result<Option<usize>> {
         .map_err(candle_core::Error::msg)
 }
 
-/// Whether this build carries the kernel's PTX (built for compute capability ≥ 8.0).
+/// Whether this build carries the attention kernels (always, under the `cuda` feature: a fat
+/// binary of SASS and PTX, `build.rs`; whether a GPU runs it is [`kernel_image`]'s question).
 pub fn kernel_built() -> bool {
-    launch::PTX.is_some()
+    !launch::FUSED.bytes.is_empty()
+}
+
+/// What the GPU of `dev` runs of the attention kernels' image, in words: `sm_90 machine code`,
+/// `compute_80 PTX compiled by the driver` (slow first call) or `fallback: <why>` (then
+/// [`fused_sdpa`] returns `None` and the chunked path runs).
+pub fn kernel_image(dev: &candle_core::cuda::CudaDevice) -> Result<String> {
+    module::describe_selection(dev, &launch::FUSED)
 }
 
 /// The fused attention forward where it applies (see the module docs), `None` where it does

@@ -94,7 +94,7 @@ fn case(dtype: DType, (b, h, lq, lk, d): (usize, usize, usize, usize, usize)) ->
         late_copies: false,
         seed: 0,
         q_gain: 1.0,
-        variant: FusedVariant::Base,
+        variant: FusedVariant::default(),
         wrong_scale: false,
         gpu: H100,
     }
@@ -211,7 +211,9 @@ fn run(bin: &Path, c: &Case) -> (f64, Plan, Traffic) {
     let mask_buf = m.as_ref().map(|(m, _)| req.data(encode(DType::F32, m)));
     let out = req.garbage(b * h * lq * d * elem_size(c.dtype));
     let (ws_o, ws_ml) = plan.workspace();
-    let (ws_o, ws_ml) = (req.zeros(ws_o * 4), req.zeros(ws_ml * 4));
+    // Filled with NaN, as the CUDA launch leaves them uninitialised: with split keys every
+    // element must be written before the merge reads it.
+    let (ws_o, ws_ml) = (req.garbage(ws_o * 4), req.garbage(ws_ml * 4));
     // The runner replaces buffer index + 1 in the pointer fields with the buffers' addresses.
     let reference = |i: usize| i as u64 + 1;
     (args.q, args.k, args.v, args.out) = (reference(qb), reference(kb), reference(vb), reference(out));
@@ -372,19 +374,19 @@ fn bf16_kernels_match_f64_attention() {
     check(&half_cases(DType::BF16));
 }
 
-/// The other variants (8 warps, `ex2`, column chunks over 256) on the shapes that stress what
+/// The other variants (8 warps, `expf`, column chunks over 256) on the shapes that stress what
 /// they change: a query tile that the 8-warp block covers partly, head dims over 256 (wide or
 /// in two column chunks), odd head dims, split keys, masks, a random schedule.
 #[test]
 fn kernel_variants_match_f64_attention() {
     let mut cases = vec![];
     for (dtype, variant) in [
-        (DType::F16, FusedVariant::Exp2),
+        (DType::F16, FusedVariant::Base),
         (DType::F16, FusedVariant::Warps8),
         (DType::BF16, FusedVariant::Warps8Exp2),
         (DType::BF16, FusedVariant::Chunked),
     ] {
-        // From the default kernel's cases: head dim 512 (the wide kernel under `exp2`, two
+        // From the default kernel's cases: head dim 512 (the wide kernel under `base`, two
         // column chunks under the others), an odd head dim with element-wise copies, split keys
         // with late copies, head dim 300 split and masked; and a query tile the 8-warp block
         // covers partly.
@@ -429,12 +431,26 @@ fn f32_kernels_match_f64_attention() {
 }
 
 /// The check can fail: the kernel given a scale 30 % off (the reference keeps the right one)
-/// lands far outside the bound, in every dtype.
+/// lands far outside the bound, in every dtype, and in both softmax forms of the f16/bf16
+/// kernels (`exp2`: the scale folded into the exponent's FFMA without a mask, and into the
+/// scores' with one; `base`: `expf`).
 #[test]
 fn a_wrong_scale_fails_the_check() {
     let Some(bin) = runner() else { return };
-    for dtype in [DType::F16, DType::BF16, DType::F32] {
-        let right = case(dtype, (1, 1, 16, 40, 64));
+    let mut cases = vec![case(DType::F32, (1, 1, 16, 40, 64))];
+    for dtype in [DType::F16, DType::BF16] {
+        for variant in [FusedVariant::Exp2, FusedVariant::Base] {
+            for mask in [Mask::None, Mask::Additive] {
+                cases.push(Case {
+                    variant,
+                    mask,
+                    ..case(dtype, (1, 1, 16, 40, 64))
+                });
+            }
+        }
+    }
+    for right in cases {
+        let dtype = right.dtype;
         let wrong = Case {
             wrong_scale: true,
             ..right
@@ -443,7 +459,9 @@ fn a_wrong_scale_fails_the_check() {
         let (bad, ..) = run(bin, &wrong);
         assert!(
             ok <= bound(dtype) && bad > 3.0 * bound(dtype),
-            "{dtype:?}: right {ok:.2e}, wrong {bad:.2e}"
+            "{dtype:?} {:?} {:?}: right {ok:.2e}, wrong {bad:.2e}",
+            right.variant,
+            right.mask
         );
     }
 }

@@ -140,7 +140,6 @@ pub(super) enum Arg {
 /// What a buffer starts as.
 enum Fill {
     Data(Vec<u8>),
-    Zeros(usize),
     /// 0xff bytes: NaN in every float dtype, so an element no kernel wrote shows.
     Garbage(usize),
 }
@@ -183,11 +182,6 @@ impl Request {
     /// A buffer holding `bytes`.
     pub(super) fn data(&mut self, bytes: Vec<u8>) -> usize {
         self.buffer(Fill::Data(bytes))
-    }
-
-    /// A buffer of `bytes` zeros.
-    pub(super) fn zeros(&mut self, bytes: usize) -> usize {
-        self.buffer(Fill::Zeros(bytes))
     }
 
     /// A buffer of `bytes` bytes 0xff (NaN however read as floats).
@@ -257,7 +251,6 @@ impl Request {
         for b in &self.buffers {
             let (n, fill) = match b {
                 Fill::Data(d) => (d.len(), 0),
-                Fill::Zeros(n) => (*n, 1),
                 Fill::Garbage(n) => (*n, 2),
             };
             put_u64(&mut req, n);
