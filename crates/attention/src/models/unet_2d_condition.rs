@@ -97,14 +97,25 @@ impl UNet2DConditionModel {
                 Err(Error::unsupported(block, format!("an even conv kernel ({k})")))
             }
         };
-        let conv_in = Conv2d::load(vb.pp("conv_in"), cfg.in_channels, first, kernel(cfg.conv_in_kernel)?, true)?;
+        let conv_in = Conv2d::load(
+            vb.pp("conv_in"),
+            cfg.in_channels,
+            first,
+            kernel(cfg.conv_in_kernel)?,
+            true,
+        )?;
         let time_proj = Timesteps {
             num_channels: first,
             flip_sin_to_cos: cfg.flip_sin_to_cos,
             downscale_freq_shift: cfg.freq_shift,
         };
-        let time_embedding =
-            TimestepEmbedding::new(vb.pp("time_embedding"), block, (first, temb), cfg.act_fn, cfg.timestep_post_act)?;
+        let time_embedding = TimestepEmbedding::new(
+            vb.pp("time_embedding"),
+            block,
+            (first, temb),
+            cfg.act_fn,
+            cfg.timestep_post_act,
+        )?;
         let text_time = text_time(&vb, cfg, temb)?;
         let kw = block_kwargs(cfg, temb)?;
         let down_blocks = down_blocks(&vb, cfg, &kw)?;
@@ -120,7 +131,13 @@ impl UNet2DConditionModel {
             mid_block,
             up_blocks,
             conv_norm_out: group_norm(vb.pp("conv_norm_out"), block, groups, first, cfg.norm_eps)?,
-            conv_out: Conv2d::load(vb.pp("conv_out"), first, cfg.out_channels, kernel(cfg.conv_out_kernel)?, true)?,
+            conv_out: Conv2d::load(
+                vb.pp("conv_out"),
+                first,
+                cfg.out_channels,
+                kernel(cfg.conv_out_kernel)?,
+                true,
+            )?,
         })
     }
 
@@ -187,7 +204,13 @@ impl UNet2DConditionModel {
         }
         if let Some(mid) = &self.mid_block {
             h = trace::scope("mid_block", || {
-                mid.forward(&h, Some(&emb), Some(encoder_hidden_states), ctx.attention_mask, ctx.encoder_attention_mask)
+                mid.forward(
+                    &h,
+                    Some(&emb),
+                    Some(encoder_hidden_states),
+                    ctx.attention_mask,
+                    ctx.encoder_attention_mask,
+                )
             })?;
             trace::record("mid_block", &h);
         }
@@ -248,7 +271,11 @@ impl UNet2DConditionModel {
             return Err(Error::input(
                 Self::BLOCK,
                 "added_cond_kwargs",
-                format!("expected text_embeds (B={b}, D) and time_ids (B, n), found {:?} and {:?}", text.dims(), ids.dims()),
+                format!(
+                    "expected text_embeds (B={b}, D) and time_ids (B, n), found {:?} and {:?}",
+                    text.dims(),
+                    ids.dims()
+                ),
             ));
         }
         let time_embeds = tt.add_time_proj.forward(ids)?;
@@ -278,7 +305,11 @@ impl UNet2DConditionModel {
             return Err(Error::input(
                 Self::BLOCK,
                 "sample",
-                format!("expected (B, {}, H, W), found {:?}", self.config.in_channels, sample.dims()),
+                format!(
+                    "expected (B, {}, H, W), found {:?}",
+                    self.config.in_channels,
+                    sample.dims()
+                ),
             ));
         }
         if context.dim(0)? != sample.dim(0)? {
@@ -322,10 +353,16 @@ fn check_supported(cfg: &UNet2DConditionModelConfig) -> Result<()> {
         ));
     }
     if cfg.block_out_channels.is_empty() || cfg.down_block_types.len() != cfg.block_out_channels.len() {
-        return Err(Error::config(block, "down_block_types and block_out_channels need one entry per block"));
+        return Err(Error::config(
+            block,
+            "down_block_types and block_out_channels need one entry per block",
+        ));
     }
     if cfg.up_block_types.len() != cfg.down_block_types.len() {
-        return Err(Error::config(block, "up_block_types needs as many entries as down_block_types"));
+        return Err(Error::config(
+            block,
+            "up_block_types needs as many entries as down_block_types",
+        ));
     }
     if cfg.norm_num_groups.is_none() {
         return refuse("norm_num_groups null (diffusers' resnets then fail to build)");
@@ -355,8 +392,14 @@ fn check_supported(cfg: &UNet2DConditionModelConfig) -> Result<()> {
         return refuse("resnet_skip_time_act / cross_attention_norm (SimpleCrossAttn blocks)");
     }
     let known = |t: &String, a: &str, b: &str| t == a || t == b;
-    let down_ok = cfg.down_block_types.iter().all(|t| known(t, DownBlock::CROSS_ATTN, DownBlock::PLAIN));
-    let up_ok = cfg.up_block_types.iter().all(|t| known(t, UpBlock::CROSS_ATTN, UpBlock::PLAIN));
+    let down_ok = cfg
+        .down_block_types
+        .iter()
+        .all(|t| known(t, DownBlock::CROSS_ATTN, DownBlock::PLAIN));
+    let up_ok = cfg
+        .up_block_types
+        .iter()
+        .all(|t| known(t, UpBlock::CROSS_ATTN, UpBlock::PLAIN));
     if !down_ok || !up_ok {
         return refuse("block types other than CrossAttnDownBlock2D, DownBlock2D, CrossAttnUpBlock2D, UpBlock2D");
     }
@@ -405,7 +448,10 @@ fn text_time(vb: &VarBuilder, cfg: &UNet2DConditionModelConfig, temb: usize) -> 
         v.ok_or_else(|| Error::config(block, format!("addition_embed_type \"text_time\" needs `{key}`")))
     };
     let dim = need(cfg.addition_time_embed_dim, "addition_time_embed_dim")?;
-    let input = need(cfg.projection_class_embeddings_input_dim, "projection_class_embeddings_input_dim")?;
+    let input = need(
+        cfg.projection_class_embeddings_input_dim,
+        "projection_class_embeddings_input_dim",
+    )?;
     Ok(Some(TextTime {
         add_time_proj: Timesteps {
             num_channels: dim,
@@ -423,7 +469,14 @@ fn down_blocks(vb: &VarBuilder, cfg: &UNet2DConditionModelConfig, kw: &BlockKwar
     for (i, (kind, a)) in cfg.down_block_types.iter().zip(&args).enumerate() {
         let input = if i == 0 { ch[0] } else { ch[i - 1] };
         let last = i + 1 == ch.len();
-        blocks.push(DownBlock::new(vb.pp("down_blocks").pp(i), kind, (input, ch[i]), a, kw, !last)?);
+        blocks.push(DownBlock::new(
+            vb.pp("down_blocks").pp(i),
+            kind,
+            (input, ch[i]),
+            a,
+            kw,
+            !last,
+        )?);
     }
     Ok(blocks)
 }
@@ -450,7 +503,10 @@ fn up_blocks(vb: &VarBuilder, cfg: &UNet2DConditionModelConfig, kw: &BlockKwargs
 /// The mid block, with the kwargs `crate::diffusers::model_config` derives from the same config.
 fn mid_block(vb: &VarBuilder, cfg: &UNet2DConditionModelConfig) -> Result<Option<UNetMidBlock2DCrossAttn>> {
     let json = serde_json::to_value(cfg).map_err(|e| Error::config(UNet2DConditionModel::BLOCK, e.to_string()))?;
-    let Some(spec) = mid_blocks(&json, Some(ModelClass::UNet2DConditionModel), false)?.into_iter().next() else {
+    let Some(spec) = mid_blocks(&json, Some(ModelClass::UNet2DConditionModel), false)?
+        .into_iter()
+        .next()
+    else {
         return Ok(None);
     };
     let mid: UNetMidBlock2DCrossAttnConfig = crate::config::from_json(UNetMidBlock2DCrossAttn::BLOCK, &spec.config)?;

@@ -28,7 +28,10 @@ impl<T: Clone> PerBlock<T> {
             PerBlock::List(items) if items.len() == n => Ok(items.clone()),
             PerBlock::List(items) => Err(Error::config(
                 BLOCK,
-                format!("`{key}` has {} entries; the model takes one per down block ({n})", items.len()),
+                format!(
+                    "`{key}` has {} entries; the model takes one per down block ({n})",
+                    items.len()
+                ),
             )),
         }
     }
@@ -45,15 +48,25 @@ fn sd_channels() -> Vec<usize> {
 }
 
 fn down_types() -> Vec<String> {
-    ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"]
-        .map(String::from)
-        .to_vec()
+    [
+        "CrossAttnDownBlock2D",
+        "CrossAttnDownBlock2D",
+        "CrossAttnDownBlock2D",
+        "DownBlock2D",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 fn up_types() -> Vec<String> {
-    ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"]
-        .map(String::from)
-        .to_vec()
+    [
+        "UpBlock2D",
+        "CrossAttnUpBlock2D",
+        "CrossAttnUpBlock2D",
+        "CrossAttnUpBlock2D",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 fn silu() -> Activation {
@@ -232,8 +245,11 @@ impl UNet2DConditionModelConfig {
                 ))
             }
         }
-        let kwargs: serde_json::Map<String, Value> =
-            obj.iter().filter(|(k, _)| !k.starts_with('_')).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let kwargs: serde_json::Map<String, Value> = obj
+            .iter()
+            .filter(|(k, _)| !k.starts_with('_'))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         crate::config::from_json(BLOCK, &Value::Object(kwargs))
     }
 
@@ -249,7 +265,9 @@ impl UNet2DConditionModelConfig {
         let heads = self.attention_head_dim.expand("attention_head_dim", n)?;
         let cross = self.cross_attention_dim.expand("cross_attention_dim", n)?;
         let layers = self.layers_per_block.expand("layers_per_block", n)?;
-        let tlayers = self.transformer_layers_per_block.expand("transformer_layers_per_block", n)?;
+        let tlayers = self
+            .transformer_layers_per_block
+            .expand("transformer_layers_per_block", n)?;
         let only = self.only_cross_attention.expand("only_cross_attention", n)?;
         Ok((0..n)
             .map(|i| BlockArgs {

@@ -110,7 +110,10 @@ fn depths(block: &'static str, t: &LayersPerBlock, layers: usize) -> Result<Vec<
         LayersPerBlock::PerLayer(list) if list.len() >= layers => Ok(list.clone()),
         LayersPerBlock::PerLayer(list) => Err(Error::config(
             block,
-            format!("transformer_layers_per_block lists {} depths for {layers} layers", list.len()),
+            format!(
+                "transformer_layers_per_block lists {} depths for {layers} layers",
+                list.len()
+            ),
         )),
     }
 }
@@ -158,7 +161,12 @@ pub(crate) fn layer(name: &str, i: usize, f: impl FnOnce() -> Result<Tensor>) ->
 fn attend(attn: Option<&Transformer2DModel>, i: usize, h: Tensor, ctx: &Context) -> Result<Tensor> {
     let Some(attn) = attn else { return Ok(h) };
     layer("attentions", i, || {
-        attn.forward(&h, Some(ctx.encoder_hidden_states), ctx.attention_mask, ctx.encoder_attention_mask)
+        attn.forward(
+            &h,
+            Some(ctx.encoder_hidden_states),
+            ctx.attention_mask,
+            ctx.encoder_attention_mask,
+        )
     })
 }
 
@@ -191,11 +199,18 @@ impl DownBlock {
     ) -> Result<Self> {
         const BLOCK: &str = "diffusers.CrossAttnDownBlock2D";
         let cross = kind == Self::CROSS_ATTN;
-        let depth = if cross { depths(BLOCK, &args.transformer_layers, args.layers)? } else { vec![] };
+        let depth = if cross {
+            depths(BLOCK, &args.transformer_layers, args.layers)?
+        } else {
+            vec![]
+        };
         let (mut resnets, mut attentions) = (vec![], vec![]);
         for i in 0..args.layers {
             let c_in = if i == 0 { in_channels } else { out_channels };
-            resnets.push(ResnetBlock2D::new(vb.pp("resnets").pp(i), &resnet(kw, c_in, out_channels))?);
+            resnets.push(ResnetBlock2D::new(
+                vb.pp("resnets").pp(i),
+                &resnet(kw, c_in, out_channels),
+            )?);
             if cross {
                 let cfg = transformer_config(BLOCK, kw, args, out_channels, depth[i])?;
                 attentions.push(Transformer2DModel::new(vb.pp("attentions").pp(i), &cfg)?);
@@ -203,7 +218,12 @@ impl DownBlock {
         }
         let downsampler = if add_downsample {
             let vb = vb.pp("downsamplers").pp(0);
-            Some(Downsample2D::new(vb, out_channels, out_channels, kw.downsample_padding)?)
+            Some(Downsample2D::new(
+                vb,
+                out_channels,
+                out_channels,
+                kw.downsample_padding,
+            )?)
         } else {
             None
         };
@@ -261,11 +281,23 @@ impl UpBlock {
     ) -> Result<Self> {
         const BLOCK: &str = "diffusers.CrossAttnUpBlock2D";
         let cross = kind == Self::CROSS_ATTN;
-        let depth = if cross { depths(BLOCK, &args.transformer_layers, args.layers)? } else { vec![] };
+        let depth = if cross {
+            depths(BLOCK, &args.transformer_layers, args.layers)?
+        } else {
+            vec![]
+        };
         let (mut resnets, mut attentions) = (vec![], vec![]);
         for i in 0..args.layers {
-            let skip = if i + 1 == args.layers { ch.in_channels } else { ch.out_channels };
-            let c_in = if i == 0 { ch.prev_output_channel } else { ch.out_channels };
+            let skip = if i + 1 == args.layers {
+                ch.in_channels
+            } else {
+                ch.out_channels
+            };
+            let c_in = if i == 0 {
+                ch.prev_output_channel
+            } else {
+                ch.out_channels
+            };
             let cfg = resnet(kw, c_in + skip, ch.out_channels);
             resnets.push(ResnetBlock2D::new(vb.pp("resnets").pp(i), &cfg)?);
             if cross {
@@ -274,7 +306,11 @@ impl UpBlock {
             }
         }
         let upsampler = if add_upsample {
-            Some(Upsample2D::new(vb.pp("upsamplers").pp(0), ch.out_channels, ch.out_channels)?)
+            Some(Upsample2D::new(
+                vb.pp("upsamplers").pp(0),
+                ch.out_channels,
+                ch.out_channels,
+            )?)
         } else {
             None
         };
