@@ -103,11 +103,12 @@ impl Upsample2D {
     }
 }
 
-/// `transformer_layers_per_block` of one block as a depth per layer.
-fn depths(block: &'static str, t: &LayersPerBlock, layers: usize) -> Result<Vec<usize>> {
+/// The depth of layer `i`'s transformer from the block's `transformer_layers_per_block` (one
+/// count, or one per layer: a list shorter than `layers` is an error).
+fn depth(block: &'static str, t: &LayersPerBlock, layers: usize, i: usize) -> Result<usize> {
     match t {
-        LayersPerBlock::One(n) => Ok(vec![*n; layers]),
-        LayersPerBlock::PerLayer(list) if list.len() >= layers => Ok(list.clone()),
+        LayersPerBlock::One(n) => Ok(*n),
+        LayersPerBlock::PerLayer(list) if list.len() >= layers => Ok(list[i]),
         LayersPerBlock::PerLayer(list) => Err(Error::config(
             block,
             format!(
@@ -199,11 +200,6 @@ impl DownBlock {
     ) -> Result<Self> {
         const BLOCK: &str = "diffusers.CrossAttnDownBlock2D";
         let cross = kind == Self::CROSS_ATTN;
-        let depth = if cross {
-            depths(BLOCK, &args.transformer_layers, args.layers)?
-        } else {
-            vec![]
-        };
         let (mut resnets, mut attentions) = (vec![], vec![]);
         for i in 0..args.layers {
             let c_in = if i == 0 { in_channels } else { out_channels };
@@ -212,7 +208,13 @@ impl DownBlock {
                 &resnet(kw, c_in, out_channels),
             )?);
             if cross {
-                let cfg = transformer_config(BLOCK, kw, args, out_channels, depth[i])?;
+                let cfg = transformer_config(
+                    BLOCK,
+                    kw,
+                    args,
+                    out_channels,
+                    depth(BLOCK, &args.transformer_layers, args.layers, i)?,
+                )?;
                 attentions.push(Transformer2DModel::new(vb.pp("attentions").pp(i), &cfg)?);
             }
         }
@@ -281,11 +283,6 @@ impl UpBlock {
     ) -> Result<Self> {
         const BLOCK: &str = "diffusers.CrossAttnUpBlock2D";
         let cross = kind == Self::CROSS_ATTN;
-        let depth = if cross {
-            depths(BLOCK, &args.transformer_layers, args.layers)?
-        } else {
-            vec![]
-        };
         let (mut resnets, mut attentions) = (vec![], vec![]);
         for i in 0..args.layers {
             let skip = if i + 1 == args.layers {
@@ -301,7 +298,13 @@ impl UpBlock {
             let cfg = resnet(kw, c_in + skip, ch.out_channels);
             resnets.push(ResnetBlock2D::new(vb.pp("resnets").pp(i), &cfg)?);
             if cross {
-                let cfg = transformer_config(BLOCK, kw, args, ch.out_channels, depth[i])?;
+                let cfg = transformer_config(
+                    BLOCK,
+                    kw,
+                    args,
+                    ch.out_channels,
+                    depth(BLOCK, &args.transformer_layers, args.layers, i)?,
+                )?;
                 attentions.push(Transformer2DModel::new(vb.pp("attentions").pp(i), &cfg)?);
             }
         }
