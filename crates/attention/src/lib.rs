@@ -14,6 +14,7 @@
 //! | [`fastai`] | the fast.ai course (course22p2) `SelfAttention` classes |
 //! | [`torch`] | `torch.nn.MultiheadAttention` (2.15) |
 //! | [`textbook`] | the "Attention Is All You Need" textbook classes |
+//! | [`models`] | whole models from those blocks: diffusers 0.42.1 `UNet2DConditionModel` (SD 1.x, 2.x, XL) |
 //!
 //! All of them compute attention through one core, [`sdpa`]; head splitting lives in
 //! [`heads`], and the shared layers (projections, convolutions, norms) in [`layers`], which run
@@ -43,6 +44,7 @@
 //!    block families.
 //! 10. [`ldm`] — block families built on the ones above (diffusers' `Attention`).
 //! 11. [`openai`] — block families built on [`ldm`].
+//! 12. [`models`] — whole models built from the block families (diffusers' `UNet2DConditionModel`).
 //!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};
@@ -84,6 +86,7 @@ pub mod fastai;
 pub mod heads;
 pub mod layers;
 pub mod ldm;
+pub mod models;
 pub mod openai;
 pub mod ops;
 pub mod sdpa;

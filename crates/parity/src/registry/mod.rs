@@ -38,6 +38,7 @@ mod diffusers_transformer;
 mod fastai;
 mod ldm;
 mod ldm_vae;
+mod models;
 mod openai;
 mod textbook;
 mod torch;
@@ -166,6 +167,7 @@ pub fn all() -> Vec<BlockInfo> {
         fastai::entries(),
         torch::entries(),
         textbook::entries(),
+        models::entries(),
     ]
     .into_iter()
     .flatten()

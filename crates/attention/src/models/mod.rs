@@ -1,0 +1,20 @@
+//! Whole models built from the checked blocks (diffusers 0.42.1), one file per model:
+//!
+//! * [`UNet2DConditionModel`] (`unet_2d_condition`): the U-Net of Stable Diffusion 1.x, 2.x and
+//!   XL (`text_time` addition embedding), with its config ([`UNet2DConditionModelConfig`], the
+//!   `config.json` kwargs), its down / up blocks (`unet_blocks`: `CrossAttnDownBlock2D`,
+//!   `DownBlock2D`, `CrossAttnUpBlock2D`, `UpBlock2D`, `Downsample2D`, `Upsample2D`) and time
+//!   embeddings (`time_embedding`: `Timesteps`, `TimestepEmbedding`).
+//!
+//! The forward signatures follow candle-transformers 0.11's
+//! (`UNet2DConditionModel::forward(xs, timestep: f64, encoder_hidden_states)`); weights load
+//! under the exact PyTorch state-dict names.
+
+pub mod time_embedding;
+pub mod unet_2d_condition;
+pub mod unet_2d_condition_config;
+pub mod unet_blocks;
+
+pub use time_embedding::{TimestepEmbedding, Timesteps};
+pub use unet_2d_condition::{AddedCond, ForwardArgs, UNet2DConditionModel};
+pub use unet_2d_condition_config::{BlockArgs, PerBlock, UNet2DConditionModelConfig};

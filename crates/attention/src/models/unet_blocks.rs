@@ -1,0 +1,352 @@
+//! The down and up blocks of diffusers 0.42.1 `UNet2DConditionModel`
+//! (`models/unets/unet_2d_blocks.py`), and their resamplers (`models/downsampling.py`
+//! `Downsample2D`, `models/upsampling.py` `Upsample2D`):
+//!
+//! ```text
+//! CrossAttnDownBlock2D / DownBlock2D (no attentions):
+//!   for i: h = resnets[i](h, temb); h = attentions[i](h, context); states += (h,)
+//!   if downsamplers: h = downsamplers[0].conv(h)      # 3x3, stride 2, padding=downsample_padding
+//!                    states += (h,)
+//! CrossAttnUpBlock2D / UpBlock2D (no attentions):
+//!   for i: h = cat([h, res.pop()], dim=1); h = resnets[i](h, temb); h = attentions[i](h, context)
+//!   if upsamplers: h = upsamplers[0].conv(interpolate(h, scale_factor=2 or size, "nearest"))
+//! ```
+//!
+//! Each layer runs in the trace scope of its PyTorch module path (`resnets.0`, `attentions.1`,
+//! `downsamplers.0`), recording its output there, so a module-path bundle's stages line up.
+
+use super::unet_2d_condition_config::BlockArgs;
+use crate::diffusers::resnet::{ResnetBlock2D, ResnetBlock2DConfig};
+use crate::diffusers::transformers::transformer::{Transformer2DModel, Transformer2DModelConfig};
+use crate::diffusers::unets::mid_block::LayersPerBlock;
+use crate::layers::{interpolate_nearest2d, Conv2d};
+use crate::ops::upcast;
+use crate::trace;
+use crate::{Error, Result};
+use candle_core::Tensor;
+use candle_nn::{Module, VarBuilder};
+
+/// The context every cross-attention of a block gets.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub temb: &'a Tensor,
+    pub encoder_hidden_states: &'a Tensor,
+    pub attention_mask: Option<&'a Tensor>,
+    pub encoder_attention_mask: Option<&'a Tensor>,
+}
+
+/// What a block is built with (the model's shared kwargs).
+#[derive(Debug, Clone)]
+pub struct BlockKwargs {
+    /// The resnets' config, `in_channels` / `out_channels` set per resnet.
+    pub resnet: ResnetBlock2DConfig,
+    /// The transformers' shared kwargs (heads, widths and depth set per block).
+    pub transformer: Transformer2DModelConfig,
+    /// `downsample_padding`.
+    pub downsample_padding: usize,
+}
+
+/// `Downsample2D(channels, use_conv=True, padding=p, name="op")`: `conv` (3×3, stride 2); with
+/// `padding=0`, the input padded by one on the right and bottom first (the VAE's).
+#[derive(Debug, Clone)]
+pub struct Downsample2D {
+    weight: Tensor,
+    bias: Tensor,
+    padding: usize,
+}
+
+impl Downsample2D {
+    pub fn new(vb: VarBuilder, channels: usize, out_channels: usize, padding: usize) -> Result<Self> {
+        let vb = vb.pp("conv");
+        Ok(Self {
+            weight: vb.get((out_channels, channels, 3, 3), "weight")?,
+            bias: vb.get(out_channels, "bias")?,
+            padding,
+        })
+    }
+
+    /// The strided convolution in at least f32 and rounded once, as PyTorch's CPU convolution.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = upcast(x)?;
+        if self.padding == 0 {
+            h = h.pad_with_zeros(2, 0, 1)?.pad_with_zeros(3, 0, 1)?;
+        }
+        let cfg = candle_nn::Conv2dConfig {
+            padding: self.padding,
+            stride: 2,
+            ..Default::default()
+        };
+        let conv = candle_nn::Conv2d::new(upcast(&self.weight)?, Some(upcast(&self.bias)?), cfg);
+        Ok(conv.forward(&h)?.to_dtype(x.dtype())?)
+    }
+}
+
+/// `Upsample2D(channels, use_conv=True)`: nearest ×2 (or to `output_size`), then `conv` (3×3).
+#[derive(Debug, Clone)]
+pub struct Upsample2D {
+    conv: Conv2d,
+}
+
+impl Upsample2D {
+    pub fn new(vb: VarBuilder, channels: usize, out_channels: usize) -> Result<Self> {
+        Ok(Self {
+            conv: Conv2d::load(vb.pp("conv"), channels, out_channels, 3, true)?,
+        })
+    }
+
+    /// `conv(interpolate(x, scale_factor=2.0 or size=output_size, mode="nearest"))`.
+    pub fn forward(&self, x: &Tensor, output_size: Option<(usize, usize)>) -> Result<Tensor> {
+        let (_, _, h, w) = x.dims4()?;
+        let (oh, ow) = output_size.unwrap_or((2 * h, 2 * w));
+        let up = interpolate_nearest2d(x, oh, ow)?;
+        Ok(self.conv.forward_traced(&up, "conv", Default::default())?)
+    }
+}
+
+/// The depth of layer `i`'s transformer from the block's `transformer_layers_per_block` (one
+/// count, or one per layer: a list shorter than `layers` is an error).
+fn depth(block: &'static str, t: &LayersPerBlock, layers: usize, i: usize) -> Result<usize> {
+    match t {
+        LayersPerBlock::One(n) => Ok(*n),
+        LayersPerBlock::PerLayer(list) if list.len() >= layers => Ok(list[i]),
+        LayersPerBlock::PerLayer(list) => Err(Error::config(
+            block,
+            format!(
+                "transformer_layers_per_block lists {} depths for {layers} layers",
+                list.len()
+            ),
+        )),
+    }
+}
+
+/// The `Transformer2DModel(heads, out // heads, in_channels=out, num_layers=depth, ...)` of a
+/// cross-attention block.
+fn transformer_config(
+    block: &'static str,
+    kw: &BlockKwargs,
+    args: &BlockArgs,
+    channels: usize,
+    depth: usize,
+) -> Result<Transformer2DModelConfig> {
+    let head_dim = crate::config::check_divides(block, channels, args.heads)?;
+    Ok(Transformer2DModelConfig {
+        num_attention_heads: args.heads,
+        attention_head_dim: head_dim,
+        in_channels: Some(channels),
+        num_layers: depth,
+        cross_attention_dim: Some(args.cross_attention_dim),
+        only_cross_attention: args.only_cross_attention,
+        ..kw.transformer.clone()
+    })
+}
+
+fn resnet(kw: &BlockKwargs, in_channels: usize, out_channels: usize) -> ResnetBlock2DConfig {
+    ResnetBlock2DConfig {
+        in_channels,
+        out_channels: Some(out_channels),
+        ..kw.resnet.clone()
+    }
+}
+
+/// Run the layer `name.i` in its trace scope and record its output under its module path
+/// (`resnets.0`), as a module-path bundle names a submodule's output.
+pub(crate) fn layer(name: &str, i: usize, f: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
+    let y = trace::scope_at(name, i, f)?;
+    if trace::enabled() {
+        trace::record(&format!("{name}.{i}"), &y);
+    }
+    Ok(y)
+}
+
+/// Run a transformer (if any) on `h` as `attentions.i`.
+fn attend(attn: Option<&Transformer2DModel>, i: usize, h: Tensor, ctx: &Context) -> Result<Tensor> {
+    let Some(attn) = attn else { return Ok(h) };
+    layer("attentions", i, || {
+        attn.forward(
+            &h,
+            Some(ctx.encoder_hidden_states),
+            ctx.attention_mask,
+            ctx.encoder_attention_mask,
+        )
+    })
+}
+
+/// Run `resnets.i` on `h`.
+fn run_resnet(r: &ResnetBlock2D, i: usize, h: &Tensor, temb: &Tensor) -> Result<Tensor> {
+    layer("resnets", i, || r.forward(h, Some(temb)))
+}
+
+/// `CrossAttnDownBlock2D` (with attentions) or `DownBlock2D` (without).
+#[derive(Debug, Clone)]
+pub struct DownBlock {
+    resnets: Vec<ResnetBlock2D>,
+    attentions: Vec<Transformer2DModel>,
+    downsampler: Option<Downsample2D>,
+}
+
+impl DownBlock {
+    pub const CROSS_ATTN: &'static str = "CrossAttnDownBlock2D";
+    pub const PLAIN: &'static str = "DownBlock2D";
+
+    /// The block `kind` (`CrossAttnDownBlock2D` or `DownBlock2D`) from `in_channels` to
+    /// `out_channels`, with `args.layers` resnets.
+    pub fn new(
+        vb: VarBuilder,
+        kind: &str,
+        (in_channels, out_channels): (usize, usize),
+        args: &BlockArgs,
+        kw: &BlockKwargs,
+        add_downsample: bool,
+    ) -> Result<Self> {
+        const BLOCK: &str = "diffusers.CrossAttnDownBlock2D";
+        let cross = kind == Self::CROSS_ATTN;
+        let (mut resnets, mut attentions) = (vec![], vec![]);
+        for i in 0..args.layers {
+            let c_in = if i == 0 { in_channels } else { out_channels };
+            resnets.push(ResnetBlock2D::new(
+                vb.pp("resnets").pp(i),
+                &resnet(kw, c_in, out_channels),
+            )?);
+            if cross {
+                let cfg = transformer_config(
+                    BLOCK,
+                    kw,
+                    args,
+                    out_channels,
+                    depth(BLOCK, &args.transformer_layers, args.layers, i)?,
+                )?;
+                attentions.push(Transformer2DModel::new(vb.pp("attentions").pp(i), &cfg)?);
+            }
+        }
+        let downsampler = if add_downsample {
+            let vb = vb.pp("downsamplers").pp(0);
+            Some(Downsample2D::new(
+                vb,
+                out_channels,
+                out_channels,
+                kw.downsample_padding,
+            )?)
+        } else {
+            None
+        };
+        Ok(Self {
+            resnets,
+            attentions,
+            downsampler,
+        })
+    }
+
+    /// `(hidden_states, output_states)`.
+    pub fn forward(&self, hidden_states: &Tensor, ctx: &Context) -> Result<(Tensor, Vec<Tensor>)> {
+        let mut h = hidden_states.clone();
+        let mut states = Vec::with_capacity(self.resnets.len() + 1);
+        for (i, r) in self.resnets.iter().enumerate() {
+            h = run_resnet(r, i, &h, ctx.temb)?;
+            h = attend(self.attentions.get(i), i, h, ctx)?;
+            states.push(h.clone());
+        }
+        if let Some(d) = &self.downsampler {
+            h = layer("downsamplers", 0, || d.forward(&h))?;
+            states.push(h.clone());
+        }
+        Ok((h, states))
+    }
+}
+
+/// `CrossAttnUpBlock2D` (with attentions) or `UpBlock2D` (without).
+#[derive(Debug, Clone)]
+pub struct UpBlock {
+    resnets: Vec<ResnetBlock2D>,
+    attentions: Vec<Transformer2DModel>,
+    upsampler: Option<Upsample2D>,
+}
+
+/// The channels of an up block: its `in_channels`, `out_channels` and `prev_output_channel`.
+#[derive(Debug, Clone, Copy)]
+pub struct UpChannels {
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub prev_output_channel: usize,
+}
+
+impl UpBlock {
+    pub const CROSS_ATTN: &'static str = "CrossAttnUpBlock2D";
+    pub const PLAIN: &'static str = "UpBlock2D";
+
+    pub fn new(
+        vb: VarBuilder,
+        kind: &str,
+        ch: UpChannels,
+        args: &BlockArgs,
+        kw: &BlockKwargs,
+        add_upsample: bool,
+    ) -> Result<Self> {
+        const BLOCK: &str = "diffusers.CrossAttnUpBlock2D";
+        let cross = kind == Self::CROSS_ATTN;
+        let (mut resnets, mut attentions) = (vec![], vec![]);
+        for i in 0..args.layers {
+            let skip = if i + 1 == args.layers {
+                ch.in_channels
+            } else {
+                ch.out_channels
+            };
+            let c_in = if i == 0 {
+                ch.prev_output_channel
+            } else {
+                ch.out_channels
+            };
+            let cfg = resnet(kw, c_in + skip, ch.out_channels);
+            resnets.push(ResnetBlock2D::new(vb.pp("resnets").pp(i), &cfg)?);
+            if cross {
+                let cfg = transformer_config(
+                    BLOCK,
+                    kw,
+                    args,
+                    ch.out_channels,
+                    depth(BLOCK, &args.transformer_layers, args.layers, i)?,
+                )?;
+                attentions.push(Transformer2DModel::new(vb.pp("attentions").pp(i), &cfg)?);
+            }
+        }
+        let upsampler = if add_upsample {
+            Some(Upsample2D::new(
+                vb.pp("upsamplers").pp(0),
+                ch.out_channels,
+                ch.out_channels,
+            )?)
+        } else {
+            None
+        };
+        Ok(Self {
+            resnets,
+            attentions,
+            upsampler,
+        })
+    }
+
+    /// How many skip connections the block takes (`len(resnets)`).
+    pub fn skips(&self) -> usize {
+        self.resnets.len()
+    }
+
+    /// `forward(hidden_states, res_hidden_states_tuple, ...)`: `res` in the order the down
+    /// blocks produced them (the last is taken first).
+    pub fn forward(
+        &self,
+        hidden_states: &Tensor,
+        res: &[Tensor],
+        ctx: &Context,
+        upsample_size: Option<(usize, usize)>,
+    ) -> Result<Tensor> {
+        let mut h = hidden_states.clone();
+        for (i, (r, skip)) in self.resnets.iter().zip(res.iter().rev()).enumerate() {
+            h = Tensor::cat(&[&h, skip], 1)?;
+            h = run_resnet(r, i, &h, ctx.temb)?;
+            h = attend(self.attentions.get(i), i, h, ctx)?;
+        }
+        if let Some(u) = &self.upsampler {
+            h = layer("upsamplers", 0, || u.forward(&h, upsample_size))?;
+        }
+        Ok(h)
+    }
+}

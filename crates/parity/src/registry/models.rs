@@ -1,0 +1,63 @@
+//! Whole models (`unet_attention::models`), checked end to end on whole-model bundles
+//! (`weights/whole/`, written by `scripts/export_whole.py`).
+
+use super::{entry, BlockInfo, ConfigRead, Inputs, Registered};
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use serde_json::Value;
+use unet_attention::models::{AddedCond, ForwardArgs, UNet2DConditionModel};
+use unet_attention::{Error, Result};
+
+pub(super) fn entries() -> Vec<BlockInfo> {
+    vec![entry::<UNet2DConditionModel>()]
+}
+
+/// `UNet2DConditionModel.forward(sample, timestep, encoder_hidden_states, added_cond_kwargs=
+/// {"text_embeds", "time_ids"})`, the timestep a number (`parity.kwargs`).
+impl Registered for UNet2DConditionModel {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "diffusers.models.unets.unet_2d_condition.UNet2DConditionModel (diffusers 0.42.1; SD 1.x / 2.x / XL: CrossAttnDownBlock2D, DownBlock2D, UNetMidBlock2DCrossAttn, CrossAttnUpBlock2D, UpBlock2D, addition_embed_type text_time; added_cond_kwargs text_embeds / time_ids as inputs)";
+    const INPUTS: &'static [&'static str] = &[
+        "sample",
+        "encoder_hidden_states",
+        "text_embeds",
+        "time_ids",
+        "attention_mask",
+        "encoder_attention_mask",
+    ];
+    const KWARGS: &'static [&'static str] = &["timestep"];
+
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        if !inputs.kwargs.contains_key("timestep") {
+            return Err(Error::input(Self::BLOCK, "timestep", "required (parity.kwargs)"));
+        }
+        let timestep = inputs.number("timestep", 0.0)?;
+        let added_cond = match (inputs.get("text_embeds"), inputs.get("time_ids")) {
+            (Some(text_embeds), Some(time_ids)) => Some(AddedCond { text_embeds, time_ids }),
+            (None, None) => None,
+            _ => {
+                return Err(Error::input(
+                    Self::BLOCK,
+                    "added_cond_kwargs",
+                    "text_embeds and time_ids go together",
+                ))
+            }
+        };
+        let args = ForwardArgs {
+            added_cond,
+            attention_mask: inputs.get("attention_mask"),
+            encoder_attention_mask: inputs.get("encoder_attention_mask"),
+        };
+        let out = self.forward_with(
+            inputs.required("sample")?,
+            timestep,
+            inputs.required("encoder_hidden_states")?,
+            args,
+        )?;
+        Ok(vec![out])
+    }
+}

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Whole-model parity bundles: diffusers 0.42.1 ``UNet2DConditionModel`` run end to end on tiny
+inputs, for ``unet-parity check weights/whole`` (block id ``diffusers.UNet2DConditionModel``).
+
+    python scripts/export_whole.py [--only NAME ...] [--threads N]
+
+For each tiny committed model in ``weights/models/`` (``diffusers_sd1``, ``diffusers_sd2``,
+``diffusers_sdxl``) it writes ``weights/whole/<model>_unet.safetensors``: a float32 bundle that
+*references* the model's ``diffusion_pytorch_model.safetensors`` (``parity.weights``, prefix ``""``)
+with module-path stages (``trace="modules"``: ``conv_in``, ``time_embedding/linear_1``,
+``down_blocks.0/resnets.0/norm1``, ``down_blocks.0``, ``mid_block``, ``up_blocks.1/upsamplers.0``,
+..., each attention's core ``.../attn1/q``, ``probs``), so that a port gets its first divergent
+module; and ``<model>_unet_f16.safetensors``, the same model converted with ``.to(float16)`` and run
+by PyTorch in float16 on the same inputs (self-contained: it holds the rounded weights).
+
+The forward is diffusers' own ``UNet2DConditionModel.forward``; only its arguments are repacked
+(``export_bundle`` stores tensors as inputs and JSON as kwargs): the model's class is swapped for
+a subclass whose ``forward(sample, encoder_hidden_states, text_embeds=None, time_ids=None, *,
+timestep)`` calls ``UNet2DConditionModel.forward(sample, timestep, encoder_hidden_states,
+added_cond_kwargs={"text_embeds", "time_ids"} (SDXL), return_dict=False)[0]``. The module tree, and
+so every module path and state-dict key, is the model's. ``timestep`` is a Python float
+(``parity.kwargs``), which diffusers makes a float64 tensor and its ``Timesteps`` rounds to float32,
+as candle-transformers' ``forward(xs, timestep: f64, ...)`` takes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from parity_bundle import export_bundle  # noqa: E402
+
+ROOT = HERE.parent
+MODELS = ROOT / "weights" / "models"
+OUT = ROOT / "weights" / "whole"
+BLOCK = "diffusers.UNet2DConditionModel"
+
+# name -> (model folder, batch, (H, W), timestep, seed). sd2's 5 x 3 sample is not a multiple of
+# 2^upsamplers: the up blocks then interpolate to the skip's size (forward_upsample_size).
+SPECS = {
+    "sd1_unet": ("diffusers_sd1", 2, (6, 4), 999.0, 0),
+    "sd2_unet": ("diffusers_sd2", 2, (5, 3), 1.0, 1),
+    "sdxl_unet": ("diffusers_sdxl", 2, (4, 6), 500.5, 2),
+}
+
+
+def unet_class():
+    from diffusers import UNet2DConditionModel
+
+    class UNet2DConditionModelInputs(UNet2DConditionModel):
+        """``UNet2DConditionModel`` with its forward's arguments as tensors and JSON (see the module docs)."""
+
+        def forward(self, sample, encoder_hidden_states, text_embeds=None, time_ids=None, *, timestep):
+            added = None
+            if text_embeds is not None or time_ids is not None:
+                added = {"text_embeds": text_embeds, "time_ids": time_ids}
+            return UNet2DConditionModel.forward(self, sample, timestep, encoder_hidden_states,
+                                                added_cond_kwargs=added, return_dict=False)[0]
+
+    return UNet2DConditionModel, UNet2DConditionModelInputs
+
+
+def load(folder: Path):
+    base, wrapped = unet_class()
+    model = base.from_pretrained(folder).eval()
+    with torch.no_grad():  # fresh storage, as export_own.py's fresh_copies_
+        for t in list(model.parameters()) + list(model.buffers()):
+            t.data = t.data.clone()
+    model.__class__ = wrapped
+    return base, model
+
+
+def inputs(model, batch, size, seed):
+    c = model.config
+    g = torch.Generator().manual_seed(seed)
+    cross = c.cross_attention_dim if isinstance(c.cross_attention_dim, int) else c.cross_attention_dim[-1]
+    ins = OrderedDict(sample=torch.randn(batch, c.in_channels, *size, generator=g),
+                      encoder_hidden_states=torch.randn(batch, 7, cross, generator=g))
+    if c.addition_embed_type == "text_time":
+        text = c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim
+        ins["text_embeds"] = torch.randn(batch, text, generator=g)
+        h, w = size
+        ins["time_ids"] = torch.tensor([[h * 8.0, w * 8.0, 0.0, 0.0, h * 8.0, w * 8.0]] * batch)
+    return ins
+
+
+def export(name, spec, trace="modules"):
+    folder, batch, size, timestep, seed = spec
+    base, model = load(MODELS / folder)
+    ins = inputs(model, batch, size, seed)
+    kwargs = {"timestep": timestep}
+    # the repacked forward is diffusers' own, bit for bit
+    with torch.no_grad():
+        added = None
+        if "text_embeds" in ins:
+            added = {"text_embeds": ins["text_embeds"], "time_ids": ins["time_ids"]}
+        want = base.forward(model, ins["sample"], timestep, ins["encoder_hidden_states"], added_cond_kwargs=added,
+                     return_dict=False)[0]
+        got = model(**ins, **kwargs)
+    assert torch.equal(want, got), name
+    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
+    weights = MODELS / folder / "diffusion_pytorch_model.safetensors"
+    OUT.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(weights, OUT).replace(os.sep, "/")
+    source = (f"diffusers 0.42.1 UNet2DConditionModel.forward, arguments repacked (scripts/export_whole.py); "
+              f"weights {rel}")
+    out = OUT / f"{name}.safetensors"
+    info = export_bundle(model, BLOCK, config, ins, out, kwargs=kwargs, weights_ref=(rel, ""), trace=trace,
+                         source=source)
+    print(f"{out.relative_to(ROOT)}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}")
+    half = OUT / f"{name}_f16.safetensors"
+    info = export_bundle(model, BLOCK, config, ins, half, kwargs=kwargs, dtype=torch.float16, trace=trace,
+                         source=f"{source}; the float32 model converted to float16 (.to(dtype)) and run in it")
+    print(f"{half.relative_to(ROOT)}  {info['bytes']} bytes  max|f16-f64| {info['max_abs_diff_f64']}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="*", choices=sorted(SPECS))
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    for name in args.only or sorted(SPECS):
+        export(name, SPECS[name])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
