@@ -594,3 +594,22 @@ fn the_attn_stage_has_its_own_hint() {
         );
     }
 }
+
+/// Issue 47: our own block on a bundle of module-path stages shows the stages named alike (the
+/// attention core, the resnets' norms and convolutions) and counts the rest in one line that says
+/// why, instead of a `not recorded` row for each of PyTorch's submodules.
+#[test]
+fn our_block_on_a_module_path_bundle_shows_the_stages_named_alike() {
+    let path = crate::common::root().join("weights/own/modules/diffusers_vae_decoder_mid_block.safetensors");
+    let (code, out, err) = crate::common::cli(&["check", "--trace", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains("not recorded"), "{out}");
+    assert!(
+        out.contains("attentions.0/probs") && out.contains("resnets.1/conv2"),
+        "{out}"
+    );
+    assert!(
+        out.contains("stages not shown: they are PyTorch submodules' outputs named by module path"),
+        "{out}"
+    );
+}
