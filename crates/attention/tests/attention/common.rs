@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 #[path = "../../src/test_support.rs"]
 mod test_support;
-pub use test_support::{max_diff, values_f64};
+pub use test_support::{max_diff, seeded_randn, values_f64};
 
 /// `weights/<rel>` at the repository root: the committed bundles and model checkpoints.
 pub fn weights(rel: &str) -> PathBuf {
