@@ -40,10 +40,16 @@ use std::path::{Path, PathBuf};
 use unet_attention::diffusers::{model_config::mid_blocks, UNetMidBlock2D, UNetMidBlock2DCrossAttn};
 use unet_parity::bundle::Bundle;
 
-const DEFAULT_BUNDLES: [&str; 2] = [
+const DEFAULT_BUNDLES: [&str; 4] = [
     "weights/own/diffusers_sd1_mid_block.safetensors",
     "weights/own/diffusers_vae_decoder_mid_block.safetensors",
+    "weights/whole/sd1_g32_unet.safetensors",
+    "weights/whole/sd1_g16_unet.safetensors",
 ];
+
+/// Whole models (`weights/whole/` bundles): candle-transformers' and our drop-in's.
+#[path = "candle_transformers_whole/mod.rs"]
+mod whole;
 
 /// A bundle, the checkpoint it references and the mid block's diffusers kwargs.
 struct Case {
@@ -78,7 +84,13 @@ fn main() -> Result<()> {
     } else {
         args
     };
+    let mut wholes = vec![];
     for path in &paths {
+        let block = Bundle::read(path).with_context(|| format!("{}", path.display()))?.block;
+        if block == unet_attention::models::UNet2DConditionModel::BLOCK {
+            wholes.push(path.as_path());
+            continue;
+        }
         let case = load_case(path).with_context(|| format!("{}", path.display()))?;
         let ct_cfg = ct_config(&case)?;
         println!("{} ({})", shown(path), case.bundle.block);
@@ -89,7 +101,9 @@ fn main() -> Result<()> {
         stages(&case, ct_cfg)?;
         println!();
     }
-    bf16_ops()
+    bf16_ops()?;
+    println!();
+    whole::run(&wholes)
 }
 
 /// Where candle-transformers' BF16 failure comes from: candle-core's own ops in BF16 on the CPU.

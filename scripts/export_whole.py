@@ -5,7 +5,8 @@ inputs, for ``unet-parity check weights/whole`` (block id ``diffusers.UNet2DCond
     python scripts/export_whole.py [--only NAME ...] [--threads N]
 
 For each tiny committed model in ``weights/models/`` (``diffusers_sd1``, ``diffusers_sd2``,
-``diffusers_sdxl``) it writes ``weights/whole/<model>_unet.safetensors``: a float32 bundle that
+``diffusers_sdxl``; ``diffusers_sd1_g32`` with its 32 groups and loaded with 16) it writes
+``weights/whole/<model>_unet.safetensors``: a float32 bundle that
 *references* the model's ``diffusion_pytorch_model.safetensors`` (``parity.weights``, prefix ``""``)
 with module-path stages (``trace="modules"``: ``conv_in``, ``time_embedding/linear_1``,
 ``down_blocks.0/resnets.0/norm1``, ``down_blocks.0``, ``mid_block``, ``up_blocks.1/upsamplers.0``,
@@ -43,12 +44,19 @@ MODELS = ROOT / "weights" / "models"
 OUT = ROOT / "weights" / "whole"
 BLOCK = "diffusers.UNet2DConditionModel"
 
-# name -> (model folder, batch, (H, W), timestep, seed). sd2's 5 x 3 sample is not a multiple of
-# 2^upsamplers: the up blocks then interpolate to the skip's size (forward_upsample_size).
+# name -> (model folder, batch, (H, W), timestep, seed[, options]). sd2's 5 x 3 sample is not a
+# multiple of 2^upsamplers: the up blocks then interpolate to the skip's size (forward_upsample_size).
+# options: "config" overrides config.json's values when loading (``from_pretrained(**config)``; the
+# bundle then stores the overridden config and references the same weights), "half": False leaves
+# out the f16 twin (it holds its own rounded weights: 1.6 MB for the 32-group U-Net).
 SPECS = {
     "sd1_unet": ("diffusers_sd1", 2, (6, 4), 999.0, 0),
     "sd2_unet": ("diffusers_sd2", 2, (5, 3), 1.0, 1),
     "sdxl_unet": ("diffusers_sdxl", 2, (4, 6), 500.5, 2),
+    # widths divisible by 32, for candle-transformers' whole U-Net (examples/candle_transformers.rs)
+    "sd1_g32_unet": ("diffusers_sd1_g32", 2, (2, 4), 999.0, 3, {"half": False}),
+    # the same weights with 16 groups: candle-transformers' DownBlock2D / UpBlock2D keep 32
+    "sd1_g16_unet": ("diffusers_sd1_g32", 2, (2, 4), 999.0, 4, {"half": False, "config": {"norm_num_groups": 16}}),
 }
 
 
@@ -68,9 +76,9 @@ def unet_class():
     return UNet2DConditionModel, UNet2DConditionModelInputs
 
 
-def load(folder: Path):
+def load(folder: Path, overrides=None):
     base, wrapped = unet_class()
-    model = base.from_pretrained(folder).eval()
+    model = base.from_pretrained(folder, **(overrides or {})).eval()
     with torch.no_grad():  # fresh storage, as export_own.py's fresh_copies_
         for t in list(model.parameters()) + list(model.buffers()):
             t.data = t.data.clone()
@@ -93,8 +101,11 @@ def inputs(model, batch, size, seed):
 
 
 def export(name, spec, trace="modules"):
-    folder, batch, size, timestep, seed = spec
-    base, model = load(MODELS / folder)
+    folder, batch, size, timestep, seed, *rest = spec
+    options = rest[0] if rest else {}
+    base, model = load(MODELS / folder, options.get("config"))
+    for k, v in options.get("config", {}).items():
+        assert model.config[k] == v, (name, k)
     ins = inputs(model, batch, size, seed)
     kwargs = {"timestep": timestep}
     # the repacked forward is diffusers' own, bit for bit
@@ -111,11 +122,14 @@ def export(name, spec, trace="modules"):
     OUT.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(weights, OUT).replace(os.sep, "/")
     source = (f"diffusers 0.42.1 UNet2DConditionModel.forward, arguments repacked (scripts/export_whole.py); "
-              f"weights {rel}")
+              f"weights {rel}" + "".join(f"; loaded with {k}={v!r} (config.json overridden)"
+                                         for k, v in options.get("config", {}).items()))
     out = OUT / f"{name}.safetensors"
     info = export_bundle(model, BLOCK, config, ins, out, kwargs=kwargs, weights_ref=(rel, ""), trace=trace,
                          source=source)
     print(f"{out.relative_to(ROOT)}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}")
+    if not options.get("half", True):
+        return
     half = OUT / f"{name}_f16.safetensors"
     info = export_bundle(model, BLOCK, config, ins, half, kwargs=kwargs, dtype=torch.float16, trace=trace,
                          source=f"{source}; the float32 model converted to float16 (.to(dtype)) and run in it")

@@ -3,7 +3,7 @@
 ``common`` (paths, ``capture``, ``Ctx``), ``blocks`` (``build_module``: a block from block id +
 config), ``configs`` (the kwargs diffusers parents pass their mid blocks), the builders of the
 whole models and their mid-block bundles (``diffusers_2d``, ``diffusers_cross``, ``diffusers_1d``,
-``diffusers_video``, ``controlnet``, ``lucidrains``, ``ldm``, ``openai``, ``restated``), their run
+``diffusers_video``, ``diffusers_g32``, ``controlnet``, ``lucidrains``, ``ldm``, ``openai``, ``restated``), their run
 order (``builders``), writing the bundles (``bundles``) and re-checking them (``verify``).
 
 Imports only go down that list (``scripts/check_imports.py`` checks there is no cycle); the

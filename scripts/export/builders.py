@@ -6,6 +6,7 @@ from __future__ import annotations
 from .controlnet import diffusers_controlnet, diffusers_controlnet_xs
 from .diffusers_1d import diffusers_unet1d, diffusers_unet1d_rl
 from .diffusers_2d import diffusers_unet2d, diffusers_vae, diffusers_vq_movq
+from .diffusers_g32 import diffusers_groups32
 from .diffusers_cross import (diffusers_unet2d_condition, diffusers_unet2d_condition_dual,
                               diffusers_unet2d_condition_simple_cross)
 from .diffusers_video import (diffusers_i2vgen_xl, diffusers_svd_unet, diffusers_svd_vae, diffusers_unet3d,
@@ -20,4 +21,4 @@ MODEL_BUILDERS = (diffusers_unet2d, diffusers_vae, diffusers_vq_movq, diffusers_
                   diffusers_unet2d_condition_dual, diffusers_controlnet, diffusers_controlnet_xs, diffusers_unet3d, diffusers_svd_unet,
                   diffusers_svd_vae, diffusers_unet_motion, diffusers_i2vgen_xl, lucidrains, sd_checkpoint,
                   guided_diffusion_checkpoint,
-                  ddpm_model_checkpoint, standalone_restated)
+                  ddpm_model_checkpoint, standalone_restated, diffusers_groups32)

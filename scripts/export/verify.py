@@ -107,7 +107,8 @@ def verify_models():
                "diffusers_svd": UNetSpatioTemporalConditionModel, "diffusers_svd_vae": AutoencoderKLTemporalDecoder,
                "diffusers_movq": VQModel, "diffusers_unet1d": UNet1DModel, "diffusers_unet1d_trajectory": UNet1DModel,
                "diffusers_unet1d_value": UNet1DModel, "diffusers_unet_motion": UNetMotionModel,
-               "diffusers_i2vgen_xl": I2VGenXLUNet, "diffusers_controlnet_xs": UNetControlNetXSModel}
+               "diffusers_i2vgen_xl": I2VGenXLUNet, "diffusers_controlnet_xs": UNetControlNetXSModel,
+               "diffusers_sd1_g32": UNet2DConditionModel, "diffusers_vae_g32": AutoencoderKL}
     for name, cls in classes.items():
         m = cls.from_pretrained(MODELS / name)
         files = {p.name for p in (MODELS / name).iterdir()}

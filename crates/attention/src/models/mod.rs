@@ -10,11 +10,12 @@
 //! (`UNet2DConditionModel::forward(xs, timestep: f64, encoder_hidden_states)`); weights load
 //! under the exact PyTorch state-dict names.
 
+pub mod stable_diffusion;
 pub mod time_embedding;
 pub mod unet_2d_condition;
 pub mod unet_2d_condition_config;
 pub mod unet_blocks;
 
 pub use time_embedding::{TimestepEmbedding, Timesteps};
-pub use unet_2d_condition::{AddedCond, ForwardArgs, UNet2DConditionModel};
+pub use unet_2d_condition::{AddedCond, ControlNetResiduals, ForwardArgs, UNet2DConditionModel};
 pub use unet_2d_condition_config::{BlockArgs, PerBlock, UNet2DConditionModelConfig};

@@ -55,6 +55,18 @@ pub struct ForwardArgs<'a> {
     pub attention_mask: Option<&'a Tensor>,
     /// `encoder_attention_mask` `(B, context tokens)`, the same way.
     pub encoder_attention_mask: Option<&'a Tensor>,
+    /// A ControlNet's residuals (`down_block_additional_residuals` and
+    /// `mid_block_additional_residual`, which diffusers takes as a ControlNet's only together).
+    pub controlnet: Option<ControlNetResiduals<'a>>,
+}
+
+/// A ControlNet's output, added as diffusers' `UNet2DConditionModel.forward` adds it: `down[i]`
+/// to the `i`-th skip of the down path (`conv_in`'s output first, then every resnet and
+/// downsampler output; as many as there are skips), `mid` to the mid block's output.
+#[derive(Debug, Clone, Copy)]
+pub struct ControlNetResiduals<'a> {
+    pub down: &'a [Tensor],
+    pub mid: &'a Tensor,
 }
 
 /// SDXL's `add_time_proj` and `add_embedding`.
@@ -202,6 +214,18 @@ impl UNet2DConditionModel {
             })?;
             res.extend(states);
         }
+        if let Some(control) = &args.controlnet {
+            if control.down.len() != res.len() {
+                return Err(Error::input(
+                    Self::BLOCK,
+                    "down_block_additional_residuals",
+                    format!("{} tensors for the {} skips of the down path", control.down.len(), res.len()),
+                ));
+            }
+            for (skip, add) in res.iter_mut().zip(control.down) {
+                *skip = (&*skip + add)?;
+            }
+        }
         if let Some(mid) = &self.mid_block {
             h = trace::scope("mid_block", || {
                 mid.forward(
@@ -213,6 +237,9 @@ impl UNet2DConditionModel {
                 )
             })?;
             trace::record("mid_block", &h);
+        }
+        if let Some(control) = &args.controlnet {
+            h = (h + control.mid)?;
         }
         let h = self.up(h, res, &ctx)?;
         self.out(&h)
@@ -299,6 +326,12 @@ impl UNet2DConditionModel {
             for (name, t) in [("text_embeds", a.text_embeds), ("time_ids", a.time_ids)] {
                 crate::validate::input(block, name, t, &[2])?;
                 crate::validate::same_dtype(block, name, t, "sample", sample)?;
+            }
+        }
+        if let Some(c) = &args.controlnet {
+            crate::validate::same_dtype(block, "mid_block_additional_residual", c.mid, "sample", sample)?;
+            for t in c.down {
+                crate::validate::same_dtype(block, "down_block_additional_residuals", t, "sample", sample)?;
             }
         }
         if sample.dim(1)? != self.config.in_channels {

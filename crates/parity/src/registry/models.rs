@@ -51,6 +51,7 @@ impl Registered for UNet2DConditionModel {
             added_cond,
             attention_mask: inputs.get("attention_mask"),
             encoder_attention_mask: inputs.get("encoder_attention_mask"),
+            controlnet: None,
         };
         let out = self.forward_with(
             inputs.required("sample")?,

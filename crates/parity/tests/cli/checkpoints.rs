@@ -198,6 +198,23 @@ const MODELS: &[Model] = &[
         with_config: &["unet_mid_block_2d_cross_attn_sdxl_ref"],
         ..ROW
     },
+    // Widths divisible by 32, for candle-transformers' whole models (weights/whole/sd1_g32_unet,
+    // sd1_g16_unet; examples/candle_transformers.rs).
+    Model {
+        folder: "diffusers_sd1_g32",
+        blocks: &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        says: &["\"resnet_groups\":32", "\"in_channels\":64"],
+        ..ROW
+    },
+    Model {
+        folder: "diffusers_vae_g32",
+        blocks: &[
+            ("decoder.mid_block.", "diffusers.UNetMidBlock2D"),
+            ("encoder.mid_block.", "diffusers.UNetMidBlock2D"),
+        ],
+        says: &["\"resnet_groups\":32"],
+        ..ROW
+    },
     // The IF- and Kandinsky-like `UNet2DConditionModel`s (`mid_block_type
     // "UNetMidBlock2DSimpleCrossAttn"`): the keys tell the added key/value attention; the IF
     // weights under the Kandinsky bundle's config (layer_norm cross norm over 16 channels; IF's

@@ -1,0 +1,51 @@
+//! Whole models next to candle-transformers (`examples/candle_transformers.rs` runs these on the
+//! whole-model bundles of `weights/whole/`): the U-Net (`unet`) and, where its bundles exist, the
+//! VAE. Each row of the printed table is a `unet_parity::port::PortCheck` run: max |· − PyTorch's
+//! f32 output| and max |· − PyTorch's float64 output|.
+
+pub mod unet;
+
+use anyhow::Result;
+use candle_core::DType;
+use std::path::Path;
+use unet_parity::port::PortReport;
+
+/// One row: model, who, dtype, then (vs PyTorch f32, vs float64, PyTorch's own vs float64) or
+/// the error that stopped the run.
+pub type Row = (String, String, DType, std::result::Result<(f64, f64, f64), String>);
+
+pub type Table = Vec<Row>;
+
+/// A table row from a check's report (its first output) or the error that stopped it.
+pub fn row(model: &str, who: &str, dtype: DType, report: Result<PortReport>) -> Row {
+    let numbers = report.map_err(|e| crate::first_line(&e)).and_then(|r| {
+        let o = r.outputs.first().ok_or("no output")?;
+        Ok((o.max_abs, o.ours_vs_f64.unwrap_or(f64::NAN), o.torch_vs_f64.unwrap_or(f64::NAN)))
+    });
+    (model.to_string(), who.to_string(), dtype, numbers)
+}
+
+/// Run every whole-model bundle, then print the table (Markdown, as docs/candle-transformers.md
+/// records it).
+pub fn run(paths: &[&Path]) -> Result<()> {
+    let mut table = Table::new();
+    for path in paths {
+        unet::compare(path, &mut table)?;
+        println!();
+    }
+    println!("| model | run | dtype | max abs error vs PyTorch f32 | vs float64 |");
+    println!("|---|---|---|---:|---:|");
+    let mut own = std::collections::BTreeSet::new();
+    for (model, who, dtype, numbers) in &table {
+        if let Ok((_, _, torch)) = numbers {
+            if own.insert(model.clone()) {
+                println!("| {model} | PyTorch's own f32 | F32 | — | {torch:.2e} |");
+            }
+        }
+        match numbers {
+            Ok((f32_err, f64_err, _)) => println!("| {model} | {who} | {dtype:?} | {f32_err:.2e} | {f64_err:.2e} |"),
+            Err(e) => println!("| {model} | {who} | {dtype:?} | fails: `{e}` | |"),
+        }
+    }
+    Ok(())
+}
