@@ -18,9 +18,19 @@ pub type Table = Vec<Row>;
 
 /// A table row from a check's report (its first output) or the error that stopped it.
 pub fn row(model: &str, who: &str, dtype: DType, report: Result<PortReport>) -> Row {
-    let numbers = report.map_err(|e| crate::first_line(&e)).and_then(|r| {
+    // A failed forward reads "<bundle>: your port: <error>": the error alone.
+    let short = |e: anyhow::Error| {
+        let line = crate::first_line(&e);
+        line.rsplit_once("your port: ")
+            .map_or(line.clone(), |(_, e)| e.to_string())
+    };
+    let numbers = report.map_err(short).and_then(|r| {
         let o = r.outputs.first().ok_or("no output")?;
-        Ok((o.max_abs, o.ours_vs_f64.unwrap_or(f64::NAN), o.torch_vs_f64.unwrap_or(f64::NAN)))
+        Ok((
+            o.max_abs,
+            o.ours_vs_f64.unwrap_or(f64::NAN),
+            o.torch_vs_f64.unwrap_or(f64::NAN),
+        ))
     });
     (model.to_string(), who.to_string(), dtype, numbers)
 }

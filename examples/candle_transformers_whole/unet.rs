@@ -36,7 +36,9 @@ fn sd_config(config: &Value) -> Result<(unet_2d::UNet2DConditionModelConfig, usi
         refuse("resnet_time_scale_shift or conv kernels other than diffusers' defaults")?;
     }
     let heads = c.attention_head_dim.expand("attention_head_dim", n)?;
-    let depth = c.transformer_layers_per_block.expand("transformer_layers_per_block", n)?;
+    let depth = c
+        .transformer_layers_per_block
+        .expand("transformer_layers_per_block", n)?;
     let cross = c.cross_attention_dim.expand("cross_attention_dim", n)?;
     let layers = c.layers_per_block.expand("layers_per_block", n)?;
     if cross.windows(2).any(|w| w[0] != w[1]) || layers.windows(2).any(|w| w[0] != w[1]) {
@@ -166,7 +168,12 @@ enum Up {
     Cross(ct::CrossAttnUpBlock2D),
 }
 
-fn ct_blocks(vb: &VarBuilder, cfg: &unet_2d::UNet2DConditionModelConfig, in_ch: usize, out_ch: usize) -> Result<CtBlocks> {
+fn ct_blocks(
+    vb: &VarBuilder,
+    cfg: &unet_2d::UNet2DConditionModelConfig,
+    in_ch: usize,
+    out_ch: usize,
+) -> Result<CtBlocks> {
     let ch: Vec<usize> = cfg.blocks.iter().map(|b| b.out_channels).collect();
     let (n, first, temb) = (ch.len(), ch[0], ch[0] * 4);
     let conv = candle_nn::Conv2dConfig {
@@ -236,7 +243,15 @@ fn ct_blocks(vb: &VarBuilder, cfg: &unet_2d::UNet2DConditionModelConfig, in_ch: 
                     use_linear_projection: cfg.use_linear_projection,
                     transformer_layers_per_block: depth,
                 };
-                Up::Cross(ct::CrossAttnUpBlock2D::new(vb, input, prev, b.out_channels, Some(temb), false, c)?)
+                Up::Cross(ct::CrossAttnUpBlock2D::new(
+                    vb,
+                    input,
+                    prev,
+                    b.out_channels,
+                    Some(temb),
+                    false,
+                    c,
+                )?)
             }
         });
     }
@@ -385,7 +400,12 @@ fn parts(check: &PortCheck, cfg: &unet_2d::UNet2DConditionModelConfig) -> Result
         for j in 0..cfg.layers_per_block {
             x = resnet(&format!("down_blocks.{i}/resnets.{j}"), &x, b.out_channels, 32)?;
             if let Some(depth) = b.use_cross_attn {
-                x = transformer(&format!("down_blocks.{i}/attentions.{j}"), &x, b.attention_head_dim, depth)?;
+                x = transformer(
+                    &format!("down_blocks.{i}/attentions.{j}"),
+                    &x,
+                    b.attention_head_dim,
+                    depth,
+                )?;
             }
             skips.push(x.clone());
         }
@@ -407,7 +427,12 @@ fn parts(check: &PortCheck, cfg: &unet_2d::UNet2DConditionModelConfig) -> Result
             let input = Tensor::cat(&[&x, &skip], 1)?;
             x = resnet(&format!("up_blocks.{i}/resnets.{j}"), &input, b.out_channels, 32)?;
             if let Some(depth) = b.use_cross_attn {
-                x = transformer(&format!("up_blocks.{i}/attentions.{j}"), &x, b.attention_head_dim, depth)?;
+                x = transformer(
+                    &format!("up_blocks.{i}/attentions.{j}"),
+                    &x,
+                    b.attention_head_dim,
+                    depth,
+                )?;
             }
         }
         x = trace(check, &format!("up_blocks.{i}"))?.clone();

@@ -219,7 +219,11 @@ impl UNet2DConditionModel {
                 return Err(Error::input(
                     Self::BLOCK,
                     "down_block_additional_residuals",
-                    format!("{} tensors for the {} skips of the down path", control.down.len(), res.len()),
+                    format!(
+                        "{} tensors for the {} skips of the down path",
+                        control.down.len(),
+                        res.len()
+                    ),
                 ));
             }
             for (skip, add) in res.iter_mut().zip(control.down) {

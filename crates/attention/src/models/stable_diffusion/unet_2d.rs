@@ -80,7 +80,12 @@ impl Default for UNet2DConditionModelConfig {
             center_input_sample: false,
             flip_sin_to_cos: true,
             freq_shift: 0.0,
-            blocks: vec![block(320, Some(1)), block(640, Some(1)), block(1280, Some(1)), block(1280, None)],
+            blocks: vec![
+                block(320, Some(1)),
+                block(640, Some(1)),
+                block(1280, Some(1)),
+                block(1280, None),
+            ],
             layers_per_block: 2,
             downsample_padding: 1,
             mid_block_scale_factor: 1.0,
@@ -99,7 +104,10 @@ impl UNet2DConditionModelConfig {
     /// values filled in.
     pub fn to_diffusers(&self, in_channels: usize, out_channels: usize) -> Result<DiffusersConfig> {
         if self.blocks.is_empty() {
-            return Err(Error::config(BLOCK, "`blocks` is empty: a U-Net needs at least one block"));
+            return Err(Error::config(
+                BLOCK,
+                "`blocks` is empty: a U-Net needs at least one block",
+            ));
         }
         let kind = |b: &BlockConfig, cross: &str, plain: &str| {
             if b.use_cross_attn.is_some() { cross } else { plain }.to_string()
@@ -111,9 +119,18 @@ impl UNet2DConditionModelConfig {
             center_input_sample: self.center_input_sample,
             flip_sin_to_cos: self.flip_sin_to_cos,
             freq_shift: self.freq_shift,
-            down_block_types: self.blocks.iter().map(|b| kind(b, "CrossAttnDownBlock2D", "DownBlock2D")).collect(),
+            down_block_types: self
+                .blocks
+                .iter()
+                .map(|b| kind(b, "CrossAttnDownBlock2D", "DownBlock2D"))
+                .collect(),
             mid_block_type: Some("UNetMidBlock2DCrossAttn".into()),
-            up_block_types: self.blocks.iter().rev().map(|b| kind(b, "CrossAttnUpBlock2D", "UpBlock2D")).collect(),
+            up_block_types: self
+                .blocks
+                .iter()
+                .rev()
+                .map(|b| kind(b, "CrossAttnUpBlock2D", "UpBlock2D"))
+                .collect(),
             block_out_channels: self.blocks.iter().map(|b| b.out_channels).collect(),
             layers_per_block: PerBlock::One(self.layers_per_block),
             downsample_padding: self.downsample_padding,
@@ -266,6 +283,45 @@ mod tests {
             let (want, got) = (serde_json::to_value(want).unwrap(), serde_json::to_value(got).unwrap());
             assert_eq!(got, want, "{model}");
         }
+    }
+
+    /// ControlNet's residuals: zeros change nothing, one skip too few and one residual alone are
+    /// input errors.
+    #[test]
+    fn controlnet_residuals() {
+        use candle_core::{DType, Device};
+        let dev = Device::Cpu;
+        let folder = format!("{}/../../weights/models/diffusers_sd1", env!("CARGO_MANIFEST_DIR"));
+        let files = [format!("{folder}/diffusion_pytorch_model.safetensors")];
+        // SAFETY: the committed file is not modified while mapped.
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, DType::F32, &dev).unwrap() };
+        let cfg = UNet2DConditionModelConfig {
+            blocks: vec![block(8, Some(1), 2), block(16, None, 2)],
+            layers_per_block: 1,
+            norm_num_groups: 4,
+            cross_attention_dim: 24,
+            ..Default::default()
+        };
+        let unet = UNet2DConditionModel::new(vb, 4, 4, true, cfg).unwrap();
+        let x = crate::test_support::seeded_randn(&[1, 4, 8, 8], 1);
+        let ehs = crate::test_support::seeded_randn(&[1, 7, 24], 2);
+        // conv_in, resnet, attention... : 8, 8, 8 at 8x8, then 16 at 4x4 (conv_in + 2 + 1 skips)
+        let shapes: [(usize, usize, usize); 4] = [(8, 8, 8), (8, 8, 8), (8, 4, 4), (16, 4, 4)];
+        let down: Vec<Tensor> = shapes
+            .iter()
+            .map(|&(c, h, w)| Tensor::zeros((1, c, h, w), DType::F32, &dev).unwrap())
+            .collect();
+        let mid = Tensor::zeros((1, 16, 4, 4), DType::F32, &dev).unwrap();
+        let plain = unet.forward(&x, 10.0, &ehs).unwrap();
+        let with = unet
+            .forward_with_additional_residuals(&x, 10.0, &ehs, Some(&down), Some(&mid))
+            .unwrap();
+        let diff = (plain - with).unwrap().abs().unwrap().max_all().unwrap();
+        assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0);
+        let short = unet.forward_with_additional_residuals(&x, 10.0, &ehs, Some(&down[1..]), Some(&mid));
+        assert!(matches!(short, Err(Error::Input { .. })), "{short:?}");
+        let alone = unet.forward_with_additional_residuals(&x, 10.0, &ehs, Some(&down), None);
+        assert!(matches!(alone, Err(Error::Input { .. })), "{alone:?}");
     }
 
     #[test]
