@@ -8,4 +8,5 @@ mod common;
 
 mod half_openai;
 mod library_errors;
+mod model_folders;
 mod properties;
