@@ -18,9 +18,9 @@ mod sampler;
 
 use anyhow::{bail, Context as _, Result};
 use candle_core::{DType, Device, Tensor};
-use unet_attention::models::{AutoencoderKL, UNet2DConditionModel};
+use std::path::Path;
 
-use sampler::{Ddim, Reference};
+use sampler::{Ddim, Models, Reference};
 
 struct Args {
     steps: Option<usize>,
@@ -29,7 +29,11 @@ struct Args {
 }
 
 fn args() -> Result<Args> {
-    let mut args = Args { steps: None, out: "denoise.png".into(), dtype: DType::F32 };
+    let mut args = Args {
+        steps: None,
+        out: "denoise.png".into(),
+        dtype: DType::F32,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} takes a value"));
@@ -70,18 +74,14 @@ fn main() -> Result<()> {
     let reference = Reference::load(sampler::REFERENCE, &dev)?;
     let steps = args.steps.unwrap_or(reference.steps());
     let ddim = Ddim::new(steps)?;
-    let unet = UNet2DConditionModel::load(sampler::UNET, args.dtype, &dev)?;
-    let vae = AutoencoderKL::load(sampler::VAE, args.dtype, &dev)?;
+    let models = Models::load(Path::new("."), args.dtype, &dev)?;
     let start = std::time::Instant::now();
     let out = sampler::denoise(
-        &unet,
-        |z| Ok(vae.decode(z)?),
-        vae.config().scaling_factor,
+        &models,
         &ddim,
         &reference.noise,
         &reference.context,
         reference.guidance_scale,
-        args.dtype,
     )?;
     let elapsed = start.elapsed();
     write_png(&args.out, &out.image)?;
@@ -101,7 +101,13 @@ fn main() -> Result<()> {
     for (i, (ours, &t)) in out.latents.iter().zip(&ddim.timesteps).enumerate() {
         let theirs = reference.latents.get(i)?;
         let size = theirs.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
-        println!("{:>4} {:>5} {:>12.4} {:>12.3e}", i + 1, t, size, sampler::max_abs_diff(ours, &theirs)?);
+        println!(
+            "{:>4} {:>5} {:>12.4} {:>12.3e}",
+            i + 1,
+            t,
+            size,
+            sampler::max_abs_diff(ours, &theirs)?
+        );
     }
     let n = out.image.elem_count();
     let mut against = vec![("PyTorch f32", &reference.image)];

@@ -68,7 +68,11 @@ impl Ddim {
             .collect();
         let ratio = n / steps;
         let timesteps = (0..steps).rev().map(|i| i * ratio + Self::STEPS_OFFSET).collect();
-        Ok(Self { alphas_cumprod, timesteps, ratio })
+        Ok(Self {
+            alphas_cumprod,
+            timesteps,
+            ratio,
+        })
     }
 
     /// ᾱ at the timestep after `t`; past t = 0 it is ᾱ_0 (`set_alpha_to_one = false`).
@@ -119,7 +123,10 @@ impl Reference {
         let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)?;
         let metadata = header.metadata().clone().unwrap_or_default();
         let mut t = candle_core::safetensors::load_buffer(&bytes, device)?;
-        let mut take = |name: &str| t.remove(name).with_context(|| format!("{}: no tensor {name}", path.display()));
+        let mut take = |name: &str| {
+            t.remove(name)
+                .with_context(|| format!("{}: no tensor {name}", path.display()))
+        };
         let usizes = |v: Vec<i64>| v.into_iter().map(|x| x as usize).collect();
         let guidance_scale = metadata
             .get("denoise.guidance_scale")
@@ -151,42 +158,63 @@ pub struct Denoised {
     pub image: Tensor,
 }
 
-/// Classifier-free guidance: ε_uncond + scale · (ε_cond − ε_uncond).
+/// Our two models as the loop runs them, in one dtype.
+pub struct Models {
+    pub unet: UNet2DConditionModel,
+    /// Our VAE's decoder, taking latents already divided by the scaling factor.
+    pub decode: Box<dyn Fn(&Tensor) -> Result<Tensor>>,
+    /// The VAE's `scaling_factor` (0.18215 here, as SD 1.x's).
+    pub scaling_factor: f64,
+    pub dtype: DType,
+}
+
+impl Models {
+    /// The tiny models of [`UNET`] and [`VAE`], `root` the repository's root.
+    pub fn load(root: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        let _unet = UNet2DConditionModel::load(root.join(UNET), dtype, device)?;
+        bail!("AutoencoderKL ({}) is not on this branch yet", root.join(VAE).display())
+    }
+}
+
+/// Classifier-free guidance on the U-Net's batch of two (unconditional first):
+/// ε_uncond + scale · (ε_cond − ε_uncond).
 pub fn guide(eps: &Tensor, scale: f64) -> Result<Tensor> {
     let uncond = eps.narrow(0, 0, 1)?;
     let cond = eps.narrow(0, 1, 1)?;
     Ok((&uncond + (cond - &uncond)?.affine(scale, 0.0)?)?)
 }
 
-/// Runs the loop: the U-Net in its own dtype on the latents (and contexts) cast to it, the
-/// guidance and the DDIM step in float32 (the latents cast back to the U-Net's dtype after each
-/// step), then `decode` on the last latents divided by the VAE's scaling factor, and
-/// `(x / 2 + 0.5).clamp(0, 1)` in float32.
+/// Runs the loop from `noise` with the contexts (2, 7, 24): the U-Net in the models' dtype on the
+/// latents (and contexts) cast to it, the guidance and the DDIM step in float32 (the latents cast
+/// back to the models' dtype after each step), then the decoder on the last latents divided by
+/// the scaling factor, and `(x / 2 + 0.5).clamp(0, 1)` in float32.
 pub fn denoise(
-    unet: &UNet2DConditionModel,
-    decode: impl Fn(&Tensor) -> Result<Tensor>,
-    scaling_factor: f64,
+    models: &Models,
     ddim: &Ddim,
     noise: &Tensor,
     context: &Tensor,
     guidance_scale: f64,
-    dtype: DType,
 ) -> Result<Denoised> {
+    let dtype = models.dtype;
     let context = context.to_dtype(dtype)?;
     let mut latents = noise.to_dtype(dtype)?;
     let mut trajectory = Vec::with_capacity(ddim.timesteps.len());
     for &t in &ddim.timesteps {
         let both = Tensor::cat(&[&latents, &latents], 0)?;
-        let eps = unet.forward(&both, t as f64, &context)?.to_dtype(DType::F32)?;
+        let eps = models.unet.forward(&both, t as f64, &context)?.to_dtype(DType::F32)?;
         let eps = guide(&eps, guidance_scale)?;
         let next = ddim.step(&eps, t, &latents.to_dtype(DType::F32)?)?;
         latents = next.to_dtype(dtype)?;
         trajectory.push(next);
     }
-    let scale = Tensor::new(scaling_factor as f32, latents.device())?.to_dtype(dtype)?;
-    let image = decode(&latents.broadcast_div(&scale)?)?.to_dtype(DType::F32)?;
+    // latents / scaling_factor: a true division by the float32 factor, as PyTorch's.
+    let scale = Tensor::new(models.scaling_factor as f32, latents.device())?.to_dtype(dtype)?;
+    let image = (models.decode)(&latents.broadcast_div(&scale)?)?.to_dtype(DType::F32)?;
     let image = image.affine(0.5, 0.5)?.clamp(0f32, 1f32)?;
-    Ok(Denoised { latents: trajectory, image })
+    Ok(Denoised {
+        latents: trajectory,
+        image,
+    })
 }
 
 /// The image (1, 3, H, W) in [0, 1] as 8-bit RGB rows, rounded as diffusers' `numpy_to_pil`
@@ -194,7 +222,11 @@ pub fn denoise(
 pub fn to_8bit(image: &Tensor) -> Result<(usize, usize, Vec<u8>)> {
     let (_, _, h, w) = image.dims4()?;
     let hwc = image.squeeze(0)?.permute((1, 2, 0))?.flatten_all()?.to_vec1::<f32>()?;
-    Ok((w, h, hwc.into_iter().map(|x| (x * 255.0).round_ties_even() as u8).collect()))
+    Ok((
+        w,
+        h,
+        hwc.into_iter().map(|x| (x * 255.0).round_ties_even() as u8).collect(),
+    ))
 }
 
 /// Max |a − b| over all elements, in float32.
