@@ -93,6 +93,9 @@ fn main() -> Result<()> {
         println!("(PyTorch's run took {} steps: nothing to compare)", reference.steps());
         return Ok(());
     }
+    if let Some(source) = reference.metadata.get("denoise.source") {
+        println!("reference: {source}");
+    }
     println!("schedule: timesteps {:?}", ddim.timesteps);
     if ddim.timesteps != reference.timesteps || ddim.alphas_cumprod != reference.alphas_cumprod {
         println!("warning: our schedule differs from diffusers' DDIMScheduler's");

@@ -158,11 +158,14 @@ pub struct Denoised {
     pub image: Tensor,
 }
 
+/// A VAE decoder: latents (already divided by the scaling factor) to an image in [-1, 1].
+pub type Decode = Box<dyn Fn(&Tensor) -> Result<Tensor>>;
+
 /// Our two models as the loop runs them, in one dtype.
 pub struct Models {
     pub unet: UNet2DConditionModel,
     /// Our VAE's decoder, taking latents already divided by the scaling factor.
-    pub decode: Box<dyn Fn(&Tensor) -> Result<Tensor>>,
+    pub decode: Decode,
     /// The VAE's `scaling_factor` (0.18215 here, as SD 1.x's).
     pub scaling_factor: f64,
     pub dtype: DType,
