@@ -12,7 +12,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context as _, Result};
 use candle_core::{DType, Device, Tensor};
-use unet_attention::models::UNet2DConditionModel;
+use unet_attention::models::{AutoencoderKL, UNet2DConditionModel};
 
 /// The reference file, relative to the repository root.
 pub const REFERENCE: &str = "weights/whole/denoise_sd1.safetensors";
@@ -174,8 +174,15 @@ pub struct Models {
 impl Models {
     /// The tiny models of [`UNET`] and [`VAE`], `root` the repository's root.
     pub fn load(root: &Path, dtype: DType, device: &Device) -> Result<Self> {
-        let _unet = UNet2DConditionModel::load(root.join(UNET), dtype, device)?;
-        bail!("AutoencoderKL ({}) is not on this branch yet", root.join(VAE).display())
+        let unet = UNet2DConditionModel::load(root.join(UNET), dtype, device)?;
+        let vae = AutoencoderKL::load(root.join(VAE), dtype, device)?;
+        let scaling_factor = vae.config().scaling_factor;
+        Ok(Self {
+            unet,
+            decode: Box::new(move |z| Ok(vae.decode(z)?)),
+            scaling_factor,
+            dtype,
+        })
     }
 }
 
