@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Whole-model parity bundles: diffusers 0.42.1 ``UNet2DConditionModel`` run end to end on tiny
-inputs, for ``unet-parity check weights/whole`` (block id ``diffusers.UNet2DConditionModel``).
+"""Whole-model parity bundles: diffusers 0.42.1 ``UNet2DConditionModel`` and ``AutoencoderKL`` run end
+to end on tiny inputs, for ``unet-parity check weights/whole`` (block ids
+``diffusers.UNet2DConditionModel``, ``diffusers.AutoencoderKL``).
 
     python scripts/export_whole.py [--only NAME ...] [--threads N]
 
@@ -14,7 +15,11 @@ with module-path stages (``trace="modules"``: ``conv_in``, ``time_embedding/line
 module; and ``<model>_unet_f16.safetensors``, the same model converted with ``.to(float16)`` and run
 by PyTorch in float16 on the same inputs (self-contained: it holds the rounded weights).
 
-The forward is diffusers' own ``UNet2DConditionModel.forward``; only its arguments are repacked
+``diffusers_vae`` gives ``weights/whole/vae.safetensors`` (and ``vae_f16``): ``AutoencoderKL.forward(sample,
+sample_posterior=False)``, that is ``decode(encode(sample).latent_dist.mode())``, on images in [-1, 1] at
+batch 2, with the stages ``encoder/...``, ``quant_conv``, ``post_quant_conv``, ``decoder/...``.
+
+The U-Net's forward is diffusers' own ``UNet2DConditionModel.forward``; only its arguments are repacked
 (``export_bundle`` stores tensors as inputs and JSON as kwargs): the model's class is swapped for
 a subclass whose ``forward(sample, encoder_hidden_states, text_embeds=None, time_ids=None, *,
 timestep)`` calls ``UNet2DConditionModel.forward(sample, timestep, encoder_hidden_states,
@@ -43,6 +48,7 @@ ROOT = HERE.parent
 MODELS = ROOT / "weights" / "models"
 OUT = ROOT / "weights" / "whole"
 BLOCK = "diffusers.UNet2DConditionModel"
+VAE_BLOCK = "diffusers.AutoencoderKL"
 
 # name -> (model folder, batch, (H, W), timestep, seed[, options]). sd2's 5 x 3 sample is not a
 # multiple of 2^upsamplers: the up blocks then interpolate to the skip's size (forward_upsample_size).
@@ -57,6 +63,11 @@ SPECS = {
     "sd1_g32_unet": ("diffusers_sd1_g32", 2, (2, 4), 999.0, 3, {"half": False}),
     # the same weights with 16 groups: candle-transformers' DownBlock2D / UpBlock2D keep 32
     "sd1_g16_unet": ("diffusers_sd1_g32", 2, (2, 4), 999.0, 4, {"half": False, "config": {"norm_num_groups": 16}}),
+}
+
+# name -> (model folder, batch, (H, W), seed): AutoencoderKL forward bundles.
+VAE_SPECS = {
+    "vae": ("diffusers_vae", 2, (8, 6), 3),
 }
 
 
@@ -136,15 +147,59 @@ def export(name, spec, trace="modules"):
     print(f"{half.relative_to(ROOT)}  {info['bytes']} bytes  max|f16-f64| {info['max_abs_diff_f64']}")
 
 
+def vae_class():
+    from diffusers import AutoencoderKL
+
+    class AutoencoderKLOutput(AutoencoderKL):
+        """``AutoencoderKL`` whose forward returns the decoded tensor (``sample_posterior=False``)."""
+
+        def forward(self, sample):
+            return AutoencoderKL.forward(self, sample, sample_posterior=False, return_dict=False)[0]
+
+    return AutoencoderKL, AutoencoderKLOutput
+
+
+def export_vae(name, spec, trace="modules"):
+    folder, batch, size, seed = spec
+    base, wrapped = vae_class()
+    model = base.from_pretrained(MODELS / folder).eval()
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            t.data = t.data.clone()
+    model.__class__ = wrapped
+    g = torch.Generator().manual_seed(seed)
+    ins = OrderedDict(sample=torch.rand(batch, model.config.in_channels, *size, generator=g) * 2 - 1)
+    with torch.no_grad():
+        want = base.forward(model, ins["sample"], sample_posterior=False, return_dict=False)[0]
+        got = model(**ins)
+    assert torch.equal(want, got), name
+    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
+    weights = MODELS / folder / "diffusion_pytorch_model.safetensors"
+    OUT.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(weights, OUT).replace(os.sep, "/")
+    source = (f"diffusers 0.42.1 AutoencoderKL.forward(sample_posterior=False) (scripts/export_whole.py); "
+              f"weights {rel}")
+    out = OUT / f"{name}.safetensors"
+    info = export_bundle(model, VAE_BLOCK, config, ins, out, weights_ref=(rel, ""), trace=trace, source=source)
+    print(f"{out.relative_to(ROOT)}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}")
+    half = OUT / f"{name}_f16.safetensors"
+    info = export_bundle(model, VAE_BLOCK, config, ins, half, dtype=torch.float16, trace=trace,
+                         source=f"{source}; the float32 model converted to float16 (.to(dtype)) and run in it")
+    print(f"{half.relative_to(ROOT)}  {info['bytes']} bytes  max|f16-f64| {info['max_abs_diff_f64']}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", nargs="*", choices=sorted(SPECS))
+    p.add_argument("--only", nargs="*", choices=sorted(SPECS) + sorted(VAE_SPECS))
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    for name in args.only or sorted(SPECS):
-        export(name, SPECS[name])
+    for name in args.only or sorted(SPECS) + sorted(VAE_SPECS):
+        if name in VAE_SPECS:
+            export_vae(name, VAE_SPECS[name])
+        else:
+            export(name, SPECS[name])
     return 0
 
 

@@ -33,7 +33,7 @@
 #           and the same PyTorch blocks, in f32 and f16 (bench_core_<dtype>.jsonl/.md, bench_block_<dtype>.jsonl/.md).
 #   fusedcore  the core shapes with UNET_ATTENTION_SDPA=fused against PyTorch's SDPA, in f16 and
 #           bf16 (DTYPES_FUSED; bench_fused_<dtype>.jsonl/.md), once per kernel variant
-#           (FUSED_VARIANTS, default "exp2 base w8 w8-exp2 chunked": UNET_ATTENTION_FUSED_VARIANT;
+#           (FUSED_VARIANTS, default "exp2 base w8 w8-exp2 chunked r32": UNET_ATTENTION_FUSED_VARIANT;
 #           bench_fused_<variant>_<dtype>.* for all but exp2, the default): which one should be the default.
 #   splits  the fused kernel's key splits (UNET_ATTENTION_FUSED_SPLITS: each of FUSED_SPLITS,
 #           default "auto 1 2 3 4") on the VAE's 64² core shape (head dim 512) and SDXL's, f16,
@@ -301,7 +301,7 @@ run_bench() {
     # (FUSED_VARIANTS; the default variant's files keep the names bench_fused_<dtype>.*).
     fusedcore)
         local v tag
-        for v in ${FUSED_VARIANTS:-exp2 base w8 w8-exp2 chunked}; do
+        for v in ${FUSED_VARIANTS:-exp2 base w8 w8-exp2 chunked r32}; do
             for dt in ${DTYPES_FUSED:-f16 bf16}; do
                 tag="fused_$dt"
                 [[ "$v" == exp2 ]] || tag="fused_${v}_$dt"

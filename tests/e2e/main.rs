@@ -6,6 +6,8 @@
 #[path = "../../crates/parity/tests/common/mod.rs"]
 mod common;
 
+mod denoise;
 mod half_openai;
 mod library_errors;
+mod model_folders;
 mod properties;

@@ -50,23 +50,38 @@ template <int N> __device__ __forceinline__ void zero_blocks(float o[N][4]) {
     for (int j = 0; j < N; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 }
 
-// s = q·kᵀ for the 16 query rows from `row0` of the q tile and the NJ·8 keys from `key0` of the
-// k tile, over the padded head dim `dp`.
-template <typename T, int NJ>
-__device__ __forceinline__ void scores(float s[NJ][4], const SmemTile& qs, const SmemTile& ks, int row0, int key0,
-                                       int dp, int lane) {
-    zero_blocks<NJ>(s);
+// s = q·kᵀ for RB blocks of 16 query rows (block b from row row0 + 16·b of the q tile) and the
+// NJ·8 keys from `key0` of the k tile, over the padded head dim `dp`. Each k fragment is read
+// from shared memory once a k step and serves every row block (RB mmas a fragment half).
+template <typename T, int NJ, int RB>
+__device__ __forceinline__ void scores_rows(float s[RB][NJ][4], const SmemTile& qs, const SmemTile& ks, int row0,
+                                            int key0, int dp, int lane) {
+#pragma unroll
+    for (int b = 0; b < RB; ++b) zero_blocks<NJ>(s[b]);
     for (int k0 = 0; k0 < dp; k0 += 16) {
-        uint32_t af[4];
-        ldsm_x4(af, qs.chunk(row0 + (lane % 8) + ((lane / 8) % 2) * 8, k0 + (lane / 16) * 8));
+        uint32_t af[RB][4];
+#pragma unroll
+        for (int b = 0; b < RB; ++b) {
+            ldsm_x4(af[b], qs.chunk(row0 + 16 * b + (lane % 8) + ((lane / 8) % 2) * 8, k0 + (lane / 16) * 8));
+        }
 #pragma unroll
         for (int n = 0; n < NJ / 2; ++n) {
             uint32_t bf[4];
             ldsm_x4(bf, ks.chunk(key0 + n * 16 + (lane % 8) + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
-            T::mma(s[2 * n], af, bf[0], bf[1]);
-            T::mma(s[2 * n + 1], af, bf[2], bf[3]);
+#pragma unroll
+            for (int b = 0; b < RB; ++b) {
+                T::mma(s[b][2 * n], af[b], bf[0], bf[1]);
+                T::mma(s[b][2 * n + 1], af[b], bf[2], bf[3]);
+            }
         }
     }
+}
+
+// `scores_rows` for the 16 query rows from `row0`.
+template <typename T, int NJ>
+__device__ __forceinline__ void scores(float s[NJ][4], const SmemTile& qs, const SmemTile& ks, int row0, int key0,
+                                       int dp, int lane) {
+    scores_rows<T, NJ, 1>(reinterpret_cast<float(*)[NJ][4]>(s), qs, ks, row0, key0, dp, lane);
 }
 
 // The scores of NJ column blocks from key `key0` on scaled, masked (keys past lk at −∞, plus the
@@ -138,6 +153,16 @@ __device__ __forceinline__ void exponentiate(float s[NJ][4], const float sub[2],
             l[e / 2] += p;
         }
     }
+}
+
+// The A fragment (16 rows × 16 keys) of p·v for keys 16·kk … +15 of the probabilities `p` (NJ
+// column blocks of 8 keys), rounded to the input dtype (as PyTorch's kernels use them).
+template <typename T, int NJ>
+__device__ __forceinline__ void p_fragment(uint32_t af[4], const float p[NJ][4], int kk) {
+    af[0] = T::pack(p[2 * kk][0], p[2 * kk][1]);
+    af[1] = T::pack(p[2 * kk][2], p[2 * kk][3]);
+    af[2] = T::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    af[3] = T::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 }
 
 // The running maxima as logits (m·unit: what the merge of split keys reads) for EXP2's u.

@@ -11,7 +11,7 @@
 //   rows a warp (64 or 128 per CTA); `_e2` takes the exponentials as FlashAttention-2 does, one
 //   FFMA with the scale and log2 e folded in and the max subtracted, then `ex2.approx.ftz`
 //   (`Softmax`), instead of a multiply, a subtraction and `expf`. The variants exist to be timed against each other on a
-//   GPU (`UNET_ATTENTION_FUSED_VARIANT`); the default is the plain 4-warp `expf` one. Key tiles of 64 (32 when the output chunk is wider than 160 columns). q·kᵀ and p·v
+//   GPU (`UNET_ATTENTION_FUSED_VARIANT`); the default is the 4-warp `_e2` one. Key tiles of 64 (32 when the output chunk is wider than 160 columns). q·kᵀ and p·v
 //   with `mma.sync.aligned.m16n8k16` (f32 accumulate) on fragments read with `ldmatrix`
 //   (`.trans` for v); q, k and v tiles copied with `cp.async` (16 bytes, zero-filled past the
 //   ends) when every row is 16-byte aligned, element by element otherwise. The head dim is
@@ -24,6 +24,12 @@
 //   256) and doubles the CTAs where there are few. The probabilities `exp(s − m)` are rounded to
 //   the input dtype before p·v (PyTorch's GPU kernels do so); the row sum `l` is taken before
 //   rounding; `m` is the running maximum.
+// * `fattn_{f16,bf16}_dv{16,32,64,96,128}_r32_e2`: the `_e2` kernel with 32 query rows a warp
+//   (FlashAttention-2's warp tile; the `r32` variant): 4 warps of two 16-row blocks, 128 queries
+//   a CTA. Each k fragment read with `ldmatrix` serves the q·kᵀ mmas of both row blocks, each v
+//   fragment both blocks' p·v mmas (about 0.31 `ldmatrix` an mma at head dim 64 against 0.56
+//   with 16 rows); the softmax steps run per row block. Chunks up to 128 columns only; key tiles
+//   of 32 where 64 would spill (`FATTN_MMA_R32_FAMILIES`).
 // * `fattn_{f16,bf16}_wide[32][_e2]` (attention_wide.cuh): head dims over 256 (the VAE's 512) as
 //   8 warps on one tile of 64 queries: the two halves of each 16-row block split the keys of a
 //   tile for q·kᵀ (each score computed once, where the column chunks above compute it twice),
@@ -249,16 +255,18 @@ __device__ __forceinline__ bool raw_scores(const Args& a) { return a.mask == nul
 
 #include "attention_steps.cuh" // head_inputs, key_tiles, scores, mask_and_max, rescale, ...
 
-template <typename T, int DVC, int BC, int WARPS, bool EXP2, bool RAW>
+// WARPS warps, each holding RB blocks of 16 query rows (RB = 2: 32 rows, FlashAttention-2's
+// warp tile): each k and v fragment read from shared memory feeds RB mmas, one a row block.
+template <typename T, int DVC, int BC, int WARPS, int RB, bool EXP2, bool RAW>
 __device__ __forceinline__ void attention_mma_tiles(const Args a) {
-    constexpr int BR = 16 * WARPS; // queries per CTA: 16 a warp
+    constexpr int BR = 16 * RB * WARPS; // queries per CTA: 16·RB a warp
     uint16_t* smem = dynamic_smem<uint16_t>();
     const SmemTile qs = smem_tile(smem, a.dp);
     const SmemTile ks = smem_tile(qs.base + BR * qs.stride, a.dp);
     const SmemTile vs = smem_tile(ks.base + BC * ks.stride, DVC);
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-    const int q0 = blockIdx.x * BR;
+    const int q0 = blockIdx.x * BR, row0 = warp * 16 * RB; // row block b: tile rows row0 + 16·b …
     const int bh = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks, split = blockIdx.z;
     const int col0 = chunk * DVC;
     const bool vec = a.vec != 0;
@@ -267,10 +275,17 @@ __device__ __forceinline__ void attention_mma_tiles(const Args a) {
     const Softmax sm = softmax_of<RAW>(a);
 
     load_first_tiles(qs, ks, in, a, q0, BR, BC, kt_range, vec);
-    float o[DVC / 8][4];
-    zero_blocks<DVC / 8>(o);
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-    const int qrow[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    // Per row block: the output accumulator, the running (m, l) and the query rows (g and g + 8).
+    float o[RB][DVC / 8][4], m[RB][2], l[RB][2];
+    int qrow[RB][2];
+#pragma unroll
+    for (int b = 0; b < RB; ++b) {
+        zero_blocks<DVC / 8>(o[b]);
+        m[b][0] = m[b][1] = NEG_INF;
+        l[b][0] = l[b][1] = 0.f;
+        qrow[b][0] = q0 + row0 + 16 * b + g;
+        qrow[b][1] = qrow[b][0] + 8;
+    }
 
     for (int kt = kt_range.begin; kt < kt_range.end; ++kt) {
         const int kv0 = kt * BC;
@@ -279,15 +294,18 @@ __device__ __forceinline__ void attention_mma_tiles(const Args a) {
         load_tile16(vs, in.v + (long long)kv0 * a.v_sr, a.v_sr, BC, a.lk - kv0, col0, DVC, a.d, vec);
         cp_async_commit();
 
-        // s = q·kᵀ for this warp's 16 rows × BC keys.
-        float s[BC / 8][4];
-        scores<T, BC / 8>(s, qs, ks, warp * 16, 0, a.dp, lane);
+        // s = q·kᵀ for this warp's RB·16 rows × BC keys.
+        float s[RB][BC / 8][4];
+        scores_rows<T, BC / 8, RB>(s, qs, ks, row0, 0, a.dp, lane);
 
-        // Scale, mask, key bounds; online softmax over rows g and g + 8.
-        float mx[2], sub[2];
-        mask_and_max<EXP2, BC / 8>(s, mx, a, in.mask, kv0, qrow, t, sm);
-        rescale<EXP2, DVC / 8>(m, l, o, mx, sub, sm);
-        exponentiate<EXP2, BC / 8>(s, sub, l, sm);
+        // Scale, mask, key bounds; online softmax over each row block's rows g and g + 8.
+#pragma unroll
+        for (int b = 0; b < RB; ++b) {
+            float mx[2], sub[2];
+            mask_and_max<EXP2, BC / 8>(s[b], mx, a, in.mask, kv0, qrow[b], t, sm);
+            rescale<EXP2, DVC / 8>(m[b], l[b], o[b], mx, sub, sm);
+            exponentiate<EXP2, BC / 8>(s[b], sub, l[b], sm);
+        }
 
         cp_async_wait_all();
         __syncthreads(); // v tile in shared memory; every warp done with the k tile
@@ -296,34 +314,41 @@ __device__ __forceinline__ void attention_mma_tiles(const Args a) {
         }
         cp_async_commit();
 
-        // o += round(p)·v (p rounded to the input dtype, as PyTorch's kernels do).
+        // o += round(p)·v (p rounded to the input dtype, as PyTorch's kernels do); each v
+        // fragment serves every row block.
 #pragma unroll
         for (int ks16 = 0; ks16 < BC / 16; ++ks16) {
-            const uint32_t af[4] = {T::pack(s[2 * ks16][0], s[2 * ks16][1]), T::pack(s[2 * ks16][2], s[2 * ks16][3]),
-                                    T::pack(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]),
-                                    T::pack(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3])};
+            uint32_t af[RB][4];
+#pragma unroll
+            for (int b = 0; b < RB; ++b) p_fragment<T, BC / 8>(af[b], s[b], ks16);
 #pragma unroll
             for (int n = 0; n < DVC / 16; ++n) {
                 uint32_t bf[4];
                 ldsm_x4_t(bf, vs.chunk(ks16 * 16 + (lane % 8) + ((lane / 8) % 2) * 8, n * 16 + (lane / 16) * 8));
-                T::mma(o[2 * n], af, bf[0], bf[1]);
-                T::mma(o[2 * n + 1], af, bf[2], bf[3]);
+#pragma unroll
+                for (int b = 0; b < RB; ++b) {
+                    T::mma(o[b][2 * n], af[b], bf[0], bf[1]);
+                    T::mma(o[b][2 * n + 1], af[b], bf[2], bf[3]);
+                }
             }
         }
     }
     cp_async_wait_all();
-    quad_sum(l);
-    logit_max<EXP2>(m, sm);
-    store_rows<T, DVC / 8>(a, bh, split, qrow, col0, t, o, m, l, chunk == 0 && t == 0);
+#pragma unroll
+    for (int b = 0; b < RB; ++b) {
+        quad_sum(l[b]);
+        logit_max<EXP2>(m[b], sm);
+        store_rows<T, DVC / 8>(a, bh, split, qrow[b], col0, t, o[b], m[b], l[b], chunk == 0 && t == 0);
+    }
 }
 
 // `attention_mma_tiles` in the softmax form the call takes (`Softmax`).
-template <typename T, int DVC, int BC, int WARPS, bool EXP2>
+template <typename T, int DVC, int BC, int WARPS, int RB, bool EXP2>
 __device__ void attention_mma(const Args a) {
     if (EXP2 && raw_scores(a)) {
-        attention_mma_tiles<T, DVC, BC, WARPS, EXP2, EXP2>(a);
+        attention_mma_tiles<T, DVC, BC, WARPS, RB, EXP2, EXP2>(a);
     } else {
-        attention_mma_tiles<T, DVC, BC, WARPS, EXP2, false>(a);
+        attention_mma_tiles<T, DVC, BC, WARPS, RB, EXP2, false>(a);
     }
 }
 
@@ -473,12 +498,31 @@ __device__ void merge_rows(const float* ws_o, const float* ws_ml, int rows, int 
 #define FATTN_MMA_FAMILY(TY, T, DVC, BC)                                                                        \
     struct Family_##TY##_##DVC {                                                                               \
         template <int WARPS, bool EXP2> static __device__ __forceinline__ void run(const Args a) {             \
-            attention_mma<T, DVC, BC, WARPS, EXP2>(a);                                                         \
+            attention_mma<T, DVC, BC, WARPS, 1, EXP2>(a);                                                      \
         }                                                                                                      \
     };                                                                                                         \
     FATTN_MMA_VARIANTS(FATTN_MMA_KERNEL, Family_##TY##_##DVC, TY, DVC)
 
 FATTN_MMA_FAMILIES(FATTN_MMA_FAMILY)
+
+// The 32-row variant, `fattn_<ty>_dv<DVC>_r32_e2`: 4 warps of two 16-row blocks (128 queries a
+// CTA), each k and v fragment feeding both blocks' mmas, the exp2 softmax; only for chunks up to
+// 128 columns (two row blocks' accumulators over wider chunks do not fit the registers).
+// (dtype name, type, chunk, key tile): key tiles of 64 where the two blocks' scores (2·BC/2
+// floats a lane) and outputs (2·DVC/2) fit without spilling (sm_90: 168 registers at chunk 32,
+// 234 at 64), else 32 (chunk 96: 202, 128: 236; chunk 16 with tiles of 64 spilled 12 bytes at
+// ptxas's own 168-register choice, with 32 it takes 116). cuda_plan.rs's `R32_KEY_TILES`.
+#define FATTN_MMA_R32_FAMILIES(X)                                                                               \
+    X(f16, F16, 16, 32) X(f16, F16, 32, 64) X(f16, F16, 64, 64) X(f16, F16, 96, 32) X(f16, F16, 128, 32)        \
+    X(bf16, BF16, 16, 32) X(bf16, BF16, 32, 64) X(bf16, BF16, 64, 64) X(bf16, BF16, 96, 32)                     \
+    X(bf16, BF16, 128, 32)
+
+#define FATTN_MMA_R32(TY, T, DVC, BC)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) fattn_##TY##_dv##DVC##_r32_e2(const Args a) {             \
+        attention_mma<T, DVC, BC, 4, 2, true>(a);                                                              \
+    }
+
+FATTN_MMA_R32_FAMILIES(FATTN_MMA_R32)
 
 // Head dims over 256: 8 warps sharing one 64-query tile, q·kᵀ once (attention_wide.cuh); key
 // tiles of 64 (`_wide`) or, where that shared memory does not fit, 32 (`_wide32`).

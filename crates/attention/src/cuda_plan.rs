@@ -15,6 +15,10 @@ use candle_core::DType;
 pub(crate) const THREADS: u32 = 128;
 /// Output-column chunks the mma kernels are compiled for (`fattn_{f16,bf16}_dv{N}`).
 const DVCS: [usize; 8] = [16, 32, 64, 96, 128, 160, 192, 256];
+/// The 32-row kernels (`fattn_{f16,bf16}_dv{N}_r32_e2`, up to 128 columns): `(chunk, key tile)`,
+/// as `FATTN_MMA_R32_FAMILIES` in the CUDA source compiles them (tiles of 32 where ptxas would
+/// spill the two row blocks' registers with 64).
+const R32_KEY_TILES: [(usize, usize); 5] = [(16, 32), (32, 64), (64, 64), (96, 32), (128, 32)];
 
 /// `(B, H, Lq, Lk, D)` of a q, k, v the kernel takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,9 +32,9 @@ pub(crate) struct Dims {
 
 /// Variants of the f16/bf16 attention kernels, built to be timed against each other on a GPU
 /// (`UNET_ATTENTION_FUSED_VARIANT`, the GPU kit's `fusedcore` stage); the f32 kernels have one
-/// form and ignore it. Head dims over 256 (the VAE's 512) run the wide kernel under `base` and
-/// `exp2` (8 warps on one 64-query tile, each score computed once) and column chunks of 256
-/// under the others (a thread block per chunk, each recomputing q·kᵀ).
+/// form and ignore it. Head dims over 256 (the VAE's 512) run the wide kernel under `base`,
+/// `exp2` and `r32` (8 warps on one 64-query tile, each score computed once) and column chunks
+/// of 256 under the others (a thread block per chunk, each recomputing q·kᵀ).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FusedVariant {
     /// 4 warps (64 queries a thread block), the softmax's exponentials by `expf` of the scaled
@@ -50,16 +54,23 @@ pub enum FusedVariant {
     /// `base`, but head dims over 256 in column chunks (4 warps a chunk, q·kᵀ recomputed per
     /// chunk; two thread blocks a SM at head dim 512): the wide kernel's alternative.
     Chunked,
+    /// `exp2` with 32 query rows a warp (FlashAttention-2's warp tile) for head dims up to 128:
+    /// 4 warps of two 16-row blocks, 128 queries a thread block; each k and v fragment read from
+    /// shared memory feeds the mmas of both row blocks (about 0.31 `ldmatrix` an mma at head dim
+    /// 64 against 0.56 with 16 rows), at the cost of twice the accumulator registers. Head dims
+    /// over 128 run what `exp2` runs.
+    Rows32Exp2,
 }
 
 impl FusedVariant {
     /// Every variant with its name (`UNET_ATTENTION_FUSED_VARIANT`'s values), the default first.
-    pub const ALL: [(&'static str, FusedVariant); 5] = [
+    pub const ALL: [(&'static str, FusedVariant); 6] = [
         ("exp2", FusedVariant::Exp2),
         ("base", FusedVariant::Base),
         ("w8", FusedVariant::Warps8),
         ("w8-exp2", FusedVariant::Warps8Exp2),
         ("chunked", FusedVariant::Chunked),
+        ("r32", FusedVariant::Rows32Exp2),
     ];
 
     /// Its name in [`FusedVariant::ALL`].
@@ -78,12 +89,24 @@ impl FusedVariant {
     }
 
     fn exp2(self) -> bool {
-        matches!(self, FusedVariant::Exp2 | FusedVariant::Warps8Exp2)
+        matches!(
+            self,
+            FusedVariant::Exp2 | FusedVariant::Warps8Exp2 | FusedVariant::Rows32Exp2
+        )
     }
 
     /// Whether head dims over 256 take the wide kernel.
     fn wide(self) -> bool {
-        matches!(self, FusedVariant::Base | FusedVariant::Exp2)
+        matches!(self, FusedVariant::Base | FusedVariant::Exp2 | FusedVariant::Rows32Exp2)
+    }
+
+    /// The key tile of the 32-row kernel for output chunks of `dvc` columns: `Some` under `r32`
+    /// up to 128 columns ([`R32_KEY_TILES`]), else `None` (16 rows a warp).
+    fn rows32_key_tile(self, dvc: usize) -> Option<usize> {
+        R32_KEY_TILES
+            .into_iter()
+            .find(|&(c, _)| c == dvc && self == FusedVariant::Rows32Exp2)
+            .map(|(_, bc)| bc)
     }
 }
 
@@ -194,9 +217,12 @@ impl Kernel {
             };
         }
         let dvc = DVCS.into_iter().find(|&c| c >= dp).unwrap_or(256);
-        let bc = if dvc <= 160 { 64 } else { 32 };
-        // 16 query rows a warp; q and k tiles of rows of dp elements, v of dvc, each stored as
-        // the kernel's `smem_tile` does: swizzled where a multiple of 64, else 8 elements longer.
+        let r32 = variant.rows32_key_tile(dvc);
+        let bc = r32.unwrap_or(if dvc <= 160 { 64 } else { 32 });
+        let row_blocks = if r32.is_some() { 2 } else { 1 };
+        // 16 query rows a row block, `row_blocks` a warp; q and k tiles of rows of dp elements, v
+        // of dvc, each stored as the kernel's `smem_tile` does: swizzled where a multiple of 64,
+        // else 8 elements longer.
         let row = |cols: usize| if cols.is_multiple_of(64) { cols } else { cols + 8 };
         let smem_of = |rows: usize| (rows * row(dp) + bc * row(dp) + bc * row(dvc)) * 2;
         let warps = match variant.warps() {
@@ -204,14 +230,16 @@ impl Kernel {
             _ => 4,
         };
         let w8 = if warps == 8 { "_w8" } else { "" };
+        let rows32 = if row_blocks == 2 { "_r32" } else { "" };
+        let rows = 16 * row_blocks * warps;
         Kernel {
             dp,
             chunks: d.div_ceil(dvc),
-            rows: 16 * warps,
+            rows,
             threads: 32 * warps as u32,
             key_tile: bc,
-            smem: smem_of(16 * warps),
-            kernel: format!("fattn_{name}_dv{dvc}{w8}{e2}"),
+            smem: smem_of(rows),
+            kernel: format!("fattn_{name}_dv{dvc}{w8}{rows32}{e2}"),
             merge,
         }
     }
@@ -653,6 +681,48 @@ mod tests {
         assert_eq!((p.kernel.as_str(), p.threads), ("fattn_bf16_dv256", 128));
         let f32_plan = Plan::new(&dims, DType::F32, &H100, FusedVariant::Warps8).unwrap();
         assert_eq!((f32_plan.kernel.as_str(), f32_plan.threads), ("fattn_f32_ni16", 128));
+    }
+
+    #[test]
+    fn r32_holds_32_rows_a_warp_up_to_head_dim_128_and_runs_exp2_above() {
+        let plan =
+            |d: usize, dtype| Plan::new(&dims(2, 3, 1000, 300, d), dtype, &H100, FusedVariant::Rows32Exp2).unwrap();
+        assert_eq!(FusedVariant::Rows32Exp2.name(), "r32");
+        assert_ne!(FusedVariant::default(), FusedVariant::Rows32Exp2);
+        // (head dim, kernel, key tile, smem): 128 query rows of dp, a key tile of dp and of the
+        // chunk, rows of a multiple of 64 elements swizzled, others 8 longer.
+        for (d, kernel, bc, smem) in [
+            (13, "fattn_f16_dv16_r32_e2", 32, (128 * 24 + 32 * 24 + 32 * 24) * 2),
+            (32, "fattn_f16_dv32_r32_e2", 64, (128 * 40 + 64 * 40 + 64 * 40) * 2),
+            (40, "fattn_f16_dv64_r32_e2", 64, (128 * 56 + 64 * 56 + 64 * 64) * 2),
+            (64, "fattn_f16_dv64_r32_e2", 64, (128 * 64 + 64 * 64 + 64 * 64) * 2),
+            (80, "fattn_f16_dv96_r32_e2", 32, (128 * 88 + 32 * 88 + 32 * 104) * 2),
+            (128, "fattn_f16_dv128_r32_e2", 32, (128 * 128 + 32 * 128 + 32 * 128) * 2),
+        ] {
+            let p = plan(d, DType::F16);
+            assert_eq!(
+                (p.kernel.as_str(), p.threads, p.key_tile, p.chunks, p.smem),
+                (kernel, 128, bc, 1, smem),
+                "d {d}"
+            );
+            // 1000 queries in tiles of 128.
+            assert_eq!(p.grid, (8, 6, 1), "d {d}");
+        }
+        assert_eq!(plan(64, DType::BF16).kernel, "fattn_bf16_dv64_r32_e2");
+        // Over 128: what `exp2` runs (4 warps of 16 rows; the wide kernel over 256).
+        for d in [129, 160, 256, 320, 512] {
+            let exp2 = Plan::new(&dims(2, 3, 1000, 300, d), DType::BF16, &H100, FusedVariant::Exp2).unwrap();
+            let p = plan(d, DType::BF16);
+            assert_eq!(
+                (p.kernel.as_str(), p.threads, p.grid, p.smem, p.key_tile),
+                (exp2.kernel.as_str(), exp2.threads, exp2.grid, exp2.smem, exp2.key_tile),
+                "d {d}"
+            );
+        }
+        assert_eq!(plan(160, DType::F16).kernel, "fattn_f16_dv160_e2");
+        assert_eq!(plan(512, DType::F16).kernel, "fattn_f16_wide_e2");
+        // f32 has one kernel.
+        assert_eq!(plan(64, DType::F32).kernel, "fattn_f32_ni2");
     }
 
     #[test]

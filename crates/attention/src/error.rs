@@ -25,6 +25,10 @@ pub enum Error {
         input: String,
         message: String,
     },
+    /// A model folder's weights do not fit the model: files missing, a shard name that is not a
+    /// file in the folder, or weights the model never read.
+    #[error("{block}: weights: {message}")]
+    Weights { block: &'static str, message: String },
     /// An error from Candle (missing tensor, shape mismatch on load, device error, ...).
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
@@ -54,6 +58,13 @@ impl Error {
 
     pub fn unsupported(block: &'static str, message: impl Into<String>) -> Self {
         Error::Unsupported {
+            block,
+            message: message.into(),
+        }
+    }
+
+    pub fn weights(block: &'static str, message: impl Into<String>) -> Self {
+        Error::Weights {
             block,
             message: message.into(),
         }

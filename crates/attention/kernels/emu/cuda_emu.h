@@ -85,11 +85,13 @@ struct PendingCopy {
 // address read by several lanes is a broadcast). `ldmatrix.x4` reads its four matrices as four
 // phases of 8 row addresses; a warp's 16-byte shared stores (cp.async's shared side) go as four
 // phases of 8 lanes. cp.async's global side: the 32-byte sectors that one warp's copies of one
-// instruction touch, against the bytes they ask for.
+// instruction touch, against the bytes they ask for. And the warps' `mma.m16n8k16`
+// instructions, against which the `ldmatrix` reads feeding them are weighed.
 struct Traffic {
     unsigned long long ldsm_phases = 0, ldsm_wavefronts = 0;
     unsigned long long copy_phases = 0, copy_wavefronts = 0;
     unsigned long long copy_bytes = 0, copy_sectors = 0;
+    unsigned long long mma = 0;
 };
 inline Traffic traffic;
 
@@ -463,6 +465,7 @@ inline void mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t 
     const int lane = lane_id();
     float d[4];
     warp_collective(s, [&](const Slot* w) {
+        if (lane == 0) traffic.mma += 1;
         auto half = [](uint32_t reg, int j) { return ToF32(static_cast<uint16_t>(reg >> (16 * j))); };
         float A[16][16], B[16][8];
         for (int l = 0; l < 32; ++l) {

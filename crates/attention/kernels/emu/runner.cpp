@@ -12,7 +12,7 @@
 // value: 0 a buffer (u32 index, 0xffffffff for a null pointer), 1 i32, 2 i64, 3 f32, 4 a struct
 // (u32 bytes, u32 pointer count n, the bytes: its first n u64 fields are buffer indices + 1, or 0
 // for null, which the runner replaces with the buffers' addresses); then u32 output count and
-// the buffer index of each. Answer: those buffers' bytes, in order, then the six counters of
+// the buffer index of each. Answer: those buffers' bytes, in order, then the seven counters of
 // `emu::traffic` over all the launches (u64 each, in the struct's order).
 //
 // Every buffer is allocated exactly as long as the request says, so AddressSanitizer (when
@@ -132,6 +132,9 @@ std::map<std::string, Binder> kernels() {
 #define ATTENTION_VARIANT(X, name, warps, exp2) ATTENTION(name)
 #define ATTENTION_FAMILY(TY, T, DVC, BC) FATTN_MMA_VARIANTS(ATTENTION_VARIANT, _, TY, DVC)
     FATTN_MMA_FAMILIES(ATTENTION_FAMILY)
+#define ATTENTION_R32(TY, T, DVC, BC) ATTENTION(fattn_##TY##_dv##DVC##_r32_e2)
+    FATTN_MMA_R32_FAMILIES(ATTENTION_R32)
+#undef ATTENTION_R32
     ATTENTION(fattn_f32_ni1) ATTENTION(fattn_f32_ni2) ATTENTION(fattn_f32_ni4) ATTENTION(fattn_f32_ni8)
     ATTENTION(fattn_f32_ni16)
     ATTENTION(fattn_f16_wide) ATTENTION(fattn_f16_wide_e2) ATTENTION(fattn_bf16_wide) ATTENTION(fattn_bf16_wide_e2)
@@ -244,8 +247,8 @@ int main() {
         if (std::fwrite(buffers[b].p, 1, buffers[b].bytes, stdout) != buffers[b].bytes) emu::fail("could not write the output");
     }
     const emu::Traffic& t = emu::traffic;
-    const unsigned long long counts[6] = {t.ldsm_phases, t.ldsm_wavefronts, t.copy_phases,
-                                          t.copy_wavefronts, t.copy_bytes,  t.copy_sectors};
+    const unsigned long long counts[7] = {t.ldsm_phases, t.ldsm_wavefronts, t.copy_phases, t.copy_wavefronts,
+                                          t.copy_bytes,  t.copy_sectors,    t.mma};
     if (std::fwrite(counts, sizeof counts, 1, stdout) != 1) emu::fail("could not write the traffic counts");
     return 0;
 }

@@ -24,8 +24,9 @@
 //! tensor cores. **Variants** ([`FusedVariant`], `UNET_ATTENTION_FUSED_VARIANT`): the default
 //! f16/bf16 kernels take the softmax's exponentials as FlashAttention-2 does (one FFMA with the
 //! scale and log2 e folded in, then the approximate `ex2`); they also come with `expf` (`base`),
-//! with 8 warps (128 queries a block), and (`chunked`) with head dims over 256 as column chunks of 256, a thread block
-//! each recomputing q·kᵀ, to be timed against the default on a GPU. **Split-KV**: when
+//! with 8 warps (128 queries a block), (`chunked`) with head dims over 256 as column chunks of 256, a thread block
+//! each recomputing q·kᵀ, and (`r32`, head dims up to 128) with 32 query rows a warp (128 a
+//! block, each k and v fragment serving two row blocks), to be timed against the default on a GPU. **Split-KV**: when
 //! (batch·heads·query tiles·chunks) fills less than 80 % of the blocks the GPU holds at once
 //! (SMs × the kernel's occupancy, from the driver), the key tiles are split over up to 64
 //! thread blocks per tile, as few as keep those places busy in whole waves, and a merge kernel
@@ -87,7 +88,7 @@ pub struct FusedOptions {
 }
 
 /// The f16/bf16 kernel variant `UNET_ATTENTION_FUSED_VARIANT` names (`exp2`, the default when
-/// unset or blank, `base`, `w8`, `w8-exp2`, `chunked`; see [`FusedVariant`]), read once; another value is an
+/// unset or blank, `base`, `w8`, `w8-exp2`, `chunked`, `r32`; see [`FusedVariant`]), read once; another value is an
 /// error from every call. For timing the variants against each other on a GPU (the kit's
 /// `fusedcore` stage); `exp2` (FlashAttention-2's softmax) is the default until such a run says
 /// otherwise, `base` keeps the `expf` softmax to time it against.

@@ -268,6 +268,9 @@ fn check(cases: &[Case]) {
     let Some(bin) = runner() else { return };
     for c in cases {
         let (err, plan, _) = run(bin, c);
+        if c.variant == FusedVariant::Rows32Exp2 && c.dtype != DType::F32 && c.dims.d <= 128 {
+            assert!(plan.kernel.ends_with("_r32_e2"), "{c:?}: {}", plan.kernel);
+        }
         eprintln!(
             "{} {:?} {:?} {:?} splits {}: error {err:.2e} × max|v|",
             plan.kernel, c.dims, c.layout, c.mask, plan.splits
@@ -374,9 +377,10 @@ fn bf16_kernels_match_f64_attention() {
     check(&half_cases(DType::BF16));
 }
 
-/// The other variants (8 warps, `expf`, column chunks over 256) on the shapes that stress what
-/// they change: a query tile that the 8-warp block covers partly, head dims over 256 (wide or
-/// in two column chunks), odd head dims, split keys, masks, a random schedule.
+/// The other variants (8 warps, `expf`, column chunks over 256, 32 rows a warp) on the shapes
+/// that stress what they change: a query tile that the 8-warp or 32-row block covers partly,
+/// head dims over 256 (wide or in two column chunks), odd head dims, split keys, masks, a random
+/// schedule.
 #[test]
 fn kernel_variants_match_f64_attention() {
     let mut cases = vec![];
@@ -397,6 +401,31 @@ fn kernel_variants_match_f64_attention() {
             seed: 6,
             variant,
             ..case(dtype, (2, 1, 150, 77, 64))
+        });
+    }
+    // 32 rows a warp (`r32`, head dims up to 128; over 128 it runs the default's kernels, checked
+    // above): query counts that fill a 128-row tile partly (70, 33, 17, 65, 30, and 150 and 130
+    // over two tiles, the second one's rows mostly past the end), masks with wholly masked rows
+    // and key padding, split keys landing late, odd head dims (13, 40: zero padding,
+    // element-wise copies), one key, head dims 8 to 128, a random schedule.
+    for dtype in [DType::F16, DType::BF16] {
+        let variant = FusedVariant::Rows32Exp2;
+        let base = half_cases(dtype);
+        cases.extend([&base[0], &base[1], &base[4], &base[6], &base[7], &base[8]].map(|c| Case { variant, ..*c }));
+        cases.push(Case {
+            mask: Mask::Additive,
+            seed: 6,
+            variant,
+            ..case(dtype, (2, 1, 150, 77, 64))
+        });
+        cases.push(Case {
+            mask: Mask::Additive,
+            layout: Layout::PaddedRows(3),
+            splits: Some(3),
+            late_copies: true,
+            seed: 10,
+            variant,
+            ..case(dtype, (1, 1, 150, 200, 40))
         });
     }
     check(&cases);
@@ -433,18 +462,20 @@ fn f32_kernels_match_f64_attention() {
 /// The check can fail: the kernel given a scale 30 % off (the reference keeps the right one)
 /// lands far outside the bound, in every dtype, and in both softmax forms of the f16/bf16
 /// kernels (`exp2`: the scale folded into the exponent's FFMA without a mask, and into the
-/// scores' with one; `base`: `expf`).
+/// scores' with one; `base`: `expf`), and with 32 rows a warp (`r32`: 40 queries, both row
+/// blocks of the first warp holding some).
 #[test]
 fn a_wrong_scale_fails_the_check() {
     let Some(bin) = runner() else { return };
     let mut cases = vec![case(DType::F32, (1, 1, 16, 40, 64))];
     for dtype in [DType::F16, DType::BF16] {
-        for variant in [FusedVariant::Exp2, FusedVariant::Base] {
+        for variant in [FusedVariant::Exp2, FusedVariant::Base, FusedVariant::Rows32Exp2] {
+            let lq = if variant == FusedVariant::Rows32Exp2 { 40 } else { 16 };
             for mask in [Mask::None, Mask::Additive] {
                 cases.push(Case {
                     variant,
                     mask,
-                    ..case(dtype, (1, 1, 16, 40, 64))
+                    ..case(dtype, (1, 1, lq, 40, 64))
                 });
             }
         }
@@ -474,12 +505,20 @@ fn a_wrong_scale_fails_the_check() {
 /// `SmemTile`); the tile copies' shared stores at most 2-way conflicted, and free of
 /// conflicts where a copied row is a multiple of 64 elements (8 lanes, one row); with
 /// contiguous rows of a multiple of 16 elements, every 32-byte sector the copies read wholly
-/// used. Both variants (4 and 8 warps); `ex2` changes no access.
+/// used. The variants with other tiles (4 and 8 warps, and 32 rows a warp up to head dim 128);
+/// `ex2` changes no access. And the `ldmatrix` reads a tensor-core instruction costs: with 32
+/// rows a warp each k and v fragment feeds two mmas, so at head dim 64 the 32-row kernel reads
+/// markedly fewer fragments an mma than the 16-row one (0.31 against 0.56 on one key tile).
 #[test]
 fn mma_kernels_access_memory_without_bank_conflicts() {
     let Some(bin) = runner() else { return };
+    let mut per_mma_d64 = vec![];
     for d in [32, 40, 64, 80, 128, 160, 512] {
-        for variant in [FusedVariant::Base, FusedVariant::Warps8] {
+        let mut variants = vec![FusedVariant::Base, FusedVariant::Warps8];
+        if d <= 128 {
+            variants.push(FusedVariant::Rows32Exp2);
+        }
+        for variant in variants {
             let c = Case {
                 variant,
                 ..case(DType::F16, (1, 1, 128, 64, d))
@@ -487,14 +526,19 @@ fn mma_kernels_access_memory_without_bank_conflicts() {
             let (err, plan, t) = run(bin, &c);
             eprintln!(
                 "{} d {d}: ldmatrix {:.3} wavefronts a phase ({} phases), copies {:.3} ({} phases), \
-                 global sectors {:.3} used",
+                 global sectors {:.3} used; {:.3} ldmatrix an mma ({} mma)",
                 plan.kernel,
                 t.ldmatrix_ways(),
                 t.ldmatrix_phases,
                 t.copy_ways(),
                 t.copy_phases,
-                t.copy_sector_use()
+                t.copy_sector_use(),
+                t.ldmatrix_per_mma(),
+                t.mma
             );
+            if d == 64 {
+                per_mma_d64.push((plan.kernel.clone(), t.ldmatrix_per_mma()));
+            }
             assert!(err <= bound(c.dtype), "{c:?}: error {err:.3e}");
             assert!(
                 t.ldmatrix_phases > 0 && t.copy_phases > 0,
@@ -524,4 +568,13 @@ fn mma_kernels_access_memory_without_bank_conflicts() {
             }
         }
     }
+    // Head dim 64, one tile of 64 keys: 16 rows a warp, a k step reads 1 q and 4 k fragments for
+    // 8 mmas, a 16-key step of p·v 4 v fragments for 8 (36 for 64: 0.5625); 32 rows, 2 q and 4 k
+    // for 16, 4 v for 16 (40 for 128: 0.3125).
+    let [(k16, rows16), _, (k32, rows32)] = &per_mma_d64[..] else {
+        panic!("{per_mma_d64:?}")
+    };
+    eprintln!("d 64: {k16} {rows16:.4} ldmatrix an mma, {k32} {rows32:.4}");
+    assert!(k32.ends_with("_r32_e2"), "{per_mma_d64:?}");
+    assert!(*rows32 < 0.6 * rows16, "{per_mma_d64:?}");
 }

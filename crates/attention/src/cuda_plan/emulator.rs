@@ -280,7 +280,7 @@ impl Request {
             done.status,
             String::from_utf8_lossy(&done.stderr)
         );
-        let want: usize = outputs.iter().map(|&o| sizes[o]).sum::<usize>() + 6 * 8;
+        let want: usize = outputs.iter().map(|&o| sizes[o]).sum::<usize>() + 7 * 8;
         assert_eq!(done.stdout.len(), want, "{what:?}: the runner's answer length");
         let mut at = 0;
         let buffers = outputs
@@ -302,6 +302,7 @@ impl Request {
             copy_wavefronts: c[3],
             copy_bytes: c[4],
             copy_sectors: c[5],
+            mma: c[6],
         };
         (buffers, traffic)
     }
@@ -312,7 +313,7 @@ impl Request {
 /// sixteen-byte shared accesses (one `ldmatrix` matrix, or a quarter of a warp's `cp.async`
 /// stores); it takes one wavefront when its addresses fall in distinct bank groups, more when
 /// they conflict. The global side of `cp.async`: bytes asked for, 32-byte sectors touched per
-/// warp instruction.
+/// warp instruction. And the warps' `mma.m16n8k16` instructions.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(super) struct Traffic {
     pub ldmatrix_phases: u64,
@@ -321,12 +322,19 @@ pub(super) struct Traffic {
     pub copy_wavefronts: u64,
     pub copy_bytes: u64,
     pub copy_sectors: u64,
+    pub mma: u64,
 }
 
 impl Traffic {
     /// Wavefronts per phase of `ldmatrix` (1.0: no bank conflicts).
     pub fn ldmatrix_ways(&self) -> f64 {
         self.ldmatrix_wavefronts as f64 / self.ldmatrix_phases.max(1) as f64
+    }
+
+    /// `ldmatrix.x4` instructions (4 phases each) per `mma` instruction: how many shared-memory
+    /// fragment reads each tensor-core instruction costs.
+    pub fn ldmatrix_per_mma(&self) -> f64 {
+        self.ldmatrix_phases as f64 / 4.0 / self.mma.max(1) as f64
     }
 
     /// Wavefronts per phase of the `cp.async` shared stores (1.0: no bank conflicts).

@@ -6,16 +6,29 @@
 //!   `DownBlock2D`, `CrossAttnUpBlock2D`, `UpBlock2D`, `Downsample2D`, `Upsample2D`) and time
 //!   embeddings (`time_embedding`: `Timesteps`, `TimestepEmbedding`).
 //!
+//! * [`AutoencoderKL`] (`autoencoder_kl`): the VAE of Stable Diffusion 1.x, 2.x and XL
+//!   (`Encoder`, `Decoder`, `DownEncoderBlock2D`, `UpDecoderBlock2D`, the quant convs), with its
+//!   config ([`AutoencoderKLConfig`]) and [`DiagonalGaussianDistribution`].
+//!
+//! Both load from a diffusers model folder in one call (`load(folder, dtype, device)`, `folder`:
+//! `config.json` and the safetensors, sharded or not), refusing weights they do not read.
+//!
 //! The forward signatures follow candle-transformers 0.11's
-//! (`UNet2DConditionModel::forward(xs, timestep: f64, encoder_hidden_states)`); weights load
+//! (`UNet2DConditionModel::forward(xs, timestep: f64, encoder_hidden_states)`, `AutoEncoderKL::encode`
+//! / `decode`); weights load
 //! under the exact PyTorch state-dict names.
 
+pub mod autoencoder_kl;
+pub mod autoencoder_kl_config;
+mod folder;
 pub mod stable_diffusion;
 pub mod time_embedding;
 pub mod unet_2d_condition;
 pub mod unet_2d_condition_config;
 pub mod unet_blocks;
 
+pub use autoencoder_kl::{AutoencoderKL, DiagonalGaussianDistribution};
+pub use autoencoder_kl_config::AutoencoderKLConfig;
 pub use time_embedding::{TimestepEmbedding, Timesteps};
 pub use unet_2d_condition::{AddedCond, ControlNetResiduals, ForwardArgs, UNet2DConditionModel};
 pub use unet_2d_condition_config::{BlockArgs, PerBlock, UNet2DConditionModelConfig};

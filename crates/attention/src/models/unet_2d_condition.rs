@@ -21,6 +21,7 @@
 //! (`conv_in`, `down_blocks.0`, `down_blocks.0/resnets.1`, `mid_block`, `up_blocks.1/upsamplers.0`)
 //! for `unet-parity check --trace` on module-path bundles.
 
+use super::folder::ModelFolder;
 use super::time_embedding::{TimestepEmbedding, Timesteps};
 use super::unet_2d_condition_config::UNet2DConditionModelConfig;
 use super::unet_blocks::{layer, BlockKwargs, Context, DownBlock, UpBlock, UpChannels};
@@ -155,18 +156,12 @@ impl UNet2DConditionModel {
 
     /// A diffusers model folder (the `unet/` of a pipeline): `config.json` and
     /// `diffusion_pytorch_model.safetensors` (or its sharded `.safetensors.index.json`), the
-    /// weights converted to `dtype`.
+    /// weights converted to `dtype`. Strict: weights the model does not read are refused by name
+    /// ([`super::folder`]).
     pub fn load(folder: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Self> {
-        let folder = folder.as_ref();
-        let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| candle_core::Error::from(e).with_path(p));
-        let config: serde_json::Value = serde_json::from_str(&read(&folder.join("config.json"))?)
-            .map_err(|e| Error::config(Self::BLOCK, format!("config.json: {e}")))?;
-        let cfg = UNet2DConditionModelConfig::from_config_json(&config)?;
-        let files = weight_files(folder, read)?;
-        // SAFETY: the files are memory-mapped read-only; as candle's own loaders, we assume
-        // nobody truncates them while the model is alive.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
-        Self::new(vb, &cfg)
+        let folder = ModelFolder::open(folder.as_ref(), Self::BLOCK, "UNet2DConditionModel")?;
+        let cfg = UNet2DConditionModelConfig::from_config_json(&folder.kwargs)?;
+        folder.build(Self::BLOCK, dtype, device, |vb| Self::new(vb, &cfg))
     }
 
     /// The model's config.
@@ -358,25 +353,6 @@ impl UNet2DConditionModel {
         }
         Ok(())
     }
-}
-
-/// The weight files of a folder: the single safetensors file, or the shards its index lists.
-fn weight_files(folder: &Path, read: impl Fn(&Path) -> candle_core::Result<String>) -> Result<Vec<std::path::PathBuf>> {
-    let single = folder.join("diffusion_pytorch_model.safetensors");
-    if single.is_file() {
-        return Ok(vec![single]);
-    }
-    let index = folder.join("diffusion_pytorch_model.safetensors.index.json");
-    let index: serde_json::Value = serde_json::from_str(&read(&index)?)
-        .map_err(|e| Error::config(UNet2DConditionModel::BLOCK, format!("{}: {e}", index.display())))?;
-    let mut files: Vec<std::path::PathBuf> = index
-        .get("weight_map")
-        .and_then(serde_json::Value::as_object)
-        .map(|m| m.values().filter_map(|v| v.as_str()).map(|f| folder.join(f)).collect())
-        .unwrap_or_default();
-    files.sort();
-    files.dedup();
-    Ok(files)
 }
 
 /// The options of `__init__` this port does not implement, refused by name.

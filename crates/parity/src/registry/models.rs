@@ -5,11 +5,11 @@ use super::{entry, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::models::{AddedCond, ForwardArgs, UNet2DConditionModel};
+use unet_attention::models::{AddedCond, AutoencoderKL, ForwardArgs, UNet2DConditionModel};
 use unet_attention::{Error, Result};
 
 pub(super) fn entries() -> Vec<BlockInfo> {
-    vec![entry::<UNet2DConditionModel>()]
+    vec![entry::<UNet2DConditionModel>(), entry::<AutoencoderKL>()]
 }
 
 /// `UNet2DConditionModel.forward(sample, timestep, encoder_hidden_states, added_cond_kwargs=
@@ -60,5 +60,21 @@ impl Registered for UNet2DConditionModel {
             args,
         )?;
         Ok(vec![out])
+    }
+}
+
+/// `AutoencoderKL.forward(sample, sample_posterior=False)`: `decode(encode(sample).mode())`.
+impl Registered for AutoencoderKL {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "diffusers.models.autoencoders.autoencoder_kl.AutoencoderKL (diffusers 0.42.1; DownEncoderBlock2D, UpDecoderBlock2D; forward with sample_posterior=False: decode(encode(sample).latent_dist.mode()))";
+    const INPUTS: &'static [&'static str] = &["sample"];
+    const KWARGS: &'static [&'static str] = &[];
+
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![self.forward(inputs.required("sample")?)?])
     }
 }
