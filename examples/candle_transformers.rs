@@ -40,11 +40,13 @@ use std::path::{Path, PathBuf};
 use unet_attention::diffusers::{model_config::mid_blocks, UNetMidBlock2D, UNetMidBlock2DCrossAttn};
 use unet_parity::bundle::Bundle;
 
-const DEFAULT_BUNDLES: [&str; 4] = [
+const DEFAULT_BUNDLES: [&str; 6] = [
     "weights/own/diffusers_sd1_mid_block.safetensors",
     "weights/own/diffusers_vae_decoder_mid_block.safetensors",
     "weights/whole/sd1_g32_unet.safetensors",
     "weights/whole/sd1_g16_unet.safetensors",
+    "weights/whole/vae_g32.safetensors",
+    "weights/whole/vae_g16.safetensors",
 ];
 
 /// Whole models (`weights/whole/` bundles): candle-transformers' and our drop-in's.
@@ -87,7 +89,12 @@ fn main() -> Result<()> {
     let mut wholes = vec![];
     for path in &paths {
         let block = Bundle::read(path).with_context(|| format!("{}", path.display()))?.block;
-        if block == unet_attention::models::UNet2DConditionModel::BLOCK {
+        if [
+            unet_attention::models::UNet2DConditionModel::BLOCK,
+            unet_attention::models::AutoencoderKL::BLOCK,
+        ]
+        .contains(&block.as_str())
+        {
             wholes.push(path.as_path());
             continue;
         }

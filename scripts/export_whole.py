@@ -17,7 +17,8 @@ by PyTorch in float16 on the same inputs (self-contained: it holds the rounded w
 
 ``diffusers_vae`` gives ``weights/whole/vae.safetensors`` (and ``vae_f16``): ``AutoencoderKL.forward(sample,
 sample_posterior=False)``, that is ``decode(encode(sample).latent_dist.mode())``, on images in [-1, 1] at
-batch 2, with the stages ``encoder/...``, ``quant_conv``, ``post_quant_conv``, ``decoder/...``.
+batch 2, with the stages ``encoder/...``, ``quant_conv``, ``post_quant_conv``, ``decoder/...``;
+``diffusers_vae_g32`` (widths 32, 64) gives ``vae_g32`` and, loaded with 16 groups, ``vae_g16``.
 
 The U-Net's forward is diffusers' own ``UNet2DConditionModel.forward``; only its arguments are repacked
 (``export_bundle`` stores tensors as inputs and JSON as kwargs): the model's class is swapped for
@@ -65,9 +66,13 @@ SPECS = {
     "sd1_g16_unet": ("diffusers_sd1_g32", 2, (2, 4), 999.0, 4, {"half": False, "config": {"norm_num_groups": 16}}),
 }
 
-# name -> (model folder, batch, (H, W), seed): AutoencoderKL forward bundles.
+# name -> (model folder, batch, (H, W), seed[, options as SPECS']): AutoencoderKL forward bundles.
 VAE_SPECS = {
     "vae": ("diffusers_vae", 2, (8, 6), 3),
+    # widths divisible by 32, for candle-transformers' whole AutoEncoderKL (examples/candle_transformers.rs)
+    "vae_g32": ("diffusers_vae_g32", 2, (4, 6), 5, {"half": False}),
+    # the same weights with 16 groups
+    "vae_g16": ("diffusers_vae_g32", 2, (4, 6), 6, {"half": False, "config": {"norm_num_groups": 16}}),
 }
 
 
@@ -160,9 +165,12 @@ def vae_class():
 
 
 def export_vae(name, spec, trace="modules"):
-    folder, batch, size, seed = spec
+    folder, batch, size, seed, *rest = spec
+    options = rest[0] if rest else {}
     base, wrapped = vae_class()
-    model = base.from_pretrained(MODELS / folder).eval()
+    model = base.from_pretrained(MODELS / folder, **options.get("config", {})).eval()
+    for k, v in options.get("config", {}).items():
+        assert model.config[k] == v, (name, k)
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
             t.data = t.data.clone()
@@ -178,10 +186,13 @@ def export_vae(name, spec, trace="modules"):
     OUT.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(weights, OUT).replace(os.sep, "/")
     source = (f"diffusers 0.42.1 AutoencoderKL.forward(sample_posterior=False) (scripts/export_whole.py); "
-              f"weights {rel}")
+              f"weights {rel}" + "".join(f"; loaded with {k}={v!r} (config.json overridden)"
+                                         for k, v in options.get("config", {}).items()))
     out = OUT / f"{name}.safetensors"
     info = export_bundle(model, VAE_BLOCK, config, ins, out, weights_ref=(rel, ""), trace=trace, source=source)
     print(f"{out.relative_to(ROOT)}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}")
+    if not options.get("half", True):
+        return
     half = OUT / f"{name}_f16.safetensors"
     info = export_bundle(model, VAE_BLOCK, config, ins, half, dtype=torch.float16, trace=trace,
                          source=f"{source}; the float32 model converted to float16 (.to(dtype)) and run in it")

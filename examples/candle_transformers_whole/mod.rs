@@ -1,9 +1,9 @@
 //! Whole models next to candle-transformers (`examples/candle_transformers.rs` runs these on the
-//! whole-model bundles of `weights/whole/`): the U-Net (`unet`) and, where its bundles exist, the
-//! VAE. Each row of the printed table is a `unet_parity::port::PortCheck` run: max |· − PyTorch's
+//! whole-model bundles of `weights/whole/`): the U-Net (`unet`) and the VAE (`vae`). Each row of the printed table is a `unet_parity::port::PortCheck` run: max |· − PyTorch's
 //! f32 output| and max |· − PyTorch's float64 output|.
 
 pub mod unet;
+pub mod vae;
 
 use anyhow::Result;
 use candle_core::DType;
@@ -40,7 +40,12 @@ pub fn row(model: &str, who: &str, dtype: DType, report: Result<PortReport>) -> 
 pub fn run(paths: &[&Path]) -> Result<()> {
     let mut table = Table::new();
     for path in paths {
-        unet::compare(path, &mut table)?;
+        let block = unet_parity::bundle::Bundle::read(path)?.block;
+        if block == unet_attention::models::AutoencoderKL::BLOCK {
+            vae::compare(path, &mut table)?;
+        } else {
+            unet::compare(path, &mut table)?;
+        }
         println!();
     }
     println!("| model | run | dtype | max abs error vs PyTorch f32 | vs float64 |");

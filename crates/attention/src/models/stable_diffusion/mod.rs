@@ -15,3 +15,4 @@
 //! docs/candle-transformers.md ("Switching from candle-transformers") says what differs.
 
 pub mod unet_2d;
+pub mod vae;
