@@ -22,9 +22,14 @@
 //!   candle-transformers' GEGLU calls) and with `gelu_erf` (diffusers' GELU), against PyTorch's
 //!   `ff/act`; for the VAE block, `candle_nn::Linear` on the transposed token view its
 //!   `AttentionBlock` passes and on a contiguous copy, against PyTorch's `q`;
-//! * last, candle-core's `conv2d` and `matmul` in BF16 on the CPU.
+//! * then candle-core's `conv2d` and `matmul` in BF16 on the CPU;
+//! * last, whole models (`candle_transformers_whole/`): on the 32-group whole-model bundles of
+//!   `weights/whole/` (`sd1_g32_unet`, `sd1_g16_unet`, `vae_g32`, `vae_g16`; any such bundle given
+//!   as an argument), candle-transformers' whole `UNet2DConditionModel` / `AutoEncoderKL` and our
+//!   drop-ins (`unet_attention::models::stable_diffusion`) through `unet_parity::port::PortCheck`,
+//!   its public blocks assembled to name its first divergent module, and a Markdown table.
 //!
-//! docs/candle-transformers.md has the output and what it means.
+//! docs/candle-transformers.md has the output and what it means ("Whole models" for the last part).
 //!
 //! ```sh
 //! cargo run --release --example candle_transformers --features candle-transformers
