@@ -84,6 +84,8 @@ enum CtConfig {
 }
 
 fn main() -> Result<()> {
+    // The main thread one of rayon's workers, as `unet-parity` and the README's advice have it.
+    unet_attention::cpu_kernels::join_rayon_pool();
     let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
     let paths = if args.is_empty() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
