@@ -147,7 +147,17 @@ build() {
     # about 42 MiB with xz -6, 39 MiB with -9e (3 MiB of room the 64 MiB copy needs: tree 3.6 MiB +
     # kit 56 MiB).
     echo "== gpu-kit: packing weights/ without weights/accuracy (xz -9e, about 2 min)"
-    tar --exclude=weights/accuracy -cf - weights | xz -9e -T2 >"$dir.partial/weights.tar.xz" ||
+    # Also left out: the 32-group models and bundles that exist for the CPU comparison with
+    # candle-transformers (examples/candle_transformers.rs; about 10 MB of random weights, which xz
+    # does not shrink), and weights/whole's float32 bundles and denoising reference (the float16
+    # whole-model twins travel: they are what the CUDA layers change). weights/whole packs to
+    # 4.0 MB with all of its SD / VAE bundles; the kit's size has not been re-measured since
+    # (2026-11-29, no GPU lent): `lend-tree size` says before a GPU is started.
+    tar --exclude=weights/accuracy --exclude='weights/models/*_g32' --exclude='weights/whole/*_g16_*' \
+        --exclude='weights/whole/*_g32_*' --exclude='weights/whole/vae_g*' \
+        --exclude='weights/whole/*_unet.safetensors' --exclude='weights/whole/vae.safetensors' \
+        --exclude='weights/whole/denoise_*' -cf - weights |
+        xz -9e -T2 >"$dir.partial/weights.tar.xz" ||
         cuda_fail "tar | xz of weights/"
     cp -r "${KIT_SCRIPTS[@]}" "$dir.partial/scripts/"
     find "$dir.partial/scripts" -name __pycache__ -prune -exec rm -rf {} +
