@@ -13,7 +13,7 @@
 #                                       so that tree + kit fit the 64 MiB a lent GPU machine copies;
 #                                       off: bring weights/ back; size: what would travel, in MiB
 #
-# The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check,layers_check,conv_check}
+# The kit: bin.tar.xz with bin/{unet-parity,bench_sdpa,bench_bundle,fused_check,layers_check,conv_check,bench_whole}
 # built with `--features cudnn` (cuda plus this crate's cuDNN convolutions; release, stripped;
 # candle-kernels' PTX for CUDA_COMPUTE_CAP, default 90 = H100/H200; this crate's kernels as SASS
 # for UNET_ATTENTION_CUDA_ARCHS, default sm_80 and sm_90, plus compute_80 PTX; run.sh unpacks
@@ -49,7 +49,7 @@ source scripts/cuda_toolkit.sh
 # Wheels of the Python packages bench_torch.py's whole-block cases import, pinned as in
 # scripts/requirements.txt, and those they pull in that PyTorch's own install does not have.
 # The binaries of the kit (`--bin unet-parity`, the rest `--example`): run.sh calls these only.
-KIT_BINS=(unet-parity bench_sdpa bench_bundle fused_check layers_check conv_check)
+KIT_BINS=(unet-parity bench_sdpa bench_bundle fused_check layers_check conv_check bench_whole)
 # The features the kit is built with: cuda, and cuDNN for the convolutions (the crate's own, f16/bf16
 # accumulated in f32 as PyTorch's).
 KIT_FEATURES=cudnn

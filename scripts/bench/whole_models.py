@@ -5,7 +5,11 @@ float32 on the CPU, against ``cargo run --release --example bench_whole`` on the
 
     python scripts/bench/whole_models.py make DIR          # random SD 1.5-size unet/ and vae/ in DIR
     python scripts/bench/whole_models.py run DIR/unet unet [--runs 3] [--threads N]
-    python scripts/bench/whole_models.py run DIR/vae vae [--runs 3]
+    python scripts/bench/whole_models.py run DIR/vae vae [--runs 3] [--device cuda] [--dtype f16]
+
+``--device`` (cpu, cuda) and ``--dtype`` (f32, f16, bf16) place the model and its inputs (on a GPU each run
+ends with ``torch.cuda.synchronize()``, and the line adds ``cuda_peak_mib``); the GPU kit's ``models`` stage
+runs it (``scripts/gpu_kit/run.sh``) against ``bench_whole --device cuda``.
 
 ``make`` builds both models with diffusers 0.42.1's SD 1.5 configs (the U-Net's defaults with
 ``cross_attention_dim=768``; the VAE of ``sd-vae-ft-mse``: 128, 256, 512, 512 channels) from a
@@ -54,25 +58,34 @@ def make(out: str) -> None:
     print(f"wrote {out}/unet and {out}/vae")
 
 
-def run(folder: str, model: str, runs: int, threads: int | None) -> None:
+def run(folder: str, model: str, runs: int, threads: int | None, device: str = "cpu", dtype: str = "f32") -> None:
     import torch
     from diffusers import AutoencoderKL, UNet2DConditionModel
 
     if threads:
         torch.set_num_threads(threads)
+    dt = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     g = torch.Generator().manual_seed(0)
+
+    def put(t):
+        return t.to(device=device, dtype=dt)
+
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
     if model == "unet":
-        m = UNet2DConditionModel.from_pretrained(folder).eval()
-        x = torch.randn(2, 4, 64, 64, generator=g)
-        ctx = torch.randn(2, 77, 768, generator=g)
+        m = UNet2DConditionModel.from_pretrained(folder).eval().to(device=device, dtype=dt)
+        x = put(torch.randn(2, 4, 64, 64, generator=g))
+        ctx = put(torch.randn(2, 77, 768, generator=g))
 
         def step():
             return m(x, 500.0, ctx, return_dict=False)[0]
 
         shapes = "sample (2, 4, 64, 64), timestep 500, context (2, 77, 768)"
     else:
-        m = AutoencoderKL.from_pretrained(folder).eval()
-        z = torch.randn(1, 4, 64, 64, generator=g)
+        m = AutoencoderKL.from_pretrained(folder).eval().to(device=device, dtype=dt)
+        z = put(torch.randn(1, 4, 64, 64, generator=g))
 
         def step():
             return m.decode(z, return_dict=False)[0]
@@ -82,13 +95,19 @@ def run(folder: str, model: str, runs: int, threads: int | None) -> None:
     times = []
     with torch.inference_mode():
         step()
+        sync()
         for _ in range(runs):
             t0 = time.perf_counter()
             step()
+            sync()
             times.append((time.perf_counter() - t0) * 1e3)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    extra = {}
+    if device.startswith("cuda"):
+        extra = {"cuda_peak_mib": round(torch.cuda.max_memory_allocated() / 2**20), "gpu": torch.cuda.get_device_name()}
     print(json.dumps({
-        "side": "pytorch", "model": model, "shapes": shapes, "dtype": "f32", "runs_ms": [round(t, 1) for t in times],
+        "side": "pytorch", "model": model, "shapes": shapes, "dtype": dtype, "device": device, **extra,
+        "runs_ms": [round(t, 1) for t in times],
         "median_ms": round(statistics.median(times), 1), "min_ms": round(min(times), 1),
         "rss_loaded_mib": round(loaded), "peak_rss_mib": round(peak),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -105,11 +124,13 @@ def main(argv=None) -> int:
     r.add_argument("model", choices=["unet", "vae"])
     r.add_argument("--runs", type=int, default=3)
     r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
     a = p.parse_args(argv)
     if a.cmd == "make":
         make(a.out)
     else:
-        run(a.folder, a.model, a.runs, a.threads)
+        run(a.folder, a.model, a.runs, a.threads, a.device, a.dtype)
     return 0
 
 

@@ -2,7 +2,7 @@
 # The GPU kit's runner (copied into the kit by `scripts/gpu_kit.sh build`; run it there, on a
 # machine with an NVIDIA GPU, its driver and PyTorch with CUDA as `python3`; no Rust needed).
 #
-#   ./run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|splits|whole] [OUT]     (default: all, into $OUT or ./results)
+#   ./run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|splits|whole|models] [OUT]     (default: all, into $OUT or ./results)
 #
 #   candidate  what flipping unet_attention::cuda::{AUTO_PICKS_FUSED, AUTO_PICKS_CUDA_LAYERS}
 #           needs, in one short run (about 5 min on an H100, held within CANDIDATE_BUDGET_S,
@@ -47,6 +47,9 @@
 #           PyTorch's defaults (DTYPES_WHOLE), then (WHOLE_F32=yes) f32 against --strict-f32 and
 #           f32 with UNET_ATTENTION_TF32=on against PyTorch's default
 #           (bench_whole_<dtype>.jsonl/.md, bench_whole_f32_strict.*, bench_whole_f32_tf32.*).
+#   models  whole models (issue 48): one SD 1.5-size UNet2DConditionModel step and one SD VAE
+#           decode, PyTorch and ours (bench_whole) alternately, in DTYPES_MODELS (default f16);
+#           seeded random weights made on the machine (bench_models.jsonl). Last in `all`.
 #
 # Environment: ROUNDS (alternating rounds per case, default 2), DTYPES (core and block stages,
 # default "f32 f16"), DTYPES_FUSED (fusedcore, "f16 bf16"), FUSED_VARIANTS (fusedcore), FUSED_SPLITS (splits), DTYPES_WHOLE (whole, "f16 bf16"),
@@ -59,8 +62,8 @@ set -uo pipefail
 kit="$(cd "$(dirname "$0")" && pwd)"
 stage="${1:-all}"
 out="${2:-${OUT:-$PWD/results}}"
-case "$stage" in candidate | all | fused | layers | conv | check | core | fusedcore | splits | whole) ;; *)
-    echo "usage: run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|splits|whole] [OUT]" >&2
+case "$stage" in candidate | all | fused | layers | conv | check | core | fusedcore | splits | whole | models) ;; *)
+    echo "usage: run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|splits|whole|models] [OUT]" >&2
     exit 2
     ;;
 esac
@@ -337,11 +340,33 @@ run_bench() {
     esac
 }
 
+# models: whole models at Stable Diffusion 1.5's size (issue 48): one U-Net step (batch 2, 64 x 64
+# latent, 77 tokens) and one VAE decode (64 x 64 latent to 512 x 512), seeded random weights made
+# here by scripts/bench/whole_models.py (3.7 GB in $TMPDIR), PyTorch and ours alternately in each of
+# DTYPES_MODELS (default "f16"), 3 runs after a warm-up; ours with the fused attention and the CUDA
+# layers on, as `whole`. One JSON line a run of either side in bench_models.jsonl.
+run_models() {
+    local dir="${TMPDIR:-/tmp}/unet-gpu-kit-models" dt m
+    export UNET_ATTENTION_SDPA="${UNET_ATTENTION_SDPA:-fused}" UNET_ATTENTION_CUDA_LAYERS="${UNET_ATTENTION_CUDA_LAYERS:-on}"
+    [[ -f "$dir/vae/config.json" ]] || limited python3 "$kit/scripts/bench/whole_models.py" make "$dir" \
+        2>>"$out/bench_models.stderr" || { note "whole_models.py make failed (bench_models.stderr)"; failed=1; return; }
+    for dt in ${DTYPES_MODELS:-f16}; do
+        for m in unet vae; do
+            note "models: $m $dt (UNET_ATTENTION_SDPA=$UNET_ATTENTION_SDPA UNET_ATTENTION_CUDA_LAYERS=$UNET_ATTENTION_CUDA_LAYERS)"
+            limited python3 "$kit/scripts/bench/whole_models.py" run "$dir/$m" "$m" --device cuda --dtype "$dt" \
+                >>"$out/bench_models.jsonl" 2>>"$out/bench_models.stderr" || { note "PyTorch $m $dt failed"; failed=1; }
+            limited "$bin/bench_whole" "$dir/$m" "$m" 3 --device cuda --dtype "$dt" \
+                >>"$out/bench_models.jsonl" 2>>"$out/bench_models.stderr" || { note "ours $m $dt failed"; failed=1; }
+        done
+    done
+    cat "$out/bench_models.jsonl" >&2
+}
+
 record_env
 python_packages || { note "could not install the kit's wheels"; failed=1; }
 case "$stage" in
 candidate) run_candidate ;;
-all) run_fused; run_layers; run_conv; run_check; run_bench core; run_bench fusedcore; run_bench block; run_bench whole ;;
+all) run_fused; run_layers; run_conv; run_check; run_bench core; run_bench fusedcore; run_bench block; run_bench whole; run_models ;;
 fused) run_fused ;;
 layers) run_layers ;;
 conv) run_conv ;;
@@ -350,6 +375,7 @@ splits) run_bench splits ;;
 check) run_check ;;
 core) run_bench core; run_bench block ;;
 whole) run_bench whole ;;
+models) run_models ;;
 esac
 note "results in $out"
 exit "$failed"

@@ -51,6 +51,31 @@ pub(crate) fn check_integers(block: &'static str, value: &serde_json::Value, key
     }
 }
 
+/// The constructor kwargs of a diffusers `config.json` object: keys starting with `_`
+/// (`_class_name`, `_diffusers_version`, `_name_or_path`) are metadata and dropped; a
+/// `_class_name` other than `class` is an error naming both.
+pub fn class_kwargs(block: &'static str, config: &serde_json::Value, class: &str) -> Result<serde_json::Value> {
+    let obj = config
+        .as_object()
+        .ok_or_else(|| Error::config(block, "config.json: expected a JSON object"))?;
+    match obj.get("_class_name").and_then(serde_json::Value::as_str) {
+        None => {}
+        Some(found) if found == class => {}
+        Some(other) => {
+            return Err(Error::config(
+                block,
+                format!("config.json describes a `{other}`, expected `{class}`"),
+            ))
+        }
+    }
+    let kwargs = obj
+        .iter()
+        .filter(|(k, _)| !k.starts_with('_'))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Ok(serde_json::Value::Object(kwargs))
+}
+
 /// Parse a block config from a JSON string.
 pub fn from_str<T: DeserializeOwned>(block: &'static str, config: &str) -> Result<T> {
     let value: serde_json::Value = serde_json::from_str(config).map_err(|e| Error::config(block, e.to_string()))?;

@@ -100,24 +100,7 @@ impl AutoencoderKLConfig {
     /// The kwargs of a `config.json` object (its `_class_name`, when present, must be
     /// `AutoencoderKL`; other `_` keys are ignored).
     pub fn from_config_json(config: &Value) -> Result<Self> {
-        let obj = config
-            .as_object()
-            .ok_or_else(|| Error::config(BLOCK, "config.json: expected a JSON object"))?;
-        match obj.get("_class_name").and_then(Value::as_str) {
-            None | Some("AutoencoderKL") => {}
-            Some(other) => {
-                return Err(Error::config(
-                    BLOCK,
-                    format!("config.json describes a `{other}`, not an AutoencoderKL"),
-                ))
-            }
-        }
-        let kwargs: serde_json::Map<String, Value> = obj
-            .iter()
-            .filter(|(k, _)| !k.starts_with('_'))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        crate::config::from_json(BLOCK, &Value::Object(kwargs))
+        crate::config::from_json(BLOCK, &crate::config::class_kwargs(BLOCK, config, "AutoencoderKL")?)
     }
 
     /// The blocks' shape, checked: one type and one channel count per block, the same number of

@@ -33,26 +33,9 @@ impl ModelFolder {
     /// its weight files.
     pub fn open(folder: &Path, block: &'static str, class: &str) -> Result<Self> {
         let config = read_json(&folder.join("config.json"), block)?;
-        let obj = config
-            .as_object()
-            .ok_or_else(|| Error::config(block, "config.json: expected a JSON object"))?;
-        match obj.get("_class_name").and_then(Value::as_str) {
-            None => {}
-            Some(found) if found == class => {}
-            Some(other) => {
-                return Err(Error::config(
-                    block,
-                    format!("config.json describes a `{other}`, expected `{class}`"),
-                ))
-            }
-        }
-        let kwargs = obj
-            .iter()
-            .filter(|(k, _)| !k.starts_with('_'))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let kwargs = crate::config::class_kwargs(block, &config, class)?;
         Ok(Self {
-            kwargs: Value::Object(kwargs),
+            kwargs,
             files: weight_files(folder, block)?,
         })
     }

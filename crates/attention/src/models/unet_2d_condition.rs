@@ -157,7 +157,7 @@ impl UNet2DConditionModel {
     /// A diffusers model folder (the `unet/` of a pipeline): `config.json` and
     /// `diffusion_pytorch_model.safetensors` (or its sharded `.safetensors.index.json`), the
     /// weights converted to `dtype`. Strict: weights the model does not read are refused by name
-    /// ([`super::folder`]).
+    /// (`models::folder`).
     pub fn load(folder: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Self> {
         let folder = ModelFolder::open(folder.as_ref(), Self::BLOCK, "UNet2DConditionModel")?;
         let cfg = UNet2DConditionModelConfig::from_config_json(&folder.kwargs)?;

@@ -233,24 +233,10 @@ impl UNet2DConditionModelConfig {
     /// `_` (`_class_name`, `_diffusers_version`, `_name_or_path`) are metadata and dropped; a
     /// `_class_name` other than `UNet2DConditionModel` is an error; other unknown keys are refused.
     pub fn from_config_json(config: &Value) -> Result<Self> {
-        let obj = config
-            .as_object()
-            .ok_or_else(|| Error::config(BLOCK, "config.json: expected a JSON object"))?;
-        match obj.get("_class_name").and_then(Value::as_str) {
-            None | Some("UNet2DConditionModel") => {}
-            Some(other) => {
-                return Err(Error::config(
-                    BLOCK,
-                    format!("config.json describes a `{other}`, not a UNet2DConditionModel"),
-                ))
-            }
-        }
-        let kwargs: serde_json::Map<String, Value> = obj
-            .iter()
-            .filter(|(k, _)| !k.starts_with('_'))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        crate::config::from_json(BLOCK, &Value::Object(kwargs))
+        crate::config::from_json(
+            BLOCK,
+            &crate::config::class_kwargs(BLOCK, config, "UNet2DConditionModel")?,
+        )
     }
 
     /// The number of down blocks.

@@ -25,7 +25,7 @@
 //! drop-in (an SDXL checkpoint's `add_embedding` weights are left unread and the pooled text /
 //! time ids never reach the model, as in candle-transformers' SDXL pipeline). For SDXL as diffusers
 //! runs it, load [`crate::models::UNet2DConditionModel`] from the `unet/` folder and call
-//! `forward_with` with `added_cond` ([`Self::into_inner`] gives it from this wrapper).
+//! `forward_with` with `added_cond` ([`UNet2DConditionModel::into_inner`] gives it from this wrapper).
 
 use crate::diffusers::unets::mid_block::LayersPerBlock;
 use crate::models::{ControlNetResiduals, ForwardArgs};

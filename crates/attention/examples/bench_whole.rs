@@ -3,13 +3,16 @@
 //! float32 on the CPU, on the folders `scripts/bench/whole_models.py make DIR` wrote:
 //!
 //! ```sh
-//! cargo run --release --example bench_whole -- DIR/unet unet [RUNS]
-//! cargo run --release --example bench_whole -- DIR/vae vae [RUNS]
+//! cargo run --release -p unet-attention --example bench_whole -- DIR/unet unet [RUNS] [--device cuda] [--dtype f16]
+//! cargo run --release -p unet-attention --example bench_whole -- DIR/vae vae [RUNS]
 //! ```
 //!
 //! The same shapes and protocol as the PyTorch script (one model a process, one warm-up run,
-//! then RUNS timed runs, default 3); prints one JSON line: each run's milliseconds, the median and
-//! the fastest, the resident memory after loading and the process's peak (`VmHWM`).
+//! then RUNS timed runs, default 3; on a GPU each run ends with `Device::synchronize`); prints one
+//! JSON line: each run's milliseconds, the median and the fastest, the resident memory after
+//! loading and the process's peak (`VmHWM`, the host's). `--device cpu|cuda|metal` (default cpu),
+//! `--dtype f32|f16|bf16` (default f32): the weights are converted to it when loaded. The GPU
+//! kit's `models` stage runs it (`scripts/gpu_kit/run.sh`).
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -27,14 +30,62 @@ fn status_mib(field: &str) -> f64 {
         / 1024.0
 }
 
-fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (folder, model) = match args.as_slice() {
-        [f, m, ..] => (f.as_str(), m.as_str()),
-        _ => bail!("usage: bench_whole FOLDER unet|vae [RUNS]"),
+/// `FOLDER unet|vae [RUNS] [--device D] [--dtype T]`.
+struct Args {
+    folder: String,
+    model: String,
+    runs: usize,
+    device: String,
+    dtype: DType,
+}
+
+fn args() -> Result<Args> {
+    let usage = "usage: bench_whole FOLDER unet|vae [RUNS] [--device cpu|cuda|metal] [--dtype f32|f16|bf16]";
+    let (mut positional, mut device, mut dtype) = (vec![], "cpu".to_string(), DType::F32);
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--device" => device = it.next().context(usage)?,
+            "--dtype" => {
+                dtype = match it.next().as_deref() {
+                    Some("f32") => DType::F32,
+                    Some("f16") => DType::F16,
+                    Some("bf16") => DType::BF16,
+                    other => bail!("--dtype {other:?}: f32, f16 or bf16"),
+                }
+            }
+            _ => positional.push(a),
+        }
+    }
+    let (folder, model) = match positional.as_slice() {
+        [f, m, ..] => (f.clone(), m.clone()),
+        _ => bail!(usage),
     };
-    let runs: usize = args.get(2).map_or(Ok(3), |r| r.parse()).context("RUNS")?;
-    let dev = Device::Cpu;
+    let runs = positional.get(2).map_or(Ok(3), |r| r.parse()).context("RUNS")?;
+    Ok(Args {
+        folder,
+        model,
+        runs,
+        device,
+        dtype,
+    })
+}
+
+fn main() -> Result<()> {
+    let Args {
+        folder,
+        model,
+        runs,
+        device,
+        dtype,
+    } = args()?;
+    let (folder, model) = (folder.as_str(), model.as_str());
+    let dev = match device.as_str() {
+        "cpu" => Device::Cpu,
+        "cuda" => Device::new_cuda(0)?,
+        "metal" => Device::new_metal(0)?,
+        other => bail!("--device {other:?}: cpu, cuda or metal"),
+    };
     // Seeded inputs of the script's shapes (the values do not change the time).
     let randn = |shape: &[usize], seed: u64| -> Result<Tensor> {
         let n: usize = shape.iter().product();
@@ -45,11 +96,11 @@ fn main() -> Result<()> {
                 ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
             })
             .collect();
-        Ok(Tensor::from_vec(v, shape, &dev)?)
+        Ok(Tensor::from_vec(v, shape, &dev)?.to_dtype(dtype)?)
     };
     let (step, shapes): (Box<dyn Fn() -> Result<Tensor>>, &str) = match model {
         "unet" => {
-            let unet = UNet2DConditionModel::load(folder, DType::F32, &dev)?;
+            let unet = UNet2DConditionModel::load(folder, dtype, &dev)?;
             let x = randn(&[2, 4, 64, 64], 1)?;
             let ctx = randn(&[2, 77, 768], 2)?;
             (
@@ -58,7 +109,7 @@ fn main() -> Result<()> {
             )
         }
         "vae" => {
-            let vae = AutoencoderKL::load(folder, DType::F32, &dev)?;
+            let vae = AutoencoderKL::load(folder, dtype, &dev)?;
             let z = randn(&[1, 4, 64, 64], 3)?;
             (
                 Box::new(move || Ok(vae.decode(&z)?)),
@@ -69,19 +120,20 @@ fn main() -> Result<()> {
     };
     let loaded = status_mib("VmRSS:");
     step()?;
+    dev.synchronize()?;
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs {
         let t0 = Instant::now();
-        let y = step()?;
-        // Candle's CPU ops are eager; touching the result keeps the timing honest anyway.
-        let _ = y.dims();
+        let _y = step()?;
+        dev.synchronize()?;
         times.push(t0.elapsed().as_secs_f64() * 1e3);
     }
     let mut sorted = times.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
     let median = sorted[sorted.len() / 2];
     let line = serde_json::json!({
-        "side": "ours", "model": model, "shapes": shapes, "dtype": "f32",
+        "side": "ours", "model": model, "shapes": shapes, "dtype": format!("{dtype:?}").to_lowercase(),
+        "device": device,
         "runs_ms": times.iter().map(|t| (t * 10.0).round() / 10.0).collect::<Vec<_>>(),
         "median_ms": (median * 10.0).round() / 10.0, "min_ms": (sorted[0] * 10.0).round() / 10.0,
         "rss_loaded_mib": loaded.round(), "peak_rss_mib": status_mib("VmHWM:").round(),
