@@ -92,14 +92,40 @@ def unet_class():
     return UNet2DConditionModel, UNet2DConditionModelInputs
 
 
-def load(folder: Path, overrides=None):
-    base, wrapped = unet_class()
+def load(classes, folder: Path, overrides=None):
+    """``(base, model)``: the model of ``folder`` (``overrides`` replacing config.json values, checked), with
+    fresh storage as export_own.py's fresh_copies_, its class swapped for the wrapper of ``classes``."""
+    base, wrapped = classes()
     model = base.from_pretrained(folder, **(overrides or {})).eval()
-    with torch.no_grad():  # fresh storage, as export_own.py's fresh_copies_
+    for k, v in (overrides or {}).items():
+        assert model.config[k] == v, (folder, k)
+    with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
             t.data = t.data.clone()
     model.__class__ = wrapped
     return base, model
+
+
+def write_bundles(name, block, model, ins, folder, forward, options, trace, kwargs=None):
+    """The float32 bundle ``<name>`` (referencing ``folder``'s checkpoint) and, unless ``options["half"]`` is
+    false, its float16 twin ``<name>_f16`` (self-contained), of ``model`` on ``ins``; ``forward`` names the
+    PyTorch forward in the bundles' ``source``."""
+    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
+    weights = MODELS / folder / "diffusion_pytorch_model.safetensors"
+    OUT.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(weights, OUT).replace(os.sep, "/")
+    source = (f"diffusers 0.42.1 {forward} (scripts/export_whole.py); weights {rel}"
+              + "".join(f"; loaded with {k}={v!r} (config.json overridden)" for k, v in options.get("config", {}).items()))
+    out = OUT / f"{name}.safetensors"
+    info = export_bundle(model, block, config, ins, out, kwargs=kwargs, weights_ref=(rel, ""), trace=trace,
+                         source=source)
+    print(f"{out.relative_to(ROOT)}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}")
+    if not options.get("half", True):
+        return
+    half = OUT / f"{name}_f16.safetensors"
+    info = export_bundle(model, block, config, ins, half, kwargs=kwargs, dtype=torch.float16, trace=trace,
+                         source=f"{source}; the float32 model converted to float16 (.to(dtype)) and run in it")
+    print(f"{half.relative_to(ROOT)}  {info['bytes']} bytes  max|f16-f64| {info['max_abs_diff_f64']}")
 
 
 def inputs(model, batch, size, seed):
@@ -119,9 +145,7 @@ def inputs(model, batch, size, seed):
 def export(name, spec, trace="modules"):
     folder, batch, size, timestep, seed, *rest = spec
     options = rest[0] if rest else {}
-    base, model = load(MODELS / folder, options.get("config"))
-    for k, v in options.get("config", {}).items():
-        assert model.config[k] == v, (name, k)
+    base, model = load(unet_class, MODELS / folder, options.get("config"))
     ins = inputs(model, batch, size, seed)
     kwargs = {"timestep": timestep}
     # the repacked forward is diffusers' own, bit for bit
@@ -130,26 +154,11 @@ def export(name, spec, trace="modules"):
         if "text_embeds" in ins:
             added = {"text_embeds": ins["text_embeds"], "time_ids": ins["time_ids"]}
         want = base.forward(model, ins["sample"], timestep, ins["encoder_hidden_states"], added_cond_kwargs=added,
-                     return_dict=False)[0]
+                            return_dict=False)[0]
         got = model(**ins, **kwargs)
     assert torch.equal(want, got), name
-    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
-    weights = MODELS / folder / "diffusion_pytorch_model.safetensors"
-    OUT.mkdir(parents=True, exist_ok=True)
-    rel = os.path.relpath(weights, OUT).replace(os.sep, "/")
-    source = (f"diffusers 0.42.1 UNet2DConditionModel.forward, arguments repacked (scripts/export_whole.py); "
-              f"weights {rel}" + "".join(f"; loaded with {k}={v!r} (config.json overridden)"
-                                         for k, v in options.get("config", {}).items()))
-    out = OUT / f"{name}.safetensors"
-    info = export_bundle(model, BLOCK, config, ins, out, kwargs=kwargs, weights_ref=(rel, ""), trace=trace,
-                         source=source)
-    print(f"{out.relative_to(ROOT)}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}")
-    if not options.get("half", True):
-        return
-    half = OUT / f"{name}_f16.safetensors"
-    info = export_bundle(model, BLOCK, config, ins, half, kwargs=kwargs, dtype=torch.float16, trace=trace,
-                         source=f"{source}; the float32 model converted to float16 (.to(dtype)) and run in it")
-    print(f"{half.relative_to(ROOT)}  {info['bytes']} bytes  max|f16-f64| {info['max_abs_diff_f64']}")
+    write_bundles(name, BLOCK, model, ins, folder, "UNet2DConditionModel.forward, arguments repacked", options,
+                  trace, kwargs=kwargs)
 
 
 def vae_class():
@@ -167,36 +176,14 @@ def vae_class():
 def export_vae(name, spec, trace="modules"):
     folder, batch, size, seed, *rest = spec
     options = rest[0] if rest else {}
-    base, wrapped = vae_class()
-    model = base.from_pretrained(MODELS / folder, **options.get("config", {})).eval()
-    for k, v in options.get("config", {}).items():
-        assert model.config[k] == v, (name, k)
-    with torch.no_grad():
-        for t in list(model.parameters()) + list(model.buffers()):
-            t.data = t.data.clone()
-    model.__class__ = wrapped
+    base, model = load(vae_class, MODELS / folder, options.get("config"))
     g = torch.Generator().manual_seed(seed)
     ins = OrderedDict(sample=torch.rand(batch, model.config.in_channels, *size, generator=g) * 2 - 1)
     with torch.no_grad():
         want = base.forward(model, ins["sample"], sample_posterior=False, return_dict=False)[0]
         got = model(**ins)
     assert torch.equal(want, got), name
-    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
-    weights = MODELS / folder / "diffusion_pytorch_model.safetensors"
-    OUT.mkdir(parents=True, exist_ok=True)
-    rel = os.path.relpath(weights, OUT).replace(os.sep, "/")
-    source = (f"diffusers 0.42.1 AutoencoderKL.forward(sample_posterior=False) (scripts/export_whole.py); "
-              f"weights {rel}" + "".join(f"; loaded with {k}={v!r} (config.json overridden)"
-                                         for k, v in options.get("config", {}).items()))
-    out = OUT / f"{name}.safetensors"
-    info = export_bundle(model, VAE_BLOCK, config, ins, out, weights_ref=(rel, ""), trace=trace, source=source)
-    print(f"{out.relative_to(ROOT)}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}")
-    if not options.get("half", True):
-        return
-    half = OUT / f"{name}_f16.safetensors"
-    info = export_bundle(model, VAE_BLOCK, config, ins, half, dtype=torch.float16, trace=trace,
-                         source=f"{source}; the float32 model converted to float16 (.to(dtype)) and run in it")
-    print(f"{half.relative_to(ROOT)}  {info['bytes']} bytes  max|f16-f64| {info['max_abs_diff_f64']}")
+    write_bundles(name, VAE_BLOCK, model, ins, folder, "AutoencoderKL.forward(sample_posterior=False)", options, trace)
 
 
 def main(argv=None) -> int:
