@@ -306,8 +306,8 @@ impl AutoencoderKL {
     /// `diffusion_pytorch_model.safetensors` (or its shards), the weights converted to `dtype`.
     /// Strict: weights the model does not read are refused by name.
     pub fn load(folder: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Self> {
-        let folder = ModelFolder::open(folder.as_ref(), Self::BLOCK, "AutoencoderKL")?;
-        let cfg = AutoencoderKLConfig::from_config_json(&folder.kwargs)?;
+        let folder = ModelFolder::open(folder.as_ref(), Self::BLOCK)?;
+        let cfg = AutoencoderKLConfig::from_config_json(&folder.config)?;
         folder.build(Self::BLOCK, dtype, device, |vb| Self::new(vb, &cfg))
     }
 

@@ -22,20 +22,18 @@ use std::sync::Mutex;
 /// The most `config.json` or an index may hold: real ones are a few KiB.
 const MAX_JSON_BYTES: u64 = 4 << 20;
 
-/// A model folder's config (the `config.json` object, `_`-keys dropped) and its weights.
+/// A model folder's `config.json` (as read: the model's config parses it, checking the class) and
+/// its weight files.
 pub(crate) struct ModelFolder {
-    pub kwargs: Value,
+    pub config: Value,
     files: Vec<PathBuf>,
 }
 
 impl ModelFolder {
-    /// Read `folder`'s `config.json` (its `_class_name`, when present, must be `class`) and find
-    /// its weight files.
-    pub fn open(folder: &Path, block: &'static str, class: &str) -> Result<Self> {
-        let config = read_json(&folder.join("config.json"), block)?;
-        let kwargs = crate::config::class_kwargs(block, &config, class)?;
+    /// Read `folder`'s `config.json` and find its weight files.
+    pub fn open(folder: &Path, block: &'static str) -> Result<Self> {
         Ok(Self {
-            kwargs,
+            config: read_json(&folder.join("config.json"), block)?,
             files: weight_files(folder, block)?,
         })
     }

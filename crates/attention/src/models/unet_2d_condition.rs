@@ -159,8 +159,8 @@ impl UNet2DConditionModel {
     /// weights converted to `dtype`. Strict: weights the model does not read are refused by name
     /// (`models::folder`).
     pub fn load(folder: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Self> {
-        let folder = ModelFolder::open(folder.as_ref(), Self::BLOCK, "UNet2DConditionModel")?;
-        let cfg = UNet2DConditionModelConfig::from_config_json(&folder.kwargs)?;
+        let folder = ModelFolder::open(folder.as_ref(), Self::BLOCK)?;
+        let cfg = UNet2DConditionModelConfig::from_config_json(&folder.config)?;
         folder.build(Self::BLOCK, dtype, device, |vb| Self::new(vb, &cfg))
     }
 
