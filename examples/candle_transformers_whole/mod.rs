@@ -35,6 +35,23 @@ pub fn row(model: &str, who: &str, dtype: DType, report: Result<PortReport>) -> 
     (model.to_string(), who.to_string(), dtype, numbers)
 }
 
+/// Print the stages of candle-transformers' public blocks assembled as its whole model `whole`
+/// (`report`), once `same` (max |assembled − whole| on the bundle's inputs) shows the assembly is
+/// that model bit for bit.
+pub fn print_assembled(report: &PortReport, same: Option<f64>, whole: &str) -> Result<()> {
+    use anyhow::Context;
+    let same = same.context("the forward did not run")?;
+    if same != 0.0 {
+        anyhow::bail!("candle-transformers' blocks assembled differ from its {whole} by {same:.2e}");
+    }
+    println!("  candle-transformers' blocks, assembled as its {whole} (the same output, bit for bit):");
+    for s in report.trace.stages.iter().filter(|s| s.compare.is_some()) {
+        let c = s.compare.as_ref().context("compare")?;
+        println!("    {:<24} max abs {:>9.2e}  {}", s.stage, c.max_abs, s.status);
+    }
+    Ok(())
+}
+
 /// Run every whole-model bundle, then print the table (Markdown, as docs/candle-transformers.md
 /// records it).
 pub fn run(paths: &[&Path]) -> Result<()> {

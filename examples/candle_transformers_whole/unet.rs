@@ -328,15 +328,7 @@ fn assembled(check: &PortCheck, cfg: &unet_2d::UNet2DConditionModelConfig, in_ch
         same = Some(max_abs(&out, &whole.forward(x, t, ehs)?)?);
         anyhow::Ok(out)
     })?;
-    let same = same.context("the forward did not run")?;
-    if same != 0.0 {
-        bail!("candle-transformers' blocks assembled differ from its UNet2DConditionModel by {same:.2e}");
-    }
-    println!("  candle-transformers' blocks, assembled as its UNet2DConditionModel (the same output, bit for bit):");
-    for s in report.trace.stages.iter().filter(|s| s.compare.is_some()) {
-        let c = s.compare.as_ref().context("compare")?;
-        println!("    {:<24} max abs {:>9.2e}  {}", s.stage, c.max_abs, s.status);
-    }
+    super::print_assembled(&report, same, "UNet2DConditionModel")?;
     println!(
         "    first divergent module: {}",
         report.first_divergence().unwrap_or("none (every output passes)")

@@ -311,15 +311,7 @@ fn assembled(check: &PortCheck, cfg: &vae::AutoEncoderKLConfig, in_ch: usize, ou
         same = Some(max_abs(&out, &whole.decode(&whole.encode(x)?.sample()?)?)?);
         anyhow::Ok(out)
     })?;
-    let same = same.context("the forward did not run")?;
-    if same != 0.0 {
-        bail!("candle-transformers' VAE blocks assembled differ from its AutoEncoderKL by {same:.2e}");
-    }
-    println!("  candle-transformers' VAE blocks, assembled as its AutoEncoderKL (the same output, bit for bit):");
-    for s in report.trace.stages.iter().filter(|s| s.compare.is_some()) {
-        let c = s.compare.as_ref().context("compare")?;
-        println!("    {:<24} max abs {:>9.2e}  {}", s.stage, c.max_abs, s.status);
-    }
+    super::print_assembled(&report, same, "AutoEncoderKL")?;
     let first = report.first_divergence().unwrap_or("none (every output passes)");
     println!("    first divergent module: {first}");
     Ok(())
