@@ -40,6 +40,9 @@ def parse_args(argv=None):
     p.add_argument("--max-elements", type=int, default=200_000)
     p.add_argument("--shard", default="0/1", help="K/M: this process makes the indices i with i %% M == K")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    p.add_argument("--conditions", choices=("all", "classic"), default="all",
+                   help="all: every input and weight condition of calibration/generate.py (default); classic: "
+                   "normal, outlier and ill only (the calibration before 2026-12)")
     return p.parse_args(argv)
 
 
@@ -82,11 +85,12 @@ def main(argv=None) -> int:
     from export.common import _diffusers_quiet
 
     _diffusers_quiet()
-    from calibration.generate import bundle_id, generate_one, recipe, short_line
+    from calibration.generate import CLASSIC_CONDITIONS, CONDITIONS, bundle_id, generate_one, recipe, short_line
     from calibration.templates import all_templates
 
     out.mkdir(parents=True, exist_ok=True)
     templates = all_templates([t for t in args.families.split(",") if t])
+    conditions = CLASSIC_CONDITIONS if args.conditions == "classic" else CONDITIONS
     seen = done_ids(out)
     stats = {"written": 0, "skipped": 0, "error": 0, "resumed": 0}
     t_start = time.perf_counter()
@@ -97,9 +101,9 @@ def main(argv=None) -> int:
             continue
         t0 = time.perf_counter()
         try:
-            entry = generate_one(out, templates, args.seed, index, args.max_elements)
+            entry = generate_one(out, templates, args.seed, index, args.max_elements, conditions)
         except Exception as e:  # logged, and on to the next bundle
-            r = recipe(templates, args.seed, index)
+            r = recipe(templates, args.seed, index, conditions)
             entry = {"id": bid, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                      "block": r["template"].block, "template": r["template"].name, "dtype": r["dtype"],
                      "condition": r["condition"], "seconds": round(time.perf_counter() - t0, 3)}

@@ -5,9 +5,10 @@ mistake, the way a wrong port would compute. Each bug is a context manager that 
 * ``eps``: every normalization module's ``eps`` (GroupNorm, LayerNorm, GroupNorm32, BatchNorm,
   diffusers RMSNorm / LpNorm / AdaGroupNorm, ...: any module whose class name contains "Norm"
   and holds a float ``eps``) multiplied by 10 - an eps swap 1e-6 <-> 1e-5;
-* ``scale``: the attention logits x 1.05: ``F.scaled_dot_product_attention`` given
-  ``scale = (scale or 1/sqrt(E)) * 1.05``, and every softmax (``Tensor.softmax``, which
-  ``F.softmax`` calls, and ``torch.softmax``) applied to its input x 1.05;
+* ``scale`` (and ``scale_1.01``, ``scale_1.1``): the attention logits x 1.05 (x 1.01, x 1.1):
+  ``F.scaled_dot_product_attention`` given ``scale = (scale or 1/sqrt(E)) * 1.05``, and every
+  softmax (``Tensor.softmax``, which ``F.softmax`` calls, and ``torch.softmax``) applied to its
+  input x 1.05;
 * ``gelu_tanh``: ``F.gelu`` always with ``approximate="tanh"``;
 * ``no_upcast`` (float16 / bfloat16 bundles): attention and softmax entirely in the half dtype -
   ``F.scaled_dot_product_attention`` replaced by the explicit math (q k^T * scale, mask, softmax,
@@ -15,7 +16,9 @@ mistake, the way a wrong port would compute. Each bug is a context manager that 
   float32 tensor that the block upcast computed in the half dtype;
 * ``head_split``: ``F.scaled_dot_product_attention`` with more than one head given q, k, v whose
   channels are grouped (dim_head, heads) instead of (heads, dim_head), the output merged back the
-  same wrong way.
+  same wrong way;
+* ``kv_swap``: ``F.scaled_dot_product_attention`` given the values as keys and the keys as values
+  (where the two have the same shape).
 
 PyTorch's fused MultiheadAttention fast path (which no Python patch reaches) is switched off
 during every bug run. A bug is stored only where it changes some output in the bundle's dtype.
@@ -29,7 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-BUGS = ("eps", "scale", "gelu_tanh", "no_upcast", "head_split")
+BUGS = ("eps", "scale", "scale_1.01", "scale_1.1", "gelu_tanh", "no_upcast", "head_split", "kv_swap")
 HALF = (torch.float16, torch.bfloat16)
 SCALE = 1.05
 
@@ -77,23 +80,32 @@ def eps_bug(module, dtype):
             m.eps = eps
 
 
+def scale_bug(factor):
+    @contextlib.contextmanager
+    def bug(module, dtype):
+        with _scaled_logits(factor):
+            yield True
+
+    return bug
+
+
 @contextlib.contextmanager
-def scale_bug(module, dtype):
+def _scaled_logits(factor):
     sdpa, tsm, tsoft = F.scaled_dot_product_attention, torch.Tensor.softmax, torch.softmax
 
     def sdpa_scaled(query, key, value, *args, scale=None, **kwargs):
         s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
-        return sdpa(query, key, value, *args, scale=s * SCALE, **kwargs)
+        return sdpa(query, key, value, *args, scale=s * factor, **kwargs)
 
     def tensor_softmax(self, *args, **kwargs):
-        return tsm(self * SCALE, *args, **kwargs)
+        return tsm(self * factor, *args, **kwargs)
 
     def torch_softmax(input, *args, **kwargs):
-        return tsoft(input * SCALE, *args, **kwargs)
+        return tsoft(input * factor, *args, **kwargs)
 
     with _patch(F, "scaled_dot_product_attention", sdpa_scaled), _patch(torch.Tensor, "softmax", tensor_softmax), \
             _patch(torch, "softmax", torch_softmax):
-        yield True
+        yield
 
 
 @contextlib.contextmanager
@@ -177,14 +189,31 @@ def head_split_bug(module, dtype):
         yield True
 
 
-BUG_CONTEXTS = {"eps": eps_bug, "scale": scale_bug, "gelu_tanh": gelu_tanh_bug, "no_upcast": no_upcast_bug,
-                "head_split": head_split_bug}
+@contextlib.contextmanager
+def kv_swap_bug(module, dtype):
+    sdpa = F.scaled_dot_product_attention
+
+    def sdpa_swapped(query, key, value, *args, **kwargs):
+        if key.shape != value.shape:
+            return sdpa(query, key, value, *args, **kwargs)
+        return sdpa(query, value, key, *args, **kwargs)
+
+    with _patch(F, "scaled_dot_product_attention", sdpa_swapped):
+        yield True
 
 
-def run_bugs(module, dtype, run):
+BUG_CONTEXTS = {"eps": eps_bug, "scale": scale_bug(SCALE), "scale_1.01": scale_bug(1.01), "scale_1.1": scale_bug(1.1),
+                "gelu_tanh": gelu_tanh_bug, "no_upcast": no_upcast_bug, "head_split": head_split_bug,
+                "kv_swap": kv_swap_bug}
+
+
+def run_bugs(module, dtype, run, module64=None, run64=None):
     """``{bug: outputs}`` for every bug whose run gives finite outputs differing from the honest
     ones; ``run()`` runs the module on the bundle's inputs and returns its named outputs (the
-    honest ones first, outside any patch)."""
+    honest ones first, outside any patch). With ``module64`` / ``run64`` (the float64 copy and its
+    run) each found bug's outputs also hold ``<output>.float64``: the float64 copy run with the
+    same bug, the twin a bundle exported from the wrong module would carry (the bug "on the
+    reference side"); absent where the bug does not change the float64 run (``no_upcast``)."""
     honest = run()
     found = {}
     for bug in BUGS:
@@ -200,5 +229,20 @@ def run_bugs(module, dtype, run):
         if any(not torch.isfinite(t).all() for t in outs.values() if t.is_floating_point()):
             continue
         if any(not torch.equal(outs[k], honest[k]) for k in honest):
-            found[bug] = outs
+            found[bug] = dict(outs)
+            if run64 is not None:
+                found[bug].update(_float64_bug(bug, module64, run64))
     return honest, found
+
+
+def _float64_bug(bug, module64, run64) -> dict:
+    """``{"<output>.float64": tensor}``: the float64 copy's outputs with ``bug`` planted (empty where
+    it does not apply in float64 or fails)."""
+    with _no_mha_fastpath(), BUG_CONTEXTS[bug](module64, torch.float64) as applies:
+        if not applies:
+            return {}
+        try:
+            outs = run64()
+        except Exception:
+            return {}
+    return {f"{k}.float64": v for k, v in outs.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}

@@ -31,6 +31,8 @@ import torch
 # the most positions (H * W, or tokens / time steps) a plan gives the main input, and the longest side
 MAX_POSITIONS = 576
 MAX_SIDE = 48
+# the most positions of a "long" plan (200 to this many tokens)
+LONG_POSITIONS = 600
 
 
 def _config_ints(config) -> set:
@@ -83,9 +85,10 @@ def layout(template):
     return main, 0, [], nd - 1
 
 
-def candidate_plans(template, rng, max_elements):
+def candidate_plans(template, rng, max_elements, long=False):
     """Plans to try in order: new batch and sizes, new sizes only, new batch only, the template's
-    own sizes. A plan is ``{"batch": B or None, "sizes": {dim: size}}`` for the main input."""
+    own sizes. A plan is ``{"batch": B or None, "sizes": {dim: size}}`` for the main input. ``long``:
+    200-600 positions (long sequences), batch 1-2."""
     main, bdim, dims, _ = layout(template)
     if main is None:
         return [{"batch": None, "sizes": {}}]
@@ -96,16 +99,20 @@ def candidate_plans(template, rng, max_elements):
     # fewer where the main input's other dims would take the outputs past max_elements
     per_item = math.prod(s for d, s in enumerate(shape) if d not in dims and d != bdim)
     cap = max(4, min(MAX_POSITIONS, max_elements // (4 * max(1, per_item) * (batch or 1))))
+    low = 4
+    if long:
+        batch = rng.choice([1, 2]) if bdim is not None else None
+        low, cap = 200, max(200, min(LONG_POSITIONS, max_elements // (max(1, per_item) * (batch or 1))))
     if len(dims) == 2:
-        n = math.exp(rng.uniform(math.log(4), math.log(cap)))
+        n = math.exp(rng.uniform(math.log(low), math.log(cap)))
         a = math.exp(rng.uniform(-0.6, 0.6))
-        h = max(1, min(MAX_SIDE, round(math.sqrt(n) * a)))
+        h = max(1, min(MAX_SIDE if not long else 64, round(math.sqrt(n) * a)))
         w = max(1, min(MAX_SIDE, round(n / h)))
         if h * w < 2:
             w = 2
         sizes = {dims[0]: h, dims[1]: w}
     elif len(dims) == 1:
-        sizes = {dims[0]: max(2, round(math.exp(rng.uniform(math.log(2), math.log(cap)))))}
+        sizes = {dims[0]: max(2, round(math.exp(rng.uniform(math.log(max(2, low)), math.log(cap)))))}
     plans = []
     for p in ({"batch": batch, "sizes": sizes}, {"batch": None, "sizes": sizes},
               {"batch": batch, "sizes": {}}, {"batch": None, "sizes": {}}):
@@ -203,3 +210,75 @@ def apply_offset(template, inputs, offset):
 
 def elements(outputs) -> int:
     return sum(int(t.numel()) for t in outputs.values())
+
+
+def scale_channels(template, inputs, rng, gen):
+    """One to three channels of the main input multiplied by 100-1000 (a few "massive" channels, as in
+    real models' activations). Returns ``(inputs, description)``."""
+    main, _, _, cdim = layout(template)
+    if main is None or inputs[main].dim() < 2:
+        return inputs, "no channel to scale"
+    x = inputs[main].clone()
+    channels = rng.sample(range(x.shape[cdim]), min(x.shape[cdim], rng.randint(1, 3)))
+    factors = [10 ** rng.uniform(2, 3) for _ in channels]
+    for c, f in zip(channels, factors):
+        x.select(cdim, c).mul_(f)
+    new = OrderedDict((k, x if v is inputs[main] else v) for k, v in inputs.items())
+    return new, "channels " + ", ".join(f"{c} x {f:.3g}" for c, f in zip(channels, factors)) + f" (dim {cdim}) of {main}"
+
+
+def near_constant(template, inputs, rng, gen):
+    """Every data input replaced by a constant plus noise of 1e-3 to 1e-5 of it (near-constant
+    inputs: GroupNorm's variance near 0, attention scores nearly equal)."""
+    new, memo, what = OrderedDict(), {}, []
+    for k, v in inputs.items():
+        if id(v) in memo:
+            new[k] = memo[id(v)]
+            continue
+        if is_data(v):
+            level = rng.choice([-1, 1]) * 10 ** rng.uniform(-1, 1)
+            rel = 10 ** rng.uniform(-5, -3)
+            memo[id(v)] = level * (1 + rel * torch.randn(v.shape, generator=gen))
+            what.append(f"{k} = {level:.3g} (1 + {rel:.1e} N(0,1))")
+        else:
+            memo[id(v)] = v
+        new[k] = memo[id(v)]
+    return new, "; ".join(what) or "no data input"
+
+
+def mean_shift(template, inputs, rng, gen):
+    """The main input with a mean of +-30..70 (its spread kept)."""
+    offset = rng.choice([-1, 1]) * rng.uniform(30, 70)
+    return apply_offset(template, inputs, offset)
+
+
+def mask_inputs(inputs):
+    """The names of the additive (floating) mask inputs: floating tensors with at most three
+    distinct values, one of them 0."""
+    return [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+            and not is_data(v) and v.numel() > 1 and bool((v == 0).any())]
+
+
+def large_masks(template, inputs, rng, gen, dtype):
+    """Every additive mask input redrawn: each (batch, query) row keeps a random prefix or suffix of
+    its keys (left or right padding, at least one key kept) and masks the rest with a large finite
+    value (``finfo(dtype).min``, -1e9, -1e4), the conventions of HF and ``masked_fill``. Returns
+    ``(inputs, description)``; unchanged when the template has no additive mask."""
+    names = mask_inputs(inputs)
+    if not names:
+        return inputs, "no additive mask"
+    value = rng.choice([torch.finfo(dtype).min, -1e9, -1e4])
+    new = OrderedDict(inputs)
+    for k in names:
+        m = inputs[k]
+        keys = m.shape[-1]
+        rows = m.reshape(-1, keys).shape[0]
+        out = torch.zeros(rows, keys, dtype=m.dtype)
+        for r in range(rows):
+            keep = rng.randint(1, keys)
+            if rng.random() < 0.5:
+                out[r, keep:] = value
+            else:
+                out[r, : keys - keep] = value
+        new[k] = out.reshape(m.shape)
+    return new, f"masks {names} redrawn with {value:.3g} (left / right padding)"

@@ -46,7 +46,7 @@ class Template:
     kwargs: dict | None
     inputs: "OrderedDict[str, torch.Tensor]"
     half: str | None
-    kind: str                      # "attention" or "mid"
+    kind: str                      # "attention", "mid" or "whole"
     state_keys: tuple = ()
     half_input_dtypes: dict | None = field(default=None)
     half_rejected: str | None = None
@@ -61,6 +61,8 @@ class Template:
             from attention_bundles.blocks import build_module
 
             return build_module(self.block, self.config, self.state_keys, self.source)
+        if self.kind == "whole":
+            return build_whole(self.block, self.config)
         from export.blocks import build_module
 
         return build_module(self.block, self.config)
@@ -133,6 +135,43 @@ def mid_templates(folder: Path = MID_DIR) -> list[Template]:
     return out
 
 
+WHOLE_MODELS = (("diffusers_sd1", "diffusers.UNet2DConditionModel"), ("diffusers_sd2", "diffusers.UNet2DConditionModel"),
+                ("diffusers_sdxl", "diffusers.UNet2DConditionModel"), ("diffusers_vae", "diffusers.AutoencoderKL"))
+
+
+def build_whole(block: str, config: dict) -> nn.Module:
+    """A whole model from its config with export_whole.py's forward (arguments as tensors and JSON)."""
+    from export_whole import BLOCK, unet_class, vae_class
+
+    base, wrapped = (unet_class if block == BLOCK else vae_class)()
+    model = base.from_config(config)
+    model.__class__ = wrapped
+    return model
+
+
+def whole_templates(folder: Path = MID_DIR.parent / "models") -> list[Template]:
+    """The whole models of ``weights/whole/`` (the tiny SD 1.x / 2.x / XL U-Nets and the VAE), rebuilt
+    from their folders' config.json, inputs as ``scripts/export_whole.py`` makes them."""
+    from export_whole import inputs as unet_inputs
+
+    out = []
+    for name, block in WHOLE_MODELS:
+        config = {k: v for k, v in json.loads((folder / name / "config.json").read_text()).items()
+                  if not k.startswith("_")}
+        model = build_whole(block, config)
+        if block == "diffusers.AutoencoderKL":
+            g = torch.Generator().manual_seed(0)
+            ins = OrderedDict(sample=torch.rand(2, config["in_channels"], 8, 6, generator=g) * 2 - 1)
+            kwargs = None
+        else:
+            ins, kwargs = unet_inputs(model, 2, (6, 4), 0), {"timestep": 999.0}
+        out.append(Template(name=f"whole:{name}", block=block, config=config,
+                            source=f"diffusers 0.42.1 {type(model).__mro__[1].__name__}.forward (calibration, "
+                                   "scripts/calibration/templates.py)",
+                            kwargs=kwargs, inputs=ins, half="to", kind="whole"))
+    return out
+
+
 def half_runs(template, dtype) -> str | None:
     """``None`` if PyTorch runs the template (its own inputs, seed-0 weights) in ``dtype`` in its
     half form, else the first line of PyTorch's error (e.g. the SD 2.x CrossAttention, whose fp32
@@ -157,7 +196,7 @@ def all_templates(families=None) -> list[Template]:
     those matching ``families`` (see ``Template.matches``). A template PyTorch cannot run in
     float16 or bfloat16 on the CPU gets ``half = None`` (float32 bundles only) and the reason in
     ``half_rejected``."""
-    ts = attention_templates() + mid_templates()
+    ts = attention_templates() + mid_templates() + whole_templates()
     if families:
         ts = [t for t in ts if t.matches(families)]
     if not ts:

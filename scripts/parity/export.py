@@ -36,6 +36,7 @@ def export_bundle(
     input_dtypes: Mapping[str, torch.dtype] | None = None,
     trace: bool | str = True,
     extra_metadata: Mapping[str, str] | None = None,
+    float64_casts: str = "off",
 ) -> dict:
     """Run ``module`` on ``inputs`` and write a format-"1" parity bundle to ``path``.
 
@@ -59,6 +60,11 @@ def export_bundle(
             under legacy key names).
         prepare_float64: called on the float64 copy before it runs (to switch off other
             in-block upcasts).
+        float64_casts: ``"off"`` (default): the float64 copy runs with its in-block float32 casts
+            switched off (``parity.float64.float64_copy``; docs/bundle-format.md, "The float64
+            twin"); ``"kept"``: a plain ``copy.deepcopy(module).double()``, the published forward's
+            ``.float()`` casts left in (what a user who calls ``.double()`` gets). ``check`` confirms
+            either convention.
         weights_ref: ``(relpath, prefix)`` or ``(relpath, prefix, key)``: write a *referencing*
             bundle that holds no state dict. The weights live in the checkpoint file ``relpath``
             (relative to the bundle's folder; safetensors, or a zip-format ``torch.save`` pickle)
@@ -108,7 +114,7 @@ def export_bundle(
     module.eval()
     ins = _inputs_to_store(inputs, dtype, input_dtypes)
     outs = _run_in_dtype(module, block, ins, kwargs, output_names, dtype, converted)
-    m64 = float64_copy(module, prepare_float64)
+    m64 = float64_copy(module, prepare_float64, casts=float64_casts)
     outs64 = run_module(m64, cast_inputs(ins, torch.float64), kwargs, output_names)
     if list(outs64) != list(outs):
         raise RuntimeError(f"float64 run gave outputs {list(outs64)}, expected {list(outs)}")

@@ -103,10 +103,27 @@ def _disable_upcasts(module: nn.Module) -> None:
             sub.forward = types.MethodType(_rms_norm_forward_keep_dtype, sub)
 
 
-def float64_copy(module: nn.Module, prepare: Callable[[nn.Module], None] | None = None) -> nn.Module:
-    """Deep copy of ``module`` in float64 with in-block float32 upcasts disabled."""
+def _run_group_norm32_in_float64(module: nn.Module) -> None:
+    """``GroupNorm32`` as a plain ``nn.GroupNorm``: its ``super().forward(x.float())`` cannot run with
+    float64 weights (PyTorch's CPU kernel refuses the mixed dtypes), so even a plain ``.double()``
+    twin needs this one cast switched off."""
+    for sub in module.modules():
+        if type(sub).__name__ == "GroupNorm32" and isinstance(sub, nn.GroupNorm):
+            sub.forward = types.MethodType(nn.GroupNorm.forward, sub)
+
+
+def float64_copy(module: nn.Module, prepare: Callable[[nn.Module], None] | None = None,
+                 casts: str = "off") -> nn.Module:
+    """Deep copy of ``module`` in float64 with in-block float32 upcasts disabled (``casts="off"``), or
+    left as the published forward has them (``casts="kept"``: a plain ``.double()``, but for
+    ``GroupNorm32``, which PyTorch cannot run that way)."""
+    if casts not in ("off", "kept"):
+        raise ValueError(f"casts={casts!r}: 'off' or 'kept'")
     m64 = copy.deepcopy(module).double().eval()
-    _disable_upcasts(m64)
+    if casts == "off":
+        _disable_upcasts(m64)
+    else:
+        _run_group_norm32_in_float64(m64)
     if prepare is not None:
         prepare(m64)
     return m64

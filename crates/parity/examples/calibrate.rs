@@ -62,6 +62,10 @@ fn main() -> Res<()> {
     let lane = option("--lane")?.unwrap_or_else(|| "default".into());
     // `--half validate`: only the validation half (a slow lane, e.g. aarch64 under qemu).
     let only_half = option("--half")?;
+    // `--dump`: beside each bundle, `<id>.ours.<lane>.safetensors` with our outputs (`ours/<output>`)
+    // and our float64 run's (`ours64/<output>`), as float64, for the rule's prototypes
+    // (scripts/calibration/rule.py).
+    let dump = args.iter().any(|a| a == "--dump");
     let manifest = std::fs::File::open(dir.join("manifest.jsonl"))?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -82,7 +86,9 @@ fn main() -> Res<()> {
         }
         base.insert("lane".into(), lane.clone().into());
         let path = resolve(&dir, entry["path"].as_str().unwrap_or_default());
-        for record in bundle_lines(&path).unwrap_or_else(|e| vec![json!({"kind": "error", "error": e.to_string()})]) {
+        let dump_to = dump.then(|| path.with_extension(format!("ours.{lane}.safetensors")));
+        let lines = bundle_lines(&path, dump_to.as_deref());
+        for record in lines.unwrap_or_else(|e| vec![json!({"kind": "error", "error": e.to_string()})]) {
             let mut line = base.clone();
             line.extend(record.as_object().cloned().unwrap_or_default());
             writeln!(out, "{}", Value::Object(line))?;
@@ -103,7 +109,7 @@ fn resolve(dir: &Path, path: &str) -> PathBuf {
 /// Every line of one bundle: the twins, our outputs and stages, the planted bugs. Measured
 /// directly with [`compare`] (the library's rule), never through a check that could refuse the
 /// bundle, so that the twins' bounds are chosen from the data too.
-fn bundle_lines(path: &Path) -> Res<Vec<Value>> {
+fn bundle_lines(path: &Path, dump: Option<&Path>) -> Res<Vec<Value>> {
     let bundle = Bundle::read(path)?;
     let dtype = bundle.run_dtype()?;
     let (rtol, atol) = default_tolerance(dtype);
@@ -113,6 +119,9 @@ fn bundle_lines(path: &Path) -> Res<Vec<Value>> {
         .iter()
         .map(|t| t.to_device(&candle_core::Device::Cpu))
         .collect::<candle_core::Result<Vec<_>>>()?;
+    if let Some(to) = dump {
+        dump_runs(&bundle, &ours, to)?;
+    }
     let mut lines = vec![];
     for (name, ours) in bundle.outputs.iter().zip(&ours) {
         let (Some(t), Some(r)) = (bundle.output(name), bundle.output_f64(name)) else {
@@ -162,6 +171,30 @@ fn bundle_lines(path: &Path) -> Res<Vec<Value>> {
         lines.push(line);
     }
     Ok(lines)
+}
+
+/// Our outputs and our float64 run's, as float64, into `to` (see `--dump`).
+fn dump_runs(bundle: &Bundle, ours: &[Tensor], to: &Path) -> Res<()> {
+    let opts = Options {
+        dtype: Some(DType::F64),
+        ..Options::default()
+    };
+    let prepared = prepare_bundle(bundle, &opts)?;
+    let ours64 = prepared.block.run(&prepared.inputs)?;
+    let mut tensors = std::collections::HashMap::new();
+    for (index, name) in bundle.outputs.iter().enumerate() {
+        if let Some(o) = ours.get(index) {
+            tensors.insert(format!("ours/{name}"), o.to_dtype(DType::F64)?);
+        }
+        if let Some(o) = ours64.get(index) {
+            tensors.insert(
+                format!("ours64/{name}"),
+                o.to_device(&candle_core::Device::Cpu)?.to_dtype(DType::F64)?,
+            );
+        }
+    }
+    candle_core::safetensors::save(&tensors, to)?;
+    Ok(())
 }
 
 fn factor(f: Option<f64>) -> Value {
