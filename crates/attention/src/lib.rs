@@ -30,7 +30,8 @@
 //! `docs/architecture.md` explains the layers.
 //!
 //! 1. [`error`], `test_support` — the error type ([`Error`], [`Result`]); what the tests share.
-//! 2. [`config`], [`trace`] — configs read from PyTorch kwargs; the trace recorder.
+//! 2. [`config`], [`trace`], [`float64_run`] — configs read from PyTorch kwargs; the trace recorder;
+//!    how a float64 run treats PyTorch's float32 steps (the twin conventions).
 //! 3. `cpu`, `cuda_plan` — the bottom of the CPU kernels: instruction set, cache sizes, settings,
 //!    scratch, `exp`/`erf`, the AVX2 and AVX-512 microkernels, `contiguous`; the fused CUDA
 //!    attention kernel's launch plan (pure arithmetic, run through the CPU emulation in tests).
@@ -83,6 +84,7 @@ pub mod ddpm;
 pub mod diffusers;
 pub mod error;
 pub mod fastai;
+pub mod float64_run;
 pub mod heads;
 pub mod layers;
 pub mod ldm;

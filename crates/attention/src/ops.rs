@@ -36,6 +36,19 @@ pub fn upcast(x: &Tensor) -> Result<Tensor> {
     x.to_dtype(compute_dtype(x.dtype()))
 }
 
+/// `x.float()` written in a published forward (guided-diffusion's `softmax(weight.float())`,
+/// diffusers' `upcast_attention` / `upcast_softmax`): f16/bf16 to f32; f32 unchanged; f64
+/// unchanged, or rounded to f32 where the float64 run keeps the published casts
+/// ([`crate::float64_run::Casts::Kept`]: a plain `.double()` twin).
+pub fn published_float(x: &Tensor) -> Result<Tensor> {
+    let kept = crate::float64_run::casts_kept();
+    match x.dtype() {
+        DType::F64 if kept => x.to_dtype(DType::F32),
+        DType::F64 => Ok(x.clone()),
+        _ => upcast(x),
+    }
+}
+
 /// Round `x` to `dtype` and back to `x`'s dtype: a cast point of the PyTorch code.
 pub fn round_through(x: &Tensor, dtype: DType) -> Result<Tensor> {
     if dtype == x.dtype() {

@@ -88,9 +88,13 @@ impl AlphaBlender {
                     )
                 })?;
                 let (b, f) = ioi.dims2()?;
+                // torch.where(bool, torch.ones(1, 1) (float32), sigmoid(mix_factor)): the result in
+                // the promotion of float32 and the parameter's dtype (float32 in a half run,
+                // float64 in a float64 one)
+                let promoted = if param == DType::F64 { DType::F64 } else { DType::F32 };
                 let images = ioi.to_dtype(DType::F32)?.ne(0f64)?;
-                let sig = sigmoid()?.to_dtype(DType::F32)?.broadcast_as((b, f))?;
-                let ones = Tensor::ones((b, f), DType::F32, ioi.device())?;
+                let sig = sigmoid()?.to_dtype(promoted)?.broadcast_as((b, f))?;
+                let ones = Tensor::ones((b, f), promoted, ioi.device())?;
                 let alpha = images.where_cond(&ones, &sig)?.to_dtype(dtype)?;
                 match like.rank() {
                     5 => alpha.reshape((b, 1, f, 1, 1))?,

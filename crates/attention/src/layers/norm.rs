@@ -366,7 +366,8 @@ impl Module for GroupNorm {
 
 /// diffusers' `RMSNorm(dim, eps, elementwise_affine)` (`models/normalization.py`) over the last
 /// dimension: `x · rsqrt(mean(x.float()², -1) + eps)`, then `· weight`. The mean square, `rsqrt`
-/// and product are in at least f32 (f64 input stays f64, as in a float64 reference run); a
+/// and product are in at least f32 (f64 input stays f64, as in the exporters' float64 twins, or
+/// takes the float32 mean square and `rsqrt` where the run keeps the published casts); a
 /// half-precision `weight` casts the product back to the weight's dtype before multiplying, and
 /// without a weight it is cast back to the input dtype, as in PyTorch. Key `weight` `(dim,)`
 /// when `affine`.
@@ -395,8 +396,11 @@ impl Module for LastDimRmsNorm {
         let dtype = x.dtype();
         let compute = crate::ops::compute_dtype(dtype);
         let x = x.to_dtype(compute)?;
-        let variance = x.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
-        let y = x.broadcast_mul(&(variance + self.eps)?.sqrt()?.recip()?)?;
+        // variance = x.to(float32).pow(2).mean(-1): float64 unless the run keeps that cast
+        let x_var = crate::ops::published_float(&x)?;
+        let variance = x_var.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+        let rstd = (variance + self.eps)?.sqrt()?.recip()?.to_dtype(compute)?;
+        let y = x.broadcast_mul(&rstd)?;
         match &self.weight {
             Some(w) if matches!(w.dtype(), DType::F16 | DType::BF16) => y.to_dtype(w.dtype())?.broadcast_mul(w),
             Some(w) => y.broadcast_mul(&w.to_dtype(compute)?),

@@ -29,7 +29,13 @@ impl Timesteps {
     /// exponent (`f32(i) * f32(-ln 10000)`, then `/ f32(half - shift)`), the frequency
     /// (`exp`), the argument (`t * freq`); `exp`, `sin` and `cos` here are correctly rounded
     /// (computed in f64), PyTorch's vectorised ones within an ulp of that.
+    ///
+    /// Under [`crate::float64_run::Embeddings::Exact`] the embedding is computed in float64 instead
+    /// (a float64 tensor), to measure how much the float32 rounding moves a float64 run.
     pub fn embed(&self, t: &[f64], device: &Device) -> Result<Tensor> {
+        if crate::float64_run::embeddings_exact() {
+            return self.embed_exact(t, device);
+        }
         let half = self.num_channels / 2;
         let log = -(10000f64.ln()) as f32;
         let div = (half as f64 - self.downscale_freq_shift) as f32;
@@ -43,6 +49,27 @@ impl Timesteps {
             let args: Vec<f64> = freqs.iter().map(|f| (ts * f) as f64).collect();
             let sin = args.iter().map(|a| a.sin() as f32);
             let cos = args.iter().map(|a| a.cos() as f32);
+            if self.flip_sin_to_cos {
+                out.extend(cos.chain(sin));
+            } else {
+                out.extend(sin.chain(cos));
+            }
+            if self.num_channels % 2 == 1 {
+                out.push(0.0);
+            }
+        }
+        Ok(Tensor::from_vec(out, (t.len(), self.num_channels), device)?)
+    }
+
+    /// The embedding in float64 throughout (see [`Self::embed`]).
+    fn embed_exact(&self, t: &[f64], device: &Device) -> Result<Tensor> {
+        let half = self.num_channels / 2;
+        let div = half as f64 - self.downscale_freq_shift;
+        let freqs: Vec<f64> = (0..half).map(|i| (-(10000f64.ln()) * i as f64 / div).exp()).collect();
+        let mut out = Vec::with_capacity(t.len() * self.num_channels);
+        for &ts in t {
+            let args: Vec<f64> = freqs.iter().map(|f| ts * f).collect();
+            let (sin, cos) = (args.iter().map(|a| a.sin()), args.iter().map(|a| a.cos()));
             if self.flip_sin_to_cos {
                 out.extend(cos.chain(sin));
             } else {

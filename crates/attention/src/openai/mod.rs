@@ -25,11 +25,11 @@
 use crate::config::defaults;
 use crate::heads::{chunk_qkv_channels, chunk_qkv_channels_per_head, merge_channels};
 use crate::layers::{GroupNorm, Projection};
-use crate::ops::mul;
-use crate::sdpa::{eager_attention, Scale};
+use crate::ops::{matmul, mul, published_float, softmax};
+use crate::sdpa::{eager_attention, trace_probs, Scale};
 use crate::trace;
 use crate::{Error, Result};
-use candle_core::{Module, Tensor};
+use candle_core::{DType, Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
@@ -121,9 +121,24 @@ fn qkv_attention(qkv: &Tensor, heads: usize, order: QkvOrder) -> candle_core::Re
     // weight = einsum("bct,bcs->bts", q * scale, k * scale)  # More stable with f16 than dividing afterwards
     let (q, k) = (mul(&q, scale)?, mul(&k, scale)?);
     // weight = softmax(weight.float(), dim=-1).type(weight.dtype); a = einsum("bts,bcs->bct", weight, v)
-    let a = eager_attention(&q.t()?, &k.t()?, &v.t()?, None, Scale::Mul(1.0))?;
+    let a = if q.dtype() == DType::F64 {
+        float64_attention(&q.t()?, &k.t()?, &v.t()?)?
+    } else {
+        crate::float64_run::casts_kept();
+        eager_attention(&q.t()?, &k.t()?, &v.t()?, None, Scale::Mul(1.0))?
+    };
     // a.reshape(bs, -1, length)
     merge_channels(&a)
+}
+
+/// The attention of a float64 run, step by step: `weight = q·kᵀ`, its softmax of
+/// `weight.float()` ([`published_float`]: float64, or float32 where the run keeps the published
+/// casts), `.type(weight.dtype)`, then `weight·v`.
+fn float64_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> candle_core::Result<Tensor> {
+    trace_probs(q, k, None, Scale::Mul(1.0));
+    let weight = matmul(q, &k.t()?)?;
+    let probs = softmax(&published_float(&weight)?, candle_core::D::Minus1)?.to_dtype(weight.dtype())?;
+    matmul(&probs, v)
 }
 
 /// openai `AttentionBlock`.

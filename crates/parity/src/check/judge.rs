@@ -8,12 +8,13 @@ use super::{dtype_name, Options};
 use crate::bundle::Bundle;
 pub(crate) use crate::compare::apply_strict;
 use crate::compare::{
-    check_reference, compare, compare_with_factors, confirm_twin, default_tolerance, Factors, OutputReport,
-    TwinProblem, CONFIRMED_FACTORS, FACTORS,
+    check_reference, compare, compare_with_factors, default_tolerance, maths_check, plausibility, Factors, Float64Runs,
+    MathsReport, OutputReport, TwinProblem, CONFIRMED_FACTORS, FACTORS,
 };
 use crate::error::{ParityError, Result};
 use candle_core::DType;
 use std::path::Path;
+use unet_attention::float64_run::{Casts, Embeddings, Float64Run as F64Settings, StepsMet};
 
 /// Rule (a)'s tolerances for a run: the options', else the bundle's (in its own dtype only), else
 /// the run dtype's defaults; with each one above its default named in `loosened`.
@@ -53,13 +54,146 @@ pub(crate) fn tolerances(bundle: &Bundle, opts: &Options, dtype: DType, bundle_d
     Ok(Tolerances { rtol, atol, loosened })
 }
 
-/// Our float64 outputs, computed on first use: what confirms a float64 twin that PyTorch's own
-/// error puts beyond rounding ([`crate::compare::confirm_twin`]). `None` where there is no float64
-/// run (a user's port).
-pub(crate) type Float64Run<'a> = Option<&'a mut dyn FnMut() -> Result<Vec<candle_core::Tensor>>>;
+/// Our float64 run of the block under the given twin convention (on the CPU, in the bundle's
+/// output order) and the float32 steps it met (`unet_attention::float64_run`). `None` where there
+/// is no float64 run (a user's port).
+pub(crate) type Float64Run<'a> = Option<&'a mut dyn FnMut(F64Settings) -> Result<(Vec<candle_core::Tensor>, StepsMet)>>;
+
+/// Our float64 runs, each computed on first use: as PyTorch builds its float32 embeddings, with
+/// them exact (where the block has any), and with the published casts kept (where it has any).
+struct OurFloat64<'a, 'r> {
+    path: &'a Path,
+    block: &'a str,
+    run: Float64Run<'r>,
+    plain: Option<(Vec<candle_core::Tensor>, StepsMet)>,
+    exact: Option<Vec<candle_core::Tensor>>,
+    kept: Option<Vec<candle_core::Tensor>>,
+}
+
+impl OurFloat64<'_, '_> {
+    fn available(&self) -> bool {
+        self.run.is_some()
+    }
+
+    fn get(&mut self, settings: F64Settings) -> Result<(Vec<candle_core::Tensor>, StepsMet)> {
+        match self.run.as_mut() {
+            Some(run) => run(settings),
+            None => Ok((vec![], StepsMet::default())),
+        }
+    }
+
+    /// Run what output `index`'s maths check needs: the plain run, and the one with exact
+    /// embeddings where the block builds float32 ones.
+    fn prepare(&mut self) -> Result<StepsMet> {
+        if self.plain.is_none() {
+            self.plain = Some(self.get(F64Settings::default())?);
+        }
+        let met = self.plain.as_ref().map(|(_, m)| *m).unwrap_or_default();
+        if met.embeddings && self.exact.is_none() {
+            let settings = F64Settings {
+                embeddings: Embeddings::Exact,
+                ..Default::default()
+            };
+            self.exact = Some(self.get(settings)?.0);
+        }
+        Ok(met)
+    }
+
+    /// The check of output `index` of `runs` (`plain` or `kept`) under `convention`.
+    fn check(
+        &self,
+        runs: Option<&Vec<candle_core::Tensor>>,
+        convention: &str,
+        index: usize,
+        (torch, reference, dtype): (&candle_core::Tensor, &candle_core::Tensor, DType),
+    ) -> Result<Option<MathsReport>> {
+        let Some(ours64) = runs.and_then(|r| r.get(index)) else {
+            return Ok(None);
+        };
+        let plain = self.plain.as_ref().and_then(|(p, _)| p.get(index));
+        let exact = self.exact.as_ref().and_then(|e| e.get(index));
+        let runs = Float64Runs {
+            ours64,
+            embeddings: plain.zip(exact),
+            convention,
+        };
+        maths_check(&runs, torch, reference, dtype)
+            .map(Some)
+            .map_err(|e| ParityError::block(self.path, self.block, e))
+    }
+
+    /// The maths check of output `index` ([`crate::compare::maths`]): against the exporters'
+    /// convention, then a plain `.double()`'s where the block has published casts and the first
+    /// does not match; the better of the two.
+    fn maths(
+        &mut self,
+        index: usize,
+        torch: &candle_core::Tensor,
+        reference: &candle_core::Tensor,
+        dtype: DType,
+    ) -> Result<Option<MathsReport>> {
+        let met = self.prepare()?;
+        let sides = (torch, reference, dtype);
+        let plain = self.plain.as_ref().map(|(p, _)| p);
+        let Some(off) = self.check(plain, "casts off", index, sides)? else {
+            return Ok(None);
+        };
+        if off.matches || !met.casts {
+            return Ok(Some(off));
+        }
+        if self.kept.is_none() {
+            let settings = F64Settings {
+                casts: Casts::Kept,
+                ..Default::default()
+            };
+            self.kept = Some(self.get(settings)?.0);
+        }
+        let kept = self.check(self.kept.as_ref(), "casts kept", index, sides)?;
+        Ok(crate::compare::maths::best(std::iter::once(off).chain(kept).collect()))
+    }
+
+    /// Our plain float64 output `index`, once computed.
+    fn plain_output(&self, index: usize) -> Option<&candle_core::Tensor> {
+        self.plain.as_ref().and_then(|(p, _)| p.get(index))
+    }
+}
+
+/// Whether PyTorch's output is much closer to our float64 run than to its own float64 output
+/// (RMS distances relative to the local magnitude, a quarter or less): then the float64 output is
+/// the odd one of the three, not our block.
+fn twin_is_the_odd_one(
+    torch: &candle_core::Tensor,
+    reference: &candle_core::Tensor,
+    ours64: &candle_core::Tensor,
+) -> candle_core::Result<bool> {
+    let flat = |t: &candle_core::Tensor| t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>();
+    let (t, r, o) = (flat(torch)?, flat(reference)?, flat(ours64)?);
+    if o.len() != r.len() {
+        return Ok(false);
+    }
+    let scale = crate::compare::model::local_scale(&r);
+    let rms = |a: &[f64], b: &[f64]| {
+        let sum: f64 = a
+            .iter()
+            .zip(b)
+            .zip(&scale)
+            .map(|((x, y), m)| {
+                if *m > 0.0 && (x - y).is_finite() {
+                    ((x - y) / m).powi(2)
+                } else {
+                    0.0
+                }
+            })
+            .sum();
+        (sum / a.len().max(1) as f64).sqrt()
+    };
+    Ok(rms(&t, &o) <= rms(&t, &r) / 4.0)
+}
 
 /// Our outputs (on the CPU, in the bundle's output order) against the bundle's, under the pass
-/// rule of the run's dtype (see the module docs).
+/// rule of the run's dtype (see the module docs): rule (a) and (b) in the dtype, the maths check
+/// of our float64 run where there is one, the plausibility of PyTorch's output where an output
+/// passed by rule (b).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn compare_outputs(
     bundle: &Bundle,
@@ -69,11 +203,18 @@ pub(crate) fn compare_outputs(
     bundle_dtype: DType,
     rtol: f64,
     atol: f64,
-    mut float64_run: Float64Run,
+    float64_run: Float64Run,
 ) -> Result<Vec<OutputReport>> {
     let path = bundle.path.as_path();
+    let mut ours64 = OurFloat64 {
+        path,
+        block,
+        run: float64_run,
+        plain: None,
+        exact: None,
+        kept: None,
+    };
     let mut outputs = vec![];
-    let mut ours64: Option<Vec<candle_core::Tensor>> = None;
     for (index, (name, ours)) in bundle.outputs.iter().zip(ours).enumerate() {
         let torch = bundle.output(name).ok_or_else(|| {
             ParityError::bundle(
@@ -82,47 +223,27 @@ pub(crate) fn compare_outputs(
             )
         })?;
         let torch_f64 = bundle.output_f64(name);
-        let mut twin_note = None;
+        let (mut beyond, mut maths) = (None, None);
         if let Some(reference) = torch_f64 {
-            let problem =
-                check_reference(torch, reference, bundle_dtype).map_err(|e| ParityError::block(path, block, e))?;
-            match problem {
+            match check_reference(torch, reference, bundle_dtype).map_err(|e| ParityError::block(path, block, e))? {
                 Ok(()) => {}
                 Err(TwinProblem::Unusable(why)) => {
                     return Err(ParityError::bundle(path, format!("output `{name}`: {why}")))
                 }
-                Err(TwinProblem::BeyondRounding(why)) => {
-                    let run = float64_run.as_mut().ok_or_else(|| {
-                        ParityError::bundle(
-                            path,
-                            format!("output `{name}`: {why} (and no float64 run of the port can confirm it)"),
-                        )
-                    })?;
-                    if ours64.is_none() {
-                        ours64 = Some(run()?);
-                    }
-                    let mine = ours64.as_ref().and_then(|o| o.get(index)).ok_or_else(|| {
-                        ParityError::bundle(
-                            path,
-                            format!("output `{name}`: {why} (our float64 run returned no such output)"),
-                        )
-                    })?;
-                    confirm_twin(mine, torch, reference)
-                        .map_err(|e| ParityError::block(path, block, e))?
-                        .map_err(|not| ParityError::bundle(path, format!("output `{name}`: {why}; {not}")))?;
-                    twin_note = Some(format!(
-                        "PyTorch's own error is beyond rounding in {} (an ill-conditioned block); its float64 output \
-                         was confirmed by our float64 run",
-                        dtype_name(bundle_dtype)
-                    ));
-                }
+                Err(TwinProblem::BeyondRounding(why)) => beyond = Some(why),
+            }
+            if ours64.available() && dtype != DType::F64 {
+                maths = ours64.maths(index, torch, reference, bundle_dtype)?;
+            }
+            if let Some(why) = &beyond {
+                beyond_twin(path, name, why, maths.as_ref(), || {
+                    let o64 = ours64.plain_output(index)?;
+                    twin_is_the_odd_one(torch, reference, o64).ok()
+                })?;
             }
         }
-        let factors = if twin_note.is_some() {
-            CONFIRMED_FACTORS
-        } else {
-            FACTORS
-        };
+        let confirmed = beyond.is_some() && maths.as_ref().is_some_and(|m| m.matches);
+        let factors = if confirmed { CONFIRMED_FACTORS } else { FACTORS };
         let mut report = if dtype == bundle_dtype {
             compare_with_factors(name, ours, torch, torch_f64, (rtol, atol), factors)
         } else {
@@ -139,10 +260,52 @@ pub(crate) fn compare_outputs(
             compare_across_dtypes(name, ours, torch, reference, dtype, (rtol, atol), factors)
         }
         .map_err(|e| ParityError::block(path, block, e))?;
-        report.twin_note = twin_note;
+        if confirmed {
+            report.twin_note = Some(format!(
+                "PyTorch's own error is beyond rounding in {} (an ill-conditioned block); its float64 output was \
+                 confirmed by our float64 run",
+                dtype_name(bundle_dtype)
+            ));
+        }
+        if let Some(m) = maths {
+            report.apply_maths(m);
+        }
+        if let (Some(reference), true) = (torch_f64, dtype == bundle_dtype) {
+            let p = plausibility(ours, torch, reference, dtype, beyond.is_some())
+                .map_err(|e| ParityError::block(path, block, e))?;
+            report.apply_plausibility(p);
+        }
         outputs.push(report);
     }
     Ok(outputs)
+}
+
+/// A float64 output beyond the twin bounds (`why`) is usable only once our float64 run matches it
+/// (`maths`): with no float64 run of the port, or where PyTorch's own output is closer to our
+/// float64 run than to it (`twin_is_odd`), the bundle is refused; where our float64 run differs
+/// and PyTorch's output does not side with it, the maths check fails the output.
+fn beyond_twin(
+    path: &Path,
+    name: &str,
+    why: &str,
+    maths: Option<&MathsReport>,
+    twin_is_odd: impl FnOnce() -> Option<bool>,
+) -> Result<()> {
+    match maths {
+        None => Err(ParityError::bundle(
+            path,
+            format!("output `{name}`: {why} (and no float64 run of the port can confirm it)"),
+        )),
+        Some(m) if !m.matches && twin_is_odd().unwrap_or(false) => Err(ParityError::bundle(
+            path,
+            format!(
+                "output `{name}`: {why}; {}; and PyTorch's output is closer to our float64 run than to its own float64 \
+                 output: the float64 output is not PyTorch's float64 run of this block",
+                m.text()
+            ),
+        )),
+        Some(_) => Ok(()),
+    }
 }
 
 /// The comparison of a run in `dtype`, another dtype than the bundle's (see the module docs):

@@ -38,6 +38,7 @@ use crate::weights::{Conversion, TrackedWeights};
 use candle_core::{DType, Device};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+use unet_attention::float64_run::StepsMet;
 use weights::{block_config, check_unused};
 
 /// Weights taken from a whole checkpoint instead of the bundle (`--weights FILE --prefix P`).
@@ -342,20 +343,27 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
         ));
     }
 
-    // Run again in float64 (on the CPU) only if a float64 output needs confirming.
-    let mut float64 = || -> Result<Vec<candle_core::Tensor>> {
-        let opts64 = Options {
-            dtype: Some(DType::F64),
-            device: Device::Cpu,
-            trace: false,
-            ..opts.clone()
+    // Our float64 runs (on the CPU), for the maths check: built once, run under each twin
+    // convention asked for.
+    let mut prepared64: Option<Prepared> = None;
+    let mut float64 =
+        |settings: unet_attention::float64_run::Float64Run| -> Result<(Vec<candle_core::Tensor>, StepsMet)> {
+            if prepared64.is_none() {
+                let opts64 = Options {
+                    dtype: Some(DType::F64),
+                    device: Device::Cpu,
+                    trace: false,
+                    ..opts.clone()
+                };
+                prepared64 = Some(prepare_bundle(bundle, &opts64)?);
+            }
+            let prepared = prepared64.as_ref().expect("prepared above");
+            let (outs, met) = unet_attention::float64_run::with(settings, || prepared.block.run(&prepared.inputs));
+            Ok((
+                outs.map_err(|e| ParityError::block(path, prepared.inputs.block, e))?,
+                met,
+            ))
         };
-        let prepared = prepare_bundle(bundle, &opts64)?;
-        prepared
-            .block
-            .run(&prepared.inputs)
-            .map_err(|e| ParityError::block(path, prepared.inputs.block, e))
-    };
     let mut outputs = compare_outputs(
         bundle,
         inputs.block,

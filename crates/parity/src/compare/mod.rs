@@ -21,12 +21,16 @@
 use candle_core::{DType, Tensor};
 use serde::Serialize;
 
+pub mod maths;
 pub mod model;
+pub mod plausible;
 mod tolerance;
+pub use maths::{maths_check, Float64Runs, MathsReport, EMBEDDING_FACTOR, MATHS_FACTOR};
 pub use model::{ErrorModel, Factors, CONFIRMED_FACTORS, FACTORS, NEIGHBOURHOOD};
+pub use plausible::{plausibility, plausibility_bounds, Plausibility, PlausibilityBounds};
 pub use tolerance::{
     check_reference, check_reference_within, check_tolerance, confirm_twin, default_tolerance, epsilon,
-    stage_twin_bounds, twin_bounds, TwinBounds, TwinProblem,
+    stage_twin_bounds, twin_bounds, twin_error_eps, TwinBounds, TwinProblem,
 };
 
 /// How an output (or one element) met the rule, best first.
@@ -39,17 +43,21 @@ pub enum Verdict {
     Close,
     /// Rule (b): some elements only within PyTorch's own error nearby (times the rule's factors).
     TorchError,
-    /// Some element met neither rule.
+    /// Rule (b) would pass, but PyTorch's output is not a plausible rounding of its float64
+    /// output ([`plausible`]): the bundle cannot show that ours reproduces it. Not a PASS.
+    Inconclusive,
+    /// Some element met neither rule, or our float64 run differs from PyTorch's ([`maths`]).
     Fail,
 }
 
 impl Verdict {
-    /// `identical`, `close`, `torch-error`, `fail`.
+    /// `identical`, `close`, `torch-error`, `inconclusive`, `fail`.
     pub fn name(self) -> &'static str {
         match self {
             Verdict::Identical => "identical",
             Verdict::Close => "close",
             Verdict::TorchError => "torch-error",
+            Verdict::Inconclusive => "inconclusive",
             Verdict::Fail => "fail",
         }
     }
@@ -119,9 +127,15 @@ pub struct OutputReport {
     /// Why it failed, when it did.
     pub reason: Option<String>,
     /// How the float64 output came to be trusted when PyTorch's own error was beyond what rounding
-    /// in its dtype reaches: confirmed by our float64 run ([`confirm_twin`]).
+    /// in its dtype reaches: confirmed by our float64 run ([`maths`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub twin_note: Option<String>,
+    /// Our float64 run against PyTorch's float64 output ([`maths`]), where both exist.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maths: Option<MathsReport>,
+    /// PyTorch's error against ours ([`plausible`]), where the output passed by rule (b).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plausibility: Option<Plausibility>,
 }
 
 fn values(t: &Tensor) -> candle_core::Result<Vec<f64>> {
@@ -141,7 +155,7 @@ pub fn index_text(flat: usize, dims: &[usize]) -> String {
     format!("{:?}", unravel(flat, dims))
 }
 
-fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
+pub(crate) fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
     let mut index = vec![0; dims.len()];
     for (slot, &d) in index.iter_mut().zip(dims).rev() {
         if d > 0 {
@@ -361,7 +375,40 @@ impl OutputReport {
             factors: FACTORS,
             reason: None,
             twin_note: None,
+            maths: None,
+            plausibility: None,
         }
+    }
+
+    /// Whether the verdict is inconclusive (neither PASS nor FAIL).
+    pub fn inconclusive(&self) -> bool {
+        self.verdict == Verdict::Inconclusive
+    }
+
+    /// Record the maths check: a float64 run that differs from PyTorch's fails the output, whatever
+    /// the comparison in the dtype said.
+    pub fn apply_maths(&mut self, maths: MathsReport) {
+        if !maths.matches {
+            let in_dtype = match &self.reason {
+                Some(why) => format!("; in the bundle's dtype: {why}"),
+                None => " (in the bundle's dtype our output passes: the difference is below its rounding)".to_string(),
+            };
+            self.reason = Some(format!("{}{in_dtype}", maths.text()));
+            self.pass = false;
+            self.verdict = Verdict::Fail;
+        }
+        self.maths = Some(maths);
+    }
+
+    /// Record the plausibility of PyTorch's output: an output that passed by rule (b) against an
+    /// implausible PyTorch output is inconclusive.
+    pub fn apply_plausibility(&mut self, p: Plausibility) {
+        if self.pass && self.verdict == Verdict::TorchError && !p.plausible {
+            self.pass = false;
+            self.verdict = Verdict::Inconclusive;
+            self.reason = Some(format!("inconclusive: {}", p.text()));
+        }
+        self.plausibility = Some(p);
     }
 }
 

@@ -177,6 +177,20 @@ pub fn confirm_twin(ours64: &Tensor, torch: &Tensor, reference: &Tensor) -> cand
     Ok(Ok(()))
 }
 
+/// PyTorch's largest relative error against the float64 output, at one element and as a
+/// neighbourhood RMS, in epsilons of `dtype` (relative to the local magnitude, as
+/// [`twin_bounds`] measures them): for the calibration.
+pub fn twin_error_eps(torch: &Tensor, reference: &Tensor, dtype: DType) -> candle_core::Result<(f64, f64)> {
+    let (t, r) = (values(torch)?, values(reference)?);
+    let model = ErrorModel::new(&t, &r);
+    let eps = epsilon(dtype);
+    let element = (0..t.len())
+        .map(|i| model.torch_error(t[i], r[i], i))
+        .fold(0.0, f64::max);
+    let rms = model.torch_rms.iter().copied().fold(0.0, f64::max);
+    Ok((element / eps, rms / eps))
+}
+
 /// [`check_reference`] on values: the worst element against the elementwise bound, then the worst
 /// neighbourhood against the RMS bound.
 fn twin_within_bounds(t: &[f64], r: &[f64], dtype: DType, bounds: TwinBounds, dims: &[usize]) -> Result<(), String> {

@@ -11,7 +11,7 @@ use super::Attention;
 use crate::cpu::contiguous;
 use crate::heads::{image_to_tokens, merge_tokens, split_tokens, tokens_to_image};
 use crate::layers::Projection;
-use crate::ops::{div, matmul, softmax, upcast};
+use crate::ops::{div, matmul, published_float, softmax, upcast};
 use crate::sdpa::{sdpa, trace_probs, Scale};
 use crate::trace;
 use crate::{Error, Result};
@@ -353,7 +353,8 @@ fn lowest(dtype: DType) -> f64 {
 /// `upcast_attention` → q, k `.float()`; scores = `baddbmm(mask, q, kᵀ, beta, alpha=scale)`
 /// (one rounding to q's dtype); `upcast_softmax` → scores `.float()`; softmax; probabilities
 /// `.to(dtype)` **before** the `bmm` with v. "float" is at least f32: a float64 run stays
-/// float64, as the reference's float64 copy (its upcasts switched off) does.
+/// float64, as the exporters' float64 twins (their upcasts switched off) run it, unless the run
+/// keeps the published casts ([`crate::ops::published_float`]).
 fn get_attention_scores_bmm(
     q: &Tensor,
     k: &Tensor,
@@ -365,7 +366,7 @@ fn get_attention_scores_bmm(
 ) -> candle_core::Result<Tensor> {
     let dtype = q.dtype();
     let (q, k) = if upcast_attention {
-        (upcast(q)?, upcast(k)?)
+        (published_float(q)?, published_float(k)?)
     } else {
         (q.clone(), k.clone())
     };
@@ -376,7 +377,11 @@ fn get_attention_scores_bmm(
         scores = scores.broadcast_add(&upcast(m)?)?;
     }
     let scores = scores.to_dtype(scores_dtype)?;
-    let scores = if upcast_softmax { upcast(&scores)? } else { scores };
+    let scores = if upcast_softmax {
+        published_float(&scores)?
+    } else {
+        scores
+    };
     let probs = softmax(&scores, D::Minus1)?.to_dtype(dtype)?;
     matmul(&probs, v)
 }

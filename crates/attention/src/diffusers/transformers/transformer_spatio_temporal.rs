@@ -123,9 +123,26 @@ impl FrameEmbedding {
     /// diffusers' `get_timestep_embedding(arange(F).repeat(B), C, flip_sin_to_cos=True,
     /// downscale_freq_shift=0)` in f32: `[cos, sin]` of `t · exp(−ln(10000)·i / (C/2))`, zero
     /// padded for an odd `C`. `(B·F, C)`.
+    /// Under [`crate::float64_run::Embeddings::Exact`]: in float64 throughout (a float64 tensor).
     fn sinusoid(&self, batch: usize, frames: usize, dev: &candle_core::Device) -> Result<Tensor> {
         let c = self.channels;
         let half = c / 2;
+        if crate::float64_run::embeddings_exact() {
+            let freqs: Vec<f64> = (0..half)
+                .map(|i| (-(10000f64.ln()) * i as f64 / half as f64).exp())
+                .collect();
+            let mut data = Vec::with_capacity(batch * frames * c);
+            for _ in 0..batch {
+                for t in 0..frames {
+                    data.extend(freqs.iter().map(|w| (t as f64 * w).cos()));
+                    data.extend(freqs.iter().map(|w| (t as f64 * w).sin()));
+                    if c % 2 == 1 {
+                        data.push(0.0);
+                    }
+                }
+            }
+            return Ok(Tensor::from_vec(data, (batch * frames, c), dev)?);
+        }
         let freqs: Vec<f32> = (0..half)
             .map(|i| ((-(10000f64.ln()) as f32) * i as f32 / half as f32).exp())
             .collect();
