@@ -1,22 +1,28 @@
-"""Choose the pass rule's constants on one half of the generated calibration bundles and report them
-on the other half (docs/cli.md, "Calibration").
+"""Choose the pass rule's constants on one half of the generated calibration bundles and replay the
+verdicts on the other half (docs/cli.md, "Calibration").
 
-Reads the JSON lines of ``crates/parity/examples/calibrate.rs`` (one file per lane: CPU kernel
-choices, aarch64) and takes the bundles whose manifest ``half`` is ``calibrate`` to choose, each as
-a margin times the largest value seen, rounded up to two significant digits:
+Reads the JSON lines of ``crates/parity/examples/calibrate`` (one file per lane: CPU kernel choices,
+aarch64): one ``case`` line per bundle output and scenario (``honest``; ``bug``: a wrong port;
+``refbug``: a bundle exported from a wrong module; ``tbug``: PyTorch's run wrong in its dtype only;
+``forge``: PyTorch's output replaced) with the raw numbers each part of the rule decides on, and one
+``stage`` line per stage of our honest run. On the bundles whose manifest ``half`` is ``calibrate``
+(default lane) it chooses, each as a margin times the largest value an honest case needed, rounded
+up to two significant digits:
 
-* the float64 twin's bounds per dtype class (float32, half precision), from the ``normal``
-  bundles (margin 1): PyTorch's largest relative error against its twin, at one element and as a
-  neighbourhood RMS. An output beyond them is an ill-conditioned block (or a forged twin) and is
-  judged only if our float64 run confirms the twin, else refused;
-* rule (b)'s element and window factors (margin 2), from the outputs within the bounds
-  (``FACTORS``) and from the confirmed ones (``CONFIRMED_FACTORS``).
+* the float64 twin's bounds per dtype class (float32, half precision), from the ``normal`` bundles
+  (margin 1): PyTorch's largest relative error against its twin, at one element and as a
+  neighbourhood RMS;
+* the maths check's embedding factor (the grid value that needs the smallest maths factor) and its
+  maths factor (margin ``--maths-margin``);
+* rule (b)'s element and window factors (margin 2), within the twin bounds and beyond them;
+* the plausibility bounds of PyTorch's output per dtype class and regime (margin 2).
 
-Then it counts, on the ``validate`` half only, the honest bundles that FAIL, are refused, or whose
-stages would be marked diverging (per lane), and the planted bugs caught (per bug and dtype), at the
-chosen constants and at the library's (``--current``, as ``calibrate --constants`` prints them).
+Then it replays ``check``'s decision (``verdict``) on the ``validate`` half: honest bundles that
+PASS, FAIL, are inconclusive or refused, per lane; and per scenario, bug and dtype the wrong cases
+caught (anything but PASS) beside ``torch.testing.assert_close``'s catches on the same pairs.
 
-    python scripts/calibrate_summary.py LINES.jsonl [...] [--current E,W,CE,CW,F32E,F32R,HE,HR] [--margin 2]
+    python scripts/calibrate_summary.py LINES.jsonl [...] [--current CONSTANTS.json] [--margin 2]
+    python scripts/calibrate_summary.py LINES.jsonl [...] --validate-only --current CONSTANTS.json
 """
 
 from __future__ import annotations
@@ -27,12 +33,15 @@ import math
 from collections import defaultdict
 
 INF = float("inf")
+# the embedding factors of the maths_off / maths_kept arrays (crates/parity/examples/calibrate/cases.rs)
+EMBEDDING_GRID = [0.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+SCENARIOS = ("bug", "refbug", "tbug", "forge")
 
 
 def num(x):
-    if x == "inf":
+    if x == "inf" or x == "nan":
         return INF
-    return x
+    return 0.0 if x is None else x
 
 
 def round_up(x: float) -> float:
@@ -55,148 +64,183 @@ def read(paths):
     return lines
 
 
-def fails(line, factors) -> bool:
-    """Whether an output, stage or bug line FAILs at the factors (see compare::model)."""
-    if line.get("non_finite"):
-        return True
-    if not line.get("outside_a"):
-        return False
-    ef, wf = num(line.get("element_factor")) or 0.0, num(line.get("window_factor")) or 0.0
-    return ef > factors[0] or wf > factors[1]
+def beyond(case, c) -> bool:
+    elem, rms = c["twin_bounds"][dtype_class(case["dtype"])]
+    return num(case["twin_element_eps"]) > elem or num(case["twin_rms_eps"]) > rms
 
 
-def beyond(twin, bounds) -> bool:
-    elem, rms = bounds[dtype_class(twin["dtype"])]
-    return num(twin["element_eps"]) > elem or num(twin["rms_eps"]) > rms
+def maths_needed(case, embedding_factor):
+    """The smallest maths factor at which our float64 run (the better convention) matches; None
+    where the case has no float64 run of ours."""
+    k = EMBEDDING_GRID.index(embedding_factor)
+    runs = [case[key][k] for key in ("maths_off", "maths_kept") if key in case]
+    return min(num(x) for x in runs) if runs else None
 
 
-class Bundles:
-    """The lines of one lane, by bundle: its twins, confirmations, outputs, stages and bugs."""
+def verdict(case, c) -> str:
+    """``check``'s decision on one output (crates/parity/src/check/judge.rs): PASS, FAIL,
+    INCONCLUSIVE or REFUSED."""
+    if case.get("non_finite"):
+        return "FAIL"
+    far = beyond(case, c)
+    maths = maths_needed(case, c["embedding_factor"])
+    matches = maths is not None and maths <= c["maths_factor"]
+    if far and maths is None:
+        return "REFUSED"
+    if far and not matches and case.get("odd_twin"):
+        return "REFUSED"
+    if maths is not None and not matches:
+        return "FAIL"
+    if not case.get("outside_a"):
+        return "PASS"
+    e, w = c["confirmed_factors"] if far else c["factors"]
+    if num(case["element_factor"]) > e or num(case["window_factor"]) > w:
+        return "FAIL"
+    pg, pw = c["plausibility"][dtype_class(case["dtype"])]["beyond" if far else "within"]
+    if num(case["plaus_global"]) > pg or num(case["plaus_window"]) > pw:
+        return "INCONCLUSIVE"
+    return "PASS"
 
-    def __init__(self, lines):
-        self.by = defaultdict(lambda: defaultdict(list))
-        for l in lines:
-            self.by[l["id"]][l["kind"]].append(l)
 
-    def regime(self, bundle, bounds):
-        """`within` (every output twin within the bounds), `confirmed` or `refused`."""
-        twins = [t for t in bundle["twin"] if t["name"].startswith("output:")]
-        if not any(beyond(t, bounds) for t in twins):
-            return "within"
-        if bundle["error"]:
-            return "refused"
-        return "confirmed" if all(c.get("confirmed") for c in bundle["confirm"]) else "refused"
+RANK = {"PASS": 0, "INCONCLUSIVE": 1, "FAIL": 2, "REFUSED": 3}
 
 
-def choose(lines, margin, bound_margin):
-    cal = [l for l in lines if l.get("half") == "calibrate" and l["lane"] == "default"]
-    bounds = {}
+def bundle_verdict(cases, c) -> str:
+    """A bundle is refused if any output is, else its worst output's verdict."""
+    return max((verdict(x, c) for x in cases), key=RANK.get, default="PASS")
+
+
+def choose(lines, margin, maths_margin):
+    cal = [l for l in lines if l.get("half") == "calibrate" and l["lane"] == "default" and l["kind"] == "case"]
+    honest = [l for l in cal if l["scenario"] == "honest"]
+    c = {"twin_bounds": {}, "plausibility": {"f32": {}, "half": {}}}
     for cls in ("f32", "half"):
-        twins = [l for l in cal if l["kind"] == "twin" and dtype_class(l["dtype"]) == cls
-                 and l["condition"] == "normal" and l["name"].startswith("output:")]
-        bounds[cls] = (
-            round_up(bound_margin * max((num(l["element_eps"]) for l in twins), default=1.0)),
-            round_up(bound_margin * max((num(l["rms_eps"]) for l in twins), default=1.0)),
-        )
-    b = Bundles(cal)
-    factors = {}
-    for regime in ("within", "confirmed"):
-        outs = [o for bundle in b.by.values() if b.regime(bundle, bounds) == regime
-                for o in bundle["output"] if o.get("outside_a") and not o.get("non_finite")]
-        factors[regime] = (
-            round_up(margin * max((num(o["element_factor"]) or 0.0 for o in outs), default=1.0)),
-            round_up(margin * max((num(o["window_factor"]) or 0.0 for o in outs), default=1.0)),
-        )
-    return factors, bounds
+        normal = [l for l in honest if dtype_class(l["dtype"]) == cls and l["condition"] == "normal"]
+        c["twin_bounds"][cls] = (round_up(max((num(l["twin_element_eps"]) for l in normal), default=1.0)),
+                                 round_up(max((num(l["twin_rms_eps"]) for l in normal), default=1.0)))
+    best = None
+    for b in EMBEDDING_GRID:
+        need = max((maths_needed(l, b) for l in honest if maths_needed(l, b) is not None), default=0.0)
+        if best is None or need < best[1]:
+            best = (b, need)
+    c["embedding_factor"], c["maths_factor"] = best[0], round_up(maths_margin * best[1])
+    outs = {True: [], False: []}
+    for l in honest:
+        if l.get("outside_a") and not l.get("non_finite"):
+            outs[beyond(l, c)].append(l)
+    for far, key in ((False, "factors"), (True, "confirmed_factors")):
+        c[key] = (round_up(margin * max((num(o["element_factor"]) for o in outs[far]), default=1.0)),
+                  round_up(margin * max((num(o["window_factor"]) for o in outs[far]), default=1.0)))
+    for cls in ("f32", "half"):
+        for far in (False, True):
+            ls = [o for o in outs[far] if dtype_class(o["dtype"]) == cls]
+            c["plausibility"][cls]["beyond" if far else "within"] = (
+                round_up(margin * max((num(o["plaus_global"]) for o in ls), default=1.0)),
+                round_up(margin * max((num(o["plaus_window"]) for o in ls), default=1.0)))
+    return c
 
 
-def report(lines, factors, bounds, title):
-    val = [l for l in lines if l.get("half") == "validate"]
-    print(f"\n### {title}\n")
-    print(f"factors (element/window): {factors['within'][0]:g}/{factors['within'][1]:g}, confirmed "
-          f"{factors['confirmed'][0]:g}/{factors['confirmed'][1]:g}; twin bounds (element/RMS eps): "
-          f"f32 {bounds['f32'][0]:g}/{bounds['f32'][1]:g}, half {bounds['half'][0]:g}/{bounds['half'][1]:g}\n")
-    print("| lane | honest bundles | judged within bounds | judged after float64 confirmation | refused | FAIL | "
+def describe(c) -> str:
+    p = c["plausibility"]
+    return (f"twin bounds (element/RMS eps) f32 {c['twin_bounds']['f32'][0]:g}/{c['twin_bounds']['f32'][1]:g}, half "
+            f"{c['twin_bounds']['half'][0]:g}/{c['twin_bounds']['half'][1]:g}; maths factor {c['maths_factor']:g} with "
+            f"embedding factor {c['embedding_factor']:g}; rule (b) factors {c['factors'][0]:g}/{c['factors'][1]:g}, "
+            f"beyond the bounds {c['confirmed_factors'][0]:g}/{c['confirmed_factors'][1]:g}; plausibility (global/"
+            f"window) f32 {p['f32']['within'][0]:g}/{p['f32']['within'][1]:g}, beyond "
+            f"{p['f32']['beyond'][0]:g}/{p['f32']['beyond'][1]:g}; half {p['half']['within'][0]:g}/"
+            f"{p['half']['within'][1]:g}, beyond {p['half']['beyond'][0]:g}/{p['half']['beyond'][1]:g}")
+
+
+def honest_table(val, c):
+    print("| lane | honest bundles | PASS | FAIL | inconclusive | refused | judged beyond the twin bounds | "
           "stages marked diverging |")
-    print("|---|---|---|---|---|---|---|")
-    by_lane = defaultdict(list)
+    print("|---|---|---|---|---|---|---|---|")
+    by_lane = defaultdict(lambda: defaultdict(list))
+    stages = defaultdict(lambda: defaultdict(list))
     for l in val:
-        by_lane[l["lane"]].append(l)
+        if l["kind"] == "case" and l["scenario"] == "honest":
+            by_lane[l["lane"]][l["id"]].append(l)
+        elif l["kind"] == "stage":
+            stages[l["lane"]][l["id"]].append(l)
     examples = []
-    for lane, ls in sorted(by_lane.items()):
-        b = Bundles(ls)
+    for lane, bundles in sorted(by_lane.items()):
         count = defaultdict(int)
-        failed, stages = 0, 0
-        for bid, bundle in b.by.items():
-            regime = b.regime(bundle, bounds)
-            count[regime] += 1
-            if regime == "refused":
-                continue
-            f = factors[regime]
-            bad = [o for o in bundle["output"] if fails(o, f)]
-            failed += bool(bad)
-            examples += bad[:1]
-            stages += any(fails(s, f) for s in bundle["stage"])
-        print(f"| {lane} | {len(b.by)} | {count['within']} | {count['confirmed']} | {count['refused']} | {failed} | "
-              f"{stages} |")
-    for l in examples[:6]:
-        print(f"\n  false FAIL: {l['lane']} {l['id']} {l['block']} {l['dtype']} {l['condition']} {l['name']} "
-              f"ef {l['element_factor']} wf {l['window_factor']}")
-    print("\n| bug | dtype | bundles | caught | refused | within rule (a) | missed |")
+        far = diverging = 0
+        for bid, cases in bundles.items():
+            v = bundle_verdict(cases, c)
+            count[v] += 1
+            far += any(beyond(x, c) for x in cases)
+            if v != "PASS":
+                examples.append((lane, v, cases[0]))
+            f = c["factors"]
+            diverging += any(s.get("outside_a") and (num(s["element_factor"]) > f[0] or num(s["window_factor"]) > f[1])
+                             for s in stages[lane][bid])
+        print(f"| {lane} | {len(bundles)} | {count['PASS']} | {count['FAIL']} | {count['INCONCLUSIVE']} | "
+              f"{count['REFUSED']} | {far} | {diverging} |")
+    for lane, v, x in examples[:12]:
+        print(f"\n  {v}: {lane} {x['id']} {x['block']} {x['dtype']} {x['condition']} {x['name']}")
+    return examples
+
+
+def power_table(val, c):
+    print("\n| scenario | bug | dtype | cases | caught (FAIL / inconclusive / refused) | assert_close catches | "
+          "caught where assert_close catches |")
     print("|---|---|---|---|---|---|---|")
-    b = Bundles([l for l in val if l["lane"] == "default"])
     groups = defaultdict(lambda: defaultdict(int))
-    for bundle in b.by.values():
-        regime = b.regime(bundle, bounds)
-        per_bug = defaultdict(list)
-        for l in bundle["bug"]:
-            per_bug[(l["bug"], l["dtype"])].append(l)
-        for key, ls in per_bug.items():
-            g = groups[key]
-            g["n"] += 1
-            if regime == "refused":
-                g["refused"] += 1
-            elif any(fails(l, factors[regime]) for l in ls):
-                g["caught"] += 1
-            elif all(not l.get("outside_a") and not l.get("non_finite") for l in ls):
-                g["within_a"] += 1
-            else:
-                g["missed"] += 1
-    for (bug, dtype), g in sorted(groups.items()):
-        print(f"| {bug} | {dtype} | {g['n']} | {g['caught']} ({100 * g['caught'] / g['n']:.0f} %) | {g['refused']} | "
-              f"{g['within_a']} | {g['missed']} |")
+    for l in val:
+        if l["kind"] != "case" or l["scenario"] not in SCENARIOS or l["lane"] != "default":
+            continue
+        g = groups[(l["scenario"], l["bug"], l["dtype"])]
+        v = verdict(l, c)
+        g["n"] += 1
+        g[v] += 1
+        g["ac"] += bool(l.get("outside_a"))
+        g["both"] += bool(l.get("outside_a")) and v != "PASS"
+    for (sc, bug, dtype), g in sorted(groups.items()):
+        caught = g["n"] - g["PASS"]
+        pct = lambda k: f"{100 * k / g['n']:.1f} %" if g["n"] else "-"  # noqa: E731
+        print(f"| {sc} | {bug} | {dtype} | {g['n']} | {pct(caught)} ({g['FAIL']} / {g['INCONCLUSIVE']} / "
+              f"{g['REFUSED']}) | {pct(g['ac'])} | {g['both']} of {g['ac']} |")
+
+
+def report(lines, c, title):
+    val = [l for l in lines if l.get("half") == "validate"]
+    print(f"\n### {title}\n\n{describe(c)}\n")
+    honest_table(val, c)
+    power_table(val, c)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("lines", nargs="+")
-    ap.add_argument("--margin", type=float, default=2.0, help="the factors: this times the largest seen")
-    ap.add_argument("--bound-margin", type=float, default=1.0,
-                    help="the twin bounds: this times PyTorch's largest error on the normal bundles")
-    ap.add_argument("--current", default=None, help="E,W,CE,CW,F32E,F32R,HE,HR (calibrate --constants)")
+    ap.add_argument("--margin", type=float, default=2.0, help="factors and bounds: this times the largest seen")
+    ap.add_argument("--maths-margin", type=float, default=2.0,
+                    help="the maths factor: this times the largest an honest block needed")
+    ap.add_argument("--current", default=None, help="the library's constants: JSON, as calibrate --constants prints them")
     ap.add_argument("--validate-only", action="store_true",
                     help="a fresh set: every bundle is validation, judged at --current only")
+    ap.add_argument("--json-out", default=None, help="write the chosen constants here as JSON")
     args = ap.parse_args()
     lines = read(args.lines)
+    current = json.loads(args.current) if args.current else None
     if args.validate_only:
-        if not args.current:
+        if not current:
             ap.error("--validate-only needs --current")
         for line in lines:
             line["half"] = "validate"
-        c = [float(x) for x in args.current.split(",")]
-        report(lines, {"within": (c[0], c[1]), "confirmed": (c[2], c[3])}, {"f32": (c[4], c[5]), "half": (c[6], c[7])},
-               "The library's constants, on a fresh set (every bundle)")
+        report(lines, current, "The library's constants, on a fresh set (every bundle)")
         return
     ids = {(l["id"], l.get("half")) for l in lines}
     print(f"{len(lines)} lines, {len({i for i in ids if i[1] == 'calibrate'})} calibration bundles, "
           f"{len({i for i in ids if i[1] == 'validate'})} validation bundles, lanes {sorted({l['lane'] for l in lines})}")
-    factors, bounds = choose(lines, args.margin, args.bound_margin)
-    report(lines, factors, bounds, f"Chosen on the calibration half (margins {args.margin:g} and {args.bound_margin:g}), "
+    c = choose(lines, args.margin, args.maths_margin)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(c, f, indent=1)
+    report(lines, c, f"Chosen on the calibration half (margins {args.margin:g}, maths {args.maths_margin:g}), "
            "reported on the validation half")
-    if args.current:
-        c = [float(x) for x in args.current.split(",")]
-        report(lines, {"within": (c[0], c[1]), "confirmed": (c[2], c[3])}, {"f32": (c[4], c[5]), "half": (c[6], c[7])},
-               "The library's constants, on the validation half")
+    if current:
+        report(lines, current, "The library's constants, on the validation half")
 
 
 if __name__ == "__main__":

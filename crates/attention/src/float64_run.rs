@@ -117,7 +117,7 @@ mod tests {
             with(kept, || {
                 let inner = (casts_kept(), embeddings_exact());
                 // nested: the outer run's record is not lost
-                let (_, met) = with(Float64Run::default(), || casts_kept());
+                let (_, met) = with(Float64Run::default(), casts_kept);
                 assert!(met.casts && !met.embeddings);
                 inner
             }),

@@ -45,7 +45,8 @@ use crate::bundle::{Bundle, Load};
 use crate::check::{
     apply_strict, compare_outputs, device_name, dtype_name, explain_lower_precision, tolerances, weight_source, Options,
 };
-use crate::compare::OutputReport;
+use crate::compare::{Outcome, OutputReport};
+use unet_attention::float64_run::StepsMet;
 use crate::error::{ParityError, Result};
 use crate::trace::{self, TraceReport};
 use candle_core::{DType, Device, Tensor};
@@ -150,14 +151,21 @@ impl PortCheck {
     /// block's prefix (`parity.prefix`, e.g. `mid_block.`), so `vb.pp("resnets.0")` works either
     /// way. A missing key or a wrong shape fails with the key and both shapes named.
     pub fn var_builder(&self) -> Result<VarBuilder<'static>> {
+        self.var_builder_in(self.run_dtype()?, &self.device)
+    }
+
+    fn var_builder_in(&self, dtype: DType, device: &Device) -> Result<VarBuilder<'static>> {
         let weights = weight_source(&self.bundle, &self.options())?;
-        Ok(weights.var_builder(self.run_dtype()?, &self.device))
+        Ok(weights.var_builder(dtype, device))
     }
 
     /// The bundle's forward inputs, floats in the run dtype, on the run device.
     pub fn inputs(&self) -> Result<PortInputs> {
+        self.inputs_in(self.run_dtype()?, &self.device)
+    }
+
+    fn inputs_in(&self, dtype: DType, device: &Device) -> Result<PortInputs> {
         self.bundle.validate()?;
-        let dtype = self.run_dtype()?;
         let path = &self.bundle.path;
         let mut tensors = BTreeMap::new();
         for name in &self.bundle.inputs {
@@ -170,7 +178,7 @@ impl PortCheck {
                 Ok(t.clone())
             };
             let t = t
-                .and_then(|t| t.to_device(&self.device))
+                .and_then(|t| t.to_device(device))
                 .map_err(|e| ParityError::bundle(path, format!("input `{name}`: {e}")))?;
             tensors.insert(name.clone(), t);
         }
@@ -199,6 +207,45 @@ impl PortCheck {
     /// [`ParityError::Port`], naming the bundle; a bundle whose fields contradict each other, or a
     /// tolerance that is not a finite number ≥ 0, as an error before the forward runs.
     pub fn run<O, E, F>(&self, forward: F) -> Result<PortReport>
+    where
+        O: PortOutputs,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+        F: FnOnce(&PortInputs) -> std::result::Result<O, E>,
+    {
+        self.run_inner(forward, None)
+    }
+
+    /// [`PortCheck::run`], with a float64 run of your port for the maths check (docs/cli.md, "The
+    /// pass rule"): `forward64` is given the bundle's weights and inputs in float64 on the CPU;
+    /// build your port from that `VarBuilder` and run it as `forward` does. Its outputs are held
+    /// against PyTorch's float64 outputs at float64's rounding (a wrong eps, scale or head split
+    /// shows there even where the bundle's dtype rounds it away), and a float64 output beyond the
+    /// twin bounds becomes usable instead of refused. It may be called more than once (with the
+    /// float32 steps of `unet_attention::float64_run` set differently, for the crate's blocks your
+    /// port uses).
+    pub fn run_with_float64<O, E, F, O64, E64, G>(&self, forward: F, mut forward64: G) -> Result<PortReport>
+    where
+        O: PortOutputs,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+        F: FnOnce(&PortInputs) -> std::result::Result<O, E>,
+        O64: PortOutputs,
+        E64: Into<Box<dyn std::error::Error + Send + Sync>>,
+        G: FnMut(VarBuilder<'static>, &PortInputs) -> std::result::Result<O64, E64>,
+    {
+        let path = self.bundle.path.clone();
+        let (vb, inputs) = (self.var_builder_in(DType::F64, &Device::Cpu)?, self.inputs_in(DType::F64, &Device::Cpu)?);
+        let mut run64 = |settings| -> Result<(Vec<Tensor>, StepsMet)> {
+            let (out, met) = unet_attention::float64_run::with(settings, || forward64(vb.clone(), &inputs));
+            let out = out.map_err(|e| ParityError::Port {
+                path: path.clone(),
+                message: format!("the float64 run: {}", forward_message(&path, &e.into().to_string())),
+            })?;
+            Ok((out.into_outputs(), met))
+        };
+        self.run_inner(forward, Some(&mut run64))
+    }
+
+    fn run_inner<O, E, F>(&self, forward: F, float64_run: crate::check::Float64Run) -> Result<PortReport>
     where
         O: PortOutputs,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -246,7 +293,7 @@ impl PortCheck {
             bundle_dtype,
             tol.rtol,
             tol.atol,
-            None,
+            float64_run,
         )
         .map_err(library_words)?;
         if self.strict {
@@ -285,6 +332,7 @@ impl PortCheck {
             dtype: dtype_name(dtype).into(),
             device: device_name(&self.device),
             pass: outputs.iter().all(|o| o.pass),
+            outcome: Outcome::of(&outputs),
             outputs,
             trace,
             loosened: tol.loosened,
@@ -445,6 +493,8 @@ pub struct PortReport {
     pub device: String,
     /// Every output passed.
     pub pass: bool,
+    /// `pass`, `fail` or `inconclusive` (no output failed and some could not be judged).
+    pub outcome: Outcome,
     pub outputs: Vec<OutputReport>,
     /// The stage-by-stage comparison of the stages the forward recorded.
     pub trace: TraceReport,
@@ -469,7 +519,10 @@ impl PortReport {
 impl std::fmt::Display for PortReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let line = |s: &str| crate::terminal::one_line(s).into_owned();
-        let verdict = if self.pass { "PASS" } else { "FAIL" };
+        let mut verdict = self.outcome.word().to_string();
+        if let Some(stage) = self.trace.diverging_under_pass() {
+            verdict.push_str(&format!(" (stage `{}` differs: see the warning)", line(stage)));
+        }
         writeln!(f, "{} ({} on {}): {verdict}", line(&self.file), self.dtype, self.device)?;
         if !self.loosened.is_empty() {
             writeln!(f, "  loosened: {}", line(&self.loosened.join(", ")))?;
@@ -484,7 +537,7 @@ impl std::fmt::Display for PortReport {
                 "  output `{}` {:?}: {} ({}), max abs {:.2e}, max rel {:.2e}{vs_f64}",
                 line(&o.name),
                 o.shape,
-                if o.pass { "PASS" } else { "FAIL" },
+                Outcome::of(std::slice::from_ref(o)).word(),
                 o.verdict.name(),
                 o.max_abs,
                 o.max_rel

@@ -455,6 +455,18 @@ impl std::fmt::Display for TraceReport {
 }
 
 impl TraceReport {
+    /// The first stage that differs from PyTorch beyond its rounding error while every output
+    /// passes: flagged on the verdict line.
+    pub fn diverging_under_pass(&self) -> Option<&str> {
+        if !self.outputs_pass {
+            return None;
+        }
+        self.stages
+            .iter()
+            .find(|s| s.status == DIVERGES || s.status == DIFFERS)
+            .map(|s| s.stage.as_str())
+    }
+
     /// The table as `Display` writes it. For a user's port (`port`), the stages it did not record
     /// are counted in one line instead of listed (a port records a few stages of many), and the
     /// names it recorded that the bundle lacks are listed with the closest bundle stage. Our own
@@ -529,8 +541,9 @@ impl TraceReport {
             (Some(stage), Some(hint), _) => writeln!(f, "  first divergence: `{}` — usual causes: {hint}", line(stage)),
             (_, _, Some(s)) if self.outputs_pass => writeln!(
                 f,
-                "  no stage blamed: the outputs pass, though `{}` differs from PyTorch beyond its rounding error \
-                 (a difference that does not reach the output)",
+                "  warning: the outputs pass, but stage `{}` differs from PyTorch beyond its rounding error: a real \
+                 difference there can hide under the output's rounding; check the bundle's float32 twin, `--dtype \
+                 f64`, or `--strict`",
                 line(&s.stage)
             ),
             _ if !self.stages.is_empty() => writeln!(f, "  no stage diverges"),

@@ -55,6 +55,9 @@ pub struct TrackedWeights {
     converted: Arc<Mutex<BTreeMap<String, (DType, DType)>>>,
     /// The dtype of the run (set by [`TrackedWeights::var_builder`]).
     run_dtype: Option<DType>,
+    /// `name -> dtype` to round a weight through before converting it to the run's dtype: the
+    /// dtype a run in the bundle's own dtype converted it to ([`TrackedWeights::rounded_as`]).
+    through: Arc<BTreeMap<String, DType>>,
 }
 
 /// Tensors converted from one dtype to another for the run.
@@ -102,7 +105,24 @@ impl TrackedWeights {
             used: Arc::default(),
             converted: Arc::default(),
             run_dtype: None,
+            through: Arc::default(),
         }
+    }
+
+    /// These weights, each rounded first to the dtype `run` converted it to: a float64 run of a
+    /// float16 bundle that references a float32 checkpoint holds the weights PyTorch's float16
+    /// module held (its float64 twin started from those), not the checkpoint's.
+    pub fn rounded_as(mut self, run: &TrackedWeights) -> Self {
+        // every conversion the run made (a widening one is exact, so rounding through it is too)
+        let converted = run.converted.lock().map(|c| c.clone()).unwrap_or_default();
+        self.through = Arc::new(
+            converted
+                .into_iter()
+                .filter(|(_, (_, to))| to.is_float())
+                .map(|(name, (_, to))| (name, to))
+                .collect(),
+        );
+        self
     }
 
     /// A `VarBuilder` over these weights converting floating tensors to `dtype` on `device`.
@@ -183,6 +203,10 @@ impl TrackedWeights {
         if t.dtype().is_float() && self.run_dtype.is_some_and(|run| run != t.dtype()) {
             self.record_conversion(name, t.dtype(), dtype);
         }
+        let t = match self.through.get(name) {
+            Some(through) if t.dtype().is_float() => t.to_dtype(*through)?,
+            _ => t,
+        };
         t.to_dtype(dtype)?.to_device(dev)
     }
 }

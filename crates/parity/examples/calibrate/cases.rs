@@ -72,9 +72,12 @@ pub fn case_line(case: &Case, name: &str, dtype: DType, emb: Option<(&Tensor, &T
     });
     if let Some((ours64, kept)) = &case.ours64 {
         let needed = |run: &Tensor, convention: &str| -> candle_core::Result<Vec<f64>> {
+            // under the kept convention, the casts' effect: this run against the plain one
+            let casts = (convention == "casts kept").then_some((run, ours64));
             let runs = Float64Runs {
                 ours64: run,
                 embeddings: emb,
+                casts,
                 convention,
             };
             EMBEDDING_GRID

@@ -112,9 +112,12 @@ impl OurFloat64<'_, '_> {
         };
         let plain = self.plain.as_ref().and_then(|(p, _)| p.get(index));
         let exact = self.exact.as_ref().and_then(|e| e.get(index));
+        // Under the kept convention, the casts' effect: this run against the plain one.
+        let casts = plain.filter(|p| !std::ptr::eq(*p, ours64)).map(|p| (ours64, p));
         let runs = Float64Runs {
             ours64,
             embeddings: plain.zip(exact),
+            casts,
             convention,
         };
         maths_check(&runs, torch, reference, dtype)

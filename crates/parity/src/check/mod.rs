@@ -26,11 +26,11 @@
 mod judge;
 mod weights;
 
-pub(crate) use judge::{apply_strict, compare_outputs, explain_lower_precision, tolerances, Tolerances};
+pub(crate) use judge::{apply_strict, compare_outputs, explain_lower_precision, tolerances, Float64Run, Tolerances};
 pub(crate) use weights::weight_source;
 
 use crate::bundle::Bundle;
-use crate::compare::OutputReport;
+use crate::compare::{Outcome, OutputReport};
 use crate::error::{ParityError, Result};
 use crate::registry::{self, BlockInfo, Inputs, Runnable};
 use crate::trace::{self, TraceReport};
@@ -112,6 +112,9 @@ pub struct Report {
     pub inputs: Vec<(String, Vec<usize>)>,
     pub outputs: Vec<OutputReport>,
     pub pass: bool,
+    /// `pass`, `fail`, or `inconclusive` (no output failed, and some could not be judged: see the
+    /// output's reason).
+    pub outcome: Outcome,
     /// Weights and inputs stored in another dtype than the run's, converted for it.
     pub conversions: Vec<Conversion>,
     /// Where the weights came from when not from the bundle: `FILE (prefix `P`)`.
@@ -171,6 +174,12 @@ pub struct Prepared {
 /// dtype, on `Options::device`). Fails on weights the block did not use unless
 /// `Options::allow_unused`.
 pub fn prepare_bundle(bundle: &Bundle, opts: &Options) -> Result<Prepared> {
+    prepare_bundle_rounded(bundle, opts, None)
+}
+
+/// [`prepare_bundle`] with each weight rounded first to the dtype the run of `rounded_as` converted
+/// it to (our float64 run of a half-precision bundle: the weights PyTorch's half module held).
+fn prepare_bundle_rounded(bundle: &Bundle, opts: &Options, rounded_as: Option<&TrackedWeights>) -> Result<Prepared> {
     let path = bundle.path.as_path();
     let info = registry::find(&bundle.block).ok_or_else(|| ParityError::UnknownBlock {
         path: path.to_path_buf(),
@@ -195,7 +204,10 @@ pub fn prepare_bundle(bundle: &Bundle, opts: &Options) -> Result<Prepared> {
             ));
         }
     }
-    let weights = weight_source(bundle, opts)?;
+    let weights = match rounded_as {
+        Some(run) => weight_source(bundle, opts)?.rounded_as(run),
+        None => weight_source(bundle, opts)?,
+    };
     let (config, config_from) = block_config(bundle, opts, info.id, weights.location().as_deref())?;
     let vb = weights.var_builder(dtype, &opts.device);
     let block = (info.build)(vb, &config).map_err(|e| ParityError::block(path, info.id, e))?;
@@ -313,15 +325,22 @@ fn bundle_inputs(
 /// [`check_bundle`], keeping our outputs and stages (for `show`).
 pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
     let path = bundle.path.as_path();
-    let prepared = prepare_bundle(bundle, opts)?;
-    let (block, inputs) = (&prepared.block, &prepared.inputs);
-    let (dtype, bundle_dtype) = (prepared.dtype, prepared.bundle_dtype);
+    let Prepared {
+        block,
+        inputs,
+        dtype,
+        bundle_dtype,
+        config_from,
+        weights,
+    } = prepare_bundle(bundle, opts)?;
     let Tolerances { rtol, atol, loosened } = tolerances(bundle, opts, dtype, bundle_dtype)?;
     let (ours, stages) = if opts.trace {
-        unet_attention::trace::with_trace(|| block.run(inputs))
+        unet_attention::trace::with_trace(|| block.run(&inputs))
     } else {
-        (block.run(inputs), vec![])
+        (block.run(&inputs), vec![])
     };
+    // The block in the run dtype is done: its weights go before the float64 runs load theirs.
+    drop(block);
     let ours = ours
         .and_then(|outs| {
             Ok(outs
@@ -355,7 +374,7 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
                     trace: false,
                     ..opts.clone()
                 };
-                prepared64 = Some(prepare_bundle(bundle, &opts64)?);
+                prepared64 = Some(prepare_bundle_rounded(bundle, &opts64, Some(&weights))?);
             }
             let prepared = prepared64.as_ref().expect("prepared above");
             let (outs, met) = unet_attention::float64_run::with(settings, || prepared.block.run(&prepared.inputs));
@@ -418,10 +437,11 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
             })
             .collect(),
         pass: outputs.iter().all(|o| o.pass),
+        outcome: Outcome::of(&outputs),
         outputs,
-        conversions: prepared.weights.conversions(),
-        weights: prepared.weights.location(),
-        config_from: prepared.config_from,
+        conversions: weights.conversions(),
+        weights: weights.location(),
+        config_from,
         trace,
         loosened,
     };

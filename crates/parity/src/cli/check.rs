@@ -3,7 +3,8 @@
 
 use super::args::CheckArgs;
 use super::print::{line, print_table, print_trace};
-use super::{open_device, resolve_model, EXIT_MISMATCH, EXIT_PASS, EXIT_UNUSABLE};
+use super::{open_device, resolve_model, EXIT_INCONCLUSIVE, EXIT_MISMATCH, EXIT_PASS, EXIT_UNUSABLE};
+use crate::compare::Outcome;
 use crate::bundle::{parse_dtype, Load};
 use crate::check::{check_file, Options, Report};
 use crate::error::ParityError;
@@ -110,30 +111,34 @@ fn check_all(files: &[PathBuf], opts: &Options, args: &CheckArgs) -> Results {
         .collect()
 }
 
-/// How many bundles passed, failed, or could not be checked.
+/// How many bundles passed, failed, were inconclusive, or could not be checked.
 struct Counts {
     passed: usize,
     failed: usize,
+    inconclusive: usize,
     errors: usize,
 }
 
 impl Counts {
     fn of(results: &Results) -> Self {
-        let passed = results.iter().filter(|(_, r)| matches!(r, Ok(r) if r.pass)).count();
-        let failed = results.iter().filter(|(_, r)| matches!(r, Ok(r) if !r.pass)).count();
+        let count = |want: Outcome| results.iter().filter(|(_, r)| matches!(r, Ok(r) if r.outcome == want)).count();
+        let (passed, failed, inconclusive) = (count(Outcome::Pass), count(Outcome::Fail), count(Outcome::Inconclusive));
         Self {
             passed,
             failed,
-            errors: results.len() - passed - failed,
+            inconclusive,
+            errors: results.len() - passed - failed - inconclusive,
         }
     }
 
-    /// An unusable bundle outranks a mismatch.
+    /// An unusable bundle outranks a mismatch, which outranks an inconclusive one.
     fn exit_code(&self) -> i32 {
         if self.errors > 0 {
             EXIT_UNUSABLE
         } else if self.failed > 0 {
             EXIT_MISMATCH
+        } else if self.inconclusive > 0 {
+            EXIT_INCONCLUSIVE
         } else {
             EXIT_PASS
         }
@@ -149,8 +154,14 @@ fn print_json(results: &Results, counts: &Counts, out: &mut dyn Write) {
             Err(e) => serde_json::json!({ "file": f.display().to_string(), "error": e.to_string() }),
         })
         .collect();
-    let Counts { passed, failed, errors } = counts;
-    let doc = serde_json::json!({ "bundles": items, "passed": passed, "failed": failed, "errors": errors, "exit_code": counts.exit_code() });
+    let Counts {
+        passed,
+        failed,
+        inconclusive,
+        errors,
+    } = counts;
+    let doc = serde_json::json!({ "bundles": items, "passed": passed, "failed": failed, "inconclusive": inconclusive,
+        "errors": errors, "exit_code": counts.exit_code() });
     let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
 }
 
@@ -165,12 +176,19 @@ fn print_results(results: &Results, counts: &Counts, out: &mut dyn Write, err: &
             Ok(report) => print_report(report, out, err),
         }
     }
-    let Counts { passed, failed, errors } = counts;
-    let tail = if *errors > 0 {
-        format!(", {errors} unusable")
-    } else {
-        String::new()
-    };
+    let Counts {
+        passed,
+        failed,
+        inconclusive,
+        errors,
+    } = counts;
+    let mut tail = String::new();
+    if *inconclusive > 0 {
+        tail.push_str(&format!(", {inconclusive} inconclusive"));
+    }
+    if *errors > 0 {
+        tail.push_str(&format!(", {errors} unusable"));
+    }
     let _ = writeln!(out, "{passed} passed, {failed} failed{tail}");
 }
 
@@ -192,7 +210,8 @@ fn print_report(report: &Report, out: &mut dyn Write, err: &mut dyn Write) {
     for o in report.outputs.iter().filter(|o| !o.pass) {
         let _ = writeln!(
             out,
-            "FAIL {file} output `{}`: {}",
+            "{} {file} output `{}`: {}",
+            Outcome::of(std::slice::from_ref(o)).word(),
             line(&o.name),
             line(o.reason.as_deref().unwrap_or(""))
         );

@@ -24,6 +24,9 @@ pub const EXIT_MISMATCH: i32 = 1;
 /// Exit code: unusable input (unreadable file, not a bundle, unknown block, bad config or
 /// weights, bad command line).
 pub const EXIT_UNUSABLE: i32 = 2;
+/// Exit code: no output failed, and at least one could not be judged (inconclusive: PyTorch's
+/// output is not a plausible rounding of its float64 output; the reason says what to check).
+pub const EXIT_INCONCLUSIVE: i32 = 3;
 
 /// Run the CLI on `args` (including the program name); returns the exit code. Everything it
 /// prints passes through [`crate::terminal::Safe`]: names from files cannot steer the terminal.

@@ -189,12 +189,13 @@ pub(super) fn print_table(results: &[(PathBuf, Result<Report, ParityError>)], ou
                     ),
                     None => Default::default(),
                 };
-                let verdict = if rep.pass { "PASS" } else { "FAIL" };
-                let result = if rep.loosened.is_empty() {
-                    verdict.to_string()
-                } else {
-                    format!("{verdict} (loosened: {})", rep.loosened.join(", "))
-                };
+                let mut result = rep.outcome.word().to_string();
+                if let Some(stage) = rep.trace.as_ref().and_then(|t| t.diverging_under_pass()) {
+                    result.push_str(&format!(" (stage `{stage}` differs: see the warning)"));
+                }
+                if !rep.loosened.is_empty() {
+                    result.push_str(&format!(" (loosened: {})", rep.loosened.join(", ")));
+                }
                 rows.push([rep.file.clone(), rep.block.clone(), inputs, abs, rel, tol, f64s, result]);
             }
             Err(_) => rows.push([

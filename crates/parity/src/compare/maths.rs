@@ -9,9 +9,13 @@
 //!
 //! `|o64_i − r_i| ≤ m_i · (MATHS_FACTOR · eps64 · (1 + U_i / eps_dtype) + EMBEDDING_FACTOR · S_i)`
 //!
-//! with `m_i` the local magnitude and `S_i` the local RMS effect of the float32 embeddings
-//! PyTorch builds in every dtype (`unet_attention::float64_run`): our float64 run once more with
-//! them exact, against the run as PyTorch builds them (0 where the block has none). A port whose
+//! with `m_i` the local magnitude and `S_i` the local RMS effect of the float32 steps PyTorch's
+//! float64 run takes (`unet_attention::float64_run`), measured on our own float64 runs: the
+//! float32 embeddings PyTorch builds in every dtype (our run with them exact, against the run as
+//! PyTorch builds them), plus, for a twin that kept the published `.float()` casts, those casts
+//! (our run with them kept, against our run with them off). Each is 0 where the block has no such
+//! step. Two float32 computations of the same step (PyTorch's softmax and ours) differ by a few
+//! float32 roundings, which is what a multiple of the step's own effect allows. A port whose
 //! mathematics differs (a head split, a swapped key and value, a scale, an eps, a bias, tanh GELU)
 //! differs from `r` by its whole effect, which float64 does not hide: millions of times this
 //! allowance on the generated bundles, where an honest block needs at most thousands
@@ -26,7 +30,7 @@ use serde::Serialize;
 /// largest an honest block needed on the calibration half, rounded up.
 pub const MATHS_FACTOR: f64 = 2.0e5;
 
-/// The multiple of the float32 embeddings' local effect `S_i` allowed on top.
+/// The multiple of the float32 steps' local effect `S_i` (embeddings, kept casts) allowed on top.
 pub const EMBEDDING_FACTOR: f64 = 8.0;
 
 /// The maths check of one output.
@@ -46,7 +50,7 @@ pub struct MathsReport {
     /// Which float64 run of ours matched best: `casts off` (the exporters' twins) or `casts kept`
     /// (a plain `.double()`'s).
     pub convention: String,
-    /// Whether the allowance includes the float32 embeddings' effect.
+    /// Whether the allowance includes float32 steps' effect (embeddings, kept casts).
     pub embeddings: bool,
 }
 
@@ -59,7 +63,7 @@ impl MathsReport {
                  allowance)",
                 self.convention,
                 if self.embeddings {
-                    ", with the float32 embeddings' effect"
+                    ", with its float32 steps' effect"
                 } else {
                     ""
                 },
@@ -81,12 +85,14 @@ impl MathsReport {
     }
 }
 
-/// What the maths check compares: our float64 run (under the convention named), and, when the
-/// block builds float32 embeddings, the pair of our float64 runs that measures their effect `S_i`
-/// (embeddings as PyTorch builds them, and exact).
+/// What the maths check compares: our float64 run (under the convention named), and the pairs
+/// of our float64 runs that measure the effect `S_i` of the float32 steps PyTorch's float64 run
+/// takes: the embeddings (as PyTorch builds them, and exact) where the block builds float32 ones,
+/// the published casts (kept, and off) under the `casts kept` convention.
 pub struct Float64Runs<'a> {
     pub ours64: &'a Tensor,
     pub embeddings: Option<(&'a Tensor, &'a Tensor)>,
+    pub casts: Option<(&'a Tensor, &'a Tensor)>,
     pub convention: &'a str,
 }
 
@@ -111,19 +117,24 @@ impl Elements {
         }
         let (t, r, o64) = (values(torch)?, values(reference)?, values(runs.ours64)?);
         let model = ErrorModel::new(&t, &r);
-        let embeddings = match runs.embeddings {
-            Some((plain, x)) if x.dims() == dims.as_slice() && plain.dims() == dims.as_slice() => {
-                let (plain, x) = (values(plain)?, values(x)?);
-                let squares: Vec<f64> = plain
-                    .iter()
-                    .zip(&x)
-                    .zip(&model.scale)
-                    .map(|((a, b), m)| relative(a - b, *m).powi(2))
-                    .collect();
-                Some(window_rms(&squares, NEIGHBOURHOOD))
+        let mut embeddings: Option<Vec<f64>> = None;
+        for (a, b) in [runs.embeddings, runs.casts].into_iter().flatten() {
+            if a.dims() != dims.as_slice() || b.dims() != dims.as_slice() {
+                continue;
             }
-            _ => None,
-        };
+            let (a, b) = (values(a)?, values(b)?);
+            let squares: Vec<f64> = a
+                .iter()
+                .zip(&b)
+                .zip(&model.scale)
+                .map(|((a, b), m)| relative(a - b, *m).powi(2))
+                .collect();
+            let effect = window_rms(&squares, NEIGHBOURHOOD);
+            embeddings = Some(match embeddings {
+                Some(sum) => sum.iter().zip(&effect).map(|(x, y)| x + y).collect(),
+                None => effect,
+            });
+        }
         let eps = epsilon(dtype);
         let distance = o64
             .iter()
@@ -143,7 +154,7 @@ impl Elements {
         }))
     }
 
-    /// `S_i` (0 without embeddings).
+    /// `S_i` (0 without float32 steps).
     fn effect(&self, i: usize) -> f64 {
         self.embeddings.as_ref().map_or(0.0, |s| s[i])
     }
@@ -258,6 +269,7 @@ mod tests {
         let runs = Float64Runs {
             ours64: &tensor(&ours64),
             embeddings: None,
+            casts: None,
             convention: "casts off",
         };
         let ok = maths_check(&runs, &tensor(&t), &tensor(&r), DType::F32).unwrap();
@@ -267,6 +279,7 @@ mod tests {
         let runs = Float64Runs {
             ours64: &tensor(&wrong),
             embeddings: None,
+            casts: None,
             convention: "casts off",
         };
         let bad = maths_check(&runs, &tensor(&t), &tensor(&r), DType::F32).unwrap();
@@ -284,6 +297,7 @@ mod tests {
         let without = Float64Runs {
             ours64: &ours64,
             embeddings: None,
+            casts: None,
             convention: "casts off",
         };
         assert!(
@@ -300,5 +314,35 @@ mod tests {
                 .unwrap()
                 .matches
         );
+    }
+
+    #[test]
+    fn a_kept_cast_widens_the_allowance_by_its_own_effect_only() {
+        let r: Vec<f64> = (0..200).map(|i| 1.0 + (i % 7) as f64).collect();
+        let t: Vec<f64> = r.iter().map(|x| x * (1.0 + 1e-7)).collect();
+        // PyTorch's twin kept a float32 softmax: 2e-8 off; ours kept it too, rounded elsewhere
+        let ours_kept: Vec<f64> = r.iter().map(|x| x * (1.0 + 3e-8)).collect();
+        let ours_off: Vec<f64> = r.iter().map(|x| x * (1.0 + 1e-15)).collect();
+        let (kept, off) = (tensor(&ours_kept), tensor(&ours_off));
+        let twin = tensor(&r.iter().map(|x| x * (1.0 + 2e-8)).collect::<Vec<_>>());
+        let runs = Float64Runs {
+            ours64: &kept,
+            embeddings: None,
+            casts: Some((&kept, &off)),
+            convention: "casts kept",
+        };
+        let ok = maths_check(&runs, &tensor(&t), &twin, DType::F32).unwrap();
+        assert!(ok.matches, "{}", ok.text());
+        // a bug of 1e-5 relative is far beyond the casts' effect (measured on the bug's own runs,
+        // which differ by the cast as the honest ones do)
+        let wrong = tensor(&r.iter().map(|x| x * (1.0 + 1e-5)).collect::<Vec<_>>());
+        let bad_runs = Float64Runs {
+            ours64: &wrong,
+            embeddings: None,
+            casts: Some((&kept, &off)),
+            convention: "casts kept",
+        };
+        let bad = maths_check(&bad_runs, &tensor(&t), &twin, DType::F32).unwrap();
+        assert!(!bad.matches, "{}", bad.text());
     }
 }

@@ -63,6 +63,38 @@ impl Verdict {
     }
 }
 
+/// A bundle's (or port's) verdict: every output passed; some output failed; or none failed and
+/// some could not be judged ([`Verdict::Inconclusive`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    Pass,
+    Fail,
+    Inconclusive,
+}
+
+impl Outcome {
+    /// The outcome of these outputs.
+    pub fn of(outputs: &[OutputReport]) -> Self {
+        if outputs.iter().all(|o| o.pass) {
+            Outcome::Pass
+        } else if outputs.iter().any(|o| !o.pass && !o.inconclusive()) {
+            Outcome::Fail
+        } else {
+            Outcome::Inconclusive
+        }
+    }
+
+    /// `PASS`, `FAIL`, `INCONCLUSIVE`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Outcome::Pass => "PASS",
+            Outcome::Fail => "FAIL",
+            Outcome::Inconclusive => "INCONCLUSIVE",
+        }
+    }
+}
+
 /// The element that failed worst (largest excess over what the rule allowed it).
 #[derive(Debug, Clone, Serialize)]
 pub struct Element {
@@ -526,7 +558,8 @@ fn rule_b_text(report: &OutputReport, allow: f64) -> String {
 
 /// Under `--strict`, an output that passed only within PyTorch's own error (rule (b)) fails.
 pub fn apply_strict(report: &mut OutputReport) {
-    if report.pass && report.verdict == Verdict::TorchError {
+    let by_rule_b = (report.pass && report.verdict == Verdict::TorchError) || report.verdict == Verdict::Inconclusive;
+    if by_rule_b {
         report.pass = false;
         report.verdict = Verdict::Fail;
         report.reason = Some(format!(

@@ -276,3 +276,155 @@ fn the_calibration_sample_passes_and_its_float32_bugs_fail() {
     }
     assert!(failed >= 3, "{failed} float32 bugs in the sample");
 }
+
+// --- Issue 53: a PASS is a statement about PyTorch's output -------------------------------------
+
+/// PyTorch's output replaced (its float64 twin kept): zeros, negated, × 1.05, + 1e-3, plus noise
+/// of half its RMS, each rounded to the bundle's dtype.
+fn forgeries(t: &Tensor) -> Vec<(&'static str, Tensor)> {
+    let v = f64s(t);
+    let rms = (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
+    // a fixed pseudo-random sign and size per element
+    let noise = |i: usize| ((i as f64 * 12.9898).sin() * 43758.5453).fract() * 1.7;
+    let kinds: [(&'static str, Box<dyn Fn(usize, f64) -> f64>); 5] = [
+        ("zeros", Box::new(|_, _| 0.0)),
+        ("negated", Box::new(|_, x| -x)),
+        ("x1.05", Box::new(|_, x| x * 1.05)),
+        ("+1e-3", Box::new(|_, x| x + 1e-3)),
+        ("noise", Box::new(move |i, x| x + 0.5 * rms * noise(i))),
+    ];
+    kinds
+        .into_iter()
+        .map(|(k, f)| (k, like(v.iter().enumerate().map(|(i, x)| f(i, *x)).collect(), t)))
+        .collect()
+}
+
+/// A committed bundle copied into `dir` with its output replaced; a bundle that references a
+/// checkpoint (`parity.weights`, relative) gets the checkpoint copied beside it at the same
+/// relative place.
+fn with_output(rel: &str, dir: &Path, name: &str, output: &Tensor, twin: bool) -> std::path::PathBuf {
+    let src = weights().join(rel);
+    let mut b = RawBundle::read(&src);
+    let sub = dir.join(name).join(Path::new(rel).parent().unwrap());
+    std::fs::create_dir_all(&sub).unwrap();
+    if let Some(ckpt) = b.metadata.get("parity.weights").cloned() {
+        let from = src.parent().unwrap().join(&ckpt);
+        let to = sub.join(&ckpt);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&from, &to).unwrap();
+    }
+    b.tensors.insert(OUT.into(), output.clone());
+    if !twin {
+        b.tensors.remove(TWIN);
+    }
+    let path = sub.join(Path::new(rel).file_name().unwrap());
+    b.write(&path);
+    path
+}
+
+/// Every forged PyTorch output, in float32, float16 and bfloat16, of a block and of the whole VAE
+/// and U-Net, is not a PASS, with and without `--trace` (with the twin it is inconclusive or a
+/// FAIL; the same output without a twin is a FAIL), while the honest bundle passes.
+#[test]
+fn a_forged_pytorch_output_is_never_a_pass() {
+    let dir = scratch("verdict-forged-output");
+    let bundles = [
+        ("diffusers/attention_vae_mid.safetensors", true),
+        ("diffusers/attention_vae_mid_f16.safetensors", false),
+        ("diffusers/attention_vae_mid_bf16.safetensors", false),
+        ("whole/vae.safetensors", true),
+        ("whole/vae_f16.safetensors", false),
+        ("whole/sd1_unet_f16.safetensors", false),
+    ];
+    for (rel, traced) in bundles {
+        let (code, out, err) = check(&weights().join(rel), &[]);
+        assert_eq!(code, 0, "honest {rel}: {out}{err}");
+        let t = RawBundle::read(&weights().join(rel)).tensors[OUT].clone();
+        for (kind, forged) in forgeries(&t) {
+            let name = format!("{}-{kind}", rel.replace('/', "-"));
+            let p = with_output(rel, &dir, &name, &forged, true);
+            let modes: &[&[&str]] = if traced { &[&[], &["--trace"]] } else { &[&[]] };
+            for extra in modes {
+                let (code, out, err) = check(&p, extra);
+                assert!(code == 1 || code == 3, "{rel} {kind} {extra:?}: exit {code}\n{out}{err}");
+                assert!(!out.contains("1 passed"), "{rel} {kind}: {out}");
+            }
+            let p = with_output(rel, &dir, &format!("{name}-no-twin"), &forged, false);
+            let (code, out, err) = check(&p, &[]);
+            assert_eq!(code, 1, "{rel} {kind} without its twin: {out}{err}");
+        }
+    }
+}
+
+/// The scaled forgery's verdict is inconclusive (exit 3), says why and what to check, and the JSON
+/// says `inconclusive`.
+#[test]
+fn an_implausible_pytorch_output_is_inconclusive() {
+    let dir = scratch("verdict-inconclusive");
+    let rel = "diffusers/attention_vae_mid.safetensors";
+    let t = RawBundle::read(&weights().join(rel)).tensors[OUT].clone();
+    let scaled = like(f64s(&t).iter().map(|x| x * 1.05).collect(), &t);
+    let p = with_output(rel, &dir, "scaled", &scaled, true);
+    let (code, out, err) = check(&p, &[]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(out.contains("INCONCLUSIVE"), "{out}");
+    assert!(out.contains("0 passed, 0 failed, 1 inconclusive"), "{out}");
+    assert!(out.contains("--dtype f64"), "{out}");
+    let (code, out, _) = check(&p, &["--json"]);
+    assert_eq!(code, 3);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["inconclusive"], 1);
+    assert_eq!(doc["bundles"][0]["outcome"], "inconclusive");
+    assert_eq!(doc["bundles"][0]["outputs"][0]["verdict"], "inconclusive");
+}
+
+fn verdict_data(name: &str) -> std::path::PathBuf {
+    crate::common::root().join("crates/parity/tests/data/verdict").join(name)
+}
+
+/// PyTorch's float32 run with a wrong eps (a float32-only bug: a fused kernel, a dtype-dependent
+/// eps), its float64 twin right: ours reproduces the twin, not the output, and is not a PASS; the
+/// same wrong module with its own twin fails (scripts/export_verdict.py made both).
+#[test]
+fn a_float32_only_bug_in_pytorchs_run_is_not_a_pass() {
+    let (code, out, err) = check(&verdict_data("vae_mid_eps_f32_only.safetensors"), &[]);
+    assert!(code == 1 || code == 3, "{out}{err}");
+    let (code, out, err) = check(&verdict_data("vae_mid_eps_wrong_module.safetensors"), &[]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("float64 run differs"), "{out}");
+}
+
+/// A port whose resnets compute with eps 1e-6 where the SD 2.x mid block uses 1e-5 (the bundle's
+/// config edited, so that our block is that port): the float64 run shows it (a FAIL), and in
+/// float16, where rounding hides it from rule (a) and (b), too.
+#[test]
+fn a_wrong_eps_in_a_mid_blocks_resnets_fails() {
+    let dir = scratch("verdict-resnet-eps");
+    for rel in [
+        "mid/unet_mid_block_2d_cross_attn_sd2_ref.safetensors",
+        "mid/unet_mid_block_2d_cross_attn_sd1_f16.safetensors",
+        "mid/unet_mid_block_2d_cross_attn_sd1_bf16.safetensors",
+    ] {
+        if !weights().join(rel).exists() {
+            continue;
+        }
+        let src = weights().join(rel);
+        let mut b = RawBundle::read(&src);
+        let mut config: serde_json::Value = serde_json::from_str(&b.metadata["parity.config"]).unwrap();
+        let eps = config["resnet_eps"].as_f64().unwrap_or(1e-5);
+        config["resnet_eps"] = (eps / 10.0).into();
+        b.metadata.insert("parity.config".into(), config.to_string());
+        let sub = dir.join(Path::new(rel).file_stem().unwrap());
+        std::fs::create_dir_all(&sub).unwrap();
+        if let Some(ckpt) = b.metadata.get("parity.weights").cloned() {
+            let to = sub.join(&ckpt);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(src.parent().unwrap().join(&ckpt), &to).unwrap();
+        }
+        let p = sub.join(Path::new(rel).file_name().unwrap());
+        b.write(&p);
+        let (code, out, err) = check(&p, &[]);
+        assert_eq!(code, 1, "{rel}: {out}{err}");
+        assert!(out.contains("float64 run differs"), "{rel}: {out}");
+    }
+}
