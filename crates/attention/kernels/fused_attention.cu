@@ -48,8 +48,10 @@
 // Layouts: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, D) with any batch/head/row strides
 // (in elements) and a contiguous last dim; out contiguous (B, H, Lq, D). `mask` (nullable) is
 // additive f32 with strides (b, h, q, k), 0 where broadcast. Keys past Lk score −inf; a row with
-// every key at −inf gives 0 (as PyTorch's fused kernels). Memory: O(tokens × head dim) (the
-// split workspace is splits × B·H·Lq·(D + 2) floats).
+// every key at −inf gives 0 (as PyTorch's fused kernels); one with every key at the same finite
+// mask value (−1e9, finfo(f32).min) their mean, the softmax of equal logits. Memory:
+// O(tokens × head dim) (the split workspace, null when unsplit, is splits × B·H·Lq·(D + 2)
+// floats).
 //
 // Requires sm_80+ for the mma/ldmatrix/cp.async kernels (build.rs builds nothing below that).
 // Status: compiled by nvcc in CI; it has NOT yet run on a GPU (see crates/attention/src/cuda).
