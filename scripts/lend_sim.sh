@@ -110,16 +110,18 @@ summary_has "$tmp/plain" 'sum(1 for l in open(sys.argv[1].replace("summary", "ch
     "candidate: check.jsonl has no line for most bundles"
 
 set +e
-run_kit hang FAKE_HANG=bench_torch_py CAP_SDPA=3
+# (bench_torch.py's stand-in hangs in the whole stage too.)
+run_kit hang FAKE_HANG=bench_torch_py CAP_SDPA=3 CAP_WHOLE=3
 set -e
 check_out "$tmp/hang" "candidate with the sdpa stage hanging"
-summary_has "$tmp/hang" 'stages["sdpa"]["stopped"] and stages["sdpa"]["seconds"] <= 10 and "check" in stages and not stages["check"]["stopped"]' \
+summary_has "$tmp/hang" 'all(stages[s]["stopped"] and stages[s]["seconds"] <= 10 for s in ("sdpa", "whole")) and not stages["layers"]["stopped"] and not stages["check"]["stopped"]' \
     "candidate with the sdpa stage hanging: its cap did not stop it, or the later stages did not run"
 
 # Killed mid-run: the whole process group at once (as a lent machine's limit ends a command),
-# while the layers stage hangs; the stages finished by then must be in OUT.
+# while the layers stage hangs; the stages finished by then must be in OUT. (The hanging stand-in
+# runs under `timeout`, in a process group of its own, which its cap ends: CAP_LAYERS short.)
 mkdir -p "$tmp/tmpdir-cut"
-setsid env UNET_KIT_SELFTEST=1 TMPDIR="$tmp/tmpdir-cut" PACK_EVERY_S=1 FAKE_HANG=conv_check \
+setsid env UNET_KIT_SELFTEST=1 TMPDIR="$tmp/tmpdir-cut" PACK_EVERY_S=1 FAKE_HANG=conv_check CAP_LAYERS=15 \
     bash "$kit/run.sh" candidate "$tmp/cut" >"$tmp/cut.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do
