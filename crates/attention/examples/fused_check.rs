@@ -265,7 +265,9 @@ mod gpu {
         // Finite masks stay f32 (finfo(f32).min and −1e10 are −∞ in f16; −1e9 too).
         let mask = match c.mask {
             Mask::Finite(_) => mask_tensor(c.mask, b, lq, lk, dev)?,
-            _ => mask_tensor(c.mask, b, lq, lk, dev)?.map(|m| m.to_dtype(c.dtype)).transpose()?,
+            _ => mask_tensor(c.mask, b, lq, lk, dev)?
+                .map(|m| m.to_dtype(c.dtype))
+                .transpose()?,
         };
         let scale = default_scale(d);
         let opts = FusedOptions {

@@ -630,7 +630,10 @@ mod tests {
         let p = Plan::new(&dims(2, 3, 100, 130, 40), DType::F16, &H100, FusedVariant::Exp2).unwrap();
         assert_eq!(p.clone().split_keys(1).unwrap().workspace(), None);
         let rows = 2 * 3 * 100;
-        assert_eq!(p.split_keys(2).unwrap().workspace(), Some((2 * rows * 40, 2 * rows * 2)));
+        assert_eq!(
+            p.split_keys(2).unwrap().workspace(),
+            Some((2 * rows * 40, 2 * rows * 2))
+        );
     }
 
     #[test]

@@ -231,7 +231,9 @@ fn run_counted(bin: &Path, c: &Case) -> (Vec<f64>, Plan, Traffic) {
     // The split workspace, as the CUDA launch allocates it: only with split keys (else null
     // pointers), filled with NaN as the launch leaves it uninitialised: every element must be
     // written before the merge reads it.
-    let ws = plan.workspace().map(|(o, ml)| (req.garbage(o * 4), req.garbage(ml * 4)));
+    let ws = plan
+        .workspace()
+        .map(|(o, ml)| (req.garbage(o * 4), req.garbage(ml * 4)));
     assert_eq!(ws.is_some(), plan.splits > 1);
     // The runner replaces buffer index + 1 in the pointer fields with the buffers' addresses.
     let reference = |i: usize| i as u64 + 1;
@@ -264,7 +266,11 @@ fn run_counted(bin: &Path, c: &Case) -> (Vec<f64>, Plan, Traffic) {
     let v_max = v.values.iter().fold(0f64, |a, x| a.max(x.abs()));
     let mut rows = vec![0f64; b * h * lq];
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        let e = if g.is_finite() { (g - w).abs() / v_max } else { f64::INFINITY };
+        let e = if g.is_finite() {
+            (g - w).abs() / v_max
+        } else {
+            f64::INFINITY
+        };
         rows[i / d] = rows[i / d].max(e);
     }
     (rows, plan, traffic)

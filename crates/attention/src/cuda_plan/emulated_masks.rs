@@ -150,7 +150,13 @@ fn check_all(cases: &[(Case, &str)]) {
             failed.push(format!("{line}: {}", rows.join(", ")));
         }
     }
-    assert!(failed.is_empty(), "{} of {} cases fail:\n{}", failed.len(), cases.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{} of {} cases fail:\n{}",
+        failed.len(),
+        cases.len(),
+        failed.join("\n")
+    );
 }
 
 /// Every f16/bf16 kernel form, unsplit and split 3 ways.
@@ -215,6 +221,9 @@ fn mask_rows_cover_the_cases() {
     // Split s of 3 holds keys 64·s .. 64·s + 63.
     let split_masked = |i: usize, s: usize| row(i)[64 * s..(64 * s + 64).min(KEYS)].iter().all(|&x| x != 0.0);
     for s in 0..3 {
-        assert!((0..ROWS).any(|i| kind(i).0 != Pattern::Whole && split_masked(i, s)), "split {s}");
+        assert!(
+            (0..ROWS).any(|i| kind(i).0 != Pattern::Whole && split_masked(i, s)),
+            "split {s}"
+        );
     }
 }

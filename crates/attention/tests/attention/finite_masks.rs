@@ -98,7 +98,8 @@ fn f64_reference(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) 
     let (b, h, lq, d) = q.dims4().unwrap();
     let lk = k.dim(2).unwrap();
     let m = values_f64(mask);
-    let score = |bh: usize, i: usize, j: usize, dot: f64| ((dot * scale) as f32 + m[(bh / h * lq + i) * lk + j] as f32) as f64;
+    let score =
+        |bh: usize, i: usize, j: usize, dot: f64| ((dot * scale) as f32 + m[(bh / h * lq + i) * lk + j] as f32) as f64;
     naive_attention(
         (&values_f64(q), &values_f64(k), &values_f64(v)),
         (b * h, lq, lk, d, d),
@@ -138,7 +139,10 @@ fn check(dtype: DType, (b, h, lq, lk, d): (usize, usize, usize, usize, usize), p
     );
     let m = mask(pattern, (b, lq, lk));
     let scale = default_scale(d);
-    assert!([0.125, 0.25].contains(&scale), "{what}: a scale the scores are exact multiples of");
+    assert!(
+        [0.125, 0.25].contains(&scale),
+        "{what}: a scale the scores are exact multiples of"
+    );
     let want = values_f64(&sdpa_with(SdpaPath::Reference, &q, &k, &v, Some(&m), scale).unwrap());
     let uniform = uniform_rows(&v, &m, h);
     for path in [SdpaPath::Reference, SdpaPath::Flash, SdpaPath::Chunked, SdpaPath::Auto] {
@@ -165,7 +169,12 @@ fn check(dtype: DType, (b, h, lq, lk, d): (usize, usize, usize, usize, usize), p
 fn every_cpu_path_averages_rows_masked_by_a_large_finite_value() {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         let mut uniform = 0;
-        for pattern in [Pattern::FirstKeys(64), Pattern::Causal, Pattern::LeftPad, Pattern::RightPad] {
+        for pattern in [
+            Pattern::FirstKeys(64),
+            Pattern::Causal,
+            Pattern::LeftPad,
+            Pattern::RightPad,
+        ] {
             uniform += check(dtype, (5, 2, 33, 200, 64), pattern);
         }
         uniform += check(dtype, (5, 1, 9, 1100, 16), Pattern::FirstKeys(512));
