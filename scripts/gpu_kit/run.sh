@@ -7,14 +7,14 @@
 #   candidate  what a lent GPU's first minutes should return, most valuable first, each stage
 #           held to its own cap (seconds, CAP_<STAGE>) and all within CANDIDATE_BUDGET_S
 #           (default 320 s: with unpacking and loading, within 6 minutes on an H100):
-#           fused (80 s)  fused_check: the fused attention in every variant against the chunked
+#           fused (70 s)  fused_check: the fused attention in every variant against the chunked
 #                         path, large finite masks included, and `first_call_s`;
 #           sdpa (75 s)   our fused core (the default variant) against PyTorch's SDPA on the seven
 #                         core shapes, f16 then bf16, one round;
-#           layers (45 s) layers_check then conv_check: the CUDA layers and convolutions;
-#           whole (70 s)  the SD 1.5 and SDXL mid blocks in f16, one round, ours with the fused
+#           layers (40 s) layers_check then conv_check: the CUDA layers and convolutions;
+#           whole (80 s)  the SD 1.5 and SDXL mid blocks in f16, one round, ours with the fused
 #                         attention and the CUDA layers on (only those two bundles exported);
-#           check (60 s)  unet-parity check over the kit's bundles in their dtypes with the fused
+#           check (55 s)  unet-parity check over the kit's bundles in their dtypes with the fused
 #                         attention and the CUDA layers on (what flipping AUTO_PICKS_FUSED and
 #                         AUTO_PICKS_CUDA_LAYERS needs).
 #   fused   fused_check, then unet-parity check over the bundles with UNET_ATTENTION_SDPA=fused.
@@ -424,12 +424,12 @@ run_models() {
 # all within CANDIDATE_BUDGET_S.
 run_candidate() {
     budget_end=$((SECONDS + ${CANDIDATE_BUDGET_S:-320}))
-    stage fused "${CAP_FUSED:-80}" run_fused_check
+    stage fused "${CAP_FUSED:-70}" run_fused_check
     ROUNDS=1 FUSED_VARIANTS=default DTYPES_FUSED="f16 bf16" stage sdpa "${CAP_SDPA:-75}" run_bench fusedcore
-    stage layers "${CAP_LAYERS:-45}" run_layers_conv
-    ROUNDS=1 WHOLE_CASES="sd15_mid sdxl_mid" DTYPES_WHOLE=f16 WHOLE_F32=no stage whole "${CAP_WHOLE:-70}" run_bench whole
+    stage layers "${CAP_LAYERS:-40}" run_layers_conv
+    ROUNDS=1 WHOLE_CASES="sd15_mid sdxl_mid" DTYPES_WHOLE=f16 WHOLE_F32=no stage whole "${CAP_WHOLE:-80}" run_bench whole
     UNET_ATTENTION_SDPA=fused UNET_ATTENTION_CUDA_LAYERS=on CHECK_DTYPES=bundle CHECK_TAG=_fused_layers \
-        stage check "${CAP_CHECK:-60}" run_check
+        stage check "${CAP_CHECK:-55}" run_check
 }
 run_layers_conv() {
     run_layers
