@@ -118,22 +118,24 @@ summary_has "$tmp/hang" 'all(stages[s]["stopped"] and stages[s]["seconds"] <= 10
     "candidate with the sdpa stage hanging: its cap did not stop it, or the later stages did not run"
 
 # Killed mid-run: the whole process group at once (as a lent machine's limit ends a command),
-# while the layers stage hangs; the stages finished by then must be in OUT. (The hanging stand-in
-# runs under `timeout`, in a process group of its own, which its cap ends: CAP_LAYERS short.)
+# while the layers stage hangs in conv_check (its first half of lines written, packed into OUT by
+# the periodic packer); the stages finished by then, and those lines, must be in OUT. (The
+# hanging stand-in runs under `timeout`, in a process group of its own, which its cap ends.)
 mkdir -p "$tmp/tmpdir-cut"
-setsid env UNET_KIT_SELFTEST=1 TMPDIR="$tmp/tmpdir-cut" PACK_EVERY_S=1 FAKE_HANG=conv_check CAP_LAYERS=15 \
+setsid env UNET_KIT_SELFTEST=1 TMPDIR="$tmp/tmpdir-cut" PACK_EVERY_S=1 FAKE_HANG=conv_check CAP_LAYERS=30 \
     bash "$kit/run.sh" candidate "$tmp/cut" >"$tmp/cut.log" 2>&1 &
 pid=$!
-for _ in $(seq 100); do
-    grep -q "conv_check: FAKE_HANG" "$tmp/cut.log" 2>/dev/null && break
+for _ in $(seq 150); do
+    grep -q '"stage": "conv"' "$tmp/cut/layers.jsonl" 2>/dev/null && break
     sleep 0.2
 done
-sleep 2 # a periodic pack of the hanging stage's lines
 kill -KILL -- "-$pid" 2>/dev/null || true
 wait "$pid" 2>/dev/null || true
 check_out "$tmp/cut" "candidate killed in its layers stage"
 for f in summary fused sdpa layers; do
     [[ -s "$tmp/cut/$f.jsonl" ]] || cuda_fail "candidate killed in its layers stage: no $f.jsonl in OUT"
 done
-summary_has "$tmp/cut" '"fused" in stages and "sdpa" in stages' "candidate killed in its layers stage: the finished stages are not in OUT"
+summary_has "$tmp/cut" '"fused" in stages and "sdpa" in stages and "layers" not in stages' \
+    "candidate killed in its layers stage: the finished stages are not in OUT, or it was not killed in layers"
+grep -q '"stage": "conv"' "$tmp/cut/layers.jsonl" || cuda_fail "candidate killed in its layers stage: conv_check's lines so far are not in OUT"
 echo "== lend-sim: passed in $((SECONDS - start)) s of self-test runs: copy $(mib "$total") MiB (tree $(mib "$tree_bytes"), kit $(mib "$kit_bytes"), binaries $bins)"
