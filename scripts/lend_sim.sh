@@ -64,14 +64,15 @@ echo "== lend-sim: tree $(mib "$tree_bytes") MiB + kit $(mib "$kit_bytes") MiB =
 
 # check_out OUT WHAT: OUT within what a lent machine returns.
 check_out() {
-    local out="$1" what="$2" n=0 sum=0 f rel size part
+    local out="$1" what="$2" n=0 sum=0 f rel size part parts
     while IFS= read -r -d '' f; do
         rel="${f#"$out"/}"
         size=$(stat -c %s "$f")
         n=$((n + 1)) sum=$((sum + size))
         ((size <= 16 << 20)) || cuda_fail "$what: $rel is $(mib "$size") MiB, over 16"
         [[ $(tr -cd / <<<"$rel" | wc -c) -le 2 ]] || cuda_fail "$what: $rel is more than 2 folders down"
-        for part in ${rel//\// }; do
+        IFS=/ read -r -a parts <<<"$rel"
+        for part in "${parts[@]}"; do
             [[ "$part" =~ ^[A-Za-z0-9._-]+$ ]] || cuda_fail "$what: $rel: '$part' is not letters, digits, '.', '_', '-'"
         done
     done < <(find "$out" -mindepth 1 \( -type f -o -type l \) -print0)
