@@ -4,85 +4,106 @@
 #
 #   ./run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|splits|whole|models] [OUT]     (default: all, into $OUT or ./results)
 #
-#   candidate  what flipping unet_attention::cuda::{AUTO_PICKS_FUSED, AUTO_PICKS_CUDA_LAYERS}
-#           needs, in one short run (about 5 min on an H100, held within CANDIDATE_BUDGET_S,
-#           default 330 s; run it first when GPU time is short): fused_check and layers_check
-#           (each opening with its first call's latency, loading the kernels included:
-#           `first_call_s`, target under 2 s), conv_check, every bundle in its dtype with
-#           UNET_ATTENTION_SDPA=fused (check_fused_bundle.json) and, apart, with
-#           UNET_ATTENTION_CUDA_LAYERS=on (check_layers_bundle.json), the whole mid blocks in f16
-#           with both on, one round (bench_whole_f16.*).
-#   fused   the crate's own fused CUDA attention kernel against the chunked path (fused_check:
-#           every head-dim bucket 8-512, odd lengths, masks, f16/bf16/f32, split-KV on and off;
-#           fused.jsonl, one line a case), then unet-parity check over the bundles with
-#           UNET_ATTENTION_SDPA=fused in each bundle's dtype (check_fused_bundle.json). Runs first in
-#           `all`: the kernel has not run on a GPU before this stage.
-#   layers  the crate's fused CUDA layers (GroupNorm with pre-add and swish, GEGLU/SwiGLU gates,
-#           the bias/residual/rescale epilogue) against f64 CPU references, and the native
-#           half-precision projections and matmul against the CPU's (layers_check; layers.jsonl,
-#           one line a case; run with UNET_ATTENTION_CUDA_LAYERS=on). Runs right after `fused` in `all`.
-#   conv    the crate's cuDNN convolution and the Conv2d layer on it against an f64 CPU reference
-#           (conv_check: 1x1 and 3x3, 3-1280 channels, images 1x1-64x64, a non-contiguous input,
-#           bias and extras, f32/f16/bf16; the TF32 mode's error recorded; the algorithm cache;
-#           conv.jsonl, one line a case; with UNET_ATTENTION_CUDA_LAYERS=on). Runs after `layers`.
+#   candidate  what a lent GPU's first minutes should return, most valuable first, each stage
+#           held to its own cap (seconds, CAP_<STAGE>) and all within CANDIDATE_BUDGET_S
+#           (default 320 s: with unpacking and loading, within 6 minutes on an H100):
+#           fused (70 s)  fused_check: the fused attention in every variant against the chunked
+#                         path, large finite masks included, and `first_call_s`;
+#           sdpa (75 s)   our fused core (the default variant) against PyTorch's SDPA on the seven
+#                         core shapes, f16 then bf16, one round;
+#           layers (40 s) layers_check then conv_check: the CUDA layers and convolutions;
+#           whole (80 s)  the SD 1.5 and SDXL mid blocks in f16, one round, ours with the fused
+#                         attention and the CUDA layers on (only those two bundles exported);
+#           check (55 s)  unet-parity check over the kit's bundles in their dtypes with the fused
+#                         attention and the CUDA layers on (what flipping AUTO_PICKS_FUSED and
+#                         AUTO_PICKS_CUDA_LAYERS needs).
+#   fused   fused_check, then unet-parity check over the bundles with UNET_ATTENTION_SDPA=fused.
+#   layers  layers_check (the fused CUDA layers and native half products against CPU references,
+#           with UNET_ATTENTION_CUDA_LAYERS=on).
+#   conv    conv_check (the cuDNN convolution against an f64 reference, with the CUDA layers on).
 #   check   unet-parity check over the kit's bundles on cuda: in each bundle's dtype, then
-#           --dtype f16 and --dtype bf16 (CHECK_DTYPES; check_<dtype>.json, the CLI's JSON, and one
-#           summary line each in summary.jsonl), with the settings of the environment (by
-#           default the validated paths: chunked attention, the CUDA layers off).
-#   core    the attention core and the attention blocks, ours (bench_sdpa) against PyTorch's SDPA
-#           and the same PyTorch blocks, in f32 and f16 (bench_core_<dtype>.jsonl/.md, bench_block_<dtype>.jsonl/.md).
+#           --dtype f16 and --dtype bf16 (CHECK_DTYPES), with the settings of the environment.
+#   core    the attention core and blocks, ours (bench_sdpa) against PyTorch, in f32 and f16.
 #   fusedcore  the core shapes with UNET_ATTENTION_SDPA=fused against PyTorch's SDPA, in f16 and
-#           bf16 (DTYPES_FUSED; bench_fused_<dtype>.jsonl/.md), once per kernel variant
-#           (FUSED_VARIANTS, default "exp2 base w8 w8-exp2 chunked r32": UNET_ATTENTION_FUSED_VARIANT;
-#           bench_fused_<variant>_<dtype>.* for all but exp2, the default): which one should be the default.
-#   splits  the fused kernel's key splits (UNET_ATTENTION_FUSED_SPLITS: each of FUSED_SPLITS,
-#           default "auto 1 2 3 4") on the VAE's 64² core shape (head dim 512) and SDXL's, f16,
-#           against PyTorch's SDPA (bench_splits_<n>_<case>.*): whether the automatic count is
-#           the fastest. Not part of `all`.
-#   whole   the whole mid blocks of scripts/bench_torch.py (diffusers, guided-diffusion,
-#           denoising-diffusion-pytorch; their wheels come with the kit and are installed with
-#           --no-deps into a temporary folder), exported on the CPU, timed on the GPU with both
-#           sides' GPU memory, ours with the fused attention and the CUDA layers on (unless
-#           UNET_ATTENTION_SDPA / UNET_ATTENTION_CUDA_LAYERS say otherwise): f16 and bf16 with
-#           PyTorch's defaults (DTYPES_WHOLE), then (WHOLE_F32=yes) f32 against --strict-f32 and
-#           f32 with UNET_ATTENTION_TF32=on against PyTorch's default
-#           (bench_whole_<dtype>.jsonl/.md, bench_whole_f32_strict.*, bench_whole_f32_tf32.*).
-#   models  whole models (issue 48): one SD 1.5-size UNet2DConditionModel step and one SD VAE
-#           decode, PyTorch and ours (bench_whole) alternately, in DTYPES_MODELS (default f16);
-#           seeded random weights made on the machine (bench_models.jsonl). Last in `all`.
+#           bf16 (DTYPES_FUSED), once per kernel variant (FUSED_VARIANTS, default "exp2 base w8
+#           w8-exp2 chunked r32"; `default` runs the binary's default without naming it).
+#   splits  the fused kernel's key splits (FUSED_SPLITS, default "auto 1 2 3 4") on the VAE's 64²
+#           core shape and SDXL's, f16. Not part of `all`.
+#   whole   the whole mid blocks of scripts/bench_torch.py (WHOLE_CASES, default all of them:
+#           "whole"), exported on the CPU (only the selected ones), timed on the GPU, ours with the
+#           fused attention and the CUDA layers on: f16 and bf16 (DTYPES_WHOLE), then
+#           (WHOLE_F32=yes) f32 against --strict-f32 and f32 in our TF32 mode against PyTorch's
+#           default.
+#   models  one SD 1.5-size UNet2DConditionModel step and one SD VAE decode, PyTorch and ours
+#           (bench_whole) alternately, in DTYPES_MODELS (default f16). Last in `all`.
 #
-# Environment: ROUNDS (alternating rounds per case, default 2), DTYPES (core and block stages,
-# default "f32 f16"), DTYPES_FUSED (fusedcore, "f16 bf16"), FUSED_VARIANTS (fusedcore), FUSED_SPLITS (splits), DTYPES_WHOLE (whole, "f16 bf16"),
-# BENCH_ARGS (more bench_torch.py compare flags, e.g. --strict-f32), UNET_KIT_WEIGHTS (bundles).
+# Results: each stage appends JSON lines (and logs, Markdown tables) to a temporary folder, and
+# after every stage (and every PACK_EVERY_S seconds, default 20, while one runs) they are packed
+# into at most six files in OUT, so that a run cut short still returns every finished stage
+# (a lent machine returns at most 8 files): summary.jsonl (the machine, one line a stage, each
+# check's tally, the Markdown tables and the last lines of each log), fused.jsonl, sdpa.jsonl
+# (core, fusedcore, splits, block), layers.jsonl (layers and conv), whole.jsonl (whole, models),
+# check.jsonl (one line a bundle and a tally per check run). Each packed line says where it came
+# from (`src`).
 #
-# Exit codes: 0 all stages ran (failures of bundles are in the JSON, and counted in
-# summary.jsonl), 1 a stage failed, 2 usage, 3 no NVIDIA GPU here, 4 a CUDA library the binaries
-# need is not found (cuDNN 9's libcudnn.so.9 included: PyTorch's nvidia-cudnn-cu13 wheel has it).
+# Environment: ROUNDS (alternating rounds per case, default 2; 1 in candidate), DTYPES (core and
+# block, default "f32 f16"), DTYPES_FUSED, FUSED_VARIANTS, FUSED_SPLITS, DTYPES_WHOLE,
+# WHOLE_CASES, WHOLE_F32, BENCH_ARGS (more bench_torch.py compare flags), UNET_KIT_WEIGHTS (a
+# weights/ folder instead of the kit's), CAP_FUSED, CAP_SDPA, CAP_LAYERS, CAP_WHOLE, CAP_CHECK,
+# CANDIDATE_BUDGET_S. UNET_KIT_SELFTEST=1: the self-test mode (no GPU used: the kit's programs
+# are replaced by the stand-ins of fakes.sh, which print lines shaped like theirs; the stages,
+# caps, packing and unpacking run as on a GPU; scripts/lend_sim.sh runs it in CI).
+#
+# Exit codes: 0 all stages ran (failures of cases and bundles are in the JSON), 1 a stage failed,
+# 2 usage, 3 no NVIDIA GPU here, 4 a CUDA library the binaries need is not found.
 set -uo pipefail
 kit="$(cd "$(dirname "$0")" && pwd)"
-stage="${1:-all}"
+stage_arg="${1:-all}"
 out="${2:-${OUT:-$PWD/results}}"
-case "$stage" in candidate | all | fused | layers | conv | check | core | fusedcore | splits | whole | models) ;; *)
+selftest="${UNET_KIT_SELFTEST:-0}"
+case "$stage_arg" in candidate | all | fused | layers | conv | check | core | fusedcore | splits | whole | models) ;; *)
     echo "usage: run.sh [candidate|all|fused|layers|conv|check|core|fusedcore|splits|whole|models] [OUT]" >&2
     exit 2
     ;;
 esac
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+if [[ "$selftest" != 1 ]] && { ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }; then
     echo "run.sh: no NVIDIA GPU on this machine (nvidia-smi is missing or lists none); run the kit where one is" >&2
     exit 3
 fi
 
-# The binaries, unpacked from the kit's bin.tar.xz (once per kit build) with xz or Python's lzma.
-bin="${TMPDIR:-/tmp}/unet-gpu-kit-bin-$(cksum <"$kit/bin.tar.xz" | cut -d' ' -f1)"
-if [[ ! -x "$bin/unet-parity" ]]; then
-    rm -rf "$bin.partial" && mkdir -p "$bin.partial"
+# untar ARCHIVE DIR: ARCHIVE (.tar.xz) unpacked into DIR, with xz or with Python's lzma.
+untar() {
     if command -v xz >/dev/null 2>&1; then
-        tar -C "$bin.partial" -xJf "$kit/bin.tar.xz"
+        tar -C "$2" -xJf "$1"
     else
-        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$kit/bin.tar.xz" "$bin.partial"
-    fi || { echo "run.sh: could not unpack $kit/bin.tar.xz" >&2; exit 1; }
-    rm -rf "$bin" && mv "$bin.partial/bin" "$bin" && rm -rf "$bin.partial"
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"
+    fi
+}
+# unpacked ARCHIVE NAME: the folder NAME of ARCHIVE, unpacked once per kit build into $TMPDIR.
+unpacked() {
+    local dir
+    dir="${TMPDIR:-/tmp}/unet-gpu-kit-$2-$(cksum <"$1" | cut -d' ' -f1)"
+    if [[ ! -d "$dir" ]]; then
+        rm -rf "$dir.partial" && mkdir -p "$dir.partial" || return 1
+        untar "$1" "$dir.partial" || { echo "run.sh: could not unpack $1" >&2; return 1; }
+        rm -rf "$dir" && mv "$dir.partial/$2" "$dir" && rm -rf "$dir.partial" || return 1
+    fi
+    echo "$dir"
+}
+
+bin=$(unpacked "$kit/bin.tar.xz" bin) || exit 1
+work=$(mktemp -d "${TMPDIR:-/tmp}/unet-gpu-kit-work.XXXXXX") || exit 1
+trap 'rm -rf "$work"' EXIT
+bench_py=(python3 "$kit/scripts/bench_torch.py")
+models_py=(python3 "$kit/scripts/bench/whole_models.py")
+if [[ "$selftest" == 1 ]]; then
+    # shellcheck source=fakes.sh
+    source "$kit/fakes.sh"
+    bin="$work/.fake-bin"
+    make_fakes "$bin" || exit 1
+    bench_py=("$bin/bench_torch_py")
+    models_py=("$bin/whole_models_py")
 fi
 
 # PyTorch's CUDA wheels (site-packages/nvidia/*/lib: cuBLAS, NVRTC, ... and cuDNN's
@@ -108,32 +129,43 @@ if [[ -n "$missing" ]]; then
     exit 4
 fi
 
-# The bundles: UNET_KIT_WEIGHTS (a repository checkout's weights/), else the kit's weights.tar.xz
-# unpacked (once per kit build; packed so that kit and tree fit a 64 MiB copy), else kit/weights.
-if [[ -z "${UNET_KIT_WEIGHTS:-}" && -f "$kit/weights.tar.xz" ]]; then
-    UNET_KIT_WEIGHTS="${TMPDIR:-/tmp}/unet-gpu-kit-weights-$(cksum <"$kit/weights.tar.xz" | cut -d' ' -f1)"
-    if [[ ! -d "$UNET_KIT_WEIGHTS" ]]; then
-        rm -rf "$UNET_KIT_WEIGHTS.partial" && mkdir -p "$UNET_KIT_WEIGHTS.partial"
-        if command -v xz >/dev/null 2>&1; then
-            tar -C "$UNET_KIT_WEIGHTS.partial" -xJf "$kit/weights.tar.xz"
-        else
-            python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$kit/weights.tar.xz" "$UNET_KIT_WEIGHTS.partial"
-        fi || { echo "run.sh: could not unpack $kit/weights.tar.xz" >&2; exit 1; }
-        mv "$UNET_KIT_WEIGHTS.partial/weights" "$UNET_KIT_WEIGHTS" && rm -rf "$UNET_KIT_WEIGHTS.partial"
-    fi
-fi
-weights="${UNET_KIT_WEIGHTS:-$kit/weights}"
-[[ -d "$weights" ]] || { echo "run.sh: no bundles at $weights (set UNET_KIT_WEIGHTS to a weights/ folder)" >&2; exit 2; }
-mkdir -p "$out"
-summary="$out/summary.jsonl"
+mkdir -p "$out" || exit 1
+summary="$work/summary.jsonl"
 failed=0
 note() { echo "== run.sh: $*" >&2; }
 
+# Packing: every file of $work into at most six files of $out (see the header), each written
+# beside its final name and renamed over it. One packer at a time (a lock folder in $work).
+pack() {
+    local tries=0
+    until mkdir "$work/.lock" 2>/dev/null; do
+        ((++tries > 100)) && { note "pack: $work/.lock held for 20 s; not packed"; return 1; }
+        sleep 0.2
+    done
+    python3 "$kit/pack.py" "$work" "$out" || note "pack.py failed: $out may lack the latest lines"
+    rmdir "$work/.lock"
+}
+pack_loop() {
+    trap 'exit 0' TERM
+    while sleep "${PACK_EVERY_S:-20}"; do pack; done
+}
+pack_loop &
+packer=$!
+finish() {
+    kill "$packer" 2>/dev/null
+    wait "$packer" 2>/dev/null
+    rm -rf "$work/.lock"
+    pack
+    rm -rf "$work"
+}
+trap finish EXIT
+
 record_env() {
-    python3 - "$kit" >"$out/env.json" <<'PY'
+    python3 - "$kit" "$selftest" >"$work/env.json" <<'PY'
 import json, platform, subprocess, sys
-kit = sys.argv[1]
-env = {"kit": json.load(open(f"{kit}/MANIFEST.json")), "host": platform.node(), "python": platform.python_version()}
+kit, selftest = sys.argv[1], sys.argv[2] == "1"
+env = {"kit": json.load(open(f"{kit}/MANIFEST.json")), "host": platform.node(), "python": platform.python_version(),
+       "selftest": selftest}
 try:
     import torch
     env.update(torch=torch.__version__, torch_cuda=torch.version.cuda,
@@ -141,24 +173,86 @@ try:
 except Exception as e:  # noqa: BLE001
     env["torch_error"] = repr(e)
 q = "name,driver_version,compute_cap,memory.total,clocks.max.sm"
-env["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-                                   capture_output=True, text=True).stdout.strip()
+try:
+    env["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                                       capture_output=True, text=True).stdout.strip()
+except OSError as e:
+    env["nvidia_smi"] = repr(e)
 with open("/proc/cpuinfo") as f:
     env["cpu"] = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), None)
 print(json.dumps(env, indent=1))
 PY
 }
 
+# stage NAME CAP COMMAND...: COMMAND (a function here; variables set before `stage` reach it) as
+# stage NAME, its commands stopped CAP seconds after it starts (0: never) or when what is left of
+# the candidate budget runs out (then skipped when under 10 s are left); then one line in
+# summary.jsonl (`kit_stage`) and the results packed into OUT.
+stage_end=0
+stage_stopped=0
+stage() {
+    local name="$1" cap="$2" start=$SECONDS left
+    shift 2
+    if [[ -n "${budget_end:-}" ]]; then
+        left=$((budget_end - SECONDS))
+        if ((left < 10)); then
+            echo "{\"kit_stage\": \"$name\", \"skipped\": \"CANDIDATE_BUDGET_S spent\"}" >>"$summary"
+            note "skipped $name: the candidate budget is spent"
+            pack
+            return
+        fi
+        ((cap == 0 || cap > left)) && cap=$left
+    fi
+    note "stage $name (cap ${cap} s)"
+    stage_stopped=0
+    stage_end=$((cap > 0 ? SECONDS + cap : 0))
+    "$@"
+    stage_end=0
+    local stopped=false
+    ((stage_stopped)) && stopped=true
+    echo "{\"kit_stage\": \"$name\", \"cap_s\": $cap, \"seconds\": $((SECONDS - start)), \"stopped\": $stopped}" >>"$summary"
+    pack
+}
+# limited COMMAND...: COMMAND, stopped at the running stage's end where it has one (exit 124).
+limited() {
+    ((stage_end > 0)) || { "$@"; return; }
+    local left=$((stage_end - SECONDS)) rc
+    ((left > 0)) || { stage_stopped=1; return 124; }
+    timeout --kill-after=5 "$left" "$@"
+    rc=$?
+    ((rc == 124 || rc == 137)) && stage_stopped=1
+    return $rc
+}
+
+# The bundles: UNET_KIT_WEIGHTS (a repository checkout's weights/), else the kit's weights.tar.xz
+# unpacked (once per kit build), else kit/weights. Unpacked when a stage first needs them.
+weights_dir() {
+    if [[ -z "${UNET_KIT_WEIGHTS:-}" && -f "$kit/weights.tar.xz" ]]; then
+        UNET_KIT_WEIGHTS=$(unpacked "$kit/weights.tar.xz" weights) || return 1
+    fi
+    weights="${UNET_KIT_WEIGHTS:-$kit/weights}"
+    [[ -d "$weights" ]] || { note "no bundles at $weights (set UNET_KIT_WEIGHTS to a weights/ folder)"; return 1; }
+}
+
+# The Python packages bench_torch.py's blocks import beyond a PyTorch install: the kit's py.tar.xz
+# (installed from wheels when the kit was built; pure Python), unpacked once into $TMPDIR.
+python_packages() {
+    [[ -n "${kit_py:-}" ]] && return
+    kit_py=$(unpacked "$kit/py.tar.xz" py) || { note "could not unpack the kit's Python packages"; failed=1; return 1; }
+    export PYTHONPATH="$kit_py${PYTHONPATH:+:$PYTHONPATH}"
+}
+
 run_check() {
     local dt args file start rc tag="${CHECK_TAG:-}"
+    weights_dir || { failed=1; return; }
     for dt in ${CHECK_DTYPES:-bundle f16 bf16}; do
         args=()
         [[ "$dt" != bundle ]] && args=(--dtype "$dt")
-        file="$out/check${tag}_$dt.json"
+        file="$work/check${tag}_$dt.json"
         note "unet-parity check weights --device cuda ${args[*]}" \
             "(UNET_ATTENTION_CUDA_LAYERS=${UNET_ATTENTION_CUDA_LAYERS:-auto} UNET_ATTENTION_SDPA=${UNET_ATTENTION_SDPA:-auto})"
         start=$SECONDS
-        limited "$bin/unet-parity" check "$weights" --device cuda "${args[@]}" --json >"$file" 2>"$out/check${tag}_$dt.stderr"
+        limited "$bin/unet-parity" check "$weights" --device cuda "${args[@]}" --json >"$file" 2>"$work/check${tag}_$dt.stderr"
         rc=$?
         python3 - "$file" "$dt" "$rc" "$((SECONDS - start))" "${UNET_ATTENTION_CUDA_LAYERS:-auto}" "${UNET_ATTENTION_SDPA:-auto}" >>"$summary" <<'PY' || failed=1
 import json, sys
@@ -180,44 +274,6 @@ PY
     done
 }
 
-# What flipping AUTO_PICKS_FUSED and AUTO_PICKS_CUDA_LAYERS needs, in one short run (about 5 min on
-# an H100): the three kernel checks, every bundle in its own dtype with the fused attention alone
-# (check_fused_bundle.json) and with the CUDA layers alone (check_layers_bundle.json), so that each
-# constant is decided by its own run, and the whole mid blocks in f16 with both on, one round
-# (bench_whole_f16.*).
-# Each stage runs within what is left of CANDIDATE_BUDGET_S (default 330 s: the whole command,
-# unpacking and loading included, within 6 minutes): a stage past it is stopped (its JSON lines
-# so far stay) and the stages after it are skipped, each with a line in summary.jsonl.
-run_candidate() {
-    candidate_start=$SECONDS
-    within_budget fused run_fused_check
-    within_budget layers run_layers
-    within_budget conv run_conv
-    UNET_ATTENTION_SDPA=fused CHECK_DTYPES=bundle CHECK_TAG=_fused within_budget check_fused run_check
-    UNET_ATTENTION_CUDA_LAYERS=on CHECK_DTYPES=bundle CHECK_TAG=_layers within_budget check_layers run_check
-    ROUNDS="${ROUNDS:-1}" DTYPES_WHOLE="${DTYPES_WHOLE:-f16}" WHOLE_F32="${WHOLE_F32:-no}" within_budget whole run_bench whole
-}
-# within_budget STAGE COMMAND...: COMMAND (a function of this script; variables set before
-# within_budget reach it) with KIT_TIMEOUT set to the seconds left of CANDIDATE_BUDGET_S, or a
-# skip line in summary.jsonl when fewer than 15 are left.
-within_budget() {
-    local stage="$1" left
-    shift
-    left=$((${CANDIDATE_BUDGET_S:-330} - (SECONDS - candidate_start)))
-    if ((left < 15)); then
-        echo "{\"stage\": \"$stage\", \"skipped\": \"CANDIDATE_BUDGET_S=${CANDIDATE_BUDGET_S:-330} spent\"}" >>"$summary"
-        note "skipped $stage: the candidate budget is spent"
-        return
-    fi
-    KIT_TIMEOUT="$left" "$@"
-    (((SECONDS - candidate_start) < ${CANDIDATE_BUDGET_S:-330})) ||
-        echo "{\"stage\": \"$stage\", \"stopped\": \"past CANDIDATE_BUDGET_S=${CANDIDATE_BUDGET_S:-330}\"}" >>"$summary"
-}
-# limited COMMAND...: COMMAND, stopped after KIT_TIMEOUT seconds where that is set (exit 124).
-limited() {
-    if [[ -n "${KIT_TIMEOUT:-}" ]]; then timeout --kill-after=5 "$KIT_TIMEOUT" "$@"; else "$@"; fi
-}
-
 # gpu_check STAGE BINARY WHAT [FIELD...]: one of the kit's GPU checks (its JSON lines in
 # STAGE.jsonl, stderr in STAGE.stderr), summarised in one line of summary.jsonl: cases, passed,
 # failed, the first 20 failing cases and, for each FIELD, its largest value over the cases.
@@ -226,9 +282,9 @@ gpu_check() {
     shift 3
     note "$binary ($what)"
     start=$SECONDS
-    limited "$bin/$binary" --out "$out/$stage.jsonl" 2>"$out/$stage.stderr"
+    limited "$bin/$binary" --out "$work/$stage.jsonl" 2>"$work/$stage.stderr"
     rc=$?
-    python3 - "$stage" "$out/$stage.jsonl" "$rc" "$((SECONDS - start))" "$@" >>"$summary" <<'PY' || failed=1
+    python3 - "$stage" "$work/$stage.jsonl" "$rc" "$((SECONDS - start))" "$@" >>"$summary" <<'PY' || failed=1
 import json, sys
 stage, path, rc, secs, fields = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5:]
 try:
@@ -271,17 +327,6 @@ run_conv() {
         worst_ratio tf32_max_abs
 }
 
-python_packages() {
-    local py="${TMPDIR:-/tmp}/unet-gpu-kit-py"
-    if [[ ! -f "$py/.done" ]]; then
-        rm -rf "$py"
-        python3 -m pip install --quiet --no-deps --no-index --disable-pip-version-check --target "$py" \
-            "$kit"/wheels/*.whl >&2 || return 1
-        touch "$py/.done"
-    fi
-    export PYTHONPATH="$py${PYTHONPATH:+:$PYTHONPATH}"
-}
-
 # bench_one ONLY DTYPE TAG [FLAGS...]: bench_torch.py compare for one dtype into bench_TAG.jsonl and
 # bench_TAG.md; FLAGS go to compare (and so to PyTorch's side, e.g. --strict-f32).
 bench_one() {
@@ -289,34 +334,37 @@ bench_one() {
     shift 3
     note "bench_torch.py compare --only $only --device cuda --dtype $dt $* ${BENCH_ARGS:-}" \
         "(UNET_ATTENTION_SDPA=${UNET_ATTENTION_SDPA:-auto} UNET_ATTENTION_CUDA_LAYERS=${UNET_ATTENTION_CUDA_LAYERS:-auto}" \
-        "UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off} UNET_ATTENTION_FUSED_VARIANT=${UNET_ATTENTION_FUSED_VARIANT:-exp2}" \
+        "UNET_ATTENTION_TF32=${UNET_ATTENTION_TF32:-off} UNET_ATTENTION_FUSED_VARIANT=${UNET_ATTENTION_FUSED_VARIANT:-default}" \
         "UNET_ATTENTION_FUSED_SPLITS=${UNET_ATTENTION_FUSED_SPLITS:-auto})"
-    limited python3 "$kit/scripts/bench_torch.py" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
-        --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$out/bench_$tag.jsonl" "$@" ${BENCH_ARGS:-} \
-        >"$out/bench_$tag.md" 2>>"$out/bench.stderr" || { note "the benchmarks bench_$tag failed (bench.stderr)"; failed=1; }
-    cat "$out/bench_$tag.md" >&2
+    # shellcheck disable=SC2086 # BENCH_ARGS: more flags, word-split
+    limited "${bench_py[@]}" compare "$bin/bench_sdpa" --bundle-bin "$bin/bench_bundle" \
+        --only "$only" --rounds "${ROUNDS:-2}" --device cuda --dtype "$dt" --out "$work/bench_$tag.jsonl" "$@" ${BENCH_ARGS:-} \
+        >"$work/bench_$tag.md" 2>>"$work/bench.stderr" || { note "the benchmarks bench_$tag failed (bench.stderr)"; failed=1; }
+    cat "$work/bench_$tag.md" >&2
 }
 
 run_bench() {
-    local only="$1" dt
+    local only="$1" dt v tag
     case "$only" in
     # fusedcore: the core shapes on the fused kernel, in half precision, in each kernel variant
-    # (FUSED_VARIANTS; the default variant's files keep the names bench_fused_<dtype>.*).
+    # (FUSED_VARIANTS; `default`, and exp2 when it is the default, keep the names bench_fused_<dtype>.*).
     fusedcore)
-        local v tag
         for v in ${FUSED_VARIANTS:-exp2 base w8 w8-exp2 chunked r32}; do
             for dt in ${DTYPES_FUSED:-f16 bf16}; do
                 tag="fused_$dt"
+                if [[ "$v" == default ]]; then
+                    UNET_ATTENTION_SDPA=fused bench_one core "$dt" "$tag"
+                    continue
+                fi
                 [[ "$v" == exp2 ]] || tag="fused_${v}_$dt"
                 UNET_ATTENTION_SDPA=fused UNET_ATTENTION_FUSED_VARIANT="$v" bench_one core "$dt" "$tag"
             done
         done
         ;;
-    # splits: the fused kernel's key splits, each count of FUSED_SPLITS (default "auto 1 2 3 4":
-    # UNET_ATTENTION_FUSED_SPLITS) on the core shapes that split or nearly do: the VAE's head dim
-    # 512 at 64² (one query tile column per SM) and SDXL's 20 heads; f16 (bench_splits_<n>_<case>.*).
+    # splits: the fused kernel's key splits, each count of FUSED_SPLITS on the VAE's head dim 512
+    # at 64² and SDXL's 20 heads; f16 (bench_splits_<n>_<case>.*).
     splits)
-        local s shape tag
+        local s shape
         for s in ${FUSED_SPLITS:-auto 1 2 3 4}; do
             for shape in "vae64:1 1 4096 4096 512" "sdxl:2 20 1024 1024 64"; do
                 tag="splits_${s}_${shape%%:*}"
@@ -324,17 +372,27 @@ run_bench() {
             done
         done
         ;;
-    # whole: f16 and bf16 with PyTorch's defaults; f32 against PyTorch in strict f32 (ours is
-    # strict by default); f32 with our TF32 mode against PyTorch's default (TF32 convolutions).
-    # Ours with the fused attention and the CUDA layers on (what flipping their AUTO_PICKS
-    # constants would give; set UNET_ATTENTION_SDPA / UNET_ATTENTION_CUDA_LAYERS to time another).
+    # whole: each of WHOLE_CASES (compare's --only: `whole` is every whole block; only the
+    # selected blocks are exported) in f16 and bf16 with PyTorch's defaults; f32 against PyTorch in
+    # strict f32 (ours is strict by default); f32 with our TF32 mode against PyTorch's default. Ours
+    # with the fused attention and the CUDA layers on (set UNET_ATTENTION_SDPA /
+    # UNET_ATTENTION_CUDA_LAYERS to time another).
     whole)
-        export UNET_ATTENTION_SDPA="${UNET_ATTENTION_SDPA:-fused}" UNET_ATTENTION_CUDA_LAYERS="${UNET_ATTENTION_CUDA_LAYERS:-on}"
-        for dt in ${DTYPES_WHOLE:-f16 bf16}; do bench_one whole "$dt" "whole_$dt"; done
-        if [[ "${WHOLE_F32:-yes}" == yes ]]; then
-            bench_one whole f32 whole_f32_strict --strict-f32
-            UNET_ATTENTION_TF32=on bench_one whole f32 whole_f32_tf32
-        fi
+        python_packages || return
+        local -x UNET_ATTENTION_SDPA="${UNET_ATTENTION_SDPA:-fused}" UNET_ATTENTION_CUDA_LAYERS="${UNET_ATTENTION_CUDA_LAYERS:-on}"
+        local w sfx
+        for w in ${WHOLE_CASES:-whole}; do
+            sfx=$([[ "$w" == whole ]] || echo "_$w")
+            for dt in ${DTYPES_WHOLE:-f16 bf16}; do bench_one "$w" "$dt" "whole${sfx}_$dt"; done
+            if [[ "${WHOLE_F32:-yes}" == yes ]]; then
+                bench_one "$w" f32 "whole${sfx}_f32_strict" --strict-f32
+                UNET_ATTENTION_TF32=on bench_one "$w" f32 "whole${sfx}_f32_tf32"
+            fi
+        done
+        ;;
+    block)
+        python_packages || return
+        for dt in ${DTYPES:-f32 f16}; do bench_one block "$dt" "block_$dt"; done
         ;;
     *) for dt in ${DTYPES:-f32 f16}; do bench_one "$only" "$dt" "${only}_$dt"; done ;;
     esac
@@ -347,35 +405,65 @@ run_bench() {
 # layers on, as `whole`. One JSON line a run of either side in bench_models.jsonl.
 run_models() {
     local dir="${TMPDIR:-/tmp}/unet-gpu-kit-models" dt m
-    export UNET_ATTENTION_SDPA="${UNET_ATTENTION_SDPA:-fused}" UNET_ATTENTION_CUDA_LAYERS="${UNET_ATTENTION_CUDA_LAYERS:-on}"
-    [[ -f "$dir/vae/config.json" ]] || limited python3 "$kit/scripts/bench/whole_models.py" make "$dir" \
-        2>>"$out/bench_models.stderr" || { note "whole_models.py make failed (bench_models.stderr)"; failed=1; return; }
+    python_packages || return
+    local -x UNET_ATTENTION_SDPA="${UNET_ATTENTION_SDPA:-fused}" UNET_ATTENTION_CUDA_LAYERS="${UNET_ATTENTION_CUDA_LAYERS:-on}"
+    [[ -f "$dir/vae/config.json" ]] || limited "${models_py[@]}" make "$dir" \
+        2>>"$work/bench_models.stderr" || { note "whole_models.py make failed (bench_models.stderr)"; failed=1; return; }
     for dt in ${DTYPES_MODELS:-f16}; do
         for m in unet vae; do
             note "models: $m $dt (UNET_ATTENTION_SDPA=$UNET_ATTENTION_SDPA UNET_ATTENTION_CUDA_LAYERS=$UNET_ATTENTION_CUDA_LAYERS)"
-            limited python3 "$kit/scripts/bench/whole_models.py" run "$dir/$m" "$m" --device cuda --dtype "$dt" \
-                >>"$out/bench_models.jsonl" 2>>"$out/bench_models.stderr" || { note "PyTorch $m $dt failed"; failed=1; }
+            limited "${models_py[@]}" run "$dir/$m" "$m" --device cuda --dtype "$dt" \
+                >>"$work/bench_models.jsonl" 2>>"$work/bench_models.stderr" || { note "PyTorch $m $dt failed"; failed=1; }
             limited "$bin/bench_whole" "$dir/$m" "$m" 3 --device cuda --dtype "$dt" \
-                >>"$out/bench_models.jsonl" 2>>"$out/bench_models.stderr" || { note "ours $m $dt failed"; failed=1; }
+                >>"$work/bench_models.jsonl" 2>>"$work/bench_models.stderr" || { note "ours $m $dt failed"; failed=1; }
         done
     done
-    cat "$out/bench_models.jsonl" >&2
+}
+
+# The kit's stages for a lent GPU (see the header): most valuable first, each within its cap and
+# all within CANDIDATE_BUDGET_S.
+run_candidate() {
+    budget_end=$((SECONDS + ${CANDIDATE_BUDGET_S:-320}))
+    stage fused "${CAP_FUSED:-70}" run_fused_check
+    ROUNDS=1 FUSED_VARIANTS=default DTYPES_FUSED="f16 bf16" stage sdpa "${CAP_SDPA:-75}" run_bench fusedcore
+    stage layers "${CAP_LAYERS:-40}" run_layers_conv
+    ROUNDS=1 WHOLE_CASES="sd15_mid sdxl_mid" DTYPES_WHOLE=f16 WHOLE_F32=no stage whole "${CAP_WHOLE:-80}" run_bench whole
+    UNET_ATTENTION_SDPA=fused UNET_ATTENTION_CUDA_LAYERS=on CHECK_DTYPES=bundle CHECK_TAG=_fused_layers \
+        stage check "${CAP_CHECK:-55}" run_check
+}
+run_layers_conv() {
+    run_layers
+    run_conv
+}
+run_all() {
+    stage fused 0 run_fused
+    stage layers 0 run_layers
+    stage conv 0 run_conv
+    stage check 0 run_check
+    stage core 0 run_bench core
+    stage fusedcore 0 run_bench fusedcore
+    stage block 0 run_bench block
+    stage whole 0 run_bench whole
+    stage models 0 run_models
 }
 
 record_env
-python_packages || { note "could not install the kit's wheels"; failed=1; }
-case "$stage" in
+pack
+case "$stage_arg" in
 candidate) run_candidate ;;
-all) run_fused; run_layers; run_conv; run_check; run_bench core; run_bench fusedcore; run_bench block; run_bench whole; run_models ;;
-fused) run_fused ;;
-layers) run_layers ;;
-conv) run_conv ;;
-fusedcore) run_bench fusedcore ;;
-splits) run_bench splits ;;
-check) run_check ;;
-core) run_bench core; run_bench block ;;
-whole) run_bench whole ;;
-models) run_models ;;
+all) run_all ;;
+fused) stage fused 0 run_fused ;;
+layers) stage layers 0 run_layers ;;
+conv) stage conv 0 run_conv ;;
+fusedcore) stage fusedcore 0 run_bench fusedcore ;;
+splits) stage splits 0 run_bench splits ;;
+check) stage check 0 run_check ;;
+core)
+    stage core 0 run_bench core
+    stage block 0 run_bench block
+    ;;
+whole) stage whole 0 run_bench whole ;;
+models) stage models 0 run_models ;;
 esac
 note "results in $out"
 exit "$failed"

@@ -8,7 +8,11 @@
 //! Random q, k, v (N(0, 1)) on `cuda:0` over every head-dim bucket from 8 to 512 (and head dims
 //! that are not multiples of 8), odd query and key counts (never a multiple of the key tile),
 //! cross-attention with 77 keys, memory key/values (4 extra keys), the masks the blocks pass
-//! (none, additive float broadcast over heads, boolean as −inf, key padding), f16, bf16 and f32,
+//! (none, additive float broadcast over heads, boolean as −inf, key padding), large finite masks
+//! in f32 (`finite(<pattern>)`, issue 55: finfo(f32).min, finfo(f16).min, −1e10, −1e9 and −10000,
+//! one a batch, on a wholly masked first key tile and every fifth row, causal, left and right
+//! padding, split 1 and 3 ways, in every variant and, at head dim 512, the wide kernels; their
+//! chunked reference is itself checked against the CPU's chunked path, `chunked_vs_cpu_*`), f16, bf16 and f32,
 //! split-KV automatic, off (1) and forced (3); the VAE and SDXL core shapes once each; and the
 //! other f16/bf16 kernel variants (`variant`: 8 warps, `ex2`, head dims over 256 in column chunks) on four of those shapes. Each case
 //! writes one JSON line (to `--out`, default stdout): the shape, `max_abs` (fused vs chunked),
@@ -51,7 +55,29 @@ mod gpu {
         Additive,
         Boolean,
         KeyPadding,
+        /// Large finite values in f32 (issue 55), batch b masked by `FINITE[b % 5]` as the
+        /// pattern says.
+        Finite(Pattern),
     }
+
+    /// The finite mask values of the common conventions: finfo(f32).min, finfo(f16).min, −1e10,
+    /// −1e9 (`masked_fill`), −10000.
+    const FINITE: [f32; 5] = [f32::MIN, -65504.0, -1e10, -1e9, -1e4];
+
+    /// Where a finite mask's value goes (the emulated tests' patterns, `cuda_plan/emulated_masks.rs`).
+    #[derive(Clone, Copy, Debug)]
+    enum Pattern {
+        /// The first 64 keys of every row (a whole first key tile) and every key of every fifth row.
+        FirstTile,
+        /// Key j masked for query i where j > i (PyTorch's `is_causal`).
+        Causal,
+        /// Batch b's first keys, `[64, 100, Lk, Lk − 1, 5][b]` of them.
+        LeftPad,
+        /// Batch b's last keys, `[Lk, 5, 64, 100, Lk − 1][b]` of them.
+        RightPad,
+    }
+
+    const PATTERNS: [Pattern; 4] = [Pattern::FirstTile, Pattern::Causal, Pattern::LeftPad, Pattern::RightPad];
 
     /// How q, k and v are laid out in memory.
     #[derive(Clone, Copy, Debug)]
@@ -78,6 +104,7 @@ mod gpu {
         let mut out = vec![];
         let head_dims: &[usize] = &[8, 16, 20, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256, 320, 512];
         for dtype in [DType::F16, DType::BF16, DType::F32] {
+            out.extend(finite_mask_cases(dtype));
             let mut push_variant = |dims, mask, splits, layout, variant| {
                 out.push(Case {
                     dtype,
@@ -138,6 +165,58 @@ mod gpu {
         out
     }
 
+    /// Large finite masks (issue 55) in every variant (the wide kernels at head dim 512),
+    /// unsplit and split 3 ways (a split then sees only masked keys of some rows): five batches,
+    /// one mask value each, 70 queries, 150 keys.
+    fn finite_mask_cases(dtype: DType) -> Vec<Case> {
+        let (dims, variants): (&[_], &[_]) = match dtype {
+            DType::F32 => (&[(5, 2, 70, 150, 64)], &FusedVariant::ALL[..1]),
+            _ => (&[(5, 2, 70, 150, 64), (5, 1, 70, 150, 512)], &FusedVariant::ALL),
+        };
+        let mut out = vec![];
+        for &dims in dims {
+            for &(_, variant) in variants {
+                for pattern in PATTERNS {
+                    for splits in [Some(1), Some(3)] {
+                        let layout = Layout::Contiguous;
+                        out.push(Case {
+                            dtype,
+                            dims,
+                            mask: Mask::Finite(pattern),
+                            splits,
+                            layout,
+                            variant,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A finite mask (B, 1, Lq, Lk) in f32 on the CPU: batch b's keys masked by `FINITE[b % 5]`
+    /// where `pattern` says.
+    fn finite_mask(pattern: Pattern, b: usize, lq: usize, lk: usize) -> Result<Tensor> {
+        let pads = |bi: usize| [64, 100, lk, lk - 1, 5][bi % 5].min(lk);
+        let m: Vec<f32> = (0..b * lq * lk)
+            .map(|x| {
+                let (bi, i, j) = (x / (lq * lk), x / lk % lq, x % lk);
+                let masked = match pattern {
+                    Pattern::FirstTile => j < 64 || i % 5 == 4,
+                    Pattern::Causal => j > i,
+                    Pattern::LeftPad => j < pads(bi),
+                    Pattern::RightPad => j >= lk - pads(bi + 2),
+                };
+                if masked {
+                    FINITE[bi % 5]
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        Tensor::from_vec(m, (b, 1, lq, lk), &Device::Cpu)
+    }
+
     fn mask_tensor(mask: Mask, b: usize, lq: usize, lk: usize, dev: &Device) -> Result<Option<Tensor>> {
         let neg = f32::NEG_INFINITY;
         Ok(match mask {
@@ -164,6 +243,7 @@ mod gpu {
                     .collect();
                 Some(Tensor::from_vec(m, (b, 1, 1, lk), &Device::Cpu)?.to_device(dev)?)
             }
+            Mask::Finite(pattern) => Some(finite_mask(pattern, b, lq, lk)?.to_device(dev)?),
         })
     }
 
@@ -182,9 +262,13 @@ mod gpu {
             }
         };
         let (q, k, v) = (r(lq)?, r(lk)?, r(lk)?);
-        let mask = mask_tensor(c.mask, b, lq, lk, dev)?
-            .map(|m| m.to_dtype(c.dtype))
-            .transpose()?;
+        // Finite masks stay f32 (finfo(f32).min and −1e10 are −∞ in f16; −1e9 too).
+        let mask = match c.mask {
+            Mask::Finite(_) => mask_tensor(c.mask, b, lq, lk, dev)?,
+            _ => mask_tensor(c.mask, b, lq, lk, dev)?
+                .map(|m| m.to_dtype(c.dtype))
+                .transpose()?,
+        };
         let scale = default_scale(d);
         let opts = FusedOptions {
             splits: c.splits,
@@ -194,49 +278,62 @@ mod gpu {
             candle_core::bail!("the fused kernel declined this case")
         };
         let want = sdpa_with(SdpaPath::Chunked, &q, &k, &v, mask.as_ref(), scale)?;
-        let diff = (got.to_dtype(DType::F32)? - want.to_dtype(DType::F32)?)?.abs()?;
-        let max_abs = diff.flatten_all()?.max(0)?.to_scalar::<f32>()? as f64;
-        let finite = got
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?
-            .iter()
-            .all(|x| x.is_finite());
-        let tol = match c.dtype {
-            DType::F32 => 5e-5,
-            DType::F16 => 5e-3,
-            _ => 4e-2,
-        };
-        // The absolute tolerance alone is loose where the outputs are small: at 4096 – 16384
-        // keys they are of order 0.03 – 0.1, and a kernel that loses a whole key tile (a split
-        // or tile-boundary bug) moves them by only 4e-3 – 2.4e-2, which 5e-3 (f16) and 4e-2
-        // (bf16) let pass. So the error is also bounded relative to the largest output. A
-        // simulation of both paths' roundings (online softmax on key tiles, p rounded relative
-        // to the running vs the final max, output rounded) gives max_abs / max|want| up to
-        // 6e-4 (f16) and 4.5e-3 (bf16) on these shapes; losing one tile of 32 keys out of
-        // 16384 gives 8e-2 (f16) and 7e-2 (bf16). f32: about 1e-6 in the same simulation.
-        let rel_tol = match c.dtype {
-            DType::F32 => 2e-5,
-            DType::F16 => 4e-3,
-            _ => 2.5e-2,
-        };
-        let max_want = want
-            .to_dtype(DType::F32)?
-            .abs()?
-            .flatten_all()?
-            .max(0)?
-            .to_scalar::<f32>()? as f64;
-        let rel = max_abs / max_want.max(f64::MIN_POSITIVE);
+        let (max_abs, rel, finite, max_want) = compare(&got, &want)?;
+        let (tol, rel_tol) = tolerances(c.dtype);
+        let mut pass = finite && max_abs <= tol && rel <= rel_tol;
+        let mut line = serde_json::json!({
+            "max_abs": max_abs, "tol": tol, "max_want": max_want, "rel": rel, "rel_tol": rel_tol,
+            "finite": finite,
+        });
+        if let Mask::Finite(_) = c.mask {
+            // The chunked path on the GPU against the CPU's (one key block of 150: the same
+            // arithmetic), so that the comparison above is against a checked reference.
+            let cpu = |t: &Tensor| t.to_device(&Device::Cpu);
+            let (qc, kc, vc) = (cpu(&q)?, cpu(&k)?, cpu(&v)?);
+            let mc = mask.as_ref().map(cpu).transpose()?;
+            let on_cpu = sdpa_with(SdpaPath::Chunked, &qc, &kc, &vc, mc.as_ref(), scale)?;
+            let (cpu_abs, cpu_rel, chunked_finite, _) = compare(&want.to_device(&Device::Cpu)?, &on_cpu)?;
+            pass &= chunked_finite && cpu_abs <= tol && cpu_rel <= rel_tol;
+            line["chunked_vs_cpu_max_abs"] = cpu_abs.into();
+            line["chunked_vs_cpu_rel"] = cpu_rel.into();
+        }
+        line["pass"] = pass.into();
         let fused_ms = median_ms(dev, || {
             Ok(fused_sdpa(&q, &k, &v, mask.as_ref(), scale, opts)?.expect("ran above"))
         })?;
         let chunked_ms = median_ms(dev, || sdpa_with(SdpaPath::Chunked, &q, &k, &v, mask.as_ref(), scale))?;
         let flops = 4.0 * (b * h * lq * lk * d) as f64;
-        Ok(serde_json::json!({
-            "max_abs": max_abs, "tol": tol, "max_want": max_want, "rel": rel, "rel_tol": rel_tol,
-            "finite": finite, "pass": finite && max_abs <= tol && rel <= rel_tol,
-            "fused_ms": fused_ms, "chunked_ms": chunked_ms, "fused_tflops": flops / fused_ms / 1e9,
-        }))
+        line["fused_ms"] = fused_ms.into();
+        line["chunked_ms"] = chunked_ms.into();
+        line["fused_tflops"] = (flops / fused_ms / 1e9).into();
+        Ok(line)
+    }
+
+    /// `(max_abs, rel, finite, max|want|)` of `got` against `want`: the largest difference, it
+    /// over the largest |want|, and whether every element of `got` is finite.
+    fn compare(got: &Tensor, want: &Tensor) -> Result<(f64, f64, bool, f64)> {
+        let (got, want) = (got.to_dtype(DType::F32)?, want.to_dtype(DType::F32)?);
+        let max_abs = (&got - &want)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()? as f64;
+        let finite = got.flatten_all()?.to_vec1::<f32>()?.iter().all(|x| x.is_finite());
+        let max_want = want.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()? as f64;
+        Ok((max_abs, max_abs / max_want.max(f64::MIN_POSITIVE), finite, max_want))
+    }
+
+    /// `(max_abs, rel)` bounds of a dtype. The absolute tolerance alone is loose where the
+    /// outputs are small: at 4096 – 16384 keys they are of order 0.03 – 0.1, and a kernel that
+    /// loses a whole key tile (a split or tile-boundary bug) moves them by only 4e-3 – 2.4e-2,
+    /// which 5e-3 (f16) and 4e-2 (bf16) let pass. So the error is also bounded relative to the
+    /// largest output. A simulation of both paths' roundings (online softmax on key tiles, p
+    /// rounded relative to the running vs the final max, output rounded) gives
+    /// max_abs / max|want| up to 6e-4 (f16) and 4.5e-3 (bf16) on these shapes; losing one tile
+    /// of 32 keys out of 16384 gives 8e-2 (f16) and 7e-2 (bf16). f32: about 1e-6 in the same
+    /// simulation.
+    fn tolerances(dtype: DType) -> (f64, f64) {
+        match dtype {
+            DType::F32 => (5e-5, 2e-5),
+            DType::F16 => (5e-3, 4e-3),
+            _ => (4e-2, 2.5e-2),
+        }
     }
 
     /// The first fused call of the process on a small f16 shape, loading the kernels included.

@@ -119,8 +119,8 @@ __device__ __forceinline__ void mask_and_max(float s[NJ][4], float mx[2], const 
 
 // The online softmax's step for a tile whose row maxima are `mx`: the running max `m` moves to
 // max(m, mx), `l` and the NO output blocks `o` are rescaled by e^(m_old − m_new) (EXP2:
-// 2^((m_old − m_new)·k)), and `sub` is what the tile's exponents take off: m_use, or m_use·k
-// with EXP2 (m_use: the new max, 0 while a row has no finite score).
+// 2^((m_old − m_new)·k)), and `sub` is what the tile's exponents take off: m_use·k in the raw
+// form (`sm.raw`), else m_use (m_use: the new max, 0 while a row has no finite score).
 template <bool EXP2, int NO>
 __device__ __forceinline__ void rescale(float m[2], float l[2], float o[NO][4], const float mx[2], float sub[2],
                                         const Softmax& sm) {
@@ -128,7 +128,7 @@ __device__ __forceinline__ void rescale(float m[2], float l[2], float o[NO][4], 
     for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m[r], mx[r]);
         const float m_use = m_new == NEG_INF ? 0.f : m_new;
-        sub[r] = EXP2 ? m_use * sm.k : m_use;
+        sub[r] = EXP2 && sm.raw ? m_use * sm.k : m_use;
         const float alpha = EXP2 ? exp2_approx((m[r] - m_use) * sm.k) : expf(m[r] - m_use);
         m[r] = m_new;
         l[r] *= alpha;
@@ -140,15 +140,22 @@ __device__ __forceinline__ void rescale(float m[2], float l[2], float o[NO][4], 
     }
 }
 
-// p = e^(x − m_use) in place over NJ column blocks (EXP2: 2^(u·k − m_use·k), one FFMA and
-// `ex2.approx`), summed (unrounded) into `l`.
+// p = e^(x − m_use) in place over NJ column blocks, summed (unrounded) into `l`. EXP2: in the
+// raw form (no mask) 2^(u·k − fl(m_use·k)), one FFMA and `ex2.approx`; with a mask (or a scale
+// ≤ 0) 2^((x − m_use)·k), the max subtracted before scaling. The fold keeps fl(m·k)'s rounding
+// error e as a factor 2^e common to the row, which the division by `l` cancels while it stays in
+// range, as it does for raw scores; a row max of masked logits is where it does not: e = +18.4
+// at −1e9 (p = 2^18.4, past f16), +440 at −1e10 (past f32), and m·k overflows at
+// finfo(f32).min: NaN or all-zero rows. x − m is exact for equal masked logits (p = 1 each: a
+// wholly masked row averages its keys uniformly, as PyTorch's softmax of equal logits does).
 template <bool EXP2, int NJ>
 __device__ __forceinline__ void exponentiate(float s[NJ][4], const float sub[2], float l[2], const Softmax& sm) {
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float p = EXP2 ? exp2_approx(fmaf(s[j][e], sm.k, -sub[e / 2])) : expf(s[j][e] - sub[e / 2]);
+            const float x = s[j][e], m = sub[e / 2];
+            const float p = !EXP2 ? expf(x - m) : exp2_approx(sm.raw ? fmaf(x, sm.k, -m) : (x - m) * sm.k);
             s[j][e] = p;
             l[e / 2] += p;
         }

@@ -10,7 +10,9 @@
 // * `fattn_{f16,bf16}_dv{16,32,64,96,128,160,192,256}[_w8][_e2]`: 4 warps (`_w8`: 8), 16 query
 //   rows a warp (64 or 128 per CTA); `_e2` takes the exponentials as FlashAttention-2 does, one
 //   FFMA with the scale and log2 e folded in and the max subtracted, then `ex2.approx.ftz`
-//   (`Softmax`), instead of a multiply, a subtraction and `expf`. The variants exist to be timed against each other on a
+//   (`Softmax`), instead of a multiply, a subtraction and `expf`; with a mask, the max is
+//   subtracted from the masked logit before the multiply by log2 e (a subtraction, a multiply and
+//   `ex2`: right for masks of −1e9, −1e10 or finfo(f32).min, where the fold is not). The variants exist to be timed against each other on a
 //   GPU (`UNET_ATTENTION_FUSED_VARIANT`); the default is the 4-warp `_e2` one. Key tiles of 64 (32 when the output chunk is wider than 160 columns). q·kᵀ and p·v
 //   with `mma.sync.aligned.m16n8k16` (f32 accumulate) on fragments read with `ldmatrix`
 //   (`.trans` for v); q, k and v tiles copied with `cp.async` (16 bytes, zero-filled past the
@@ -46,8 +48,10 @@
 // Layouts: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, D) with any batch/head/row strides
 // (in elements) and a contiguous last dim; out contiguous (B, H, Lq, D). `mask` (nullable) is
 // additive f32 with strides (b, h, q, k), 0 where broadcast. Keys past Lk score −inf; a row with
-// every key at −inf gives 0 (as PyTorch's fused kernels). Memory: O(tokens × head dim) (the
-// split workspace is splits × B·H·Lq·(D + 2) floats).
+// every key at −inf gives 0 (as PyTorch's fused kernels); one with every key at the same finite
+// mask value (−1e9, finfo(f32).min) their mean, the softmax of equal logits. Memory:
+// O(tokens × head dim) (the split workspace, null when unsplit, is splits × B·H·Lq·(D + 2)
+// floats).
 //
 // Requires sm_80+ for the mma/ldmatrix/cp.async kernels (build.rs builds nothing below that).
 // Status: compiled by nvcc in CI; it has NOT yet run on a GPU (see crates/attention/src/cuda).
@@ -237,9 +241,11 @@ __device__ __forceinline__ void store_ml(const Args& a, int bh, int split, int q
 // s·scale (+ mask), the row max m over x, p = e^(x − m). The `_e2` kernels, FlashAttention-2's
 // form: the scores are kept as u, the logit being u·unit: the raw score (unit = scale) where
 // there is no mask and scale > 0, else s·scale + mask by one FFMA (unit = 1); the row max m is
-// taken over u, and p = 2^(u·k − m·k) with k = unit·log2 e: one FFMA and one `ex2.approx.ftz`
-// a score (relative error about 2^-22, results below 2^-126 flushed to 0). The split workspace
-// gets m·unit, a logit, as the merge reads it.
+// taken over u, and p = 2^(u·k − fl(m·k)) with k = unit·log2 e for raw scores (one FFMA and one
+// `ex2.approx.ftz` a score; relative error about 2^-22, results below 2^-126 flushed to 0), else
+// p = 2^((u − m)·k) (a masked row max can be −1e9 or finfo(f32).min, where fl(m·k) is 18 off,
+// a factor 2^18 in every p of the row, or overflows: `exponentiate`). The split workspace gets m·unit, a logit, as the merge
+// reads it.
 struct Softmax {
     bool raw;   // u is the raw score
     float unit; // logit = u·unit

@@ -333,16 +333,13 @@ impl Plan {
         self.dims.b * self.dims.h * self.dims.lq
     }
 
-    /// Elements of the split workspace's partial outputs and of its `(max, sum)` pairs (one each
-    /// when the keys are not split: the kernels then never touch them).
-    pub(crate) fn workspace(&self) -> (usize, usize) {
+    /// Elements of the split workspace's partial outputs and of its `(max, sum)` pairs; `None`
+    /// when the keys are not split (nothing is allocated, the kernels get null pointers and
+    /// never touch them).
+    pub(crate) fn workspace(&self) -> Option<(usize, usize)> {
         let s = self.dims;
         let rows = s.b * s.h * s.lq;
-        if self.splits > 1 {
-            (self.splits * rows * s.d, self.splits * rows * 2)
-        } else {
-            (1, 1)
-        }
+        (self.splits > 1).then(|| (self.splits * rows * s.d, self.splits * rows * 2))
     }
 }
 
@@ -626,6 +623,17 @@ mod tests {
         assert_eq!((forced.splits, forced.tiles_per_split, forced.grid.2), (3, 1, 3));
         let two = p.split_keys(2).unwrap();
         assert_eq!((two.splits, two.tiles_per_split), (2, 2));
+    }
+
+    #[test]
+    fn only_split_keys_take_a_workspace() {
+        let p = Plan::new(&dims(2, 3, 100, 130, 40), DType::F16, &H100, FusedVariant::Exp2).unwrap();
+        assert_eq!(p.clone().split_keys(1).unwrap().workspace(), None);
+        let rows = 2 * 3 * 100;
+        assert_eq!(
+            p.split_keys(2).unwrap().workspace(),
+            Some((2 * rows * 40, 2 * rows * 2))
+        );
     }
 
     #[test]

@@ -119,27 +119,34 @@ impl FusedAttention {
         let rows = s.b * s.h * s.lq;
         // SAFETY: every element is written by the kernels below before it is read.
         let mut out = unsafe { dev.alloc::<T>(rows * s.d)? };
-        let (ws_o_len, ws_ml_len) = p.workspace();
-        // SAFETY: with split keys every split writes its partial output of every (row, column)
-        // and its (m, l) of every row before the merge reads them (the emulated tests run with
-        // these buffers filled with NaN); unsplit, the kernels never touch them.
-        let mut ws_o = unsafe { dev.alloc::<f32>(ws_o_len)? };
-        // SAFETY: as for `ws_o`: each split writes its (m, l) of every row before the merge.
-        let mut ws_ml = unsafe { dev.alloc::<f32>(ws_ml_len)? };
-        self.launch_attention((q, k, v), &mut out, (&mut ws_o, &mut ws_ml))?;
-        if p.splits > 1 {
-            self.launch_merge(dev, (&ws_o, &ws_ml), &mut out)?;
+        // The split workspace, only when the keys are split (unsplit, the kernels get null
+        // pointers and never touch them).
+        let mut ws = match p.workspace() {
+            None => None,
+            Some((ws_o_len, ws_ml_len)) => {
+                // SAFETY: every split writes its partial output of every (row, column) and its
+                // (m, l) of every row before the merge reads them (the emulated tests run with
+                // these buffers filled with NaN).
+                let ws_o = unsafe { dev.alloc::<f32>(ws_o_len)? };
+                // SAFETY: as for `ws_o`: each split writes its (m, l) of every row before the merge.
+                let ws_ml = unsafe { dev.alloc::<f32>(ws_ml_len)? };
+                Some((ws_o, ws_ml))
+            }
+        };
+        self.launch_attention((q, k, v), &mut out, ws.as_mut())?;
+        if let Some((ws_o, ws_ml)) = &ws {
+            self.launch_merge(dev, (ws_o, ws_ml), &mut out)?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 
-    /// The attention kernel of the plan: into `out`, or with split keys into the workspace
-    /// (partial outputs, and each row's max and sum).
+    /// The attention kernel of the plan: into `out`, or with split keys into the workspace `ws`
+    /// (partial outputs, and each row's max and sum; `None` unsplit: null pointers).
     fn launch_attention<T: DeviceRepr>(
         &self,
         ((q, ql), (k, kl), (v, vl)): (Input<'_>, Input<'_>, Input<'_>),
         out: &mut CudaSlice<T>,
-        (ws_o, ws_ml): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        ws: Option<&mut (CudaSlice<f32>, CudaSlice<f32>)>,
     ) -> Result<()> {
         let p = &self.plan;
         let dev = &q.device;
@@ -167,11 +174,9 @@ impl FusedAttention {
             }
         };
         let (op, _go) = out.device_ptr_mut(&stream);
-        let (wo, _gwo) = ws_o.device_ptr_mut(&stream);
-        let (wm, _gwm) = ws_ml.device_ptr_mut(&stream);
-        let split = p.splits > 1;
+        let ws = ws.map(|(o, m)| (o.device_ptr_mut(&stream), m.device_ptr_mut(&stream)));
         (args.q, args.k, args.v, args.out) = (qp, kp, vp, op);
-        (args.ws_o, args.ws_ml) = if split { (wo, wm) } else { (0, 0) };
+        (args.ws_o, args.ws_ml) = ws.as_ref().map_or((0, 0), |((wo, _), (wm, _))| (*wo, *wm));
         let func = module::function(dev, &FUSED, &p.kernel)?;
         let cfg = LaunchConfig {
             grid_dim: p.grid,

@@ -40,9 +40,10 @@
 //! f16, bf16 or f32, all one dtype, rank 4 `(B, H, L, D)` with equal batch and heads and equal
 //! head dims `1 ≤ D ≤ 512` (v's head dim too); at least one query and one key; an additive mask
 //! that broadcasts to `(B, H, Lq, Lk)` (boolean and key-padding masks arrive here as additive
-//! ones). A row whose keys are all masked gives 0 in every dtype (PyTorch's fused kernels do; the
-//! chunked path gives NaN in f32). Memory: the output, plus `splits × B·H·Lq·(D + 2)` f32 of
-//! workspace when the keys are split.
+//! ones). A row whose keys are all masked by −∞ gives 0 in every dtype (PyTorch's fused kernels do;
+//! the chunked path gives NaN in f32); by one finite value (−1e9, `finfo(float32).min`, ...) the
+//! mean of those keys' values, the softmax of equal logits, as PyTorch gives. Memory: the output,
+//! plus `splits × B·H·Lq·(D + 2)` f32 of workspace when the keys are split (none unsplit).
 //!
 //! Also here: the TF32 mode ([`tf32`], [`set_tf32`]: off by default) and, with the feature
 //! `cudnn`, this crate's own cuDNN convolution ([`conv`]: f16/bf16 with f32 accumulation, strict

@@ -6,6 +6,7 @@ mod common;
 
 mod candle_interop;
 mod dual_transformer;
+mod finite_masks;
 mod fused_path;
 mod half_overflow;
 mod layering;
