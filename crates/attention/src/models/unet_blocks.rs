@@ -65,8 +65,36 @@ impl Downsample2D {
         })
     }
 
+    /// The height (or width) out of a `Downsample2D` with `padding` for `size` in (a 3 × 3 conv
+    /// of stride 2, after a (0, 1) pad when `padding` is 0); `None` when `size` is too small for
+    /// the kernel (PyTorch raises).
+    pub fn output_size(size: usize, padding: usize) -> Option<usize> {
+        let padded = size + 2 * padding + usize::from(padding == 0);
+        padded.checked_sub(3).map(|n| n / 2 + 1)
+    }
+
+    /// The smallest height (or width) that goes through `n` downsamplers with `padding`.
+    pub fn min_input(n: usize, padding: usize) -> usize {
+        (1..=1usize << n.min(40))
+            .find(|&s| (0..n).try_fold(s, |h, _| Self::output_size(h, padding)).is_some())
+            .unwrap_or(usize::MAX)
+    }
+
     /// The strided convolution in at least f32 and rounded once, as PyTorch's CPU convolution.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (_, _, h, w) = x.dims4()?;
+        if Self::output_size(h, self.padding).is_none() || Self::output_size(w, self.padding).is_none() {
+            let need = Self::min_input(1, self.padding);
+            return Err(Error::input(
+                "diffusers.Downsample2D",
+                "hidden_states",
+                format!(
+                    "a 3 × 3 convolution of stride 2 (padding {}) needs H and W ≥ {need}, found {:?}",
+                    self.padding,
+                    x.dims()
+                ),
+            ));
+        }
         let mut h = upcast(x)?;
         if self.padding == 0 {
             h = h.pad_with_zeros(2, 0, 1)?.pad_with_zeros(3, 0, 1)?;

@@ -27,7 +27,7 @@ mod judge;
 mod weights;
 
 pub(crate) use judge::{apply_strict, compare_outputs, explain_lower_precision, tolerances, Tolerances};
-pub(crate) use weights::weight_source;
+pub(crate) use weights::{referenced_checkpoint, weight_source};
 
 use crate::bundle::Bundle;
 use crate::compare::OutputReport;
@@ -38,7 +38,7 @@ use crate::weights::{Conversion, TrackedWeights};
 use candle_core::{DType, Device};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use weights::{block_config, check_unused};
+use weights::{block_config, check_finite, check_unused};
 
 /// Weights taken from a whole checkpoint instead of the bundle (`--weights FILE --prefix P`).
 #[derive(Debug, Clone)]
@@ -198,6 +198,7 @@ pub fn prepare_bundle(bundle: &Bundle, opts: &Options) -> Result<Prepared> {
     let (config, config_from) = block_config(bundle, opts, info.id, weights.location().as_deref())?;
     let vb = weights.var_builder(dtype, &opts.device);
     let block = (info.build)(vb, &config).map_err(|e| ParityError::block(path, info.id, e))?;
+    check_finite(path, &weights)?;
     check_unused(path, info.id, &weights, opts)?;
     let inputs = bundle_inputs(bundle, info.id, &weights, dtype, bundle_dtype, &opts.device)?;
     Ok(Prepared {
@@ -316,10 +317,13 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
     let (block, inputs) = (&prepared.block, &prepared.inputs);
     let (dtype, bundle_dtype) = (prepared.dtype, prepared.bundle_dtype);
     let Tolerances { rtol, atol, loosened } = tolerances(bundle, opts, dtype, bundle_dtype)?;
-    let (ours, stages) = if opts.trace {
-        unet_attention::trace::with_trace(|| block.run(inputs))
+    // Only the stages the bundle holds are kept: the others are never compared, and a whole
+    // model records hundreds (their names are still listed).
+    let (ours, stages, left_out) = if opts.trace {
+        let wanted: std::collections::HashSet<String> = trace::stage_names(bundle)?.into_iter().collect();
+        unet_attention::trace::with_trace_keeping(move |name| wanted.contains(name), || block.run(inputs))
     } else {
-        (block.run(inputs), vec![])
+        (block.run(inputs), vec![], vec![])
     };
     let ours = ours
         .and_then(|outs| {
@@ -380,7 +384,7 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
             dtype_name(dtype)
         )))
     } else {
-        Some(trace::compare_stages(
+        let mut report = trace::compare_stages(
             bundle,
             &stages,
             &trace::StageRule {
@@ -390,7 +394,9 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
                 outputs_pass: outputs.iter().all(|o| o.pass),
                 output: outputs.first(),
             },
-        )?)
+        )?;
+        report.ours_only.extend(left_out);
+        Some(report)
     };
     let report = Report {
         file: path.display().to_string(),
