@@ -21,6 +21,13 @@ use std::path::{Path, PathBuf};
 
 pub use unet_attention::files::{kind_if_not_regular, MAX_JSON_BYTES};
 
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ParityError + '_ {
+    move |source| ParityError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// `path` opened for reading once it is known to be a regular file (`unet_attention::files`, the
 /// one reader both crates use; see the module docs).
 pub fn open_regular(path: &Path) -> Result<std::fs::File> {

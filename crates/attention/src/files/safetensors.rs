@@ -6,8 +6,8 @@
 //! whole size of it).
 
 use super::FileError;
-use safetensors::tensor::{Metadata, TensorInfo};
-use safetensors::SafeTensorError;
+use ::safetensors::tensor::{Metadata, TensorInfo};
+use ::safetensors::SafeTensorError;
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;

@@ -13,7 +13,7 @@ use super::safetensors::StFile;
 use super::FileError;
 use crate::weights::WeightSource;
 use candle_core::{DType, Device, Tensor};
-use safetensors::tensor::TensorInfo;
+use ::safetensors::tensor::TensorInfo;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -44,8 +44,8 @@ impl std::fmt::Debug for SafetensorsFiles {
 }
 
 /// The Candle dtype of a safetensors dtype, `None` for the ones Candle cannot hold.
-pub fn candle_dtype(d: safetensors::Dtype) -> Option<DType> {
-    use safetensors::Dtype as S;
+pub fn candle_dtype(d: ::safetensors::Dtype) -> Option<DType> {
+    use ::safetensors::Dtype as S;
     Some(match d {
         S::BOOL | S::U8 => DType::U8,
         S::U32 => DType::U32,

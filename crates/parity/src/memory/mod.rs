@@ -435,9 +435,30 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// Read the header of the bundle at `path` and refuse it, as [`crate::ParityError::Invalid`],
-/// when checking it would take more than `limit` by [`estimate`]. Files that are not bundles
-/// (no `parity.format`: a model checkpoint) pass: reading them says what is wrong, from the header.
+/// The estimate of checking the bundle at `path` (see the module docs), from its header and the
+/// header of the checkpoint its weights come from (`weights`: `--weights` and `--prefix`, else the
+/// bundle's `parity.weights`); `None` for a file that is not a bundle (no `parity.format`, or no
+/// readable header: reading it says what is wrong).
+pub fn estimate_file(
+    path: &std::path::Path,
+    load: Load,
+    run_dtype: Option<&str>,
+    weights: Option<(&std::path::Path, &str)>,
+) -> Option<Estimate> {
+    let (metadata, infos) = crate::bundle::read_header(path).ok()?;
+    if !metadata.contains_key("parity.format") {
+        return None;
+    }
+    let referenced = crate::check::referenced_checkpoint(path, &metadata);
+    let from = weights.map(|(f, p)| (f.to_path_buf(), p.to_string())).or(referenced);
+    let run = run_size(run_dtype.or(metadata.get("parity.dtype").map(String::as_str)).unwrap_or("float32"));
+    let checkpoint = from.map_or(0, |(file, prefix)| checkpoint_bytes(&file, &prefix, run));
+    Some(estimate(&metadata, &infos, load, run_dtype).add("checkpoint weights", checkpoint))
+}
+
+/// Refuse the bundle at `path`, as [`crate::ParityError::Invalid`], when checking it would take
+/// more than `limit` by [`estimate_file`]. Files that are not bundles pass: reading them says what
+/// is wrong, from the header.
 pub fn check_bundle_fits(
     path: &std::path::Path,
     load: Load,
@@ -445,18 +466,9 @@ pub fn check_bundle_fits(
     weights: Option<(&std::path::Path, &str)>,
     limit: &Limit,
 ) -> crate::error::Result<()> {
-    let Ok((metadata, infos)) = crate::bundle::read_header(path) else {
+    let Some(estimate) = estimate_file(path, load, run_dtype, weights) else {
         return Ok(());
     };
-    if !metadata.contains_key("parity.format") {
-        return Ok(());
-    }
-    // The checkpoint the weights come from: `--weights`, else the bundle's `parity.weights`.
-    let referenced = crate::check::referenced_checkpoint(path, &metadata);
-    let from = weights.map(|(f, p)| (f.to_path_buf(), p.to_string())).or(referenced);
-    let run = run_size(run_dtype.or(metadata.get("parity.dtype").map(String::as_str)).unwrap_or("float32"));
-    let checkpoint = from.map_or(0, |(file, prefix)| checkpoint_bytes(&file, &prefix, run));
-    let estimate = estimate(&metadata, &infos, load, run_dtype).add("checkpoint weights", checkpoint);
     if estimate.bytes <= limit.bytes {
         return Ok(());
     }
