@@ -13,7 +13,8 @@
 //!   counted by the caller);
 //! * the U-Net keeps every skip of its down path until the up path takes it;
 //! * the strided 3 × 3 convolution of a downsampler runs on Candle's, whose im2col matrix is
-//!   `pixels out × 9 c` in f32.
+//!   `pixels out × 9 c` in f32; so does every 3 × 3 convolution where the packed CPU kernels do not
+//!   run (a CPU without AVX2, `UNET_ATTENTION_LAYERS=candle`, a run in another dtype than f32).
 //!
 //! The forward's peak is the skips plus the largest level's working set, `batch ×` the run
 //! dtype's size (at least 4 bytes: half precision computes in f32 in places). Calibrated by peak
@@ -25,7 +26,7 @@ use unet_attention::models::unet_blocks::Downsample2D;
 use unet_attention::models::{AutoencoderKL, AutoencoderKLConfig, UNet2DConditionModel, UNet2DConditionModelConfig};
 
 /// Copies of a resnet's input plus output width it holds at once.
-pub const RESNET: u64 = 4;
+pub const RESNET: u64 = 3;
 /// Widths a token a transformer holds at once.
 pub const TRANSFORMER: u64 = 24;
 /// Widths a pixel the VAE's single-head mid-block attention holds at once.
@@ -40,12 +41,13 @@ pub(super) fn forward_bytes(metadata: &BTreeMap<String, String>, infos: &[Tensor
     let &[b, _, h, w] = sample.shape.as_slice() else {
         return None;
     };
+    let every_conv = !convs_packed(run);
     let (elements, im2col) = if block == UNet2DConditionModel::BLOCK {
         let cfg: UNet2DConditionModelConfig = unet_attention::config::from_json(UNet2DConditionModel::BLOCK, &config).ok()?;
-        unet(&cfg, (h, w))?
+        unet(&cfg, (h, w), every_conv)?
     } else if block == AutoencoderKL::BLOCK {
         let cfg: AutoencoderKLConfig = unet_attention::config::from_json(AutoencoderKL::BLOCK, &config).ok()?;
-        vae(&cfg, (h, w))?
+        vae(&cfg, (h, w), every_conv)?
     } else {
         return None;
     };
@@ -54,6 +56,29 @@ pub(super) fn forward_bytes(metadata: &BTreeMap<String, String>, infos: &[Tensor
         b.saturating_mul(elements).saturating_mul(run.max(4)),
         b.saturating_mul(im2col).saturating_mul(4),
     ))
+}
+
+/// Whether this run's 3 × 3 convolutions take the packed CPU kernels (no im2col matrix): f32 on
+/// a CPU they run on, unless `UNET_ATTENTION_LAYERS=candle`.
+fn convs_packed(run: u64) -> bool {
+    use unet_attention::cpu_kernels::{layer_path, LayerPath, PackedConv};
+    let probe = candle_core::Tensor::zeros((1, 1, 3, 3), candle_core::DType::F32, &candle_core::Device::Cpu);
+    run == 4
+        && layer_path().is_ok_and(|p| p != LayerPath::Candle)
+        && probe.is_ok_and(|w| PackedConv::new(&w).is_ok_and(|p| p.is_some()))
+}
+
+/// The largest im2col matrix (elements): each downsampler's (`pixels out × 9 c`), and with
+/// `every_conv` each level's widest 3 × 3 convolution too (`pixels × 9 · widest input`).
+fn im2col(hw: &[u64], c: &[u64], widest: impl Fn(usize) -> u64, every_conv: bool) -> u64 {
+    let n = c.len();
+    let down = largest((0..n - 1).map(|l| hw[l + 1].saturating_mul(9 * c[l])));
+    let convs = largest((0..n).map(|l| hw[l].saturating_mul(9 * widest(l))));
+    if every_conv {
+        down.max(convs)
+    } else {
+        down
+    }
 }
 
 /// The pixels of each level: the input's, then after each of `n - 1` downsamplers with `padding`
@@ -73,7 +98,7 @@ fn largest(items: impl Iterator<Item = u64>) -> u64 {
 }
 
 /// The U-Net's elements a batch item (skips plus the largest level) and its downsamplers' im2col.
-fn unet(cfg: &UNet2DConditionModelConfig, size: (usize, usize)) -> Option<(u64, u64)> {
+fn unet(cfg: &UNet2DConditionModelConfig, size: (usize, usize), every_conv: bool) -> Option<(u64, u64)> {
     let c: Vec<u64> = cfg.block_out_channels.iter().map(|&c| c as u64).collect();
     let n = c.len();
     let layers = cfg.layers_per_block.expand("layers_per_block", n).ok()?;
@@ -93,13 +118,15 @@ fn unet(cfg: &UNet2DConditionModelConfig, size: (usize, usize)) -> Option<(u64, 
         let attention = if cross(l) || l + 1 == n { TRANSFORMER * c[l] } else { 0 };
         (RESNET * widths + attention).saturating_mul(hw[l])
     };
-    let im2col = largest((0..n - 1).map(|l| hw[l + 1].saturating_mul(9 * c[l])));
+    // The up path's first resnet of a level takes its input and a skip.
+    let widest = |l: usize| c[l] + c[l.saturating_sub(1)].max(c[(l + 1).min(n - 1)]);
+    let im2col = im2col(&hw, &c, widest, every_conv);
     Some((skips.saturating_add(largest((0..n).map(working))), im2col))
 }
 
 /// The VAE's elements a batch item (its largest level, encoder or decoder) and its downsamplers'
 /// im2col.
-fn vae(cfg: &AutoencoderKLConfig, size: (usize, usize)) -> Option<(u64, u64)> {
+fn vae(cfg: &AutoencoderKLConfig, size: (usize, usize), every_conv: bool) -> Option<(u64, u64)> {
     let c: Vec<u64> = cfg.block_out_channels.iter().map(|&c| c as u64).collect();
     let n = c.len();
     let hw = levels(n, size, 0)?;
@@ -112,6 +139,7 @@ fn vae(cfg: &AutoencoderKLConfig, size: (usize, usize)) -> Option<(u64, u64)> {
         let attention = if l + 1 == n { VAE_ATTENTION * c[l] } else { 0 };
         (RESNET * widths + attention).saturating_mul(hw[l])
     };
-    let im2col = largest((0..n - 1).map(|l| hw[l + 1].saturating_mul(9 * c[l])));
+    let widest = |l: usize| c[l].max(c[(l + 1).min(n - 1)]);
+    let im2col = im2col(&hw, &c, widest, every_conv);
     Some((largest((0..n).map(working)), im2col))
 }

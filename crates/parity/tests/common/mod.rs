@@ -209,6 +209,12 @@ pub struct Child {
 /// address-space limit [`LIMIT_KIB`], with `env` added to its environment. The test fails if it
 /// runs past [`SECONDS`].
 pub fn run_limited(args: &[&str], env: &[(&str, &str)]) -> Child {
+    run_limited_within(args, env, std::time::Duration::from_secs(SECONDS))
+}
+
+/// [`run_limited`] with another limit on its time (a test whose child runs a whole model's
+/// forward: the limit is for a hang, not a measure of speed).
+pub fn run_limited_within(args: &[&str], env: &[(&str, &str)], limit: std::time::Duration) -> Child {
     use std::os::unix::process::ExitStatusExt;
     use std::time::{Duration, Instant};
     let dir = scratch(&format!(
@@ -233,10 +239,10 @@ pub fn run_limited(args: &[&str], env: &[(&str, &str)]) -> Child {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        if start.elapsed() > Duration::from_secs(SECONDS) {
+        if start.elapsed() > limit {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{args:?} ran past {SECONDS} s");
+            panic!("{args:?} ran past {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };

@@ -29,12 +29,10 @@ fn vae(channels: &[usize], layers: usize, groups: usize) -> Model {
     }
 }
 
-fn unet(channels: &[usize], heads: usize, groups: usize, context: usize) -> Model {
-    let n = channels.len();
-    let mut down = vec!["CrossAttnDownBlock2D"; n];
-    down[n - 1] = "DownBlock2D";
-    let mut up = vec!["CrossAttnUpBlock2D"; n];
-    up[0] = "UpBlock2D";
+/// A U-Net of `channels`, cross-attention in the blocks `cross` names (the mid block has it always).
+fn unet(channels: &[usize], cross: &[bool], heads: usize, groups: usize, context: usize) -> Model {
+    let down: Vec<&str> = cross.iter().map(|&c| if c { "CrossAttnDownBlock2D" } else { "DownBlock2D" }).collect();
+    let up: Vec<&str> = cross.iter().rev().map(|&c| if c { "CrossAttnUpBlock2D" } else { "UpBlock2D" }).collect();
     Model {
         block: UNet2DConditionModel::BLOCK,
         config: serde_json::json!({
@@ -102,7 +100,10 @@ fn whole_bundle(dir: &Path, name: &str, model: &Model, sample: &[usize]) -> Path
 }
 
 /// The most the estimate may be above the measured peak (it must never be below).
-const FACTOR: f64 = 3.0;
+const FACTOR: f64 = 3.5;
+/// How long a whole model's check may take before the test calls it a hang (a debug build, on
+/// cores shared with other tests).
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The estimate against the peak RSS of the check, on whole models of several widths and sizes:
 /// never below it, at most [`FACTOR`] above (the estimate of a 128-channel VAE at 192 × 192 was
@@ -110,12 +111,13 @@ const FACTOR: f64 = 3.0;
 #[test]
 fn whole_model_estimates_hold_the_measured_peak() {
     let dir = scratch("whole-peaks");
+    // Wide at a high resolution, little attention: memory that a debug build computes in seconds.
     let cases = [
-        ("vae_128_192", vae(&[128, 128], 1, 32), vec![1, 3, 192, 192]),
-        ("vae_32x3_256", vae(&[32, 64, 64], 1, 8), vec![1, 3, 256, 256]),
-        ("vae_64_b2_128", vae(&[64, 128], 2, 32), vec![2, 3, 128, 128]),
-        ("unet_32_64", unet(&[32, 64], 4, 8, 32), vec![2, 4, 64, 64]),
-        ("unet_64x3_48", unet(&[64, 64, 128], 8, 32, 64), vec![1, 4, 96, 96]),
+        ("vae_8x4_640", vae(&[8, 8, 8, 8], 1, 4), vec![1, 3, 640, 640]),
+        ("vae_16x4_b2_320", vae(&[16, 16, 32, 32], 1, 8), vec![2, 3, 320, 320]),
+        ("vae_64x2_96", vae(&[64, 64], 1, 32), vec![1, 3, 96, 96]),
+        ("unet_8x4_512", unet(&[8, 8, 16, 16], &[false; 4], 2, 4, 16), vec![1, 4, 512, 512]),
+        ("unet_cross_b2_128", unet(&[16, 32, 32], &[false, true, false], 4, 8, 32), vec![2, 4, 128, 128]),
     ];
     let mut rows = vec![];
     for (name, model, sample) in &cases {
@@ -123,7 +125,7 @@ fn whole_model_estimates_hold_the_measured_peak() {
         let estimate = unet_parity::memory::estimate_file(&bundle, unet_parity::bundle::Load::NoStages, None, None)
             .unwrap()
             .bytes;
-        let c = run_limited(&["check", bundle.to_str().unwrap()], &[(PEAK, "1")]);
+        let c = run_limited_within(&["check", bundle.to_str().unwrap()], &[(PEAK, "1")], LIMIT);
         assert_eq!(c.code, 1, "{name}: the check runs and fails (zero outputs): {}{}", c.out, c.err);
         let peak = c.peak();
         let ratio = estimate as f64 / peak as f64;
@@ -137,15 +139,16 @@ fn whole_model_estimates_hold_the_measured_peak() {
     }
 }
 
-/// A 128-channel VAE at 192 × 192 under `--max-memory 400M` (it peaks near 400 MB, and was
-/// estimated at 90 MiB: under a 400 MB address limit it aborted), and at 1024 × 1024 under the
-/// 4 GiB address limit: refused from the header in one line, also with `--trace` and by `show`.
+/// A 128-channel VAE at 192 × 192 under `--max-memory 150M`: it peaks near 220 MB (measured
+/// here) where its old estimate, from copies of its 3-channel input, was 90 MiB, so it ran past
+/// the limit (and under an address limit aborted); and at 1024 × 1024 under the 4 GiB address
+/// limit: refused from the header in one line, also with `--trace` and by `show`.
 #[test]
 fn a_whole_model_too_large_is_refused_before_it_runs() {
     let dir = scratch("whole-refused");
     let model = vae(&[128, 128], 1, 32);
     let small = whole_bundle(&dir, "vae_128_192", &model, &[1, 3, 192, 192]);
-    let c = run_limited(&["check", small.to_str().unwrap(), "--max-memory", "400M"], &[]);
+    let c = run_limited(&["check", small.to_str().unwrap(), "--max-memory", "150M"], &[]);
     assert_refused(&c, "vae_128_192", "--max-memory");
     let big = whole_bundle(&dir, "vae_128_1024", &model, &[1, 3, 1024, 1024]);
     let file = big.to_str().unwrap();
@@ -170,20 +173,22 @@ fn assert_refused(c: &Child, file: &str, limit_from: &str) {
     assert!(c.took.as_secs() < 10, "{:?}", c.took);
 }
 
-/// `check --trace` of a whole-model bundle that holds no stages: our run records none (it held
-/// every module's output of the forward, gigabytes at 768 × 768, and aborted under 4 GiB where
-/// `check` without `--trace` finished).
+/// `check --trace` of a whole-model bundle that holds no stages peaks where `check` does: our run
+/// keeps no stage (it kept every module's output of the forward, several times the forward's own
+/// peak, and aborted under 4 GiB where `check` finished).
 #[test]
 fn trace_holds_only_the_stages_the_bundle_compares() {
     let dir = scratch("whole-trace");
-    let model = vae(&[8, 16], 1, 4);
-    let bundle = whole_bundle(&dir, "vae_8_768", &model, &[1, 3, 768, 768]);
+    let bundle = whole_bundle(&dir, "vae_8x4_640", &vae(&[8, 8, 8, 8], 1, 4), &[1, 3, 640, 640]);
     let file = bundle.to_str().unwrap();
-    for args in [vec!["check", file], vec!["check", file, "--trace"]] {
-        let c = run_limited(&args, &[(PEAK, "1")]);
+    let peak = |args: &[&str]| {
+        let c = run_limited_within(args, &[(PEAK, "1")], LIMIT);
         assert_eq!(c.code, 1, "{args:?}: {}{}", c.out, c.err);
-        assert!(c.peak() < 1 << 30, "{args:?}: {}", c.peak());
-    }
+        c.peak()
+    };
+    let (plain, traced) = (peak(&["check", file]), peak(&["check", file, "--trace"]));
+    eprintln!("vae_8x4_640: check peaks at {plain} bytes, check --trace at {traced}");
+    assert!(traced < plain + plain / 4, "check {plain}, check --trace {traced}");
 }
 
 /// The committed VAE whole-model bundle beside a copy of its checkpoint (`../models/...`), the
