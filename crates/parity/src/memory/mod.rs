@@ -11,8 +11,8 @@
 //!   whole models (`UNet2DConditionModel`, `AutoencoderKL`) what their config says instead: each
 //!   level's widths at its resolution, the U-Net's skips, the transformers' feed-forward, and the
 //!   downsamplers' im2col (`memory/whole.rs`);
-//! * the weights of a checkpoint the bundle references (`parity.weights`, or `--weights`), from
-//!   its header: in the run dtype, plus the largest once more as it is read;
+//! * for a whole model, the weights of the checkpoint the bundle references (`parity.weights`, or
+//!   `--weights`), from its header: in the run dtype, plus the largest once more as it is read;
 //! * a score matrix the block forms whole: `torch.MultiheadAttention` with `need_weights` (the
 //!   default) forms the `(N, heads, L, S)` scores, their softmax and the head mean (3 copies);
 //!   a run in f64, f16 or bf16, or `UNET_ATTENTION_SDPA=chunked`, may take the chunked reference
@@ -449,8 +449,11 @@ pub fn estimate_file(
     if !metadata.contains_key("parity.format") {
         return None;
     }
+    // A whole model reads every weight of its checkpoint; a block under a prefix only its own,
+    // whose shapes are checked before they are read (a wrong 3 GB one is refused by its shape).
     let referenced = crate::check::referenced_checkpoint(path, &metadata);
     let from = weights.map(|(f, p)| (f.to_path_buf(), p.to_string())).or(referenced);
+    let from = from.filter(|_| whole::is_whole_model(&metadata));
     let run = run_size(run_dtype.or(metadata.get("parity.dtype").map(String::as_str)).unwrap_or("float32"));
     let checkpoint = from.map_or(0, |(file, prefix)| checkpoint_bytes(&file, &prefix, run));
     Some(estimate(&metadata, &infos, load, run_dtype).add("checkpoint weights", checkpoint))

@@ -32,6 +32,13 @@ pub const TRANSFORMER: u64 = 24;
 /// Widths a pixel the VAE's single-head mid-block attention holds at once.
 const VAE_ATTENTION: u64 = 8;
 
+/// Whether the bundle is of a whole model.
+pub(super) fn is_whole_model(metadata: &BTreeMap<String, String>) -> bool {
+    metadata
+        .get("parity.block")
+        .is_some_and(|b| b == UNet2DConditionModel::BLOCK || b == AutoencoderKL::BLOCK)
+}
+
 /// What a whole model's forward holds at its peak: `(activations, convolution workspace)` in
 /// bytes, `None` for other blocks (or a config or input the check will refuse anyway).
 pub(super) fn forward_bytes(metadata: &BTreeMap<String, String>, infos: &[TensorInfo], run: u64) -> Option<(u64, u64)> {

@@ -117,12 +117,12 @@ fn smoke(name: &'static str, target: fn(&[u8]), per_seed: usize, limit: Duration
 #[test]
 fn every_fuzz_target_runs_over_its_corpus() {
     let minute = Duration::from_secs(60);
-    smoke("folder", folder::run, 24, 3 * minute);
-    smoke("whole", whole::run, 12, 3 * minute);
-    smoke("bundle", bundle::run, 8, 2 * minute);
-    smoke("config", config::run, 2, 3 * minute);
-    smoke("checkpoint", checkpoint::run, 16, minute);
-    smoke("pickle", pickle::run, 64, minute);
-    smoke("walk", walk::run, 16, minute);
-    smoke("hub", hub::run, 16, minute);
+    smoke("folder", folder::run, 64, 3 * minute);
+    smoke("whole", whole::run, 48, 3 * minute);
+    smoke("bundle", bundle::run, 32, 2 * minute);
+    smoke("config", config::run, 8, 3 * minute);
+    smoke("checkpoint", checkpoint::run, 64, minute);
+    smoke("pickle", pickle::run, 256, minute);
+    smoke("walk", walk::run, 64, minute);
+    smoke("hub", hub::run, 64, minute);
 }
