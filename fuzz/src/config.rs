@@ -7,8 +7,11 @@ use std::sync::LazyLock;
 use unet_parity::bundle::{self, Bundle, RawFile};
 use unet_parity::check::{check_bundle, Options};
 
+/// A registry block's id and its committed bundles.
+type Bundles = (&'static str, Vec<(PathBuf, RawFile)>);
+
 /// `(block id, committed bundles of it)` for every registry block, in registry order.
-static BUNDLES: LazyLock<Vec<(&'static str, Vec<(PathBuf, RawFile)>)>> = LazyLock::new(|| {
+static BUNDLES: LazyLock<Vec<Bundles>> = LazyLock::new(|| {
     let weights = super::repo_root().join("weights");
     let files = bundle::collect(&[weights]).expect("the committed bundles");
     let parsed: Vec<(String, PathBuf, RawFile)> = files

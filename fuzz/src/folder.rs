@@ -25,9 +25,14 @@ fn tensors(model: usize) -> &'static [(String, Tensor)] {
     static CACHE: std::sync::OnceLock<[Vec<(String, Tensor)>; 2]> = std::sync::OnceLock::new();
     &CACHE.get_or_init(|| {
         MODELS.map(|m| {
-            let file = super::repo_root().join("weights/models").join(m).join("diffusion_pytorch_model.safetensors");
-            let mut all: Vec<(String, Tensor)> =
-                candle_core::safetensors::load(file, &Device::Cpu).unwrap_or_default().into_iter().collect();
+            let file = super::repo_root()
+                .join("weights/models")
+                .join(m)
+                .join("diffusion_pytorch_model.safetensors");
+            let mut all: Vec<(String, Tensor)> = candle_core::safetensors::load(file, &Device::Cpu)
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
             all.sort_by(|a, b| a.0.cmp(&b.0));
             all
         })
@@ -44,11 +49,16 @@ fn mkfifo(path: &Path) {
 /// The folder's files as the input says (see the module docs); whether a tensor was put in two
 /// shards or in another shard than the index names (then no load may succeed).
 fn build(dir: &Path, data: &[u8]) -> bool {
-    let [flags, spread, pick, rest @ ..] = data else { return false };
+    let [flags, spread, pick, rest @ ..] = data else {
+        return false;
+    };
     let model = usize::from(flags & 1);
     let fields: Vec<&[u8]> = rest.split(|&b| b == 0xff).collect();
     let field = |i: usize| fields.get(i).copied().unwrap_or(&[]);
-    let config = super::repo_root().join("weights/models").join(MODELS[model]).join("config.json");
+    let config = super::repo_root()
+        .join("weights/models")
+        .join(MODELS[model])
+        .join("config.json");
     if flags & 4 != 0 {
         mkfifo(&dir.join("config.json"));
     } else if field(0).is_empty() {
@@ -96,7 +106,9 @@ fn build(dir: &Path, data: &[u8]) -> bool {
     if flags & 2 != 0 {
         let index = dir.join("diffusion_pytorch_model.safetensors.index.json");
         let text = if field(1).is_empty() {
-            serde_json::json!({"metadata": {}, "weight_map": map}).to_string().into_bytes()
+            serde_json::json!({"metadata": {}, "weight_map": map})
+                .to_string()
+                .into_bytes()
         } else {
             field(1).to_vec()
         };
@@ -118,7 +130,10 @@ pub fn run(data: &[u8]) {
         Some(0) => UNet2DConditionModel::load(&dir, DType::F32, &Device::Cpu).is_ok(),
         _ => AutoencoderKL::load(&dir, DType::F32, &Device::Cpu).is_ok(),
     };
-    assert!(!(broken && loaded), "a folder whose shards disagree with their index loaded");
+    assert!(
+        !(broken && loaded),
+        "a folder whose shards disagree with their index loaded"
+    );
     let _ = unet_parity::model::mid_blocks_of(&dir, &Device::Cpu, DType::F32);
     if let Some(weights) = unet_attention::files::folder::weight_file(&dir) {
         if let Ok(ck) = unet_parity::checkpoint::Checkpoint::open(&weights) {

@@ -21,12 +21,19 @@ const LINKS: [&str; 8] = [
 
 /// The input split at 0xff bytes into strings (lossy UTF-8).
 fn fields(data: &[u8]) -> Vec<String> {
-    data.split(|&b| b == 0xff).map(|f| String::from_utf8_lossy(f).into_owned()).collect()
+    data.split(|&b| b == 0xff)
+        .map(|f| String::from_utf8_lossy(f).into_owned())
+        .collect()
 }
 
 fn build(cache: &Path, outside: &Path, ops: &[u8], ref_text: &str) {
     let repo = cache.join("models--acme--tiny");
-    for dir in [repo.join("refs"), repo.join("blobs"), repo.join("snapshots").join(COMMIT).join("unet"), outside.to_path_buf()] {
+    for dir in [
+        repo.join("refs"),
+        repo.join("blobs"),
+        repo.join("snapshots").join(COMMIT).join("unet"),
+        outside.to_path_buf(),
+    ] {
         let _ = std::fs::create_dir_all(dir);
     }
     let _ = std::fs::write(repo.join("blobs/x"), "{}");
@@ -45,7 +52,10 @@ fn build(cache: &Path, outside: &Path, ops: &[u8], ref_text: &str) {
                 // SAFETY: a valid C string; mkfifo only creates a node.
                 unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
             }
-            _ => drop(std::os::unix::fs::symlink(LINKS[(*op as usize / 4) % LINKS.len()], &file)),
+            _ => drop(std::os::unix::fs::symlink(
+                LINKS[(*op as usize / 4) % LINKS.len()],
+                &file,
+            )),
         }
     }
     let refs = repo.join("refs/main");
@@ -86,7 +96,10 @@ pub fn run(data: &[u8]) {
         }
     }
     if let Ok((config, weights)) = repo.model_files() {
-        assert!(inside(&cache, &config) && inside(&cache, &weights), "{config:?} {weights:?}");
+        assert!(
+            inside(&cache, &config) && inside(&cache, &weights),
+            "{config:?} {weights:?}"
+        );
     }
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -9,7 +9,10 @@ pub fn run(data: &[u8]) {
         return;
     };
     for (name, record) in &contents.tensors {
-        assert!(!name.is_empty() || contents.tensors.len() == 1, "an empty name among several");
+        assert!(
+            !name.is_empty() || contents.tensors.len() == 1,
+            "an empty name among several"
+        );
         let Ok(r) = record else { continue };
         assert_eq!(r.shape.len(), r.stride.len(), "{name}: shape and stride ranks");
         let elements = r.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));

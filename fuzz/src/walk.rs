@@ -34,13 +34,16 @@ fn build(root: &Path, data: &[u8]) {
                 }
             }
             1 => drop(std::fs::write(&path, bundle_bytes())),
-            2 => drop(std::fs::write(&path, &op[..])),
+            2 => drop(std::fs::write(&path, op)),
             3 => {
                 let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
                 // SAFETY: a valid C string; mkfifo only creates a node.
                 unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
             }
-            _ => drop(std::os::unix::fs::symlink(TARGETS[op[2] as usize % TARGETS.len()], &path)),
+            _ => drop(std::os::unix::fs::symlink(
+                TARGETS[op[2] as usize % TARGETS.len()],
+                &path,
+            )),
         }
     }
 }

@@ -207,9 +207,13 @@ fn load_error_within(folder: &Path, unet: bool) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let e = if unet {
-            UNet2DConditionModel::load(&folder, DType::F32, &Device::Cpu).err().map(|e| e.to_string())
+            UNet2DConditionModel::load(&folder, DType::F32, &Device::Cpu)
+                .err()
+                .map(|e| e.to_string())
         } else {
-            AutoencoderKL::load(&folder, DType::F32, &Device::Cpu).err().map(|e| e.to_string())
+            AutoencoderKL::load(&folder, DType::F32, &Device::Cpu)
+                .err()
+                .map(|e| e.to_string())
         };
         let _ = tx.send(e);
     });
@@ -229,7 +233,10 @@ fn folder_name(unet: bool) -> &'static str {
 }
 
 fn mkfifo(path: &Path) {
-    let ok = std::process::Command::new("mkfifo").arg(path).status().map(|s| s.success());
+    let ok = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .map(|s| s.success());
     assert!(matches!(ok, Ok(true)), "mkfifo {path:?}");
 }
 
@@ -249,14 +256,24 @@ fn fifos_in_a_model_folder_are_refused_not_opened() {
         std::fs::remove_file(f.join("diffusion_pytorch_model.safetensors")).unwrap();
         mkfifo(&f.join("diffusion_pytorch_model.safetensors"));
         let e = load_error_within(&f, unet);
-        assert!(e.contains("diffusion_pytorch_model.safetensors") && e.contains("not a regular file"), "{e}");
+        assert!(
+            e.contains("diffusion_pytorch_model.safetensors") && e.contains("not a regular file"),
+            "{e}"
+        );
 
         std::fs::remove_file(f.join("diffusion_pytorch_model.safetensors")).unwrap();
         let index = serde_json::json!({"weight_map": {"conv_in.weight": "shard.safetensors"}});
-        std::fs::write(f.join("diffusion_pytorch_model.safetensors.index.json"), index.to_string()).unwrap();
+        std::fs::write(
+            f.join("diffusion_pytorch_model.safetensors.index.json"),
+            index.to_string(),
+        )
+        .unwrap();
         mkfifo(&f.join("shard.safetensors"));
         let e = load_error_within(&f, unet);
-        assert!(e.contains("shard.safetensors") && e.contains("not a regular file"), "{e}");
+        assert!(
+            e.contains("shard.safetensors") && e.contains("not a regular file"),
+            "{e}"
+        );
     }
 }
 
@@ -281,7 +298,11 @@ fn shard_vae(tag: &str, write: impl Fn(&str, usize) -> (Vec<&'static str>, &'sta
     save(&f, "part-1.safetensors", &shards[0]);
     save(&f, "part-2.safetensors", &shards[1]);
     let index = serde_json::json!({"metadata": {}, "weight_map": map});
-    std::fs::write(f.join("diffusion_pytorch_model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::write(
+        f.join("diffusion_pytorch_model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
     f
 }
 
@@ -291,7 +312,13 @@ fn shard_vae(tag: &str, write: impl Fn(&str, usize) -> (Vec<&'static str>, &'sta
 #[test]
 fn the_index_weight_map_is_honoured() {
     let (one, two) = ("part-1.safetensors", "part-2.safetensors");
-    let split = |_: &str, i: usize| if i % 2 == 0 { (vec!["part-1.safetensors"], "part-1.safetensors") } else { (vec!["part-2.safetensors"], "part-2.safetensors") };
+    let split = |_: &str, i: usize| {
+        if i.is_multiple_of(2) {
+            (vec!["part-1.safetensors"], "part-1.safetensors")
+        } else {
+            (vec!["part-2.safetensors"], "part-2.safetensors")
+        }
+    };
     let f = shard_vae("index-good", split);
     AutoencoderKL::load(&f, DType::F32, &Device::Cpu).unwrap();
 
@@ -314,7 +341,10 @@ fn the_index_weight_map_is_honoured() {
         }
     });
     let e = vae_error(&f, "a tensor in the wrong shard");
-    assert!(e.contains(dup) && e.contains(one) && e.contains(two) && e.contains("weight_map"), "{e}");
+    assert!(
+        e.contains(dup) && e.contains(one) && e.contains(two) && e.contains("weight_map"),
+        "{e}"
+    );
 }
 
 /// Shapes the models cannot take are errors naming the input and what the model needs: too
@@ -332,18 +362,39 @@ fn no_shape_panics_a_whole_model() {
     let caught = |what: &str, f: &dyn Fn() -> Result<Vec<usize>, String>| {
         catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| panic!("{what}: panicked"))
     };
-    let encode = |x: Tensor| move || vae.encode(&x).map(|d| d.mean().dims().to_vec()).map_err(|e| e.to_string());
+    let encode = |x: Tensor| {
+        move || {
+            vae.encode(&x)
+                .map(|d| d.mean().dims().to_vec())
+                .map_err(|e| e.to_string())
+        }
+    };
     let decode = |x: Tensor| move || vae.decode(&x).map(|d| d.dims().to_vec()).map_err(|e| e.to_string());
-    let run_unet = |x: Tensor, c: Tensor| move || unet.forward(&x, 10.0, &c).map(|d| d.dims().to_vec()).map_err(|e| e.to_string());
+    let run_unet = |x: Tensor, c: Tensor| {
+        move || {
+            unet.forward(&x, 10.0, &c)
+                .map(|d| d.dims().to_vec())
+                .map_err(|e| e.to_string())
+        }
+    };
 
     let e = caught("encode 1×1", &encode(zeros(&[1, 3, 1, 1]))).unwrap_err();
-    assert!(e.contains("`sample`") && e.contains("H and W ≥ 2") && e.contains("[1, 3, 1, 1]"), "{e}");
-    assert_eq!(caught("encode 3×5", &encode(zeros(&[1, 3, 3, 5]))).unwrap(), [1, 4, 1, 2]);
+    assert!(
+        e.contains("`sample`") && e.contains("H and W ≥ 2") && e.contains("[1, 3, 1, 1]"),
+        "{e}"
+    );
+    assert_eq!(
+        caught("encode 3×5", &encode(zeros(&[1, 3, 3, 5]))).unwrap(),
+        [1, 4, 1, 2]
+    );
     let e = caught("encode 4 channels", &encode(zeros(&[1, 4, 8, 8]))).unwrap_err();
     assert!(e.contains("`sample`") && e.contains("(B, 3, H, W)"), "{e}");
     let e = caught("encode batch 0", &encode(zeros(&[0, 3, 8, 8]))).unwrap_err();
     assert!(e.contains("`sample`") && e.contains("≥ 1"), "{e}");
-    assert_eq!(caught("decode 1×1", &decode(zeros(&[1, 4, 1, 1]))).unwrap(), [1, 3, 2, 2]);
+    assert_eq!(
+        caught("decode 1×1", &decode(zeros(&[1, 4, 1, 1]))).unwrap(),
+        [1, 3, 2, 2]
+    );
     let e = caught("decode 3 channels", &decode(zeros(&[1, 3, 2, 2]))).unwrap_err();
     assert!(e.contains("`z`") && e.contains("(B, 4, H, W)"), "{e}");
 
@@ -353,8 +404,15 @@ fn no_shape_panics_a_whole_model() {
     }
     let e = caught("unet channels", &run_unet(zeros(&[1, 3, 8, 8]), ctx.clone())).unwrap_err();
     assert!(e.contains("`sample`") && e.contains("(B, 4, H, W)"), "{e}");
-    let e = caught("unet context width", &run_unet(zeros(&[1, 4, 8, 8]), zeros(&[1, 7, 25]))).unwrap_err();
-    assert!(e.contains("`encoder_hidden_states`") && e.contains("(B, tokens, 24)"), "{e}");
+    let e = caught(
+        "unet context width",
+        &run_unet(zeros(&[1, 4, 8, 8]), zeros(&[1, 7, 25])),
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("`encoder_hidden_states`") && e.contains("(B, tokens, 24)"),
+        "{e}"
+    );
     let e = caught("unet batch 0", &run_unet(zeros(&[0, 4, 8, 8]), zeros(&[0, 7, 24]))).unwrap_err();
     assert!(e.contains("`sample`") && e.contains("≥ 1"), "{e}");
 }
@@ -395,8 +453,7 @@ fn the_drop_in_refuses_weights_it_cannot_express() {
         unsafe { candle_nn::VarBuilder::from_mmaped_safetensors(&file, DType::F32, &Device::Cpu).unwrap() }
     };
     let e = unet_2d::UNet2DConditionModel::new(vb(&dir), 4, 4, false, drop_in.clone())
-        .err()
-        .expect("the drop-in built a model that leaves weights unread")
+        .expect_err("the drop-in built a model that leaves weights unread")
         .to_string();
     assert!(
         e.contains("weight(s) under the VarBuilder's root not read")
@@ -415,8 +472,7 @@ fn the_drop_in_refuses_weights_it_cannot_express() {
         ..Default::default()
     };
     let e = vae::AutoEncoderKL::new(vb(&models().join("diffusers_vae")), 3, 3, vae_config.clone())
-        .err()
-        .expect("the VAE drop-in left quant_conv unread")
+        .expect_err("the VAE drop-in left quant_conv unread")
         .to_string();
     assert!(e.contains("`quant_conv.weight`") && e.contains("use_quant_conv"), "{e}");
     let one_block = vae::AutoEncoderKLConfig {

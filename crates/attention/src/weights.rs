@@ -49,6 +49,9 @@ impl WeightSource for BTreeMap<String, Tensor> {
     }
 }
 
+/// `name -> [NaN, +inf, -inf]` counts of the weights read that hold any.
+type NonFinite = BTreeMap<String, [usize; 3]>;
+
 /// A state dict that remembers what was read from it.
 #[derive(Clone)]
 pub struct TrackedWeights {
@@ -61,7 +64,7 @@ pub struct TrackedWeights {
     run_dtype: Option<DType>,
     /// `name -> [NaN, +inf, -inf]` of the float weights read, when counted
     /// ([`TrackedWeights::counting_non_finite`]).
-    non_finite: Option<Arc<Mutex<BTreeMap<String, [usize; 3]>>>>,
+    non_finite: Option<Arc<Mutex<NonFinite>>>,
 }
 
 /// Tensors converted from one dtype to another for the run.
@@ -127,7 +130,10 @@ impl TrackedWeights {
     /// (empty unless [`Self::counting_non_finite`]).
     pub fn non_finite(&self) -> Vec<(String, [usize; 3])> {
         let Some(found) = &self.non_finite else { return vec![] };
-        found.lock().map(|f| f.clone().into_iter().collect()).unwrap_or_default()
+        found
+            .lock()
+            .map(|f| f.clone().into_iter().collect())
+            .unwrap_or_default()
     }
 
     /// A `VarBuilder` over these weights converting floating tensors to `dtype` on `device`.
@@ -245,10 +251,17 @@ pub fn non_finite_counts(t: &Tensor) -> candle_core::Result<[usize; 3]> {
     for start in (0..n).step_by(CHUNK) {
         let chunk = flat.narrow(0, start, CHUNK.min(n - start))?;
         if chunk.dtype() == DType::F64 {
-            chunk.to_vec1::<f64>()?.into_iter().filter(|v| !v.is_finite()).for_each(&mut count);
+            chunk
+                .to_vec1::<f64>()?
+                .into_iter()
+                .filter(|v| !v.is_finite())
+                .for_each(&mut count);
         } else {
             let values = chunk.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-            values.into_iter().filter(|v| !v.is_finite()).for_each(|v| count(v as f64));
+            values
+                .into_iter()
+                .filter(|v| !v.is_finite())
+                .for_each(|v| count(v as f64));
         }
     }
     Ok(counts)
@@ -383,7 +396,14 @@ impl<'a> Recording<'a> {
 }
 
 impl SimpleBackend for Recording<'_> {
-    fn get(&self, s: Shape, name: &str, init: candle_nn::Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        init: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
         let t = self.inner.get_with_hints_dtype(s, name, init, dtype)?;
         self.mark(name);
         t.to_device(dev)
@@ -417,7 +437,11 @@ pub fn unread_near(rec: &Recording, extra: &[String]) -> Vec<String> {
     let read = rec.read();
     let mut asked: BTreeSet<String> = BTreeSet::new();
     let mut found: BTreeSet<String> = BTreeSet::new();
-    let mut queue: Vec<String> = read.iter().flat_map(|n| next_indices(n)).chain(extra.iter().cloned()).collect();
+    let mut queue: Vec<String> = read
+        .iter()
+        .flat_map(|n| next_indices(n))
+        .chain(extra.iter().cloned())
+        .collect();
     while let Some(name) = queue.pop() {
         if asked.len() >= PROBES || found.len() >= FOUND {
             break;

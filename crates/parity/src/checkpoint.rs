@@ -25,12 +25,12 @@
 use crate::error::{ParityError, Result};
 use crate::pickle::{self, TensorRecord};
 use crate::weights::WeightSource;
-use unet_attention::files::shards::SafetensorsFiles;
 use candle_core::{DType, Device, Layout, Shape, Tensor};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use unet_attention::files::shards::SafetensorsFiles;
 
 /// How the file stores its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

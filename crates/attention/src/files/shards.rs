@@ -12,8 +12,8 @@
 use super::safetensors::StFile;
 use super::FileError;
 use crate::weights::WeightSource;
-use candle_core::{DType, Device, Tensor};
 use ::safetensors::tensor::TensorInfo;
+use candle_core::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -376,17 +376,25 @@ impl UNet2DConditionModel {
                 ),
             ));
         }
-        let widths = cfg.cross_attention_dim.expand("cross_attention_dim", cfg.block_out_channels.len())?;
+        let widths = cfg
+            .cross_attention_dim
+            .expand("cross_attention_dim", cfg.block_out_channels.len())?;
         let width = context.dim(2)?;
         if let Some(want) = widths.iter().find(|&&d| d != width) {
             return Err(Error::input(
                 Self::BLOCK,
                 "encoder_hidden_states",
-                format!("expected (B, tokens, {want}) (cross_attention_dim), found {:?}", context.dims()),
+                format!(
+                    "expected (B, tokens, {want}) (cross_attention_dim), found {:?}",
+                    context.dims()
+                ),
             ));
         }
         if let (Some(tt), Some(added)) = (&self.text_time, &args.added_cond) {
-            let width = added.text_embeds.dim(1)?.saturating_add(added.time_ids.dim(1)?.saturating_mul(tt.add_time_proj.num_channels));
+            let width = added
+                .text_embeds
+                .dim(1)?
+                .saturating_add(added.time_ids.dim(1)?.saturating_mul(tt.add_time_proj.num_channels));
             if Some(width) != cfg.projection_class_embeddings_input_dim {
                 return Err(Error::input(
                     Self::BLOCK,

@@ -128,7 +128,11 @@ pub(super) fn check_finite(path: &Path, weights: &TrackedWeights) -> Result<()> 
             "non-finite values in the checkpoint {place}: {}{} (a comparison with them proves nothing: the model \
              itself is broken, not the port)",
             described.join("; "),
-            if more > 0 { format!("; and {more} more") } else { String::new() }
+            if more > 0 {
+                format!("; and {more} more")
+            } else {
+                String::new()
+            }
         ),
     })
 }

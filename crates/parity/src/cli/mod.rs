@@ -130,7 +130,8 @@ fn show(args: &ShowArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<(),
         args.config.clone(),
         &args.hub,
     )?;
-    args.memory.check_fits(&args.bundle, Load::All, None, weights.as_ref())?;
+    args.memory
+        .check_fits(&args.bundle, Load::All, None, weights.as_ref())?;
     let opts = Options {
         weights,
         model_config,

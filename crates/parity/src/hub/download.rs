@@ -221,7 +221,11 @@ fn free_space(_dir: &Path) -> Option<u64> {
 /// arrive.
 fn size_cap(file: &str, declared: Option<u64>, (cap, from): (u64, &str)) -> Result<u64, String> {
     if file.ends_with(".json") && cap > crate::files::MAX_JSON_BYTES {
-        return size_cap(file, declared, (crate::files::MAX_JSON_BYTES, "the most a JSON file may have"));
+        return size_cap(
+            file,
+            declared,
+            (crate::files::MAX_JSON_BYTES, "the most a JSON file may have"),
+        );
     }
     match declared {
         Some(size) if size > cap => Err(format!(
@@ -441,11 +445,16 @@ mod tests {
     #[test]
     fn downloads_are_capped_and_held_to_a_rate() {
         let cap = (5u64 << 30, "test");
-        assert_eq!(size_cap("diffusion_pytorch_model.safetensors", Some(5 << 30), cap), Ok(5 << 30));
+        assert_eq!(
+            size_cap("diffusion_pytorch_model.safetensors", Some(5 << 30), cap),
+            Ok(5 << 30)
+        );
         let e = size_cap("model.safetensors", Some(1_000_000_000_000_000), cap).unwrap_err();
         assert!(e.contains("more than the download cap of 5368709120 (test)"), "{e}");
         assert_eq!(size_cap("config.json", Some(1000), cap), Ok(1000));
-        assert!(size_cap("config.json", Some(1 << 40), cap).unwrap_err().contains("JSON"));
+        assert!(size_cap("config.json", Some(1 << 40), cap)
+            .unwrap_err()
+            .contains("JSON"));
         // Undeclared: held to the cap as the bytes arrive.
         assert_eq!(size_cap("model.safetensors", None, cap), Ok(5 << 30));
         assert_eq!(size_cap("config.json", None, cap), Ok(crate::files::MAX_JSON_BYTES));

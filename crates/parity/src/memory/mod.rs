@@ -454,7 +454,11 @@ pub fn estimate_file(
     let referenced = crate::check::referenced_checkpoint(path, &metadata);
     let from = weights.map(|(f, p)| (f.to_path_buf(), p.to_string())).or(referenced);
     let from = from.filter(|_| whole::is_whole_model(&metadata));
-    let run = run_size(run_dtype.or(metadata.get("parity.dtype").map(String::as_str)).unwrap_or("float32"));
+    let run = run_size(
+        run_dtype
+            .or(metadata.get("parity.dtype").map(String::as_str))
+            .unwrap_or("float32"),
+    );
     let checkpoint = from.map_or(0, |(file, prefix)| checkpoint_bytes(&file, &prefix, run));
     Some(estimate(&metadata, &infos, load, run_dtype).add("checkpoint weights", checkpoint))
 }

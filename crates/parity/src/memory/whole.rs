@@ -50,7 +50,8 @@ pub(super) fn forward_bytes(metadata: &BTreeMap<String, String>, infos: &[Tensor
     };
     let every_conv = !convs_packed(run);
     let (elements, im2col) = if block == UNet2DConditionModel::BLOCK {
-        let cfg: UNet2DConditionModelConfig = unet_attention::config::from_json(UNet2DConditionModel::BLOCK, &config).ok()?;
+        let cfg: UNet2DConditionModelConfig =
+            unet_attention::config::from_json(UNet2DConditionModel::BLOCK, &config).ok()?;
         unet(&cfg, (h, w), every_conv)?
     } else if block == AutoencoderKL::BLOCK {
         let cfg: AutoencoderKLConfig = unet_attention::config::from_json(AutoencoderKL::BLOCK, &config).ok()?;
@@ -94,9 +95,17 @@ fn levels(n: usize, (h, w): (usize, usize), padding: usize) -> Option<Vec<u64>> 
     let mut sizes = vec![(h, w)];
     for _ in 1..n {
         let &(h, w) = sizes.last()?;
-        sizes.push((Downsample2D::output_size(h, padding)?, Downsample2D::output_size(w, padding)?));
+        sizes.push((
+            Downsample2D::output_size(h, padding)?,
+            Downsample2D::output_size(w, padding)?,
+        ));
     }
-    Some(sizes.iter().map(|&(h, w)| (h as u64).saturating_mul(w as u64)).collect())
+    Some(
+        sizes
+            .iter()
+            .map(|&(h, w)| (h as u64).saturating_mul(w as u64))
+            .collect(),
+    )
 }
 
 /// The largest of `items`.

@@ -271,7 +271,9 @@ impl candle_nn::var_builder::SimpleBackend for Synth {
         dtype: candle_core::DType,
         dev: &candle_core::Device,
     ) -> candle_core::Result<Tensor> {
-        let seed = name.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) as f32;
+        let seed = name
+            .bytes()
+            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) as f32;
         let n = s.elem_count();
         let scale = 1.0 / (s.dims().iter().skip(1).product::<usize>().max(1) as f32).sqrt();
         let norm = name.contains("norm") && name.ends_with("weight");

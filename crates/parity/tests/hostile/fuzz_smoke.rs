@@ -99,7 +99,10 @@ fn smoke(name: &'static str, target: fn(&[u8]), per_seed: usize, limit: Duration
                 let _ = std::fs::create_dir_all(&dir);
                 let file = dir.join(format!("{name}-{i}"));
                 let _ = std::fs::write(&file, input);
-                let _ = tx.send(Err(format!("{name}: input {i} panicked (written to {})", file.display())));
+                let _ = tx.send(Err(format!(
+                    "{name}: input {i} panicked (written to {})",
+                    file.display()
+                )));
                 return;
             }
         }

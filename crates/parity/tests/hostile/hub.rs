@@ -222,7 +222,11 @@ fn no_weights_blob(cache: &Path) {
     let blobs = cache.join("models--acme--tiny/blobs");
     let left: Vec<_> = std::fs::read_dir(&blobs).map_or(vec![], |d| d.flatten().map(|e| e.path()).collect());
     let config = "12".repeat(32);
-    assert!(left.iter().all(|p| p.file_name().is_some_and(|n| n.to_string_lossy() == config)), "{left:?}");
+    assert!(
+        left.iter()
+            .all(|p| p.file_name().is_some_and(|n| n.to_string_lossy() == config)),
+        "{left:?}"
+    );
 }
 
 /// No file left in the cache's blobs (nor a temporary one).
@@ -236,12 +240,7 @@ fn no_blobs(cache: &Path) {
 /// stops just past the declared size, and nothing stays in the cache.
 #[test]
 fn a_download_past_its_declared_size_is_cut_off() {
-    let endpoint = declares_1000(|| Reply::Stream {
-        headers: vec![],
-        chunk: 1 << 20,
-        chunks: 64,
-        every: std::time::Duration::ZERO,
-    });
+    let endpoint = declares_1000(stream_64_mib);
     let cache = scratch("hub-overlong");
     let c = check_from(&endpoint, &cache, "5");
     assert_eq!(c.code, 2, "{}", c.err);
@@ -291,6 +290,16 @@ fn weights_server(answer: fn(&str) -> Reply) -> String {
     })
 }
 
+/// 64 MiB sent as fast as they go, with no length.
+fn stream_64_mib() -> Reply {
+    Reply::Stream {
+        headers: vec![],
+        chunk: 1 << 20,
+        chunks: 64,
+        every: std::time::Duration::ZERO,
+    }
+}
+
 fn weights_headers() -> Vec<(String, String)> {
     vec![
         ("X-Repo-Commit".into(), COMMIT.into()),
@@ -327,15 +336,14 @@ fn check_from_with(endpoint: &str, cache: &Path, timeouts: &str, more: &[&str]) 
 #[test]
 fn weights_declared_past_the_cap_are_refused_before_a_byte() {
     let endpoint = weights_server(|method| match method {
-        "GET" => Reply::Stream {
-            headers: vec![],
-            chunk: 1 << 20,
-            chunks: 64,
-            every: std::time::Duration::ZERO,
-        },
+        "GET" => stream_64_mib(),
         _ => Reply::Answer {
             status: 200,
-            headers: [weights_headers(), vec![("X-Linked-Size".into(), "1000000000000000".into())]].concat(),
+            headers: [
+                weights_headers(),
+                vec![("X-Linked-Size".into(), "1000000000000000".into())],
+            ]
+            .concat(),
             body: vec![],
             stall_after: None,
         },
@@ -345,11 +353,17 @@ fn weights_declared_past_the_cap_are_refused_before_a_byte() {
         let c = check_from_with(&endpoint, &cache, "5", more);
         assert_eq!(c.code, 2, "{more:?}: {}", c.err);
         assert!(
-            c.err.contains("declares 1000000000000000 bytes, more than the download cap") && c.err.lines().count() == 1,
+            c.err
+                .contains("declares 1000000000000000 bytes, more than the download cap")
+                && c.err.lines().count() == 1,
             "{more:?}: {}",
             c.err
         );
-        let from = if more.is_empty() { "free space" } else { "--max-download" };
+        let from = if more.is_empty() {
+            "free space"
+        } else {
+            "--max-download"
+        };
         assert!(c.err.contains(from), "{}", c.err);
         assert!(c.took.as_secs() < 10, "{:?}", c.took);
         no_weights_blob(&cache);
@@ -361,12 +375,7 @@ fn weights_declared_past_the_cap_are_refused_before_a_byte() {
 #[test]
 fn max_download_caps_the_bytes_as_they_arrive() {
     let endpoint = weights_server(|method| match method {
-        "GET" => Reply::Stream {
-            headers: vec![],
-            chunk: 1 << 20,
-            chunks: 64,
-            every: std::time::Duration::ZERO,
-        },
+        "GET" => stream_64_mib(),
         _ => Reply::Head {
             headers: weights_headers(),
         },
@@ -374,7 +383,11 @@ fn max_download_caps_the_bytes_as_they_arrive() {
     let cache = scratch("hub-cap-arriving");
     let c = check_from_with(&endpoint, &cache, "5", &["--max-download", "1M"]);
     assert_eq!(c.code, 2, "{}", c.err);
-    assert!(c.err.contains("more than the download cap of 1048576 bytes"), "{}", c.err);
+    assert!(
+        c.err.contains("more than the download cap of 1048576 bytes"),
+        "{}",
+        c.err
+    );
     assert!(c.took.as_secs() < 10, "{:?}", c.took);
     no_weights_blob(&cache);
 }
@@ -393,7 +406,11 @@ fn a_dripping_download_ends_at_the_minimum_rate() {
         },
         _ => Reply::Answer {
             status: 200,
-            headers: [weights_headers(), vec![("X-Linked-Size".into(), (10u64 << 20).to_string())]].concat(),
+            headers: [
+                weights_headers(),
+                vec![("X-Linked-Size".into(), (10u64 << 20).to_string())],
+            ]
+            .concat(),
             body: vec![],
             stall_after: None,
         },
@@ -602,7 +619,10 @@ mod through_an_api_repo {
             ..Default::default()
         });
         let message = hub_message(files.get(&api, "config.json").unwrap_err());
-        assert!(message.contains("more than the download cap of 10 (--max-download)"), "{message}");
+        assert!(
+            message.contains("more than the download cap of 10 (--max-download)"),
+            "{message}"
+        );
         no_blobs(&cache);
     }
 

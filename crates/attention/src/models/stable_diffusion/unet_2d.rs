@@ -194,7 +194,12 @@ impl UNet2DConditionModel {
         let cfg = config.to_diffusers(in_channels, out_channels)?;
         let n = config.blocks.len();
         let extra: Vec<String> = (0..n)
-            .flat_map(|i| [format!("down_blocks.{i}.attentions.0.norm.weight"), format!("up_blocks.{i}.attentions.0.norm.weight")])
+            .flat_map(|i| {
+                [
+                    format!("down_blocks.{i}.attentions.0.norm.weight"),
+                    format!("up_blocks.{i}.attentions.0.norm.weight"),
+                ]
+            })
             .chain(OPTIONAL.iter().map(|s| s.to_string()))
             .collect();
         let inner = super::build_strict(vs, BLOCK, &extra, HINT, |vb| Diffusers::new(vb, &cfg))?;
