@@ -268,3 +268,61 @@ pub fn weight_map(index: &Path) -> Result<BTreeMap<String, String>, FileError> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// A folder with shards `a` and `b` holding the named tensors, and an index mapping `map`.
+    fn folder(name: &str, a: &[&str], b: &[&str], map: &[(&str, &str)]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("unet-attention-shards-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (file, names) in [("a.safetensors", a), ("b.safetensors", b)] {
+            let t: HashMap<String, Tensor> = names
+                .iter()
+                .map(|n| (n.to_string(), Tensor::zeros(2, DType::F32, &Device::Cpu).unwrap()))
+                .collect();
+            candle_core::safetensors::save(&t, dir.join(file)).unwrap();
+        }
+        let map: serde_json::Map<String, serde_json::Value> =
+            map.iter().map(|(k, v)| (k.to_string(), (*v).into())).collect();
+        let index = dir.join("model.safetensors.index.json");
+        std::fs::write(&index, serde_json::json!({ "weight_map": map }).to_string()).unwrap();
+        index
+    }
+
+    fn error(index: &Path) -> String {
+        SafetensorsFiles::open(index).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_index_decides_where_each_tensor_is() {
+        let (a, b) = ("a.safetensors", "b.safetensors");
+        let ok = folder("ok", &["x"], &["y"], &[("x", a), ("y", b)]);
+        let set = SafetensorsFiles::open(&ok).unwrap();
+        assert_eq!(set.names().collect::<Vec<_>>(), ["x", "y"]);
+        assert_eq!(set.load("y").unwrap().unwrap().dims(), [2]);
+        // In two shards; in another shard than the index names; named in a shard without it.
+        let e = error(&folder("two", &["x", "y"], &["y"], &[("x", a), ("y", b)]));
+        assert!(e.contains("`y`") && e.contains(a) && e.contains(b), "{e}");
+        let e = error(&folder("moved", &["x", "y"], &["z"], &[("x", a), ("y", b), ("z", b)]));
+        assert!(
+            e.contains("names b.safetensors for tensor `y`, but it is in a.safetensors"),
+            "{e}"
+        );
+        let e = error(&folder("absent", &["x"], &["z"], &[("x", a), ("y", b), ("z", b)]));
+        assert!(e.contains("`y`, which b.safetensors does not hold"), "{e}");
+        let e = error(&folder("unlisted", &["x", "w"], &["y"], &[("x", a), ("y", b)]));
+        assert!(
+            e.contains("`w` of shard a.safetensors is not in the `weight_map`"),
+            "{e}"
+        );
+        // Shard names stay in the folder.
+        for bad in ["../a.safetensors", "/etc/passwd", "..", "", "c:x", "sub/a.safetensors"] {
+            let e = error(&folder("leave", &["x"], &[], &[("x", bad)]));
+            assert!(e.contains("expected a file name in the folder"), "{bad}: {e}");
+        }
+    }
+}

@@ -251,15 +251,17 @@ impl RateFloor {
 }
 
 /// `body` copied into `file`, ending with an error after more than `cap` bytes (`declared`: the
-/// size the Hub declared, for the message) or when a window of `floor` brings too few.
+/// size the Hub declared, for the message) or when a window of `floor` brings too few, by the
+/// time `now` tells.
 fn copy_bounded(
     body: &mut impl Read,
     file: &mut impl Write,
     (cap, declared): (u64, bool),
     floor: RateFloor,
+    now: &mut dyn FnMut() -> Instant,
 ) -> Result<u64, String> {
     let mut buf = vec![0u8; 64 << 10];
-    let (mut n, mut window_start, mut at_window_start) = (0u64, Instant::now(), 0u64);
+    let (mut n, mut window_start, mut at_window_start) = (0u64, now(), 0u64);
     loop {
         let read = match body.read(&mut buf) {
             Ok(0) => return Ok(n),
@@ -276,16 +278,18 @@ fn copy_bounded(
             });
         }
         file.write_all(&buf[..read]).map_err(|e| format!("cannot write: {e}"))?;
-        if window_start.elapsed() >= floor.window {
+        let elapsed = now().saturating_duration_since(window_start);
+        if elapsed >= floor.window {
             if n - at_window_start < floor.per_window() {
                 return Err(format!(
-                    "the download is too slow: {} bytes in {:.0} s, less than the minimum of {} a second                      (--min-download-rate)",
+                    "the download is too slow: {} bytes in {:.0} s, less than the minimum of {} a second \
+                     (--min-download-rate)",
                     n - at_window_start,
-                    window_start.elapsed().as_secs_f64(),
+                    elapsed.as_secs_f64(),
                     crate::memory::human(floor.min_rate)
                 ));
             }
-            (window_start, at_window_start) = (Instant::now(), n);
+            (window_start, at_window_start) = (now(), n);
         }
     }
 }
@@ -329,7 +333,13 @@ fn fetch(
             .create_new(true)
             .open(&tmp)
             .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-        let n = copy_bounded(&mut body, &mut file, (cap, meta.size.is_some()), floor)?;
+        let n = copy_bounded(
+            &mut body,
+            &mut file,
+            (cap, meta.size.is_some()),
+            floor,
+            &mut Instant::now,
+        )?;
         file.flush()
             .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
         Ok(n)
@@ -463,18 +473,31 @@ mod tests {
             window: Duration::from_secs(3600),
         };
         let mut sink = vec![];
-        let e = copy_bounded(&mut &[1u8; 10][..], &mut sink, (9, true), fast).unwrap_err();
-        assert!(e.contains("more than the 9 bytes the Hub declared"), "{e}");
-        let e = copy_bounded(&mut &[1u8; 10][..], &mut sink, (9, false), fast).unwrap_err();
-        assert!(e.contains("download cap of 9 bytes"), "{e}");
-        assert_eq!(copy_bounded(&mut &[1u8; 10][..], &mut sink, (10, true), fast), Ok(10));
-        // A window already over brings 10 bytes where a million a second are needed.
-        let slow = RateFloor {
-            min_rate: 1 << 20,
-            window: Duration::ZERO,
+        let start = Instant::now();
+        // A clock that moves `step` a look.
+        let clock = |step: u64| {
+            let mut t = start;
+            move || {
+                t += Duration::from_secs(step);
+                t
+            }
         };
-        let e = copy_bounded(&mut &[1u8; 10][..], &mut sink, (10, true), slow).unwrap_err();
-        assert!(e.contains("too slow"), "{e}");
+        let mut copy =
+            |bytes: &[u8], cap, floor, step| copy_bounded(&mut &bytes[..], &mut sink, cap, floor, &mut clock(step));
+        let e = copy(&[1u8; 10], (9, true), fast, 0).unwrap_err();
+        assert!(e.contains("more than the 9 bytes the Hub declared"), "{e}");
+        let e = copy(&[1u8; 10], (9, false), fast, 0).unwrap_err();
+        assert!(e.contains("download cap of 9 bytes"), "{e}");
+        assert_eq!(copy(&[1u8; 10], (10, true), fast, 0), Ok(10));
+        // 10 bytes in a window of 2 s where a thousand a second are needed: too slow; the same
+        // bytes within the window (no time passes): not yet judged.
+        let slow = RateFloor {
+            min_rate: 1000,
+            window: Duration::from_secs(2),
+        };
+        let e = copy(&[1u8; 10], (10, true), slow, 2).unwrap_err();
+        assert!(e.contains("too slow: 10 bytes in 2 s"), "{e}");
+        assert_eq!(copy(&[1u8; 10], (10, true), slow, 0), Ok(10));
         // No overflow, however long the window or high the rate.
         let huge = RateFloor {
             min_rate: u64::MAX,
