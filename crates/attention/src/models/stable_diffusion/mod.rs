@@ -10,7 +10,7 @@
 //!
 //! Each config converts to the diffusers `config.json` kwargs our models take
 //! (`to_diffusers`); what candle-transformers' configs cannot express takes diffusers' defaults
-//! (each module's docs list them). Errors are this crate's [`Error`](crate::Error), which converts
+//! (each module's docs list them). Errors are this crate's [`Error`], which converts
 //! into `candle_core::Error` (`?` works in code returning `candle_core::Result`).
 //! docs/candle-transformers.md ("Switching from candle-transformers") says what differs.
 //!
