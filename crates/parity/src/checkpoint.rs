@@ -4,9 +4,8 @@
 //!   nor read whole ([`crate::st_file`]); only the header is read up front, and only the tensors a
 //!   block asks for are read, each after its dtype and shape passed the block's checks;
 //! * sharded safetensors (`*.safetensors.index.json` with its `weight_map`, honoured: a tensor in
-//!   another shard than the index names, or in two, is an error naming both);
-//!
-//! (both read by `unet_attention::files::shards`, the reader the library's model loaders use);
+//!   another shard than the index names, or in two, is an error naming both); both safetensors
+//!   forms are read by `unet_attention::files::shards`, the reader the library's model loaders use;
 //! * PyTorch `torch.save` zip archives (`.bin`, `.pt`, `.pth`, `.ckpt`): `data.pkl` (at most
 //!   [`pickle::MAX_PICKLE_BYTES`], read through `take`) is read by [`crate::pickle`], which
 //!   interprets the opcodes without running any Python and bounds depth, object count and
