@@ -4,46 +4,4 @@
 //! a bug.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use std::io::Write;
-use unet_parity::checkpoint::Checkpoint;
-
-fuzz_target!(|data: &[u8]| {
-    let path = std::env::temp_dir().join(format!("unet-parity-fuzz-{}.pt", std::process::id()));
-    let raw = data.last().is_some_and(|b| b & 1 == 1);
-    let bytes = if raw {
-        data.to_vec()
-    } else {
-        let mut buf = std::io::Cursor::new(Vec::new());
-        {
-            let mut zip = zip::ZipWriter::new(&mut buf);
-            let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
-            if zip.start_file("archive/data.pkl", opts).is_err() || zip.write_all(data).is_err() {
-                return;
-            }
-            // One float storage the pickle may point at.
-            if zip.start_file("archive/data/0", opts).is_err() || zip.write_all(&[0u8; 64]).is_err() {
-                return;
-            }
-            if zip.finish().is_err() {
-                return;
-            }
-        }
-        buf.into_inner()
-    };
-    if std::fs::write(&path, bytes).is_err() {
-        return;
-    }
-    let opened = unet_parity::guard::catch(&path, || Checkpoint::open(&path));
-    if let Err(unet_parity::ParityError::Internal { message, .. }) = &opened {
-        panic!("panic in the checkpoint reader: {message}");
-    }
-    if let Ok(ck) = opened {
-        let names: Vec<String> = ck.names().cloned().collect();
-        for n in &names {
-            let _ = ck.load(n);
-        }
-        let _ = unet_parity::detect::detect(&ck, None);
-        let _ = ck.resolve_prefix("model.");
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| unet_parity_fuzz::checkpoint::run(data));

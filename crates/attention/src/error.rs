@@ -1,4 +1,6 @@
-//! The crate's error type.
+//! The crate's error types.
+
+use std::path::{Path, PathBuf};
 
 /// Errors from building or running a block.
 #[derive(Debug, thiserror::Error)]
@@ -29,9 +31,52 @@ pub enum Error {
     /// file in the folder, or weights the model never read.
     #[error("{block}: weights: {message}")]
     Weights { block: &'static str, message: String },
+    /// A file that cannot be read as what it should be (`crate::files`): it names the file.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// An error from Candle (missing tensor, shape mismatch on load, device error, ...).
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+}
+
+/// Why a file from a stranger (`config.json`, a sharded index, a safetensors file) cannot be read:
+/// always naming the file (`crate::files` reads them).
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// Not there, not a regular file (a FIFO, socket, device or folder), larger than its limit,
+    /// not UTF-8, or an I/O error.
+    #[error("{}: cannot read: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    /// Not a valid safetensors file: the `safetensors` crate's message.
+    #[error("{}: not a valid safetensors file: {message}", path.display())]
+    Safetensors { path: PathBuf, message: String },
+    /// Readable, but not what it should hold: not JSON, an index without a `weight_map`, a shard
+    /// name outside the folder, shards that disagree with their index.
+    #[error("{}: {message}", path.display())]
+    Content { path: PathBuf, message: String },
+}
+
+impl FileError {
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        FileError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    pub fn content(path: &Path, message: impl Into<String>) -> Self {
+        FileError::Content {
+            path: path.to_path_buf(),
+            message: message.into(),
+        }
+    }
+
+    /// The file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            FileError::Io { path, .. } | FileError::Safetensors { path, .. } | FileError::Content { path, .. } => path,
+        }
+    }
 }
 
 /// So that `?` works in Candle code (functions returning `candle_core::Result`): Candle's own

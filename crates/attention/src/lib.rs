@@ -30,11 +30,15 @@
 //! `docs/architecture.md` explains the layers.
 //!
 //! 1. [`error`], `test_support` — the error type ([`Error`], [`Result`]); what the tests share.
-//! 2. [`config`], [`trace`], [`float64_run`] — configs read from PyTorch kwargs; the trace recorder;
-//!    how a float64 run treats PyTorch's float32 steps (the twin conventions).
-//! 3. `cpu`, `cuda_plan` — the bottom of the CPU kernels: instruction set, cache sizes, settings,
-//!    scratch, `exp`/`erf`, the AVX2 and AVX-512 microkernels, `contiguous`; the fused CUDA
-//!    attention kernel's launch plan (pure arithmetic, run through the CPU emulation in tests).
+//! 2. [`config`], [`trace`], [`float64_run`], [`weights`] — configs read from PyTorch kwargs; the
+//!    trace recorder; how a float64 run treats PyTorch's float32 steps (the twin conventions);
+//!    weights that remember what was read from them (the one tracker the folder loaders and
+//!    `unet-parity` share).
+//! 3. [`files`], `cpu`, `cuda_plan` — files from strangers (regular files only, JSON and
+//!    safetensors headers read within bounds, sharded indexes honoured, model folders); the bottom
+//!    of the CPU kernels: instruction set, cache sizes, settings, scratch, `exp`/`erf`, the AVX2
+//!    and AVX-512 microkernels, `contiguous`; the fused CUDA attention kernel's launch plan (pure
+//!    arithmetic, run through the CPU emulation in tests).
 //! 4. [`cpu_kernels`], `cuda` — the CPU kernels (layer GEMM, Winograd, norms, the attention kernel);
 //!    the fused CUDA attention kernel, the cuDNN convolution (feature `cudnn`) and the TF32 mode.
 //! 5. [`ops`], [`heads`] — tensor ops with PyTorch's rounding; head splitting.
@@ -84,6 +88,7 @@ pub mod ddpm;
 pub mod diffusers;
 pub mod error;
 pub mod fastai;
+pub mod files;
 pub mod float64_run;
 pub mod heads;
 pub mod layers;
@@ -98,5 +103,6 @@ pub mod textbook;
 pub mod torch;
 pub mod trace;
 mod validate;
+pub mod weights;
 
-pub use error::{Error, Result};
+pub use error::{Error, FileError, Result};

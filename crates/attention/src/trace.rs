@@ -34,10 +34,15 @@ use std::cell::{Cell, RefCell};
 /// The attention core records `probs` only when `B·heads·Lq·Lk` is at most this.
 pub const PROBS_MAX_ELEMENTS: usize = 1 << 16;
 
+/// Which stages a trace keeps: every one, or those a filter accepts (the others are named only).
+type Keep = Option<Box<dyn Fn(&str) -> bool>>;
+
 thread_local! {
     static ACTIVE: Cell<bool> = const { Cell::new(false) };
-    static STAGES: RefCell<Vec<(String, Tensor)>> = const { RefCell::new(Vec::new()) };
+    /// The stages in recording order; `None` for one the filter left out (its name only).
+    static STAGES: RefCell<Vec<(String, Option<Tensor>)>> = const { RefCell::new(Vec::new()) };
     static PREFIX: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    static KEEP: RefCell<Keep> = const { RefCell::new(None) };
 }
 
 /// Whether a trace is being recorded on this thread.
@@ -50,7 +55,7 @@ pub fn enabled() -> bool {
 #[inline]
 pub fn record(name: &str, tensor: &Tensor) {
     if enabled() {
-        record_slow(name, tensor.clone());
+        record_slow(name, || Ok(tensor.clone()));
     }
 }
 
@@ -60,9 +65,7 @@ pub fn record(name: &str, tensor: &Tensor) {
 #[inline]
 pub fn record_with(name: &str, make: impl FnOnce() -> candle_core::Result<Tensor>) {
     if enabled() {
-        if let Ok(t) = make() {
-            record_slow(name, t);
-        }
+        record_slow(name, make);
     }
 }
 
@@ -71,7 +74,7 @@ pub fn record_with(name: &str, make: impl FnOnce() -> candle_core::Result<Tensor
 pub fn record_qkv(q: &Tensor, k: &Tensor, v: &Tensor) {
     if enabled() {
         for (name, t) in [("q", q), ("k", k), ("v", v)] {
-            record_slow(name, t.clone());
+            record_slow(name, || Ok(t.clone()));
         }
     }
 }
@@ -82,28 +85,33 @@ pub fn record_qkv(q: &Tensor, k: &Tensor, v: &Tensor) {
 pub fn record_qkv_channels(q: &Tensor, k: &Tensor, v: &Tensor) {
     if enabled() {
         for (name, t) in [("q", q), ("k", k), ("v", v)] {
-            if let Ok(t) = t.t() {
-                record_slow(name, t);
-            }
+            record_slow(name, || t.t());
         }
     }
 }
 
+/// Record the stage `name` under the current scope, numbered after the ones of its name before
+/// (kept or not); its tensor is made only when the filter keeps it.
 #[cold]
-fn record_slow(name: &str, tensor: Tensor) {
+fn record_slow(name: &str, make: impl FnOnce() -> candle_core::Result<Tensor>) {
     let mut full = PREFIX.with(|p| p.borrow().iter().map(|s| format!("{s}/")).collect::<String>());
     full.push_str(name);
-    STAGES.with(|s| {
-        let mut s = s.borrow_mut();
-        let n = s
+    let n = STAGES.with(|s| {
+        s.borrow()
             .iter()
             .filter(|(k, _)| k == &full || k.strip_prefix(full.as_str()).is_some_and(|r| r.starts_with('#')))
-            .count();
-        if n > 0 {
-            full = format!("{full}#{}", n + 1);
-        }
-        s.push((full, tensor));
+            .count()
     });
+    if n > 0 {
+        full = format!("{full}#{}", n + 1);
+    }
+    let kept = KEEP.with(|k| k.borrow().as_ref().is_none_or(|keep| keep(&full)));
+    // A stage that cannot be formed is simply absent.
+    let tensor = if kept { make().ok() } else { None };
+    if kept && tensor.is_none() {
+        return;
+    }
+    STAGES.with(|s| s.borrow_mut().push((full, tensor)));
 }
 
 /// Run `f` with stage names prefixed by `name/` (only while tracing).
@@ -136,20 +144,46 @@ pub fn scope_at<R>(name: &str, index: usize, f: impl FnOnce() -> R) -> R {
 /// Run `f` recording every stage; returns its result and the stages in recording order.
 /// Nested calls are not supported: an inner `with_trace` takes the stages recorded so far with it.
 pub fn with_trace<R>(f: impl FnOnce() -> R) -> (R, Vec<(String, Tensor)>) {
-    struct Reset(bool);
+    let (result, stages, _) = trace_with(None, f);
+    (result, stages)
+}
+
+/// [`with_trace`] keeping only the stages `keep` accepts (by their full name, `attentions.0/q`,
+/// `norm#2`): the others' tensors are never held (nor made, for the ones [`record_with`] forms),
+/// so a trace costs the memory of the stages compared, not of every stage the block records.
+/// Returns the result, the stages kept, and the names of those left out, in recording order.
+pub fn with_trace_keeping<R>(
+    keep: impl Fn(&str) -> bool + 'static,
+    f: impl FnOnce() -> R,
+) -> (R, Vec<(String, Tensor)>, Vec<String>) {
+    trace_with(Some(Box::new(keep)), f)
+}
+
+fn trace_with<R>(keep: Keep, f: impl FnOnce() -> R) -> (R, Vec<(String, Tensor)>, Vec<String>) {
+    struct Reset(bool, Keep);
     impl Drop for Reset {
         fn drop(&mut self) {
             ACTIVE.with(|a| a.set(self.0));
+            KEEP.with(|k| *k.borrow_mut() = self.1.take());
         }
     }
     let before = ACTIVE.with(|a| a.replace(true));
+    let keep_before = KEEP.with(|k| k.replace(keep));
     let saved = STAGES.with(|s| std::mem::take(&mut *s.borrow_mut()));
     let result = {
-        let _reset = Reset(before);
+        let _reset = Reset(before, keep_before);
         f()
     };
     let stages = STAGES.with(|s| std::mem::replace(&mut *s.borrow_mut(), saved));
-    (result, stages)
+    let mut kept = vec![];
+    let mut left_out = vec![];
+    for (name, tensor) in stages {
+        match tensor {
+            Some(t) => kept.push((name, t)),
+            None => left_out.push(name),
+        }
+    }
+    (result, kept, left_out)
 }
 
 #[cfg(test)]
@@ -173,5 +207,27 @@ mod tests {
         record("v", &t);
         let ((), again) = with_trace(|| ());
         assert!(again.is_empty());
+    }
+
+    /// A filtered trace holds only the stages kept, numbers them as an unfiltered one would, never
+    /// forms the others, and names them.
+    #[test]
+    fn a_filtered_trace_keeps_only_what_it_is_asked_for() {
+        let t = Tensor::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap();
+        let ((), kept, left_out) = with_trace_keeping(
+            |name| name == "q#2" || name == "attn1/k",
+            || {
+                record("q", &t);
+                scope("attn1", || record("k", &t));
+                record("q", &t);
+                record_with("probs", || panic!("a stage left out is never formed"));
+            },
+        );
+        let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["attn1/k", "q#2"]);
+        assert_eq!(left_out, ["q", "probs"]);
+        // The filter ends with the trace.
+        let ((), all) = with_trace(|| record("q", &t));
+        assert_eq!(all.len(), 1);
     }
 }

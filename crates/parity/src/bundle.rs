@@ -7,6 +7,7 @@ use crate::st_file::{Source, StFile};
 use candle_core::{DType, Device, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use unet_attention::weights::non_finite_counts as non_finite;
 
 pub const FORMAT: &str = "1";
 pub const INPUT_PREFIX: &str = "parity.input.";
@@ -39,21 +40,7 @@ pub struct Bundle {
 }
 
 /// Map a safetensors dtype to Candle's. Bool becomes `U8` (0/1): Candle has no bool.
-pub(crate) fn candle_dtype(dtype: safetensors::Dtype) -> Option<DType> {
-    use safetensors::Dtype as S;
-    Some(match dtype {
-        S::BOOL | S::U8 => DType::U8,
-        S::U32 => DType::U32,
-        S::I16 => DType::I16,
-        S::I32 => DType::I32,
-        S::I64 => DType::I64,
-        S::F16 => DType::F16,
-        S::BF16 => DType::BF16,
-        S::F32 => DType::F32,
-        S::F64 => DType::F64,
-        _ => return None,
-    })
-}
+pub(crate) use unet_attention::files::shards::candle_dtype;
 
 /// What [`read_file`] returns: metadata, the tensor table, and the tensors themselves.
 pub type RawFile = (BTreeMap<String, String>, Vec<TensorInfo>, BTreeMap<String, Tensor>);
@@ -180,10 +167,7 @@ fn open_source<'a>(path: &Path, source: Source<'a>) -> Result<StFile<'a>> {
         }
         Ok(())
     };
-    StFile::open(source, vet).map_err(|e| match e {
-        crate::st_file::Error::Io(e) => io(e),
-        crate::st_file::Error::Format(m) => format_err(m),
-    })
+    StFile::open(source, vet).map_err(|e| e.at(path).into())
 }
 
 /// The metadata and the sorted tensor table of an opened file.
@@ -531,28 +515,6 @@ impl Bundle {
             ),
         })
     }
-}
-
-/// The NaN, +inf and −inf counts of a float tensor, read a million elements at a time (never a
-/// float64 copy of the whole tensor).
-fn non_finite(t: &Tensor) -> candle_core::Result<[usize; 3]> {
-    const CHUNK: usize = 1 << 20;
-    let flat = t.flatten_all()?;
-    let n = flat.elem_count();
-    let mut counts = [0usize; 3];
-    for start in (0..n).step_by(CHUNK) {
-        let chunk = flat.narrow(0, start, CHUNK.min(n - start))?;
-        for v in chunk.to_dtype(DType::F64)?.to_vec1::<f64>()? {
-            if v.is_nan() {
-                counts[0] += 1;
-            } else if v == f64::INFINITY {
-                counts[1] += 1;
-            } else if v == f64::NEG_INFINITY {
-                counts[2] += 1;
-            }
-        }
-    }
-    Ok(counts)
 }
 
 fn names_with_prefix(names: &BTreeSet<&str>, prefix: &str, skip_f64: bool) -> Vec<String> {

@@ -3,7 +3,9 @@
 //! * safetensors (`diffusion_pytorch_model.safetensors`, `model.safetensors`): neither mapped
 //!   nor read whole ([`crate::st_file`]); only the header is read up front, and only the tensors a
 //!   block asks for are read, each after its dtype and shape passed the block's checks;
-//! * sharded safetensors (`*.safetensors.index.json` with its `weight_map`);
+//! * sharded safetensors (`*.safetensors.index.json` with its `weight_map`, honoured: a tensor in
+//!   another shard than the index names, or in two, is an error naming both); both safetensors
+//!   forms are read by `unet_attention::files::shards`, the reader the library's model loaders use;
 //! * PyTorch `torch.save` zip archives (`.bin`, `.pt`, `.pth`, `.ckpt`): `data.pkl` (at most
 //!   [`pickle::MAX_PICKLE_BYTES`], read through `take`) is read by [`crate::pickle`], which
 //!   interprets the opcodes without running any Python and bounds depth, object count and
@@ -21,13 +23,13 @@
 
 use crate::error::{ParityError, Result};
 use crate::pickle::{self, TensorRecord};
-use crate::st_file::{Source, StFile};
 use crate::weights::WeightSource;
 use candle_core::{DType, Device, Layout, Shape, Tensor};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use unet_attention::files::shards::SafetensorsFiles;
 
 /// How the file stores its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,11 +52,8 @@ impl std::fmt::Display for Format {
 /// Where one tensor lives.
 #[derive(Debug, Clone)]
 enum Stored {
-    Safetensors {
-        file: usize,
-        info: safetensors::tensor::TensorInfo,
-        dtype: DType,
-    },
+    /// In the safetensors file or shards (`Checkpoint::st`), in a dtype Candle loads.
+    Safetensors,
     Pickle(PickledTensor),
     /// A tensor this tool cannot load (an unsupported dtype); an error only if a block asks for it.
     Unsupported {
@@ -80,8 +79,8 @@ pub struct Checkpoint {
     pub strings: BTreeMap<String, String>,
     /// Top-level entries holding nested tensors (`model`, `ema`, `state_dict`, ...).
     pub sections: Vec<String>,
-    /// The safetensors files (one, or a sharded checkpoint's shards), their headers read.
-    files: Vec<StFile<'static>>,
+    /// The safetensors file or a sharded checkpoint's shards, their headers read.
+    st: Option<SafetensorsFiles>,
     /// The open archive of a pickle, its central directory read once; tensors are read from it
     /// one at a time.
     archive: Option<std::sync::Mutex<Archive>>,
@@ -162,8 +161,23 @@ impl Checkpoint {
     }
 
     fn open_safetensors(path: &Path) -> Result<Self> {
-        let mut ck = Self::empty(path, Format::Safetensors);
-        ck.add_safetensors_file(path, None)?;
+        Self::from_safetensors(path, Format::Safetensors, SafetensorsFiles::open_file(path)?)
+    }
+
+    fn open_sharded(path: &Path) -> Result<Self> {
+        Self::from_safetensors(path, Format::ShardedSafetensors, SafetensorsFiles::open_index(path)?)
+    }
+
+    fn from_safetensors(path: &Path, format: Format, st: SafetensorsFiles) -> Result<Self> {
+        let mut ck = Self::empty(path, format);
+        for name in st.names() {
+            let stored = match st.dtype(name) {
+                Some(Err(why)) => Stored::Unsupported { why },
+                _ => Stored::Safetensors,
+            };
+            ck.tensors.insert(name.clone(), stored);
+        }
+        ck.st = Some(st);
         Ok(ck)
     }
 
@@ -174,71 +188,10 @@ impl Checkpoint {
             tensors: BTreeMap::new(),
             strings: BTreeMap::new(),
             sections: vec![],
-            files: vec![],
+            st: None,
             archive: None,
             archive_len: 0,
         }
-    }
-
-    /// Open one safetensors file and index its tensors (all of them, or only `only`): its header
-    /// only is read.
-    fn add_safetensors_file(&mut self, file: &Path, only: Option<&BTreeSet<String>>) -> Result<()> {
-        let source = Source::file(crate::files::open_regular(file)?);
-        let st = StFile::open(source, |_| Ok(())).map_err(|e| match e {
-            crate::st_file::Error::Io(source) => ParityError::Io {
-                path: file.to_path_buf(),
-                source,
-            },
-            crate::st_file::Error::Format(message) => ParityError::Format {
-                path: file.to_path_buf(),
-                message,
-            },
-        })?;
-        let index = self.files.len();
-        for (name, info) in st.metadata.tensors() {
-            if only.is_some_and(|o| !o.contains(&name)) {
-                continue;
-            }
-            let stored = match crate::bundle::candle_dtype(info.dtype) {
-                Some(dtype) => Stored::Safetensors {
-                    file: index,
-                    info: info.clone(),
-                    dtype,
-                },
-                None => Stored::Unsupported {
-                    why: format!("dtype {:?} is not supported", info.dtype),
-                },
-            };
-            self.tensors.insert(name, stored);
-        }
-        self.files.push(st);
-        Ok(())
-    }
-
-    fn open_sharded(path: &Path) -> Result<Self> {
-        let text = crate::files::read_text(path)?;
-        let index: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| err(path, format!("not a JSON index: {e}")))?;
-        let map = index
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| err(path, "the index has no `weight_map` object"))?;
-        let mut files: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (tensor, file) in map {
-            let file = file
-                .as_str()
-                .ok_or_else(|| err(path, format!("`weight_map.{tensor}` is not a file name")))?;
-            if file.contains('/') || file.contains('\\') || file.contains("..") {
-                return Err(err(path, format!("shard name {file:?} is not a plain file name")));
-            }
-            files.entry(file.to_string()).or_default().insert(tensor.clone());
-        }
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let mut ck = Self::empty(path, Format::ShardedSafetensors);
-        for (file, names) in &files {
-            ck.add_safetensors_file(&dir.join(file), Some(names))?;
-        }
-        Ok(ck)
     }
 
     fn open_pickle(path: &Path) -> Result<Self> {
@@ -310,7 +263,7 @@ impl Checkpoint {
     /// The stored shape of `name`, when the tensor is loadable.
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
         match self.tensors.get(name)? {
-            Stored::Safetensors { info, .. } => Some(info.shape.clone()),
+            Stored::Safetensors => self.st.as_ref()?.shape(name).map(<[usize]>::to_vec),
             Stored::Pickle(t) => Some(t.record.shape.clone()),
             Stored::Unsupported { .. } => None,
         }
@@ -319,7 +272,7 @@ impl Checkpoint {
     /// The stored dtype of `name`, when the tensor is loadable.
     pub fn dtype(&self, name: &str) -> Option<DType> {
         match self.tensors.get(name)? {
-            Stored::Safetensors { dtype, .. } => Some(*dtype),
+            Stored::Safetensors => self.st.as_ref()?.dtype(name)?.ok(),
             Stored::Pickle(t) => Some(t.record.dtype),
             Stored::Unsupported { .. } => None,
         }
@@ -333,10 +286,10 @@ impl Checkpoint {
         let fail = |m: String| candle_core::Error::Msg(format!("{}: tensor `{name}`: {m}", self.path.display()));
         match stored {
             Stored::Unsupported { why } => Err(fail(why.clone())),
-            Stored::Safetensors { file, info, dtype } => {
-                let bytes = self.files[*file].read(info)?;
-                Tensor::from_raw_buffer(&bytes, *dtype, &info.shape, &Device::Cpu).map(Some)
-            }
+            Stored::Safetensors => match &self.st {
+                Some(st) => st.load(name),
+                None => Err(fail("no safetensors file open".into())),
+            },
             Stored::Pickle(info) => {
                 // A hostile shape can overflow Candle's element count: an error, not a panic.
                 let loaded = crate::guard::catch(&self.path, || {

@@ -143,6 +143,19 @@ fn with_block(block: &str, source: &unet_attention::Error) -> String {
 
 pub type Result<T> = std::result::Result<T, ParityError>;
 
+/// A file `unet_attention::files` could not read, as this tool reports it: "cannot read", "not a
+/// valid safetensors file", or what is wrong with its content.
+impl From<unet_attention::FileError> for ParityError {
+    fn from(e: unet_attention::FileError) -> Self {
+        use unet_attention::FileError as F;
+        match e {
+            F::Io { path, source } => ParityError::Io { path, source },
+            F::Safetensors { path, message } => ParityError::Format { path, message },
+            F::Content { path, message } => ParityError::Checkpoint { path, message },
+        }
+    }
+}
+
 /// `?` on a [`ParityError`] inside code that returns `candle_core::Result` (a forward given to
 /// [`crate::port::PortCheck::run`] that asks for an input).
 impl From<ParityError> for candle_core::Error {

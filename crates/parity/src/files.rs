@@ -1,11 +1,12 @@
 //! Files a stranger may have named or planted: bundles, checkpoints, configs, Hub cache refs, the
 //! folders `check` searches, and the pictures `show` writes.
 //!
-//! * Reading: a path is opened only when it is a regular file. It is checked before the `open`
-//!   (an `open` on a FIFO blocks until a writer comes; one on a device may have effects) and again
-//!   on the opened descriptor, which is opened non-blocking on Unix, so a FIFO swapped in between
-//!   can neither block the tool nor be read. Text files are read up to a limit; safetensors
-//!   files by their header and the tensors asked for ([`crate::st_file`]), never whole.
+//! * Reading: through `unet_attention::files`, the reader the library's model loaders use too: a
+//!   path is opened only when it is a regular file. It is checked before the `open` (an `open` on
+//!   a FIFO blocks until a writer comes; one on a device may have effects) and again on the opened
+//!   descriptor, which is opened non-blocking on Unix, so a FIFO swapped in between can neither
+//!   block the tool nor be read. Text files are read up to a limit; safetensors files by their
+//!   header and the tensors asked for ([`crate::st_file`]), never whole.
 //! * The folder walk ([`collect`]) enters real folders only: a symbolic link to a folder is not
 //!   followed (it is reported), so links back up the tree (`a -> .`, `self -> .`) cannot loop or
 //!   count a bundle twice, and a link to `/` cannot send the walk through the whole machine.
@@ -18,9 +19,7 @@ use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-/// The most a text file (`config.json`, a sharded index) may hold: the largest real index is a
-/// few MB.
-pub const MAX_TEXT_BYTES: u64 = 64 << 20;
+pub use unet_attention::files::{kind_if_not_regular, MAX_JSON_BYTES};
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ParityError + '_ {
     move |source| ParityError::Io {
@@ -29,71 +28,20 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ParityError + '_ {
     }
 }
 
-/// What `meta` describes when it is not a regular file (`None` when it is).
-fn not_regular(meta: &std::fs::Metadata) -> Option<&'static str> {
-    match () {
-        _ if meta.is_file() => None,
-        _ if meta.is_dir() => Some("a folder"),
-        _ => Some("not a regular file (a FIFO, socket or device)"),
-    }
-}
-
-/// What `path` is when it is not a regular file (following symbolic links), `None` when it is.
-pub fn kind_if_not_regular(path: &Path) -> std::io::Result<Option<&'static str>> {
-    Ok(not_regular(&std::fs::metadata(path)?))
-}
-
-/// `path` opened for reading once it is known to be a regular file (see the module docs); an
-/// [`ParityError::Io`] of kind `InvalidInput` ("not a regular file ...") otherwise.
+/// `path` opened for reading once it is known to be a regular file (`unet_attention::files`, the
+/// one reader both crates use; see the module docs).
 pub fn open_regular(path: &Path) -> Result<std::fs::File> {
-    let io = io_err(path);
-    let refuse = |what: &str| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, what));
-    if let Some(what) = kind_if_not_regular(path).map_err(&io)? {
-        return Err(refuse(what));
-    }
-    let file = open_nonblocking(path).map_err(&io)?;
-    // The path may have been replaced between the two looks: the descriptor decides.
-    if let Some(what) = not_regular(&file.metadata().map_err(&io)?) {
-        return Err(refuse(what));
-    }
-    Ok(file)
-}
-
-#[cfg(unix)]
-fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    // On a regular file O_NONBLOCK changes nothing; on a FIFO it makes `open` return at once.
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-}
-
-#[cfg(not(unix))]
-fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
-    std::fs::File::open(path)
+    Ok(unet_attention::files::open_regular(path)?)
 }
 
 /// The UTF-8 text of a regular file of at most `limit` bytes.
 pub fn read_text_limited(path: &Path, limit: u64) -> Result<String> {
-    let io = io_err(path);
-    let mut bytes = vec![];
-    open_regular(path)?
-        .take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(&io)?;
-    if bytes.len() as u64 > limit {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("more than {limit} bytes; this file is expected to be small text"),
-        )));
-    }
-    String::from_utf8(bytes).map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+    Ok(unet_attention::files::read_text_limited(path, limit)?)
 }
 
-/// The text of a regular file of at most [`MAX_TEXT_BYTES`].
-pub fn read_text(path: &Path) -> Result<String> {
-    read_text_limited(path, MAX_TEXT_BYTES)
+/// The JSON of a regular file of at most [`MAX_JSON_BYTES`] (`config.json`, a sharded index).
+pub fn read_json(path: &Path) -> Result<serde_json::Value> {
+    Ok(unet_attention::files::read_json(path)?)
 }
 
 fn write_err(path: &Path) -> impl Fn(std::io::Error) -> ParityError + '_ {
@@ -290,15 +238,5 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&hard).unwrap(), "new");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "victim");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 3, "no temporary file left");
-    }
-
-    #[test]
-    fn text_is_read_up_to_its_limit() {
-        let dir = scratch("text");
-        let f = dir.join("big.json");
-        std::fs::write(&f, vec![b' '; 100]).unwrap();
-        assert_eq!(read_text_limited(&f, 100).unwrap().len(), 100);
-        let e = read_text_limited(&f, 99).unwrap_err().to_string();
-        assert!(e.contains("more than 99 bytes"), "{e}");
     }
 }

@@ -30,11 +30,7 @@ use unet_attention::diffusers::model_config::{mid_blocks, MidBlockSpec};
 use unet_attention::diffusers::{MidBlock, MidBlockConfig};
 
 /// Weight files a diffusers model folder holds, in the order they are looked for.
-pub const WEIGHT_FILES: &[&str] = &[
-    "diffusion_pytorch_model.safetensors",
-    "diffusion_pytorch_model.safetensors.index.json",
-    "diffusion_pytorch_model.bin",
-];
+pub use unet_attention::files::folder::{weight_file, WEIGHT_FILES};
 
 /// A mid block built from a model folder.
 pub struct ModelMidBlock {
@@ -49,32 +45,11 @@ pub struct ModelMidBlock {
     pub weights: PathBuf,
 }
 
-/// The first of [`WEIGHT_FILES`] in `folder`, if it holds one.
-pub fn weight_file(folder: &Path) -> Option<PathBuf> {
-    WEIGHT_FILES.iter().map(|f| folder.join(f)).find(|p| p.is_file())
-}
-
-/// The folder's `config.json` and weight file (`model` may also be the `config.json` itself).
+/// The folder's `config.json` and weight file (`model` may also be the `config.json` itself), as
+/// `unet_attention::files::folder` finds them for the library's model loaders.
 pub fn model_files(model: &Path) -> Result<(PathBuf, PathBuf)> {
-    let (folder, config) = if model.is_dir() {
-        (model.to_path_buf(), model.join("config.json"))
-    } else {
-        (
-            model.parent().unwrap_or(Path::new(".")).to_path_buf(),
-            model.to_path_buf(),
-        )
-    };
-    if !config.is_file() {
-        return Err(ParityError::Checkpoint {
-            path: config,
-            message: "a diffusers model folder holds config.json; this one has none".into(),
-        });
-    }
-    let weights = weight_file(&folder).ok_or_else(|| ParityError::Checkpoint {
-        path: folder.clone(),
-        message: format!("no weights: expected one of {}", WEIGHT_FILES.join(", ")),
-    })?;
-    Ok((config, weights))
+    let files = unet_attention::files::folder::ModelFiles::find(model)?;
+    Ok((files.config, files.weights))
 }
 
 /// The mid block specs the model's `config.json` describes (keys the class does not have are
@@ -84,8 +59,7 @@ pub fn specs(config: &Path) -> Result<Vec<MidBlockSpec>> {
         path: config.to_path_buf(),
         message,
     };
-    let text = crate::files::read_text(config)?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let json = crate::files::read_json(config)?;
     mid_blocks(&json, None, false).map_err(|e| bad(e.to_string()))
 }
 

@@ -416,25 +416,9 @@ pub fn without_table(note: impl Into<String>) -> TraceReport {
 pub fn closest_stage<'a>(name: &str, stages: &'a [StageReport]) -> Option<&'a str> {
     let best = stages
         .iter()
-        .map(|s| (edit_distance(name, &s.stage), s.stage.as_str()))
+        .map(|s| (unet_attention::weights::edit_distance(name, &s.stage), s.stage.as_str()))
         .min_by_key(|(d, _)| *d)?;
     (best.0 * 2 <= name.chars().count().max(2)).then_some(best.1)
-}
-
-/// Levenshtein distance over characters.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
-            diagonal = above;
-        }
-    }
-    row[b.len()]
 }
 
 /// A number as the tables print it (`-` for NaN).

@@ -319,6 +319,21 @@ impl AutoencoderKL {
     /// multiples of 2^(blocks − 1).
     pub fn encode(&self, xs: &Tensor) -> Result<DiagonalGaussianDistribution> {
         self.check_input("sample", xs, self.config.in_channels)?;
+        let downsamplers = self.config.block_out_channels.len().saturating_sub(1);
+        let need = Downsample2D::min_input(downsamplers, 0);
+        let (_, _, h, w) = xs.dims4()?;
+        if h < need || w < need {
+            return Err(Error::input(
+                Self::BLOCK,
+                "sample",
+                format!(
+                    "expected (B, {}, H, W) with H and W ≥ {need}: the encoder's {downsamplers} downsampling(s) \
+                     (3 × 3, stride 2, padded (0, 1, 0, 1)) need that much; found {:?}",
+                    self.config.in_channels,
+                    xs.dims()
+                ),
+            ));
+        }
         let h = trace::scope("encoder", || self.encoder.forward(xs))?;
         trace::record("encoder", &h);
         let moments = match &self.quant_conv {

@@ -24,7 +24,7 @@
 use super::folder::ModelFolder;
 use super::time_embedding::{TimestepEmbedding, Timesteps};
 use super::unet_2d_condition_config::UNet2DConditionModelConfig;
-use super::unet_blocks::{layer, BlockKwargs, Context, DownBlock, UpBlock, UpChannels};
+use super::unet_blocks::{layer, BlockKwargs, Context, DownBlock, Downsample2D, UpBlock, UpChannels};
 use crate::diffusers::model_config::{mid_blocks, ModelClass};
 use crate::diffusers::resnet::{ResnetBlock2DConfig, TimeEmbeddingNorm};
 use crate::diffusers::transformers::transformer::Transformer2DModelConfig;
@@ -344,12 +344,71 @@ impl UNet2DConditionModel {
                 ),
             ));
         }
+        self.check_sizes(sample, context, args)?;
         if context.dim(0)? != sample.dim(0)? {
             return Err(Error::input(
                 Self::BLOCK,
                 "encoder_hidden_states",
                 format!("batch {} for a sample batch of {}", context.dim(0)?, sample.dim(0)?),
             ));
+        }
+        Ok(())
+    }
+}
+
+impl UNet2DConditionModel {
+    /// What the blocks need of the inputs' sizes: H and W that go through the downsamplers, the
+    /// context's width the cross-attention's, SDXL's added conditions the width of `add_embedding`.
+    fn check_sizes(&self, sample: &Tensor, context: &Tensor, args: &ForwardArgs) -> Result<()> {
+        let cfg = &self.config;
+        let downsamplers = self.down_blocks.len().saturating_sub(1);
+        let need = Downsample2D::min_input(downsamplers, cfg.downsample_padding);
+        let (_, _, h, w) = sample.dims4()?;
+        if h < need || w < need {
+            return Err(Error::input(
+                Self::BLOCK,
+                "sample",
+                format!(
+                    "expected H and W ≥ {need}: {downsamplers} downsampling(s) with downsample_padding {} need that \
+                     much; found {:?}",
+                    cfg.downsample_padding,
+                    sample.dims()
+                ),
+            ));
+        }
+        let widths = cfg
+            .cross_attention_dim
+            .expand("cross_attention_dim", cfg.block_out_channels.len())?;
+        let width = context.dim(2)?;
+        if let Some(want) = widths.iter().find(|&&d| d != width) {
+            return Err(Error::input(
+                Self::BLOCK,
+                "encoder_hidden_states",
+                format!(
+                    "expected (B, tokens, {want}) (cross_attention_dim), found {:?}",
+                    context.dims()
+                ),
+            ));
+        }
+        if let (Some(tt), Some(added)) = (&self.text_time, &args.added_cond) {
+            let width = added
+                .text_embeds
+                .dim(1)?
+                .saturating_add(added.time_ids.dim(1)?.saturating_mul(tt.add_time_proj.num_channels));
+            if Some(width) != cfg.projection_class_embeddings_input_dim {
+                return Err(Error::input(
+                    Self::BLOCK,
+                    "added_cond_kwargs",
+                    format!(
+                        "text_embeds (B, D) and time_ids (B, n) with D + n · {} = {} \
+                         (projection_class_embeddings_input_dim), found {:?} and {:?}",
+                        tt.add_time_proj.num_channels,
+                        cfg.projection_class_embeddings_input_dim.unwrap_or(0),
+                        added.text_embeds.dims(),
+                        added.time_ids.dims()
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -65,8 +65,41 @@ impl Downsample2D {
         })
     }
 
+    /// The height (or width) out of a `Downsample2D` with `padding` for `size` in (a 3 × 3 conv
+    /// of stride 2, after a (0, 1) pad when `padding` is 0); `None` when `size` is too small for
+    /// the kernel (PyTorch raises).
+    pub fn output_size(size: usize, padding: usize) -> Option<usize> {
+        let padded = size + 2 * padding + usize::from(padding == 0);
+        padded.checked_sub(3).map(|n| n / 2 + 1)
+    }
+
+    /// The smallest height (or width) that goes through `n` downsamplers with `padding`: with a
+    /// padding, any (a size of 1 stays 1); without, each halves it and needs 2, so 2^n.
+    pub fn min_input(n: usize, padding: usize) -> usize {
+        match padding {
+            0 => u32::try_from(n)
+                .ok()
+                .and_then(|n| 1usize.checked_shl(n))
+                .unwrap_or(usize::MAX),
+            _ => 1,
+        }
+    }
+
     /// The strided convolution in at least f32 and rounded once, as PyTorch's CPU convolution.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (_, _, h, w) = x.dims4()?;
+        if Self::output_size(h, self.padding).is_none() || Self::output_size(w, self.padding).is_none() {
+            let need = Self::min_input(1, self.padding);
+            return Err(Error::input(
+                "diffusers.Downsample2D",
+                "hidden_states",
+                format!(
+                    "a 3 × 3 convolution of stride 2 (padding {}) needs H and W ≥ {need}, found {:?}",
+                    self.padding,
+                    x.dims()
+                ),
+            ));
+        }
         let mut h = upcast(x)?;
         if self.padding == 0 {
             h = h.pad_with_zeros(2, 0, 1)?.pad_with_zeros(3, 0, 1)?;
@@ -348,5 +381,30 @@ impl UpBlock {
             h = layer("upsamplers", 0, || u.forward(&h, upsample_size))?;
         }
         Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Downsample2D;
+
+    /// `min_input` is the smallest size `output_size` takes through `n` downsamplers (checked by
+    /// trying every size), and stays a number for any `n`.
+    #[test]
+    fn the_smallest_input_goes_through_every_downsampler() {
+        for padding in 0..3 {
+            for n in 0..6 {
+                let through = |s: usize| {
+                    (0..n)
+                        .try_fold(s, |h, _| Downsample2D::output_size(h, padding))
+                        .is_some()
+                };
+                let smallest = (1..=64).find(|&s| through(s)).unwrap();
+                assert_eq!(Downsample2D::min_input(n, padding), smallest, "n {n} padding {padding}");
+            }
+        }
+        assert_eq!(Downsample2D::min_input(1 << 20, 0), usize::MAX);
+        assert_eq!(Downsample2D::output_size(1, 0), None);
+        assert_eq!(Downsample2D::output_size(3, 0), Some(1));
     }
 }

@@ -27,7 +27,7 @@ mod judge;
 mod weights;
 
 pub(crate) use judge::{apply_strict, compare_outputs, explain_lower_precision, tolerances, Float64Run, Tolerances};
-pub(crate) use weights::weight_source;
+pub(crate) use weights::{referenced_checkpoint, weight_source};
 
 use crate::bundle::Bundle;
 use crate::compare::{Outcome, OutputReport};
@@ -39,7 +39,7 @@ use candle_core::{DType, Device};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use unet_attention::float64_run::StepsMet;
-use weights::{block_config, check_unused};
+use weights::{block_config, check_finite, check_unused};
 
 /// Weights taken from a whole checkpoint instead of the bundle (`--weights FILE --prefix P`).
 #[derive(Debug, Clone)]
@@ -211,6 +211,7 @@ fn prepare_bundle_rounded(bundle: &Bundle, opts: &Options, rounded_as: Option<&T
     let (config, config_from) = block_config(bundle, opts, info.id, weights.location().as_deref())?;
     let vb = weights.var_builder(dtype, &opts.device);
     let block = (info.build)(vb, &config).map_err(|e| ParityError::block(path, info.id, e))?;
+    check_finite(path, &weights)?;
     check_unused(path, info.id, &weights, opts)?;
     let inputs = bundle_inputs(bundle, info.id, &weights, dtype, bundle_dtype, &opts.device)?;
     Ok(Prepared {
@@ -334,10 +335,13 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
         weights,
     } = prepare_bundle(bundle, opts)?;
     let Tolerances { rtol, atol, loosened } = tolerances(bundle, opts, dtype, bundle_dtype)?;
-    let (ours, stages) = if opts.trace {
-        unet_attention::trace::with_trace(|| block.run(&inputs))
+    // Only the stages the bundle holds are kept: the others are never compared, and a whole
+    // model records hundreds (their names are still listed).
+    let (ours, stages, left_out) = if opts.trace {
+        let wanted: std::collections::HashSet<String> = trace::stage_names(bundle)?.into_iter().collect();
+        unet_attention::trace::with_trace_keeping(move |name| wanted.contains(name), || block.run(&inputs))
     } else {
-        (block.run(&inputs), vec![])
+        (block.run(&inputs), vec![], vec![])
     };
     // The block in the run dtype is done: its weights go before the float64 runs load theirs.
     drop(block);
@@ -407,7 +411,7 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
             dtype_name(dtype)
         )))
     } else {
-        Some(trace::compare_stages(
+        let mut report = trace::compare_stages(
             bundle,
             &stages,
             &trace::StageRule {
@@ -417,7 +421,9 @@ pub fn run_bundle(bundle: &Bundle, opts: &Options) -> Result<Run> {
                 outputs_pass: outputs.iter().all(|o| o.pass),
                 output: outputs.first(),
             },
-        )?)
+        )?;
+        report.ours_only.extend(left_out);
+        Some(report)
     };
     let report = Report {
         file: path.display().to_string(),

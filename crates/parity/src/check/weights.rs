@@ -8,9 +8,12 @@ use super::Options;
 use crate::bundle::Bundle;
 use crate::checkpoint::{Checkpoint, PrefixView};
 use crate::error::{ParityError, Result};
-use crate::weights::{closest, TrackedWeights};
+use crate::weights::{unused_list, TrackedWeights};
 use std::path::Path;
 use std::sync::Arc;
+
+/// How many unread weights a refusal names (then `and N more`).
+const SHOWN_UNUSED: usize = 32;
 
 /// The block's weights: `--weights` (a checkpoint under a prefix), else the checkpoint the bundle
 /// references (`parity.weights`, relative to the bundle's folder, with `parity.prefix`), else the
@@ -31,21 +34,30 @@ pub(crate) fn weight_source(bundle: &Bundle, opts: &Options) -> Result<TrackedWe
                     ),
                 ));
             }
-            let dir = path.parent().unwrap_or(Path::new("."));
-            let prefix = bundle.metadata.get("parity.prefix").cloned().unwrap_or_default();
-            // `parity.weights_key`: the top-level pickle entry holding the state dict.
-            let prefix = match bundle.metadata.get("parity.weights_key") {
-                Some(key) => format!("{key}.{prefix}"),
-                None => prefix,
-            };
-            (dir.join(rel), prefix)
+            referenced_checkpoint(path, &bundle.metadata).unwrap_or_default()
         }
         (None, None) => return Ok(TrackedWeights::new(embedded)),
     };
     let checkpoint = Arc::new(Checkpoint::open(&file)?);
-    Ok(TrackedWeights::from_source(Arc::new(PrefixView::new(
-        checkpoint, &prefix,
-    )?)))
+    // A checkpoint's values are checked as they are read, as a bundle's own are (`check_values`).
+    Ok(TrackedWeights::from_source(Arc::new(PrefixView::new(checkpoint, &prefix)?)).counting_non_finite())
+}
+
+/// The checkpoint a bundle at `path` with `metadata` references, and the prefix in it:
+/// `parity.weights` relative to the bundle's folder, `parity.prefix` under `parity.weights_key`
+/// (the top-level pickle entry holding the state dict); `None` when it references none.
+pub(crate) fn referenced_checkpoint(
+    path: &Path,
+    metadata: &std::collections::BTreeMap<String, String>,
+) -> Option<(std::path::PathBuf, String)> {
+    let rel = metadata.get("parity.weights")?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let prefix = metadata.get("parity.prefix").cloned().unwrap_or_default();
+    let prefix = match metadata.get("parity.weights_key") {
+        Some(key) => format!("{key}.{prefix}"),
+        None => prefix,
+    };
+    Some((dir.join(rel), prefix))
 }
 
 /// The block's constructor kwargs: from `--config` (a diffusers `config.json`) when given, else
@@ -59,12 +71,11 @@ pub(super) fn block_config(
     let Some(file) = &opts.model_config else {
         return Ok((bundle.config.clone(), None));
     };
-    let text = crate::files::read_text(file)?;
+    let json = crate::files::read_json(file)?;
     let bad = |message: String| ParityError::Checkpoint {
         path: file.clone(),
         message,
     };
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
     let specs = unet_attention::diffusers::model_config::mid_blocks(&json, None, opts.allow_unknown_config)
         .map_err(|e| bad(e.to_string()))?;
     let matching: Vec<_> = specs.iter().filter(|s| s.block == block).collect();
@@ -87,6 +98,43 @@ pub(super) fn block_config(
             })
         })?;
     Ok((spec.config.clone(), Some(file.display().to_string())))
+}
+
+/// Refuse weights read from a checkpoint (`--weights`, `parity.weights`) that hold NaN or
+/// infinite values, naming them, as a bundle's own are refused: a comparison with them proves
+/// nothing, and our NaN output would blame the port.
+pub(super) fn check_finite(path: &Path, weights: &TrackedWeights) -> Result<()> {
+    let found = weights.non_finite();
+    if found.is_empty() {
+        return Ok(());
+    }
+    let described: Vec<String> = found
+        .iter()
+        .take(SHOWN_UNUSED)
+        .map(|(name, [nan, pos, neg])| {
+            let parts: Vec<String> = [(nan, "NaN"), (pos, "+inf"), (neg, "-inf")]
+                .iter()
+                .filter(|(n, _)| **n > 0)
+                .map(|(n, what)| format!("{n} {what}"))
+                .collect();
+            format!("weight `{name}` has {}", parts.join(", "))
+        })
+        .collect();
+    let more = found.len().saturating_sub(described.len());
+    let place = weights.location().unwrap_or_default();
+    Err(ParityError::Invalid {
+        path: path.to_path_buf(),
+        message: format!(
+            "non-finite values in the checkpoint {place}: {}{} (a comparison with them proves nothing: the model \
+             itself is broken, not the port)",
+            described.join("; "),
+            if more > 0 {
+                format!("; and {more} more")
+            } else {
+                String::new()
+            }
+        ),
+    })
 }
 
 /// Weights the block did not read. For a bundle's own state dict, all of them; for a checkpoint,
@@ -113,22 +161,13 @@ pub(super) fn check_unused(path: &Path, block: &str, weights: &TrackedWeights, o
     if unused.is_empty() || opts.allow_unused {
         return Ok(());
     }
-    let all = weights.names().cloned().collect::<Vec<_>>();
-    let expected: Vec<String> = all.iter().filter(|k| !unused.contains(k)).cloned().collect();
-    let hints: Vec<String> = unused
-        .iter()
-        .map(|u| match closest(u, expected.iter()) {
-            Some(c) => format!("`{u}` (closest used: `{c}`)"),
-            None => format!("`{u}`"),
-        })
-        .collect();
     let place = weights.location().map(|l| format!(" in {l}")).unwrap_or_default();
     Err(ParityError::bundle(
         path,
         format!(
             "{} weights{place} not used by {block}: {} (pass --allow-unused to ignore)",
             unused.len(),
-            hints.join(", ")
+            unused_list(&unused, &weights.read(), SHOWN_UNUSED)
         ),
     ))
 }

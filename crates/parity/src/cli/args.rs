@@ -169,6 +169,14 @@ pub(super) struct HubArgs {
     /// Never use the network (also HF_HUB_OFFLINE=1).
     #[arg(long)]
     offline: bool,
+    /// The most one downloaded file may write (`20G`, `512M`; default: the free space of the
+    /// cache's file system less a tenth, at least 1 GiB, kept free).
+    #[arg(long, value_name = "SIZE", value_parser = crate::memory::parse_size, requires = "repo")]
+    max_download: Option<u64>,
+    /// The slowest a download may go, bytes a second averaged over 3 × HF_HUB_DOWNLOAD_TIMEOUT
+    /// (`1M`; default 256K).
+    #[arg(long, value_name = "SIZE", value_parser = crate::memory::parse_size, requires = "repo")]
+    min_download_rate: Option<u64>,
 }
 
 impl HubArgs {
@@ -179,6 +187,13 @@ impl HubArgs {
             subfolder: self.subfolder.clone(),
             cache_dir: self.cache_dir.clone(),
             offline: self.offline,
+            limits: crate::hub::DownloadLimits {
+                max_bytes: self.max_download,
+                min_rate: self
+                    .min_download_rate
+                    .unwrap_or(crate::hub::DownloadLimits::default().min_rate),
+                window: None,
+            },
         })
     }
 }

@@ -103,7 +103,7 @@ fn check_all(files: &[PathBuf], opts: &Options, args: &CheckArgs) -> Results {
         .map(|f| {
             let checked = guard::catch(f, || {
                 args.memory
-                    .check_fits(f, load, opts.dtype.map(crate::check::dtype_name))?;
+                    .check_fits(f, load, opts.dtype.map(crate::check::dtype_name), opts.weights.as_ref())?;
                 check_file(f, opts)
             });
             (f.clone(), checked)

@@ -29,9 +29,11 @@ impl MemoryArgs {
         path: &std::path::Path,
         load: Load,
         dtype: Option<&str>,
+        weights: Option<&crate::check::WeightsFrom>,
     ) -> Result<(), ParityError> {
+        let weights = weights.map(|w| (w.file.as_path(), w.prefix.as_str()));
         match self.limit() {
-            Some(limit) => crate::memory::check_bundle_fits(path, load, dtype, &limit),
+            Some(limit) => crate::memory::check_bundle_fits(path, load, dtype, weights, &limit),
             None => Ok(()),
         }
     }

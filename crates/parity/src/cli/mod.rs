@@ -133,7 +133,8 @@ fn show(args: &ShowArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<(),
         args.config.clone(),
         &args.hub,
     )?;
-    args.memory.check_fits(&args.bundle, Load::All, None)?;
+    args.memory
+        .check_fits(&args.bundle, Load::All, None, weights.as_ref())?;
     let opts = Options {
         weights,
         model_config,
@@ -259,11 +260,7 @@ fn resolve_model(
     let prefix = match prefix {
         Some(p) => p,
         None => {
-            let text = crate::files::read_text(&config)?;
-            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ParityError::Checkpoint {
-                path: config.clone(),
-                message: format!("not JSON: {e}"),
-            })?;
+            let json = crate::files::read_json(&config)?;
             let specs = unet_attention::diffusers::model_config::mid_blocks(&json, None, true).map_err(|e| {
                 ParityError::Checkpoint {
                     path: config.clone(),

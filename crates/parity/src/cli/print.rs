@@ -108,12 +108,14 @@ fn checkpoint_and_config(file: Option<PathBuf>, hub: &HubArgs) -> Result<(PathBu
 /// Fill in the found blocks' kwargs from the model's config.json; the note saying so. A
 /// config.json that is not a diffusers model's is left out, with a note.
 fn apply_config(config: &std::path::Path, found: &mut [crate::detect::Found]) -> Result<String, ParityError> {
-    let text = crate::files::read_text(config)?;
-    let json: Option<serde_json::Value> = serde_json::from_str(&text).ok();
-    Ok(match json.map(|j| crate::detect::apply_config(found, &j)) {
-        Some(Ok(())) => format!("config: {}", config.display()),
-        Some(Err(e)) => format!("config: {} not used ({e})", config.display()),
-        None => format!("config: {} not used (not JSON)", config.display()),
+    let json = match crate::files::read_json(config) {
+        Ok(json) => json,
+        Err(ParityError::Checkpoint { .. }) => return Ok(format!("config: {} not used (not JSON)", config.display())),
+        Err(e) => return Err(e),
+    };
+    Ok(match crate::detect::apply_config(found, &json) {
+        Ok(()) => format!("config: {}", config.display()),
+        Err(e) => format!("config: {} not used ({e})", config.display()),
     })
 }
 

@@ -20,18 +20,20 @@
 //!   [`super::HubFiles::with_token`]) goes to the endpoint only, never to the CDN a large file is
 //!   redirected to.
 
-use super::files::{confined, repo_name, HubFiles};
+use super::files::{confined, repo_name, DownloadLimits, HubFiles};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use ureq::http::{HeaderMap, Response};
 
-/// The slowest average rate a download may keep: its deadline allows its declared size at this
-/// rate, on top of the waits for the answer and between bytes.
-const MIN_RATE: u64 = 64 << 10;
-/// The longest any one timeout or deadline is held to (about 11.6 days): a longer one, up to
+/// The longest any one timeout is held to (about 11.6 days): a longer one, up to
 /// `Duration::MAX`, means the same, and stays addable to the clock.
 const MAX_WAIT: Duration = Duration::from_secs(1_000_000);
+/// The default cap where the free disk space is not known.
+const UNKNOWN_FREE_CAP: u64 = 64 << 30;
+/// What the default cap leaves free on the cache's file system: a tenth of the free space, and
+/// at least this.
+const MIN_RESERVE: u64 = 1 << 30;
 
 /// Seconds from the environment variable `name` (a positive number), else `default`.
 fn seconds(name: &str, default: f64) -> Duration {
@@ -169,46 +171,98 @@ fn metadata(agent: &ureq::Agent, origin: &str, url: &str, token: Option<&str>) -
     Err("the Hub redirected more than 5 times".into())
 }
 
-/// The most bytes a download of `file` may write, from the size its HEAD declared: that size,
-/// and no more than [`crate::files::MAX_TEXT_BYTES`] for a JSON file. A download that declares no
-/// size, or a JSON file declared larger, is refused before a byte is fetched.
-fn size_cap(file: &str, declared: Option<u64>) -> Result<u64, String> {
-    let json = file.ends_with(".json");
-    match declared {
-        Some(size) if json && size > crate::files::MAX_TEXT_BYTES => Err(format!(
-            "the Hub declares {size} bytes for a JSON file, more than the {} a JSON file may have",
-            crate::files::MAX_TEXT_BYTES
-        )),
-        Some(size) => Ok(size),
-        None => Err("the Hub's answer declares no size (Content-Length or X-Linked-Size)".into()),
+/// The most bytes a download may write (see [`DownloadLimits::max_bytes`]), and where that number
+/// came from, for messages.
+fn max_download(limits: &DownloadLimits, blobs: &Path) -> (u64, String) {
+    if let Some(bytes) = limits.max_bytes {
+        return (bytes, "--max-download".into());
+    }
+    match free_space(blobs) {
+        Some(free) => {
+            let reserve = (free / 10).max(MIN_RESERVE);
+            (
+                free.saturating_sub(reserve),
+                format!(
+                    "the free space of the cache's file system ({}) less a reserve; --max-download sets another",
+                    crate::memory::human(free)
+                ),
+            )
+        }
+        None => (
+            UNKNOWN_FREE_CAP,
+            "the default, the free disk space not being known; --max-download sets another".into(),
+        ),
     }
 }
 
-/// When a download of `size` bytes must be done, counted from `start`: the waits for an answer
-/// and between bytes, plus the time the bytes take at [`MIN_RATE`]; the furthest instant the
-/// clock can hold where that overflows.
-fn deadline(start: Instant, answer: Duration, idle: Duration, size: u64) -> Instant {
-    let budget = answer
-        .checked_add(idle)
-        .and_then(|d| d.checked_add(Duration::from_secs(size / MIN_RATE)))
-        .unwrap_or(MAX_WAIT);
-    start
-        .checked_add(budget)
-        .or_else(|| start.checked_add(MAX_WAIT))
-        .unwrap_or(start)
+/// The space an unprivileged process may still write on the file system of `dir`.
+#[cfg(unix)]
+fn free_space(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: all-zero is a valid `statvfs` (plain integers), which `statvfs` fills in.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a struct to write; statvfs reads nothing else.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)] // the field types differ between unixes
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
-/// `body` copied into `file`, ending with an error past `deadline` or after more than `cap` bytes.
-fn copy_bounded(body: &mut impl Read, file: &mut impl Write, cap: u64, deadline: Instant) -> Result<u64, String> {
+#[cfg(not(unix))]
+fn free_space(_dir: &Path) -> Option<u64> {
+    None
+}
+
+/// The most bytes a download of `file` may write: the size its HEAD declared, when it declared
+/// one, within `cap` (and [`crate::files::MAX_JSON_BYTES`] for a JSON file). A declared size over
+/// that is refused before a byte is fetched; an undeclared one is held to the cap as the bytes
+/// arrive.
+fn size_cap(file: &str, declared: Option<u64>, (cap, from): (u64, &str)) -> Result<u64, String> {
+    if file.ends_with(".json") && cap > crate::files::MAX_JSON_BYTES {
+        return size_cap(
+            file,
+            declared,
+            (crate::files::MAX_JSON_BYTES, "the most a JSON file may have"),
+        );
+    }
+    match declared {
+        Some(size) if size > cap => Err(format!(
+            "the Hub declares {size} bytes, more than the download cap of {cap} ({from})"
+        )),
+        Some(size) => Ok(size),
+        None => Ok(cap),
+    }
+}
+
+/// How slow a download may go: at least `min_rate` bytes a second over each `window`.
+#[derive(Debug, Clone, Copy)]
+struct RateFloor {
+    min_rate: u64,
+    window: Duration,
+}
+
+impl RateFloor {
+    /// The bytes a window must bring.
+    fn per_window(&self) -> u64 {
+        (self.min_rate as f64 * self.window.as_secs_f64()).min(u64::MAX as f64) as u64
+    }
+}
+
+/// `body` copied into `file`, ending with an error after more than `cap` bytes (`declared`: the
+/// size the Hub declared, for the message) or when a window of `floor` brings too few, by the
+/// time `now` tells.
+fn copy_bounded(
+    body: &mut impl Read,
+    file: &mut impl Write,
+    (cap, declared): (u64, bool),
+    floor: RateFloor,
+    now: &mut dyn FnMut() -> Instant,
+) -> Result<u64, String> {
     let mut buf = vec![0u8; 64 << 10];
-    let mut n = 0u64;
+    let (mut n, mut window_start, mut at_window_start) = (0u64, now(), 0u64);
     loop {
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "the download took too long: {n} bytes by its deadline (a slower average than {} KiB/s)",
-                MIN_RATE >> 10
-            ));
-        }
         let read = match body.read(&mut buf) {
             Ok(0) => return Ok(n),
             Ok(read) => read,
@@ -217,9 +271,26 @@ fn copy_bounded(body: &mut impl Read, file: &mut impl Write, cap: u64, deadline:
         };
         n = n.saturating_add(read as u64);
         if n > cap {
-            return Err(format!("the download sent more than the {cap} bytes the Hub declared"));
+            return Err(if declared {
+                format!("the download sent more than the {cap} bytes the Hub declared")
+            } else {
+                format!("the download sent more than the download cap of {cap} bytes (--max-download)")
+            });
         }
         file.write_all(&buf[..read]).map_err(|e| format!("cannot write: {e}"))?;
+        let elapsed = now().saturating_duration_since(window_start);
+        if elapsed >= floor.window {
+            if n - at_window_start < floor.per_window() {
+                return Err(format!(
+                    "the download is too slow: {} bytes in {:.0} s, less than the minimum of {} a second \
+                     (--min-download-rate)",
+                    n - at_window_start,
+                    elapsed.as_secs_f64(),
+                    crate::memory::human(floor.min_rate)
+                ));
+            }
+            (window_start, at_window_start) = (now(), n);
+        }
     }
 }
 
@@ -236,13 +307,13 @@ fn read_error(e: std::io::Error) -> String {
 }
 
 /// The body at `meta.location` written to `blob` (through a temporary file beside it): at most
-/// `cap` bytes, by `deadline`.
+/// `cap` bytes, at no less than `floor`.
 fn fetch(
     agent: &ureq::Agent,
     meta: &Meta,
     token: Option<&str>,
     blob: &Path,
-    (cap, deadline): (u64, Instant),
+    (cap, floor): (u64, RateFloor),
 ) -> Result<(), String> {
     let mut req = agent.get(&meta.location);
     if let Some(t) = token.filter(|_| meta.on_endpoint) {
@@ -262,7 +333,13 @@ fn fetch(
             .create_new(true)
             .open(&tmp)
             .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-        let n = copy_bounded(&mut body, &mut file, cap, deadline)?;
+        let n = copy_bounded(
+            &mut body,
+            &mut file,
+            (cap, meta.size.is_some()),
+            floor,
+            &mut Instant::now,
+        )?;
         file.flush()
             .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
         Ok(n)
@@ -322,9 +399,13 @@ pub(super) fn download(files: &HubFiles, endpoint: &str, file: &str) -> Result<P
     let blob = layout.blob_path(&meta.etag);
     mkdir(&files.repo_dir().join("blobs"))?;
     if !blob.is_file() {
-        let cap = size_cap(file, meta.size)?;
-        let bounds = (cap, deadline(Instant::now(), answer, idle, cap));
-        fetch(&agent(idle, idle, answer), &meta, token.as_deref(), &blob, bounds)?;
+        let (max, from) = max_download(&files.limits, &files.repo_dir().join("blobs"));
+        let cap = size_cap(file, meta.size, (max, &from))?;
+        let floor = RateFloor {
+            min_rate: files.limits.min_rate,
+            window: files.limits.window.unwrap_or(idle.saturating_mul(3)).min(MAX_WAIT),
+        };
+        fetch(&agent(idle, idle, answer), &meta, token.as_deref(), &blob, (cap, floor))?;
     }
     let pointer = layout.pointer_path(&meta.commit).join(file);
     let Some(folder) = pointer.parent() else {
@@ -372,27 +453,71 @@ mod tests {
     }
 
     #[test]
-    fn downloads_are_capped_and_deadlined() {
+    fn downloads_are_capped_and_held_to_a_rate() {
+        let cap = (5u64 << 30, "test");
         assert_eq!(
-            size_cap("diffusion_pytorch_model.safetensors", Some(5 << 30)),
+            size_cap("diffusion_pytorch_model.safetensors", Some(5 << 30), cap),
             Ok(5 << 30)
         );
-        assert_eq!(size_cap("config.json", Some(1000)), Ok(1000));
-        assert!(size_cap("config.json", Some(1 << 40)).unwrap_err().contains("JSON"));
-        assert!(size_cap("model.safetensors", None).unwrap_err().contains("no size"));
-        let now = Instant::now();
-        let d = deadline(now, Duration::from_secs(1), Duration::from_secs(2), 10 * MIN_RATE);
-        assert_eq!(d - now, Duration::from_secs(13));
-        // No overflow, however long the waits or large the size.
-        let far = deadline(now, Duration::MAX, Duration::MAX, u64::MAX);
-        assert!(far > now);
-        // One byte at a time past the deadline ends; more than the cap ends.
+        let e = size_cap("model.safetensors", Some(1_000_000_000_000_000), cap).unwrap_err();
+        assert!(e.contains("more than the download cap of 5368709120 (test)"), "{e}");
+        assert_eq!(size_cap("config.json", Some(1000), cap), Ok(1000));
+        assert!(size_cap("config.json", Some(1 << 40), cap)
+            .unwrap_err()
+            .contains("JSON"));
+        // Undeclared: held to the cap as the bytes arrive.
+        assert_eq!(size_cap("model.safetensors", None, cap), Ok(5 << 30));
+        assert_eq!(size_cap("config.json", None, cap), Ok(crate::files::MAX_JSON_BYTES));
+        let fast = RateFloor {
+            min_rate: 1,
+            window: Duration::from_secs(3600),
+        };
         let mut sink = vec![];
-        let e = copy_bounded(&mut &[1u8; 10][..], &mut sink, 100, now).unwrap_err();
-        assert!(e.contains("deadline"), "{e}");
-        let later = now + Duration::from_secs(60);
-        let e = copy_bounded(&mut &[1u8; 10][..], &mut sink, 9, later).unwrap_err();
-        assert!(e.contains("more than the 9 bytes"), "{e}");
-        assert_eq!(copy_bounded(&mut &[1u8; 10][..], &mut sink, 10, later), Ok(10));
+        let start = Instant::now();
+        // A clock that moves `step` a look.
+        let clock = |step: u64| {
+            let mut t = start;
+            move || {
+                t += Duration::from_secs(step);
+                t
+            }
+        };
+        let mut copy =
+            |bytes: &[u8], cap, floor, step| copy_bounded(&mut &bytes[..], &mut sink, cap, floor, &mut clock(step));
+        let e = copy(&[1u8; 10], (9, true), fast, 0).unwrap_err();
+        assert!(e.contains("more than the 9 bytes the Hub declared"), "{e}");
+        let e = copy(&[1u8; 10], (9, false), fast, 0).unwrap_err();
+        assert!(e.contains("download cap of 9 bytes"), "{e}");
+        assert_eq!(copy(&[1u8; 10], (10, true), fast, 0), Ok(10));
+        // 10 bytes in a window of 2 s where a thousand a second are needed: too slow; the same
+        // bytes within the window (no time passes): not yet judged.
+        let slow = RateFloor {
+            min_rate: 1000,
+            window: Duration::from_secs(2),
+        };
+        let e = copy(&[1u8; 10], (10, true), slow, 2).unwrap_err();
+        assert!(e.contains("too slow: 10 bytes in 2 s"), "{e}");
+        assert_eq!(copy(&[1u8; 10], (10, true), slow, 0), Ok(10));
+        // No overflow, however long the window or high the rate.
+        let huge = RateFloor {
+            min_rate: u64::MAX,
+            window: MAX_WAIT,
+        };
+        assert_eq!(huge.per_window(), u64::MAX);
+    }
+
+    #[test]
+    fn the_default_cap_is_below_the_free_space() {
+        let dir = std::env::temp_dir();
+        let (cap, from) = max_download(&DownloadLimits::default(), &dir);
+        if let Some(free) = free_space(&dir) {
+            assert!(cap < free || free == 0, "{cap} {free}");
+            assert!(from.contains("free space"), "{from}");
+        }
+        let given = DownloadLimits {
+            max_bytes: Some(7),
+            ..DownloadLimits::default()
+        };
+        assert_eq!(max_download(&given, &dir), (7, "--max-download".to_string()));
     }
 }

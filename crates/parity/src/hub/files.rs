@@ -30,6 +30,34 @@ pub struct HubFiles {
     subfolder: Option<String>,
     pub(super) token: Option<String>,
     pub(super) timeouts: Option<(Duration, Duration)>,
+    pub(super) limits: DownloadLimits,
+}
+
+/// Bounds on one download besides its timeouts ([`HubFiles::with_download_limits`]; the CLI's
+/// `--max-download` and `--min-download-rate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DownloadLimits {
+    /// The most bytes one file may write into the cache, checked against the size the Hub
+    /// declares before the download and against the bytes as they arrive. `None`: the free space
+    /// of the cache's file system less a reserve (a tenth of it, and at least 1 GiB), or 64 GiB
+    /// where the free space is not known.
+    pub max_bytes: Option<u64>,
+    /// The slowest a download may go, in bytes a second, averaged over each [`Self::window`]
+    /// (default 256 KiB/s): slower, it ends, whatever size it declared.
+    pub min_rate: u64,
+    /// The time over which [`Self::min_rate`] is averaged. Default: three times the wait for a
+    /// byte (`HF_HUB_DOWNLOAD_TIMEOUT`, 10 s), so 30 s.
+    pub window: Option<Duration>,
+}
+
+impl Default for DownloadLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: None,
+            min_rate: 256 << 10,
+            window: None,
+        }
+    }
 }
 
 /// A relative path inside a repository: no leading `/`, no `..`, no `\`, no control character.
@@ -67,6 +95,7 @@ impl HubFiles {
             subfolder: None,
             token: None,
             timeouts: None,
+            limits: DownloadLimits::default(),
         };
         let folder = files.repo.folder_name();
         let plain = !folder.is_empty()
@@ -123,10 +152,16 @@ impl HubFiles {
     /// Download timeouts: `answer` for resolving, connecting and the headers of each answer,
     /// `idle` the most time without a byte of the body. Default: `HF_HUB_ETAG_TIMEOUT` and
     /// `HF_HUB_DOWNLOAD_TIMEOUT` seconds, else 10 s each. Any duration is accepted; one above
-    /// about 11.6 days (up to `Duration::MAX`) is held to that. Each download also has a
-    /// deadline: both waits plus its declared size at 64 KiB/s.
+    /// about 11.6 days (up to `Duration::MAX`) is held to that. Each download is also held to a
+    /// size cap and a minimum rate ([`Self::with_download_limits`]).
     pub fn with_timeouts(mut self, answer: Duration, idle: Duration) -> Self {
         self.timeouts = Some((answer, idle));
+        self
+    }
+
+    /// Bounds on the size and speed of each download ([`DownloadLimits`]).
+    pub fn with_download_limits(mut self, limits: DownloadLimits) -> Self {
+        self.limits = limits;
         self
     }
 

@@ -32,7 +32,7 @@ mod download;
 
 mod files;
 
-pub use files::HubFiles;
+pub use files::{DownloadLimits, HubFiles};
 /// The `hf-hub` this crate is built with: its `Repo`, `Cache` and (with the `hub` feature)
 /// `api::sync::{Api, ApiRepo}` are the ones [`HubFiles`] takes.
 pub use hf_hub;
@@ -54,6 +54,8 @@ pub struct HubRepo {
     pub cache_dir: Option<PathBuf>,
     /// Never use the network (also set by `HF_HUB_OFFLINE`).
     pub offline: bool,
+    /// Bounds on each download (`--max-download`, `--min-download-rate`).
+    pub limits: DownloadLimits,
 }
 
 /// The weight files a diffusers model folder may hold, in the order they are tried.
@@ -119,7 +121,7 @@ impl HubRepo {
         }
         let repo = hf_hub::Repo::with_revision(self.repo.clone(), hf_hub::RepoType::Model, self.revision().into());
         let cache = hf_hub::Cache::new(cache_dir(self.cache_dir.as_deref()));
-        let files = HubFiles::new(repo, cache)?;
+        let files = HubFiles::new(repo, cache)?.with_download_limits(self.limits);
         match &self.subfolder {
             Some(sub) => files.with_subfolder(sub).map_err(|_| {
                 usage(format!(

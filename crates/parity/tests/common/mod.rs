@@ -163,7 +163,37 @@ pub fn cli_child() {
     let (code, out, err) = cli(&args);
     print!("{out}");
     eprint!("{err}");
+    if std::env::var_os(PEAK).is_some() {
+        eprintln!("{PEAK_LINE}{}", peak_rss());
+    }
     std::process::exit(code);
+}
+
+/// With this variable set, the child prints its peak resident memory last on stderr
+/// (`peak-rss: BYTES`, from `VmHWM`).
+pub const PEAK: &str = "UNET_PARITY_TEST_PEAK";
+const PEAK_LINE: &str = "peak-rss: ";
+
+/// The peak resident memory of this process (`VmHWM`, Linux; 0 elsewhere).
+pub fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+impl Child {
+    /// The peak resident memory the child printed (run with [`PEAK`] set).
+    pub fn peak(&self) -> u64 {
+        self.err
+            .lines()
+            .find_map(|l| l.strip_prefix(PEAK_LINE))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no peak line: {}", self.err))
+    }
 }
 
 /// What a child run of the CLI did.
@@ -179,6 +209,12 @@ pub struct Child {
 /// address-space limit [`LIMIT_KIB`], with `env` added to its environment. The test fails if it
 /// runs past [`SECONDS`].
 pub fn run_limited(args: &[&str], env: &[(&str, &str)]) -> Child {
+    run_limited_within(args, env, std::time::Duration::from_secs(SECONDS))
+}
+
+/// [`run_limited`] with another limit on its time (a test whose child runs a whole model's
+/// forward: the limit is for a hang, not a measure of speed).
+pub fn run_limited_within(args: &[&str], env: &[(&str, &str)], limit: std::time::Duration) -> Child {
     use std::os::unix::process::ExitStatusExt;
     use std::time::{Duration, Instant};
     let dir = scratch(&format!(
@@ -203,10 +239,10 @@ pub fn run_limited(args: &[&str], env: &[(&str, &str)]) -> Child {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        if start.elapsed() > Duration::from_secs(SECONDS) {
+        if start.elapsed() > limit {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{args:?} ran past {SECONDS} s");
+            panic!("{args:?} ran past {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -217,4 +253,81 @@ pub fn run_limited(args: &[&str], env: &[(&str, &str)]) -> Child {
         err: read(&err_path),
         took: start.elapsed(),
     }
+}
+
+// ---- Synthetic whole-model checkpoints ----
+
+/// A `VarBuilder` backend that makes every weight asked for (small deterministic values, 1 near
+/// for norm weights) and keeps them: build a model on it to get a checkpoint of any config.
+#[derive(Clone, Default)]
+struct Synth(std::sync::Arc<std::sync::Mutex<BTreeMap<String, Tensor>>>);
+
+impl candle_nn::var_builder::SimpleBackend for Synth {
+    fn get(
+        &self,
+        s: candle_core::Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: candle_core::DType,
+        dev: &candle_core::Device,
+    ) -> candle_core::Result<Tensor> {
+        let seed = name
+            .bytes()
+            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) as f32;
+        let n = s.elem_count();
+        let scale = 1.0 / (s.dims().iter().skip(1).product::<usize>().max(1) as f32).sqrt();
+        let norm = name.contains("norm") && name.ends_with("weight");
+        let v: Vec<f32> = (0..n)
+            .map(|i| {
+                let x = ((i as f32) * 0.618_034 + seed * 1e-3).sin();
+                if norm {
+                    1.0 + 0.1 * x
+                } else {
+                    scale * x
+                }
+            })
+            .collect();
+        let t = Tensor::from_vec(v, s, &candle_core::Device::Cpu)?;
+        self.0.lock().unwrap().insert(name.to_string(), t.clone());
+        t.to_dtype(dtype)?.to_device(dev)
+    }
+
+    fn get_unchecked(&self, name: &str, _: candle_core::DType, _: &candle_core::Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("synthetic weights need a shape: {name}")
+    }
+
+    /// Only the weights made so far: a block that picks its layout by asking (diffusers'
+    /// deprecated attention names) takes the current one.
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.0.lock().unwrap().contains_key(name)
+    }
+}
+
+/// The weights a model built by `build` reads, made up (see [`Synth`]), by name.
+pub fn synth_weights<T>(
+    build: impl FnOnce(candle_nn::VarBuilder) -> unet_attention::Result<T>,
+) -> HashMap<String, Tensor> {
+    let synth = Synth::default();
+    let vb = candle_nn::VarBuilder::from_backend(
+        Box::new(synth.clone()),
+        candle_core::DType::F32,
+        candle_core::Device::Cpu,
+    );
+    build(vb).unwrap();
+    let tensors = synth.0.lock().unwrap().clone();
+    tensors.into_iter().collect()
+}
+
+/// A diffusers model folder `dir` with `config` (a `config.json` object) and made-up weights for
+/// the model `build` builds from it, in one safetensors file.
+pub fn synth_folder<T>(
+    dir: &Path,
+    config: &serde_json::Value,
+    build: impl FnOnce(candle_nn::VarBuilder) -> unet_attention::Result<T>,
+) -> HashMap<String, Tensor> {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let weights = synth_weights(build);
+    candle_core::safetensors::save(&weights, dir.join("diffusion_pytorch_model.safetensors")).unwrap();
+    weights
 }

@@ -24,6 +24,9 @@ enum Reply {
         body: Vec<u8>,
         stall_after: Option<usize>,
     },
+    /// Status 200 and `headers` without a length, then the connection closed (a HEAD that
+    /// declares no size).
+    Head { headers: Vec<(String, String)> },
     /// Status 200 and `headers` without a length, then `chunks` pieces of `chunk` bytes,
     /// `every` apart (a server that streams past the size it declared, or trickles).
     Stream {
@@ -52,6 +55,14 @@ fn serve(reply: impl Fn(&str, &str) -> Reply + Send + 'static) -> String {
             let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
             match reply(method, path) {
                 Reply::Stall => stalled.push(stream),
+                Reply::Head { headers } => {
+                    let mut head = "HTTP/1.1 200 OK\r\nConnection: close\r\n".to_string();
+                    for (k, v) in headers {
+                        head.push_str(&format!("{k}: {v}\r\n"));
+                    }
+                    head.push_str("\r\n");
+                    let _ = stream.write_all(head.as_bytes());
+                }
                 Reply::Stream {
                     headers,
                     chunk,
@@ -205,6 +216,19 @@ fn declares_1000(stream: fn() -> Reply) -> String {
     })
 }
 
+/// No blob of the weights (ETag `34...`, see [`weights_headers`]) in the cache, nor a temporary
+/// one: only `config.json`'s.
+fn no_weights_blob(cache: &Path) {
+    let blobs = cache.join("models--acme--tiny/blobs");
+    let left: Vec<_> = std::fs::read_dir(&blobs).map_or(vec![], |d| d.flatten().map(|e| e.path()).collect());
+    let config = "12".repeat(32);
+    assert!(
+        left.iter()
+            .all(|p| p.file_name().is_some_and(|n| n.to_string_lossy() == config)),
+        "{left:?}"
+    );
+}
+
 /// No file left in the cache's blobs (nor a temporary one).
 fn no_blobs(cache: &Path) {
     let blobs = cache.join("models--acme--tiny/blobs");
@@ -216,12 +240,7 @@ fn no_blobs(cache: &Path) {
 /// stops just past the declared size, and nothing stays in the cache.
 #[test]
 fn a_download_past_its_declared_size_is_cut_off() {
-    let endpoint = declares_1000(|| Reply::Stream {
-        headers: vec![],
-        chunk: 1 << 20,
-        chunks: 64,
-        every: std::time::Duration::ZERO,
-    });
+    let endpoint = declares_1000(stream_64_mib);
     let cache = scratch("hub-overlong");
     let c = check_from(&endpoint, &cache, "5");
     assert_eq!(c.code, 2, "{}", c.err);
@@ -231,10 +250,10 @@ fn a_download_past_its_declared_size_is_cut_off() {
     no_blobs(&cache);
 }
 
-/// A server that trickles a byte every 300 ms, within the 1-second read timeout: the download's
-/// deadline (the waits plus 1000 bytes at 64 KiB/s, about 2 s) ends it.
+/// A server that trickles a byte every 300 ms, within the 1-second read timeout: the minimum
+/// rate (256 KiB/s over 3 × the read timeout) ends it.
 #[test]
-fn a_trickling_download_meets_its_deadline() {
+fn a_trickling_download_is_too_slow() {
     let endpoint = declares_1000(|| Reply::Stream {
         headers: vec![],
         chunk: 1,
@@ -244,9 +263,164 @@ fn a_trickling_download_meets_its_deadline() {
     let cache = scratch("hub-trickle");
     let c = check_from(&endpoint, &cache, "1");
     assert_eq!(c.code, 2, "{}", c.err);
-    assert!(c.err.contains("took too long"), "{}", c.err);
+    assert!(c.err.contains("too slow"), "{}", c.err);
     assert!(c.took.as_secs() < 10, "{:?}", c.took);
     no_blobs(&cache);
+}
+
+// ---- Issue 54: a cap the user sets, and a minimum rate ----
+
+/// The committed model's `config.json` as it is (HEAD and GET), and every other file as
+/// `weights(method)` answers it.
+fn weights_server(answer: fn(&str) -> Reply) -> String {
+    serve(move |method, path| {
+        if path.ends_with("/config.json") {
+            let body = std::fs::read(weights().join("models/diffusers_unet2d/config.json")).unwrap();
+            return Reply::Answer {
+                status: 200,
+                headers: vec![
+                    ("X-Repo-Commit".into(), COMMIT.into()),
+                    ("ETag".into(), format!("\"{}\"", "12".repeat(32))),
+                ],
+                body,
+                stall_after: None,
+            };
+        }
+        answer(method)
+    })
+}
+
+/// 64 MiB sent as fast as they go, with no length.
+fn stream_64_mib() -> Reply {
+    Reply::Stream {
+        headers: vec![],
+        chunk: 1 << 20,
+        chunks: 64,
+        every: std::time::Duration::ZERO,
+    }
+}
+
+fn weights_headers() -> Vec<(String, String)> {
+    vec![
+        ("X-Repo-Commit".into(), COMMIT.into()),
+        ("ETag".into(), format!("\"{}\"", "34".repeat(32))),
+    ]
+}
+
+/// `check_from` with more arguments.
+fn check_from_with(endpoint: &str, cache: &Path, timeouts: &str, more: &[&str]) -> crate::common::Child {
+    let bundle = weights().join("mid/unet_mid_block_2d_unet2d_ref.safetensors");
+    let mut args = vec![
+        "check",
+        bundle.to_str().unwrap(),
+        "--repo",
+        "acme/tiny",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    args.extend_from_slice(more);
+    let env = [
+        ("HF_ENDPOINT", endpoint),
+        ("HF_HUB_ETAG_TIMEOUT", timeouts),
+        ("HF_HUB_DOWNLOAD_TIMEOUT", timeouts),
+        ("HF_HUB_OFFLINE", "0"),
+        ("NO_PROXY", "127.0.0.1,localhost"),
+        ("no_proxy", "127.0.0.1,localhost"),
+    ];
+    run_limited(&args, &env)
+}
+
+/// Weights declared at 10^15 bytes: refused before a byte is fetched, by the default cap (the free
+/// disk space less a reserve) and by `--max-download` (it wrote 3.2 GB in 13 s, bounded only by
+/// the declared size).
+#[test]
+fn weights_declared_past_the_cap_are_refused_before_a_byte() {
+    let endpoint = weights_server(|method| match method {
+        "GET" => stream_64_mib(),
+        _ => Reply::Answer {
+            status: 200,
+            headers: [
+                weights_headers(),
+                vec![("X-Linked-Size".into(), "1000000000000000".into())],
+            ]
+            .concat(),
+            body: vec![],
+            stall_after: None,
+        },
+    });
+    for more in [&[][..], &["--max-download", "1M"][..]] {
+        let cache = scratch(&format!("hub-cap-declared-{}", more.len()));
+        let c = check_from_with(&endpoint, &cache, "5", more);
+        assert_eq!(c.code, 2, "{more:?}: {}", c.err);
+        assert!(
+            c.err
+                .contains("declares 1000000000000000 bytes, more than the download cap")
+                && c.err.lines().count() == 1,
+            "{more:?}: {}",
+            c.err
+        );
+        let from = if more.is_empty() {
+            "free space"
+        } else {
+            "--max-download"
+        };
+        assert!(c.err.contains(from), "{}", c.err);
+        assert!(c.took.as_secs() < 10, "{:?}", c.took);
+        no_weights_blob(&cache);
+    }
+}
+
+/// Weights whose size is not declared: held to `--max-download` as the bytes arrive (64 MiB
+/// streamed, cut off after 1 MiB, nothing left in the cache).
+#[test]
+fn max_download_caps_the_bytes_as_they_arrive() {
+    let endpoint = weights_server(|method| match method {
+        "GET" => stream_64_mib(),
+        _ => Reply::Head {
+            headers: weights_headers(),
+        },
+    });
+    let cache = scratch("hub-cap-arriving");
+    let c = check_from_with(&endpoint, &cache, "5", &["--max-download", "1M"]);
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(
+        c.err.contains("more than the download cap of 1048576 bytes"),
+        "{}",
+        c.err
+    );
+    assert!(c.took.as_secs() < 10, "{:?}", c.took);
+    no_weights_blob(&cache);
+}
+
+/// A 64 KiB/s drip of a file declared at 10 MiB (its old deadline: 160 s, and hours for a real
+/// checkpoint): below the minimum rate over a window of 3 × the 1-second read timeout, it ends in
+/// seconds; `--min-download-rate` lower than the drip lets it go on.
+#[test]
+fn a_dripping_download_ends_at_the_minimum_rate() {
+    let endpoint = weights_server(|method| match method {
+        "GET" => Reply::Stream {
+            headers: vec![],
+            chunk: 16 << 10,
+            chunks: 640,
+            every: std::time::Duration::from_millis(250),
+        },
+        _ => Reply::Answer {
+            status: 200,
+            headers: [
+                weights_headers(),
+                vec![("X-Linked-Size".into(), (10u64 << 20).to_string())],
+            ]
+            .concat(),
+            body: vec![],
+            stall_after: None,
+        },
+    });
+    let cache = scratch("hub-drip");
+    let c = check_from_with(&endpoint, &cache, "1", &[]);
+    assert_eq!(c.code, 2, "{}", c.err);
+    assert!(c.err.contains("too slow") && c.err.contains("256.0 KiB"), "{}", c.err);
+    assert!(c.took.as_secs() < 10, "{:?}", c.took);
+    no_weights_blob(&cache);
 }
 
 /// A `config.json` declared at 1 TiB is refused before a byte of it is fetched.
@@ -429,6 +603,27 @@ mod through_an_api_repo {
         let files = files.with_timeouts(Duration::MAX, Duration::MAX);
         let config = files.get(&api, "config.json").unwrap();
         assert!(config.is_file(), "{}", config.display());
+    }
+
+    /// The library's cap ([`unet_parity::hub::DownloadLimits`]): a file declared larger is refused
+    /// before a byte is fetched.
+    #[test]
+    fn the_library_sets_the_cap() {
+        if offline_from_env() {
+            return eprintln!("HF_HUB_OFFLINE is set: the download is not tried");
+        }
+        let cache = scratch("hub-api-cap");
+        let (api, files) = handles(&model_server(hex_etag, COMMIT), "acme/tiny", &cache);
+        let files = files.with_download_limits(unet_parity::hub::DownloadLimits {
+            max_bytes: Some(10),
+            ..Default::default()
+        });
+        let message = hub_message(files.get(&api, "config.json").unwrap_err());
+        assert!(
+            message.contains("more than the download cap of 10 (--max-download)"),
+            "{message}"
+        );
+        no_blobs(&cache);
     }
 
     /// An `ApiRepo` for another repository than the [`HubFiles`]: refused before any request.

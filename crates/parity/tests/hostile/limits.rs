@@ -259,7 +259,7 @@ fn mha_with_weights(dir: &Path, l: usize) -> PathBuf {
 }
 
 /// The one refusal line of a bundle too big for the memory.
-fn assert_refused(c: &crate::common::Child, file: &str, limit_from: &str) {
+pub(crate) fn assert_refused(c: &crate::common::Child, file: &str, limit_from: &str) {
     assert_eq!(c.code, 2, "{}{}", c.out, c.err);
     let errors: Vec<&str> = c.err.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{}", c.err);

@@ -12,11 +12,13 @@
 mod common;
 
 mod files;
+mod fuzz_smoke;
 #[cfg(feature = "hub")]
 mod hub;
 mod limits;
 mod pickles;
 mod settings;
+mod whole;
 
 /// Not a test of its own: the CLI when [`common::run_limited`] runs this binary.
 #[test]

@@ -22,10 +22,16 @@
 //!   same.
 //!
 //! Not covered: candle-transformers' U-Net has no `text_time` embedding, so neither does this
-//! drop-in (an SDXL checkpoint's `add_embedding` weights are left unread and the pooled text /
-//! time ids never reach the model, as in candle-transformers' SDXL pipeline). For SDXL as diffusers
-//! runs it, load [`crate::models::UNet2DConditionModel`] from the `unet/` folder and call
-//! `forward_with` with `added_cond` ([`UNet2DConditionModel::into_inner`] gives it from this wrapper).
+//! drop-in: an SDXL checkpoint's `add_embedding` weights would be left unread and the pooled text /
+//! time ids never reach the model (as in candle-transformers' SDXL pipeline), so `new` refuses
+//! them by name. For SDXL as diffusers runs it, load [`crate::models::UNet2DConditionModel`] from
+//! the `unet/` folder and call `forward_with` with `added_cond`.
+//!
+//! Nor can the config give the mid block another depth than the last block's `use_cross_attn`
+//! (diffusers' `transformer_layers_per_block[-1]`): a folder with `transformer_layers_per_block`
+//! `[1, 2]` whose last block has no cross-attention has a mid block two layers deep, which no
+//! config of this drop-in builds. `new` refuses those weights by name (the second layer is never
+//! read); the folder loader builds it.
 
 use crate::diffusers::unets::mid_block::LayersPerBlock;
 use crate::models::{ControlNetResiduals, ForwardArgs};
@@ -35,6 +41,22 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
 const BLOCK: &str = "stable_diffusion::unet_2d::UNet2DConditionModel";
+
+/// Modules of diffusers' `UNet2DConditionModel` this config cannot switch on, asked about by name
+/// (besides the names near the ones read): SDXL's addition embedding, LCM's `timestep_cond`,
+/// class embeddings, `encoder_hid_proj`.
+const OPTIONAL: [&str; 4] = [
+    "add_embedding.linear_1.weight",
+    "time_embedding.cond_proj.weight",
+    "class_embedding.linear_1.weight",
+    "encoder_hid_proj.weight",
+];
+
+/// What to do when the weights hold more than the config builds.
+const HINT: &str = "this config cannot describe the model these weights hold (candle-transformers' config has no \
+                    field for it: e.g. a mid block deeper than its last block's use_cross_attn, from \
+                    transformer_layers_per_block [1, 2] with a plain last block, or SDXL's add_embedding); load the \
+                    model folder with unet_attention::models::UNet2DConditionModel::load, which reads its config.json";
 
 /// One down block (and its mirror up block), as candle-transformers 0.11.1 describes it.
 #[derive(Debug, Clone, Copy)]
@@ -159,7 +181,8 @@ pub struct UNet2DConditionModel {
 
 impl UNet2DConditionModel {
     /// candle-transformers' constructor: the weights at `vs`'s root under diffusers' names.
-    /// `use_flash_attn` is ignored (module docs).
+    /// `use_flash_attn` is ignored (module docs). Strict: weights under `vs`'s prefix that the model
+    /// does not read are refused by name (`super`'s docs), where candle-transformers leaves them.
     pub fn new(
         vs: VarBuilder,
         in_channels: usize,
@@ -169,9 +192,18 @@ impl UNet2DConditionModel {
     ) -> Result<Self> {
         let _ = use_flash_attn;
         let cfg = config.to_diffusers(in_channels, out_channels)?;
-        Ok(Self {
-            inner: Diffusers::new(vs, &cfg)?,
-        })
+        let n = config.blocks.len();
+        let extra: Vec<String> = (0..n)
+            .flat_map(|i| {
+                [
+                    format!("down_blocks.{i}.attentions.0.norm.weight"),
+                    format!("up_blocks.{i}.attentions.0.norm.weight"),
+                ]
+            })
+            .chain(OPTIONAL.iter().map(|s| s.to_string()))
+            .collect();
+        let inner = super::build_strict(vs, BLOCK, &extra, HINT, |vb| Diffusers::new(vb, &cfg))?;
+        Ok(Self { inner })
     }
 
     /// `forward(xs, timestep, encoder_hidden_states)`: `xs` `(B, in_channels, H, W)`,

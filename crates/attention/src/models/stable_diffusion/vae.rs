@@ -21,6 +21,15 @@ pub use crate::models::DiagonalGaussianDistribution;
 
 const BLOCK: &str = "stable_diffusion::vae::AutoEncoderKL";
 
+/// Modules of diffusers' `AutoencoderKL` a config may switch off, asked about by name (besides the
+/// names near the ones read): the quant convs.
+const OPTIONAL: [&str; 2] = ["quant_conv.weight", "post_quant_conv.weight"];
+
+/// What to do when the weights hold more than the config builds.
+const HINT: &str = "the config describes another model than these weights (block_out_channels, layers_per_block, \
+                    use_quant_conv / use_post_quant_conv); set them from the model's config.json, or load the \
+                    folder with unet_attention::models::AutoencoderKL::load";
+
 /// candle-transformers 0.11.1's `AutoEncoderKLConfig`, field for field.
 #[derive(Debug, Clone)]
 pub struct AutoEncoderKLConfig {
@@ -80,12 +89,13 @@ pub struct AutoEncoderKL {
 
 impl AutoEncoderKL {
     /// candle-transformers' constructor: the weights at `vs`'s root under diffusers' names.
+    /// Strict: weights under `vs`'s prefix that the model does not read are refused by name
+    /// (`super`'s docs), where candle-transformers leaves them.
     pub fn new(vs: VarBuilder, in_channels: usize, out_channels: usize, config: AutoEncoderKLConfig) -> Result<Self> {
         let cfg = config.to_diffusers(in_channels, out_channels)?;
-        Ok(Self {
-            inner: Diffusers::new(vs, &cfg)?,
-            config,
-        })
+        let extra: Vec<String> = OPTIONAL.iter().map(|s| s.to_string()).collect();
+        let inner = super::build_strict(vs, BLOCK, &extra, HINT, |vb| Diffusers::new(vb, &cfg))?;
+        Ok(Self { inner, config })
     }
 
     /// The latent distribution of images `xs` `(B, in_channels, H, W)` in [-1, 1].

@@ -7,7 +7,12 @@
 //!   largest of them once more: the bytes read from the file before they become a tensor;
 //! * the weights and float inputs converted to the run dtype when stored in another one;
 //! * the forward's activations: [`ACTIVATIONS`] copies of the largest input or output, in the run
-//!   dtype (at least 4 bytes an element: half-precision blocks compute in f32 in places);
+//!   dtype (at least 4 bytes an element: half-precision blocks compute in f32 in places); for the
+//!   whole models (`UNet2DConditionModel`, `AutoencoderKL`) what their config says instead: each
+//!   level's widths at its resolution, the U-Net's skips, the transformers' feed-forward, and the
+//!   downsamplers' im2col (`memory/whole.rs`);
+//! * for a whole model, the weights of the checkpoint the bundle references (`parity.weights`, or
+//!   `--weights`), from its header: in the run dtype, plus the largest once more as it is read;
 //! * a score matrix the block forms whole: `torch.MultiheadAttention` with `need_weights` (the
 //!   default) forms the `(N, heads, L, S)` scores, their softmax and the head mean (3 copies);
 //!   a run in f64, f16 or bf16, or `UNET_ATTENTION_SDPA=chunked`, may take the chunked reference
@@ -26,6 +31,8 @@
 //! **The limit** ([`Limit::from_machine`]): the memory the system reports available
 //! (`MemAvailable` in `/proc/meminfo`) and, when an address-space limit is set (`ulimit -v`,
 //! `RLIMIT_AS`), what of it this process has not yet mapped; `--max-memory` sets another.
+
+mod whole;
 
 use crate::bundle::{Load, TensorInfo, FLOAT64_SUFFIX, INPUT_PREFIX, OUTPUT_PREFIX};
 use std::collections::BTreeMap;
@@ -123,7 +130,8 @@ pub fn estimate_with(
         .unwrap_or(0);
     let largest_output = loaded.iter().filter(is_output).map(|i| elements(i)).max().unwrap_or(0);
     let largest = largest_input.max(largest_output);
-    let activations = largest.saturating_mul(run.max(4)).saturating_mul(ACTIVATIONS);
+    let (activations, workspace) = whole::forward_bytes(metadata, infos, run)
+        .unwrap_or((largest.saturating_mul(run.max(4)).saturating_mul(ACTIVATIONS), 0));
     let scores = scores(metadata, infos, run, largest_input, path);
     let compare = largest_output.saturating_mul(8).saturating_mul(COMPARE);
     let (our_stages, stage_compare) = stages(&loaded, run);
@@ -132,6 +140,7 @@ pub fn estimate_with(
         ("reading", reading),
         ("conversions", converted),
         ("activations", activations),
+        ("convolution workspace", workspace),
         ("attention scores", scores),
         ("comparison", compare),
         ("our stages", our_stages),
@@ -142,6 +151,39 @@ pub fn estimate_with(
     parts.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
     parts.retain(|(_, b)| *b > 0);
     Estimate { bytes, parts }
+}
+
+impl Estimate {
+    /// The estimate with `bytes` more for `what`.
+    pub fn add(mut self, what: &'static str, bytes: u64) -> Self {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if bytes > 0 {
+            self.parts.push((what, bytes));
+            self.parts.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+        }
+        self
+    }
+}
+
+/// The bytes the weights of the checkpoint at `file` under `prefix` take loaded in the run dtype
+/// (`run` bytes an element, at least the stored size), plus the largest as it is read: from its
+/// header (0 when it cannot be read: checking it says why).
+pub fn checkpoint_bytes(file: &std::path::Path, prefix: &str, run: u64) -> u64 {
+    let Ok(checkpoint) = crate::checkpoint::Checkpoint::open(file) else {
+        return 0;
+    };
+    let prefix = checkpoint.resolve_prefix(prefix).unwrap_or_default();
+    let (mut total, mut largest) = (0u64, 0u64);
+    for name in checkpoint.names().filter(|n| n.starts_with(&prefix)) {
+        let (Some(shape), Some(dtype)) = (checkpoint.shape(name), checkpoint.dtype(name)) else {
+            continue;
+        };
+        let n = shape.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64));
+        let stored = n.saturating_mul(dtype.size_in_bytes() as u64);
+        total = total.saturating_add(n.saturating_mul(run.max(dtype.size_in_bytes() as u64)));
+        largest = largest.max(stored);
+    }
+    total.saturating_add(largest)
 }
 
 /// Our recorded stages (every loaded `parity.trace.<stage>`, at least 4 bytes an element) and the
@@ -393,22 +435,47 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// Read the header of the bundle at `path` and refuse it, as [`crate::ParityError::Invalid`],
-/// when checking it would take more than `limit` by [`estimate`]. Files that are not bundles
-/// (no `parity.format`: a model checkpoint) pass: reading them says what is wrong, from the header.
+/// The estimate of checking the bundle at `path` (see the module docs), from its header and the
+/// header of the checkpoint its weights come from (`weights`: `--weights` and `--prefix`, else the
+/// bundle's `parity.weights`); `None` for a file that is not a bundle (no `parity.format`, or no
+/// readable header: reading it says what is wrong).
+pub fn estimate_file(
+    path: &std::path::Path,
+    load: Load,
+    run_dtype: Option<&str>,
+    weights: Option<(&std::path::Path, &str)>,
+) -> Option<Estimate> {
+    let (metadata, infos) = crate::bundle::read_header(path).ok()?;
+    if !metadata.contains_key("parity.format") {
+        return None;
+    }
+    // A whole model reads every weight of its checkpoint; a block under a prefix only its own,
+    // whose shapes are checked before they are read (a wrong 3 GB one is refused by its shape).
+    let referenced = crate::check::referenced_checkpoint(path, &metadata);
+    let from = weights.map(|(f, p)| (f.to_path_buf(), p.to_string())).or(referenced);
+    let from = from.filter(|_| whole::is_whole_model(&metadata));
+    let run = run_size(
+        run_dtype
+            .or(metadata.get("parity.dtype").map(String::as_str))
+            .unwrap_or("float32"),
+    );
+    let checkpoint = from.map_or(0, |(file, prefix)| checkpoint_bytes(&file, &prefix, run));
+    Some(estimate(&metadata, &infos, load, run_dtype).add("checkpoint weights", checkpoint))
+}
+
+/// Refuse the bundle at `path`, as [`crate::ParityError::Invalid`], when checking it would take
+/// more than `limit` by [`estimate_file`]. Files that are not bundles pass: reading them says what
+/// is wrong, from the header.
 pub fn check_bundle_fits(
     path: &std::path::Path,
     load: Load,
     run_dtype: Option<&str>,
+    weights: Option<(&std::path::Path, &str)>,
     limit: &Limit,
 ) -> crate::error::Result<()> {
-    let Ok((metadata, infos)) = crate::bundle::read_header(path) else {
+    let Some(estimate) = estimate_file(path, load, run_dtype, weights) else {
         return Ok(());
     };
-    if !metadata.contains_key("parity.format") {
-        return Ok(());
-    }
-    let estimate = estimate(&metadata, &infos, load, run_dtype);
     if estimate.bytes <= limit.bytes {
         return Ok(());
     }
