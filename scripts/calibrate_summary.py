@@ -15,7 +15,8 @@ up to two significant digits:
 * the maths check's embedding factor (the grid value that needs the smallest maths factor) and its
   maths factor (margin ``--maths-margin``);
 * rule (b)'s element and window factors (margin 2), within the twin bounds and beyond them;
-* the plausibility bounds of PyTorch's output per dtype class and regime (margin 2).
+* the plausibility bounds of PyTorch's output (global, neighbourhood, average) per dtype class and
+  regime (margin 2).
 
 Then it replays ``check``'s decision (``verdict``) on the ``validate`` half: honest bundles that
 PASS, FAIL, are inconclusive or refused, per lane; and per scenario, bug and dtype the wrong cases
@@ -96,8 +97,8 @@ def verdict(case, c) -> str:
     e, w = c["confirmed_factors"] if far else c["factors"]
     if num(case["element_factor"]) > e or num(case["window_factor"]) > w:
         return "FAIL"
-    pg, pw = c["plausibility"][dtype_class(case["dtype"])]["beyond" if far else "within"]
-    if num(case["plaus_global"]) > pg or num(case["plaus_window"]) > pw:
+    pg, pw, pb = c["plausibility"][dtype_class(case["dtype"])]["beyond" if far else "within"]
+    if num(case["plaus_global"]) > pg or num(case["plaus_window"]) > pw or num(case["plaus_bias"]) > pb:
         return "INCONCLUSIVE"
     return "PASS"
 
@@ -136,7 +137,8 @@ def choose(lines, margin, maths_margin):
             ls = [o for o in outs[far] if dtype_class(o["dtype"]) == cls]
             c["plausibility"][cls]["beyond" if far else "within"] = (
                 round_up(margin * max((num(o["plaus_global"]) for o in ls), default=1.0)),
-                round_up(margin * max((num(o["plaus_window"]) for o in ls), default=1.0)))
+                round_up(margin * max((num(o["plaus_window"]) for o in ls), default=1.0)),
+                round_up(margin * max((num(o["plaus_bias"]) for o in ls), default=1.0)))
     return c
 
 
@@ -146,9 +148,12 @@ def describe(c) -> str:
             f"{c['twin_bounds']['half'][0]:g}/{c['twin_bounds']['half'][1]:g}; maths factor {c['maths_factor']:g} with "
             f"embedding factor {c['embedding_factor']:g}; rule (b) factors {c['factors'][0]:g}/{c['factors'][1]:g}, "
             f"beyond the bounds {c['confirmed_factors'][0]:g}/{c['confirmed_factors'][1]:g}; plausibility (global/"
-            f"window) f32 {p['f32']['within'][0]:g}/{p['f32']['within'][1]:g}, beyond "
-            f"{p['f32']['beyond'][0]:g}/{p['f32']['beyond'][1]:g}; half {p['half']['within'][0]:g}/"
-            f"{p['half']['within'][1]:g}, beyond {p['half']['beyond'][0]:g}/{p['half']['beyond'][1]:g}")
+            f"window/average) f32 {trio(p['f32']['within'])}, beyond {trio(p['f32']['beyond'])}; half "
+            f"{trio(p['half']['within'])}, beyond {trio(p['half']['beyond'])}")
+
+
+def trio(b) -> str:
+    return "/".join(f"{x:g}" for x in b)
 
 
 def honest_table(val, c):

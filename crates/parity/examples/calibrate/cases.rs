@@ -69,6 +69,7 @@ pub fn case_line(case: &Case, name: &str, dtype: DType, emb: Option<(&Tensor, &T
         "twin_rms_eps": factor(Some(twin_w)),
         "plaus_global": factor(Some(p.global_ratio)),
         "plaus_window": factor(Some(p.window_ratio)),
+        "plaus_bias": factor(Some(p.bias_ratio)),
     });
     if let Some((ours64, kept)) = &case.ours64 {
         let needed = |run: &Tensor, convention: &str| -> candle_core::Result<Vec<f64>> {

@@ -318,7 +318,7 @@ fn constants() -> Value {
     };
     let plaus = |d: DType, beyond: bool| {
         let b = plausibility_bounds(d, beyond);
-        json!([b.global, b.window])
+        json!([b.global, b.window, b.bias])
     };
     json!({
         "factors": [FACTORS.element, FACTORS.window],

@@ -14,7 +14,10 @@
 //! dtype can be closer than that). PyTorch's error is plausible when
 //!
 //! * over the whole output, `RMS(e_t) ≤ global · max(RMS(e_o), RMS(e_f))`, and
-//! * in every neighbourhood, `U_i ≤ window · max(O_i, F_i)` (local RMS of each).
+//! * in every neighbourhood, `U_i ≤ window · max(O_i, F_i)` (local RMS of each), and
+//! * on average, `|mean(e_t)| ≤ bias · max(|mean(e_o)|, RMS(e_o)/√n, RMS(e_f)/√n)`: honest
+//!   rounding errors nearly cancel over `n` elements, a shift of a few ulps everywhere (a forged
+//!   `+1e-3`, a dtype-only bias) does not.
 //!
 //! The bounds ([`plausibility_bounds`]) are chosen on generated bundles, per dtype class and per
 //! regime (PyTorch's error within the twin bounds, or beyond them: ill-conditioned blocks, where
@@ -29,6 +32,7 @@ use serde::Serialize;
 pub struct PlausibilityBounds {
     pub global: f64,
     pub window: f64,
+    pub bias: f64,
 }
 
 /// The bounds of a dtype, for PyTorch's error within the twin bounds (`beyond` false) or beyond
@@ -36,20 +40,24 @@ pub struct PlausibilityBounds {
 pub fn plausibility_bounds(dtype: DType, beyond: bool) -> PlausibilityBounds {
     match (dtype, beyond) {
         (DType::F32 | DType::F64, false) => PlausibilityBounds {
-            global: 43.0,
-            window: 75.0,
+            global: 45.0,
+            window: 62.0,
+            bias: 14.0,
         },
         (DType::F32 | DType::F64, true) => PlausibilityBounds {
-            global: 4400.0,
-            window: 13000.0,
+            global: 4200.0,
+            window: 11000.0,
+            bias: 1200.0,
         },
         (_, false) => PlausibilityBounds {
-            global: 5.6,
-            window: 11.0,
+            global: 3.1,
+            window: 3.8,
+            bias: 5.7,
         },
         (_, true) => PlausibilityBounds {
-            global: 5.6,
-            window: 55.0,
+            global: 3.4,
+            window: 600.0,
+            bias: 17.0,
         },
     }
 }
@@ -62,6 +70,9 @@ pub struct Plausibility {
     pub global_ratio: f64,
     /// The largest `U_i / max(O_i, F_i)`, and where.
     pub window_ratio: f64,
+    /// `|mean(e_t)| / max(|mean(e_o)|, RMS(e_o)/√n, RMS(e_f)/√n)`: PyTorch's average error
+    /// against ours and the noise floor of an average.
+    pub bias_ratio: f64,
     pub window_index: Vec<usize>,
     pub bounds: PlausibilityBounds,
 }
@@ -71,15 +82,17 @@ impl Plausibility {
     pub fn text(&self) -> String {
         format!(
             "PyTorch's output is {} times further from its float64 output than ours over the whole output (at most \
-             {}) and {} times in the neighbourhood of {:?} (at most {}): not a rounding of that float64 output an \
-             honest run makes, so the bundle cannot show that ours reproduces it. Either the output is not PyTorch's \
+             {}), {} times in the neighbourhood of {:?} (at most {}), and its average error {} times ours (at most \
+             {}): not a rounding of that float64 output an honest run makes, so the bundle cannot show that ours reproduces it. Either the output is not PyTorch's \
              run of this block, or PyTorch's run in this dtype computes something its float64 run does not (a \
              dtype-specific path); ours matches the float64 output. Check `--dtype f64`, or the bundle's float32 twin",
             times(self.global_ratio),
             self.bounds.global,
             times(self.window_ratio),
             self.window_index,
-            self.bounds.window
+            self.bounds.window,
+            times(self.bias_ratio),
+            self.bounds.bias
         )
     }
 }
@@ -112,8 +125,32 @@ pub fn plausibility(
             .collect()
     };
     let (st, so, sf) = (squares(&t), squares(&o), squares(&rounded));
+    let signed_mean = |a: &[f64]| -> f64 {
+        let sum: f64 = a
+            .iter()
+            .zip(&r)
+            .zip(&scale)
+            .map(|((x, y), m)| {
+                let d = x - y;
+                if d == 0.0 || !d.is_finite() || *m == 0.0 {
+                    0.0
+                } else {
+                    d / m
+                }
+            })
+            .sum();
+        sum / a.len().max(1) as f64
+    };
     let mean = |v: &[f64]| (v.iter().sum::<f64>() / v.len().max(1) as f64).sqrt();
     let global_ratio = ratio(mean(&st), mean(&so).max(mean(&sf)));
+    let root_n = (t.len().max(1) as f64).sqrt();
+    let bias_ratio = ratio(
+        signed_mean(&t).abs(),
+        signed_mean(&o)
+            .abs()
+            .max(mean(&so) / root_n)
+            .max(mean(&sf) / root_n),
+    );
     let (u, ov, fv) = (
         window_rms(&st, NEIGHBOURHOOD),
         window_rms(&so, NEIGHBOURHOOD),
@@ -128,9 +165,10 @@ pub fn plausibility(
     }
     let bounds = plausibility_bounds(dtype, beyond);
     Ok(Plausibility {
-        plausible: global_ratio <= bounds.global && window_ratio <= bounds.window,
+        plausible: global_ratio <= bounds.global && window_ratio <= bounds.window && bias_ratio <= bounds.bias,
         global_ratio,
         window_ratio,
+        bias_ratio,
         window_index: unravel(at, &dims),
         bounds,
     })
@@ -177,5 +215,19 @@ mod tests {
         let p = plausibility(&tensor(&o), &tensor(&forged), &tensor(&r), DType::F32, true).unwrap();
         assert!(!p.plausible && p.global_ratio > 1e4, "{p:?}");
         assert!(p.text().contains("inconclusive") || p.text().contains("cannot show"));
+    }
+
+    /// A shift of about one rounding everywhere: within the global and local bounds, not on average.
+    #[test]
+    fn a_shifted_pytorch_output_is_not_plausible_on_average() {
+        let r: Vec<f64> = (0..2000).map(|i| (i as f64 * 0.61).sin() * 2.0 + 0.1).collect();
+        let f16 = |v: Vec<f64>| tensor(&v).to_dtype(DType::F16).unwrap();
+        let t = f16(r.clone());
+        let o = f16(r.iter().map(|x| x * (1.0 + 1e-4)).collect());
+        let p = plausibility(&o, &t, &tensor(&r), DType::F16, false).unwrap();
+        assert!(p.bias_ratio < 10.0, "{p:?}");
+        let shifted = f16(r.iter().map(|x| x + 1e-3).collect());
+        let p = plausibility(&o, &shifted, &tensor(&r), DType::F16, false).unwrap();
+        assert!(p.bias_ratio > 30.0, "{p:?}");
     }
 }

@@ -49,12 +49,12 @@ pub struct TwinBounds {
 pub fn twin_bounds(dtype: DType) -> TwinBounds {
     match dtype {
         DType::F32 | DType::F64 => TwinBounds {
-            element: 65.0,
-            rms: 21.0,
+            element: 60.0,
+            rms: 16.0,
         },
         _ => TwinBounds {
-            element: 21.0,
-            rms: 4.2,
+            element: 24.0,
+            rms: 4.3,
         },
     }
 }

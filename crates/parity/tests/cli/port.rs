@@ -38,8 +38,9 @@ fn a_right_port_passes_with_every_stage_matching() {
     assert!(text.contains("PASS") && text.contains("no stage diverges"), "{text}");
 }
 
-/// A recorded stage that diverges while every output passes is shown, but not blamed: the verdict
-/// is the outputs' (issue 44: `pass` and `first_divergence()` agree).
+/// A recorded stage that diverges while every output passes is shown and flagged, but not blamed:
+/// the verdict is the outputs' (issue 44: `pass` and `first_divergence()` agree), its line says a
+/// stage differs (issue 53).
 #[test]
 fn a_wrong_stage_is_shown_but_not_blamed_when_the_output_passes() {
     let check = PortCheck::open(bundle(VAE_MID)).unwrap();
@@ -66,9 +67,11 @@ fn a_wrong_stage_is_shown_but_not_blamed_when_the_output_passes() {
     assert_eq!(stage("resnets.0/conv1").status, "not recorded");
     // The mid block's output is not the resnet's: the alias reached the resnet's stage and failed.
     assert_eq!(stage("resnets.0/output").status, "DIVERGES", "{report}");
-    assert!(report
-        .to_string()
-        .contains("no stage blamed: the outputs pass, though `resnets.0/norm1`"));
+    // ... and flagged on the verdict line, with a warning that says what to do (issue 53)
+    let text = report.to_string();
+    assert!(text.contains("(stage `resnets.0/norm1` differs: see the warning)"), "{text}");
+    assert!(text.contains("warning: the outputs pass, but stage `resnets.0/norm1`"), "{text}");
+    assert!(!text.contains("no stage blamed"), "{text}");
 }
 
 #[test]
