@@ -9,4 +9,5 @@ mod dual_transformer;
 mod fused_path;
 mod half_overflow;
 mod layering;
+mod norm_kernels;
 mod sdpa_paths;
