@@ -12,8 +12,9 @@
 //!     register tiles of `crate::cpu`'s microkernels; `im2col`: a convolution's input packed a
 //!     block at a time; `winograd`: large 3×3 convolutions as 16 GEMMs of Winograd's
 //!     F(2×2, 3×3)), chosen per call by [`layer_path`];
-//!   * GroupNorm (and GroupNorm + SiLU in one pass), RMSNorm's channel sum of squares, GEGLU,
-//!     below.
+//!   * GroupNorm (and GroupNorm + SiLU in one pass: `group_norm`, PyTorch's two CPU kernels) and
+//!     LayerNorm (`layer_norm`) on PyTorch's moments (`moments`), RMSNorm's channel sum of
+//!     squares, GEGLU, below.
 //!
 //! Measured on a `(1, 512, 64, 64)` f32 input, 2 threads (AMD Zen 5): Candle's `GroupNorm`
 //! 9.5 ms (every step a full pass with a fresh 8 MiB allocation), [`group_norm`] 0.40 ms; a
@@ -24,32 +25,24 @@
 use candle_core::{DType, Device, Result, Tensor};
 use rayon::prelude::*;
 
-use crate::cpu::isa::fma_reported;
 use crate::cpu::{contiguous, cpu_slice};
 
 pub(crate) mod attention;
 mod dense;
 mod gemm;
+mod group_norm;
 mod im2col;
+mod layer_norm;
+pub(crate) mod moments;
 mod packed;
 mod rms_norm;
 mod winograd;
 
 pub use crate::cpu::workers::join_rayon_pool;
 pub use dense::{layer_kernel_isa, layer_path, set_layer_path, ConvExtras, LayerPath, PackedConv, PackedLinear};
+pub use group_norm::{group_norm, group_norm_act, group_norm_as, MemoryFormat, NormForm};
+pub use layer_norm::layer_norm;
 pub use rms_norm::rms_norm_act;
-
-/// `nn.GroupNorm(groups, C, eps)` of an f32 CPU tensor `(B, C, ...)` with f32 `weight` and
-/// `bias` `(C,)`, as PyTorch's CPU kernel (`group_norm_kernel.cpp`) computes it: mean and biased
-/// variance per (batch, group) over its channels and positions (here two passes accumulated in
-/// f64, rounded to f32), `rstd = 1/sqrt(max(var, 0) + eps)` in f32, then per channel
-/// `scale = rstd·w`, `shift = −scale·mean + b` and `y = scale·x + shift`, with fused
-/// multiply-adds where the CPU has them. On the committed bundles this is closer to PyTorch than
-/// Candle's `(x − mean)/sqrt(var + eps)·w + b` (the two f16 GroupNorm bundles that differed now
-/// match bit for bit). `None` where it does not apply (not CPU, not f32).
-pub fn group_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, groups: usize, eps: f64) -> Result<Option<Tensor>> {
-    group_norm_act(x, weight, bias, groups, eps, None)
-}
 
 /// The swish that follows a norm, as the PyTorch code writes it (each step an f32 rounding).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,68 +51,6 @@ pub enum Swish {
     Silu,
     /// ldm's `nonlinearity`, `y * torch.sigmoid(y)`: `y · (1 / (1 + exp(−y)))`.
     TimesSigmoid,
-}
-
-/// [`group_norm`], then `act` of each rounded output in the same pass, where a separate
-/// activation would be one more pass over the tensor and one more allocation.
-pub fn group_norm_act(
-    x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    groups: usize,
-    eps: f64,
-    act: Option<Swish>,
-) -> Result<Option<Tensor>> {
-    let all_cpu = x.device().is_cpu() && weight.device().is_cpu() && bias.device().is_cpu();
-    let all_f32 = [x, weight, bias].iter().all(|t| t.dtype() == DType::F32);
-    if !all_cpu || !all_f32 || x.rank() < 2 || groups == 0 {
-        return Ok(None);
-    }
-    let (b, c) = (x.dim(0)?, x.dim(1)?);
-    if !c.is_multiple_of(groups) || weight.elem_count() != c || bias.elem_count() != c {
-        return Ok(None);
-    }
-    let x = contiguous(x)?;
-    let (w, bi) = (
-        weight.flatten_all()?.to_vec1::<f32>()?,
-        bias.flatten_all()?.to_vec1::<f32>()?,
-    );
-    let spatial = x.elem_count() / (b * c).max(1);
-    let per_group = c / groups * spatial;
-    let (storage, layout) = x.storage_and_layout();
-    let src = &cpu_slice::<f32>(&storage, layout).expect("a CPU tensor")[..x.elem_count()];
-    let mut out = vec![0f32; src.len()];
-    let fused = fma_reported();
-    if per_group > 0 {
-        out.par_chunks_mut(per_group)
-            .zip(src.par_chunks(per_group))
-            .enumerate()
-            .for_each(|(bg, (dst, xs))| {
-                let n = per_group as f64;
-                let mean = sum_f64(xs, |v| v) / n;
-                let m32 = mean as f32;
-                let var = sum_f64(xs, |v| (v - m32) * (v - m32)) / n;
-                // Σ(x − m32)² measures the spread about m32, not the exact mean: correct it.
-                let var = var - (mean - m32 as f64).powi(2);
-                let (mean, var) = (mean as f32, var as f32);
-                let rstd = 1.0 / (var.max(0.0) + eps as f32).sqrt();
-                let c0 = (bg % groups) * (c / groups);
-                for (ci, (dst, xs)) in dst.chunks_mut(spatial).zip(xs.chunks(spatial)).enumerate() {
-                    let scale = rstd * w[c0 + ci];
-                    let shift = if fused {
-                        (-scale).mul_add(mean, bi[c0 + ci])
-                    } else {
-                        -scale * mean + bi[c0 + ci]
-                    };
-                    scale_shift(fused, xs, scale, shift, dst);
-                    if let Some(act) = act {
-                        swish_in_place(fused, act, dst);
-                    }
-                }
-            });
-    }
-    drop(storage);
-    Ok(Some(Tensor::from_vec(out, x.dims(), &Device::Cpu)?))
 }
 
 /// Whether the row kernels below are compiled 16 lanes wide: where the AVX-512 tiles run (the
@@ -198,26 +129,6 @@ fn swish_in_place(fused: bool, act: Swish, ys: &mut [f32]) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = fused;
     body::<false>(act, ys)
-}
-
-/// `Σ f(x)` over `xs`: sixteen f32 lanes over blocks of 256 values, the blocks added in f64.
-fn sum_f64(xs: &[f32], f: impl Fn(f32) -> f32) -> f64 {
-    const LANES: usize = 16;
-    let mut total = 0f64;
-    for block in xs.chunks(256) {
-        let mut acc = [0f32; LANES];
-        let mut chunks = block.chunks_exact(LANES);
-        for ch in &mut chunks {
-            for (a, &v) in acc.iter_mut().zip(ch) {
-                *a += f(v);
-            }
-        }
-        for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
-            *a += f(v);
-        }
-        total += acc.iter().map(|&a| a as f64).sum::<f64>();
-    }
-    total
 }
 
 /// GEGLU's `hidden · gelu(gate)` (exact erf GELU) of an f32 CPU tensor `(..., 2·n)` whose last

@@ -15,7 +15,7 @@
 //! `up`/`down` resampling and `kernel` are not used by mid blocks and are rejected.
 
 use crate::config::defaults;
-use crate::cpu_kernels::{ConvExtras, Swish};
+use crate::cpu_kernels::{ConvExtras, MemoryFormat, Swish};
 use crate::layers::{group_norm, scale_shift, Activation, Conv2d, GroupNorm, Projection};
 use crate::trace;
 use crate::{Error, Result};
@@ -246,6 +246,12 @@ impl ResnetBlock2D {
     /// `(B, temb_channels)`, required when the block has a `time_emb_proj`, ignored otherwise
     /// (as in diffusers).
     pub fn forward(&self, input_tensor: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_as(input_tensor, temb, MemoryFormat::Contiguous)
+    }
+
+    /// [`Self::forward`] of an input PyTorch lays out as `format`: both norms then take that
+    /// layout's kernel (`conv1` and the time-embedding add keep it), as does the output.
+    pub fn forward_as(&self, input_tensor: &Tensor, temb: Option<&Tensor>, format: MemoryFormat) -> Result<Tensor> {
         crate::validate::input(Self::BLOCK, "input_tensor", input_tensor, &[])?;
         crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         let block = Self::BLOCK;
@@ -262,9 +268,9 @@ impl ResnetBlock2D {
         }
         let swish = |norm: &GroupNorm, x: &Tensor, stage: &str| -> candle_core::Result<Tensor> {
             match self.act {
-                Activation::Swish => norm.forward_swish(x, stage, Swish::Silu, |y| self.act.forward(y)),
+                Activation::Swish => norm.forward_swish_as(x, format, stage, Swish::Silu, |y| self.act.forward(y)),
                 act => {
-                    let normed = norm.forward(x)?;
+                    let normed = norm.forward_as(x, format)?;
                     trace::record(stage, &normed);
                     act.forward(&normed)
                 }
@@ -294,16 +300,18 @@ impl ResnetBlock2D {
         let h = self.conv1.forward_traced(&h, "conv1", extras)?;
         let h = match scale_shift_temb {
             Some(temb) => {
-                let normed = self.norm2.forward(&h)?;
+                let normed = self.norm2.forward_as(&h, format)?;
                 trace::record("norm2", &normed);
                 let half = temb.dim(1)? / 2;
                 let (scale, shift) = (temb.narrow(1, 0, half)?, temb.narrow(1, half, half)?);
                 self.act.forward(&scale_shift(&normed, &scale, &shift)?)?
             }
             None => match pre_add {
-                Some(t) => self
-                    .norm2
-                    .forward_swish_add(&h, t, "norm2", Swish::Silu, |y| self.act.forward(y))?,
+                Some(t) => {
+                    let act = |y: &Tensor| self.act.forward(y);
+                    self.norm2
+                        .forward_swish_add_as(&h, t, format, "norm2", Swish::Silu, act)?
+                }
                 None => swish(&self.norm2, &h, "norm2")?,
             },
         };

@@ -17,6 +17,7 @@
 //! is a "not supported" error: no diffusers mid block can build it (`UNetMidBlock2D` hands
 //! `"ada_group"` to `ResnetBlock2D`, which raises), and `up`/`down` are not used by mid blocks.
 
+use crate::cpu_kernels::MemoryFormat;
 use crate::layers::{Activation, Conv2d, SpatialNorm};
 use crate::trace;
 use crate::{Error, Result};
@@ -99,11 +100,17 @@ impl ResnetBlockCondNorm2D {
     /// `forward(input_tensor, temb)`: `input_tensor` `(B, in_channels, H, W)`, `temb` the quantized
     /// latent `zq` `(B, temb_channels, h, w)` (nearest-resized to `(H, W)`).
     pub fn forward(&self, input_tensor: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_as(input_tensor, temb, MemoryFormat::Contiguous)
+    }
+
+    /// [`Self::forward`] of an input PyTorch lays out as `format` (its norms' kernel; the
+    /// convolutions keep the layout, so both norms see it).
+    pub fn forward_as(&self, input_tensor: &Tensor, temb: Option<&Tensor>, format: MemoryFormat) -> Result<Tensor> {
         crate::validate::input(Self::BLOCK, "input_tensor", input_tensor, &[])?;
         crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         let zq = self.check_inputs(input_tensor, temb)?;
         let norm = |n: &SpatialNorm, x: &Tensor, stage: &str| -> candle_core::Result<Tensor> {
-            let normed = n.forward(x, zq)?;
+            let normed = n.forward_as(x, zq, format)?;
             trace::record(stage, &normed);
             self.act.forward(&normed)
         };

@@ -21,7 +21,7 @@
 //! In f16/bf16 every step rounds where PyTorch's CPU kernels round: the sigmoid in the
 //! parameter's dtype, `1 − alpha`, each product and the sum.
 
-use crate::cpu_kernels::Swish;
+use crate::cpu_kernels::{MemoryFormat, Swish};
 use crate::diffusers::resnet::{ResnetBlock2D, ResnetBlock2DConfig};
 use crate::diffusers::transformers::temporal::FrameConv;
 use crate::layers::{group_norm, Activation, GroupNorm, Projection};
@@ -166,10 +166,11 @@ impl TemporalResnetBlock {
         })
     }
 
-    /// `x` `(B, C, F, H, W)`, `temb` `(B, F, temb_channels)`.
-    fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+    /// `x` `(B, C, F, H, W)` laid out in PyTorch as `format` (its `norm1`'s kernel; `conv1`'s
+    /// output is contiguous again), `temb` `(B, F, temb_channels)`.
+    fn forward(&self, x: &Tensor, temb: Option<&Tensor>, format: MemoryFormat) -> Result<Tensor> {
         let silu = |y: &Tensor| Activation::Swish.forward(y);
-        let h = self.norm1.forward_swish(x, "norm1", Swish::Silu, silu)?;
+        let h = self.norm1.forward_swish_as(x, format, "norm1", Swish::Silu, silu)?;
         let mut h = self.conv1.forward(&h)?;
         trace::record("conv1", &h);
         if let (Some(proj), Some(temb)) = (&self.time_emb_proj, temb) {
@@ -269,19 +270,38 @@ impl SpatioTemporalResBlock {
         temb: Option<&Tensor>,
         image_only_indicator: &Tensor,
     ) -> Result<Tensor> {
+        self.forward_as(hidden_states, temb, image_only_indicator, MemoryFormat::Contiguous)
+    }
+
+    /// [`Self::forward`] of an input PyTorch lays out as `format`: the spatial resnet's norms
+    /// take that layout's kernel, and a channels_last input with 2 or more frames reaches
+    /// `temporal_res_block.norm1` as `channels_last_3d` (the frames permuted out of the batch of
+    /// an NHWC tensor), its channels_last kernel; with one frame that view's strides are not
+    /// taken for channels_last_3d, and PyTorch copies it contiguous.
+    pub fn forward_as(
+        &self,
+        hidden_states: &Tensor,
+        temb: Option<&Tensor>,
+        image_only_indicator: &Tensor,
+        format: MemoryFormat,
+    ) -> Result<Tensor> {
         crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
         crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         crate::validate::input(Self::BLOCK, "image_only_indicator", image_only_indicator, &[])?;
         let block = Self::BLOCK;
         let h = trace::scope("spatial_res_block", || {
-            self.spatial_res_block.forward(hidden_states, temb)
+            self.spatial_res_block.forward_as(hidden_states, temb, format)
         })?;
         let (bf, c, hh, ww) = h.dims4()?;
         let (b, f) = frames_of(block, image_only_indicator, bf)?;
         let mix = h.reshape((b, f, c, hh, ww))?.permute((0, 2, 1, 3, 4))?.contiguous()?;
         let temb = temb.map(|t| t.reshape((b, f, ()))).transpose()?;
+        let temporal = match format {
+            MemoryFormat::ChannelsLast if f >= 2 => MemoryFormat::ChannelsLast,
+            _ => MemoryFormat::Contiguous,
+        };
         let t = trace::scope("temporal_res_block", || {
-            self.temporal_res_block.forward(&mix, temb.as_ref())
+            self.temporal_res_block.forward(&mix, temb.as_ref(), temporal)
         })?;
         let out = trace::scope("time_mixer", || -> Result<Tensor> {
             let out = self.time_mixer.forward(&mix, &t, Some(image_only_indicator))?;

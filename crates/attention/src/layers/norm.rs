@@ -4,7 +4,7 @@
 
 use super::{interpolate_nearest2d, Projection};
 use crate::cpu::contiguous;
-use crate::cpu_kernels::Swish;
+use crate::cpu_kernels::{MemoryFormat, NormForm, Swish};
 use crate::ops::{mul, upcast};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
@@ -17,8 +17,10 @@ pub fn group_norm(vb: VarBuilder, block: &'static str, groups: usize, channels: 
     GroupNorm::load(vb, block, groups, channels, eps)
 }
 
-/// `nn.LayerNorm(dim, eps, elementwise_affine)` over the last dimension: two-pass mean and
-/// biased variance, then the affine, all in at least f32 (as PyTorch's CPU kernel), cast back.
+/// `nn.LayerNorm(dim, eps, elementwise_affine)` over the last dimension, in at least f32, cast
+/// back: on the CPU in f32 PyTorch's own kernel ([`crate::cpu_kernels::layer_norm`]: its Welford
+/// moments and its `((x − mean)·rstd)·γ + β`), elsewhere (f64, other devices) a two-pass mean
+/// and biased variance, then `(x − mean)/sqrt(var + eps)·γ + β`.
 /// Keys `weight`, `bias` when `affine`. On CUDA with the CUDA layers on, one fused kernel of
 /// the same arithmetic (`unet_attention::cuda::layer_norm` (feature `cuda`)).
 #[derive(Debug, Clone)]
@@ -83,6 +85,14 @@ impl Module for LayerNorm {
         let dtype = x.dtype();
         let compute = crate::ops::compute_dtype(dtype);
         let x = x.to_dtype(compute)?;
+        let affine = match (&self.weight, &self.bias) {
+            (Some(w), Some(b)) => Some((w.to_dtype(compute)?, b.to_dtype(compute)?)),
+            _ => None,
+        };
+        let pair = affine.as_ref().map(|(w, b)| (w, b));
+        if let Some(y) = crate::cpu_kernels::layer_norm(&x, pair, self.eps, dtype)? {
+            return y.to_dtype(dtype);
+        }
         let centered = x.broadcast_sub(&x.mean_keepdim(candle_core::D::Minus1)?)?;
         let var = centered.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
         let mut y = centered.broadcast_div(&(var + self.eps)?.sqrt()?)?;
@@ -204,8 +214,10 @@ impl Module for BatchNorm2d {
 /// (`super().forward(x.float()).type(x.dtype)`). f16/bf16 inputs and weights are upcast to f32;
 /// f32 and f64 stay as they are (a float64 reference run keeps the whole block in float64).
 /// Candle's own `GroupNorm` normalises in f32 but applies the affine in the input dtype (three
-/// roundings instead of one). On the CPU the f32 computation is [`crate::cpu_kernels::group_norm`]
-/// (PyTorch's per-channel scale and shift, one pass), elsewhere Candle's ops.
+/// roundings instead of one). On the CPU the f32 computation is [`crate::cpu_kernels::group_norm_as`]:
+/// PyTorch's own CPU kernel for the input's [`MemoryFormat`] (its moments, its per-channel
+/// scale and shift, one pass; the blocks pass [`MemoryFormat::ChannelsLast`] where PyTorch's
+/// input is channels_last, see [`Self::forward_as`]), elsewhere Candle's ops.
 ///
 /// The weight and bias are loaded in the compute dtype of the run (f32 for f16/bf16 runs, else
 /// the run's dtype), never rounded to the half type: guided-diffusion's half-precision mode
@@ -223,6 +235,8 @@ pub struct GroupNorm {
     groups: usize,
     channels: usize,
     eps: f64,
+    /// PyTorch's kernel sees an f32 input whatever the block's dtype (`GroupNorm32`).
+    float_input: bool,
 }
 
 impl GroupNorm {
@@ -245,7 +259,43 @@ impl GroupNorm {
             groups,
             channels,
             eps,
+            float_input: false,
         })
+    }
+
+    /// OpenAI's `GroupNorm32` (`super().forward(x.float()).type(x.dtype)`): PyTorch's kernel
+    /// reads an f32 input in a half-precision block (its f32 vectors, not its half ones).
+    pub fn float_input(self) -> Self {
+        Self {
+            float_input: true,
+            ..self
+        }
+    }
+
+    /// How PyTorch's kernel computes this norm of `x` laid out as `format`.
+    fn form(&self, x: &Tensor, format: MemoryFormat) -> NormForm {
+        let input = if self.float_input { DType::F32 } else { x.dtype() };
+        NormForm { format, input }
+    }
+
+    /// The norm of `x` as PyTorch computes it when its input is laid out as `format`: PyTorch's
+    /// CPU GroupNorm has a kernel for contiguous and one for channels_last input, which round
+    /// differently (see [`crate::cpu_kernels::group_norm_as`]). [`Module::forward`] is the
+    /// contiguous one.
+    pub fn forward_as(&self, x: &Tensor, format: MemoryFormat) -> candle_core::Result<Tensor> {
+        if let Some(y) = self.fused_cuda(x, None, None)? {
+            return Ok(y);
+        }
+        let dtype = crate::ops::compute_dtype(x.dtype());
+        // Any layout: the transposed token views of the diffusers blocks are copied once here.
+        let xc = contiguous(&x.to_dtype(dtype)?)?;
+        let (w, b) = (self.weight.to_dtype(dtype)?, self.bias.to_dtype(dtype)?);
+        let form = self.form(x, format);
+        if let Some(y) = crate::cpu_kernels::group_norm_as(&xc, (&w, &b), (self.groups, self.eps), form, None)? {
+            return y.to_dtype(x.dtype());
+        }
+        let norm = candle_nn::GroupNorm::new(w, b, self.channels, self.groups, self.eps)?;
+        norm.forward(&xc)?.to_dtype(x.dtype())
     }
 
     /// `act(norm(x))`, with the norm's output recorded as the trace stage `stage`. In f32 on
@@ -259,17 +309,30 @@ impl GroupNorm {
         swish: Swish,
         act: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
     ) -> candle_core::Result<Tensor> {
+        self.forward_swish_as(x, MemoryFormat::Contiguous, stage, swish, act)
+    }
+
+    /// [`Self::forward_swish`] of an input PyTorch lays out as `format` ([`Self::forward_as`]).
+    pub fn forward_swish_as(
+        &self,
+        x: &Tensor,
+        format: MemoryFormat,
+        stage: &str,
+        swish: Swish,
+        act: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor> {
         if let Some(y) = self.fused_cuda(x, None, Some(swish))? {
             return Ok(y);
         }
         if x.dtype() == DType::F32 && !crate::trace::enabled() {
             let xc = contiguous(x)?;
             let (w, b) = (&self.weight, &self.bias);
-            if let Some(y) = crate::cpu_kernels::group_norm_act(&xc, w, b, self.groups, self.eps, Some(swish))? {
+            let (form, groups) = (self.form(x, format), (self.groups, self.eps));
+            if let Some(y) = crate::cpu_kernels::group_norm_as(&xc, (w, b), groups, form, Some(swish))? {
                 return Ok(y);
             }
         }
-        let normed = self.forward(x)?;
+        let normed = self.forward_as(x, format)?;
         crate::trace::record(stage, &normed);
         act(&normed)
     }
@@ -289,13 +352,26 @@ impl GroupNorm {
         swish: Swish,
         act: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
     ) -> candle_core::Result<Tensor> {
+        self.forward_swish_add_as(x, add, MemoryFormat::Contiguous, stage, swish, act)
+    }
+
+    /// [`Self::forward_swish_add`] of an input PyTorch lays out as `format`.
+    pub fn forward_swish_add_as(
+        &self,
+        x: &Tensor,
+        add: &Tensor,
+        format: MemoryFormat,
+        stage: &str,
+        swish: Swish,
+        act: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor> {
         if let Some(y) = self.fused_cuda(x, Some(add), Some(swish))? {
             return Ok(y);
         }
         let mut shape = add.dims().to_vec();
         shape.resize(x.rank(), 1);
         let sum = x.broadcast_add(&add.reshape(shape)?)?;
-        self.forward_swish(&sum, stage, swish, act)
+        self.forward_swish_as(&sum, format, stage, swish, act)
     }
 
     /// Whether a resnet should hand its `h + add[:, :, None, None]` to
@@ -349,18 +425,7 @@ impl GroupNorm {
 
 impl Module for GroupNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if let Some(y) = self.fused_cuda(x, None, None)? {
-            return Ok(y);
-        }
-        let dtype = crate::ops::compute_dtype(x.dtype());
-        // Any layout: the transposed token views of the diffusers blocks are copied once here.
-        let xc = contiguous(&x.to_dtype(dtype)?)?;
-        let (w, b) = (self.weight.to_dtype(dtype)?, self.bias.to_dtype(dtype)?);
-        if let Some(y) = crate::cpu_kernels::group_norm(&xc, &w, &b, self.groups, self.eps)? {
-            return y.to_dtype(x.dtype());
-        }
-        let norm = candle_nn::GroupNorm::new(w, b, self.channels, self.groups, self.eps)?;
-        norm.forward(&xc)?.to_dtype(x.dtype())
+        self.forward_as(x, MemoryFormat::Contiguous)
     }
 }
 
@@ -444,9 +509,14 @@ impl SpatialNorm {
 
     /// `f`: `(B, f_channels, H, W)`; `zq`: `(B or 1, zq_channels, h, w)` → `(B, f_channels, H, W)`.
     pub fn forward(&self, f: &Tensor, zq: &Tensor) -> candle_core::Result<Tensor> {
+        self.forward_as(f, zq, MemoryFormat::Contiguous)
+    }
+
+    /// [`Self::forward`] of an `f` PyTorch lays out as `format` (its GroupNorm's kernel).
+    pub fn forward_as(&self, f: &Tensor, zq: &Tensor, format: MemoryFormat) -> candle_core::Result<Tensor> {
         let (_, _, h, w) = f.dims4()?;
         let zq = interpolate_nearest2d(zq, h, w)?;
-        let norm_f = self.norm_layer.forward(f)?;
+        let norm_f = self.norm_layer.forward_as(f, format)?;
         norm_f
             .broadcast_mul(&self.conv_y.forward_channels(&zq)?)?
             .broadcast_add(&self.conv_b.forward_channels(&zq)?)

@@ -24,6 +24,7 @@
 use super::autoencoder_kl_config::AutoencoderKLConfig;
 use super::folder::ModelFolder;
 use super::unet_blocks::{layer, Downsample2D, Upsample2D};
+use crate::cpu_kernels::MemoryFormat;
 use crate::diffusers::model_config::{mid_blocks, ModelClass};
 use crate::diffusers::resnet::{ResnetBlock2D, ResnetBlock2DConfig};
 use crate::diffusers::unets::mid_block::{UNetMidBlock2D, UNetMidBlock2DConfig};
@@ -125,10 +126,11 @@ impl VaeBlock {
             .collect()
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `x` laid out in PyTorch as `format` (resnets, interpolation and convolutions keep it).
+    fn forward(&self, x: &Tensor, format: MemoryFormat) -> Result<Tensor> {
         let mut h = x.clone();
         for (i, r) in self.resnets.iter().enumerate() {
-            h = layer("resnets", i, || r.forward(&h, None))?;
+            h = layer("resnets", i, || r.forward_as(&h, None, format))?;
         }
         if let Some(d) = &self.downsampler {
             h = layer("downsamplers", 0, || d.forward(&h))?;
@@ -157,8 +159,8 @@ impl Head {
         })
     }
 
-    fn forward(&self, h: &Tensor) -> Result<Tensor> {
-        let normed = self.conv_norm_out.forward(h)?;
+    fn forward(&self, h: &Tensor, format: MemoryFormat) -> Result<Tensor> {
+        let normed = self.conv_norm_out.forward_as(h, format)?;
         trace::record("conv_norm_out", &normed);
         let act = self.act.forward(&normed)?;
         trace::record("conv_act", &act);
@@ -232,29 +234,34 @@ impl Coder {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `x` laid out in PyTorch as `format`; the output with its layout. PyTorch's tensor turns
+    /// channels_last at the mid block's attention (see [`UNetMidBlock2D::forward_as`]) and stays
+    /// so to the end, so the decoder of `forward` (fed the encoder's output) is channels_last
+    /// throughout, that of `decode` from the mid attention on.
+    fn forward(&self, x: &Tensor, format: MemoryFormat) -> Result<(Tensor, MemoryFormat)> {
         let mut h = self.conv_in.forward_traced(x, "conv_in", Default::default())?;
+        let mut format = format;
         let (name, mid_first) = if self.blocks_after_mid {
             ("up_blocks", true)
         } else {
             ("down_blocks", false)
         };
         if mid_first {
-            h = self.mid(&h)?;
+            (h, format) = self.mid(&h, format)?;
         }
         for (i, b) in self.blocks.iter().enumerate() {
-            h = layer(name, i, || b.forward(&h))?;
+            h = layer(name, i, || b.forward(&h, format))?;
         }
         if !mid_first {
-            h = self.mid(&h)?;
+            (h, format) = self.mid(&h, format)?;
         }
-        self.head.forward(&h)
+        Ok((self.head.forward(&h, format)?, format))
     }
 
-    fn mid(&self, h: &Tensor) -> Result<Tensor> {
-        let out = trace::scope("mid_block", || self.mid_block.forward(h, None))?;
+    fn mid(&self, h: &Tensor, format: MemoryFormat) -> Result<(Tensor, MemoryFormat)> {
+        let (out, format) = trace::scope("mid_block", || self.mid_block.forward_as(h, None, format))?;
         trace::record("mid_block", &out);
-        Ok(out)
+        Ok((out, format))
     }
 }
 
@@ -318,6 +325,11 @@ impl AutoencoderKL {
     /// `encode(x).latent_dist`: `x` `(B, in_channels, H, W)` (images in [-1, 1]), H and W
     /// multiples of 2^(blocks − 1).
     pub fn encode(&self, xs: &Tensor) -> Result<DiagonalGaussianDistribution> {
+        Ok(self.encode_as(xs)?.0)
+    }
+
+    /// [`Self::encode`], with the layout of PyTorch's moments (that of the encoder's output).
+    fn encode_as(&self, xs: &Tensor) -> Result<(DiagonalGaussianDistribution, MemoryFormat)> {
         self.check_input("sample", xs, self.config.in_channels)?;
         let downsamplers = self.config.block_out_channels.len().saturating_sub(1);
         let need = Downsample2D::min_input(downsamplers, 0);
@@ -334,32 +346,38 @@ impl AutoencoderKL {
                 ),
             ));
         }
-        let h = trace::scope("encoder", || self.encoder.forward(xs))?;
+        let (h, format) = trace::scope("encoder", || self.encoder.forward(xs, MemoryFormat::Contiguous))?;
         trace::record("encoder", &h);
         let moments = match &self.quant_conv {
             Some(q) => q.forward_traced(&h, "quant_conv", Default::default())?,
             None => h,
         };
-        DiagonalGaussianDistribution::new(&moments)
+        Ok((DiagonalGaussianDistribution::new(&moments)?, format))
     }
 
     /// `decode(z).sample`: `z` `(B, latent_channels, h, w)` (latents already divided by the
     /// scaling factor), to `(B, out_channels, h·2^(blocks − 1), w·2^(blocks − 1))`.
     pub fn decode(&self, z: &Tensor) -> Result<Tensor> {
+        self.decode_as(z, MemoryFormat::Contiguous)
+    }
+
+    /// [`Self::decode`] of a `z` PyTorch lays out as `format` (the mean of `encode`'s moments,
+    /// a channel slice of a channels_last tensor, in `forward`).
+    fn decode_as(&self, z: &Tensor, format: MemoryFormat) -> Result<Tensor> {
         self.check_input("z", z, self.config.latent_channels)?;
         let z = match &self.post_quant_conv {
             Some(p) => p.forward_traced(z, "post_quant_conv", Default::default())?,
             None => z.clone(),
         };
-        let out = trace::scope("decoder", || self.decoder.forward(&z))?;
+        let (out, _) = trace::scope("decoder", || self.decoder.forward(&z, format))?;
         trace::record("decoder", &out);
         Ok(out)
     }
 
     /// `forward(sample, sample_posterior=False)`: `decode(encode(sample).mode())`.
     pub fn forward(&self, sample: &Tensor) -> Result<Tensor> {
-        let posterior = self.encode(sample)?;
-        let out = self.decode(posterior.mode())?;
+        let (posterior, format) = self.encode_as(sample)?;
+        let out = self.decode_as(posterior.mode(), format)?;
         trace::record("output", &out);
         Ok(out)
     }

@@ -106,7 +106,8 @@ impl ResBlock {
                 NORM_GROUPS,
                 c,
                 NORM_EPS,
-            )?,
+            )?
+            .float_input(),
             in_conv: Conv2d::load(vb.pp("in_layers.2"), c, out, 3, true)?,
             // `emb_layers` is not converted by `convert_to_fp16`: its Linear keeps f32 weights (a
             // half-precision weight upcasts exactly); it runs in `emb`'s dtype (see `forward`).
@@ -123,7 +124,8 @@ impl ResBlock {
                 NORM_GROUPS,
                 out,
                 NORM_EPS,
-            )?,
+            )?
+            .float_input(),
             out_conv: Conv2d::load(vb.pp("out_layers.3"), out, out, 3, true)?,
             skip,
             scale_shift: cfg.use_scale_shift_norm,

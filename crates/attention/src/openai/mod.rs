@@ -174,7 +174,8 @@ impl AttentionBlock {
                 NORM_GROUPS,
                 c,
                 NORM_EPS,
-            )?,
+            )?
+            .float_input(),
             qkv: Projection::load(vb.pp("qkv"), block, c, 3 * c, true)?,
             proj_out: Projection::load(vb.pp("proj_out"), block, c, c, true)?,
         })

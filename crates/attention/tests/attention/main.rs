@@ -10,4 +10,5 @@ mod finite_masks;
 mod fused_path;
 mod half_overflow;
 mod layering;
+mod norm_kernels;
 mod sdpa_paths;

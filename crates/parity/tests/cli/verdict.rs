@@ -94,8 +94,9 @@ fn old_bound(r: &[f64], epsilons: f64) -> Vec<f64> {
 
 /// Whole-output bias errors that forged twins at 85–97 % of the earlier bound let pass: PyTorch's
 /// output moved by 90 % of that bound (our honest output is then that far off, a bias), the twin
-/// left on our output. Refused now in every dtype: beyond the twin bounds, and our float64 run
-/// does not confirm the twin.
+/// left on our output. Never a PASS now, in every dtype: beyond the twin bounds, the twin is not
+/// our float64 run's output (a FAIL), or PyTorch's output is implausible next to ours
+/// (inconclusive).
 #[test]
 fn forged_twins_license_no_bias() {
     let dir = scratch("verdict-forged-bias");
@@ -117,8 +118,12 @@ fn forged_twins_license_no_bias() {
         let bound = old_bound(&f64s(&b.tensors[TWIN]), eps);
         let p = forged(rel, &dir, |i, x| x + 0.9 * bound[i], |_, _, o| o);
         let (code, out, err) = check(&p, &[]);
-        assert_eq!(code, 2, "{rel} with a bias of 90 % of the old bound: {out}{err}");
-        assert!(err.contains("does not confirm"), "{err}");
+        assert!(code == 1 || code == 3, "{rel} with a bias of 90 % of the old bound: {out}{err}");
+        let said = format!("{out}{err}");
+        assert!(
+            said.contains("float64 run differs") || said.contains("cannot show"),
+            "{said}"
+        );
     }
 }
 

@@ -23,6 +23,7 @@
 //! processors); this module only wires them as diffusers does.
 
 use crate::config::defaults;
+use crate::cpu_kernels::MemoryFormat;
 use crate::diffusers::attention::{Attention, AttentionConfig, CrossAttentionNorm, Processor};
 use crate::diffusers::resnet::{ResnetBlock2D, ResnetBlock2DConfig};
 use crate::diffusers::unets::mid_block::{mid_block_config, MidStack};
@@ -179,10 +180,17 @@ impl UNetMidBlock2DSimpleCrossAttn {
             Some(m) => Some(m),
             None => encoder_hidden_states.and(encoder_attention_mask),
         };
+        // After an attention PyTorch's tensor is channels_last (`AttnAddedKVProcessor`'s
+        // `transpose(-1, -2).reshape(residual.shape) + residual`): the resnets after it take the
+        // channels_last GroupNorm kernel.
+        let layout = std::cell::Cell::new(MemoryFormat::Contiguous);
         let h = self.layers.forward(
             hidden_states,
-            |resnet, h| resnet.forward(h, temb),
-            |attn, h| attn.forward(h, encoder_hidden_states, mask),
+            |resnet, h| resnet.forward_as(h, temb, layout.get()),
+            |attn, h| {
+                layout.set(MemoryFormat::of_attention_output(h.dims()));
+                attn.forward(h, encoder_hidden_states, mask)
+            },
         )?;
         trace::record("output", &h);
         Ok(h)

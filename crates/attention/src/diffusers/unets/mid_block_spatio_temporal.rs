@@ -17,6 +17,7 @@
 //! as an image, which the U-Net's `learned_with_images` mixers then take from the spatial path).
 
 use crate::config::defaults;
+use crate::cpu_kernels::MemoryFormat;
 use crate::diffusers::attention::{Attention, AttentionConfig};
 use crate::diffusers::spatio_temporal::{MergeStrategy, SpatioTemporalResBlock, SpatioTemporalResBlockSpec};
 use crate::diffusers::transformers::transformer_spatio_temporal::{
@@ -259,8 +260,11 @@ impl MidBlockTemporalDecoder {
         let ioi = required_indicator(Self::BLOCK, image_only_indicator)?;
         let mut h = trace::scope("resnets.0", || self.resnets[0].forward(hidden_states, None, ioi))?;
         if let Some(resnet) = self.resnets.get(1) {
+            // The attention returns a channels_last tensor in PyTorch: `resnets.1` then takes
+            // the channels_last GroupNorm kernels.
+            let format = MemoryFormat::of_attention_output(h.dims());
             h = trace::scope("attentions.0", || self.attention.forward(&h, None, None))?;
-            h = trace::scope("resnets.1", || resnet.forward(&h, None, ioi))?;
+            h = trace::scope("resnets.1", || resnet.forward_as(&h, None, ioi, format))?;
         }
         trace::record("output", &h);
         Ok(h)

@@ -4,6 +4,7 @@
 
 use super::{mid_block_config, MidStack, TimeScaleShift};
 use crate::config::defaults;
+use crate::cpu_kernels::MemoryFormat;
 use crate::diffusers::attention::{Attention, AttentionConfig};
 use crate::diffusers::resnet::ResnetBlock2D;
 use crate::diffusers::resnet_cond_norm::{ResnetBlockCondNorm2D, ResnetBlockCondNorm2DConfig};
@@ -11,6 +12,7 @@ use crate::trace;
 use crate::{config, Error, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
+use std::cell::Cell;
 
 mid_block_config! {
     /// Keyword arguments of `UNetMidBlock2D(in_channels, temb_channels, dropout=0.0, num_layers=1,
@@ -51,10 +53,10 @@ enum MidResnet {
 }
 
 impl MidResnet {
-    fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, temb: Option<&Tensor>, format: MemoryFormat) -> Result<Tensor> {
         match self {
-            MidResnet::Plain(r) => r.forward(x, temb),
-            MidResnet::Spatial(r) => r.forward(x, temb),
+            MidResnet::Plain(r) => r.forward_as(x, temb, format),
+            MidResnet::Spatial(r) => r.forward_as(x, temb, format),
         }
     }
 }
@@ -133,18 +135,35 @@ impl UNetMidBlock2D {
     /// `forward(hidden_states, temb=None)`: `(B, in_channels, H, W)`, `temb` `(B, temb_channels)`
     /// (the zq map `(B, temb_channels, h, w)` with `"spatial"`).
     pub fn forward(&self, hidden_states: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
+        Ok(self.forward_as(hidden_states, temb, MemoryFormat::Contiguous)?.0)
+    }
+
+    /// [`Self::forward`] of an input PyTorch lays out as `format`, with the layout of the
+    /// output: after an attention PyTorch's tensor is channels_last
+    /// ([`MemoryFormat::of_attention_output`]), and the resnets after it take the channels_last
+    /// GroupNorm kernel (`resnets.1+`, as the AutoencoderKL's encoder and decoder run them).
+    pub fn forward_as(
+        &self,
+        hidden_states: &Tensor,
+        temb: Option<&Tensor>,
+        format: MemoryFormat,
+    ) -> Result<(Tensor, MemoryFormat)> {
         crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
         crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
+        let layout = Cell::new(format);
         let h = self.layers.forward(
             hidden_states,
-            |resnet, h| resnet.forward(h, temb),
+            |resnet, h| resnet.forward(h, temb, layout.get()),
             |attn, h| match attn {
-                Some(attn) => attn.forward_with_temb(h, None, None, temb),
+                Some(attn) => {
+                    layout.set(MemoryFormat::of_attention_output(h.dims()));
+                    attn.forward_with_temb(h, None, None, temb)
+                }
                 // `add_attention=False`: nothing runs, nothing is recorded under `attentions.i`.
                 None => Ok(h.clone()),
             },
         )?;
         trace::record("output", &h);
-        Ok(h)
+        Ok((h, layout.get()))
     }
 }
