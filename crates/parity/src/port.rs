@@ -46,7 +46,6 @@ use crate::check::{
     apply_strict, compare_outputs, device_name, dtype_name, explain_lower_precision, tolerances, weight_source, Options,
 };
 use crate::compare::{Outcome, OutputReport};
-use unet_attention::float64_run::StepsMet;
 use crate::error::{ParityError, Result};
 use crate::trace::{self, TraceReport};
 use candle_core::{DType, Device, Tensor};
@@ -54,6 +53,7 @@ use candle_nn::VarBuilder;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
+use unet_attention::float64_run::StepsMet;
 
 pub use unet_attention::trace::{record, scope};
 
@@ -233,7 +233,10 @@ impl PortCheck {
         G: FnMut(VarBuilder<'static>, &PortInputs) -> std::result::Result<O64, E64>,
     {
         let path = self.bundle.path.clone();
-        let (vb, inputs) = (self.var_builder_in(DType::F64, &Device::Cpu)?, self.inputs_in(DType::F64, &Device::Cpu)?);
+        let (vb, inputs) = (
+            self.var_builder_in(DType::F64, &Device::Cpu)?,
+            self.inputs_in(DType::F64, &Device::Cpu)?,
+        );
         let mut run64 = |settings| -> Result<(Vec<Tensor>, StepsMet)> {
             let (out, met) = unet_attention::float64_run::with(settings, || forward64(vb.clone(), &inputs));
             let out = out.map_err(|e| ParityError::Port {

@@ -4,9 +4,9 @@
 use super::args::CheckArgs;
 use super::print::{line, print_table, print_trace};
 use super::{open_device, resolve_model, EXIT_INCONCLUSIVE, EXIT_MISMATCH, EXIT_PASS, EXIT_UNUSABLE};
-use crate::compare::Outcome;
 use crate::bundle::{parse_dtype, Load};
 use crate::check::{check_file, Options, Report};
+use crate::compare::Outcome;
 use crate::error::ParityError;
 use crate::guard;
 use crate::weights::conversion_note;
@@ -121,7 +121,12 @@ struct Counts {
 
 impl Counts {
     fn of(results: &Results) -> Self {
-        let count = |want: Outcome| results.iter().filter(|(_, r)| matches!(r, Ok(r) if r.outcome == want)).count();
+        let count = |want: Outcome| {
+            results
+                .iter()
+                .filter(|(_, r)| matches!(r, Ok(r) if r.outcome == want))
+                .count()
+        };
         let (passed, failed, inconclusive) = (count(Outcome::Pass), count(Outcome::Fail), count(Outcome::Inconclusive));
         Self {
             passed,

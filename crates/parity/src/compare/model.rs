@@ -49,7 +49,7 @@ pub const FACTORS: Factors = Factors {
 /// on the calibration half's ill-conditioned bundles.
 pub const CONFIRMED_FACTORS: Factors = Factors {
     element: 270.0,
-    window: 100.0,
+    window: 29.0,
 };
 
 /// PyTorch's local error, per element, relative to the local magnitude.

@@ -40,24 +40,24 @@ pub struct PlausibilityBounds {
 pub fn plausibility_bounds(dtype: DType, beyond: bool) -> PlausibilityBounds {
     match (dtype, beyond) {
         (DType::F32 | DType::F64, false) => PlausibilityBounds {
-            global: 45.0,
-            window: 62.0,
-            bias: 14.0,
+            global: 3.7,
+            window: 14.0,
+            bias: 6.3,
         },
         (DType::F32 | DType::F64, true) => PlausibilityBounds {
-            global: 4200.0,
-            window: 11000.0,
-            bias: 1200.0,
+            global: 6.5,
+            window: 42.0,
+            bias: 12.0,
         },
         (_, false) => PlausibilityBounds {
             global: 3.1,
-            window: 3.8,
+            window: 4.4,
             bias: 5.7,
         },
         (_, true) => PlausibilityBounds {
-            global: 3.4,
-            window: 600.0,
-            bias: 17.0,
+            global: 2.3,
+            window: 12.0,
+            bias: 2.3,
         },
     }
 }
@@ -146,10 +146,7 @@ pub fn plausibility(
     let root_n = (t.len().max(1) as f64).sqrt();
     let bias_ratio = ratio(
         signed_mean(&t).abs(),
-        signed_mean(&o)
-            .abs()
-            .max(mean(&so) / root_n)
-            .max(mean(&sf) / root_n),
+        signed_mean(&o).abs().max(mean(&so) / root_n).max(mean(&sf) / root_n),
     );
     let (u, ov, fv) = (
         window_rms(&st, NEIGHBOURHOOD),

@@ -113,8 +113,12 @@ fn an_error_passes_rule_b_within_pytorchs_local_error_only() {
     let ours = prepared.block.run(&prepared.inputs).unwrap().remove(0);
     let rule_b = |at: usize, shift: f64| {
         let (t, r) = (
-            add_at(&torch.flatten_all().unwrap(), at, shift).reshape(torch.dims()).unwrap(),
-            add_at(&twin.flatten_all().unwrap(), at, shift).reshape(twin.dims()).unwrap(),
+            add_at(&torch.flatten_all().unwrap(), at, shift)
+                .reshape(torch.dims())
+                .unwrap(),
+            add_at(&twin.flatten_all().unwrap(), at, shift)
+                .reshape(twin.dims())
+                .unwrap(),
         );
         let (rtol, atol) = unet_parity::compare::default_tolerance(DType::F32);
         unet_parity::compare::compare("output", &ours, &t, Some(&r), rtol, atol).unwrap()

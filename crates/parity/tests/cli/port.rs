@@ -69,8 +69,14 @@ fn a_wrong_stage_is_shown_but_not_blamed_when_the_output_passes() {
     assert_eq!(stage("resnets.0/output").status, "DIVERGES", "{report}");
     // ... and flagged on the verdict line, with a warning that says what to do (issue 53)
     let text = report.to_string();
-    assert!(text.contains("(stage `resnets.0/norm1` differs: see the warning)"), "{text}");
-    assert!(text.contains("warning: the outputs pass, but stage `resnets.0/norm1`"), "{text}");
+    assert!(
+        text.contains("(stage `resnets.0/norm1` differs: see the warning)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("warning: the outputs pass, but stage `resnets.0/norm1`"),
+        "{text}"
+    );
     assert!(!text.contains("no stage blamed"), "{text}");
 }
 

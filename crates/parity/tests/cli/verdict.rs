@@ -118,7 +118,10 @@ fn forged_twins_license_no_bias() {
         let bound = old_bound(&f64s(&b.tensors[TWIN]), eps);
         let p = forged(rel, &dir, |i, x| x + 0.9 * bound[i], |_, _, o| o);
         let (code, out, err) = check(&p, &[]);
-        assert!(code == 1 || code == 3, "{rel} with a bias of 90 % of the old bound: {out}{err}");
+        assert!(
+            code == 1 || code == 3,
+            "{rel} with a bias of 90 % of the old bound: {out}{err}"
+        );
         let said = format!("{out}{err}");
         assert!(
             said.contains("float64 run differs") || said.contains("cannot show"),
@@ -329,7 +332,11 @@ fn with_output(rel: &str, dir: &Path, name: &str, output: &Tensor, twin: bool) -
 
 /// Every forged PyTorch output, in float32, float16 and bfloat16, of a block and of the whole VAE
 /// and U-Net, is not a PASS, with and without `--trace` (with the twin it is inconclusive or a
-/// FAIL; the same output without a twin is a FAIL), while the honest bundle passes.
+/// FAIL; the same output without a twin is a FAIL), while the honest bundle passes. One exception,
+/// measured and documented (docs/cli.md, "What PASS means"): `+1e-3` on the bfloat16 VAE
+/// attention is an eighth of a bfloat16 ulp there and rounds back to PyTorch's own output in 65 %
+/// of the elements; what is left (one ulp up at the rest) is within what honest bfloat16 runs show
+/// on average (3.8 times ours against a bound of 5.7).
 #[test]
 fn a_forged_pytorch_output_is_never_a_pass() {
     let dir = scratch("verdict-forged-output");
@@ -346,12 +353,18 @@ fn a_forged_pytorch_output_is_never_a_pass() {
         assert_eq!(code, 0, "honest {rel}: {out}{err}");
         let t = RawBundle::read(&weights().join(rel)).tensors[OUT].clone();
         for (kind, forged) in forgeries(&t) {
+            if rel.ends_with("_bf16.safetensors") && kind == "+1e-3" {
+                continue;
+            }
             let name = format!("{}-{kind}", rel.replace('/', "-"));
             let p = with_output(rel, &dir, &name, &forged, true);
             let modes: &[&[&str]] = if traced { &[&[], &["--trace"]] } else { &[&[]] };
             for extra in modes {
                 let (code, out, err) = check(&p, extra);
-                assert!(code == 1 || code == 3, "{rel} {kind} {extra:?}: exit {code}\n{out}{err}");
+                assert!(
+                    code == 1 || code == 3,
+                    "{rel} {kind} {extra:?}: exit {code}\n{out}{err}"
+                );
                 assert!(!out.contains("1 passed"), "{rel} {kind}: {out}");
             }
             let p = with_output(rel, &dir, &format!("{name}-no-twin"), &forged, false);
@@ -384,7 +397,9 @@ fn an_implausible_pytorch_output_is_inconclusive() {
 }
 
 fn verdict_data(name: &str) -> std::path::PathBuf {
-    crate::common::root().join("crates/parity/tests/data/verdict").join(name)
+    crate::common::root()
+        .join("crates/parity/tests/data/verdict")
+        .join(name)
 }
 
 /// PyTorch's float32 run with a wrong eps (a float32-only bug: a fused kernel, a dtype-dependent
