@@ -20,7 +20,9 @@
 use candle_core::{DType, Tensor};
 use serde_json::{json, Value};
 use unet_parity::compare::{
-    check_reference, compare, maths::needed_factor, plausibility, twin_error_eps, ErrorModel, Float64Runs,
+    check_reference, compare,
+    maths::{needed_factor, twin_is_the_odd_one},
+    plausibility, twin_error_eps, Float64Runs,
 };
 
 /// The embedding factors at which the maths check's needed factor is reported.
@@ -92,33 +94,9 @@ pub fn case_line(case: &Case, name: &str, dtype: DType, emb: Option<(&Tensor, &T
             let k = needed(kept, "casts kept")?;
             line["maths_kept"] = k.iter().map(|x| factor(Some(*x))).collect::<Vec<_>>().into();
         }
-        line["odd_twin"] = odd_twin(&case.torch, &case.reference, ours64)?.into();
+        line["odd_twin"] = twin_is_the_odd_one(&case.torch, &case.reference, ours64)?.into();
     }
     Ok(line)
-}
-
-/// Whether PyTorch's output is at least 4 times closer to our float64 run than to its own float64
-/// output (as `check` decides it).
-fn odd_twin(t: &Tensor, r: &Tensor, o64: &Tensor) -> candle_core::Result<bool> {
-    let flat = |x: &Tensor| x.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>();
-    let (t, r, o) = (flat(t)?, flat(r)?, flat(o64)?);
-    let model = ErrorModel::new(&t, &r);
-    let rms = |a: &[f64], b: &[f64]| {
-        let s: f64 = a
-            .iter()
-            .zip(b)
-            .zip(&model.scale)
-            .map(|((x, y), m)| {
-                if *m > 0.0 && (x - y).is_finite() {
-                    ((x - y) / m).powi(2)
-                } else {
-                    0.0
-                }
-            })
-            .sum();
-        (s / a.len().max(1) as f64).sqrt()
-    };
-    Ok(rms(&t, &o) <= rms(&t, &r) / 4.0)
 }
 
 /// The forged PyTorch outputs of `t` (in `dtype`).

@@ -161,38 +161,6 @@ impl OurFloat64<'_, '_> {
     }
 }
 
-/// Whether PyTorch's output is much closer to our float64 run than to its own float64 output
-/// (RMS distances relative to the local magnitude, a quarter or less): then the float64 output is
-/// the odd one of the three, not our block.
-fn twin_is_the_odd_one(
-    torch: &candle_core::Tensor,
-    reference: &candle_core::Tensor,
-    ours64: &candle_core::Tensor,
-) -> candle_core::Result<bool> {
-    let flat = |t: &candle_core::Tensor| t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>();
-    let (t, r, o) = (flat(torch)?, flat(reference)?, flat(ours64)?);
-    if o.len() != r.len() {
-        return Ok(false);
-    }
-    let scale = crate::compare::model::local_scale(&r);
-    let rms = |a: &[f64], b: &[f64]| {
-        let sum: f64 = a
-            .iter()
-            .zip(b)
-            .zip(&scale)
-            .map(|((x, y), m)| {
-                if *m > 0.0 && (x - y).is_finite() {
-                    ((x - y) / m).powi(2)
-                } else {
-                    0.0
-                }
-            })
-            .sum();
-        (sum / a.len().max(1) as f64).sqrt()
-    };
-    Ok(rms(&t, &o) <= rms(&t, &r) / 4.0)
-}
-
 /// Our outputs (on the CPU, in the bundle's output order) against the bundle's, under the pass
 /// rule of the run's dtype (see the module docs): rule (a) and (b) in the dtype, the maths check
 /// of our float64 run where there is one, the plausibility of PyTorch's output where an output
@@ -243,7 +211,7 @@ pub(crate) fn compare_outputs(
             if let Some(why) = beyond.as_ref().filter(|_| dtype != DType::F64) {
                 beyond_twin(path, name, why, maths.as_ref(), || {
                     let o64 = ours64.plain_output(index)?;
-                    twin_is_the_odd_one(torch, reference, o64).ok()
+                    crate::compare::maths::twin_is_the_odd_one(torch, reference, o64).ok()
                 })?;
             }
         }

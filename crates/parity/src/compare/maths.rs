@@ -241,6 +241,34 @@ pub fn needed_factor(
         .fold(0.0, f64::max))
 }
 
+/// Whether PyTorch's output is much closer to our float64 run than to its own float64 output
+/// (RMS distances relative to the local magnitude, a quarter or less): then the float64 output is
+/// the odd one of the three, not our block.
+pub fn twin_is_the_odd_one(torch: &Tensor, reference: &Tensor, ours64: &Tensor) -> candle_core::Result<bool> {
+    let flat = |t: &Tensor| t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>();
+    let (t, r, o) = (flat(torch)?, flat(reference)?, flat(ours64)?);
+    if o.len() != r.len() {
+        return Ok(false);
+    }
+    let scale = super::model::local_scale(&r);
+    let rms = |a: &[f64], b: &[f64]| {
+        let sum: f64 = a
+            .iter()
+            .zip(b)
+            .zip(&scale)
+            .map(|((x, y), m)| {
+                if *m > 0.0 && (x - y).is_finite() {
+                    ((x - y) / m).powi(2)
+                } else {
+                    0.0
+                }
+            })
+            .sum();
+        (sum / a.len().max(1) as f64).sqrt()
+    };
+    Ok(rms(&t, &o) <= rms(&t, &r) / 4.0)
+}
+
 /// The best of several maths checks (the conventions tried): the smallest ratio.
 pub fn best(reports: Vec<MathsReport>) -> Option<MathsReport> {
     reports.into_iter().min_by(|a, b| a.ratio.total_cmp(&b.ratio))

@@ -110,24 +110,9 @@ pub fn plausibility(
     let (o, t, r) = (values(ours)?, values(torch)?, values(reference)?);
     let rounded = values(&reference.to_dtype(dtype)?)?;
     let scale = ErrorModel::new(&t, &r).scale;
-    let squares = |a: &[f64]| -> Vec<f64> {
+    // (x − r) / m, 0 where it is not finite or has no magnitude
+    let relative = |a: &[f64]| -> Vec<f64> {
         a.iter()
-            .zip(&r)
-            .zip(&scale)
-            .map(|((x, y), m)| {
-                let d = x - y;
-                if d == 0.0 || !d.is_finite() || *m == 0.0 {
-                    0.0
-                } else {
-                    (d / m).powi(2)
-                }
-            })
-            .collect()
-    };
-    let (st, so, sf) = (squares(&t), squares(&o), squares(&rounded));
-    let signed_mean = |a: &[f64]| -> f64 {
-        let sum: f64 = a
-            .iter()
             .zip(&r)
             .zip(&scale)
             .map(|((x, y), m)| {
@@ -138,15 +123,18 @@ pub fn plausibility(
                     d / m
                 }
             })
-            .sum();
-        sum / a.len().max(1) as f64
+            .collect()
     };
+    let (et, eo, ef) = (relative(&t), relative(&o), relative(&rounded));
+    let squares = |e: &[f64]| -> Vec<f64> { e.iter().map(|x| x * x).collect() };
+    let (st, so, sf) = (squares(&et), squares(&eo), squares(&ef));
+    let signed_mean = |e: &[f64]| -> f64 { e.iter().sum::<f64>() / e.len().max(1) as f64 };
     let mean = |v: &[f64]| (v.iter().sum::<f64>() / v.len().max(1) as f64).sqrt();
     let global_ratio = ratio(mean(&st), mean(&so).max(mean(&sf)));
     let root_n = (t.len().max(1) as f64).sqrt();
     let bias_ratio = ratio(
-        signed_mean(&t).abs(),
-        signed_mean(&o).abs().max(mean(&so) / root_n).max(mean(&sf) / root_n),
+        signed_mean(&et).abs(),
+        signed_mean(&eo).abs().max(mean(&so) / root_n).max(mean(&sf) / root_n),
     );
     let (u, ov, fv) = (
         window_rms(&st, NEIGHBOURHOOD),
