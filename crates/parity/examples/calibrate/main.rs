@@ -251,9 +251,12 @@ fn float64_runs(bundle: &Bundle) -> Res<Ours64> {
     Ok(Ours64 { plain, exact, kept })
 }
 
+/// One planted bug's output: `(bug, output, tensor, its float64 run)`.
+type PlantedBug = (String, String, Tensor, Option<Tensor>);
+
 /// The generator's bugs (`<id>.bugs.safetensors`, tensors `<bug>/<output>` and
-/// `<bug>/<output>.float64`): `(bug, output, tensor, its float64 run)`.
-fn bugs_file(path: &Path) -> Res<Vec<(String, String, Tensor, Option<Tensor>)>> {
+/// `<bug>/<output>.float64`).
+fn bugs_file(path: &Path) -> Res<Vec<PlantedBug>> {
     let file = path.with_extension("bugs.safetensors");
     if !file.exists() {
         return Ok(vec![]);

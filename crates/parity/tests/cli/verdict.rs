@@ -294,7 +294,8 @@ fn forgeries(t: &Tensor) -> Vec<(&'static str, Tensor)> {
     let rms = (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
     // a fixed pseudo-random sign and size per element
     let noise = |i: usize| ((i as f64 * 12.9898).sin() * 43758.5453).fract() * 1.7;
-    let kinds: [(&'static str, Box<dyn Fn(usize, f64) -> f64>); 5] = [
+    type Forge = Box<dyn Fn(usize, f64) -> f64>;
+    let kinds: [(&'static str, Forge); 5] = [
         ("zeros", Box::new(|_, _| 0.0)),
         ("negated", Box::new(|_, x| -x)),
         ("x1.05", Box::new(|_, x| x * 1.05)),
