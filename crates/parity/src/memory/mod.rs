@@ -21,6 +21,11 @@
 //!   ([`REFERENCE_SCORES`] copies), `L` the largest input's tokens (its last two dimensions, or
 //!   the longer of the two of a 3-D input), `heads` read from `parity.config`;
 //! * the comparison: [`COMPARE`] float64 copies of the largest output;
+//! * where the bundle has a float64 twin (and the run is not in float64): our float64 run of the
+//!   maths check, made after the run in the bundle's dtype, counted as what it holds beyond that
+//!   run's activations: the weights and inputs in float64, the forward's activations at 8 bytes an
+//!   element, [`FLOAT64_OUTPUTS`] float64 outputs, and for a whole model its checkpoint's weights
+//!   in float64;
 //! * with the stage traces (`--trace`, `show`): our own recorded stages, all held at once (at
 //!   least 4 bytes an element), and [`COMPARE`] + 3 float64 copies of the largest stage, compared
 //!   one at a time (the float64 reference rebuilt from a delta takes three).
@@ -49,6 +54,9 @@ pub const COMPARE: u64 = 8;
 /// Score-matrix copies the reference attention path holds at once: the scores, scaled, masked,
 /// and their softmax.
 pub const REFERENCE_SCORES: u64 = 4;
+/// Float64 outputs of our own float64 runs held for the maths check: the plain run, the one with
+/// exact embeddings and the one that keeps the published casts.
+pub const FLOAT64_OUTPUTS: u64 = 3;
 /// What the process holds before any bundle: code, the thread pools, the allocator's arenas.
 pub const BASELINE: u64 = 64 << 20;
 /// The chunked reference attention's score block (`unet_attention::sdpa`, on the CPU).
@@ -135,6 +143,18 @@ pub fn estimate_with(
     let scores = scores(metadata, infos, run, largest_input, path);
     let compare = largest_output.saturating_mul(8).saturating_mul(COMPARE);
     let (our_stages, stage_compare) = stages(&loaded, run);
+    let float64_run = if has_twin(&loaded) && run < 8 {
+        let forward64 = whole::forward_bytes(metadata, infos, 8)
+            .map(|(a, w)| a.saturating_add(w))
+            .unwrap_or(largest.saturating_mul(8).saturating_mul(ACTIVATIONS));
+        let held = float_elements(&loaded)
+            .saturating_mul(8)
+            .saturating_add(forward64)
+            .saturating_add(largest_output.saturating_mul(8).saturating_mul(FLOAT64_OUTPUTS));
+        held.saturating_sub(converted.saturating_add(activations).saturating_add(workspace))
+    } else {
+        0
+    };
     let mut parts = vec![
         ("tensors", tensors),
         ("reading", reading),
@@ -145,12 +165,30 @@ pub fn estimate_with(
         ("comparison", compare),
         ("our stages", our_stages),
         ("stage comparison", stage_compare),
+        ("float64 run", float64_run),
         ("baseline", BASELINE),
     ];
     let bytes = parts.iter().fold(0u64, |n, (_, b)| n.saturating_add(*b));
     parts.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
     parts.retain(|(_, b)| *b > 0);
     Estimate { bytes, parts }
+}
+
+/// Whether the bundle has a float64 twin of an output: `check` then runs the block in float64 too
+/// (the maths check), after the run in the bundle's dtype.
+fn has_twin(loaded: &[&TensorInfo]) -> bool {
+    loaded
+        .iter()
+        .any(|i| i.name.starts_with(OUTPUT_PREFIX) && i.name.ends_with(FLOAT64_SUFFIX))
+}
+
+/// Elements of the weights (not `parity.*`) and inputs stored in a float dtype.
+fn float_elements(loaded: &[&TensorInfo]) -> u64 {
+    loaded
+        .iter()
+        .filter(|i| !i.name.starts_with("parity.") || i.name.starts_with(INPUT_PREFIX))
+        .filter(|i| i.dtype.starts_with('f') || i.dtype.starts_with("bf"))
+        .fold(0u64, |n, i| n.saturating_add(elements(i)))
 }
 
 impl Estimate {
@@ -459,8 +497,21 @@ pub fn estimate_file(
             .or(metadata.get("parity.dtype").map(String::as_str))
             .unwrap_or("float32"),
     );
-    let checkpoint = from.map_or(0, |(file, prefix)| checkpoint_bytes(&file, &prefix, run));
-    Some(estimate(&metadata, &infos, load, run_dtype).add("checkpoint weights", checkpoint))
+    let loaded: Vec<&TensorInfo> = infos.iter().collect();
+    let float64 = has_twin(&loaded) && run < 8;
+    let (checkpoint, checkpoint64) = from.map_or((0, 0), |(file, prefix)| {
+        let in64 = if float64 {
+            checkpoint_bytes(&file, &prefix, 8)
+        } else {
+            0
+        };
+        (checkpoint_bytes(&file, &prefix, run), in64)
+    });
+    Some(
+        estimate(&metadata, &infos, load, run_dtype)
+            .add("checkpoint weights", checkpoint)
+            .add("checkpoint weights in float64", checkpoint64),
+    )
 }
 
 /// Refuse the bundle at `path`, as [`crate::ParityError::Invalid`], when checking it would take
