@@ -5,7 +5,7 @@
 //! half and replays the verdicts on the other (docs/cli.md, "Calibration").
 //!
 //! ```text
-//! cargo run --release -p unet-parity --example calibrate -- DIR [--lane NAME] [--half validate] [--dump] > lines.jsonl
+//! cargo run --release -p unet-parity --example calibrate -- DIR [--lane NAME] [--half validate] [--only ID] [--dump] > lines.jsonl
 //! cargo run --release -p unet-parity --example calibrate -- --constants
 //! ```
 //!
@@ -55,6 +55,8 @@ fn main() -> Res<()> {
     // and our float64 run's (`ours64/<output>`), as float64, for the rule's prototypes
     // (scripts/calibration/rule.py).
     let dump = args.iter().any(|a| a == "--dump");
+    // `--only ID`: that bundle alone (with `--dump`, for scripts/accuracy_spread.py).
+    let only_id = option("--only")?;
     let manifest = std::fs::File::open(dir.join("manifest.jsonl"))?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -66,6 +68,12 @@ fn main() -> Res<()> {
         if only_half
             .as_deref()
             .is_some_and(|h| entry.get("half").and_then(Value::as_str) != Some(h))
+        {
+            continue;
+        }
+        if only_id
+            .as_deref()
+            .is_some_and(|id| entry.get("id").and_then(Value::as_str) != Some(id))
         {
             continue;
         }
