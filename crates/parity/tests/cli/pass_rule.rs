@@ -166,6 +166,24 @@ fn a_forged_twin_within_the_old_bound_fails() {
     }
 }
 
+/// A twin that matches neither convention on a block PyTorch cannot run with its casts kept
+/// (diffusers' `upcast_attention` under a mask: `baddbmm` of a float64 mask and a float32 query)
+/// is a maths FAIL, not an error from our kept-casts run (it was exit 2, "dtype mismatch in add").
+#[test]
+fn a_block_without_a_kept_casts_run_is_judged_by_the_exporters_convention() {
+    let dir = scratch("pass-rule-no-kept-run");
+    let rel = "diffusers/attention_attnprocessor_upcast_cross_mask.safetensors";
+    let p = RawBundle::edited(rel, &dir, |b| {
+        let key = "parity.output.output.float64".to_string();
+        let moved = b.tensors[&key].affine(1.0 + 1e-9, 0.0).unwrap();
+        b.tensors.insert(key, moved);
+    });
+    let (code, out, err) = check(&p, &[]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("our float64 run differs"), "{out}");
+    assert!(!err.contains("dtype mismatch"), "{err}");
+}
+
 /// Tolerances above the dtype's defaults from the bundle are shown with the result, and refused
 /// by `--strict` (issue 32: `parity.atol = 1e30` passed a reference of all 12345.0 silently,
 /// `parity.rtol = "1"` one twice the truth).
