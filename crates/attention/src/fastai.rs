@@ -145,7 +145,7 @@ impl Module for SelfAttention {
         trace::record("attn", &out);
         let out = self.proj.forward_tokens(&out)?;
         trace::record("proj", &out);
-        let out = (tokens_to_image(&out, h, w)? + inp)?;
+        let out = crate::ops::add(&tokens_to_image(&out, h, w)?, inp)?;
         trace::record("output", &out);
         Ok(out)
     }
@@ -196,7 +196,7 @@ impl Module for SelfAttentionMultiHead {
         trace::record("attn", &out);
         let out = self.proj.forward_tokens(&out)?;
         trace::record("proj", &out);
-        let out = (tokens_to_image(&out, h, w)? + inp)?;
+        let out = crate::ops::add(&tokens_to_image(&out, h, w)?, inp)?;
         trace::record("output", &out);
         Ok(out)
     }

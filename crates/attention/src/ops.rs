@@ -135,6 +135,24 @@ fn blocked_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     sum.ok_or_else(|| candle_core::Error::Msg("matmul: an empty reduction".into()))
 }
 
+/// `a + b` of tensors of one shape, as PyTorch's CPU kernel adds them: in f32, each element
+/// rounded once to the dtype (round to nearest, ties to even). Candle 0.11's NEON `bf16` add
+/// narrows its f32 sums by truncation (`vshrn`), one ulp toward zero from PyTorch's result in
+/// about half of the elements, a bias that a residual stack accumulates; on aarch64 a bfloat16
+/// CPU sum therefore goes through f32 here. Elsewhere Candle's own add (its AVX2 and scalar paths
+/// round to nearest).
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if cfg!(target_arch = "aarch64") && a.dtype() == DType::BF16 && a.device().is_cpu() {
+        return add_through_f32(a, b);
+    }
+    a + b
+}
+
+/// [`add`]'s f32 form: both operands widened, added, the sum rounded once.
+fn add_through_f32(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    (a.to_dtype(DType::F32)? + b.to_dtype(DType::F32)?)?.to_dtype(a.dtype())
+}
+
 /// `x * s` for a Python float `s`: the product in at least f32, rounded once (Candle's `x * s`
 /// on a half tensor would first round `s` itself to the half type).
 pub fn mul(x: &Tensor, s: f64) -> Result<Tensor> {
@@ -187,6 +205,34 @@ pub fn softmax<Dm: candle_core::shape::Dim>(xs: &Tensor, dim: Dm) -> Result<Tens
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// bfloat16 sums round to nearest as PyTorch's do, on every architecture: sums whose f32
+    /// value lies above the halfway point between two bfloat16 values round up (Candle's NEON
+    /// add truncated them on aarch64), ties to even.
+    #[test]
+    fn bfloat16_sums_round_to_nearest() {
+        let dev = Device::Cpu;
+        // 256 + 1.5 = 257.5: bfloat16 holds 256 and 258 there (8 bits of mantissa), and 257.5 is
+        // nearer 258; 256 + 1 = 257 is a tie, to even (256). 16 elements: the vector path.
+        let a = Tensor::full(256f32, 16, &dev).unwrap().to_dtype(DType::BF16).unwrap();
+        for (b, want) in [(1.5f32, 258f32), (1.0, 256.0), (-1.5, 254.0), (3.0, 260.0)] {
+            let b = Tensor::full(b, 16, &dev).unwrap().to_dtype(DType::BF16).unwrap();
+            let got = add(&a, &b)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            assert!(got.iter().all(|&g| g == want), "256 + {b}: {got:?}, want {want}");
+            let widened = add_through_f32(&a, &b)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            assert_eq!(got, widened);
+        }
+    }
 
     /// A deep f32 reduction is summed in blocks: on 4096 products of 0.1 the blocked sum is far
     /// closer to the exact one than Candle's single chain, and a product that is not deep is

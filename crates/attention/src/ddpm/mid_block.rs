@@ -148,7 +148,7 @@ impl ResnetBlock {
             None => x.clone(),
         };
         trace::record("shortcut", &residual);
-        let out = (h + residual)?;
+        let out = crate::ops::add(&h, &residual)?;
         trace::record("output", &out);
         Ok(out)
     }
@@ -218,7 +218,7 @@ impl MidBlock {
         crate::validate::input(Self::BLOCK, "x", x, &[])?;
         crate::validate::optional(Self::BLOCK, "time_emb", time_emb, &[])?;
         let x = trace::scope("mid_block1", || self.mid_block1.forward(x, time_emb))?;
-        let x = (trace::scope("mid_attn", || self.mid_attn.forward(&x))? + x)?;
+        let x = crate::ops::add(&trace::scope("mid_attn", || self.mid_attn.forward(&x))?, &x)?;
         let out = trace::scope("mid_block2", || self.mid_block2.forward(&x, time_emb))?;
         trace::record("output", &out);
         Ok(out)

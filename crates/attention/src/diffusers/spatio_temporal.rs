@@ -183,7 +183,7 @@ impl TemporalResnetBlock {
         let h = self.norm2.forward_swish(&h, "norm2", Swish::Silu, silu)?;
         let h = self.conv2.forward(&h)?;
         trace::record("conv2", &h);
-        let out = (x + h)?;
+        let out = crate::ops::add(x, &h)?;
         trace::record("output", &out);
         Ok(out)
     }

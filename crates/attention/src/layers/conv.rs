@@ -212,7 +212,7 @@ fn apply_extras(h: Tensor, extras: ConvExtras) -> candle_core::Result<Tensor> {
         None => h,
     };
     let h = match extras.residual {
-        Some(r) => (r + h)?,
+        Some(r) => crate::ops::add(r, &h)?,
         None => h,
     };
     match extras.div.filter(|&d| d != 1.0) {

@@ -115,7 +115,7 @@ impl VanillaAttention {
 
         let h_ = self.proj_out.forward_channels(&h_)?;
         trace::record("proj", &h_);
-        let out = (x + h_)?;
+        let out = crate::ops::add(x, &h_)?;
         trace::record("output", &out);
         Ok(out)
     }

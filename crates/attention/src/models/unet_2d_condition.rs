@@ -222,7 +222,7 @@ impl UNet2DConditionModel {
                 ));
             }
             for (skip, add) in res.iter_mut().zip(control.down) {
-                *skip = (&*skip + add)?;
+                *skip = crate::ops::add(&*skip, add)?;
             }
         }
         if let Some(mid) = &self.mid_block {
@@ -238,7 +238,7 @@ impl UNet2DConditionModel {
             trace::record("mid_block", &h);
         }
         if let Some(control) = &args.controlnet {
-            h = (h + control.mid)?;
+            h = crate::ops::add(&h, control.mid)?;
         }
         let h = self.up(h, res, &ctx)?;
         self.out(&h)

@@ -216,7 +216,7 @@ impl AttentionBlock {
         trace::record("attn", &h);
         let h = self.proj_out.forward_channels(&h)?;
         trace::record("proj", &h);
-        let out = (x + h)?.reshape(dims)?;
+        let out = crate::ops::add(&x, &h)?.reshape(dims)?;
         trace::record("output", &out);
         Ok(out)
     }

@@ -71,7 +71,7 @@ impl Attention {
             out = tokens_to_image(&out, h, w)?;
         }
         if self.residual_connection {
-            out = (out + residual)?;
+            out = crate::ops::add(&out, residual)?;
         }
         // hidden_states / attn.rescale_output_factor
         let out = div(&out, self.rescale_output_factor)?;
@@ -105,7 +105,7 @@ impl Attention {
             return Ok(Some(out));
         }
         let out = match residual {
-            Some(r) => (y + r)?,
+            Some(r) => crate::ops::add(&y, &r)?,
             None => y,
         };
         Ok(Some(div(&out, self.rescale_output_factor)?))
@@ -238,7 +238,7 @@ impl Attention {
         trace::record("attn", &out);
         let out = self.to_out.forward_tokens(&out)?;
         trace::record("proj", &out);
-        let out = (out.transpose(1, 2)?.reshape(residual.shape())? + residual)?;
+        let out = crate::ops::add(&out.transpose(1, 2)?.reshape(residual.shape())?, residual)?;
         trace::record("output", &out);
         Ok(out)
     }

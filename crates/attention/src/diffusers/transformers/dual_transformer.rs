@@ -269,7 +269,7 @@ impl DualTransformer2DModel {
         }
         let m = self.mix.mix_ratio;
         let mixed = (crate::ops::mul(&encoded[0], m)? + crate::ops::mul(&encoded[1], 1.0 - m)?)?;
-        let out = (mixed + hidden_states)?;
+        let out = crate::ops::add(&mixed, hidden_states)?;
         trace::record("output", &out);
         Ok(out)
     }

@@ -178,7 +178,9 @@ impl TemporalConvLayer {
             x = conv.forward(&act)?;
             trace::record(&format!("conv{}", i + 1), &x);
         }
-        let out = (identity + x)?.permute((0, 2, 1, 3, 4))?.reshape((bf, c, h, w))?;
+        let out = crate::ops::add(&identity, &x)?
+            .permute((0, 2, 1, 3, 4))?
+            .reshape((bf, c, h, w))?;
         trace::record("output", &out);
         Ok(out)
     }
@@ -336,7 +338,7 @@ impl TransformerTemporalModel {
             .reshape((b, h, w, f, c))?
             .permute((0, 3, 4, 1, 2))?
             .reshape((bf, c, h, w))?;
-        let out = (x + hidden_states)?;
+        let out = crate::ops::add(&x, hidden_states)?;
         trace::record("output", &out);
         Ok(out)
     }

@@ -292,7 +292,7 @@ impl TransformerSpatioTemporalModel {
         let x = self.proj_out.forward_tokens(&x)?;
         trace::record("proj_out", &x);
         let x = x.reshape((bf, h, w, c))?.permute((0, 3, 1, 2))?;
-        let out = (x + hidden_states)?;
+        let out = crate::ops::add(&x, hidden_states)?;
         trace::record("output", &out);
         Ok(out)
     }

@@ -187,7 +187,7 @@ impl ResConvBlock {
         if self.conv_skip.is_some() {
             trace::record("shortcut", &residual);
         }
-        let out = (Activation::Gelu.forward(&h)? + residual)?;
+        let out = crate::ops::add(&Activation::Gelu.forward(&h)?, &residual)?;
         trace::record("output", &out);
         Ok(out)
     }
@@ -233,7 +233,7 @@ impl SelfAttention1d {
         trace::record("attn", &attn);
         let h = self.proj_attn.forward_tokens(&attn)?;
         trace::record("proj", &h);
-        let out = (h.transpose(1, 2)? + x)?;
+        let out = crate::ops::add(&h.transpose(1, 2)?, x)?;
         trace::record("output", &out);
         Ok(out)
     }

@@ -83,7 +83,7 @@ impl ResidualTemporalBlock1D {
             }
             None => x.clone(),
         };
-        let out = (h + residual)?;
+        let out = crate::ops::add(&h, &residual)?;
         trace::record("output", &out);
         Ok(out)
     }

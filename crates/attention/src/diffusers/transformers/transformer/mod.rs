@@ -150,17 +150,17 @@ impl TransformerBlock {
         trace::record("norm1", &normed);
         let normed = SinusoidalPositionalEmbedding::add(self.pos_embed.as_ref(), normed)?;
         let attn = trace::scope("attn1", || self.attn1.forward(&normed, attn1_context, attention_mask))?;
-        let mut h = (attn + hidden_states)?;
+        let mut h = crate::ops::add(&attn, hidden_states)?;
         if let Some((norm2, attn2)) = &self.attn2 {
             let normed = norm2.forward(&h)?;
             trace::record("norm2", &normed);
             let normed = SinusoidalPositionalEmbedding::add(self.pos_embed.as_ref(), normed)?;
             let attn = trace::scope("attn2", || attn2.forward(&normed, context, encoder_attention_mask))?;
-            h = (attn + h)?;
+            h = crate::ops::add(&attn, &h)?;
         }
         let normed = self.norm3.forward(&h)?;
         trace::record("norm3", &normed);
-        Ok((trace::scope("ff", || self.ff.forward(&normed))? + h)?)
+        Ok(crate::ops::add(&trace::scope("ff", || self.ff.forward(&normed))?, &h)?)
     }
 }
 
@@ -298,7 +298,7 @@ impl SpatialTransformer {
             Some(b) => y.broadcast_add(&b.reshape((b.elem_count(), 1, 1))?)?,
             None => y,
         };
-        Ok(Some((y + x)?))
+        Ok(Some(crate::ops::add(&y, &x)?))
     }
 
     fn run(
@@ -342,7 +342,7 @@ impl SpatialTransformer {
             trace::record("proj_out", &t);
             t
         };
-        let out = (out + x)?;
+        let out = crate::ops::add(&out, x)?;
         trace::record("output", &out);
         Ok(out)
     }
