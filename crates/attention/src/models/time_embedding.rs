@@ -49,16 +49,22 @@ impl Timesteps {
             let args: Vec<f64> = freqs.iter().map(|f| (ts * f) as f64).collect();
             let sin = args.iter().map(|a| a.sin() as f32);
             let cos = args.iter().map(|a| a.cos() as f32);
-            if self.flip_sin_to_cos {
-                out.extend(cos.chain(sin));
-            } else {
-                out.extend(sin.chain(cos));
-            }
-            if self.num_channels % 2 == 1 {
-                out.push(0.0);
-            }
+            self.push_row(&mut out, sin, cos);
         }
         Ok(Tensor::from_vec(out, (t.len(), self.num_channels), device)?)
+    }
+
+    /// One timestep's row: the sines and cosines in the configured order, and a zero column where
+    /// `num_channels` is odd.
+    fn push_row<T: Default>(&self, out: &mut Vec<T>, sin: impl Iterator<Item = T>, cos: impl Iterator<Item = T>) {
+        if self.flip_sin_to_cos {
+            out.extend(cos.chain(sin));
+        } else {
+            out.extend(sin.chain(cos));
+        }
+        if self.num_channels % 2 == 1 {
+            out.push(T::default());
+        }
     }
 
     /// The embedding in float64 throughout (see [`Self::embed`]).
@@ -69,15 +75,7 @@ impl Timesteps {
         let mut out = Vec::with_capacity(t.len() * self.num_channels);
         for &ts in t {
             let args: Vec<f64> = freqs.iter().map(|f| ts * f).collect();
-            let (sin, cos) = (args.iter().map(|a| a.sin()), args.iter().map(|a| a.cos()));
-            if self.flip_sin_to_cos {
-                out.extend(cos.chain(sin));
-            } else {
-                out.extend(sin.chain(cos));
-            }
-            if self.num_channels % 2 == 1 {
-                out.push(0.0);
-            }
+            self.push_row(&mut out, args.iter().map(|a| a.sin()), args.iter().map(|a| a.cos()));
         }
         Ok(Tensor::from_vec(out, (t.len(), self.num_channels), device)?)
     }
