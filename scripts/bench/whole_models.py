@@ -4,20 +4,25 @@
 float32 on the CPU, against ``cargo run --release --example bench_whole`` on the same folders.
 
     python scripts/bench/whole_models.py make DIR          # random SD 1.5-size unet/ and vae/ in DIR
-    python scripts/bench/whole_models.py run DIR/unet unet [--runs 3] [--threads N]
+    python scripts/bench/whole_models.py make DIR --sdxl   # random SDXL-size unet/ (2.6 B parameters) in DIR
+    python scripts/bench/whole_models.py run DIR/unet unet [--runs 3] [--threads N] [--latent 64] [--batch 2]
     python scripts/bench/whole_models.py run DIR/vae vae [--runs 3] [--device cuda] [--dtype f16]
 
 ``--device`` (cpu, cuda) and ``--dtype`` (f32, f16, bf16) place the model and its inputs (on a GPU each run
 ends with ``torch.cuda.synchronize()``, and the line adds ``cuda_peak_mib``); the GPU kit's ``models`` stage
 runs it (``scripts/gpu_kit/run.sh``) against ``bench_whole --device cuda``.
 
-``make`` builds both models with diffusers 0.42.1's SD 1.5 configs (the U-Net's defaults with
+``make --sdxl`` writes SDXL base 1.0's U-Net config (10.3 GB of f32 weights) instead: the size of the
+model a 16 GB machine must hold, measured without a download. ``make`` builds both models with
+diffusers 0.42.1's SD 1.5 configs (the U-Net's defaults with
 ``cross_attention_dim=768``; the VAE of ``sd-vae-ft-mse``: 128, 256, 512, 512 channels) from a
 seeded random initialisation and saves them as diffusers folders (about 3.4 GB and 330 MB): speed
 does not depend on the weights' values. ``run`` loads one (one model a process, so that the peak
 memory is that model's), runs it once to warm up, then ``--runs`` times, and prints one JSON line:
 the shapes, each run's milliseconds, the median and the fastest, the resident memory after loading
-and the process's peak (``ru_maxrss``), and torch's version and thread count.
+and the peaks of the load, of the first run and of the timed runs (``VmHWM``, reset between
+them through ``/proc/self/clear_refs``), the load's milliseconds (``from_pretrained`` with
+``torch_dtype``: what a user calls), and torch's version and thread count.
 
 Shapes: the U-Net on a latent (2, 4, 64, 64) (classifier-free guidance's batch of two at 512 × 512)
 with timestep 500 and a context (2, 77, 768); the VAE's ``decode`` of a latent (1, 4, 64, 64) to a
@@ -42,11 +47,49 @@ def rss_mib() -> float:
     return 0.0
 
 
-def make(out: str) -> None:
+def status_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def reset_peak() -> None:
+    """VmHWM back to the current resident size (Linux 4.0+), so the next reading is the peak of
+    what follows."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+# SDXL base 1.0's U-Net (diffusers' config.json of stabilityai/stable-diffusion-xl-base-1.0).
+SDXL_UNET = dict(
+    sample_size=128,
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    block_out_channels=(320, 640, 1280),
+    attention_head_dim=(5, 10, 20),
+    transformer_layers_per_block=(1, 2, 10),
+    cross_attention_dim=2048,
+    use_linear_projection=True,
+    addition_embed_type="text_time",
+    addition_time_embed_dim=256,
+    projection_class_embeddings_input_dim=2816,
+)
+
+
+def make(out: str, sdxl: bool = False) -> None:
     import torch
     from diffusers import AutoencoderKL, UNet2DConditionModel
 
     torch.manual_seed(0)
+    if sdxl:
+        UNet2DConditionModel(**SDXL_UNET).save_pretrained(f"{out}/unet")
+        print(f"wrote {out}/unet")
+        return
     UNet2DConditionModel(cross_attention_dim=768, sample_size=64).save_pretrained(f"{out}/unet")
     AutoencoderKL(
         down_block_types=("DownEncoderBlock2D",) * 4,
@@ -58,7 +101,8 @@ def make(out: str) -> None:
     print(f"wrote {out}/unet and {out}/vae")
 
 
-def run(folder: str, model: str, runs: int, threads: int | None, device: str = "cpu", dtype: str = "f32") -> None:
+def run(folder: str, model: str, runs: int, threads: int | None, device: str = "cpu", dtype: str = "f32",
+        latent: int = 64, batch: int | None = None) -> None:
     import torch
     from diffusers import AutoencoderKL, UNet2DConditionModel
 
@@ -74,42 +118,68 @@ def run(folder: str, model: str, runs: int, threads: int | None, device: str = "
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
+    n = latent
+    t0 = time.perf_counter()
     if model == "unet":
-        m = UNet2DConditionModel.from_pretrained(folder).eval().to(device=device, dtype=dt)
-        x = put(torch.randn(2, 4, 64, 64, generator=g))
-        ctx = put(torch.randn(2, 77, 768, generator=g))
+        b = batch or 2
+        m = UNet2DConditionModel.from_pretrained(folder, torch_dtype=dt).eval().to(device=device)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        cfg = m.config
+        ctx_dim = cfg.cross_attention_dim if isinstance(cfg.cross_attention_dim, int) else cfg.cross_attention_dim[0]
+        x = put(torch.randn(b, 4, n, n, generator=g))
+        ctx = put(torch.randn(b, 77, ctx_dim, generator=g))
+        kwargs = {}
+        shapes = f"sample ({b}, 4, {n}, {n}), timestep 500, context ({b}, 77, {ctx_dim})"
+        if cfg.addition_embed_type == "text_time":
+            text = cfg.projection_class_embeddings_input_dim - 6 * cfg.addition_time_embed_dim
+            kwargs["added_cond_kwargs"] = {
+                "text_embeds": put(torch.randn(b, text, generator=g)),
+                "time_ids": put(torch.randn(b, 6, generator=g)),
+            }
+            shapes += ", added_cond_kwargs"
 
         def step():
-            return m(x, 500.0, ctx, return_dict=False)[0]
-
-        shapes = "sample (2, 4, 64, 64), timestep 500, context (2, 77, 768)"
+            return m(x, 500.0, ctx, return_dict=False, **kwargs)[0]
     else:
-        m = AutoencoderKL.from_pretrained(folder).eval().to(device=device, dtype=dt)
-        z = put(torch.randn(1, 4, 64, 64, generator=g))
+        b = batch or 1
+        m = AutoencoderKL.from_pretrained(folder, torch_dtype=dt).eval().to(device=device)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        z = put(torch.randn(b, 4, n, n, generator=g))
 
         def step():
             return m.decode(z, return_dict=False)[0]
 
-        shapes = "decode (1, 4, 64, 64) -> (1, 3, 512, 512)"
+        shapes = f"decode ({b}, 4, {n}, {n}) -> ({b}, 3, {8 * n}, {8 * n})"
     loaded = rss_mib()
+    peak_load = status_mib("VmHWM:")
+    reset_peak()
     times = []
     with torch.inference_mode():
+        t1 = time.perf_counter()
         step()
         sync()
+        first_ms = (time.perf_counter() - t1) * 1e3
+        peak_first = status_mib("VmHWM:")
+        reset_peak()
         for _ in range(runs):
             t0 = time.perf_counter()
             step()
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
+    peak_steady = status_mib("VmHWM:")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     extra = {}
     if device.startswith("cuda"):
         extra = {"cuda_peak_mib": round(torch.cuda.max_memory_allocated() / 2**20), "gpu": torch.cuda.get_device_name()}
     print(json.dumps({
         "side": "pytorch", "model": model, "shapes": shapes, "dtype": dtype, "device": device, **extra,
+        "load_ms": round(load_ms, 1), "first_ms": round(first_ms, 1),
         "runs_ms": [round(t, 1) for t in times],
-        "median_ms": round(statistics.median(times), 1), "min_ms": round(min(times), 1),
-        "rss_loaded_mib": round(loaded), "peak_rss_mib": round(peak),
+        "median_ms": round(statistics.median(times), 1) if times else None,
+        "min_ms": round(min(times), 1) if times else None,
+        "rss_loaded_mib": round(loaded), "peak_load_mib": round(peak_load),
+        "peak_first_mib": round(peak_first), "peak_steady_mib": round(peak_steady),
+        "peak_rss_mib": round(peak),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }))
 
@@ -119,6 +189,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     mk = sub.add_parser("make")
     mk.add_argument("out")
+    mk.add_argument("--sdxl", action="store_true", help="SDXL base 1.0's U-Net instead of SD 1.5's models")
     r = sub.add_parser("run")
     r.add_argument("folder")
     r.add_argument("model", choices=["unet", "vae"])
@@ -126,11 +197,13 @@ def main(argv=None) -> int:
     r.add_argument("--threads", type=int, default=None)
     r.add_argument("--device", default="cpu")
     r.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
+    r.add_argument("--latent", type=int, default=64, help="the latent's height and width")
+    r.add_argument("--batch", type=int, default=None, help="default 2 (U-Net), 1 (VAE)")
     a = p.parse_args(argv)
     if a.cmd == "make":
-        make(a.out)
+        make(a.out, a.sdxl)
     else:
-        run(a.folder, a.model, a.runs, a.threads, a.device, a.dtype)
+        run(a.folder, a.model, a.runs, a.threads, a.device, a.dtype, a.latent, a.batch)
     return 0
 
 

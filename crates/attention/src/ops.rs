@@ -33,7 +33,27 @@ pub fn is_half(dtype: DType) -> bool {
 
 /// `x` in its compute dtype (f32 for half inputs; f32/f64 unchanged).
 pub fn upcast(x: &Tensor) -> Result<Tensor> {
-    x.to_dtype(compute_dtype(x.dtype()))
+    cast(x, compute_dtype(x.dtype()))
+}
+
+/// [`cast`] as a method, for chains (`y.cast_to(x.dtype())`).
+pub trait CastTo {
+    fn cast_to(&self, dtype: DType) -> Result<Tensor>;
+}
+
+impl CastTo for Tensor {
+    fn cast_to(&self, dtype: DType) -> Result<Tensor> {
+        cast(self, dtype)
+    }
+}
+
+/// `x.to_dtype(dtype)`, the same bits; between f32 and f16/bf16 on the CPU in parallel
+/// (`crate::cpu::cast`).
+pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    match crate::cpu::cast(x, dtype)? {
+        Some(y) => Ok(y),
+        None => x.to_dtype(dtype),
+    }
 }
 
 /// `x.float()` written in a published forward (guided-diffusion's `softmax(weight.float())`,

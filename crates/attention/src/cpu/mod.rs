@@ -27,4 +27,4 @@ mod tensor;
 pub(crate) mod workers;
 
 pub use tensor::contiguous;
-pub(crate) use tensor::cpu_slice;
+pub(crate) use tensor::{cast, cpu_slice};

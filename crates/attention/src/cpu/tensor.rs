@@ -42,6 +42,52 @@ pub fn contiguous(x: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// Elements per parallel job of [`cast`] (a few L2-sized runs per thread on large tensors).
+const CAST_CHUNK: usize = 1 << 16;
+
+/// `x` converted to `dtype`, where both are f32, f16 or bf16 and `x` is a contiguous CPU tensor:
+/// in parallel, vectorised (`half`'s slice conversions), each value rounded to nearest even as
+/// `Tensor::to_dtype` rounds it (the same bits); `None` elsewhere. Candle converts one element at
+/// a time on one thread, which a half-precision model pays at every layer (its input widened,
+/// its output rounded).
+pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Option<Tensor>> {
+    use half::slice::HalfFloatSliceExt;
+    let supported = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
+    if !x.device().is_cpu() || !x.is_contiguous() || !supported(x.dtype()) || !supported(dtype) || x.dtype() == dtype {
+        return Ok(None);
+    }
+    let (storage, layout) = x.storage_and_layout();
+    let n = x.elem_count();
+    macro_rules! widen {
+        ($t:ty) => {{
+            let src = &cpu_slice::<$t>(&storage, layout).expect("a CPU tensor")[..n];
+            let mut out = vec![0f32; n];
+            out.par_chunks_mut(CAST_CHUNK)
+                .zip(src.par_chunks(CAST_CHUNK))
+                .for_each(|(d, s)| s.convert_to_f32_slice(d));
+            Tensor::from_vec(out, x.dims(), &Device::Cpu)?
+        }};
+    }
+    macro_rules! narrow {
+        ($t:ty) => {{
+            let src = &cpu_slice::<f32>(&storage, layout).expect("a CPU tensor")[..n];
+            let mut out = vec![<$t>::ZERO; n];
+            out.par_chunks_mut(CAST_CHUNK)
+                .zip(src.par_chunks(CAST_CHUNK))
+                .for_each(|(d, s)| d.convert_from_f32_slice(s));
+            Tensor::from_vec(out, x.dims(), &Device::Cpu)?
+        }};
+    }
+    let y = match (x.dtype(), dtype) {
+        (DType::F16, DType::F32) => widen!(half::f16),
+        (DType::BF16, DType::F32) => widen!(half::bf16),
+        (DType::F32, DType::F16) => narrow!(half::f16),
+        (DType::F32, DType::BF16) => narrow!(half::bf16),
+        _ => return Ok(None),
+    };
+    Ok(Some(y))
+}
+
 /// `src` holds `len / (rows·cols)` row-major `(rows, cols)` matrices; returns their transposes,
 /// one after the other. Blocks of `TILE × TILE` go through a local buffer, so that both the reads
 /// and the writes are runs of `TILE` elements (writing single elements down a column of a
@@ -75,4 +121,57 @@ fn transpose_batches<T: Copy + Send + Sync + Default>(src: &[T], len: usize, row
             });
         });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`cast`] gives `to_dtype`'s bits both ways, on ties, subnormals, infinities, NaN and
+    /// values past the half types' range, over several parallel chunks.
+    #[test]
+    fn cast_gives_to_dtypes_bits() {
+        let special = [
+            0.0f32,
+            -0.0,
+            1.0 + f32::EPSILON * 4096.0, // a bf16 tie
+            1.0 + f32::EPSILON * 12288.0,
+            1e-40,
+            -3e-39,
+            6e-8,
+            65520.0,
+            3e38,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        let n = 3 * CAST_CHUNK + 17;
+        let mut s = 7u64;
+        let v: Vec<f32> = (0..n)
+            .map(|i| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                special.get(i % 40).copied().unwrap_or(f32::from_bits((s >> 32) as u32))
+            })
+            .collect();
+        let x = Tensor::from_vec(v, (n,), &Device::Cpu).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let f = t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+            f.iter()
+                .map(|v| if v.is_nan() { u32::MAX } else { v.to_bits() })
+                .collect()
+        };
+        for dt in [DType::F16, DType::BF16] {
+            let ours = cast(&x, dt).unwrap().expect("a supported cast");
+            let theirs = x.to_dtype(dt).unwrap();
+            assert_eq!(bits(&ours), bits(&theirs), "f32 -> {dt:?}");
+            let back = cast(&theirs, DType::F32).unwrap().expect("a supported cast");
+            assert_eq!(
+                bits(&back),
+                bits(&theirs.to_dtype(DType::F32).unwrap()),
+                "{dt:?} -> f32"
+            );
+        }
+        assert!(cast(&x, DType::F64).unwrap().is_none());
+        assert!(cast(&x.to_dtype(DType::F16).unwrap(), DType::BF16).unwrap().is_none());
+    }
 }

@@ -8,7 +8,7 @@
 //! ([`set_layer_path`]), else the environment variable `UNET_ATTENTION_LAYERS` (`auto`,
 //! `direct`, `winograd` or `candle`, read once), else [`LayerPath::Auto`].
 
-use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, PackedCols, PackedRows, RowsOf};
+use super::gemm::{self, Bias, Blocking, ColsOf, Epilogue, Held, PackedCols, PackedRows, RowsOf};
 use super::{im2col, winograd};
 use crate::cpu::isa::{self, Isa};
 use crate::cpu::microkernel::avx512;
@@ -85,21 +85,34 @@ pub fn layer_kernel_isa() -> &'static str {
     }
 }
 
-/// Whether a weight is packed: an f32 CPU tensor on a CPU the GEMM runs on.
+/// Whether a weight is packed: an f32, f16 or bf16 CPU tensor on a CPU the GEMM runs on (a
+/// half-precision weight held in its own type, [`Held`]).
 fn packable(w: &Tensor) -> Option<(Isa, Blocking)> {
     let isa = Isa::with_tiles()?;
-    (w.dtype() == DType::F32 && w.device().is_cpu()).then(|| (isa, Blocking::for_isa(isa)))
+    (held(w.dtype()).is_some() && w.device().is_cpu()).then(|| (isa, Blocking::for_isa(isa)))
 }
 
-/// The elements of a contiguous f32 CPU tensor, copied.
+/// How a weight of `dtype` is held once packed.
+fn held(dtype: DType) -> Option<Held> {
+    match dtype {
+        DType::F32 => Some(Held::F32),
+        DType::BF16 => Some(Held::Bf16),
+        DType::F16 => Some(Held::F16),
+        _ => None,
+    }
+}
+
+/// The elements of a CPU tensor as f32 values, copied (exact from f16 and bf16).
 fn f32_vec(t: &Tensor) -> Result<Vec<f32>> {
-    t.flatten_all()?.to_vec1::<f32>()
+    t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()
 }
 
 /// An `nn.Linear` weight `(out, in)` packed for the GEMM.
 #[derive(Debug, Clone)]
 pub struct PackedLinear {
     packed: Arc<PackedCols>,
+    /// The dtype the weight was loaded in (its values held in it).
+    dtype: DType,
     isa: Isa,
     blocking: Blocking,
 }
@@ -133,20 +146,24 @@ impl PackedLinear {
         } else {
             PackedCols::new(&w, out, inp, isa, blocking)
         };
+        drop(w);
+        let held = held(weight.dtype()).expect("a packable dtype");
         Ok(Some(Self {
-            packed: Arc::new(packed),
+            packed: Arc::new(packed.held_as(held)),
+            dtype: weight.dtype(),
             isa,
             blocking,
         }))
     }
 
-    /// The weight as a tensor again `(out, in)`.
+    /// The weight as a tensor again `(out, in)`, in the dtype it was loaded in.
     pub fn weight(&self) -> Result<Tensor> {
         Tensor::from_vec(
             self.packed.unpack(),
             (self.packed.out_cols(), self.packed.k),
             &Device::Cpu,
-        )
+        )?
+        .to_dtype(self.dtype)
     }
 
     /// `x · Wᵀ (+ bias)` over the last dimension of an f32 CPU tensor `(.., in)`; `None` where
@@ -242,6 +259,8 @@ fn row_stride(x: &Tensor) -> Option<usize> {
 #[derive(Debug, Clone)]
 pub struct PackedConv {
     packed: Arc<PackedRows>,
+    /// The dtype the weight was loaded in (its values held in it).
+    dtype: DType,
     ksize: usize,
     isa: Isa,
     blocking: Blocking,
@@ -272,8 +291,11 @@ impl PackedConv {
         let w = im2col::tap_major(&f32_vec(weight)?, inp, taps);
         let blocks = im2col::conv_blocks(inp, taps, blocking.kc);
         let packed = PackedRows::new(&w, out, inp * taps, isa, blocks);
+        drop(w);
+        let held = held(weight.dtype()).expect("a packable dtype");
         Ok(Some(Self {
-            packed: Arc::new(packed),
+            packed: Arc::new(packed.held_as(held)),
+            dtype: weight.dtype(),
             ksize: kh,
             isa,
             blocking,
@@ -285,7 +307,7 @@ impl PackedConv {
         let (out, k) = (self.packed.rows, self.ksize);
         let inp = self.packed.k / (k * k);
         let w = im2col::torch_order(&self.packed.unpack(), inp, k * k);
-        Tensor::from_vec(w, (out, inp, k, k), &Device::Cpu)
+        Tensor::from_vec(w, (out, inp, k, k), &Device::Cpu)?.to_dtype(self.dtype)
     }
 
     /// The stride-1, `k / 2`-padded convolution of an f32 CPU `(B, in, H, W)` with `extras`
@@ -355,7 +377,16 @@ impl PackedConv {
             LayerPath::Direct | LayerPath::Candle => false,
         };
         if self.ksize == 3 && winograd {
-            winograd::conv(self.isa, self.blocking, &self.packed, src, shape, epi, &mut out);
+            // (A weight held in half precision widened for the call.)
+            winograd::conv(
+                self.isa,
+                self.blocking,
+                &self.packed.widened(),
+                src,
+                shape,
+                epi,
+                &mut out,
+            );
         } else {
             let image = im2col::Image {
                 x: src,
@@ -566,6 +597,53 @@ mod tests {
             // Without extras, and the switch back to Candle's ops.
             let plain = p.forward(&x, None, ConvExtras::default()).unwrap().unwrap();
             assert_eq!(plain.dims(), [b, out, h, w]);
+        }
+    }
+    /// A weight loaded in f16 or bf16 is held in it (half the bytes) and gives the same bits as
+    /// the f32 packing of its values, on every path (the widening is exact); its weight comes
+    /// back in the dtype it was loaded in.
+    #[test]
+    fn half_weights_are_held_in_half_and_give_the_f32_bits() {
+        if Isa::with_tiles().is_none() {
+            return;
+        }
+        for dt in [DType::BF16, DType::F16] {
+            let half = |t: Tensor| t.to_dtype(dt).unwrap();
+            let wide = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            // Linear, plain and gated, over several reduction blocks and partial panels.
+            let w = half(randn(&[90, 1100]));
+            let bias = half(randn(&[90]));
+            let x = randn(&[2, 13, 1100]);
+            for gated in [false, true] {
+                let (p, p32) = if gated {
+                    (PackedLinear::new_gated(&w), PackedLinear::new_gated(&wide(&w)))
+                } else {
+                    (PackedLinear::new(&w), PackedLinear::new(&wide(&w)))
+                };
+                let (p, p32) = (p.unwrap().unwrap(), p32.unwrap().unwrap());
+                assert!(p.packed.data.is_empty(), "held in {dt:?}, not f32");
+                assert_eq!(p.packed.held(), held(dt).unwrap());
+                let got = p.forward(&x, Some(&bias)).unwrap().unwrap();
+                let want = p32.forward(&x, Some(&wide(&bias))).unwrap().unwrap();
+                assert_eq!(bits(&got), bits(&want), "{dt:?} gated {gated}");
+                let back = p.weight().unwrap();
+                assert_eq!(back.dtype(), dt);
+                assert_eq!(bits(&wide(&back)), bits(&wide(&w)));
+            }
+            // Convolutions, direct and Winograd.
+            let wt = half(randn(&[40, 48, 3, 3]));
+            let x = randn(&[2, 48, 16, 18]);
+            let (p, p32) = (
+                PackedConv::new(&wt).unwrap().unwrap(),
+                PackedConv::new(&wide(&wt)).unwrap().unwrap(),
+            );
+            assert!(p.packed.data.is_empty(), "held in {dt:?}, not f32");
+            for path in [LayerPath::Direct, LayerPath::Winograd] {
+                let got = p.forward_on(path, &x, None, ConvExtras::default()).unwrap().unwrap();
+                let want = p32.forward_on(path, &x, None, ConvExtras::default()).unwrap().unwrap();
+                assert_eq!(bits(&got), bits(&want), "{dt:?} {path:?}");
+            }
+            assert_eq!(p.weight().unwrap().dtype(), dt);
         }
     }
 }

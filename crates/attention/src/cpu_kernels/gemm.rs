@@ -22,7 +22,7 @@
 //! 12 × 32 AVX-512 tile the attention kernel's score tiles use, where the CPU has AVX-512F (both
 //! in [`crate::cpu::microkernel`]). Other CPUs take Candle's ops ([`Isa::with_tiles`] gives `None`).
 
-pub(crate) use super::packed::{PackedCols, PackedRows};
+pub(crate) use super::packed::{Held, PackedCols, PackedRows};
 use crate::cpu::caches;
 use crate::cpu::isa::Isa;
 use crate::cpu::microkernel::{avx2, tile, ALayout};
@@ -413,15 +413,17 @@ impl Job<'_> {
         let ldc = panels * nr + if (panels * nr) % 256 == 0 { 16 } else { 0 };
         let kc_max = self.blocks.iter().map(|b| b.1).max().unwrap_or(0);
         // Whole cache lines, so that the image panels after it start on one as the scratch does.
-        let a_len = if matches!(self.a, RowsOf::Matrix(..)) {
-            (mr * kc_max).next_multiple_of(16)
-        } else {
-            0
+        // (A packed weight held in half precision is widened into these buffers a block at a
+        // time.)
+        let a_len = match self.a {
+            RowsOf::Matrix(..) => (mr * kc_max).next_multiple_of(16),
+            RowsOf::Packed(p) if p.held() != Held::F32 => (rows_p * kc_max).next_multiple_of(16),
+            RowsOf::Packed(_) => 0,
         };
-        let b_len = if matches!(self.b, ColsOf::Image(_)) {
-            panels * nr * kc_max
-        } else {
-            0
+        let b_len = match self.b {
+            ColsOf::Image(_) => panels * nr * kc_max,
+            ColsOf::Packed(p) if p.held() != Held::F32 => panels * nr * kc_max,
+            ColsOf::Packed(_) => 0,
         };
         let need = rows_p * ldc + a_len + b_len;
         with_scratch(need, |scratch| {
@@ -465,7 +467,11 @@ impl Job<'_> {
         let mr = self.isa.mr();
         match self.a {
             RowsOf::Packed(p) => ARows {
-                values: &p.data[p.rows_p * p0 + t.m0 * kcb..],
+                values: {
+                    let start = p.rows_p * p0 + t.m0 * kcb;
+                    let len = (t.rows.div_ceil(mr) * mr * kcb).min(p.rows_p * (p0 + kcb) - start);
+                    p.values(start, len, buf)
+                },
                 layout: match p.il {
                     1 => ALayout::Rows(kcb),
                     il => {
@@ -503,7 +509,10 @@ impl Job<'_> {
     fn b_block<'s>(&'s self, t: Task, p0: usize, kcb: usize, buf: &'s mut [f32]) -> &'s [f32] {
         let nr = self.isa.nr();
         match self.b {
-            ColsOf::Packed(p) => &p.data[p.panels * nr * p0 + (t.n0 / nr) * kcb * nr..],
+            ColsOf::Packed(p) => {
+                let start = p.panels * nr * p0 + (t.n0 / nr) * kcb * nr;
+                p.values(start, t.cols.div_ceil(nr) * nr * kcb, buf)
+            }
             ColsOf::Image(img) => {
                 let len = t.cols.div_ceil(nr) * nr * kcb;
                 img.pack(t.item, p0, kcb, t.n0, t.cols, nr, &mut buf[..len]);

@@ -1,10 +1,82 @@
 //! Weights packed once, when a layer is built, into the layouts the GEMM's tiles read
 //! ([`super::gemm`]): convolution weights as the `A` operand ([`PackedRows`]), linear weights as
 //! the `B` operand ([`PackedCols`]).
+//!
+//! A weight loaded in f16 or bf16 is packed in the same layout but held in its own type
+//! ([`Held`]: half the memory of f32, the model's size as loaded); the GEMM widens each task's
+//! block to f32 as it takes it (exact: every f16 and bf16 value is an f32), so the products are
+//! the f32 GEMM's on the same values.
 
 use super::gemm::{k_blocks, Blocking};
 use crate::cpu::aligned::Aligned;
 use crate::cpu::isa::Isa;
+
+/// The type packed values are held in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Held {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// Packed values held in a half-precision type (their bits).
+#[derive(Debug, Clone)]
+pub(crate) struct HalfBits {
+    held: Held,
+    bits: Vec<u16>,
+}
+
+impl HalfBits {
+    /// `values` (each exactly a value of `held`: they were loaded in it) as `held`'s bits.
+    fn narrow(values: &[f32], held: Held) -> HalfBits {
+        let bits = match held {
+            Held::Bf16 => values.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect(),
+            Held::F16 => values.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect(),
+            Held::F32 => unreachable!("f32 values are held as they are"),
+        };
+        HalfBits { held, bits }
+    }
+
+    /// Values `start .. start + dst.len()` widened into `dst`.
+    fn widen(&self, start: usize, dst: &mut [f32]) {
+        let src = &self.bits[start..start + dst.len()];
+        match self.held {
+            Held::Bf16 => dst
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, &b)| *d = f32::from_bits((b as u32) << 16)),
+            Held::F16 => {
+                use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+                src.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst);
+            }
+            Held::F32 => unreachable!("f32 values are held as they are"),
+        }
+    }
+
+    fn to_vec(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.bits.len()];
+        self.widen(0, &mut out);
+        out
+    }
+}
+
+/// `len` packed values from `start`: in place where they are held as f32 (`data`), else widened
+/// into `buf`.
+fn values_from<'s>(
+    data: &'s [f32],
+    half: &Option<HalfBits>,
+    start: usize,
+    len: usize,
+    buf: &'s mut [f32],
+) -> &'s [f32] {
+    match half {
+        None => &data[start..start + len],
+        Some(h) => {
+            h.widen(start, &mut buf[..len]);
+            &buf[..len]
+        }
+    }
+}
 
 /// `A` rows are padded to a multiple of this in packed weights (every tile height, 4, 6, 8 or
 /// 12, reads whole rows).
@@ -17,7 +89,7 @@ const ROW_PAD: usize = 12;
 /// `rows_p · kcb` values whose place for `(row, kk)` depends only on `rows_p`, `kcb` and `il`,
 /// so two matrices with blocks of the same depth combine block by block, element by element
 /// (the Winograd weight transform does).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct PackedRows {
     pub(crate) rows: usize,
     pub(crate) k: usize,
@@ -25,11 +97,53 @@ pub(crate) struct PackedRows {
     /// Rows per interleaved micro-panel (1: row-major).
     pub(super) il: usize,
     pub(super) blocks: Vec<(usize, usize)>,
-    /// On a 64-byte boundary (`crate::cpu::aligned`).
+    /// On a 64-byte boundary (`crate::cpu::aligned`); empty where the values are held in half
+    /// precision (`half`).
     pub(super) data: Aligned,
+    pub(super) half: Option<HalfBits>,
 }
 
 impl PackedRows {
+    /// The values held as `held` (f32: as they are); each must be a value of `held`.
+    pub(crate) fn held_as(mut self, held: Held) -> PackedRows {
+        if held != Held::F32 {
+            self.half = Some(HalfBits::narrow(&self.data, held));
+            self.data = Aligned::default();
+        }
+        self
+    }
+
+    /// The type the values are held in.
+    pub(crate) fn held(&self) -> Held {
+        self.half.as_ref().map_or(Held::F32, |h| h.held)
+    }
+
+    /// `len` values from `start` of the packed layout, in place or widened into `buf`.
+    pub(super) fn values<'s>(&'s self, start: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
+        values_from(&self.data, &self.half, start, len, buf)
+    }
+
+    /// The matrix with its values held in f32: itself, or a widened copy.
+    pub(crate) fn widened(&self) -> std::borrow::Cow<'_, PackedRows> {
+        match &self.half {
+            None => std::borrow::Cow::Borrowed(self),
+            Some(h) => {
+                let values = h.to_vec();
+                let mut data = Aligned::in_vec(Vec::new(), values.len());
+                data.copy_from_slice(&values);
+                std::borrow::Cow::Owned(PackedRows {
+                    rows: self.rows,
+                    k: self.k,
+                    rows_p: self.rows_p,
+                    il: self.il,
+                    blocks: self.blocks.clone(),
+                    data,
+                    half: None,
+                })
+            }
+        }
+    }
+
     /// Pack the row-major `(rows, k)` matrix `w` for `isa`'s tile, in the reduction blocks
     /// `blocks` (consecutive, covering `0..k`).
     pub(crate) fn new(w: &[f32], rows: usize, k: usize, isa: Isa, blocks: Vec<(usize, usize)>) -> PackedRows {
@@ -75,6 +189,7 @@ impl PackedRows {
             il,
             blocks,
             data,
+            half: None,
         }
     }
 
@@ -115,6 +230,9 @@ impl PackedRows {
 
     /// The matrix back, row-major `(rows, k)`.
     pub(crate) fn unpack(&self) -> Vec<f32> {
+        if self.half.is_some() {
+            return self.widened().unpack();
+        }
         let mut w = vec![0f32; self.rows * self.k];
         for (r, dst) in w.chunks_exact_mut(self.k).enumerate() {
             self.unpack_row(r, dst);
@@ -195,11 +313,32 @@ pub(crate) struct PackedCols {
     pub(super) nr: usize,
     pub(super) panels: usize,
     pub(super) blocks: Vec<(usize, usize)>,
-    /// On a 64-byte boundary (`crate::cpu::aligned`).
+    /// On a 64-byte boundary (`crate::cpu::aligned`); empty where the values are held in half
+    /// precision (`half`).
     pub(super) data: Aligned,
+    pub(super) half: Option<HalfBits>,
 }
 
 impl PackedCols {
+    /// The values held as `held` (f32: as they are); each must be a value of `held`.
+    pub(crate) fn held_as(mut self, held: Held) -> PackedCols {
+        if held != Held::F32 {
+            self.half = Some(HalfBits::narrow(&self.data, held));
+            self.data = Aligned::default();
+        }
+        self
+    }
+
+    /// The type the values are held in.
+    pub(crate) fn held(&self) -> Held {
+        self.half.as_ref().map_or(Held::F32, |h| h.held)
+    }
+
+    /// `len` packed values from `start`, in place or widened into `buf`.
+    pub(super) fn values<'s>(&'s self, start: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
+        values_from(&self.data, &self.half, start, len, buf)
+    }
+
     /// Pack the row-major `(cols, k)` matrix `w` (an `nn.Linear` weight `(out, in)`).
     pub(crate) fn new(w: &[f32], cols: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedCols {
         assert_eq!(w.len(), cols * k);
@@ -225,6 +364,7 @@ impl PackedCols {
             panels,
             blocks,
             data,
+            half: None,
         }
     }
 
@@ -242,6 +382,7 @@ impl PackedCols {
             panels,
             blocks,
             data,
+            half: None,
         }
     }
 
@@ -321,10 +462,18 @@ impl PackedCols {
 
     /// The packed columns back, row-major `(cols, k)`.
     fn unpack_packed(&self) -> Vec<f32> {
+        let widened;
+        let data: &[f32] = match &self.half {
+            None => &self.data,
+            Some(h) => {
+                widened = h.to_vec();
+                &widened
+            }
+        };
         let nr = self.nr;
         let mut w = vec![0f32; self.cols * self.k];
         for &(p0, kcb) in &self.blocks {
-            let block = &self.data[self.panels * nr * p0..][..self.panels * nr * kcb];
+            let block = &data[self.panels * nr * p0..][..self.panels * nr * kcb];
             for (c, row) in w.chunks_exact_mut(self.k).enumerate() {
                 let panel = &block[(c / nr) * kcb * nr..];
                 for (kk, v) in row[p0..p0 + kcb].iter_mut().enumerate() {

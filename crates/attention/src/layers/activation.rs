@@ -1,7 +1,7 @@
 //! The elementwise nonlinearities ([`Activation`]) and the scale-shift conditioning of the
 //! ResNet blocks ([`scale_shift`]).
 
-use crate::ops::upcast;
+use crate::ops::{upcast, CastTo};
 use candle_core::Tensor;
 use candle_nn::Module;
 
@@ -32,7 +32,7 @@ impl Module for Activation {
             Activation::Gelu => y.gelu_erf()?,
             Activation::Relu => y.relu()?,
         };
-        y.to_dtype(x.dtype())
+        y.cast_to(x.dtype())
     }
 }
 

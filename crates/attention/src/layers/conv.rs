@@ -12,7 +12,7 @@
 //! the CPU; under `cudnn` on this crate's cuDNN convolution in strict f32.
 
 use crate::cpu_kernels::{ConvExtras, PackedConv};
-use crate::ops::upcast;
+use crate::ops::{upcast, CastTo};
 use crate::Result;
 use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder};
@@ -89,7 +89,7 @@ impl Conv2d {
         let x32 = upcast(x)?;
         if let Some(p) = &self.packed {
             if let Some(y) = p.forward(&x32, self.bias.as_ref(), ConvExtras::default())? {
-                return y.to_dtype(x.dtype());
+                return y.cast_to(x.dtype());
             }
         }
         let weight = match (&self.weight, &self.packed) {
@@ -102,7 +102,7 @@ impl Conv2d {
             ..Default::default()
         };
         let conv = candle_nn::Conv2d::new(upcast(&weight)?, self.bias.as_ref().map(upcast).transpose()?, config);
-        conv.forward(&x32)?.to_dtype(x.dtype())
+        conv.forward(&x32)?.cast_to(x.dtype())
     }
 }
 
@@ -166,7 +166,7 @@ pub(crate) fn cuda_conv_layer(
     }
     let (w, b) = (upcast(&weight()?)?, bias.map(upcast).transpose()?);
     let y = cuda_conv(&upcast(x)?, &w, b.as_ref(), padding)?;
-    y.map(|y| y.to_dtype(x.dtype())).transpose()
+    y.map(|y| y.cast_to(x.dtype())).transpose()
 }
 
 /// `conv2d(x, weight) + bias[:, None, None]` on CUDA, stride 1, zero padding `(ph, pw)`, weight

@@ -5,7 +5,7 @@
 use super::{interpolate_nearest2d, Projection};
 use crate::cpu::contiguous;
 use crate::cpu_kernels::{MemoryFormat, NormForm, Swish};
-use crate::ops::{mul, upcast};
+use crate::ops::{mul, upcast, CastTo};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder};
@@ -160,7 +160,7 @@ impl Module for RmsNorm {
             Some(s) => s,
             None => up.sqr()?.sum_keepdim(1)?,
         };
-        let norm = squares.sqrt()?.clamp(1e-12, f64::INFINITY)?.to_dtype(x.dtype())?;
+        let norm = squares.sqrt()?.clamp(1e-12, f64::INFINITY)?.cast_to(x.dtype())?;
         let normalized = x.broadcast_div(&norm)?;
         mul(&normalized.broadcast_mul(&self.g)?, self.scale)
     }
@@ -204,7 +204,7 @@ impl Module for BatchNorm2d {
             .broadcast_div(&denom)?
             .broadcast_mul(&upcast(&self.weight)?)?
             .broadcast_add(&upcast(&self.bias)?)?
-            .to_dtype(x.dtype())
+            .cast_to(x.dtype())
     }
 }
 
@@ -292,10 +292,10 @@ impl GroupNorm {
         let (w, b) = (self.weight.to_dtype(dtype)?, self.bias.to_dtype(dtype)?);
         let form = self.form(x, format);
         if let Some(y) = crate::cpu_kernels::group_norm_as(&xc, (&w, &b), (self.groups, self.eps), form, None)? {
-            return y.to_dtype(x.dtype());
+            return y.cast_to(x.dtype());
         }
         let norm = candle_nn::GroupNorm::new(w, b, self.channels, self.groups, self.eps)?;
-        norm.forward(&xc)?.to_dtype(x.dtype())
+        norm.forward(&xc)?.cast_to(x.dtype())
     }
 
     /// `act(norm(x))`, with the norm's output recorded as the trace stage `stage`. In f32 on
@@ -483,7 +483,7 @@ pub fn l2_normalize_last_dim(x: &Tensor, eps: f64) -> candle_core::Result<Tensor
         .sum_keepdim(candle_core::D::Minus1)?
         .sqrt()?
         .clamp(eps, f64::INFINITY)?
-        .to_dtype(x.dtype())?;
+        .cast_to(x.dtype())?;
     x.broadcast_div(&norm)
 }
 

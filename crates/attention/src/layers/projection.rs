@@ -14,7 +14,7 @@
 
 use crate::cpu::contiguous;
 use crate::cpu_kernels::PackedLinear;
-use crate::ops::{is_half, native_half, upcast};
+use crate::ops::{is_half, native_half, upcast, CastTo};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder};
@@ -268,7 +268,7 @@ impl Projection {
             return Ok(y);
         }
         if is_half(x.dtype()) {
-            return self.product(&upcast(x)?, true)?.to_dtype(x.dtype());
+            return self.product(&upcast(x)?, true)?.cast_to(x.dtype());
         }
         self.product(x, true)
     }
@@ -285,9 +285,9 @@ impl Projection {
         if !is_half(x.dtype()) {
             return self.forward_tokens(x);
         }
-        let product = self.product(&upcast(x)?, false)?.to_dtype(x.dtype())?;
+        let product = self.product(&upcast(x)?, false)?.cast_to(x.dtype())?;
         match &self.bias {
-            Some(bias) => product.broadcast_add(&bias.to_dtype(x.dtype())?),
+            Some(bias) => product.broadcast_add(&bias.cast_to(x.dtype())?),
             None => Ok(product),
         }
     }
@@ -307,7 +307,7 @@ impl Projection {
         if let Some(p) = &self.packed {
             // The GEMM runs on token rows: (B, in, N) → (B, N, in) and back, fast copies.
             if let Some(y) = p.forward(&contiguous(&x32.transpose(1, 2)?)?, self.bias.as_ref())? {
-                return contiguous(&y.transpose(1, 2)?)?.reshape(out)?.to_dtype(x.dtype());
+                return contiguous(&y.transpose(1, 2)?)?.reshape(out)?.cast_to(x.dtype());
             }
         }
         let y = upcast(&self.weight()?)?.broadcast_matmul(&x32)?;
@@ -315,7 +315,7 @@ impl Projection {
             Some(bias) => y.broadcast_add(&upcast(bias)?.reshape((self.out_dim, 1))?)?,
             None => y,
         };
-        y.reshape(out)?.to_dtype(x.dtype())
+        y.reshape(out)?.cast_to(x.dtype())
     }
 }
 
