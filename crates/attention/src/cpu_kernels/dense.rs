@@ -107,6 +107,18 @@ fn f32_vec(t: &Tensor) -> Result<Vec<f32>> {
     t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()
 }
 
+/// `f` on the elements of a CPU tensor as f32 values: in place for a contiguous f32 tensor (a
+/// weight being packed is not copied first), else converted.
+fn with_f32_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    if t.dtype() == DType::F32 && t.is_contiguous() {
+        let (storage, layout) = t.storage_and_layout();
+        if let Some(values) = cpu_slice::<f32>(&storage, layout) {
+            return Ok(f(&values[..t.elem_count()]));
+        }
+    }
+    Ok(f(&f32_vec(t)?))
+}
+
 /// An `nn.Linear` weight `(out, in)` packed for the GEMM.
 #[derive(Debug, Clone)]
 pub struct PackedLinear {
@@ -140,13 +152,13 @@ impl PackedLinear {
         if out == 0 || inp == 0 || (gated && out % 2 == 1) {
             return Ok(None);
         }
-        let w = f32_vec(weight)?;
-        let packed = if gated {
-            PackedCols::new_paired(&w, out / 2, inp, isa, blocking)
-        } else {
-            PackedCols::new(&w, out, inp, isa, blocking)
-        };
-        drop(w);
+        let packed = with_f32_values(weight, |w| {
+            if gated {
+                PackedCols::new_paired(w, out / 2, inp, isa, blocking)
+            } else {
+                PackedCols::new(w, out, inp, isa, blocking)
+            }
+        })?;
         let held = held(weight.dtype()).expect("a packable dtype");
         Ok(Some(Self {
             packed: Arc::new(packed.held_as(held)),
@@ -288,10 +300,17 @@ impl PackedConv {
             return Ok(None);
         }
         let taps = kh * kw;
-        let w = im2col::tap_major(&f32_vec(weight)?, inp, taps);
         let blocks = im2col::conv_blocks(inp, taps, blocking.kc);
-        let packed = PackedRows::new(&w, out, inp * taps, isa, blocks);
-        drop(w);
+        // Each row reordered tap-major on its own (no reordered copy of the whole weight).
+        let packed = with_f32_values(weight, |w| {
+            let mut packed = PackedRows::zeros_with(out, inp * taps, isa.mr(), blocks);
+            let mut row = vec![0f32; inp * taps];
+            for (r, src) in w.chunks_exact(inp * taps).enumerate() {
+                im2col::tap_major_row(src, inp, taps, &mut row);
+                packed.set_row(r, &row);
+            }
+            packed
+        })?;
         let held = held(weight.dtype()).expect("a packable dtype");
         Ok(Some(Self {
             packed: Arc::new(packed.held_as(held)),

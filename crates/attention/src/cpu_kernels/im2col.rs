@@ -30,6 +30,7 @@ struct Run {
 
 /// A PyTorch convolution weight `(rows, channels, k, k)` (row-major, `taps = k·k`) in the
 /// im2col row order of [`Image`]: `out[r][tap·channels + ci] = w[r][ci·taps + tap]`.
+#[cfg(test)]
 pub(crate) fn tap_major(w: &[f32], channels: usize, taps: usize) -> Vec<f32> {
     let k = channels * taps;
     let mut out = vec![0f32; w.len()];
@@ -41,6 +42,15 @@ pub(crate) fn tap_major(w: &[f32], channels: usize, taps: usize) -> Vec<f32> {
         }
     }
     out
+}
+
+/// One row of [`tap_major`]: `src` (`channels · taps` values in PyTorch's order) into `dst`.
+pub(crate) fn tap_major_row(src: &[f32], channels: usize, taps: usize, dst: &mut [f32]) {
+    for (ci, taps_of) in src.chunks_exact(taps).enumerate() {
+        for (tap, &v) in taps_of.iter().enumerate() {
+            dst[tap * channels + ci] = v;
+        }
+    }
 }
 
 /// [`tap_major`] undone: PyTorch's order again.

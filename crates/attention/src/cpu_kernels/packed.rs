@@ -146,6 +146,7 @@ impl PackedRows {
 
     /// Pack the row-major `(rows, k)` matrix `w` for `isa`'s tile, in the reduction blocks
     /// `blocks` (consecutive, covering `0..k`).
+    #[cfg(test)]
     pub(crate) fn new(w: &[f32], rows: usize, k: usize, isa: Isa, blocks: Vec<(usize, usize)>) -> PackedRows {
         assert_eq!(w.len(), rows * k);
         let mut packed = PackedRows::zeros_with(rows, k, isa.mr(), blocks);

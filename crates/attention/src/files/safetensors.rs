@@ -147,6 +147,35 @@ impl<'a> StFile<'a> {
         StFile::open(source, |_| Ok(())).map_err(|e| e.at(path))
     }
 
+    /// The values of one tensor of this file's header as `T` (its stored type, `size_of::<T>()`
+    /// bytes each, little-endian), read straight into their own buffer (no byte copy to convert
+    /// afterwards). An allocation the system refuses is an `OutOfMemory` error, not an abort.
+    #[cfg(target_endian = "little")]
+    pub fn read_as<T: bytemuck_free::Plain>(&self, info: &TensorInfo) -> std::io::Result<Vec<T>> {
+        let (start, end) = info.data_offsets;
+        let size = std::mem::size_of::<T>();
+        if (end - start) % size != 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} bytes are not whole values of {size} bytes", end - start),
+            ));
+        }
+        let n = (end - start) / size;
+        let mut values: Vec<T> = Vec::new();
+        values.try_reserve_exact(n).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("cannot allocate {} bytes for a tensor", end - start),
+            )
+        })?;
+        values.resize(n, T::default());
+        // SAFETY: `T` is a plain number type (`Plain`: every bit pattern is a value, no padding),
+        // so its `n` values are `n · size` initialised bytes that any bytes may overwrite.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), n * size) };
+        self.source.read_at(self.data_start + start as u64, bytes)?;
+        Ok(values)
+    }
+
     /// The bytes of one tensor of this file's header. An allocation the system refuses is an
     /// `OutOfMemory` error, not an abort.
     pub fn read(&self, info: &TensorInfo) -> std::io::Result<Vec<u8>> {
@@ -162,6 +191,22 @@ impl<'a> StFile<'a> {
         self.source.read_at(self.data_start + start as u64, &mut bytes)?;
         Ok(bytes)
     }
+}
+
+/// Number types whose every bit pattern is a value (no padding, no invalid patterns): what a
+/// tensor's bytes may be read into directly.
+pub mod bytemuck_free {
+    /// # Safety
+    /// Every bit pattern of `size_of::<Self>()` bytes must be a valid value, with no padding.
+    pub unsafe trait Plain: Copy + Default {}
+    // SAFETY: IEEE floats and their half-precision kin: every bit pattern is a value.
+    unsafe impl Plain for f32 {}
+    // SAFETY: as above.
+    unsafe impl Plain for f64 {}
+    // SAFETY: as above.
+    unsafe impl Plain for half::f16 {}
+    // SAFETY: as above.
+    unsafe impl Plain for half::bf16 {}
 }
 
 #[cfg(test)]

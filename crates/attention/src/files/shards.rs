@@ -223,8 +223,24 @@ impl SafetensorsFiles {
         let (path, st) = &self.files[e.file];
         let fail = |m: String| candle_core::Error::Msg(format!("{}: tensor `{name}`: {m}", path.display()));
         let dtype = e.dtype.clone().map_err(fail)?;
+        let shape = e.info.shape.as_slice();
+        // The float types read straight into the tensor's own buffer (one pass over the bytes).
+        #[cfg(target_endian = "little")]
+        {
+            let io = |err: std::io::Error| fail(err.to_string());
+            let t = match dtype {
+                DType::F32 => Some(Tensor::from_vec(st.read_as::<f32>(&e.info).map_err(io)?, shape, &Device::Cpu)?),
+                DType::F64 => Some(Tensor::from_vec(st.read_as::<f64>(&e.info).map_err(io)?, shape, &Device::Cpu)?),
+                DType::F16 => Some(Tensor::from_vec(st.read_as::<half::f16>(&e.info).map_err(io)?, shape, &Device::Cpu)?),
+                DType::BF16 => Some(Tensor::from_vec(st.read_as::<half::bf16>(&e.info).map_err(io)?, shape, &Device::Cpu)?),
+                _ => None,
+            };
+            if t.is_some() {
+                return Ok(t);
+            }
+        }
         let bytes = st.read(&e.info).map_err(|err| fail(err.to_string()))?;
-        Tensor::from_raw_buffer(&bytes, dtype, &e.info.shape, &Device::Cpu).map(Some)
+        Tensor::from_raw_buffer(&bytes, dtype, shape, &Device::Cpu).map(Some)
     }
 }
 
