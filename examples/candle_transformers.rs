@@ -57,6 +57,7 @@ const DEFAULT_BUNDLES: [&str; 6] = [
 /// Whole models (`weights/whole/` bundles): candle-transformers' and our drop-in's.
 #[path = "candle_transformers_whole/mod.rs"]
 mod whole;
+use whole::{first_line, max_abs};
 
 /// A bundle, the checkpoint it references and the mid block's diffusers kwargs.
 struct Case {
@@ -117,7 +118,7 @@ fn main() -> Result<()> {
     }
     bf16_ops()?;
     println!();
-    whole::run(&wholes)
+    whole::run(&wholes, true)
 }
 
 /// Where candle-transformers' BF16 failure comes from: candle-core's own ops in BF16 on the CPU.
@@ -365,11 +366,6 @@ fn run_ours(case: &Case, dtype: DType) -> Result<Tensor> {
 }
 
 /// max |a − b|, computed in f64.
-fn max_abs(a: &Tensor, b: &Tensor) -> Result<f64> {
-    let d = (a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?;
-    Ok(d.abs()?.flatten_all()?.max(0)?.to_scalar::<f64>()?)
-}
-
 /// One dtype: each block's error against PyTorch's f32 output and its float64 output.
 fn compare(case: &Case, ct_cfg: CtConfig, dtype: DType) -> Result<()> {
     let torch = case.bundle.output("output").context("output `output` is missing")?;
@@ -417,10 +413,6 @@ fn run_ct_per_sample(case: &Case, ct_cfg: CtConfig, batch: usize) -> Result<Tens
 }
 
 /// An error's first line (candle's carry a backtrace below it).
-fn first_line(e: &dyn std::fmt::Display) -> String {
-    e.to_string().lines().next().unwrap_or_default().to_string()
-}
-
 /// A stage trace of the bundle (`parity.trace.<stage>`); the block input as `input`.
 fn trace<'a>(bundle: &'a Bundle, stage: &str) -> Result<&'a Tensor> {
     let t = match stage {

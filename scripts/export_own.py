@@ -7,6 +7,8 @@ block(s) receive, and write *referencing* parity bundles (with stage traces) for
     python scripts/export_own.py model-10.pt --unet-kwargs '{"dim": 64, "dim_mults": [1, 2, 4, 8]}' [--entry ema]
     python scripts/export_own.py MODEL --trace modules [--only decoder_mid_block]   # module-path stages
     python scripts/export_own.py MODEL --dtype f16      # the mid blocks run in float16 (or bf16)
+    python scripts/export_own.py MODEL --whole [--dtype f16] [--size H W] [--timestep T] [--tokens N]
+                                                        # the whole model, end to end
 
 MODEL is a folder that diffusers' ``save_pretrained`` wrote (``config.json`` + the weights:
 ``diffusion_pytorch_model.safetensors``, its sharded index, or ``.bin``), or the weights file in
@@ -33,6 +35,19 @@ output of every submodule that runs, named by its module path (``resnets.0/norm1
 rules are in ``parity_trace.py``'s docstring), for a port whose forward records its submodules'
 outputs under the same paths. ``--only SITE ...`` writes only those mid blocks (file-name
 suffixes: ``mid_block``, ``encoder_mid_block``, ``decoder_mid_block``, ``controlnet_mid_block``).
+
+``--whole`` (a ``UNet2DConditionModel``, ``UNet2DModel`` or ``AutoencoderKL`` folder): one bundle of the whole model
+instead, ``<name>_whole.safetensors``, run end to end by diffusers on random inputs
+(``scripts/export_whole.py``'s ``export_folder``): the U-Net's ``forward(sample, timestep,
+encoder_hidden_states[, added_cond_kwargs])`` with ``--timestep`` (500) and a context of ``--tokens``
+(7) tokens of the config's ``cross_attention_dim`` (SDXL's ``text_embeds`` and ``time_ids`` from
+its config), the unconditional U-Net's ``forward(sample, timestep)``, the VAE's ``forward(sample, sample_posterior=False)`` (encode, then decode the mode) on
+images in [-1, 1]; ``--size`` (default: the smallest input the model halves evenly, 2^levels x 1.5
+that, not square), ``--batch`` and ``--seed`` as above. It references the checkpoint and records
+every module's output under its module path (``down_blocks.0/resnets.0/norm1``, ``mid_block``,
+``up_blocks.1/upsamplers.0``, ...). ``--dtype f16`` / ``bf16`` adds the self-contained twin
+``<name>_whole_<dtype>.safetensors``. Then ``unet-parity check DIR`` (block ids
+``diffusers.UNet2DConditionModel``, ``diffusers.AutoencoderKL``) or a ``PortCheck`` of your port.
 
 ``--dtype f16`` / ``bf16``: the model still runs in float32 to capture the mid block's inputs; the
 block is then converted with ``.to(dtype)`` and run by PyTorch in that dtype on those inputs cast
@@ -475,6 +490,28 @@ def diffusers_plan(folder: Path, weights: Path, cls: str, args):
     return model, (lambda: model(**kw)), diffusers_sites(model, cls), None, what
 
 
+def export_whole_model(kind, folder, weights, cls, args) -> int:
+    """``--whole``: the whole model's bundles (``export_whole.export_folder``)."""
+    from export_whole import export_folder
+
+    if kind != "diffusers" or cls not in ("UNet2DConditionModel", "UNet2DModel", "AutoencoderKL"):
+        raise Refused(f"{args.model}: --whole takes a UNet2DConditionModel, UNet2DModel or AutoencoderKL folder (found "
+                      f"{cls or 'a pickle'}); its mid blocks: leave out --whole")
+    if args.inputs or args.only or args.trace != "named":
+        raise Refused("--whole makes its own inputs and records every module (leave out --inputs, --only, --trace)")
+    if args.tokens < 1:
+        raise Refused(f"--tokens {args.tokens}: at least 1")
+    name = args.name or folder.name
+    try:
+        written = export_folder(folder, weights, cls, args.out, name, batch=args.batch,
+                                size=tuple(args.size) if args.size else None, timestep=args.timestep, seed=args.seed,
+                                tokens=args.tokens, dtype=args.dtype)
+    except Exception as e:  # noqa: BLE001 (the model's own forward on inputs it rejects)
+        raise Refused(f"{args.model}: the whole {cls} fails on the inputs: {brief(e)}") from None
+    print(f"next: cargo run --release -p unet-parity -- check --trace {' '.join(str(w) for w in written)}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path, help="a diffusers model folder (or its weights file), or a lucidrains .pt")
@@ -495,6 +532,11 @@ def main(argv=None) -> int:
                     help="the dtype PyTorch runs the mid block in (f32, the default; f16 or bf16: the block converted "
                     "with .to(dtype) on the captured inputs cast to it, a self-contained bundle holding the rounded "
                     "weights, named <name>_<site>_<dtype>.safetensors)")
+    ap.add_argument("--whole", action="store_true",
+                    help="one bundle of the whole model (UNet2DConditionModel or AutoencoderKL), end to end, with "
+                    "module-path stages, instead of its mid blocks")
+    ap.add_argument("--timestep", type=float, default=500.0, help="--whole U-Net: the timestep (500)")
+    ap.add_argument("--tokens", type=int, default=7, help="--whole U-Net: context tokens (7)")
     ap.add_argument("--only", nargs="+", metavar="SITE",
                     help="only these mid blocks, by file-name suffix (e.g. decoder_mid_block of an AutoencoderKL)")
     args = ap.parse_args(argv)
@@ -504,6 +546,8 @@ def main(argv=None) -> int:
         if args.batch < 1:
             raise Refused(f"--batch {args.batch}: at least 1")
         kind, where, weights, cls = locate(args.model, args.variant)
+        if args.whole:
+            return export_whole_model(kind, where, weights, cls, args)
         if kind == "diffusers":
             model, run, sites, key, what = diffusers_plan(where, weights, cls, args)
         else:

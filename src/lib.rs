@@ -8,6 +8,12 @@
 #[doc = include_str!("../README.md")]
 pub struct Readme;
 
+/// docs/rust-api.md, the README's examples that did not fit on the front door: its ` ```rust `
+/// blocks are this item's doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/rust-api.md")]
+pub struct RustApi;
+
 /// The Markdown pages link to each other by relative path and heading anchor: every such link
 /// must reach an existing file and, with an anchor, one of its headings (GitHub's slugs).
 #[cfg(test)]

@@ -6,7 +6,7 @@ pub mod unet;
 pub mod vae;
 
 use anyhow::Result;
-use candle_core::DType;
+use candle_core::{DType, Tensor};
 use std::path::Path;
 use unet_parity::port::PortReport;
 
@@ -16,11 +16,22 @@ pub type Row = (String, String, DType, std::result::Result<(f64, f64, f64), Stri
 
 pub type Table = Vec<Row>;
 
+/// An error's first line.
+pub fn first_line(e: &dyn std::fmt::Display) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
+}
+
+/// max |a − b| in f64.
+pub fn max_abs(a: &Tensor, b: &Tensor) -> Result<f64> {
+    let d = (a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?;
+    Ok(d.abs()?.flatten_all()?.max(0)?.to_scalar::<f64>()?)
+}
+
 /// A table row from a check's report (its first output) or the error that stopped it.
 pub fn row(model: &str, who: &str, dtype: DType, report: Result<PortReport>) -> Row {
     // A failed forward reads "<bundle>: your port: <error>": the error alone.
     let short = |e: anyhow::Error| {
-        let line = crate::first_line(&e);
+        let line = first_line(&e);
         line.rsplit_once("your port: ")
             .map_or(line.clone(), |(_, e)| e.to_string())
     };
@@ -53,15 +64,16 @@ pub fn print_assembled(report: &PortReport, same: Option<f64>, whole: &str) -> R
 }
 
 /// Run every whole-model bundle, then print the table (Markdown, as docs/candle-transformers.md
-/// records it).
-pub fn run(paths: &[&Path]) -> Result<()> {
+/// records it). `detail`: also where candle-transformers' error arises (its public blocks
+/// assembled, each part on PyTorch's own input).
+pub fn run(paths: &[&Path], detail: bool) -> Result<()> {
     let mut table = Table::new();
     for path in paths {
         let block = unet_parity::bundle::Bundle::read(path)?.block;
         if block == unet_attention::models::AutoencoderKL::BLOCK {
-            vae::compare(path, &mut table)?;
+            vae::compare(path, &mut table, detail)?;
         } else {
-            unet::compare(path, &mut table)?;
+            unet::compare(path, &mut table, detail)?;
         }
         println!();
     }

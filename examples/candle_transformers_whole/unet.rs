@@ -9,8 +9,8 @@
 //! check names its first divergent module (the assembly is checked to give the whole model's
 //! output bit for bit); and each of its resnets and transformers on PyTorch's own input to it.
 
+use super::{first_line, max_abs};
 use super::{row, Table};
-use crate::{first_line, max_abs};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Module, Tensor};
 use candle_nn::VarBuilder;
@@ -111,7 +111,7 @@ fn timestep(inputs: &PortInputs) -> Result<f64> {
 }
 
 /// One whole-U-Net bundle: the error table, the assembled run's first divergence, the parts.
-pub fn compare(path: &Path, table: &mut Table) -> Result<()> {
+pub fn compare(path: &Path, table: &mut Table, detail: bool) -> Result<()> {
     let check = PortCheck::open(path)?;
     let (cfg, in_ch, out_ch) = sd_config(&check.bundle().config)?;
     let name = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
@@ -141,6 +141,9 @@ pub fn compare(path: &Path, table: &mut Table) -> Result<()> {
             anyhow::Ok(report)
         });
         table.push(row(&name, "ours (drop-in unet_2d)", dtype, ours));
+    }
+    if !detail {
+        return Ok(());
     }
     assembled(&check, &cfg, in_ch, out_ch)?;
     parts(&check, &cfg)

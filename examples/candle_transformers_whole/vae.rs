@@ -12,8 +12,8 @@
 //! the whole model's output bit for bit; and its decoder and encoder alone are held against
 //! PyTorch's latent (`quant_conv`'s mean half).
 
+use super::max_abs;
 use super::{row, Table};
-use crate::max_abs;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::VarBuilder;
@@ -90,7 +90,7 @@ fn zero_std_weights(check: &PortCheck, latent: usize, dtype: DType) -> Result<Va
 }
 
 /// One whole-VAE bundle.
-pub fn compare(path: &Path, table: &mut Table) -> Result<()> {
+pub fn compare(path: &Path, table: &mut Table, detail: bool) -> Result<()> {
     let check = PortCheck::open(path)?;
     let (cfg, in_ch, out_ch) = sd_config(&check.bundle().config)?;
     if !cfg.use_quant_conv {
@@ -135,6 +135,9 @@ pub fn compare(path: &Path, table: &mut Table) -> Result<()> {
             anyhow::Ok(report)
         });
         table.push(row(&name, "ours (drop-in vae)", dtype, ours));
+    }
+    if !detail {
+        return Ok(());
     }
     halves(&check, &cfg, in_ch, out_ch)?;
     assembled(&check, &cfg, in_ch, out_ch)

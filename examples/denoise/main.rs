@@ -4,8 +4,12 @@
 //! `weights/whole/denoise_sd1.safetensors`).
 //!
 //! ```sh
-//! cargo run --release --example denoise -- [--steps N] [--out denoise.png] [--dtype f32|f16|bf16]
+//! cargo run --release --example denoise -- [--steps N] [--out target/denoise.png] [--dtype f32|f16|bf16]
 //! ```
+//!
+//! The picture is a 32 × 32 RGB image that looks like coloured noise: the models are tiny and
+//! untrained (random weights), so the loop shows that ours computes PyTorch's pixels, not a
+//! recognisable image. It is written under `target/` unless `--out` says otherwise.
 //!
 //! The initial noise and the two contexts (unconditional, conditional; there is no text encoder)
 //! come from the reference file. With the reference's step count (10) it prints, for each step,
@@ -31,7 +35,7 @@ struct Args {
 fn args() -> Result<Args> {
     let mut args = Args {
         steps: None,
-        out: "denoise.png".into(),
+        out: "target/denoise.png".into(),
         dtype: DType::F32,
     };
     let mut it = std::env::args().skip(1);

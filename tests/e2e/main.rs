@@ -11,3 +11,4 @@ mod half_openai;
 mod library_errors;
 mod model_folders;
 mod properties;
+mod unet2d;

@@ -8,6 +8,7 @@
 pub mod bundle;
 pub mod check;
 pub mod checkpoint;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod compare;
 pub mod detect;

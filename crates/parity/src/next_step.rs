@@ -31,8 +31,10 @@ fn commands(file: &Path, folder: Option<&Path>) -> String {
     let file = show(file);
     let export = match folder {
         Some(dir) => format!(
-            "`scripts/export_own.py {} --out DIR` (Python with diffusers; docs/checkpoints.md) writes bundles \
-             of this diffusers model's mid blocks, to check with `check --trace DIR`",
+            "`scripts/export_own.py {0} --out DIR` (Python with diffusers; docs/checkpoints.md) writes bundles \
+             of this diffusers model's mid blocks, and `scripts/export_own.py {0} --whole --out DIR` one of the \
+             whole model (a UNet2DConditionModel or AutoencoderKL, every module's output recorded), to check \
+             with `check --trace DIR`",
             show(dir)
         ),
         None => "`scripts/export_own.py MODEL_FOLDER --out DIR` writes bundles from a diffusers model folder \

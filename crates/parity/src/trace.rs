@@ -62,6 +62,10 @@ pub struct TraceReport {
     pub hint: Option<String>,
     /// Stages we recorded that the bundle does not hold (not compared).
     pub ours_only: Vec<String>,
+    /// The bundle's stages before the first divergence that were not recorded: the divergence
+    /// may begin in any of them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unrecorded_before: Vec<String>,
     /// The bundle's stages are named by module path (`parity.trace_mode` = `modules`): the
     /// PyTorch submodules' outputs, which a block of ours records only in part.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -280,8 +284,28 @@ pub fn compare_stages(bundle: &Bundle, ours: &[(String, Tensor)], rule: &StageRu
             .find(|s| s.status == DIVERGES || s.status == DIFFERS)
             .map(|s| s.stage.clone())
     };
+    // A forward that recorded nothing but its output (an opaque port): no stage narrows the
+    // divergence down, and the block-internal causes of `output` are a guess; say what to record.
+    let recorded_inside = stages.iter().any(|s| s.stage != "output" && s.compare.is_some());
+    let hint = first.as_deref().map(|s| {
+        if s == "output" && !recorded_inside && names.len() > 1 {
+            nothing_recorded_hint(&names)
+        } else {
+            hint_in_context(&stages, s)
+        }
+    });
+    let unrecorded_before = match first.as_deref() {
+        Some(f) => stages
+            .iter()
+            .take_while(|s| s.stage != f)
+            .filter(|s| s.compare.is_none())
+            .map(|s| s.stage.clone())
+            .collect(),
+        None => vec![],
+    };
     Ok(TraceReport {
-        hint: first.as_deref().map(|s| hint_in_context(&stages, s)),
+        hint,
+        unrecorded_before,
         first_divergence: first,
         module_paths: bundle.metadata.get(TRACE_MODE_KEY).map(String::as_str) == Some("modules"),
         outputs_pass: rule.outputs_pass,
@@ -301,6 +325,27 @@ pub fn compare_stages(bundle: &Bundle, ours: &[(String, Tensor)], rule: &StageRu
         },
         stages,
     })
+}
+
+/// What to do when a forward recorded none of the bundle's stages `names` and its output fails.
+fn nothing_recorded_hint(names: &[String]) -> String {
+    const SHOWN: usize = 6;
+    let inner: Vec<&String> = names.iter().filter(|n| *n != "output").collect();
+    let first: Vec<String> = inner.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+    let more = if inner.len() > SHOWN {
+        format!(
+            ", ... ({} in all; `unet-parity inspect BUNDLE` lists them)",
+            inner.len()
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "the forward recorded none of the bundle's stages, so nothing narrows the divergence down: record \
+         module outputs with `unet_parity::port::record(name, &tensor)` under the bundle's stage names ({}{more}), \
+         in forward order, and the first one that diverges is named",
+        first.join(", ")
+    )
 }
 
 /// A stage's status when it fails with a usable float64 twin (or under `--strict`).
@@ -406,6 +451,7 @@ pub fn without_table(note: impl Into<String>) -> TraceReport {
         outputs_pass: false,
         hint: None,
         ours_only: vec![],
+        unrecorded_before: vec![],
         module_paths: false,
         note: Some(note.into()),
     }
@@ -511,6 +557,7 @@ impl TraceReport {
         }
         if port {
             self.render_unknown_names(f)?;
+            self.render_unrecorded_before(f)?;
         }
         for s in self.stages.iter().filter(|s| s.twin_note.is_some()) {
             writeln!(
@@ -536,28 +583,61 @@ impl TraceReport {
     }
 
     /// The names a port recorded that the bundle does not hold, each with the closest stage name
-    /// it does hold: a misspelled name is never silently `not recorded`.
+    /// it does hold, in one line: a misspelled name is never silently `not recorded`, and the many
+    /// internal stages a block of ours records inside a [`crate::port::scope`] do not flood the
+    /// report.
     fn render_unknown_names(&self, f: &mut impl std::fmt::Write) -> std::fmt::Result {
-        const SHOWN: usize = 8;
+        const SHOWN: usize = 4;
         if self.ours_only.is_empty() || self.stages.is_empty() {
             return Ok(());
         }
         let line = |s: &str| crate::terminal::one_line(s).into_owned();
+        let named: Vec<String> = self
+            .ours_only
+            .iter()
+            .take(SHOWN)
+            .map(|name| match closest_stage(name, &self.stages) {
+                Some(near) => format!("`{}` (closest: `{}`)", line(name), line(near)),
+                None => format!("`{}`", line(name)),
+            })
+            .collect();
+        let more = match self.ours_only.len().saturating_sub(SHOWN) {
+            0 => String::new(),
+            n => format!(", and {n} more"),
+        };
         writeln!(
             f,
-            "  recorded but not in the bundle, so not compared ({} name{}):",
+            "  recorded but not in the bundle, so not compared ({} name{}): {}{more}",
             self.ours_only.len(),
-            if self.ours_only.len() == 1 { "" } else { "s" }
-        )?;
-        for name in self.ours_only.iter().take(SHOWN) {
-            match closest_stage(name, &self.stages) {
-                Some(near) => writeln!(f, "    `{}` (closest bundle stage: `{}`)", line(name), line(near))?,
-                None => writeln!(f, "    `{}` (no bundle stage is close)", line(name))?,
-            }
-        }
-        if self.ours_only.len() > SHOWN {
-            writeln!(f, "    ... and {} more", self.ours_only.len() - SHOWN)?;
-        }
-        Ok(())
+            if self.ours_only.len() == 1 { "" } else { "s" },
+            named.join(", ")
+        )
+    }
+
+    /// The bundle's stages before the first divergence that the port did not record, in one line.
+    fn render_unrecorded_before(&self, f: &mut impl std::fmt::Write) -> std::fmt::Result {
+        const SHOWN: usize = 8;
+        let (Some(first), false) = (&self.first_divergence, self.unrecorded_before.is_empty()) else {
+            return Ok(());
+        };
+        let line = |s: &str| crate::terminal::one_line(s).into_owned();
+        let names: Vec<String> = self
+            .unrecorded_before
+            .iter()
+            .take(SHOWN)
+            .map(|n| format!("`{}`", line(n)))
+            .collect();
+        let more = match self.unrecorded_before.len().saturating_sub(SHOWN) {
+            0 => String::new(),
+            n => format!(", and {n} more"),
+        };
+        writeln!(
+            f,
+            "  not recorded before `{}` ({} stage{}; the divergence may begin in any of them): {}{more}",
+            line(first),
+            self.unrecorded_before.len(),
+            if self.unrecorded_before.len() == 1 { "" } else { "s" },
+            names.join(", ")
+        )
     }
 }

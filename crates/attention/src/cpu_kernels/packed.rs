@@ -144,18 +144,6 @@ impl PackedRows {
         }
     }
 
-    /// Pack the row-major `(rows, k)` matrix `w` for `isa`'s tile, in the reduction blocks
-    /// `blocks` (consecutive, covering `0..k`).
-    #[cfg(test)]
-    pub(crate) fn new(w: &[f32], rows: usize, k: usize, isa: Isa, blocks: Vec<(usize, usize)>) -> PackedRows {
-        assert_eq!(w.len(), rows * k);
-        let mut packed = PackedRows::zeros_with(rows, k, isa.mr(), blocks);
-        for (r, src) in w.chunks_exact(k).enumerate() {
-            packed.set_row(r, src);
-        }
-        packed
-    }
-
     /// A `(rows, k)` matrix of zeros in the reduction blocks `blocks`, in micro-panels of `il`
     /// rows (a divisor of 12; 1: row-major).
     pub(crate) fn zeros_with(rows: usize, k: usize, il: usize, blocks: Vec<(usize, usize)>) -> PackedRows {

@@ -229,10 +229,26 @@ impl SafetensorsFiles {
         {
             let io = |err: std::io::Error| fail(err.to_string());
             let t = match dtype {
-                DType::F32 => Some(Tensor::from_vec(st.read_as::<f32>(&e.info).map_err(io)?, shape, &Device::Cpu)?),
-                DType::F64 => Some(Tensor::from_vec(st.read_as::<f64>(&e.info).map_err(io)?, shape, &Device::Cpu)?),
-                DType::F16 => Some(Tensor::from_vec(st.read_as::<half::f16>(&e.info).map_err(io)?, shape, &Device::Cpu)?),
-                DType::BF16 => Some(Tensor::from_vec(st.read_as::<half::bf16>(&e.info).map_err(io)?, shape, &Device::Cpu)?),
+                DType::F32 => Some(Tensor::from_vec(
+                    st.read_as::<f32>(&e.info).map_err(io)?,
+                    shape,
+                    &Device::Cpu,
+                )?),
+                DType::F64 => Some(Tensor::from_vec(
+                    st.read_as::<f64>(&e.info).map_err(io)?,
+                    shape,
+                    &Device::Cpu,
+                )?),
+                DType::F16 => Some(Tensor::from_vec(
+                    st.read_as::<half::f16>(&e.info).map_err(io)?,
+                    shape,
+                    &Device::Cpu,
+                )?),
+                DType::BF16 => Some(Tensor::from_vec(
+                    st.read_as::<half::bf16>(&e.info).map_err(io)?,
+                    shape,
+                    &Device::Cpu,
+                )?),
                 _ => None,
             };
             if t.is_some() {

@@ -6,6 +6,10 @@
 //!   `DownBlock2D`, `CrossAttnUpBlock2D`, `UpBlock2D`, `Downsample2D`, `Upsample2D`) and time
 //!   embeddings (`time_embedding`: `Timesteps`, `TimestepEmbedding`).
 //!
+//! * [`UNet2DModel`] (`unet_2d`): the unconditional U-Net of DDPM and of latent diffusion's
+//!   unconditional models (`DownBlock2D`, `AttnDownBlock2D`, `UNetMidBlock2D`, `AttnUpBlock2D`,
+//!   `UpBlock2D`), with its config ([`UNet2DModelConfig`]).
+//!
 //! * [`AutoencoderKL`] (`autoencoder_kl`): the VAE of Stable Diffusion 1.x, 2.x and XL
 //!   (`Encoder`, `Decoder`, `DownEncoderBlock2D`, `UpDecoderBlock2D`, the quant convs), with its
 //!   config ([`AutoencoderKLConfig`]) and [`DiagonalGaussianDistribution`].
@@ -23,12 +27,16 @@ pub mod autoencoder_kl_config;
 mod folder;
 pub mod stable_diffusion;
 pub mod time_embedding;
+pub mod unet_2d;
 pub mod unet_2d_condition;
 pub mod unet_2d_condition_config;
+pub mod unet_2d_config;
 pub mod unet_blocks;
 
 pub use autoencoder_kl::{AutoencoderKL, DiagonalGaussianDistribution};
 pub use autoencoder_kl_config::AutoencoderKLConfig;
 pub use time_embedding::{TimestepEmbedding, Timesteps};
+pub use unet_2d::UNet2DModel;
 pub use unet_2d_condition::{AddedCond, ControlNetResiduals, ForwardArgs, UNet2DConditionModel};
 pub use unet_2d_condition_config::{BlockArgs, PerBlock, UNet2DConditionModelConfig};
+pub use unet_2d_config::UNet2DModelConfig;

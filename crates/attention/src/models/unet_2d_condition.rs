@@ -193,7 +193,7 @@ impl UNet2DConditionModel {
         let emb = self.time_embed(&sample, timestep, args.added_cond)?;
         let ctx = Context {
             temb: &emb,
-            encoder_hidden_states,
+            encoder_hidden_states: Some(encoder_hidden_states),
             attention_mask: args.attention_mask,
             encoder_attention_mask: args.encoder_attention_mask,
         };

@@ -1,16 +1,20 @@
-//! The down and up blocks of diffusers 0.42.1 `UNet2DConditionModel`
+//! The down and up blocks of diffusers 0.42.1 `UNet2DConditionModel` and `UNet2DModel`
 //! (`models/unets/unet_2d_blocks.py`), and their resamplers (`models/downsampling.py`
 //! `Downsample2D`, `models/upsampling.py` `Upsample2D`):
 //!
 //! ```text
-//! CrossAttnDownBlock2D / DownBlock2D (no attentions):
-//!   for i: h = resnets[i](h, temb); h = attentions[i](h, context); states += (h,)
+//! CrossAttnDownBlock2D / AttnDownBlock2D / DownBlock2D (no attentions):
+//!   for i: h = resnets[i](h, temb); h = attentions[i](h[, context]); states += (h,)
 //!   if downsamplers: h = downsamplers[0].conv(h)      # 3x3, stride 2, padding=downsample_padding
 //!                    states += (h,)
-//! CrossAttnUpBlock2D / UpBlock2D (no attentions):
-//!   for i: h = cat([h, res.pop()], dim=1); h = resnets[i](h, temb); h = attentions[i](h, context)
+//! CrossAttnUpBlock2D / AttnUpBlock2D / UpBlock2D (no attentions):
+//!   for i: h = cat([h, res.pop()], dim=1); h = resnets[i](h, temb); h = attentions[i](h[, context])
 //!   if upsamplers: h = upsamplers[0].conv(interpolate(h, scale_factor=2 or size, "nearest"))
 //! ```
+//!
+//! The cross-attention blocks' attentions are `Transformer2DModel`s; `AttnDownBlock2D` /
+//! `AttnUpBlock2D` (`UNet2DModel`'s) have an `Attention` over the image after each resnet (group
+//! norm, residual, `upcast_softmax`, the deprecated attention block's weights).
 //!
 //! Each layer runs in the trace scope of its PyTorch module path (`resnets.0`, `attentions.1`,
 //! `downsamplers.0`), recording its output there, so a module-path bundle's stages line up.
@@ -19,6 +23,7 @@ use super::unet_2d_condition_config::BlockArgs;
 use crate::diffusers::resnet::{ResnetBlock2D, ResnetBlock2DConfig};
 use crate::diffusers::transformers::transformer::{Transformer2DModel, Transformer2DModelConfig};
 use crate::diffusers::unets::mid_block::LayersPerBlock;
+use crate::diffusers::{Attention, AttentionConfig};
 use crate::layers::{interpolate_nearest2d, Conv2d};
 use crate::ops::upcast;
 use crate::trace;
@@ -26,11 +31,11 @@ use crate::{Error, Result};
 use candle_core::Tensor;
 use candle_nn::{Module, VarBuilder};
 
-/// The context every cross-attention of a block gets.
+/// What every layer of a block gets: the time embedding, and for cross-attention the context.
 #[derive(Debug, Clone, Copy)]
 pub struct Context<'a> {
     pub temb: &'a Tensor,
-    pub encoder_hidden_states: &'a Tensor,
+    pub encoder_hidden_states: Option<&'a Tensor>,
     pub attention_mask: Option<&'a Tensor>,
     pub encoder_attention_mask: Option<&'a Tensor>,
 }
@@ -191,17 +196,59 @@ pub(crate) fn layer(name: &str, i: usize, f: impl FnOnce() -> Result<Tensor>) ->
     Ok(y)
 }
 
-/// Run a transformer (if any) on `h` as `attentions.i`.
-fn attend(attn: Option<&Transformer2DModel>, i: usize, h: Tensor, ctx: &Context) -> Result<Tensor> {
+/// The attention after a resnet: a cross-attention block's `Transformer2DModel`, or an
+/// `AttnDownBlock2D` / `AttnUpBlock2D`'s `Attention` over the image.
+#[derive(Debug, Clone)]
+enum BlockAttention {
+    Transformer(Box<Transformer2DModel>),
+    Image(Box<Attention>),
+}
+
+/// Run the attention (if any) on `h` as `attentions.i`.
+fn attend(attn: Option<&BlockAttention>, i: usize, h: Tensor, ctx: &Context) -> Result<Tensor> {
     let Some(attn) = attn else { return Ok(h) };
-    layer("attentions", i, || {
-        attn.forward(
+    layer("attentions", i, || match attn {
+        BlockAttention::Transformer(t) => t.forward(
             &h,
-            Some(ctx.encoder_hidden_states),
+            ctx.encoder_hidden_states,
             ctx.attention_mask,
             ctx.encoder_attention_mask,
-        )
+        ),
+        BlockAttention::Image(a) => a.forward(&h, None, None),
     })
+}
+
+/// `AttnDownBlock2D` / `AttnUpBlock2D`'s `Attention(channels, heads=channels // head_dim,
+/// dim_head=head_dim, eps, norm_num_groups=groups, residual_connection=True, bias=True,
+/// upcast_softmax=True, _from_deprecated_attn_block=True)`.
+pub fn image_attention_config(
+    block: &'static str,
+    channels: usize,
+    head_dim: usize,
+    groups: usize,
+    eps: f64,
+) -> Result<AttentionConfig> {
+    let heads = crate::config::check_divides(block, channels, head_dim)?;
+    crate::config::from_json(
+        Attention::BLOCK,
+        &serde_json::json!({
+            "query_dim": channels, "heads": heads, "dim_head": head_dim, "eps": eps,
+            "norm_num_groups": groups, "residual_connection": true, "bias": true,
+            "upcast_softmax": true, "_from_deprecated_attn_block": true,
+        }),
+    )
+}
+
+/// The attentions of an unconditional block: one `Attention` (of `cfg`) after each of `layers`
+/// resnets, or none.
+fn image_attentions(vb: &VarBuilder, cfg: Option<&AttentionConfig>, layers: usize) -> Result<Vec<BlockAttention>> {
+    let Some(cfg) = cfg else { return Ok(vec![]) };
+    (0..layers)
+        .map(|i| {
+            let a = Attention::new(vb.pp("attentions").pp(i), cfg)?;
+            Ok(BlockAttention::Image(Box::new(a)))
+        })
+        .collect()
 }
 
 /// Run `resnets.i` on `h`.
@@ -209,11 +256,11 @@ fn run_resnet(r: &ResnetBlock2D, i: usize, h: &Tensor, temb: &Tensor) -> Result<
     layer("resnets", i, || r.forward(h, Some(temb)))
 }
 
-/// `CrossAttnDownBlock2D` (with attentions) or `DownBlock2D` (without).
+/// `CrossAttnDownBlock2D` or `AttnDownBlock2D` (with attentions) or `DownBlock2D` (without).
 #[derive(Debug, Clone)]
 pub struct DownBlock {
     resnets: Vec<ResnetBlock2D>,
-    attentions: Vec<Transformer2DModel>,
+    attentions: Vec<BlockAttention>,
     downsampler: Option<Downsample2D>,
 }
 
@@ -248,7 +295,8 @@ impl DownBlock {
                     out_channels,
                     depth(BLOCK, &args.transformer_layers, args.layers, i)?,
                 )?;
-                attentions.push(Transformer2DModel::new(vb.pp("attentions").pp(i), &cfg)?);
+                let t = Transformer2DModel::new(vb.pp("attentions").pp(i), &cfg)?;
+                attentions.push(BlockAttention::Transformer(Box::new(t)));
             }
         }
         let downsampler = if add_downsample {
@@ -265,6 +313,37 @@ impl DownBlock {
         Ok(Self {
             resnets,
             attentions,
+            downsampler,
+        })
+    }
+
+    /// `UNet2DModel`'s `AttnDownBlock2D` (`attention`: its `Attention` kwargs,
+    /// [`image_attention_config`]) or `DownBlock2D` (`None`): `layers` resnets of `resnet`
+    /// (channels set here), then a `Downsample2D` with `downsample_padding` unless `None`.
+    pub fn unconditional(
+        vb: VarBuilder,
+        (in_channels, out_channels): (usize, usize),
+        layers: usize,
+        resnet: &ResnetBlock2DConfig,
+        attention: Option<&AttentionConfig>,
+        downsample_padding: Option<usize>,
+    ) -> Result<Self> {
+        let resnets = (0..layers)
+            .map(|i| {
+                let cfg = ResnetBlock2DConfig {
+                    in_channels: if i == 0 { in_channels } else { out_channels },
+                    out_channels: Some(out_channels),
+                    ..resnet.clone()
+                };
+                ResnetBlock2D::new(vb.pp("resnets").pp(i), &cfg)
+            })
+            .collect::<Result<_>>()?;
+        let downsampler = downsample_padding
+            .map(|p| Downsample2D::new(vb.pp("downsamplers").pp(0), out_channels, out_channels, p))
+            .transpose()?;
+        Ok(Self {
+            resnets,
+            attentions: image_attentions(&vb, attention, layers)?,
             downsampler,
         })
     }
@@ -286,11 +365,11 @@ impl DownBlock {
     }
 }
 
-/// `CrossAttnUpBlock2D` (with attentions) or `UpBlock2D` (without).
+/// `CrossAttnUpBlock2D` or `AttnUpBlock2D` (with attentions) or `UpBlock2D` (without).
 #[derive(Debug, Clone)]
 pub struct UpBlock {
     resnets: Vec<ResnetBlock2D>,
-    attentions: Vec<Transformer2DModel>,
+    attentions: Vec<BlockAttention>,
     upsampler: Option<Upsample2D>,
 }
 
@@ -338,7 +417,8 @@ impl UpBlock {
                     ch.out_channels,
                     depth(BLOCK, &args.transformer_layers, args.layers, i)?,
                 )?;
-                attentions.push(Transformer2DModel::new(vb.pp("attentions").pp(i), &cfg)?);
+                let t = Transformer2DModel::new(vb.pp("attentions").pp(i), &cfg)?;
+                attentions.push(BlockAttention::Transformer(Box::new(t)));
             }
         }
         let upsampler = if add_upsample {
@@ -353,6 +433,47 @@ impl UpBlock {
         Ok(Self {
             resnets,
             attentions,
+            upsampler,
+        })
+    }
+
+    /// `UNet2DModel`'s `AttnUpBlock2D` (`attention`: its `Attention` kwargs) or `UpBlock2D`
+    /// (`None`): `layers` resnets of `resnet` (channels set here: the first takes
+    /// `prev_output_channel`, the last skip `in_channels`), then an `Upsample2D` when `add_upsample`.
+    pub fn unconditional(
+        vb: VarBuilder,
+        ch: UpChannels,
+        layers: usize,
+        resnet: &ResnetBlock2DConfig,
+        attention: Option<&AttentionConfig>,
+        add_upsample: bool,
+    ) -> Result<Self> {
+        let resnets = (0..layers)
+            .map(|i| {
+                let skip = if i + 1 == layers {
+                    ch.in_channels
+                } else {
+                    ch.out_channels
+                };
+                let c_in = if i == 0 {
+                    ch.prev_output_channel
+                } else {
+                    ch.out_channels
+                };
+                let cfg = ResnetBlock2DConfig {
+                    in_channels: c_in + skip,
+                    out_channels: Some(ch.out_channels),
+                    ..resnet.clone()
+                };
+                ResnetBlock2D::new(vb.pp("resnets").pp(i), &cfg)
+            })
+            .collect::<Result<_>>()?;
+        let upsampler = add_upsample
+            .then(|| Upsample2D::new(vb.pp("upsamplers").pp(0), ch.out_channels, ch.out_channels))
+            .transpose()?;
+        Ok(Self {
+            resnets,
+            attentions: image_attentions(&vb, attention, layers)?,
             upsampler,
         })
     }

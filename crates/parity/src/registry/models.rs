@@ -5,11 +5,15 @@ use super::{entry, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::models::{AddedCond, AutoencoderKL, ForwardArgs, UNet2DConditionModel};
+use unet_attention::models::{AddedCond, AutoencoderKL, ForwardArgs, UNet2DConditionModel, UNet2DModel};
 use unet_attention::{Error, Result};
 
 pub(super) fn entries() -> Vec<BlockInfo> {
-    vec![entry::<UNet2DConditionModel>(), entry::<AutoencoderKL>()]
+    vec![
+        entry::<UNet2DConditionModel>(),
+        entry::<UNet2DModel>(),
+        entry::<AutoencoderKL>(),
+    ]
 }
 
 /// `UNet2DConditionModel.forward(sample, timestep, encoder_hidden_states, added_cond_kwargs=
@@ -60,6 +64,26 @@ impl Registered for UNet2DConditionModel {
             args,
         )?;
         Ok(vec![out])
+    }
+}
+
+/// `UNet2DModel.forward(sample, timestep)`, the timestep a number (`parity.kwargs`).
+impl Registered for UNet2DModel {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "diffusers.models.unets.unet_2d.UNet2DModel (diffusers 0.42.1; DDPM / LDM unconditional U-Net: DownBlock2D, AttnDownBlock2D, UNetMidBlock2D, AttnUpBlock2D, UpBlock2D; positional time embedding, the timestep truncated to an integer)";
+    const INPUTS: &'static [&'static str] = &["sample"];
+    const KWARGS: &'static [&'static str] = &["timestep"];
+
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        if !inputs.kwargs.contains_key("timestep") {
+            return Err(Error::input(Self::BLOCK, "timestep", "required (parity.kwargs)"));
+        }
+        let timestep = inputs.number("timestep", 0.0)?;
+        Ok(vec![self.forward(inputs.required("sample")?, timestep)?])
     }
 }
 

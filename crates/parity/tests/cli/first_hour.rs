@@ -38,6 +38,11 @@ fn a_model_folder_says_how_to_get_bundles() {
         line.contains(&format!("scripts/export_own.py {} --out", dir.display())),
         "{line}"
     );
+    // ... and so is its whole-model export.
+    assert!(
+        line.contains(&format!("scripts/export_own.py {} --whole --out", dir.display())),
+        "{line}"
+    );
     // Without config.json: the checkpoint's commands, export_own.py for a model folder elsewhere.
     std::fs::remove_file(dir.join("config.json")).unwrap();
     let line = error_line(&["check", dir.to_str().unwrap()]);

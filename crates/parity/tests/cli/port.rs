@@ -440,7 +440,51 @@ fn a_misspelled_stage_name_is_listed_with_the_closest_bundle_stage() {
     let text = report.to_string();
     assert!(
         text.contains("recorded but not in the bundle")
-            && text.contains("`attentions.0/prob` (closest bundle stage: `attentions.0/probs`)"),
+            && text.contains("`attentions.0/prob` (closest: `attentions.0/probs`)"),
         "{text}"
     );
+}
+
+/// Issue 57: an opaque port (it records nothing but returns its output) that fails is told to
+/// record module outputs under the bundle's stage names, not given the causes of a block's
+/// `output` stage (residual, output_scale_factor) it may not even have.
+#[test]
+fn an_opaque_failing_port_is_told_what_to_record() {
+    let check = PortCheck::open(bundle(VAE_MID_MODULES)).unwrap();
+    let mid = vae_mid(&check);
+    // Run outside the check, so that nothing is recorded (our block records its stages inside one).
+    let out = mid
+        .forward(check.inputs().unwrap().get("hidden_states").unwrap(), None)
+        .unwrap();
+    let report = check.run(|_| (&out + 1e-2)?.to_dtype(DType::F32)).unwrap();
+    assert!(!report.pass, "{report}");
+    assert_eq!(report.first_divergence(), Some("output"), "{report}");
+    let hint = report.trace.hint.as_deref().unwrap();
+    assert!(
+        hint.contains("recorded none of the bundle's stages")
+            && hint.contains("`resnets.0/norm1`")
+            && hint.contains("unet-parity inspect"),
+        "{hint}"
+    );
+    assert!(!hint.contains("output_scale_factor"), "{hint}");
+    // Every stage before the output is listed as unrecorded, in one line.
+    let text = report.to_string();
+    let line = text
+        .lines()
+        .find(|l| l.contains("not recorded before `output`"))
+        .expect("the unrecorded line");
+    assert!(line.contains("`resnets.0/norm1`") && line.contains("more"), "{line}");
+}
+
+/// Issue 57: a port that records some stages gets the ones it skipped before the first divergence.
+#[test]
+fn the_stages_skipped_before_the_first_divergence_are_named() {
+    let report = vae_port_report(Slip::Scale, false, false);
+    assert_eq!(report.first_divergence(), Some("attentions.0/to_out.0"), "{report}");
+    let before = &report.trace.unrecorded_before;
+    assert!(before.iter().any(|s| s == "attentions.0/q"), "{before:?}");
+    assert!(!before.iter().any(|s| s == "attentions.0/to_q"), "recorded: {before:?}");
+    assert!(report
+        .to_string()
+        .contains("not recorded before `attentions.0/to_out.0`"));
 }
