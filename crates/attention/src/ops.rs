@@ -162,6 +162,11 @@ fn blocked_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// CPU sum therefore goes through f32 here. Elsewhere Candle's own add (its AVX2 and scalar paths
 /// round to nearest).
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    // Contiguous half-precision operands of one shape: one parallel pass (Candle's half add is
+    // one thread, widening through a buffer).
+    if let Some(sum) = crate::cpu::add_half(a, b)? {
+        return Ok(sum);
+    }
     if cfg!(target_arch = "aarch64") && a.dtype() == DType::BF16 && a.device().is_cpu() {
         return add_through_f32(a, b);
     }

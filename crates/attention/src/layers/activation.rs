@@ -19,6 +19,13 @@ pub enum Activation {
 
 impl Module for Activation {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        // SiLU of a half-precision CPU tensor in one parallel pass: Candle's f32 `silu`
+        // (`x / (1 + exp(-x))`) on each widened value, rounded once, as below.
+        if *self == Activation::Swish {
+            if let Some(y) = crate::cpu::map_half(x, |v| v / (1.0 + (-v).exp()))? {
+                return Ok(y);
+            }
+        }
         let y = upcast(x)?;
         let y = match self {
             Activation::Swish => candle_nn::ops::silu(&y)?,

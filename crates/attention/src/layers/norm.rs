@@ -288,7 +288,7 @@ impl GroupNorm {
         }
         let dtype = crate::ops::compute_dtype(x.dtype());
         // Any layout: the transposed token views of the diffusers blocks are copied once here.
-        let xc = contiguous(&x.to_dtype(dtype)?)?;
+        let xc = contiguous(&crate::ops::cast(x, dtype)?)?;
         let (w, b) = (self.weight.to_dtype(dtype)?, self.bias.to_dtype(dtype)?);
         let form = self.form(x, format);
         if let Some(y) = crate::cpu_kernels::group_norm_as(&xc, (&w, &b), (self.groups, self.eps), form, None)? {
