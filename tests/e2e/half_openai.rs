@@ -27,6 +27,13 @@ fn errors(r: &Report) -> (f64, f64, f64) {
     (o.max_abs, o.ours_vs_f64.unwrap(), o.torch_vs_f64.unwrap())
 }
 
+/// How much less accurate than PyTorch's own run (its error against float64, max or mean) our
+/// faithful half-precision run may be: the noise of rounding each output to f16 / bf16 after an
+/// f32 sum taken in another order than PyTorch's kernel. Issue 56 ran the f16 weights on our
+/// packed GEMM (Candle's ops before), which moved the middle block's mean error from 1.000x to
+/// 1.031x of PyTorch's; the assertion was 1.001x while the two summations happened to agree.
+const HALF_NOISE: f64 = 1.05;
+
 #[test]
 fn convert_to_fp16_twins_store_mixed_dtypes_and_pass_against_pytorch() {
     for rel in TWINS {
@@ -60,10 +67,28 @@ fn convert_to_fp16_twins_store_mixed_dtypes_and_pass_against_pytorch() {
         assert_eq!(r.reference, "pytorch", "{rel}");
         assert!(r.conversions.is_empty(), "{rel}: {:?}", r.conversions);
         let (vs_torch, ours, torch) = errors(&r);
-        // as accurate as PyTorch itself (rule (b) would allow twice its error)
-        assert!(ours <= torch * 1.001, "{rel}: ours {ours:.3e} vs PyTorch {torch:.3e}");
+        // as accurate as PyTorch itself, up to the half-precision noise of another f32 summation
+        // order (rule (b) would allow twice its error): bit-identical to PyTorch on Candle's ops
+        // (1.000x); 1.009x on the middle block with our packed GEMM, which since issue 56 also
+        // runs f16 / bf16 weights (measured 2026-12-07)
+        assert!(ours <= torch * HALF_NOISE, "{rel}: ours {ours:.3e} vs PyTorch {torch:.3e}");
+        // Within one rounding step of the half type at PyTorch's largest output (the largest
+        // element another summation order can move by a whole step), or within the dtype's
+        // tolerance: bit-identical on Candle's ops, one f16 step (3.9e-3 at |y| ≈ 4) on ours.
         let (_, atol) = unet_parity::compare::default_tolerance(half);
-        assert!(vs_torch <= atol, "{rel}: {vs_torch:.3e} from PyTorch");
+        let largest = raw.tensors["parity.output.output"]
+            .to_dtype(DType::F64)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        let step = largest * if half == DType::F16 { 2f64.powi(-10) } else { 2f64.powi(-7) };
+        assert!(vs_torch <= atol.max(step), "{rel}: {vs_torch:.3e} from PyTorch (one step {step:.3e})");
     }
 }
 
@@ -139,7 +164,8 @@ fn rounding_the_norm_weights_or_emb_to_half_departs_from_pytorch() {
                 "{rel}, {tag} rounded: max {vs_torch:.3e} from PyTorch; mean |out - float64| {rounded_mean:.3e} \
                  (faithful {faithful_mean:.3e}, PyTorch {torch_mean:.3e})"
             );
-            // No longer PyTorch's numbers (the faithful run is bit-identical to them) ...
+            // No longer PyTorch's numbers (the faithful run is within the dtype's tolerance of
+            // them, bit-identical on Candle's ops) ...
             let (_, atol) = unet_parity::compare::default_tolerance(half);
             assert!(
                 vs_torch > atol,
@@ -158,8 +184,11 @@ fn rounding_the_norm_weights_or_emb_to_half_departs_from_pytorch() {
                 );
             }
         }
+        // Measured 2026-12-07: 1.000x on the attention blocks in every lane; the middle block
+        // 1.000x on Candle's ops, 1.031x on our packed GEMM (another f32 summation order, each
+        // output rounded to f16).
         assert!(
-            faithful_mean <= torch_mean * 1.001,
+            faithful_mean <= torch_mean * HALF_NOISE,
             "{rel}: faithful mean error {faithful_mean:.3e}, PyTorch's {torch_mean:.3e}"
         );
     }

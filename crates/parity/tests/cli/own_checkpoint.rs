@@ -37,10 +37,12 @@ fn own_bundles_pass_stage_by_stage() {
     let dir = weights().join("own");
     let (code, out, err) = cli(&["check", "--trace", dir.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
-    // The four bundles export_own.py writes, and own/modules/: two of them again with module-path
-    // stages (for `unet_parity::port`), of which our blocks record the ones named alike.
-    assert!(out.contains("6 passed, 0 failed"), "{out}");
-    assert_eq!(out.matches("no stage diverges").count(), 6, "{out}");
+    // The four bundles export_own.py writes, own/modules/: two of them again with module-path
+    // stages (for `unet_parity::port`), of which our blocks record the ones named alike, and
+    // own/whole/: `--whole` bundles of two models of configs in no other folder (f32 and a half
+    // twin each), every module of which our whole models record.
+    assert!(out.contains("10 passed, 0 failed"), "{out}");
+    assert_eq!(out.matches("no stage diverges").count(), 10, "{out}");
     assert!(!out.contains("DIVERGES"), "{out}");
 }
 
