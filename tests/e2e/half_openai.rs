@@ -71,7 +71,10 @@ fn convert_to_fp16_twins_store_mixed_dtypes_and_pass_against_pytorch() {
         // order (rule (b) would allow twice its error): bit-identical to PyTorch on Candle's ops
         // (1.000x); 1.009x on the middle block with our packed GEMM, which since issue 56 also
         // runs f16 / bf16 weights (measured 2026-12-07)
-        assert!(ours <= torch * HALF_NOISE, "{rel}: ours {ours:.3e} vs PyTorch {torch:.3e}");
+        assert!(
+            ours <= torch * HALF_NOISE,
+            "{rel}: ours {ours:.3e} vs PyTorch {torch:.3e}"
+        );
         // Within one rounding step of the half type at PyTorch's largest output (the largest
         // element another summation order can move by a whole step), or within the dtype's
         // tolerance: bit-identical on Candle's ops, one f16 step (3.9e-3 at |y| ≈ 4) on ours.
@@ -87,8 +90,16 @@ fn convert_to_fp16_twins_store_mixed_dtypes_and_pass_against_pytorch() {
             .unwrap()
             .to_scalar::<f64>()
             .unwrap();
-        let step = largest * if half == DType::F16 { 2f64.powi(-10) } else { 2f64.powi(-7) };
-        assert!(vs_torch <= atol.max(step), "{rel}: {vs_torch:.3e} from PyTorch (one step {step:.3e})");
+        let step = largest
+            * if half == DType::F16 {
+                2f64.powi(-10)
+            } else {
+                2f64.powi(-7)
+            };
+        assert!(
+            vs_torch <= atol.max(step),
+            "{rel}: {vs_torch:.3e} from PyTorch (one step {step:.3e})"
+        );
     }
 }
 
