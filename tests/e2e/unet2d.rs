@@ -4,7 +4,8 @@
 //! error against PyTorch's output at least 100 times PyTorch's own float32 error): a timestep not
 //! truncated to an integer as diffusers' `torch.tensor([t], dtype=long)` truncates it, a swapped
 //! pair of weights (an attention's `to_q` and `to_k`), and a wrong key map (a weight loaded under
-//! another module's name is refused by name).
+//! another module's name is refused by name). And a user's own whole models (configs in no other
+//! committed folder, `scripts/export_own.py --whole`) through `PortCheck` (issue 57).
 
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
@@ -131,5 +132,41 @@ fn bad_inputs_and_unsupported_configs_are_errors_naming_them() {
             }
         };
         assert!(e.contains(named), "{key}: {e}");
+    }
+}
+
+/// Issue 57: a user's own whole model (a config in no other committed folder, exported by
+/// `scripts/export_own.py FOLDER --whole`) checked with `PortCheck`, our loaders standing in for
+/// the port: both U-Nets pass module by module, f32 and the half twin.
+#[test]
+fn own_whole_models_pass_through_portcheck() {
+    use unet_attention::models::UNet2DConditionModel;
+    let own = root().join("weights/own/whole");
+    for (bundle, dtype) in [
+        ("unseen_unet_whole.safetensors", DType::F32),
+        ("unseen_unet_whole_bf16.safetensors", DType::BF16),
+    ] {
+        let check = PortCheck::open(own.join(bundle)).unwrap();
+        let t = timestep(&check);
+        let unet = UNet2DConditionModel::load(own.join("unseen_unet"), dtype, &Device::Cpu).unwrap();
+        let report = check
+            .run(|i| unet.forward(i.get("sample")?, t, i.get("encoder_hidden_states")?))
+            .unwrap();
+        assert!(report.pass, "{bundle}: {report}");
+        let compared = report.trace.stages.iter().filter(|s| s.compare.is_some()).count();
+        assert!(
+            compared > 40 && report.trace.unrecorded_before.is_empty(),
+            "{bundle}: {report}"
+        );
+    }
+    for (bundle, dtype) in [
+        ("unseen_unet2d_whole.safetensors", DType::F32),
+        ("unseen_unet2d_whole_f16.safetensors", DType::F16),
+    ] {
+        let check = PortCheck::open(own.join(bundle)).unwrap();
+        let t = timestep(&check);
+        let unet = UNet2DModel::load(own.join("unseen_unet2d"), dtype, &Device::Cpu).unwrap();
+        let report = check.run(|i| unet.forward(i.get("sample")?, t)).unwrap();
+        assert!(report.pass, "{bundle}: {report}");
     }
 }
