@@ -103,26 +103,37 @@ pub(crate) struct PackedRows {
     pub(super) half: Option<HalfBits>,
 }
 
-impl PackedRows {
-    /// The values held as `held` (f32: as they are); each must be a value of `held`.
-    pub(crate) fn held_as(mut self, held: Held) -> PackedRows {
-        if held != Held::F32 {
-            self.half = Some(HalfBits::narrow(&self.data, held));
-            self.data = Aligned::default();
+/// How a packed matrix holds its values (`data` in f32, or `half`): the same three methods for
+/// [`PackedRows`] and [`PackedCols`].
+macro_rules! held_values {
+    ($packed:ty) => {
+        impl $packed {
+            /// The values held as `held` (f32: as they are); each must be a value of `held`.
+            pub(crate) fn held_as(mut self, held: Held) -> Self {
+                if held != Held::F32 {
+                    self.half = Some(HalfBits::narrow(&self.data, held));
+                    self.data = Aligned::default();
+                }
+                self
+            }
+
+            /// The type the values are held in.
+            pub(crate) fn held(&self) -> Held {
+                self.half.as_ref().map_or(Held::F32, |h| h.held)
+            }
+
+            /// `len` values from `start` of the packed layout, in place or widened into `buf`.
+            pub(super) fn values<'s>(&'s self, start: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
+                values_from(&self.data, &self.half, start, len, buf)
+            }
         }
-        self
-    }
+    };
+}
 
-    /// The type the values are held in.
-    pub(crate) fn held(&self) -> Held {
-        self.half.as_ref().map_or(Held::F32, |h| h.held)
-    }
+held_values!(PackedRows);
+held_values!(PackedCols);
 
-    /// `len` values from `start` of the packed layout, in place or widened into `buf`.
-    pub(super) fn values<'s>(&'s self, start: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
-        values_from(&self.data, &self.half, start, len, buf)
-    }
-
+impl PackedRows {
     /// The matrix with its values held in f32: itself, or a widened copy.
     pub(crate) fn widened(&self) -> std::borrow::Cow<'_, PackedRows> {
         match &self.half {
@@ -309,25 +320,6 @@ pub(crate) struct PackedCols {
 }
 
 impl PackedCols {
-    /// The values held as `held` (f32: as they are); each must be a value of `held`.
-    pub(crate) fn held_as(mut self, held: Held) -> PackedCols {
-        if held != Held::F32 {
-            self.half = Some(HalfBits::narrow(&self.data, held));
-            self.data = Aligned::default();
-        }
-        self
-    }
-
-    /// The type the values are held in.
-    pub(crate) fn held(&self) -> Held {
-        self.half.as_ref().map_or(Held::F32, |h| h.held)
-    }
-
-    /// `len` packed values from `start`, in place or widened into `buf`.
-    pub(super) fn values<'s>(&'s self, start: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
-        values_from(&self.data, &self.half, start, len, buf)
-    }
-
     /// Pack the row-major `(cols, k)` matrix `w` (an `nn.Linear` weight `(out, in)`).
     pub(crate) fn new(w: &[f32], cols: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedCols {
         assert_eq!(w.len(), cols * k);

@@ -21,8 +21,8 @@
 use super::folder::ModelFolder;
 use super::time_embedding::{TimestepEmbedding, Timesteps};
 use super::unet_2d_config::UNet2DModelConfig;
-use super::unet_blocks::{image_attention_config, layer, Context, DownBlock, UpBlock, UpChannels};
-use crate::diffusers::model_config::{mid_blocks, ModelClass};
+use super::unet_blocks::{self, image_attention_config, layer, Context, DownBlock, UpBlock, UpChannels};
+use crate::diffusers::model_config::ModelClass;
 use crate::diffusers::resnet::{ResnetBlock2DConfig, TimeEmbeddingNorm};
 use crate::diffusers::{AttentionConfig, UNetMidBlock2D, UNetMidBlock2DConfig};
 use crate::layers::{group_norm, Activation, Conv2d, GroupNorm};
@@ -308,13 +308,8 @@ fn up_blocks(vb: &VarBuilder, cfg: &UNet2DModelConfig, resnet: &ResnetBlock2DCon
 
 /// The mid block, with the kwargs `crate::diffusers::model_config` derives from the same config.
 fn mid_block(vb: &VarBuilder, cfg: &UNet2DModelConfig) -> Result<Option<UNetMidBlock2D>> {
-    let json = serde_json::to_value(cfg).map_err(|e| Error::config(UNet2DModel::BLOCK, e.to_string()))?;
-    let Some(spec) = mid_blocks(&json, Some(ModelClass::UNet2DModel), false)?
-        .into_iter()
-        .next()
-    else {
-        return Ok(None);
-    };
-    let mid: UNetMidBlock2DConfig = crate::config::from_json(UNetMidBlock2D::BLOCK, &spec.config)?;
-    Ok(Some(UNetMidBlock2D::new(vb.pp(spec.prefix), &mid)?))
+    let model = (UNet2DModel::BLOCK, ModelClass::UNet2DModel);
+    unet_blocks::mid_block(vb, model, cfg, UNetMidBlock2D::BLOCK, |vb, k: &UNetMidBlock2DConfig| {
+        UNetMidBlock2D::new(vb, k)
+    })
 }

@@ -24,8 +24,8 @@
 use super::folder::ModelFolder;
 use super::time_embedding::{TimestepEmbedding, Timesteps};
 use super::unet_2d_condition_config::UNet2DConditionModelConfig;
-use super::unet_blocks::{layer, BlockKwargs, Context, DownBlock, Downsample2D, UpBlock, UpChannels};
-use crate::diffusers::model_config::{mid_blocks, ModelClass};
+use super::unet_blocks::{self, layer, BlockKwargs, Context, DownBlock, Downsample2D, UpBlock, UpChannels};
+use crate::diffusers::model_config::ModelClass;
 use crate::diffusers::resnet::{ResnetBlock2DConfig, TimeEmbeddingNorm};
 use crate::diffusers::transformers::transformer::Transformer2DModelConfig;
 use crate::diffusers::unets::mid_block::{UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig};
@@ -574,13 +574,9 @@ fn up_blocks(vb: &VarBuilder, cfg: &UNet2DConditionModelConfig, kw: &BlockKwargs
 
 /// The mid block, with the kwargs `crate::diffusers::model_config` derives from the same config.
 fn mid_block(vb: &VarBuilder, cfg: &UNet2DConditionModelConfig) -> Result<Option<UNetMidBlock2DCrossAttn>> {
-    let json = serde_json::to_value(cfg).map_err(|e| Error::config(UNet2DConditionModel::BLOCK, e.to_string()))?;
-    let Some(spec) = mid_blocks(&json, Some(ModelClass::UNet2DConditionModel), false)?
-        .into_iter()
-        .next()
-    else {
-        return Ok(None);
-    };
-    let mid: UNetMidBlock2DCrossAttnConfig = crate::config::from_json(UNetMidBlock2DCrossAttn::BLOCK, &spec.config)?;
-    Ok(Some(UNetMidBlock2DCrossAttn::new(vb.pp(spec.prefix), &mid)?))
+    let model = (UNet2DConditionModel::BLOCK, ModelClass::UNet2DConditionModel);
+    let mid = UNetMidBlock2DCrossAttn::BLOCK;
+    unet_blocks::mid_block(vb, model, cfg, mid, |vb, k: &UNetMidBlock2DCrossAttnConfig| {
+        UNetMidBlock2DCrossAttn::new(vb, k)
+    })
 }

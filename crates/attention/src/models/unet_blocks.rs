@@ -20,6 +20,7 @@
 //! `downsamplers.0`), recording its output there, so a module-path bundle's stages line up.
 
 use super::unet_2d_condition_config::BlockArgs;
+use crate::diffusers::model_config::{mid_blocks, ModelClass};
 use crate::diffusers::resnet::{ResnetBlock2D, ResnetBlock2DConfig};
 use crate::diffusers::transformers::transformer::{Transformer2DModel, Transformer2DModelConfig};
 use crate::diffusers::unets::mid_block::LayersPerBlock;
@@ -251,6 +252,23 @@ fn image_attentions(vb: &VarBuilder, cfg: Option<&AttentionConfig>, layers: usiz
         .collect()
 }
 
+/// A U-Net's mid block, built from the kwargs `diffusers::model_config` derives from the same
+/// config (so the model and `unet-parity detect` agree on it): `None` where the config has none.
+pub(crate) fn mid_block<C: serde::Serialize, K: serde::de::DeserializeOwned, M>(
+    vb: &VarBuilder,
+    (model, class): (&'static str, ModelClass),
+    cfg: &C,
+    mid: &'static str,
+    new: impl FnOnce(VarBuilder, &K) -> Result<M>,
+) -> Result<Option<M>> {
+    let json = serde_json::to_value(cfg).map_err(|e| Error::config(model, e.to_string()))?;
+    let Some(spec) = mid_blocks(&json, Some(class), false)?.into_iter().next() else {
+        return Ok(None);
+    };
+    let kwargs: K = crate::config::from_json(mid, &spec.config)?;
+    Ok(Some(new(vb.pp(spec.prefix), &kwargs)?))
+}
+
 /// Run `resnets.i` on `h`.
 fn run_resnet(r: &ResnetBlock2D, i: usize, h: &Tensor, temb: &Tensor) -> Result<Tensor> {
     layer("resnets", i, || r.forward(h, Some(temb)))
@@ -381,6 +399,25 @@ pub struct UpChannels {
     pub prev_output_channel: usize,
 }
 
+impl UpChannels {
+    /// Resnet `i`'s input channels (of `layers`): the hidden state (`prev_output_channel` for
+    /// the first, `out_channels` after) concatenated with its skip (`in_channels` for the last,
+    /// `out_channels` before).
+    fn resnet_in(&self, i: usize, layers: usize) -> usize {
+        let hidden = if i == 0 {
+            self.prev_output_channel
+        } else {
+            self.out_channels
+        };
+        let skip = if i + 1 == layers {
+            self.in_channels
+        } else {
+            self.out_channels
+        };
+        hidden + skip
+    }
+}
+
 impl UpBlock {
     pub const CROSS_ATTN: &'static str = "CrossAttnUpBlock2D";
     pub const PLAIN: &'static str = "UpBlock2D";
@@ -397,17 +434,7 @@ impl UpBlock {
         let cross = kind == Self::CROSS_ATTN;
         let (mut resnets, mut attentions) = (vec![], vec![]);
         for i in 0..args.layers {
-            let skip = if i + 1 == args.layers {
-                ch.in_channels
-            } else {
-                ch.out_channels
-            };
-            let c_in = if i == 0 {
-                ch.prev_output_channel
-            } else {
-                ch.out_channels
-            };
-            let cfg = resnet(kw, c_in + skip, ch.out_channels);
+            let cfg = resnet(kw, ch.resnet_in(i, args.layers), ch.out_channels);
             resnets.push(ResnetBlock2D::new(vb.pp("resnets").pp(i), &cfg)?);
             if cross {
                 let cfg = transformer_config(
@@ -450,18 +477,8 @@ impl UpBlock {
     ) -> Result<Self> {
         let resnets = (0..layers)
             .map(|i| {
-                let skip = if i + 1 == layers {
-                    ch.in_channels
-                } else {
-                    ch.out_channels
-                };
-                let c_in = if i == 0 {
-                    ch.prev_output_channel
-                } else {
-                    ch.out_channels
-                };
                 let cfg = ResnetBlock2DConfig {
-                    in_channels: c_in + skip,
+                    in_channels: ch.resnet_in(i, layers),
                     out_channels: Some(ch.out_channels),
                     ..resnet.clone()
                 };

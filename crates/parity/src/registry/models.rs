@@ -16,6 +16,14 @@ pub(super) fn entries() -> Vec<BlockInfo> {
     ]
 }
 
+/// The U-Nets' `timestep`: a number in `parity.kwargs`, required.
+fn timestep(inputs: &Inputs, block: &'static str) -> Result<f64> {
+    if !inputs.kwargs.contains_key("timestep") {
+        return Err(Error::input(block, "timestep", "required (parity.kwargs)"));
+    }
+    inputs.number("timestep", 0.0)
+}
+
 /// `UNet2DConditionModel.forward(sample, timestep, encoder_hidden_states, added_cond_kwargs=
 /// {"text_embeds", "time_ids"})`, the timestep a number (`parity.kwargs`).
 impl Registered for UNet2DConditionModel {
@@ -36,10 +44,7 @@ impl Registered for UNet2DConditionModel {
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
-        if !inputs.kwargs.contains_key("timestep") {
-            return Err(Error::input(Self::BLOCK, "timestep", "required (parity.kwargs)"));
-        }
-        let timestep = inputs.number("timestep", 0.0)?;
+        let timestep = timestep(inputs, Self::BLOCK)?;
         let added_cond = match (inputs.get("text_embeds"), inputs.get("time_ids")) {
             (Some(text_embeds), Some(time_ids)) => Some(AddedCond { text_embeds, time_ids }),
             (None, None) => None,
@@ -79,10 +84,7 @@ impl Registered for UNet2DModel {
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
-        if !inputs.kwargs.contains_key("timestep") {
-            return Err(Error::input(Self::BLOCK, "timestep", "required (parity.kwargs)"));
-        }
-        let timestep = inputs.number("timestep", 0.0)?;
+        let timestep = timestep(inputs, Self::BLOCK)?;
         Ok(vec![self.forward(inputs.required("sample")?, timestep)?])
     }
 }

@@ -9,7 +9,10 @@ use crate::common::*;
 use crate::limits::assert_refused;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use unet_attention::models::{AutoencoderKL, AutoencoderKLConfig, UNet2DConditionModel, UNet2DConditionModelConfig};
+use unet_attention::models::{
+    AutoencoderKL, AutoencoderKLConfig, UNet2DConditionModel, UNet2DConditionModelConfig, UNet2DModel,
+    UNet2DModelConfig,
+};
 
 /// A whole model: its block id and `parity.config`.
 struct Model {
@@ -51,6 +54,28 @@ fn unet(channels: &[usize], cross: &[bool], heads: usize, groups: usize, context
     }
 }
 
+/// An unconditional U-Net (`UNet2DModel`) of `channels`, image attention in the blocks `attn`
+/// names (the mid block has it always).
+fn unet2d(channels: &[usize], attn: &[bool], head_dim: usize, groups: usize) -> Model {
+    let down: Vec<&str> = attn
+        .iter()
+        .map(|&a| if a { "AttnDownBlock2D" } else { "DownBlock2D" })
+        .collect();
+    let up: Vec<&str> = attn
+        .iter()
+        .rev()
+        .map(|&a| if a { "AttnUpBlock2D" } else { "UpBlock2D" })
+        .collect();
+    Model {
+        block: UNet2DModel::BLOCK,
+        config: serde_json::json!({
+            "in_channels": 3, "out_channels": 3, "down_block_types": down, "up_block_types": up,
+            "block_out_channels": channels, "layers_per_block": 1, "norm_num_groups": groups,
+            "attention_head_dim": head_dim,
+        }),
+    }
+}
+
 /// Deterministic values in [-1, 1].
 fn values(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32) * 0.731 + seed).sin()).collect()
@@ -68,6 +93,9 @@ fn whole_bundle(dir: &Path, name: &str, model: &Model, sample: &[usize]) -> Path
     let weights = if model.block == AutoencoderKL::BLOCK {
         let cfg: AutoencoderKLConfig = unet_attention::config::from_json(model.block, &model.config).unwrap();
         synth_weights(|vb| AutoencoderKL::new(vb, &cfg))
+    } else if model.block == UNet2DModel::BLOCK {
+        let cfg: UNet2DModelConfig = unet_attention::config::from_json(model.block, &model.config).unwrap();
+        synth_weights(|vb| UNet2DModel::new(vb, &cfg))
     } else {
         let cfg: UNet2DConditionModelConfig = unet_attention::config::from_json(model.block, &model.config).unwrap();
         synth_weights(|vb| UNet2DConditionModel::new(vb, &cfg))
@@ -93,6 +121,9 @@ fn whole_bundle(dir: &Path, name: &str, model: &Model, sample: &[usize]) -> Path
         ("parity.weights".into(), file),
         ("parity.inputs".into(), r#"["sample"]"#.into()),
     ]);
+    if model.block == UNet2DModel::BLOCK {
+        metadata.insert("parity.kwargs".into(), r#"{"timestep": 999.0}"#.into());
+    }
     if unet {
         let width = model.config["cross_attention_dim"].as_u64().unwrap() as usize;
         tensors.insert(
@@ -133,6 +164,11 @@ fn whole_model_estimates_hold_the_measured_peak() {
             "unet_cross_b2_128",
             unet(&[16, 32, 32], &[false, true, false], 4, 8, 32),
             vec![2, 4, 128, 128],
+        ),
+        (
+            "unet2d_attn_b2_128",
+            unet2d(&[16, 32, 32], &[false, true, false], 8, 8),
+            vec![2, 3, 128, 128],
         ),
     ];
     let mut rows = vec![];
