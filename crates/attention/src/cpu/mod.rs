@@ -27,4 +27,4 @@ mod tensor;
 pub(crate) mod workers;
 
 pub use tensor::contiguous;
-pub(crate) use tensor::{add_half, cast, cpu_slice, map_half};
+pub(crate) use tensor::{add_half, cast, cpu_slice, map_half, Half};

@@ -51,7 +51,7 @@ const RUN: usize = 512;
 /// The half-precision element types, widened to f32 and rounded back a run at a time: f16 by
 /// `half`'s slice conversions (F16C where the CPU has it), bf16 by bit operations the compiler
 /// vectorises. Both round to nearest, ties to even, NaN kept a quiet NaN: `to_dtype`'s bits.
-trait Half: Copy + Send + Sync + 'static {
+pub(crate) trait Half: Copy + Send + Sync + 'static {
     const ZERO: Self;
     fn widen(src: &[Self], dst: &mut [f32]);
     fn narrow(src: &[f32], dst: &mut [Self]);

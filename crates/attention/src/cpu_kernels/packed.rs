@@ -10,6 +10,7 @@
 use super::gemm::{k_blocks, Blocking};
 use crate::cpu::aligned::Aligned;
 use crate::cpu::isa::Isa;
+use crate::cpu::Half;
 
 /// The type packed values are held in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,11 +28,18 @@ pub(crate) struct HalfBits {
 }
 
 impl HalfBits {
-    /// `values` (each exactly a value of `held`: they were loaded in it) as `held`'s bits.
+    /// `values` (each exactly a value of `held`: they were loaded in it) as `held`'s bits, rounded
+    /// by the crate's one set of half conversions ([`crate::cpu::Half`]).
     fn narrow(values: &[f32], held: Held) -> HalfBits {
+        use half::vec::HalfFloatVecExt;
+        fn go<T: Half>(values: &[f32]) -> Vec<T> {
+            let mut out = vec![T::ZERO; values.len()];
+            T::narrow(values, &mut out);
+            out
+        }
         let bits = match held {
-            Held::Bf16 => values.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect(),
-            Held::F16 => values.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect(),
+            Held::Bf16 => go::<half::bf16>(values).reinterpret_into(),
+            Held::F16 => go::<half::f16>(values).reinterpret_into(),
             Held::F32 => unreachable!("f32 values are held as they are"),
         };
         HalfBits { held, bits }
@@ -39,16 +47,11 @@ impl HalfBits {
 
     /// Values `start .. start + dst.len()` widened into `dst`.
     fn widen(&self, start: usize, dst: &mut [f32]) {
+        use half::slice::HalfBitsSliceExt;
         let src = &self.bits[start..start + dst.len()];
         match self.held {
-            Held::Bf16 => dst
-                .iter_mut()
-                .zip(src)
-                .for_each(|(d, &b)| *d = f32::from_bits((b as u32) << 16)),
-            Held::F16 => {
-                use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-                src.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst);
-            }
+            Held::Bf16 => half::bf16::widen(src.reinterpret_cast(), dst),
+            Held::F16 => half::f16::widen(src.reinterpret_cast(), dst),
             Held::F32 => unreachable!("f32 values are held as they are"),
         }
     }
