@@ -86,6 +86,9 @@ VAE_SPECS = {
 UNET2D_SPECS = {
     "unet2d": ("diffusers_unet2d", 2, (6, 10), 421.9, 7),
     "unet2d_scale_shift": ("diffusers_unet2d_scale_shift", 2, (8, 4), 17.0, 8),
+    # The DDPM scripts/digits_ddpm.py trained on scikit-learn's digits: trained weights, at the first timestep of a
+    # sampling loop (the input is pure noise there, as in sampling); float32 only (UNet2DModel's half twins are unet2d_f16).
+    "digits_ddpm": ("digits_ddpm", 1, (16, 16), 999.0, 11, {"half": False}),
 }
 
 

@@ -18,7 +18,11 @@
 //! U-Net and VAE run in that dtype and the image is compared with PyTorch's float32 image and with
 //! PyTorch's own run in the same dtype.
 
+// The schedulers shared with examples/digits; this example takes DDIM only.
 mod sampler;
+#[allow(dead_code)]
+#[path = "../common/schedule.rs"]
+mod schedule;
 
 use anyhow::{bail, Context as _, Result};
 use candle_core::{DType, Device, Tensor};

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use candle_core::{DType, Device, Tensor};
 use unet_attention::models::{AutoencoderKL, UNet2DConditionModel};
 
@@ -20,78 +20,28 @@ pub const REFERENCE: &str = "weights/whole/denoise_sd1.safetensors";
 pub const UNET: &str = "weights/models/diffusers_sd1";
 pub const VAE: &str = "weights/models/diffusers_vae";
 
-/// DDIM with eta 0 and Stable Diffusion 1.5's scheduler config: `scaled_linear` betas from
-/// 0.00085 to 0.012 over 1000 training steps, `set_alpha_to_one = false`, `leading` timestep
-/// spacing with `steps_offset = 1`, epsilon prediction, no clipping.
-#[derive(Debug, Clone)]
-pub struct Ddim {
-    /// ᾱ_t for t in 0..1000, float32 as diffusers holds them.
-    pub alphas_cumprod: Vec<f32>,
-    /// The timesteps of the loop, from the noisiest.
-    pub timesteps: Vec<usize>,
-    /// Training steps between two timesteps of the loop.
-    ratio: usize,
+pub use crate::schedule::Ddim;
+use crate::schedule::SchedulerConfig;
+
+/// Stable Diffusion 1.5's scheduler config: `scaled_linear` betas from 0.00085 to 0.012 over 1000
+/// training steps, `set_alpha_to_one = false`, `leading` timestep spacing with `steps_offset = 1`,
+/// epsilon prediction, no clipping.
+pub fn sd15_scheduler() -> SchedulerConfig {
+    SchedulerConfig {
+        num_train_timesteps: 1000,
+        beta_start: 0.00085,
+        beta_end: 0.012,
+        beta_schedule: "scaled_linear".into(),
+        clip_sample: None,
+        set_alpha_to_one: false,
+        steps_offset: 1,
+    }
 }
 
 impl Ddim {
-    pub const TRAIN_STEPS: usize = 1000;
-    pub const BETA_START: f64 = 0.00085;
-    pub const BETA_END: f64 = 0.012;
-    pub const STEPS_OFFSET: usize = 1;
-
+    /// DDIM with eta 0 and [`sd15_scheduler`]'s config.
     pub fn new(steps: usize) -> Result<Self> {
-        let n = Self::TRAIN_STEPS;
-        if steps == 0 || steps > n {
-            bail!("DDIM takes 1 to {n} steps, not {steps}");
-        }
-        // "scaled_linear": torch.linspace(sqrt(start), sqrt(end), n, dtype=float32) ** 2. Torch's
-        // float32 linspace counts from the start for the first half and back from the end for
-        // the second, each value one fused multiply-add, rounded once.
-        let (start, end) = (Self::BETA_START.sqrt() as f32, Self::BETA_END.sqrt() as f32);
-        let delta = (end - start) / (n - 1) as f32;
-        let betas = (0..n).map(|i| {
-            let root = if i < n / 2 {
-                delta.mul_add(i as f32, start)
-            } else {
-                (-delta).mul_add((n - 1 - i) as f32, end)
-            };
-            root * root
-        });
-        // torch.cumprod over float32 accumulates in float64 on the CPU, rounding each product
-        // it stores.
-        let mut acc = 1f64;
-        let alphas_cumprod = betas
-            .map(|beta| {
-                acc *= f64::from(1.0 - beta);
-                acc as f32
-            })
-            .collect();
-        let ratio = n / steps;
-        let timesteps = (0..steps).rev().map(|i| i * ratio + Self::STEPS_OFFSET).collect();
-        Ok(Self {
-            alphas_cumprod,
-            timesteps,
-            ratio,
-        })
-    }
-
-    /// ᾱ at the timestep after `t`; past t = 0 it is ᾱ_0 (`set_alpha_to_one = false`).
-    fn alpha_prev(&self, t: usize) -> f32 {
-        match t.checked_sub(self.ratio) {
-            Some(prev) => self.alphas_cumprod[prev],
-            None => self.alphas_cumprod[0],
-        }
-    }
-
-    /// One DDIM step (eta 0) from `x` at timestep `t` with the predicted noise `eps` (both
-    /// float32): x₀ = (x − √(1−ᾱ_t)·ε) / √ᾱ_t, then √ᾱ_prev·x₀ + √(1−ᾱ_prev)·ε.
-    pub fn step(&self, eps: &Tensor, t: usize, x: &Tensor) -> Result<Tensor> {
-        let a_t = self.alphas_cumprod[t];
-        let a_prev = self.alpha_prev(t);
-        let s = |v: f32| Tensor::new(v, x.device());
-        let x0 = (x - eps.broadcast_mul(&s((1.0 - a_t).sqrt())?)?)?.broadcast_div(&s(a_t.sqrt())?)?;
-        let prev = (x0.broadcast_mul(&s(a_prev.sqrt())?)? + eps.broadcast_mul(&s((1.0 - a_prev).sqrt())?)?)?;
-        Ok(prev)
+        Self::with_config(&sd15_scheduler(), steps)
     }
 }
 

@@ -230,7 +230,8 @@ def generate_one(out_dir: Path, templates, seed: int, index: int, max_elements: 
     entry = OrderedDict(id=bid, block=template.block, template=template.name, dtype=r["dtype"], seed=r["seed"],
                         condition=r["condition"], half="calibrate" if index % 2 == 0 else "validate")
     module32 = template.build()
-    randomize_(module32, r["seed"])
+    if template.trained is None:
+        randomize_(module32, r["seed"])
     module32.eval()
     plan, inputs, module, input_dtypes, outs = resolve_shapes(template, module32, dtype, r["rng"], r["seed"],
                                                               max_elements, long=r["condition"] == "long")

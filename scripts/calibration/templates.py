@@ -50,6 +50,9 @@ class Template:
     state_keys: tuple = ()
     half_input_dtypes: dict | None = field(default=None)
     half_rejected: str | None = None
+    # a model folder whose trained weights the bundles keep (not randomized: the generator's
+    # ``randomize_`` is skipped for these; weight conditions still change them)
+    trained: Path | None = None
 
     @property
     def family(self) -> str:
@@ -62,7 +65,12 @@ class Template:
 
             return build_module(self.block, self.config, self.state_keys, self.source)
         if self.kind == "whole":
-            return build_whole(self.block, self.config)
+            model = build_whole(self.block, self.config)
+            if self.trained is not None:
+                from safetensors.torch import load_file
+
+                model.load_state_dict(load_file(self.trained / "diffusion_pytorch_model.safetensors"))
+            return model
         from export.blocks import build_module
 
         return build_module(self.block, self.config)
@@ -136,22 +144,26 @@ def mid_templates(folder: Path = MID_DIR) -> list[Template]:
 
 
 WHOLE_MODELS = (("diffusers_sd1", "diffusers.UNet2DConditionModel"), ("diffusers_sd2", "diffusers.UNet2DConditionModel"),
-                ("diffusers_sdxl", "diffusers.UNet2DConditionModel"), ("diffusers_vae", "diffusers.AutoencoderKL"))
+                ("diffusers_sdxl", "diffusers.UNet2DConditionModel"), ("diffusers_vae", "diffusers.AutoencoderKL"),
+                ("diffusers_unet2d", "diffusers.UNet2DModel"), ("digits_ddpm", "diffusers.UNet2DModel"))
+# whole models whose committed weights are trained (scripts/digits_ddpm.py): their bundles keep them
+TRAINED = {"digits_ddpm"}
 
 
 def build_whole(block: str, config: dict) -> nn.Module:
     """A whole model from its config with export_whole.py's forward (arguments as tensors and JSON)."""
-    from export_whole import BLOCK, unet_class, vae_class
+    from export_whole import BLOCK, UNET2D_BLOCK, unet2d_class, unet_class, vae_class
 
-    base, wrapped = (unet_class if block == BLOCK else vae_class)()
+    base, wrapped = {BLOCK: unet_class, UNET2D_BLOCK: unet2d_class}.get(block, vae_class)()
     model = base.from_config(config)
     model.__class__ = wrapped
     return model
 
 
 def whole_templates(folder: Path = MID_DIR.parent / "models") -> list[Template]:
-    """The whole models of ``weights/whole/`` (the tiny SD 1.x / 2.x / XL U-Nets and the VAE), rebuilt
-    from their folders' config.json, inputs as ``scripts/export_whole.py`` makes them."""
+    """The whole models of ``weights/whole/`` (the tiny SD 1.x / 2.x / XL U-Nets, the VAE, UNet2DModel
+    and the trained digits DDPM, whose weights are kept), rebuilt from their folders' config.json,
+    inputs as ``scripts/export_whole.py`` makes them."""
     from export_whole import inputs as unet_inputs
 
     out = []
@@ -163,12 +175,18 @@ def whole_templates(folder: Path = MID_DIR.parent / "models") -> list[Template]:
             g = torch.Generator().manual_seed(0)
             ins = OrderedDict(sample=torch.rand(2, config["in_channels"], 8, 6, generator=g) * 2 - 1)
             kwargs = None
+        elif block == "diffusers.UNet2DModel":
+            # pure noise, as a sampling loop's input (the generator draws the timestep)
+            g = torch.Generator().manual_seed(0)
+            size = (16, 16) if name in TRAINED else (6, 4)
+            ins, kwargs = OrderedDict(sample=torch.randn(2, config["in_channels"], *size, generator=g)), {"timestep": 999.0}
         else:
             ins, kwargs = unet_inputs(model, 2, (6, 4), 0), {"timestep": 999.0}
         out.append(Template(name=f"whole:{name}", block=block, config=config,
                             source=f"diffusers 0.42.1 {type(model).__mro__[1].__name__}.forward (calibration, "
                                    "scripts/calibration/templates.py)",
-                            kwargs=kwargs, inputs=ins, half="to", kind="whole"))
+                            kwargs=kwargs, inputs=ins, half="to", kind="whole",
+                            trained=folder / name if name in TRAINED else None))
     return out
 
 

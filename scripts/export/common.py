@@ -43,8 +43,10 @@ MID = WEIGHTS / "mid"
 # Plus 6,600,000 bytes (issues 57 and 58): UNet2DModel's whole bundles (weights/whole/unet2d*, f32 and f16) and
 # weights/own/whole (scripts/own_whole_example.sh: two models of configs in no other folder and their whole bundles,
 # written by `scripts/export_own.py FOLDER --whole`).
+# Plus 8,100,000 bytes (issue 58): the trained digits DDPM (weights/models/digits_ddpm, 3.8 MB, scripts/digits_ddpm.py),
+# its sampling reference (weights/whole/digits_samples.safetensors) and its float32 whole bundle (digits_ddpm).
 MAX_WEIGHTS_BYTES = (60 * 1024 * 1024 + 2_943_914 + 1_315_362 + 789_459 + 9_694_004 + 1_500_000 + 9_047_358
-                     + 6_500_000 + 6_600_000)
+                     + 6_500_000 + 6_600_000 + 8_100_000)
 
 HALF_DTYPES = (("float16", "f16"), ("bfloat16", "bf16"))
 

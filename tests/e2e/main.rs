@@ -6,7 +6,12 @@
 #[path = "../../crates/parity/tests/common/mod.rs"]
 mod common;
 
+// The sampling examples' schedulers (examples/denoise, examples/digits).
+#[path = "../../examples/common/schedule.rs"]
+mod schedule;
+
 mod denoise;
+mod digits;
 mod half_openai;
 mod library_errors;
 mod model_folders;
