@@ -16,4 +16,5 @@ mod half_openai;
 mod library_errors;
 mod model_folders;
 mod properties;
+mod single_file;
 mod unet2d;

@@ -491,3 +491,26 @@ impl WeightSource for PrefixView {
         Some(format!("{} (prefix `{}`)", self.checkpoint.path.display(), self.prefix))
     }
 }
+
+/// A single-file checkpoint in the original `ldm` layout, opened for
+/// `unet_attention::models::{UNet2DConditionModel, AutoencoderKL}::from_single_file_weights`:
+/// safetensors or a `torch.save` pickle (`.ckpt`, `.pt`, `.pth`, `.bin`, read without running
+/// it), its tensors under their full names (`model.diffusion_model.…`, `first_stage_model.…`). The
+/// original training code saves `{"state_dict": …, "global_step": …}`: the section holding
+/// `model.diffusion_model.` or `first_stage_model.` is taken as the file.
+pub fn open_single_file(path: &Path) -> Result<Arc<dyn WeightSource>> {
+    let checkpoint = Arc::new(Checkpoint::open(path)?);
+    let section = ["model.diffusion_model.", "first_stage_model."]
+        .iter()
+        .find_map(|p| {
+            let full = checkpoint.resolve_prefix(p).ok()?;
+            full.strip_suffix(p).map(str::to_string)
+        })
+        .ok_or_else(|| {
+            err(
+                path,
+                "no tensor under `model.diffusion_model.` or `first_stage_model.`: not an ldm-layout single file",
+            )
+        })?;
+    Ok(Arc::new(PrefixView::new(checkpoint, &section)?))
+}

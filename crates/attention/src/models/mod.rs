@@ -15,7 +15,9 @@
 //!   config ([`AutoencoderKLConfig`]) and [`DiagonalGaussianDistribution`].
 //!
 //! Both load from a diffusers model folder in one call (`load(folder, dtype, device)`, `folder`:
-//! `config.json` and the safetensors, sharded or not), refusing weights they do not read.
+//! `config.json` and the safetensors, sharded or not), refusing weights they do not read; the SD
+//! U-Net and VAE also from a single-file checkpoint in the original ldm layout (`single_file`:
+//! `from_single_file(path, config, dtype, device)`, the config given or inferred).
 //!
 //! The forward signatures follow candle-transformers 0.11's
 //! (`UNet2DConditionModel::forward(xs, timestep: f64, encoder_hidden_states)`, `AutoEncoderKL::encode`
@@ -25,6 +27,7 @@
 pub mod autoencoder_kl;
 pub mod autoencoder_kl_config;
 mod folder;
+pub mod single_file;
 pub mod stable_diffusion;
 pub mod time_embedding;
 pub mod unet_2d;
@@ -35,6 +38,7 @@ pub mod unet_blocks;
 
 pub use autoencoder_kl::{AutoencoderKL, DiagonalGaussianDistribution};
 pub use autoencoder_kl_config::AutoencoderKLConfig;
+pub use single_file::{LdmUNetConfig, LdmVaeConfig};
 pub use time_embedding::{TimestepEmbedding, Timesteps};
 pub use unet_2d::UNet2DModel;
 pub use unet_2d_condition::{AddedCond, ControlNetResiduals, ForwardArgs, UNet2DConditionModel};

@@ -5,7 +5,9 @@ use super::{entry, BlockInfo, ConfigRead, Inputs, Registered};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
-use unet_attention::models::{AddedCond, AutoencoderKL, ForwardArgs, UNet2DConditionModel, UNet2DModel};
+use unet_attention::models::{
+    AddedCond, AutoencoderKL, ForwardArgs, LdmUNetConfig, LdmVaeConfig, UNet2DConditionModel, UNet2DModel,
+};
 use unet_attention::{Error, Result};
 
 pub(super) fn entries() -> Vec<BlockInfo> {
@@ -13,6 +15,8 @@ pub(super) fn entries() -> Vec<BlockInfo> {
         entry::<UNet2DConditionModel>(),
         entry::<UNet2DModel>(),
         entry::<AutoencoderKL>(),
+        entry::<LdmUNet>(),
+        entry::<LdmAutoencoderKL>(),
     ]
 }
 
@@ -102,5 +106,53 @@ impl Registered for AutoencoderKL {
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         Ok(vec![self.forward(inputs.required("sample")?)?])
+    }
+}
+
+/// ldm's `UNetModel` (SD 1.x / 2.x), weights under its own names (a single file's
+/// `model.diffusion_model.*`): our `UNet2DConditionModel` built through the single-file key map,
+/// the config the original one (`unet_config.params`).
+pub struct LdmUNet(UNet2DConditionModel);
+
+/// `UNetModel.forward(x, timesteps, context)` with `timesteps = full((batch,), timestep)`.
+impl Registered for LdmUNet {
+    const ID: &'static str = "ldm.UNetModel";
+    const PYTORCH: &'static str = "ldm.modules.diffusionmodules.openaimodel.UNetModel (stable-diffusion-sdkit 2.1.5 = Stability stablediffusion cf1d67a; SD 1.x / 2.x single-file checkpoints, model.diffusion_model.*; run as diffusers' UNet2DConditionModel through from_single_file's key map)";
+    const INPUTS: &'static [&'static str] = &["x", "context"];
+    const KWARGS: &'static [&'static str] = &["timestep"];
+
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        let config: LdmUNetConfig = read.config(Self::ID, config)?;
+        Ok(Self(UNet2DConditionModel::from_ldm(vb, &config)?))
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let timestep = timestep(inputs, Self::ID)?;
+        Ok(vec![self.0.forward(
+            inputs.required("x")?,
+            timestep,
+            inputs.required("context")?,
+        )?])
+    }
+}
+
+/// ldm's `AutoencoderKL` (SD 1.x / 2.x first stage), weights under its own names (a single file's
+/// `first_stage_model.*`).
+pub struct LdmAutoencoderKL(AutoencoderKL);
+
+/// `AutoencoderKL.forward(input, sample_posterior=False)[0]`: `decode(encode(input).mode())`.
+impl Registered for LdmAutoencoderKL {
+    const ID: &'static str = "ldm.AutoencoderKL";
+    const PYTORCH: &'static str = "ldm.models.autoencoder.AutoencoderKL (stable-diffusion-sdkit 2.1.5; SD 1.x / 2.x single-file checkpoints, first_stage_model.*; config {ddconfig, embed_dim, scale_factor}; run as diffusers' AutoencoderKL through from_single_file's key map)";
+    const INPUTS: &'static [&'static str] = &["sample"];
+    const KWARGS: &'static [&'static str] = &[];
+
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        let config: LdmVaeConfig = read.config(Self::ID, config)?;
+        Ok(Self(AutoencoderKL::from_ldm(vb, &config)?))
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        Ok(vec![self.0.forward(inputs.required("sample")?)?])
     }
 }

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Single-file checkpoints in the original ``ldm`` layout, written by the real ``ldm`` code
+(stable-diffusion-sdkit 2.1.5: Stability's stablediffusion tree), and their whole-model bundles.
+
+    python scripts/export_single_file.py
+
+Writes into ``weights/single_file/``:
+
+* ``sd1_tiny.safetensors``: an SD 1.x-style checkpoint as ``LatentDiffusion.state_dict()`` lays it
+  out: ``model.diffusion_model.*`` (a tiny ``ldm.modules.diffusionmodules.openaimodel.UNetModel``:
+  conv projections, ``num_heads``, two res blocks a level, ``first_stage_model.*`` (a tiny
+  ``ldm.models.autoencoder.AutoencoderKL``) and two ``cond_stage_model.*`` tensors standing for the
+  text encoder (a loader of the U-Net or the VAE reads neither).
+* ``sd2_tiny.ckpt``: an SD 2.x-style checkpoint (linear projections, ``num_head_channels``, one res
+  block a level, attention at both levels) saved as ``torch.save({"state_dict": ..., "global_step":
+  0})``, as the original training code saves it.
+* ``<name>.yaml.json``: the ``original_config`` each stands for (the ``model.params`` of an ldm
+  inference YAML, as JSON), and ``<name>.unet.json`` / ``<name>.vae.json``: the diffusers configs
+  diffusers 0.42.1 derives from it (``create_unet_diffusers_config_from_ldm`` and
+  ``create_vae_diffusers_config_from_ldm``), which the Rust conversion must equal.
+* ``weights/whole/single_<name>_unet.safetensors`` / ``single_sd1_vae.safetensors``: whole-model bundles
+  (blocks ``ldm.UNetModel``, ``ldm.AutoencoderKL``): the real ldm forward on seeded inputs, the
+  ldm kwargs as config, the weights referenced in the single file under their prefix. Each model is
+  also loaded by diffusers' own ``from_single_file`` (with the ``original_config``): its output is
+  asserted to be ldm's within float32 rounding, and recorded in the bundle's source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from parity.export import export_bundle  # noqa: E402
+from parity.randomize import randomize_  # noqa: E402
+
+REPO = HERE.parent
+OUT = REPO / "weights" / "single_file"
+WHOLE = REPO / "weights" / "whole"
+UNET_PREFIX = "model.diffusion_model."
+VAE_PREFIX = "first_stage_model."
+
+# model.params.unet_config.params of an ldm inference YAML (v1-inference.yaml / v2-inference.yaml shapes, tiny)
+# (32 channels at least: ldm's normalization() is GroupNorm(32) throughout; transformer_depth 1 as in SD 1.x / 2.x:
+# sdkit's SpatialTransformer indexes its context per layer, so deeper ones need a list of contexts)
+UNETS = {
+    "sd1_tiny": dict(image_size=8, in_channels=4, out_channels=4, model_channels=32, attention_resolutions=[1],
+                     num_res_blocks=2, channel_mult=[1, 2], num_heads=2, use_spatial_transformer=True,
+                     transformer_depth=1, context_dim=24, use_checkpoint=False, legacy=False),
+    "sd2_tiny": dict(image_size=8, in_channels=4, out_channels=4, model_channels=32, attention_resolutions=[2, 1],
+                     num_res_blocks=1, channel_mult=[1, 1], num_head_channels=16, use_spatial_transformer=True,
+                     use_linear_in_transformer=True, transformer_depth=1, context_dim=40, use_checkpoint=False,
+                     legacy=False),
+}
+# model.params.first_stage_config.params.ddconfig (+ embed_dim), SD's with fewer, narrower levels
+VAE = dict(double_z=True, z_channels=4, resolution=16, in_channels=3, out_ch=3, ch=32, ch_mult=[1, 1], num_res_blocks=1,
+           attn_resolutions=[], dropout=0.0)
+SCALE_FACTOR = 0.18215
+
+
+def original_config(unet_params):
+    return {"model": {"params": {"scale_factor": SCALE_FACTOR, "unet_config": {"params": unet_params},
+                                 "first_stage_config": {"params": {"embed_dim": 4, "ddconfig": VAE}}}}}
+
+
+def ldm_unet_class():
+    from ldm.modules.diffusionmodules.openaimodel import UNetModel
+
+    class UNetModelInputs(UNetModel):
+        """ldm's ``UNetModel`` with the timestep as JSON: ``forward(x, timesteps, context)`` with
+        ``timesteps = torch.full((batch,), timestep, dtype=long)``, as a sampler passes it."""
+
+        def forward(self, x, context, *, timestep):
+            t = torch.full((x.shape[0],), int(timestep), dtype=torch.long)
+            return UNetModel.forward(self, x, t, context)
+
+    return UNetModel, UNetModelInputs
+
+
+def ldm_vae_class():
+    # ldm.models.autoencoder imports pytorch_lightning for its training loop only; the module is a
+    # LightningModule subclass whose forward / encode / decode are plain torch.
+    if "pytorch_lightning" not in sys.modules:
+        sys.modules["pytorch_lightning"] = types.SimpleNamespace(LightningModule=nn.Module)
+    from ldm.models.autoencoder import AutoencoderKL
+
+    class AutoencoderKLOutput(AutoencoderKL):
+        """ldm's ``AutoencoderKL.forward(input, sample_posterior=False)``'s reconstruction."""
+
+        def forward(self, sample):
+            return AutoencoderKL.forward(self, sample, sample_posterior=False)[0]
+
+    return AutoencoderKL, AutoencoderKLOutput
+
+
+def to_f16_values_(model):
+    """Round every weight to float16 and back: the checkpoint is stored in float16, as most
+    published single files are, and the float32 reference runs on exactly those values."""
+    with torch.no_grad():
+        for p in model.state_dict().values():
+            if p.is_floating_point():
+                p.copy_(p.half().float())
+    return model
+
+
+def cast_embedding_input(module, args):
+    """ldm's ``timestep_embedding`` is float32 whatever the model's dtype: the float64 twin takes it
+    as diffusers' ``time_proj(t).to(dtype)`` does."""
+    return tuple(a.to(module[0].weight.dtype) for a in args)
+
+
+def build_unet(params, seed):
+    _, cls = ldm_unet_class()
+    model = cls(**params)
+    model.time_embed.register_forward_pre_hook(cast_embedding_input)
+    return to_f16_values_(randomize_(model, seed)).eval()
+
+
+def float64_dtype(model):
+    """``UNetModel.forward`` casts its input to ``self.dtype`` (float32 unless ``use_fp16``)."""
+    model.dtype = torch.float64
+
+
+def build_vae(seed):
+    _, cls = ldm_vae_class()
+    model = cls(ddconfig=VAE, lossconfig={"target": "torch.nn.Identity"}, embed_dim=4)
+    return to_f16_values_(randomize_(model, seed)).eval()
+
+
+def state_with_prefix(module, prefix):
+    """The module's state dict under ``prefix``, floating tensors in float16."""
+    return OrderedDict((prefix + k, (v.half() if v.is_floating_point() else v).detach().clone().contiguous())
+                       for k, v in module.state_dict().items())
+
+
+def diffusers_unet(path, params):
+    from diffusers import UNet2DConditionModel
+
+    return UNet2DConditionModel.from_single_file(str(path), original_config=original_config(params),
+                                                torch_dtype=torch.float32).eval()
+
+
+def diffusers_vae(path, params):
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL.from_single_file(str(path), original_config=original_config(params),
+                                          torch_dtype=torch.float32).eval()
+
+
+def derived_configs(params):
+    from diffusers.loaders.single_file_utils import (create_unet_diffusers_config_from_ldm,
+                                                     create_vae_diffusers_config_from_ldm)
+
+    cfg = original_config(params)
+    unet = create_unet_diffusers_config_from_ldm(cfg, {}, image_size=None)
+    vae = create_vae_diffusers_config_from_ldm(cfg, {}, image_size=None)
+    return unet, vae
+
+
+def write_unet_bundle(name, model, params, weights, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, params["in_channels"], 8, 8, generator=g)
+    width = params["context_dim"] if isinstance(params["context_dim"], int) else params["context_dim"][0]
+    ctx = torch.randn(2, 7, width, generator=g)
+    timestep = 421.0
+    with torch.no_grad():
+        want = model(x, ctx, timestep=timestep)
+        theirs = diffusers_unet(weights, params)(x, timestep, ctx, return_dict=False)[0]
+    diff = (want - theirs).abs().max().item()
+    assert diff < 1e-4 * max(1.0, want.abs().max().item()), f"{name}: diffusers' from_single_file is {diff} from ldm"
+    rel = os.path.relpath(weights, WHOLE).replace(os.sep, "/")
+    import diffusers
+    source = (f"ldm (stable-diffusion-sdkit 2.1.5) UNetModel.forward(x, timesteps, context) "
+              f"(scripts/export_single_file.py); weights {rel} under {UNET_PREFIX}; diffusers {diffusers.__version__} "
+              f"UNet2DConditionModel.from_single_file on the same file: max |diff| {diff:.2e} from ldm")
+    out = WHOLE / f"single_{name}_unet.safetensors"
+    info = export_bundle(model, "ldm.UNetModel", params, OrderedDict(x=x, context=ctx), out,
+                         kwargs={"timestep": timestep}, weights_ref=(rel, UNET_PREFIX), trace=False, source=source,
+                         prepare_float64=float64_dtype)
+    print(f"wrote {out}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}  diffusers vs ldm {diff:.2e}")
+
+
+def write_vae_bundle(name, model, params, weights, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(2, 3, 16, 12, generator=g) * 2 - 1
+    with torch.no_grad():
+        want = model(x)
+        theirs = diffusers_vae(weights, params)(x, sample_posterior=False, return_dict=False)[0]
+    diff = (want - theirs).abs().max().item()
+    assert diff < 1e-4, f"{name}: diffusers' from_single_file VAE is {diff} from ldm"
+    rel = os.path.relpath(weights, WHOLE).replace(os.sep, "/")
+    import diffusers
+    config = dict(ddconfig=VAE, embed_dim=4, scale_factor=SCALE_FACTOR)
+    source = (f"ldm (stable-diffusion-sdkit 2.1.5) AutoencoderKL.forward(input, sample_posterior=False)[0] "
+              f"(scripts/export_single_file.py); weights {rel} under {VAE_PREFIX}; diffusers {diffusers.__version__} "
+              f"AutoencoderKL.from_single_file on the same file: max |diff| {diff:.2e} from ldm")
+    out = WHOLE / f"single_{name}_vae.safetensors"
+    info = export_bundle(model, "ldm.AutoencoderKL", config, OrderedDict(sample=x), out,
+                         weights_ref=(rel, VAE_PREFIX), trace=False, source=source)
+    print(f"wrote {out}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}  diffusers vs ldm {diff:.2e}")
+
+
+def main() -> int:
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)
+    OUT.mkdir(parents=True, exist_ok=True)
+    for i, (name, params) in enumerate(UNETS.items()):
+        unet = build_unet(params, seed=10 + i)
+        vae = build_vae(seed=20 + i)
+        state = state_with_prefix(unet, UNET_PREFIX)
+        state.update(state_with_prefix(vae, VAE_PREFIX))
+        g = torch.Generator().manual_seed(30 + i)
+        # the text encoder's place: keys a U-Net or VAE loader leaves alone
+        state["cond_stage_model.transformer.text_model.embeddings.position_ids"] = torch.arange(7)[None]
+        state["cond_stage_model.transformer.text_model.final_layer_norm.weight"] = torch.randn(24, generator=g)
+        if name == "sd1_tiny":
+            path = OUT / f"{name}.safetensors"
+            save_file(state, path)
+        else:
+            path = OUT / f"{name}.ckpt"
+            torch.save({"state_dict": state, "global_step": 0}, path)
+        print(f"wrote {path}  {path.stat().st_size} bytes")
+        (OUT / f"{name}.yaml.json").write_text(json.dumps(original_config(params), indent=2) + "\n")
+        unet_cfg, vae_cfg = derived_configs(params)
+        (OUT / f"{name}.unet.json").write_text(json.dumps(unet_cfg, indent=2) + "\n")
+        (OUT / f"{name}.vae.json").write_text(json.dumps(vae_cfg, indent=2) + "\n")
+        write_unet_bundle(name, unet, params, path, seed=40 + i)
+        if name == "sd1_tiny":
+            write_vae_bundle(name, vae, params, path, seed=50 + i)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

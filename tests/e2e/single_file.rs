@@ -1,0 +1,249 @@
+//! Single-file checkpoints (`unet_attention::models::single_file`): the tiny SD 1.x / 2.x files
+//! `scripts/export_single_file.py` wrote with the real ldm code (`weights/single_file/`), loaded in
+//! one call and run against the ldm forward (the whole bundles `weights/whole/single_*`), the
+//! configs against the ones diffusers derives, and the ways a load must fail.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use serde_json::Value;
+use unet_attention::models::single_file::{LdmUNetConfig, LdmVaeConfig, UNET_PREFIX};
+use unet_attention::models::{AutoencoderKL, UNet2DConditionModel};
+use unet_attention::weights::WeightSource;
+
+fn root(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn json(rel: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(root(rel)).unwrap()).unwrap()
+}
+
+/// The original config a file stands for (`<name>.yaml.json`, the YAML's `model.params`).
+fn unet_config(name: &str) -> LdmUNetConfig {
+    let yaml = json(&format!("weights/single_file/{name}.yaml.json"));
+    LdmUNetConfig::from_json(&yaml["model"]["params"]["unet_config"]["params"]).unwrap()
+}
+
+fn vae_config(name: &str) -> LdmVaeConfig {
+    let yaml = json(&format!("weights/single_file/{name}.yaml.json"));
+    let params = &yaml["model"]["params"];
+    let mut first = params["first_stage_config"]["params"].clone();
+    first["scale_factor"] = params["scale_factor"].clone();
+    LdmVaeConfig::from_json(&first).unwrap()
+}
+
+/// Every key diffusers' derived config (`<name>.unet.json` / `.vae.json`) gives equals ours, but
+/// `sample_size` (diffusers puts the pipeline's image size there; the forward never reads it).
+fn assert_same_config(ours: &Value, diffusers: &Value, what: &str) {
+    for (key, want) in diffusers.as_object().unwrap() {
+        if key == "sample_size" {
+            continue;
+        }
+        let got = &ours[key];
+        let same = match (got, want) {
+            // diffusers writes one value where a list of equal ones means the same
+            (Value::Array(items), one) if !one.is_array() && !one.is_null() => items.iter().all(|v| v == one),
+            (a, b) => a == b || (a.as_f64().is_some() && a.as_f64() == b.as_f64()),
+        };
+        assert!(same, "{what}: `{key}` is {got}, diffusers derives {want}");
+    }
+}
+
+#[test]
+fn configs_are_the_ones_diffusers_derives() {
+    for name in ["sd1_tiny", "sd2_tiny"] {
+        let ours = serde_json::to_value(unet_config(name).to_diffusers().unwrap()).unwrap();
+        assert_same_config(&ours, &json(&format!("weights/single_file/{name}.unet.json")), name);
+    }
+    let ours = serde_json::to_value(vae_config("sd1_tiny").to_diffusers().unwrap()).unwrap();
+    assert_same_config(&ours, &json("weights/single_file/sd1_tiny.vae.json"), "sd1_tiny VAE");
+    // the full-size configs: SD 1.x's eight heads, SD 2.x's per-level head counts (320 / 64 = 5 × mult)
+    let sd1 = serde_json::to_value(LdmUNetConfig::sd1().to_diffusers().unwrap()).unwrap();
+    assert_eq!(sd1["attention_head_dim"], 8);
+    assert_eq!(sd1["cross_attention_dim"], 768);
+    let sd2 = serde_json::to_value(LdmUNetConfig::sd2().to_diffusers().unwrap()).unwrap();
+    assert_eq!(sd2["attention_head_dim"], serde_json::json!([5, 10, 20, 20]));
+    assert_eq!(sd2["use_linear_projection"], true);
+}
+
+/// A bundle's inputs and PyTorch's (ldm's) output.
+fn bundle(rel: &str) -> BTreeMap<String, Tensor> {
+    candle_core::safetensors::load(root(rel), &Device::Cpu)
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
+/// Ours against the bundle's float64 output over PyTorch's own float32 run against it: the
+/// checker's measure (`unet-parity check` shows both as VS_F64). Ours must be no more than 3 times
+/// PyTorch's own error. Measured (2-core Xeon): 1.49e-6 vs 2.28e-6 (SD 1.x U-Net), 3.77e-6 vs 5.96e-6
+/// (VAE), 1.60e-6 vs 1.55e-6 (SD 2.x U-Net from the `.ckpt`).
+const OWN_ERROR_FACTOR: f32 = 3.0;
+
+/// (ours vs float64, PyTorch f32 vs float64) for our output and the bundle `b`.
+fn vs_f64(ours: &Tensor, b: &BTreeMap<String, Tensor>) -> (f32, f32) {
+    let f64_out = b["parity.output.output.float64"].to_dtype(DType::F32).unwrap();
+    (
+        max_abs_diff(ours, &f64_out),
+        max_abs_diff(&b["parity.output.output"], &f64_out),
+    )
+}
+
+fn assert_matches(what: &str, ours: &Tensor, b: &BTreeMap<String, Tensor>) {
+    let (err, torch) = vs_f64(ours, b);
+    eprintln!("{what} vs ldm's float64 output: {err:.2e} (PyTorch's float32: {torch:.2e})");
+    assert!(
+        err <= OWN_ERROR_FACTOR * torch,
+        "{what}: {err:e} from float64, PyTorch's own {torch:e}"
+    );
+}
+
+/// The bound the negative checks must exceed widely: the checker's float32 atol (1e-5).
+const ATOL: f32 = 1e-5;
+
+fn unet_output(model: &UNet2DConditionModel, rel: &str) -> (Tensor, BTreeMap<String, Tensor>) {
+    let b = bundle(rel);
+    let ours = model
+        .forward(&b["parity.input.x"], 421.0, &b["parity.input.context"])
+        .unwrap();
+    (ours, b)
+}
+
+/// The safetensors SD 1.x file and the `.ckpt` SD 2.x file, each in one call, against ldm's forward.
+#[test]
+fn single_files_load_in_one_call_and_match_ldm() {
+    let dev = Device::Cpu;
+    let path = root("weights/single_file/sd1_tiny.safetensors");
+    let unet = UNet2DConditionModel::from_single_file(&path, Some(&unet_config("sd1_tiny")), DType::F32, &dev).unwrap();
+    let (ours, b) = unet_output(&unet, "weights/whole/single_sd1_tiny_unet.safetensors");
+    assert_matches("sd1_tiny U-Net", &ours, &b);
+
+    let vae = AutoencoderKL::from_single_file(&path, Some(&vae_config("sd1_tiny")), DType::F32, &dev).unwrap();
+    let b = bundle("weights/whole/single_sd1_tiny_vae.safetensors");
+    assert_matches("sd1_tiny VAE", &vae.forward(&b["parity.input.sample"]).unwrap(), &b);
+
+    let source = unet_parity::checkpoint::open_single_file(&root("weights/single_file/sd2_tiny.ckpt")).unwrap();
+    let unet = UNet2DConditionModel::from_single_file_weights(source, Some(&unet_config("sd2_tiny")), DType::F32, &dev)
+        .unwrap();
+    let (ours, b) = unet_output(&unet, "weights/whole/single_sd2_tiny_unet.safetensors");
+    assert_matches("sd2_tiny U-Net (.ckpt)", &ours, &b);
+}
+
+/// The file's tensors as a map (full names) to tamper with.
+fn tensors(rel: &str) -> BTreeMap<String, Tensor> {
+    bundle(rel)
+}
+
+fn load(map: BTreeMap<String, Tensor>) -> unet_attention::Result<UNet2DConditionModel> {
+    let source: Arc<dyn WeightSource> = Arc::new(map);
+    UNet2DConditionModel::from_single_file_weights(source, Some(&unet_config("sd1_tiny")), DType::F32, &Device::Cpu)
+}
+
+/// A swapped pair of weights fails the bound widely; a key under another name, an extra key and a
+/// config the file does not match are errors naming the keys.
+#[test]
+fn wrong_keys_and_swapped_weights_fail() {
+    let file = tensors("weights/single_file/sd1_tiny.safetensors");
+    let attn = format!("{UNET_PREFIX}input_blocks.1.1.transformer_blocks.0.attn1");
+    let mut swapped = file.clone();
+    let q = swapped.remove(&format!("{attn}.to_q.weight")).unwrap();
+    let k = swapped.insert(format!("{attn}.to_k.weight"), q).unwrap();
+    swapped.insert(format!("{attn}.to_q.weight"), k);
+    let (ours, b) = unet_output(
+        &load(swapped).unwrap(),
+        "weights/whole/single_sd1_tiny_unet.safetensors",
+    );
+    let err = max_abs_diff(&ours, &b["parity.output.output"]);
+    eprintln!("to_q / to_k swapped: {err:.2e}");
+    assert!(err > 100.0 * ATOL, "swapped to_q / to_k passed: {err:e}");
+
+    // the mid block's second resnet under the wrong index: missing where the model looks, and unread
+    let mut moved = file.clone();
+    let from = format!("{UNET_PREFIX}middle_block.2.in_layers.0.weight");
+    let t = moved.remove(&from).unwrap();
+    moved.insert(format!("{UNET_PREFIX}middle_block.3.in_layers.0.weight"), t);
+    let err = load(moved).expect_err("a moved key loaded").to_string();
+    assert!(err.contains("middle_block.2.in_layers.0.weight"), "{err}");
+
+    let mut extra = file.clone();
+    extra.insert(
+        format!("{UNET_PREFIX}output_blocks.9.0.stray.weight"),
+        Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap(),
+    );
+    let err = load(extra).expect_err("an extra key loaded").to_string();
+    assert!(
+        err.contains("output_blocks.9.0.stray.weight") && err.contains("not used"),
+        "{err}"
+    );
+
+    // SD 2.x's config on SD 1.x's file: a shape error naming the key
+    let source: Arc<dyn WeightSource> = Arc::new(file);
+    let err = UNet2DConditionModel::from_single_file_weights(
+        source,
+        Some(&unet_config("sd2_tiny")),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .expect_err("the wrong config loaded")
+    .to_string();
+    assert!(
+        err.contains("model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight"),
+        "{err}"
+    );
+}
+
+/// Without a config the file's cross-attention width decides (768: SD 1.x, 1024: SD 2.x); the tiny
+/// files are neither and the error asks for the config; SDXL's `label_emb` is refused.
+#[test]
+fn configs_are_inferred_or_asked_for() {
+    let file = tensors("weights/single_file/sd1_tiny.safetensors");
+    let err = LdmUNetConfig::infer(&file).err().unwrap().to_string();
+    assert!(err.contains("24 wide") && err.contains("give the config"), "{err}");
+    let err = LdmVaeConfig::infer(&file).err().unwrap().to_string();
+    assert!(err.contains("give the config"), "{err}");
+    let key = format!("{UNET_PREFIX}input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight");
+    let shaped = |width: usize| {
+        let mut m = BTreeMap::new();
+        m.insert(
+            key.clone(),
+            Tensor::zeros((320, width), DType::F32, &Device::Cpu).unwrap(),
+        );
+        m
+    };
+    assert_eq!(LdmUNetConfig::infer(&shaped(768)).unwrap(), LdmUNetConfig::sd1());
+    assert_eq!(LdmUNetConfig::infer(&shaped(1024)).unwrap(), LdmUNetConfig::sd2());
+    let mut xl = shaped(2048);
+    xl.insert(
+        format!("{UNET_PREFIX}label_emb.0.0.weight"),
+        Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap(),
+    );
+    let err = LdmUNetConfig::infer(&xl).err().unwrap().to_string();
+    assert!(err.contains("label_emb"), "{err}");
+    // a file with no U-Net at all
+    let err = UNet2DConditionModel::from_single_file(
+        root("weights/models/diffusers_sd1/diffusion_pytorch_model.safetensors"),
+        Some(&unet_config("sd1_tiny")),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("no tensor under `model.diffusion_model.`"), "{err}");
+}
