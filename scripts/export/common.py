@@ -45,8 +45,11 @@ MID = WEIGHTS / "mid"
 # written by `scripts/export_own.py FOLDER --whole`).
 # Plus 8,100,000 bytes (issue 58): the trained digits DDPM (weights/models/digits_ddpm, 3.8 MB, scripts/digits_ddpm.py),
 # its sampling reference (weights/whole/digits_samples.safetensors) and its float32 whole bundle (digits_ddpm).
+# Plus 7,000,000 bytes (issue 58): the single-file checkpoints of weights/single_file (a float16 SD 1.x-style
+# .safetensors with U-Net and VAE, an SD 2.x-style .ckpt; scripts/export_single_file.py) and their whole bundles
+# (module-path stages: most of it).
 MAX_WEIGHTS_BYTES = (60 * 1024 * 1024 + 2_943_914 + 1_315_362 + 789_459 + 9_694_004 + 1_500_000 + 9_047_358
-                     + 6_500_000 + 6_600_000 + 8_100_000)
+                     + 6_500_000 + 6_600_000 + 8_100_000 + 7_000_000)
 
 HALF_DTYPES = (("float16", "f16"), ("bfloat16", "bf16"))
 

@@ -43,6 +43,27 @@ thread_local! {
     static STAGES: RefCell<Vec<(String, Option<Tensor>)>> = const { RefCell::new(Vec::new()) };
     static PREFIX: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
     static KEEP: RefCell<Keep> = const { RefCell::new(None) };
+    static RENAME: RefCell<Rename> = const { RefCell::new(None) };
+}
+
+/// A stage-name map: `Some(name)` records the stage under `name`, `None` leaves it out.
+type Rename = Option<Box<dyn Fn(&str) -> Option<String>>>;
+
+/// Run `f` with every stage name (its full path) passed through `rename`, which gives the name
+/// to record it under or `None` to leave it out: a model built under another codebase's names
+/// (ldm's single-file keys) records its stages under that codebase's module paths.
+pub fn renaming<R>(rename: impl Fn(&str) -> Option<String> + 'static, f: impl FnOnce() -> R) -> R {
+    if !enabled() {
+        return f();
+    }
+    struct Restore(Rename);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RENAME.with(|r| *r.borrow_mut() = self.0.take());
+        }
+    }
+    let _restore = Restore(RENAME.with(|r| r.replace(Some(Box::new(rename)))));
+    f()
 }
 
 /// Whether a trace is being recorded on this thread.
@@ -96,6 +117,12 @@ pub fn record_qkv_channels(q: &Tensor, k: &Tensor, v: &Tensor) {
 fn record_slow(name: &str, make: impl FnOnce() -> candle_core::Result<Tensor>) {
     let mut full = PREFIX.with(|p| p.borrow().iter().map(|s| format!("{s}/")).collect::<String>());
     full.push_str(name);
+    if let Some(renamed) = RENAME.with(|r| r.borrow().as_ref().map(|rename| rename(&full))) {
+        match renamed {
+            Some(new) => full = new,
+            None => return,
+        }
+    }
     let n = STAGES.with(|s| {
         s.borrow()
             .iter()
@@ -207,6 +234,25 @@ mod tests {
         record("v", &t);
         let ((), again) = with_trace(|| ());
         assert!(again.is_empty());
+    }
+
+    /// Renamed stages are recorded under their new names (numbered by them), the others left out.
+    #[test]
+    fn renaming_records_under_the_new_names() {
+        let t = Tensor::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap();
+        let ((), stages) = with_trace(|| {
+            renaming(
+                |n| n.strip_prefix("a/").map(|r| format!("b/{r}")),
+                || {
+                    scope("a", || record("q", &t));
+                    record("k", &t);
+                    scope("a", || record("q", &t));
+                },
+            );
+            record("k", &t);
+        });
+        let names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["b/q", "b/q#2", "k"]);
     }
 
     /// A filtered trace holds only the stages kept, numbers them as an unfiltered one would, never

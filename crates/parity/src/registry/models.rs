@@ -112,7 +112,7 @@ impl Registered for AutoencoderKL {
 /// ldm's `UNetModel` (SD 1.x / 2.x), weights under its own names (a single file's
 /// `model.diffusion_model.*`): our `UNet2DConditionModel` built through the single-file key map,
 /// the config the original one (`unet_config.params`).
-pub struct LdmUNet(UNet2DConditionModel);
+pub struct LdmUNet(UNet2DConditionModel, LdmUNetConfig);
 
 /// `UNetModel.forward(x, timesteps, context)` with `timesteps = full((batch,), timestep)`.
 impl Registered for LdmUNet {
@@ -123,22 +123,27 @@ impl Registered for LdmUNet {
 
     fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
         let config: LdmUNetConfig = read.config(Self::ID, config)?;
-        Ok(Self(UNet2DConditionModel::from_ldm(vb, &config)?))
+        Ok(Self(UNet2DConditionModel::from_ldm(vb, &config)?, config))
     }
 
+    /// Stages recorded under ldm's module paths (`input_blocks.1.0/in_layers.0`), as the bundle's.
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         let timestep = timestep(inputs, Self::ID)?;
-        Ok(vec![self.0.forward(
-            inputs.required("x")?,
-            timestep,
-            inputs.required("context")?,
-        )?])
+        let cfg = self.1.clone();
+        let out = unet_attention::trace::renaming(
+            move |stage| unet_attention::models::single_file::unet_stage(stage, &cfg),
+            || {
+                self.0
+                    .forward(inputs.required("x")?, timestep, inputs.required("context")?)
+            },
+        )?;
+        Ok(vec![out])
     }
 }
 
 /// ldm's `AutoencoderKL` (SD 1.x / 2.x first stage), weights under its own names (a single file's
 /// `first_stage_model.*`).
-pub struct LdmAutoencoderKL(AutoencoderKL);
+pub struct LdmAutoencoderKL(AutoencoderKL, LdmVaeConfig);
 
 /// `AutoencoderKL.forward(input, sample_posterior=False)[0]`: `decode(encode(input).mode())`.
 impl Registered for LdmAutoencoderKL {
@@ -149,10 +154,16 @@ impl Registered for LdmAutoencoderKL {
 
     fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
         let config: LdmVaeConfig = read.config(Self::ID, config)?;
-        Ok(Self(AutoencoderKL::from_ldm(vb, &config)?))
+        Ok(Self(AutoencoderKL::from_ldm(vb, &config)?, config))
     }
 
+    /// Stages recorded under ldm's module paths (`encoder.down.0.block.0/norm1`), as the bundle's.
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
-        Ok(vec![self.0.forward(inputs.required("sample")?)?])
+        let cfg = self.1.clone();
+        let out = unet_attention::trace::renaming(
+            move |stage| unet_attention::models::single_file::vae_stage(stage, &cfg),
+            || self.0.forward(inputs.required("sample")?),
+        )?;
+        Ok(vec![out])
     }
 }

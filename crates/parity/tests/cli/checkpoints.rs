@@ -78,6 +78,12 @@ const TWINS: &[&str] = &["", "_f16", "_bf16"];
 const ONE: &[&str] = &[""];
 
 const MODELS: &[Model] = &[
+    // The DDPM trained on scikit-learn's digits (scripts/digits_ddpm.py): trained weights.
+    Model {
+        folder: "digits_ddpm",
+        blocks: &[("mid_block.", "diffusers.UNetMidBlock2D")],
+        ..ROW
+    },
     Model {
         folder: "diffusers_unet2d",
         blocks: &[("mid_block.", "diffusers.UNetMidBlock2D")],

@@ -189,3 +189,73 @@ pub fn vae(name: &str, cfg: &LdmVaeConfig) -> Option<LdmKey> {
         ..inner
     })
 }
+
+/// A module path (`down_blocks.0.resnets.1`) as a stage name (`down_blocks.0/resnets.1`): the
+/// export scripts' rule, a numeric part joining the level before it.
+fn stage_name(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for (i, part) in path.split('.').enumerate() {
+        if i > 0 {
+            out.push(if part.bytes().all(|b| b.is_ascii_digit()) {
+                '.'
+            } else {
+                '/'
+            });
+        }
+        out.push_str(part);
+    }
+    out
+}
+
+/// The ldm stage name of the diffusers stage `stage` (`down_blocks.0/resnets.1/norm2`), found
+/// through the key map: the module path with a parameter name appended (`.weight`, or that of a
+/// child for a module without parameters of its own), mapped, and the parameter stripped again.
+/// `None` for a stage ldm has no module for (activations, `time_proj`, whole down / up blocks):
+/// it is left out of the trace.
+fn stage_via(
+    stage: &str,
+    wholes: &[(&str, &str)],
+    children: &[(&str, &str)],
+    map: impl Fn(&str) -> Option<LdmKey>,
+) -> Option<String> {
+    let path = stage.replace('/', ".");
+    if let Some((_, ldm)) = wholes.iter().find(|(d, _)| *d == path) {
+        return Some(ldm.to_string());
+    }
+    children.iter().find_map(|(child, ldm_child)| {
+        let key = map(&format!("{path}{child}"))?;
+        if key.conv_as_linear {
+            // the VAE's linear projections are 1×1 convolutions in ldm: other output layouts
+            return None;
+        }
+        key.name.strip_suffix(ldm_child).map(stage_name)
+    })
+}
+
+/// [`stage_via`] for the U-Net.
+pub fn unet_stage(stage: &str, cfg: &LdmUNetConfig) -> Option<String> {
+    let wholes = [("time_embedding", "time_embed"), ("mid_block", "middle_block")];
+    let children = [
+        (".weight", ".weight"),
+        (".norm1.weight", ".in_layers.0.weight"),
+        (".conv.weight", ".op.weight"),
+        (".conv.weight", ".conv.weight"),
+    ];
+    stage_via(stage, &wholes, &children, |n| unet(n, cfg))
+}
+
+/// [`stage_via`] for the VAE (its attention's inner stages are left out: ldm computes them as
+/// 1×1 convolutions over channels, diffusers as linear layers over tokens).
+pub fn vae_stage(stage: &str, cfg: &LdmVaeConfig) -> Option<String> {
+    let wholes = [
+        ("encoder.mid_block", "encoder.mid"),
+        ("decoder.mid_block", "decoder.mid"),
+    ];
+    let children = [
+        (".weight", ".weight"),
+        (".norm1.weight", ".norm1.weight"),
+        (".group_norm.weight", ".norm.weight"),
+        (".conv.weight", ".conv.weight"),
+    ];
+    stage_via(stage, &wholes, &children, |n| vae(n, cfg))
+}

@@ -22,7 +22,7 @@
 mod keys;
 pub mod ldm_config;
 
-pub use keys::LdmKey;
+pub use keys::{unet_stage, vae_stage, LdmKey};
 pub use ldm_config::{LdmDdConfig, LdmUNetConfig, LdmVaeConfig};
 
 use crate::files::shards::SafetensorsFiles;
