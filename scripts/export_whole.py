@@ -160,7 +160,7 @@ HALF_TAGS = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 def write_bundles(name, block, model, ins, weights, out_dir, forward, options, trace, kwargs=None,
-                  halves=(torch.float16,), f32=True):
+                  halves=(torch.float16,), f32=True, output_names=None):
     """The float32 bundle ``<name>`` (referencing the checkpoint ``weights``, relative to ``out_dir``) unless
     ``f32`` is false and, unless ``options["half"]`` is false, its half-precision twins ``<name>_f16`` /
     ``<name>_bf16`` for the dtypes ``halves`` (self-contained: they hold the rounded weights), of ``model`` on
@@ -176,7 +176,7 @@ def write_bundles(name, block, model, ins, weights, out_dir, forward, options, t
     if f32:
         out = out_dir / f"{name}.safetensors"
         info = export_bundle(model, block, config, ins, out, kwargs=kwargs, weights_ref=(rel, ""), trace=trace,
-                             source=source)
+                             source=source, output_names=output_names)
         print(f"wrote {out}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}")
         written.append(out)
     if not options.get("half", True):
@@ -185,7 +185,8 @@ def write_bundles(name, block, model, ins, weights, out_dir, forward, options, t
         tag = HALF_TAGS[dtype]
         half = out_dir / f"{name}_{tag}.safetensors"
         info = export_bundle(model, block, config, ins, half, kwargs=kwargs, dtype=dtype, trace=trace,
-                             source=f"{source}; the float32 model converted to {tag} (.to(dtype)) and run in it")
+                             source=f"{source}; the float32 model converted to {tag} (.to(dtype)) and run in it",
+                             output_names=output_names)
         print(f"wrote {half}  {info['bytes']} bytes  max|{tag}-f64| {info['max_abs_diff_f64']}")
         written.append(half)
     return written

@@ -48,8 +48,10 @@ MID = WEIGHTS / "mid"
 # Plus 7,000,000 bytes (issue 58): the single-file checkpoints of weights/single_file (a float16 SD 1.x-style
 # .safetensors with U-Net and VAE, an SD 2.x-style .ckpt; scripts/export_single_file.py) and their whole bundles
 # (module-path stages: most of it).
+# Plus 2,700,000 bytes (issue 58): ControlNetModel's whole bundles and the ControlNet + U-Net pair's
+# (weights/whole/controlnet*, scripts/export_controlnet.py; the pair's hold both tiny models).
 MAX_WEIGHTS_BYTES = (60 * 1024 * 1024 + 2_943_914 + 1_315_362 + 789_459 + 9_694_004 + 1_500_000 + 9_047_358
-                     + 6_500_000 + 6_600_000 + 8_100_000 + 7_000_000)
+                     + 6_500_000 + 6_600_000 + 8_100_000 + 7_000_000 + 2_700_000)
 
 HALF_DTYPES = (("float16", "f16"), ("bfloat16", "bf16"))
 

@@ -10,6 +10,9 @@
 //!   unconditional models (`DownBlock2D`, `AttnDownBlock2D`, `UNetMidBlock2D`, `AttnUpBlock2D`,
 //!   `UpBlock2D`), with its config ([`UNet2DModelConfig`]).
 //!
+//! * [`ControlNetModel`] (`controlnet`): SD 1.x / 2.x ControlNets, the residuals the U-Net takes
+//!   ([`ForwardArgs::controlnet`]), with its config ([`ControlNetModelConfig`]).
+//!
 //! * [`AutoencoderKL`] (`autoencoder_kl`): the VAE of Stable Diffusion 1.x, 2.x and XL
 //!   (`Encoder`, `Decoder`, `DownEncoderBlock2D`, `UpDecoderBlock2D`, the quant convs), with its
 //!   config ([`AutoencoderKLConfig`]) and [`DiagonalGaussianDistribution`].
@@ -26,6 +29,8 @@
 
 pub mod autoencoder_kl;
 pub mod autoencoder_kl_config;
+pub mod controlnet;
+pub mod controlnet_config;
 mod folder;
 pub mod single_file;
 pub mod stable_diffusion;
@@ -38,6 +43,8 @@ pub mod unet_blocks;
 
 pub use autoencoder_kl::{AutoencoderKL, DiagonalGaussianDistribution};
 pub use autoencoder_kl_config::AutoencoderKLConfig;
+pub use controlnet::{ControlNetModel, ControlNetOutput};
+pub use controlnet_config::ControlNetModelConfig;
 pub use single_file::{LdmUNetConfig, LdmVaeConfig};
 pub use time_embedding::{TimestepEmbedding, Timesteps};
 pub use unet_2d::UNet2DModel;

@@ -482,7 +482,7 @@ fn check_supported(cfg: &UNet2DConditionModelConfig) -> Result<()> {
 }
 
 /// The shared kwargs of the down and up blocks' resnets and transformers.
-fn block_kwargs(cfg: &UNet2DConditionModelConfig, temb: usize) -> Result<BlockKwargs> {
+pub(super) fn block_kwargs(cfg: &UNet2DConditionModelConfig, temb: usize) -> Result<BlockKwargs> {
     let block = UNet2DConditionModel::BLOCK;
     let time_embedding_norm = match cfg.resnet_time_scale_shift.as_str() {
         "default" => TimeEmbeddingNorm::Default,
@@ -534,7 +534,11 @@ fn text_time(vb: &VarBuilder, cfg: &UNet2DConditionModelConfig, temb: usize) -> 
     }))
 }
 
-fn down_blocks(vb: &VarBuilder, cfg: &UNet2DConditionModelConfig, kw: &BlockKwargs) -> Result<Vec<DownBlock>> {
+pub(super) fn down_blocks(
+    vb: &VarBuilder,
+    cfg: &UNet2DConditionModelConfig,
+    kw: &BlockKwargs,
+) -> Result<Vec<DownBlock>> {
     let ch = &cfg.block_out_channels;
     let args = cfg.down_args()?;
     let mut blocks = Vec::new();

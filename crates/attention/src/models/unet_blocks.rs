@@ -63,7 +63,12 @@ pub struct Downsample2D {
 
 impl Downsample2D {
     pub fn new(vb: VarBuilder, channels: usize, out_channels: usize, padding: usize) -> Result<Self> {
-        let vb = vb.pp("conv");
+        Self::at(vb.pp("conv"), channels, out_channels, padding)
+    }
+
+    /// The strided convolution with its weights at `vb` itself (`ControlNetConditioningEmbedding`'s
+    /// `blocks.1`, a bare `nn.Conv2d(..., stride=2)`).
+    pub fn at(vb: VarBuilder, channels: usize, out_channels: usize, padding: usize) -> Result<Self> {
         Ok(Self {
             weight: vb.get((out_channels, channels, 3, 3), "weight")?,
             bias: vb.get(out_channels, "bias")?,

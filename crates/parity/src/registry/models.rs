@@ -6,7 +6,8 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
 use unet_attention::models::{
-    AddedCond, AutoencoderKL, ForwardArgs, LdmUNetConfig, LdmVaeConfig, UNet2DConditionModel, UNet2DModel,
+    AddedCond, AutoencoderKL, ControlNetModel, ForwardArgs, LdmUNetConfig, LdmVaeConfig, UNet2DConditionModel,
+    UNet2DModel,
 };
 use unet_attention::{Error, Result};
 
@@ -17,6 +18,8 @@ pub(super) fn entries() -> Vec<BlockInfo> {
         entry::<AutoencoderKL>(),
         entry::<LdmUNet>(),
         entry::<LdmAutoencoderKL>(),
+        entry::<ControlNetModel>(),
+        entry::<ControlNetPair>(),
     ]
 }
 
@@ -164,6 +167,79 @@ impl Registered for LdmAutoencoderKL {
             move |stage| unet_attention::models::single_file::vae_stage(stage, &cfg),
             || self.0.forward(inputs.required("sample")?),
         )?;
+        Ok(vec![out])
+    }
+}
+
+/// `ControlNetModel.forward(sample, timestep, encoder_hidden_states, controlnet_cond,
+/// conditioning_scale)`: the down residuals (`down_0`, ...) then `mid`.
+impl Registered for ControlNetModel {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "diffusers.models.controlnets.controlnet.ControlNetModel (diffusers 0.42.1; SD 1.x / 2.x ControlNets: controlnet_cond_embedding, the U-Net's down blocks and UNetMidBlock2DCrossAttn, zero convolutions; conditioning_scale, rgb / bgr, global_pool_conditions)";
+    const INPUTS: &'static [&'static str] = &["sample", "encoder_hidden_states", "controlnet_cond"];
+    const KWARGS: &'static [&'static str] = &["timestep", "conditioning_scale"];
+
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let timestep = timestep(inputs, Self::BLOCK)?;
+        let out = self.forward(
+            inputs.required("sample")?,
+            timestep,
+            inputs.required("encoder_hidden_states")?,
+            inputs.required("controlnet_cond")?,
+            inputs.number("conditioning_scale", 1.0)?,
+        )?;
+        Ok(out.down.into_iter().chain(std::iter::once(out.mid)).collect())
+    }
+}
+
+/// A ControlNet and the U-Net it drives (`StableDiffusionControlNetPipeline`'s two calls per
+/// step), weights under `controlnet.` and `unet.`, config `{"controlnet": ..., "unet": ...}`.
+pub struct ControlNetPair {
+    controlnet: ControlNetModel,
+    unet: UNet2DConditionModel,
+}
+
+/// `unet(sample, t, ehs, down_block_additional_residuals=down, mid_block_additional_residual=mid)`
+/// with `down, mid = controlnet(sample, t, ehs, controlnet_cond, conditioning_scale)`.
+impl Registered for ControlNetPair {
+    const ID: &'static str = "diffusers.ControlNetPair";
+    const PYTORCH: &'static str = "diffusers 0.42.1 ControlNetModel.forward, then UNet2DConditionModel.forward with its residuals (down_block_additional_residuals, mid_block_additional_residual): one step of StableDiffusionControlNetPipeline";
+    const INPUTS: &'static [&'static str] = &["sample", "encoder_hidden_states", "controlnet_cond"];
+    const KWARGS: &'static [&'static str] = &["timestep", "conditioning_scale"];
+
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        let part = |key: &str| {
+            config
+                .get(key)
+                .ok_or_else(|| Error::config(Self::ID, format!("the config needs `{key}` (that model's config)")))
+        };
+        Ok(Self {
+            controlnet: ControlNetModel::new(vb.pp("controlnet"), &read.config(Self::ID, part("controlnet")?)?)?,
+            unet: UNet2DConditionModel::new(vb.pp("unet"), &read.config(Self::ID, part("unet")?)?)?,
+        })
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let timestep = timestep(inputs, Self::ID)?;
+        let (sample, context) = (inputs.required("sample")?, inputs.required("encoder_hidden_states")?);
+        let control = unet_attention::trace::scope("controlnet", || {
+            self.controlnet.forward(
+                sample,
+                timestep,
+                context,
+                inputs.required("controlnet_cond")?,
+                inputs.number("conditioning_scale", 1.0)?,
+            )
+        })?;
+        let args = ForwardArgs {
+            controlnet: Some(control.residuals()),
+            ..ForwardArgs::default()
+        };
+        let out = unet_attention::trace::scope("unet", || self.unet.forward_with(sample, timestep, context, args))?;
         Ok(vec![out])
     }
 }

@@ -144,6 +144,27 @@ impl ControlNetMidBlock {
         attention_mask: Option<&Tensor>,
         conditioning_scale: f64,
     ) -> Result<(Tensor, Tensor)> {
+        let (res, sample) = self.residual(
+            hidden_states,
+            temb,
+            encoder_hidden_states,
+            attention_mask,
+            conditioning_scale,
+        )?;
+        trace::record("output", &res);
+        Ok((res, sample))
+    }
+
+    /// [`Self::forward`] without recording its residual as the stage `output` (inside a whole
+    /// `ControlNetModel`, whose output it is not).
+    pub(crate) fn residual(
+        &self,
+        hidden_states: &Tensor,
+        temb: Option<&Tensor>,
+        encoder_hidden_states: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+        conditioning_scale: f64,
+    ) -> Result<(Tensor, Tensor)> {
         crate::validate::input(Self::BLOCK, "hidden_states", hidden_states, &[])?;
         crate::validate::optional(Self::BLOCK, "temb", temb, &[])?;
         crate::validate::optional(Self::BLOCK, "encoder_hidden_states", encoder_hidden_states, &[])?;
@@ -157,7 +178,6 @@ impl ControlNetMidBlock {
         if self.global_pool_conditions {
             res = mean_hw(&res)?;
         }
-        trace::record("output", &res);
         Ok((res, sample))
     }
 }
@@ -180,7 +200,7 @@ pub(crate) fn scale(x: &Tensor, s: f64) -> candle_core::Result<Tensor> {
 
 /// `torch.mean(x, dim=(2, 3), keepdim=True)`: the sum over `H·W` (in float32 for half types, as
 /// PyTorch accumulates), divided by `H·W`.
-fn mean_hw(x: &Tensor) -> candle_core::Result<Tensor> {
+pub(crate) fn mean_hw(x: &Tensor) -> candle_core::Result<Tensor> {
     let (b, c, h, w) = x.dims4()?;
     let acc = if is_half(x.dtype()) {
         x.to_dtype(DType::F32)?

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Whole-model bundles of diffusers' ``ControlNetModel`` and of a ControlNet driving a U-Net, the
+pair a ControlNet pipeline runs at every step.
+
+    python scripts/export_controlnet.py
+
+Writes into ``weights/whole/``:
+
+* ``controlnet.safetensors`` (+ ``_f16``): block ``diffusers.ControlNetModel`` on the tiny
+  ``weights/models/diffusers_controlnet`` (referenced): ``forward(sample, timestep,
+  encoder_hidden_states, controlnet_cond, conditioning_scale)``, outputs ``down_0`` ... (one
+  residual per skip of the down path) and ``mid``; module-path stages.
+* ``controlnet_bgr_pooled.safetensors``: the same weights with ``controlnet_conditioning_channel_order
+  = "bgr"`` and ``global_pool_conditions = true`` (config overrides), ``conditioning_scale`` 0.7.
+* ``controlnet_pair.safetensors``: block ``diffusers.ControlNetPair``, a module holding
+  ``controlnet`` (the model above) and ``unet`` (``weights/models/diffusers_sd1``), whose forward is
+  the two calls ``StableDiffusionControlNetPipeline`` makes per step::
+
+      down, mid = controlnet(sample, t, encoder_hidden_states, controlnet_cond, conditioning_scale, return_dict=False)
+      noise_pred = unet(sample, t, encoder_hidden_states, down_block_additional_residuals=down,
+                        mid_block_additional_residual=mid).sample
+
+  self-contained (both state dicts inside, under ``controlnet.`` and ``unet.``), stages by module path
+  under the two prefixes; ``controlnet_pair_small.safetensors``: another step (2 x 4 latents, scale 1.3).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from export_whole import MODELS, OUT, load, unet_class, write_bundles  # noqa: E402
+from parity.export import export_bundle  # noqa: E402
+
+BLOCK = "diffusers.ControlNetModel"
+PAIR_BLOCK = "diffusers.ControlNetPair"
+FOLDER = MODELS / "diffusers_controlnet"
+UNET_FOLDER = MODELS / "diffusers_sd1"
+
+
+def controlnet_class():
+    from diffusers import ControlNetModel
+
+    class ControlNetModelInputs(ControlNetModel):
+        """``ControlNetModel`` with the timestep and scale as JSON, its residuals as a flat tuple."""
+
+        def forward(self, sample, encoder_hidden_states, controlnet_cond, *, timestep, conditioning_scale=1.0):
+            down, mid = ControlNetModel.forward(self, sample, timestep, encoder_hidden_states, controlnet_cond,
+                                                conditioning_scale=conditioning_scale, return_dict=False)
+            return (*down, mid)
+
+    return ControlNetModel, ControlNetModelInputs
+
+
+def inputs(model, seed, batch=1, size=(6, 4)):
+    c = model.config
+    g = torch.Generator().manual_seed(seed)
+    levels = len(c.conditioning_embedding_out_channels) - 1
+    h, w = size
+    return OrderedDict(
+        sample=torch.randn(batch, c.in_channels, h, w, generator=g),
+        encoder_hidden_states=torch.randn(batch, 7, c.cross_attention_dim, generator=g),
+        controlnet_cond=torch.rand(batch, c.conditioning_channels, h << levels, w << levels, generator=g),
+    )
+
+
+def output_names(model):
+    n = 1 + len(model.config.down_block_types) * model.config.layers_per_block + len(model.config.down_block_types) - 1
+    return [f"down_{i}" for i in range(n)] + ["mid"]
+
+
+class ControlNetPair(nn.Module):
+    """A ControlNet and the U-Net it drives, one step of ``StableDiffusionControlNetPipeline``."""
+
+    def __init__(self, controlnet, unet):
+        super().__init__()
+        self.controlnet = controlnet
+        self.unet = unet
+
+    def forward(self, sample, encoder_hidden_states, controlnet_cond, *, timestep, conditioning_scale=1.0):
+        from diffusers import ControlNetModel, UNet2DConditionModel
+
+        down, mid = ControlNetModel.forward(self.controlnet, sample, timestep, encoder_hidden_states, controlnet_cond,
+                                            conditioning_scale=conditioning_scale, return_dict=False)
+        return UNet2DConditionModel.forward(self.unet, sample, timestep, encoder_hidden_states,
+                                            down_block_additional_residuals=down,
+                                            mid_block_additional_residual=mid, return_dict=False)[0]
+
+
+def export_model(name, overrides, seed, timestep, scale, halves):
+    base, model = load(controlnet_class, FOLDER, overrides)
+    ins = inputs(model, seed)
+    kwargs = {"timestep": timestep, "conditioning_scale": scale}
+    with torch.no_grad():
+        want = base.forward(model, ins["sample"], timestep, ins["encoder_hidden_states"], ins["controlnet_cond"],
+                            conditioning_scale=scale, return_dict=False)
+        got = model(**ins, **kwargs)
+    assert all(torch.equal(a, b) for a, b in zip((*want[0], want[1]), got)), name
+    weights = FOLDER / "diffusion_pytorch_model.safetensors"
+    options = {"config": overrides} if overrides else {}
+    write_bundles(name, BLOCK, model, ins, weights, OUT,
+                  "ControlNetModel.forward(sample, timestep, encoder_hidden_states, controlnet_cond, conditioning_scale)",
+                  options, "modules", kwargs=kwargs, halves=halves, output_names=output_names(model))
+
+
+def export_pair(name, seed, timestep, scale, size):
+    _, controlnet = load(controlnet_class, FOLDER)
+    _, unet = load(unet_class, UNET_FOLDER)
+    import diffusers
+
+    pair = ControlNetPair(controlnet, unet).eval()
+    ins = inputs(controlnet, seed, size=size)
+    kwargs = {"timestep": timestep, "conditioning_scale": scale}
+    config = {"controlnet": {k: v for k, v in controlnet.config.items() if not k.startswith("_")},
+              "unet": {k: v for k, v in unet.config.items() if not k.startswith("_")}}
+    source = (f"diffusers {diffusers.__version__} ControlNetModel.forward then UNet2DConditionModel.forward with its "
+              "residuals, as StableDiffusionControlNetPipeline steps (scripts/export_controlnet.py); weights of "
+              "weights/models/diffusers_controlnet and diffusers_sd1, inside the bundle")
+    # float32 only: the module-path stages of two models make the bundle large, and the ControlNet's
+    # half-precision twin is controlnet_f16
+    for dtype, tag in ((None, ""),):
+        out = OUT / f"{name}{tag}.safetensors"
+        info = export_bundle(pair, PAIR_BLOCK, config, ins, out, kwargs=kwargs, trace="modules", dtype=dtype,
+                             source=source if dtype is None else f"{source}; converted to f16 (.to(dtype)) and run in it")
+        print(f"wrote {out}  {info['bytes']} bytes  max|out-f64| {info['max_abs_diff_f64']}")
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    export_model("controlnet", None, seed=3, timestep=421.0, scale=1.0, halves=(torch.float16,))
+    export_model("controlnet_bgr_pooled", {"controlnet_conditioning_channel_order": "bgr",
+                                           "global_pool_conditions": True}, seed=4, timestep=17.0, scale=0.7, halves=())
+    export_pair("controlnet_pair", seed=5, timestep=701.0, scale=0.8, size=(6, 4))
+    export_pair("controlnet_pair_small", seed=6, timestep=99.0, scale=1.3, size=(2, 4))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
