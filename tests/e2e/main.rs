@@ -15,6 +15,7 @@ mod denoise;
 mod digits;
 mod half_openai;
 mod library_errors;
+mod lucidrains;
 mod model_folders;
 mod properties;
 mod single_file;

@@ -6,8 +6,8 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
 use unet_attention::models::{
-    AddedCond, AutoencoderKL, ControlNetModel, ForwardArgs, LdmUNetConfig, LdmVaeConfig, UNet2DConditionModel,
-    UNet2DModel,
+    AddedCond, AutoencoderKL, ControlNetModel, ForwardArgs, LdmUNetConfig, LdmVaeConfig, LucidrainsUnet,
+    UNet2DConditionModel, UNet2DModel,
 };
 use unet_attention::{Error, Result};
 
@@ -20,6 +20,7 @@ pub(super) fn entries() -> Vec<BlockInfo> {
         entry::<LdmAutoencoderKL>(),
         entry::<ControlNetModel>(),
         entry::<ControlNetPair>(),
+        entry::<LucidrainsUnet>(),
     ]
 }
 
@@ -240,6 +241,27 @@ impl Registered for ControlNetPair {
             ..ForwardArgs::default()
         };
         let out = unet_attention::trace::scope("unet", || self.unet.forward_with(sample, timestep, context, args))?;
+        Ok(vec![out])
+    }
+}
+
+/// lucidrains' `Unet.forward(x, time, x_self_cond=None)`, `time` a `(B,)` tensor.
+impl Registered for LucidrainsUnet {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "denoising_diffusion_pytorch.denoising_diffusion_pytorch.Unet (denoising-diffusion-pytorch 2.0.0 – 2.3.4; dim_mults, attn_heads / attn_dim_head per stage, full_attn, flash_attn, self_condition, learned / random Fourier time features, learned_variance; Trainer.save checkpoints: prefix model. in `model`, ema_model.model. in `ema`)";
+    const INPUTS: &'static [&'static str] = &["x", "time", "x_self_cond"];
+    const KWARGS: &'static [&'static str] = &[];
+
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let out = self.forward(
+            inputs.required("x")?,
+            inputs.required("time")?,
+            inputs.get("x_self_cond"),
+        )?;
         Ok(vec![out])
     }
 }
