@@ -181,11 +181,14 @@ fn f32_run() -> Options {
 }
 
 /// Inputs whose dtype and shape the block may legitimately accept in other forms: masks and
-/// `image_only_indicator` (bool, integer or float, broadcast; PyTorch's rules differ per class) and an argument the PyTorch
-/// forward ignores (`UNetMidBlock1D`'s `temb`). For these, any `Ok` or `Err` will do; a panic
-/// still fails.
+/// `image_only_indicator` (bool, integer or float, broadcast; PyTorch's rules differ per class), an argument the PyTorch
+/// forward ignores (`UNetMidBlock1D`'s `temb`), and lucidrains' `Unet` timesteps (`GaussianDiffusion` passes integers;
+/// the embedding is float32 whatever their dtype). For these, any `Ok` or `Err` will do; a panic still fails.
 fn lenient(block: &str, name: &str) -> bool {
-    name.contains("mask") || name.contains("indicator") || (block == "diffusers.UNetMidBlock1D" && name == "temb")
+    name.contains("mask")
+        || name.contains("indicator")
+        || (block == "diffusers.UNetMidBlock1D" && name == "temb")
+        || (block == "denoising_diffusion_pytorch.Unet" && name == "time")
 }
 
 /// Every input class over every block.
