@@ -7,6 +7,16 @@ float32 on the CPU, against ``cargo run --release --example bench_whole`` on the
     python scripts/bench/whole_models.py make DIR --sdxl   # random SDXL-size unet/ (2.6 B parameters) in DIR
     python scripts/bench/whole_models.py run DIR/unet unet [--runs 3] [--threads N] [--latent 64] [--batch 2]
     python scripts/bench/whole_models.py run DIR/vae vae [--runs 3] [--device cuda] [--dtype f16]
+    python scripts/bench/whole_models.py make DIR --more    # DIR/controlnet (SD 1.5's, from DIR/unet), DIR/ddpm, DIR/lucidrains
+    python scripts/bench/whole_models.py run DIR/controlnet controlnet | run DIR/ddpm unet2d --latent 32 --batch 16
+    python scripts/bench/whole_models.py run DIR/lucidrains lucidrains --latent 64 --batch 4
+
+``make --more`` writes the models of issue 58: SD 1.5's ``ControlNetModel`` (``from_unet`` of
+``DIR/unet``, which ``make`` wrote), ``google/ddpm-cifar10-32``'s ``UNet2DModel`` config, and
+lucidrains' ``Unet(dim=64, dim_mults=(1, 2, 4, 8))`` (the README's) as ``config.json`` and
+``model.safetensors``. ``controlnet`` runs one step at the U-Net's shapes with a control image
+(2, 3, 512, 512), ``unet2d`` a step at timestep 500 on (batch, 3, latent, latent), ``lucidrains``
+a step at time 500 on (batch, 3, latent, latent).
 
 ``--device`` (cpu, cuda) and ``--dtype`` (f32, f16, bf16) place the model and its inputs (on a GPU each run
 ends with ``torch.cuda.synchronize()``, and the line adds ``cuda_peak_mib``); the GPU kit's ``models`` stage
@@ -81,6 +91,32 @@ SDXL_UNET = dict(
 )
 
 
+# google/ddpm-cifar10-32's UNet2DModel config
+DDPM_CIFAR10 = dict(sample_size=32, block_out_channels=(128, 256, 256, 256), layers_per_block=2,
+                    down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),
+                    up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+                    attention_head_dim=None, norm_eps=1e-6, downsample_padding=0, flip_sin_to_cos=False,
+                    freq_shift=1)
+LUCIDRAINS = dict(dim=64, dim_mults=(1, 2, 4, 8))
+
+
+def make_more(out: str) -> None:
+    import torch
+    from diffusers import ControlNetModel, UNet2DConditionModel, UNet2DModel
+    from denoising_diffusion_pytorch import Unet
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    ControlNetModel.from_unet(UNet2DConditionModel.from_pretrained(f"{out}/unet")).save_pretrained(f"{out}/controlnet")
+    UNet2DModel(**DDPM_CIFAR10).save_pretrained(f"{out}/ddpm")
+    import os
+    os.makedirs(f"{out}/lucidrains", exist_ok=True)
+    with open(f"{out}/lucidrains/config.json", "w") as f:
+        json.dump(LUCIDRAINS, f)
+    save_file({k: v.contiguous() for k, v in Unet(**LUCIDRAINS).state_dict().items()}, f"{out}/lucidrains/model.safetensors")
+    print(f"wrote {out}/controlnet, {out}/ddpm and {out}/lucidrains")
+
+
 def make(out: str, sdxl: bool = False) -> None:
     import torch
     from diffusers import AutoencoderKL, UNet2DConditionModel
@@ -140,6 +176,49 @@ def run(folder: str, model: str, runs: int, threads: int | None, device: str = "
 
         def step():
             return m(x, 500.0, ctx, return_dict=False, **kwargs)[0]
+    elif model == "controlnet":
+        from diffusers import ControlNetModel
+
+        b = batch or 2
+        m = ControlNetModel.from_pretrained(folder, torch_dtype=dt).eval().to(device=device)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        levels = len(m.config.conditioning_embedding_out_channels) - 1
+        x = put(torch.randn(b, 4, n, n, generator=g))
+        ctx = put(torch.randn(b, 77, m.config.cross_attention_dim, generator=g))
+        cond = put(torch.rand(b, 3, n << levels, n << levels, generator=g))
+
+        def step():
+            return m(x, 500.0, ctx, cond, return_dict=False)[1]
+        shapes = f"sample ({b}, 4, {n}, {n}), timestep 500, context ({b}, 77, {m.config.cross_attention_dim}), " \
+                 f"controlnet_cond ({b}, 3, {n << levels}, {n << levels})"
+    elif model == "unet2d":
+        from diffusers import UNet2DModel
+
+        b = batch or 16
+        m = UNet2DModel.from_pretrained(folder, torch_dtype=dt).eval().to(device=device)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        x = put(torch.randn(b, m.config.in_channels, n, n, generator=g))
+
+        def step():
+            return m(x, 500, return_dict=False)[0]
+        shapes = f"sample ({b}, {m.config.in_channels}, {n}, {n}), timestep 500"
+    elif model == "lucidrains":
+        from denoising_diffusion_pytorch import Unet
+        from safetensors.torch import load_file
+
+        b = batch or 4
+        with open(f"{folder}/config.json") as f:
+            cfg = json.load(f)
+        m = Unet(**cfg)
+        m.load_state_dict(load_file(f"{folder}/model.safetensors"))
+        m = m.eval().to(device=device, dtype=dt)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        x = put(torch.randn(b, m.channels, n, n, generator=g))
+        t = torch.full((b,), 500, device=device)
+
+        def step():
+            return m(x, t)
+        shapes = f"x ({b}, {m.channels}, {n}, {n}), time 500"
     else:
         b = batch or 1
         m = AutoencoderKL.from_pretrained(folder, torch_dtype=dt).eval().to(device=device)
@@ -190,9 +269,10 @@ def main(argv=None) -> int:
     mk = sub.add_parser("make")
     mk.add_argument("out")
     mk.add_argument("--sdxl", action="store_true", help="SDXL base 1.0's U-Net instead of SD 1.5's models")
+    mk.add_argument("--more", action="store_true", help="SD 1.5's ControlNet (from OUT/unet), DDPM CIFAR-10, lucidrains' Unet")
     r = sub.add_parser("run")
     r.add_argument("folder")
-    r.add_argument("model", choices=["unet", "vae"])
+    r.add_argument("model", choices=["unet", "vae", "controlnet", "unet2d", "lucidrains"])
     r.add_argument("--runs", type=int, default=3)
     r.add_argument("--threads", type=int, default=None)
     r.add_argument("--device", default="cpu")
@@ -200,7 +280,9 @@ def main(argv=None) -> int:
     r.add_argument("--latent", type=int, default=64, help="the latent's height and width")
     r.add_argument("--batch", type=int, default=None, help="default 2 (U-Net), 1 (VAE)")
     a = p.parse_args(argv)
-    if a.cmd == "make":
+    if a.cmd == "make" and a.more:
+        make_more(a.out)
+    elif a.cmd == "make":
         make(a.out, a.sdxl)
     else:
         run(a.folder, a.model, a.runs, a.threads, a.device, a.dtype, a.latent, a.batch)

@@ -6,6 +6,9 @@
 //! cargo run --release -p unet-attention --example bench_whole -- DIR/unet unet [RUNS] [--dtype bf16] [--latent 64] [--batch 2]
 //! cargo run --release -p unet-attention --example bench_whole -- DIR/vae vae [RUNS] [--device cuda] [--dtype f16]
 //! cargo run --release -p unet-attention --example bench_whole -- DIR/unet unet 0 --profile   # where the memory goes
+//! cargo run --release -p unet-attention --example bench_whole -- DIR/controlnet controlnet     # make DIR --more
+//! cargo run --release -p unet-attention --example bench_whole -- DIR/ddpm unet2d --latent 32 --batch 16
+//! cargo run --release -p unet-attention --example bench_whole -- DIR/lucidrains lucidrains --latent 64 --batch 4
 //! ```
 //!
 //! The same shapes and protocol as the PyTorch script (one model a process, one warm-up run,
@@ -25,7 +28,10 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use std::cell::RefCell;
 use std::time::Instant;
-use unet_attention::models::{AddedCond, AutoencoderKL, ForwardArgs, UNet2DConditionModel};
+use unet_attention::models::{
+    AddedCond, AutoencoderKL, ControlNetModel, ForwardArgs, LucidrainsUnet, LucidrainsUnetConfig, UNet2DConditionModel,
+    UNet2DModel,
+};
 
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
@@ -179,7 +185,52 @@ fn build(a: &Args, dev: &Device) -> Result<(Step, String)> {
             let shapes = format!("decode ({b}, 4, {n}, {n}) -> ({b}, 3, {}, {})", 8 * n, 8 * n);
             (Box::new(move || Ok(vae.decode(&z)?)), shapes)
         }
-        other => bail!("model {other:?}: unet or vae"),
+        "controlnet" => {
+            let b = a.batch.unwrap_or(2);
+            let net = ControlNetModel::load(&a.folder, dtype, dev)?;
+            let levels = net
+                .config()
+                .conditioning_embedding_out_channels
+                .as_ref()
+                .map_or(1, |w| w.len())
+                - 1;
+            let ctx_dim = net.config().cross_attention_dim;
+            let x = randn(&[b, 4, n, n], 1, dtype, dev)?;
+            let ctx = randn(&[b, 77, ctx_dim], 2, dtype, dev)?;
+            let cond = randn(&[b, 3, n << levels, n << levels], 3, dtype, dev)?;
+            let shapes = format!(
+                "sample ({b}, 4, {n}, {n}), timestep 500, context ({b}, 77, {ctx_dim}), controlnet_cond ({b}, 3, {}, {})",
+                n << levels,
+                n << levels
+            );
+            (
+                Box::new(move || Ok(net.forward(&x, 500.0, &ctx, &cond, 1.0)?.mid)),
+                shapes,
+            )
+        }
+        "unet2d" => {
+            let b = a.batch.unwrap_or(16);
+            let unet = UNet2DModel::load(&a.folder, dtype, dev)?;
+            let c = unet.config().in_channels;
+            let x = randn(&[b, c, n, n], 1, dtype, dev)?;
+            let shapes = format!("sample ({b}, {c}, {n}, {n}), timestep 500");
+            (Box::new(move || Ok(unet.forward(&x, 500.0)?)), shapes)
+        }
+        "lucidrains" => {
+            let b = a.batch.unwrap_or(4);
+            let text = std::fs::read_to_string(format!("{}/config.json", a.folder))?;
+            let cfg: LucidrainsUnetConfig = serde_json::from_str(&text)?;
+            let weights = [format!("{}/model.safetensors", a.folder)];
+            // SAFETY: a benchmark folder nothing writes to while it runs.
+            let vb = unsafe { candle_nn::VarBuilder::from_mmaped_safetensors(&weights, dtype, dev)? };
+            let unet = LucidrainsUnet::new(vb, &cfg)?;
+            let c = cfg.channels;
+            let x = randn(&[b, c, n, n], 1, dtype, dev)?;
+            let t = Tensor::full(500f32, b, dev)?;
+            let shapes = format!("x ({b}, {c}, {n}, {n}), time 500");
+            (Box::new(move || Ok(unet.forward(&x, &t, None)?)), shapes)
+        }
+        other => bail!("model {other:?}: unet, vae, controlnet, unet2d or lucidrains"),
     })
 }
 

@@ -125,47 +125,57 @@ enum PosEmb {
 }
 
 impl PosEmb {
-    /// `(B, fourier_dim)` in float32, each step rounded as PyTorch's float32 ops round it (in
-    /// float64 under [`crate::float64_run`]'s exact embeddings).
-    fn forward(&self, time: &[f64], dev: &candle_core::Device) -> Result<Tensor> {
+    /// `(B, fourier_dim)`, computed as PyTorch computes it for timesteps of `time`'s dtype: the
+    /// frequencies of `SinusoidalPosEmb` are float32 (`torch.arange`'s default dtype) and the
+    /// products take the wider of the two operands' dtypes (float64 timesteps, as a float64 run's,
+    /// give float64 arguments), each float32 step rounded as PyTorch rounds it. Under
+    /// [`crate::float64_run`]'s exact embeddings everything is float64.
+    fn forward(&self, time: &Tensor) -> Result<Tensor> {
         let exact = crate::float64_run::embeddings_exact();
+        let wide = exact || time.dtype() == DType::F64;
+        let t = time.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+        let (dev, pi) = (time.device(), std::f64::consts::PI);
         let rows = match self {
             PosEmb::Sinusoidal { dim, theta } => {
                 let half = dim / 2;
                 let step = theta.ln() / (half as f64 - 1.0);
-                let mut out = Vec::with_capacity(time.len() * 2 * half);
-                for &t in time {
-                    let args: Vec<f64> = (0..half)
-                        .map(|i| match exact {
-                            true => t * (-step * i as f64).exp(),
-                            false => (t as f32 * (((i as f32) * (-step as f32)) as f64).exp() as f32) as f64,
-                        })
+                let freqs: Vec<f64> = (0..half)
+                    .map(|i| match exact {
+                        true => (-step * i as f64).exp(),
+                        false => (((i as f32) * (-step as f32)) as f64).exp() as f32 as f64,
+                    })
+                    .collect();
+                let mut out = Vec::with_capacity(t.len() * 2 * half);
+                for &t in &t {
+                    let args: Vec<f64> = freqs
+                        .iter()
+                        .map(|&f| if wide { t * f } else { (t as f32 * f as f32) as f64 })
                         .collect();
                     out.extend(args.iter().map(|a| a.sin()));
                     out.extend(args.iter().map(|a| a.cos()));
                 }
-                Tensor::from_vec(out, (time.len(), 2 * half), dev)?
+                Tensor::from_vec(out, (t.len(), 2 * half), dev)?
             }
             PosEmb::Fourier { weights } => {
                 let w = weights.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-                let mut out = Vec::with_capacity(time.len() * (2 * w.len() + 1));
-                for &t in time {
+                let wide = wide || weights.dtype() == DType::F64;
+                let mut out = Vec::with_capacity(t.len() * (2 * w.len() + 1));
+                for &t in &t {
                     let args: Vec<f64> = w
                         .iter()
-                        .map(|&w| match exact {
-                            true => t * w * 2.0 * std::f64::consts::PI,
-                            false => ((t as f32 * w as f32) * 2.0 * std::f64::consts::PI as f32) as f64,
+                        .map(|&w| match wide {
+                            true => t * w * 2.0 * pi,
+                            false => ((t as f32 * w as f32) * 2.0 * pi as f32) as f64,
                         })
                         .collect();
                     out.push(t);
                     out.extend(args.iter().map(|a| a.sin()));
                     out.extend(args.iter().map(|a| a.cos()));
                 }
-                Tensor::from_vec(out, (time.len(), 2 * w.len() + 1), dev)?
+                Tensor::from_vec(out, (t.len(), 2 * w.len() + 1), dev)?
             }
         };
-        let dtype = if exact { DType::F64 } else { DType::F32 };
-        Ok(rows.to_dtype(dtype)?)
+        Ok(rows.to_dtype(if wide { DType::F64 } else { DType::F32 })?)
     }
 }
 
@@ -425,16 +435,11 @@ impl LucidrainsUnet {
         Ok(out)
     }
 
-    /// `time_mlp(time)` `(B, 4 · dim)` in `dtype` (the embedding in float32, cast).
+    /// `time_mlp(time)` `(B, 4 · dim)` in `dtype` (the embedding as [`PosEmb::forward`] makes it, cast).
     fn time_mlp(&self, time: &Tensor, dtype: DType) -> Result<Tensor> {
-        let values = time.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-        let emb = self.pos_emb.forward(&values, time.device())?;
+        let emb = self.pos_emb.forward(time)?;
         trace::record("time_mlp.0", &emb);
-        let emb = if crate::float64_run::embeddings_exact() {
-            emb
-        } else {
-            emb.to_dtype(dtype)?
-        };
+        let emb = emb.to_dtype(dtype)?;
         let h = self.time_1.forward_tokens(&emb)?;
         trace::record("time_mlp.1", &h);
         let h = Activation::Gelu.forward(&h)?;
