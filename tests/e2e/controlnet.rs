@@ -3,34 +3,10 @@
 //! `scripts/export_controlnet.py`), and the mistakes that must fail.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
+use crate::helpers::{bundle, max_abs_diff, root};
 use candle_core::{DType, Device, Tensor};
 use unet_attention::models::{ControlNetModel, ForwardArgs, UNet2DConditionModel};
-
-fn root(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
-
-fn bundle(rel: &str) -> BTreeMap<String, Tensor> {
-    candle_core::safetensors::load(root(rel), &Device::Cpu)
-        .unwrap()
-        .into_iter()
-        .collect()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
-}
 
 fn models() -> (ControlNetModel, UNet2DConditionModel) {
     let dev = Device::Cpu;

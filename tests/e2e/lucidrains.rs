@@ -3,18 +3,14 @@
 //! weights, against the PyTorch forward (`weights/whole/lucidrains_unet_*`), and the mistakes that
 //! must fail.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::helpers::{max_abs_diff, root};
 use candle_core::{DType, Device, Tensor};
 use unet_attention::models::{LucidrainsUnet, LucidrainsUnetConfig};
 use unet_attention::weights::{TrackedWeights, WeightSource};
 use unet_parity::checkpoint::{Checkpoint, PrefixView};
 use unet_parity::port::PortCheck;
-
-fn root(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
 
 fn config() -> LucidrainsUnetConfig {
     serde_json::from_value(
@@ -36,19 +32,6 @@ fn load(prefix: &str, cfg: &LucidrainsUnetConfig) -> LucidrainsUnet {
         "weights under {prefix} the Unet did not read"
     );
     unet
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 /// Our output on the bundle's inputs with `time` shifted by `shift`, and the checker's verdict

@@ -14,6 +14,7 @@ mod controlnet;
 mod denoise;
 mod digits;
 mod half_openai;
+mod helpers;
 mod library_errors;
 mod lucidrains;
 mod model_folders;

@@ -4,18 +4,14 @@
 //! configs against the ones diffusers derives, and the ways a load must fail.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::helpers::{bundle, max_abs_diff, root};
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 use unet_attention::models::single_file::{LdmUNetConfig, LdmVaeConfig, UNET_PREFIX};
 use unet_attention::models::{AutoencoderKL, UNet2DConditionModel};
 use unet_attention::weights::WeightSource;
-
-fn root(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
 
 fn json(rel: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(root(rel)).unwrap()).unwrap()
@@ -67,27 +63,6 @@ fn configs_are_the_ones_diffusers_derives() {
     let sd2 = serde_json::to_value(LdmUNetConfig::sd2().to_diffusers().unwrap()).unwrap();
     assert_eq!(sd2["attention_head_dim"], serde_json::json!([5, 10, 20, 20]));
     assert_eq!(sd2["use_linear_projection"], true);
-}
-
-/// A bundle's inputs and PyTorch's (ldm's) output.
-fn bundle(rel: &str) -> BTreeMap<String, Tensor> {
-    candle_core::safetensors::load(root(rel), &Device::Cpu)
-        .unwrap()
-        .into_iter()
-        .collect()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 /// The checker's verdict on our output (`unet_parity::port::PortCheck`, the rule `unet-parity

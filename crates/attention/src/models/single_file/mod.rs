@@ -240,17 +240,75 @@ fn vb_prefix(vb: &VarBuilder) -> String {
     }
 }
 
+/// What the two single-file models differ in: their prefix, key map, config and constructor.
+trait LdmLayout: Sized {
+    type Config: Clone + Send + Sync + 'static;
+    const PREFIX: &'static str;
+    const BLOCK: &'static str;
+    fn key(name: &str, cfg: &Self::Config) -> Option<LdmKey>;
+    fn infer(source: &dyn WeightSource) -> Result<Self::Config>;
+    /// The model from diffusers-named weights and the original config.
+    fn build(vb: VarBuilder, cfg: &Self::Config) -> Result<Self>;
+}
+
+impl LdmLayout for UNet2DConditionModel {
+    type Config = LdmUNetConfig;
+    const PREFIX: &'static str = UNET_PREFIX;
+    const BLOCK: &'static str = UNET_BLOCK;
+    fn key(name: &str, cfg: &LdmUNetConfig) -> Option<LdmKey> {
+        keys::unet(name, cfg)
+    }
+    fn infer(source: &dyn WeightSource) -> Result<LdmUNetConfig> {
+        LdmUNetConfig::infer(source)
+    }
+    fn build(vb: VarBuilder, cfg: &LdmUNetConfig) -> Result<Self> {
+        Self::new(vb, &cfg.to_diffusers()?)
+    }
+}
+
+impl LdmLayout for AutoencoderKL {
+    type Config = LdmVaeConfig;
+    const PREFIX: &'static str = VAE_PREFIX;
+    const BLOCK: &'static str = VAE_BLOCK;
+    fn key(name: &str, cfg: &LdmVaeConfig) -> Option<LdmKey> {
+        keys::vae(name, cfg)
+    }
+    fn infer(source: &dyn WeightSource) -> Result<LdmVaeConfig> {
+        LdmVaeConfig::infer(source)
+    }
+    fn build(vb: VarBuilder, cfg: &LdmVaeConfig) -> Result<Self> {
+        Self::new(vb, &cfg.to_diffusers()?)
+    }
+}
+
+/// The model from ldm-named weights at `vb`, errors naming the file's keys.
+fn from_ldm<M: LdmLayout>(vb: VarBuilder, config: &M::Config) -> Result<M> {
+    let (cfg, prefix) = (config.clone(), vb_prefix(&vb));
+    let vb = renamed(vb, M::BLOCK, Box::new(move |n| M::key(n, &cfg)));
+    M::build(vb, config).map_err(|e| with_ldm_keys(e, &prefix, M::BLOCK, &|n| M::key(n, config)))
+}
+
+/// The model from a single file's tensors, the config given or inferred, strict under its prefix.
+fn from_weights<M: LdmLayout>(
+    source: Arc<dyn WeightSource>,
+    config: Option<&M::Config>,
+    dtype: DType,
+    device: &Device,
+) -> Result<M> {
+    let config = match config {
+        Some(c) => c.clone(),
+        None => M::infer(source.as_ref())?,
+    };
+    build_from(source, M::PREFIX, M::BLOCK, dtype, device, |vb| {
+        from_ldm::<M>(vb, &config)
+    })
+}
+
 impl UNet2DConditionModel {
     /// The U-Net from ldm-named weights: `vb` at the U-Net's keys (`input_blocks.0.0.weight`, ...:
     /// a single file's `model.diffusion_model`), with the original config.
     pub fn from_ldm(vb: VarBuilder, config: &LdmUNetConfig) -> Result<Self> {
-        let diffusers = config.to_diffusers()?;
-        let (cfg, prefix) = (config.clone(), vb_prefix(&vb));
-        Self::new(
-            renamed(vb, UNET_BLOCK, Box::new(move |n| keys::unet(n, &cfg))),
-            &diffusers,
-        )
-        .map_err(|e| with_ldm_keys(e, &prefix, UNET_BLOCK, &|n| keys::unet(n, config)))
+        from_ldm(vb, config)
     }
 
     /// The U-Net of a single-file checkpoint (`.safetensors`, the U-Net under
@@ -264,7 +322,7 @@ impl UNet2DConditionModel {
         device: &Device,
     ) -> Result<Self> {
         let files = SafetensorsFiles::open_file(path.as_ref())?;
-        Self::from_single_file_weights(Arc::new(files), config, dtype, device)
+        from_weights(Arc::new(files), config, dtype, device)
     }
 
     /// [`Self::from_single_file`] over any source of the file's tensors (full names).
@@ -274,13 +332,7 @@ impl UNet2DConditionModel {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let config = match config {
-            Some(c) => c.clone(),
-            None => LdmUNetConfig::infer(source.as_ref())?,
-        };
-        build_from(source, UNET_PREFIX, UNET_BLOCK, dtype, device, |vb| {
-            Self::from_ldm(vb, &config)
-        })
+        from_weights(source, config, dtype, device)
     }
 }
 
@@ -288,13 +340,7 @@ impl AutoencoderKL {
     /// The VAE from ldm-named weights: `vb` at the VAE's keys (`encoder.conv_in.weight`, ...: a
     /// single file's `first_stage_model`), with the original config.
     pub fn from_ldm(vb: VarBuilder, config: &LdmVaeConfig) -> Result<Self> {
-        let diffusers = config.to_diffusers()?;
-        let (cfg, prefix) = (config.clone(), vb_prefix(&vb));
-        Self::new(
-            renamed(vb, VAE_BLOCK, Box::new(move |n| keys::vae(n, &cfg))),
-            &diffusers,
-        )
-        .map_err(|e| with_ldm_keys(e, &prefix, VAE_BLOCK, &|n| keys::vae(n, config)))
+        from_ldm(vb, config)
     }
 
     /// The VAE of a single-file checkpoint (`first_stage_model.`), as
@@ -306,7 +352,7 @@ impl AutoencoderKL {
         device: &Device,
     ) -> Result<Self> {
         let files = SafetensorsFiles::open_file(path.as_ref())?;
-        Self::from_single_file_weights(Arc::new(files), config, dtype, device)
+        from_weights(Arc::new(files), config, dtype, device)
     }
 
     /// [`Self::from_single_file`] over any source of the file's tensors (full names).
@@ -316,12 +362,6 @@ impl AutoencoderKL {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let config = match config {
-            Some(c) => c.clone(),
-            None => LdmVaeConfig::infer(source.as_ref())?,
-        };
-        build_from(source, VAE_PREFIX, VAE_BLOCK, dtype, device, |vb| {
-            Self::from_ldm(vb, &config)
-        })
+        from_weights(source, config, dtype, device)
     }
 }
