@@ -87,7 +87,7 @@ pub struct ControlNetOutput {
 }
 
 impl ControlNetOutput {
-    /// The residuals as [`UNet2DConditionModel::forward_with`] takes them.
+    /// The residuals as [`super::UNet2DConditionModel::forward_with`] takes them.
     pub fn residuals(&self) -> super::ControlNetResiduals<'_> {
         super::ControlNetResiduals {
             down: &self.down,

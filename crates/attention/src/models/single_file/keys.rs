@@ -232,7 +232,7 @@ fn stage_via(
     })
 }
 
-/// [`stage_via`] for the U-Net.
+/// `stage_via` for the U-Net: the ldm stage name of a diffusers stage, `None` for one ldm has no module for.
 pub fn unet_stage(stage: &str, cfg: &LdmUNetConfig) -> Option<String> {
     let wholes = [("time_embedding", "time_embed"), ("mid_block", "middle_block")];
     let children = [
@@ -244,7 +244,7 @@ pub fn unet_stage(stage: &str, cfg: &LdmUNetConfig) -> Option<String> {
     stage_via(stage, &wholes, &children, |n| unet(n, cfg))
 }
 
-/// [`stage_via`] for the VAE (its attention's inner stages are left out: ldm computes them as
+/// `stage_via` for the VAE (its attention's inner stages are left out: ldm computes them as
 /// 1×1 convolutions over channels, diffusers as linear layers over tokens).
 pub fn vae_stage(stage: &str, cfg: &LdmVaeConfig) -> Option<String> {
     let wholes = [
