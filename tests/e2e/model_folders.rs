@@ -15,11 +15,9 @@ fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/models")
 }
 
-/// A scratch copy of a committed model folder.
-fn copy_folder(name: &str, tag: &str) -> PathBuf {
-    let dst = std::env::temp_dir().join(format!("unet-folders-{}-{name}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dst);
-    std::fs::create_dir_all(&dst).unwrap();
+/// A scratch copy of a committed model folder (removed when dropped).
+fn copy_folder(name: &str, tag: &str) -> crate::common::Scratch {
+    let dst = crate::common::scratch(&format!("{name}-{tag}"));
     for e in std::fs::read_dir(models().join(name)).unwrap() {
         let e = e.unwrap();
         std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
@@ -104,7 +102,6 @@ fn a_sharded_folder_gives_the_same_model() {
         .to_scalar::<f32>()
         .unwrap();
     assert_eq!(diff, 0.0);
-    let _ = std::fs::remove_dir_all(&sharded);
 }
 
 #[test]
@@ -193,9 +190,6 @@ fn a_strangers_folder_gets_errors_naming_file_and_key() {
         Err(e) => e.to_string(),
     };
     assert!(e.contains("mid_block.spare"), "{e}");
-    for d in [f, u] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 // ---- Issue 54: the folder loaders read as `unet-parity` reads ----
@@ -279,7 +273,7 @@ fn fifos_in_a_model_folder_are_refused_not_opened() {
 
 /// The committed VAE split into two shards as `write` says: its tensors by name, and the index's
 /// `weight_map` it writes (name → shard).
-fn shard_vae(tag: &str, write: impl Fn(&str, usize) -> (Vec<&'static str>, &'static str)) -> PathBuf {
+fn shard_vae(tag: &str, write: impl Fn(&str, usize) -> (Vec<&'static str>, &'static str)) -> crate::common::Scratch {
     let f = copy_folder("diffusers_vae", tag);
     let all = tensors(&f);
     std::fs::remove_file(f.join("diffusion_pytorch_model.safetensors")).unwrap();
@@ -425,8 +419,7 @@ fn no_shape_panics_a_whole_model() {
 fn the_drop_in_refuses_weights_it_cannot_express() {
     use unet_attention::models::stable_diffusion::{unet_2d, vae};
     use unet_attention::models::UNet2DConditionModelConfig;
-    let dir = std::env::temp_dir().join(format!("unet-folders-{}-depth12", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = crate::common::scratch("depth12");
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(models().join("diffusers_sd1/config.json")).unwrap()).unwrap();
     config["transformer_layers_per_block"] = serde_json::json!([1, 2]);
@@ -482,5 +475,4 @@ fn the_drop_in_refuses_weights_it_cannot_express() {
     };
     let e = vae::AutoEncoderKL::new(vb(&models().join("diffusers_vae")), 3, 3, one_block).err();
     assert!(e.is_some(), "a one-block config loaded the two-block VAE");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -77,14 +77,12 @@ fn the_committed_unet2d_passes_and_three_port_bugs_fail_widely() {
         .drain()
         .map(|(k, v)| (k.replace("up_blocks.0.resnets.1.", "up_blocks.0.resnet.1."), v))
         .collect();
-    let dir = std::env::temp_dir().join(format!("unet2d-keys-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::scratch("keys");
     std::fs::copy(folder().join("config.json"), dir.join("config.json")).unwrap();
     candle_core::safetensors::save(&renamed, dir.join("diffusion_pytorch_model.safetensors")).unwrap();
     let e = UNet2DModel::load(&dir, DType::F32, &Device::Cpu)
         .unwrap_err()
         .to_string();
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         e.contains("up_blocks.0.resnets.1.") && e.contains("up_blocks.0.resnet.1."),
         "{e}"

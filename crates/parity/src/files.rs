@@ -211,16 +211,18 @@ fn is_plain_checkpoint(path: &Path) -> bool {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("unet-parity-files-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A scratch folder, removed when dropped.
+    fn scratch(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("unet-parity-files-{name}-"))
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
     fn write_new_replaces_files_and_refuses_links() {
-        let dir = scratch("write");
+        let scratch = scratch("write");
+        let dir = scratch.path();
         let target = dir.join("victim");
         std::fs::write(&target, "victim").unwrap();
         let link = dir.join("out.png");
@@ -237,6 +239,6 @@ mod tests {
         write_new(&hard, |f| std::io::Write::write_all(f, b"new")).unwrap();
         assert_eq!(std::fs::read_to_string(&hard).unwrap(), "new");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "victim");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 3, "no temporary file left");
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 3, "no temporary file left");
     }
 }

@@ -99,17 +99,18 @@ pub fn read_json(path: &Path) -> Result<serde_json::Value, FileError> {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("unet-attention-files-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A scratch folder, removed when dropped.
+    fn scratch(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("unet-attention-files-{name}-"))
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
     fn text_is_read_up_to_its_limit() {
         let dir = scratch("text");
-        let f = dir.join("big.json");
+        let f = dir.path().join("big.json");
         std::fs::write(&f, vec![b' '; 100]).unwrap();
         assert_eq!(read_text_limited(&f, 100).unwrap().len(), 100);
         let e = read_text_limited(&f, 99).unwrap_err().to_string();
@@ -122,13 +123,13 @@ mod tests {
     #[test]
     fn a_fifo_is_refused_not_opened() {
         let dir = scratch("fifo");
-        let fifo = dir.join("config.json");
+        let fifo = dir.path().join("config.json");
         let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid C string; mkfifo only creates a node.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
         let e = read_json(&fifo).unwrap_err().to_string();
         assert!(e.contains("not a regular file") && e.contains("config.json"), "{e}");
-        let e = open_regular(&dir).unwrap_err().to_string();
+        let e = open_regular(dir.path()).unwrap_err().to_string();
         assert!(e.contains("a folder"), "{e}");
     }
 }

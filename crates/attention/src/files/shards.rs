@@ -306,11 +306,14 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    /// A folder with shards `a` and `b` holding the named tensors, and an index mapping `map`.
-    fn folder(name: &str, a: &[&str], b: &[&str], map: &[(&str, &str)]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("unet-attention-shards-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+    /// A folder with shards `a` and `b` holding the named tensors, and an index mapping `map`:
+    /// the folder (removed when dropped) and the index's path.
+    fn folder(name: &str, a: &[&str], b: &[&str], map: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
+        let scratch = tempfile::Builder::new()
+            .prefix(&format!("unet-attention-shards-{name}-"))
+            .tempdir()
+            .unwrap();
+        let dir = scratch.path();
         for (file, names) in [("a.safetensors", a), ("b.safetensors", b)] {
             let t: HashMap<String, Tensor> = names
                 .iter()
@@ -322,17 +325,17 @@ mod tests {
             map.iter().map(|(k, v)| (k.to_string(), (*v).into())).collect();
         let index = dir.join("model.safetensors.index.json");
         std::fs::write(&index, serde_json::json!({ "weight_map": map }).to_string()).unwrap();
-        index
+        (scratch, index)
     }
 
-    fn error(index: &Path) -> String {
+    fn error((_dir, index): &(tempfile::TempDir, PathBuf)) -> String {
         SafetensorsFiles::open(index).unwrap_err().to_string()
     }
 
     #[test]
     fn the_index_decides_where_each_tensor_is() {
         let (a, b) = ("a.safetensors", "b.safetensors");
-        let ok = folder("ok", &["x"], &["y"], &[("x", a), ("y", b)]);
+        let (_dir, ok) = folder("ok", &["x"], &["y"], &[("x", a), ("y", b)]);
         let set = SafetensorsFiles::open(&ok).unwrap();
         assert_eq!(set.names().collect::<Vec<_>>(), ["x", "y"]);
         assert_eq!(set.load("y").unwrap().unwrap().dims(), [2]);

@@ -271,14 +271,16 @@ fn the_scanner_finds_paths_and_groups_but_not_comments() {
 #[test]
 fn a_circle_is_caught() {
     // Two modules that use each other: whatever their order, one of them uses a higher one.
-    let dir = std::env::temp_dir().join(format!("unet-attention-layering-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = tempfile::Builder::new()
+        .prefix("unet-attention-layering-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     std::fs::create_dir_all(dir.join("low")).unwrap();
     std::fs::write(dir.join("low/mod.rs"), "use crate::high::f;\n").unwrap();
     std::fs::write(dir.join("high.rs"), "use crate::low::g;\n").unwrap();
     let levels = BTreeMap::from([("low".to_string(), 1), ("high".to_string(), 2)]);
-    let found = violations(&dir, &levels, &[]);
-    let _ = std::fs::remove_dir_all(&dir);
+    let found = violations(dir, &levels, &[]);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(
         found[0].contains("low/mod.rs:1: `low` (layer 1) uses `crate::high` (layer 2)"),

@@ -750,7 +750,7 @@ fn detect_json_and_prefix_filter() {
 
 /// A Hugging Face cache folder holding `models--acme--tiny-unet` at one commit, as
 /// huggingface_hub lays it out (`refs/main` without a newline, snapshot files).
-fn hub_cache(name: &str) -> std::path::PathBuf {
+fn hub_cache(name: &str) -> crate::common::Scratch {
     let cache = scratch(name);
     let commit = "0123456789abcdef0123456789abcdef01234567";
     let repo = cache.join("models--acme--tiny-unet");
@@ -767,8 +767,8 @@ fn hub_cache(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn repo_resolves_offline_from_a_hand_built_cache() {
-    let cache = hub_cache("hub-offline");
-    let cache = cache.to_str().unwrap();
+    let scratch = hub_cache("hub-offline");
+    let cache = scratch.to_str().unwrap();
     let bundle = w("mid/unet_mid_block_2d_unet2d_ref.safetensors");
     let base = [
         "check",
@@ -1253,7 +1253,8 @@ fn a_bare_video_mid_block_says_it_cannot_tell_the_model() {
     let ckpt = models("diffusers_i2vgen_xl/diffusion_pytorch_model.safetensors");
     let mut bare = RawBundle::read(Path::new(&ckpt));
     bare.tensors.retain(|k, _| k.starts_with("mid_block."));
-    let bare_path = scratch("i2vgen-mid-only").join("mid_only.safetensors");
+    let dir = scratch("i2vgen-mid-only");
+    let bare_path = dir.join("mid_only.safetensors");
     bare.write(&bare_path);
     let (_, out, _) = cli(&["detect", bare_path.to_str().unwrap()]);
     assert!(

@@ -37,17 +37,43 @@ pub fn cli(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// A fresh, empty scratch folder for one test, named by the process, the calling file and `name`:
-/// the tests of one binary share a process and run in parallel, so `name` need only be unique in
-/// its file.
+/// A fresh, empty scratch folder for one test, named by the calling file and `name` (and made
+/// unique by `tempfile`), removed when the returned guard drops, unless the test is panicking:
+/// then it is kept, and its path printed, for a look at what the test wrote.
 #[track_caller]
-pub fn scratch(name: &str) -> PathBuf {
+pub fn scratch(name: &str) -> Scratch {
     let file = Path::new(std::panic::Location::caller().file());
     let stem = file.file_stem().unwrap().to_string_lossy();
-    let dir = std::env::temp_dir().join(format!("unet-parity-test-{}-{stem}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("unet-parity-test-{stem}-{name}-"))
+        .tempdir()
+        .unwrap();
+    Scratch(Some(dir))
+}
+
+/// A scratch folder ([`scratch`]): derefs to its path.
+pub struct Scratch(Option<tempfile::TempDir>);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.as_ref().unwrap().path()
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        self
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let dir = self.0.take().unwrap();
+        if std::thread::panicking() {
+            eprintln!("(scratch folder kept: {})", dir.keep().display());
+        }
+    }
 }
 
 /// A bundle's tensors and metadata, for tests that edit them.

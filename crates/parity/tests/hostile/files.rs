@@ -97,7 +97,7 @@ const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
 /// A Hub cache holding `acme/tiny-unet` (the committed diffusers UNet2DModel) at [`COMMIT`], and
 /// the same model in a folder outside the cache. Returns (cache, repo folder, outside folder).
-fn hub_cache(name: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+fn hub_cache(name: &str) -> (Scratch, std::path::PathBuf, Scratch) {
     let cache = scratch(name);
     let repo = cache.join("models--acme--tiny-unet");
     let snapshot = repo.join("snapshots").join(COMMIT);

@@ -236,7 +236,7 @@ fn trace_holds_only_the_stages_the_bundle_compares() {
 
 /// The committed VAE whole-model bundle beside a copy of its checkpoint (`../models/...`), the
 /// checkpoint edited by `edit`.
-fn vae_with_checkpoint(name: &str, edit: impl FnOnce(&mut HashMap<String, candle_core::Tensor>)) -> PathBuf {
+fn vae_with_checkpoint(name: &str, edit: impl FnOnce(&mut HashMap<String, candle_core::Tensor>)) -> (Scratch, PathBuf) {
     let dir = scratch(name);
     let rel = "models/diffusers_vae/diffusion_pytorch_model.safetensors";
     std::fs::create_dir_all(dir.join("whole")).unwrap();
@@ -246,14 +246,14 @@ fn vae_with_checkpoint(name: &str, edit: impl FnOnce(&mut HashMap<String, candle
     candle_core::safetensors::save(&tensors, dir.join(rel)).unwrap();
     let bundle = dir.join("whole/vae.safetensors");
     std::fs::copy(weights().join("whole/vae.safetensors"), &bundle).unwrap();
-    bundle
+    (dir, bundle)
 }
 
 /// A NaN in the checkpoint a whole-model bundle references: exit 2 naming the tensor and the
 /// file, as the same NaN inside a bundle (it was exit 1, "our values are NaN", blaming the port).
 #[test]
 fn a_nan_in_a_referenced_checkpoint_is_the_checkpoints_fault() {
-    let bundle = vae_with_checkpoint("whole-nan", |t| {
+    let (_dir, bundle) = vae_with_checkpoint("whole-nan", |t| {
         let w = t["decoder.conv_in.weight"].clone();
         let mut v = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         v[3] = f32::NAN;
@@ -272,7 +272,7 @@ fn a_nan_in_a_referenced_checkpoint_is_the_checkpoints_fault() {
     );
     assert!(!out.contains("FAIL"), "{out}");
     // The untouched copy passes.
-    let bundle = vae_with_checkpoint("whole-nan-control", |_| {});
+    let (_dir, bundle) = vae_with_checkpoint("whole-nan-control", |_| {});
     let (code, out, err) = cli(&["check", bundle.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
 }
@@ -314,7 +314,7 @@ fn an_input_too_small_for_the_model_is_named() {
 #[test]
 fn a_sharded_checkpoint_is_read_by_its_index() {
     for (name, duplicate, code) in [("whole-shards-dup", true, 2), ("whole-shards-ok", false, 0)] {
-        let bundle = vae_with_checkpoint(name, |_| {});
+        let (_dir, bundle) = vae_with_checkpoint(name, |_| {});
         let folder = bundle.parent().unwrap().parent().unwrap().join("models/diffusers_vae");
         let file = folder.join("diffusion_pytorch_model.safetensors");
         let all = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
