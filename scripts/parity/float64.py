@@ -103,6 +103,32 @@ def _disable_upcasts(module: nn.Module) -> None:
             sub.forward = types.MethodType(_rms_norm_forward_keep_dtype, sub)
 
 
+def _standardize_with_eps(eps: float) -> Callable:
+    """The Annotated Diffusion post's ``WeightStandardizedConv2d.forward`` (scripts/reference/
+    annotated_diffusion.py, its published ``/ rsqrt`` kept) with ``eps`` fixed: the published
+    ``1e-5 if x.dtype == torch.float32 else 1e-3`` is a dtype-dependent constant, which a float64
+    twin takes from the dtype of the run it is the twin of (1e-5 for float32, 1e-3 for half)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        mean = w.mean(dim=(1, 2, 3), keepdim=True)
+        var = w.var(dim=(1, 2, 3), unbiased=False, keepdim=True)
+        normalized = (w - mean) / (var + eps).rsqrt()
+        return torch.nn.functional.conv2d(x, normalized, self.bias, self.stride, self.padding, self.dilation,
+                                          self.groups)
+
+    return forward
+
+
+def _keep_run_eps(module: nn.Module, run_dtype: torch.dtype) -> None:
+    """Each weight-standardized conv of the Annotated Diffusion post with the eps of ``run_dtype``."""
+    eps = 1e-5 if run_dtype == torch.float32 else 1e-3
+    for sub in module.modules():
+        cls = type(sub)
+        if cls.__name__ == "WeightStandardizedConv2d" and cls.__module__.endswith("annotated_diffusion"):
+            sub.forward = types.MethodType(_standardize_with_eps(eps), sub)
+
+
 def _run_group_norm32_in_float64(module: nn.Module) -> None:
     """``GroupNorm32`` as a plain ``nn.GroupNorm``: its ``super().forward(x.float())`` cannot run with
     float64 weights (PyTorch's CPU kernel refuses the mixed dtypes), so even a plain ``.double()``
@@ -114,14 +140,17 @@ def _run_group_norm32_in_float64(module: nn.Module) -> None:
 
 def float64_copy(module: nn.Module, prepare: Callable[[nn.Module], None] | None = None,
                  casts: str = "off") -> nn.Module:
-    """Deep copy of ``module`` in float64 with in-block float32 upcasts disabled (``casts="off"``), or
-    left as the published forward has them (``casts="kept"``: a plain ``.double()``, but for
-    ``GroupNorm32``, which PyTorch cannot run that way)."""
+    """Deep copy of ``module`` in float64 with in-block float32 upcasts disabled and dtype-dependent
+    constants taken from ``module``'s dtype (``casts="off"``), or left as the published forward has
+    them (``casts="kept"``: a plain ``.double()``, but for ``GroupNorm32``, which PyTorch cannot run
+    that way)."""
     if casts not in ("off", "kept"):
         raise ValueError(f"casts={casts!r}: 'off' or 'kept'")
+    run_dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     m64 = copy.deepcopy(module).double().eval()
     if casts == "off":
         _disable_upcasts(m64)
+        _keep_run_eps(m64, run_dtype)
     else:
         _run_group_norm32_in_float64(m64)
     if prepare is not None:

@@ -182,13 +182,13 @@ fn f32_run() -> Options {
 
 /// Inputs whose dtype and shape the block may legitimately accept in other forms: masks and
 /// `image_only_indicator` (bool, integer or float, broadcast; PyTorch's rules differ per class), an argument the PyTorch
-/// forward ignores (`UNetMidBlock1D`'s `temb`), and lucidrains' `Unet` timesteps (`GaussianDiffusion` passes integers;
-/// the embedding is float32 whatever their dtype). For these, any `Ok` or `Err` will do; a panic still fails.
+/// forward ignores (`UNetMidBlock1D`'s `temb`), and the timesteps of lucidrains' and the Annotated Diffusion
+/// post's `Unet` (their samplers pass integers; the embedding is float32 whatever their dtype). For these, any `Ok` or `Err` will do; a panic still fails.
 fn lenient(block: &str, name: &str) -> bool {
     name.contains("mask")
         || name.contains("indicator")
         || (block == "diffusers.UNetMidBlock1D" && name == "temb")
-        || (block == "denoising_diffusion_pytorch.Unet" && name == "time")
+        || (matches!(block, "denoising_diffusion_pytorch.Unet" | "annotated_diffusion.Unet") && name == "time")
 }
 
 /// Every input class over every block.

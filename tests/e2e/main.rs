@@ -10,6 +10,7 @@ mod common;
 #[path = "../../examples/common/schedule.rs"]
 mod schedule;
 
+mod annotated_unet;
 mod controlnet;
 mod denoise;
 mod digits;

@@ -23,6 +23,7 @@
 //! `Unet` cannot run in half precision (its sinusoidal embedding is float32 whatever the weights);
 //! here the embedding is computed in float32 and cast to the run's dtype.
 
+use super::time_embedding::PosEmb;
 use super::unet_2d_condition_config::PerBlock;
 use crate::ddpm::{Attention, AttentionConfig, LinearAttention, LinearAttentionConfig, ResnetBlock, ResnetBlockConfig};
 use crate::layers::{Activation, Conv2d, Projection};
@@ -115,70 +116,6 @@ impl LucidrainsUnetConfig {
     }
 }
 
-/// `time_mlp.0`: the sinusoidal embedding of the timesteps.
-#[derive(Debug, Clone)]
-enum PosEmb {
-    /// `SinusoidalPosEmb(dim, theta)`: sin then cos.
-    Sinusoidal { dim: usize, theta: f64 },
-    /// `RandomOrLearnedSinusoidalPosEmb`: `[t, sin(2π t w), cos(2π t w)]`.
-    Fourier { weights: Tensor },
-}
-
-impl PosEmb {
-    /// `(B, fourier_dim)`, computed as PyTorch computes it for timesteps of `time`'s dtype: the
-    /// frequencies of `SinusoidalPosEmb` are float32 (`torch.arange`'s default dtype) and the
-    /// products take the wider of the two operands' dtypes (float64 timesteps, as a float64 run's,
-    /// give float64 arguments), each float32 step rounded as PyTorch rounds it. Under
-    /// [`crate::float64_run`]'s exact embeddings everything is float64.
-    fn forward(&self, time: &Tensor) -> Result<Tensor> {
-        let exact = crate::float64_run::embeddings_exact();
-        let wide = exact || time.dtype() == DType::F64;
-        let t = time.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-        let (dev, pi) = (time.device(), std::f64::consts::PI);
-        let rows = match self {
-            PosEmb::Sinusoidal { dim, theta } => {
-                let half = dim / 2;
-                let step = theta.ln() / (half as f64 - 1.0);
-                let freqs: Vec<f64> = (0..half)
-                    .map(|i| match exact {
-                        true => (-step * i as f64).exp(),
-                        false => (((i as f32) * (-step as f32)) as f64).exp() as f32 as f64,
-                    })
-                    .collect();
-                let mut out = Vec::with_capacity(t.len() * 2 * half);
-                for &t in &t {
-                    let args: Vec<f64> = freqs
-                        .iter()
-                        .map(|&f| if wide { t * f } else { (t as f32 * f as f32) as f64 })
-                        .collect();
-                    out.extend(args.iter().map(|a| a.sin()));
-                    out.extend(args.iter().map(|a| a.cos()));
-                }
-                Tensor::from_vec(out, (t.len(), 2 * half), dev)?
-            }
-            PosEmb::Fourier { weights } => {
-                let w = weights.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-                let wide = wide || weights.dtype() == DType::F64;
-                let mut out = Vec::with_capacity(t.len() * (2 * w.len() + 1));
-                for &t in &t {
-                    let args: Vec<f64> = w
-                        .iter()
-                        .map(|&w| match wide {
-                            true => t * w * 2.0 * pi,
-                            false => ((t as f32 * w as f32) * 2.0 * pi as f32) as f64,
-                        })
-                        .collect();
-                    out.push(t);
-                    out.extend(args.iter().map(|a| a.sin()));
-                    out.extend(args.iter().map(|a| a.cos()));
-                }
-                Tensor::from_vec(out, (t.len(), 2 * w.len() + 1), dev)?
-            }
-        };
-        Ok(rows.to_dtype(if wide { DType::F64 } else { DType::F32 })?)
-    }
-}
-
 /// A stage's attention: full where `full_attn` says, else linear.
 #[derive(Debug, Clone)]
 enum StageAttention {
@@ -186,9 +123,10 @@ enum StageAttention {
     Linear(LinearAttention),
 }
 
-/// A stage's resampling (index 3 of its `ModuleList`).
+/// A stage's resampling (index 3 of its `ModuleList`), lucidrains' and the Annotated Diffusion
+/// post's alike.
 #[derive(Debug, Clone)]
-enum Resample {
+pub(super) enum Resample {
     /// `Downsample`: pixel-unshuffle, then `Conv2d(4 · dim, dim_out, 1)` (keys `.1`).
     Down(Conv2d),
     /// `Upsample`: nearest ×2, then `Conv2d(dim, dim_out, 3)` (keys `.1`).
@@ -198,7 +136,17 @@ enum Resample {
 }
 
 impl Resample {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// Down stage `!up` or up stage `up` at `vb` (the stage's `ModuleList`); the last stage of
+    /// either is the plain 3×3 conv.
+    pub(super) fn load(vb: VarBuilder, up: bool, last: bool, dim: usize, dim_out: usize) -> Result<Self> {
+        Ok(match (last, up) {
+            (true, _) => Resample::Same(Conv2d::load(vb.pp(3), dim, dim_out, 3, true)?),
+            (false, false) => Resample::Down(Conv2d::load(vb.pp(3).pp(1), 4 * dim, dim_out, 1, true)?),
+            (false, true) => Resample::Up(Conv2d::load(vb.pp(3).pp(1), dim, dim_out, 3, true)?),
+        })
+    }
+
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Resample::Down(conv) => {
                 let (b, c, h, w) = x.dims4()?;
@@ -346,15 +294,11 @@ impl LucidrainsUnet {
         let mut downs = Vec::with_capacity(n);
         for (i, &(d_in, d_out)) in in_out.iter().enumerate() {
             let vb = vb.pp("downs").pp(i);
-            let conv = |k| Conv2d::load(vb.pp(3), d_in, d_out, k, true);
             downs.push(Stage {
                 block1: parts.resnet(vb.pp(0), d_in, d_in)?,
                 block2: parts.resnet(vb.pp(1), d_in, d_in)?,
                 attn: parts.attention(vb.pp(2), d_in, full[i], heads[i], dim_heads[i])?,
-                resample: match i + 1 == n {
-                    true => Resample::Same(conv(3)?),
-                    false => Resample::Down(Conv2d::load(vb.pp(3).pp(1), 4 * d_in, d_out, 1, true)?),
-                },
+                resample: Resample::load(vb, false, i + 1 == n, d_in, d_out)?,
             });
         }
         let mid = in_out[n - 1].1;
@@ -365,10 +309,7 @@ impl LucidrainsUnet {
                 block1: parts.resnet(vb.pp(0), d_out + d_in, d_out)?,
                 block2: parts.resnet(vb.pp(1), d_out + d_in, d_out)?,
                 attn: parts.attention(vb.pp(2), d_out, full[s], heads[s], dim_heads[s])?,
-                resample: match i + 1 == n {
-                    true => Resample::Same(Conv2d::load(vb.pp(3), d_out, d_in, 3, true)?),
-                    false => Resample::Up(Conv2d::load(vb.pp(3).pp(1), d_out, d_in, 3, true)?),
-                },
+                resample: Resample::load(vb, true, i + 1 == n, d_out, d_in)?,
             });
         }
         let init = cfg.init_dim();
@@ -399,7 +340,8 @@ impl LucidrainsUnet {
     /// `forward(x, time, x_self_cond=None)`: `x` `(B, channels, H, W)` with H and W multiples of
     /// 2^(stages − 1), `time` `(B,)` (integer or float timesteps).
     pub fn forward(&self, x: &Tensor, time: &Tensor, x_self_cond: Option<&Tensor>) -> Result<Tensor> {
-        let x = self.check_inputs(x, time, x_self_cond)?;
+        let shape = (self.config.channels, self.downs.len(), self.config.self_condition);
+        let x = self_conditioned_input(BLOCK, shape, x, time, x_self_cond)?;
         let h0 = self.init_conv.forward(&x)?;
         trace::record("init_conv", &h0);
         let t = self.time_mlp(time, x.dtype())?;
@@ -447,57 +389,56 @@ impl LucidrainsUnet {
         trace::record("time_mlp", &t);
         Ok(t)
     }
+}
 
-    /// The input after self-conditioning (`cat(x_self_cond or zeros, x)`), its shape checked.
-    fn check_inputs(&self, x: &Tensor, time: &Tensor, x_self_cond: Option<&Tensor>) -> Result<Tensor> {
-        crate::validate::input(BLOCK, "x", x, &[4])?;
-        let (b, c, h, w) = x.dims4()?;
-        let factor = 1usize << (self.downs.len() - 1).min(30);
-        if c != self.config.channels || h % factor != 0 || w % factor != 0 {
-            return Err(Error::input(
-                BLOCK,
-                "x",
-                format!(
-                    "expected (B, {}, H, W) with H and W divisible by {factor}, found {:?}",
-                    self.config.channels,
-                    x.dims()
-                ),
-            ));
-        }
-        if time.dims() != [b] {
-            return Err(Error::input(
-                BLOCK,
-                "time",
-                format!("expected ({b},), found {:?}", time.dims()),
-            ));
-        }
-        if !self.config.self_condition {
-            if x_self_cond.is_some() {
-                return Err(Error::input(
-                    BLOCK,
-                    "x_self_cond",
-                    "given, but the Unet has self_condition = false",
-                ));
-            }
-            return Ok(x.clone());
-        }
-        let cond = match x_self_cond {
-            Some(s) if s.dims() == x.dims() => s.to_dtype(x.dtype())?,
-            Some(s) => {
-                return Err(Error::input(
-                    BLOCK,
-                    "x_self_cond",
-                    format!("expected {:?}, found {:?}", x.dims(), s.dims()),
-                ))
-            }
-            None => x.zeros_like()?,
-        };
-        Ok(Tensor::cat(&[&cond, x], 1)?)
+/// What a DDPM `Unet` (lucidrains', the Annotated Diffusion post's) checks of its inputs: `x`
+/// `(B, channels, H, W)` with H and W divisible by `2^(stages − 1)`, `time` `(B,)`, `x_self_cond`
+/// like `x` and only where the model is self-conditioned. Returns the input after
+/// self-conditioning, `cat(x_self_cond or zeros_like(x), x)`.
+pub(super) fn self_conditioned_input(
+    block: &'static str,
+    (channels, stages, self_condition): (usize, usize, bool),
+    x: &Tensor,
+    time: &Tensor,
+    x_self_cond: Option<&Tensor>,
+) -> Result<Tensor> {
+    crate::validate::input(block, "x", x, &[4])?;
+    crate::validate::optional(block, "x_self_cond", x_self_cond, &[4])?;
+    if let Some(s) = x_self_cond {
+        crate::validate::same_dtype(block, "x_self_cond", s, "x", x)?;
+    }
+    let (b, c, h, w) = x.dims4()?;
+    let factor = 1usize << stages.saturating_sub(1).min(30);
+    if c != channels || h % factor != 0 || w % factor != 0 {
+        let expected = format!("expected (B, {channels}, H, W) with H and W divisible by {factor}");
+        return Err(Error::input(block, "x", format!("{expected}, found {:?}", x.dims())));
+    }
+    if time.dims() != [b] {
+        return Err(Error::input(
+            block,
+            "time",
+            format!("expected ({b},), found {:?}", time.dims()),
+        ));
+    }
+    match (self_condition, x_self_cond) {
+        (false, None) => Ok(x.clone()),
+        (false, Some(_)) => Err(Error::input(
+            block,
+            "x_self_cond",
+            "given, but the Unet has self_condition = false",
+        )),
+        (true, Some(s)) if s.dims() != x.dims() => Err(Error::input(
+            block,
+            "x_self_cond",
+            format!("expected {:?}, found {:?}", x.dims(), s.dims()),
+        )),
+        (true, Some(s)) => Ok(Tensor::cat(&[s, x], 1)?),
+        (true, None) => Ok(Tensor::cat(&[&x.zeros_like()?, x], 1)?),
     }
 }
 
 /// `f()` in the trace scope `path`, its output recorded as the stage `path`.
-fn run(path: &str, f: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
+pub(super) fn run(path: &str, f: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
     let out = trace::scope(path, f)?;
     trace::record(path, &out);
     Ok(out)

@@ -13,6 +13,10 @@
 //! * [`ControlNetModel`] (`controlnet`): SD 1.x / 2.x ControlNets, the residuals the U-Net takes
 //!   ([`ForwardArgs::controlnet`]), with its config ([`ControlNetModelConfig`]).
 //!
+//! * [`LucidrainsUnet`] (`lucidrains_unet`) and [`AnnotatedUnet`] (`annotated_unet`): the DDPM
+//!   U-Nets of denoising-diffusion-pytorch 2.x and of the Hugging Face "Annotated Diffusion" post,
+//!   under their own state-dict names.
+//!
 //! * [`AutoencoderKL`] (`autoencoder_kl`): the VAE of Stable Diffusion 1.x, 2.x and XL
 //!   (`Encoder`, `Decoder`, `DownEncoderBlock2D`, `UpDecoderBlock2D`, the quant convs), with its
 //!   config ([`AutoencoderKLConfig`]) and [`DiagonalGaussianDistribution`].
@@ -27,6 +31,7 @@
 //! / `decode`); weights load
 //! under the exact PyTorch state-dict names.
 
+pub mod annotated_unet;
 pub mod autoencoder_kl;
 pub mod autoencoder_kl_config;
 pub mod controlnet;
@@ -42,6 +47,7 @@ pub mod unet_2d_condition_config;
 pub mod unet_2d_config;
 pub mod unet_blocks;
 
+pub use annotated_unet::{AnnotatedUnet, AnnotatedUnetConfig};
 pub use autoencoder_kl::{AutoencoderKL, DiagonalGaussianDistribution};
 pub use autoencoder_kl_config::AutoencoderKLConfig;
 pub use controlnet::{ControlNetModel, ControlNetOutput};

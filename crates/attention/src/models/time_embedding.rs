@@ -1,5 +1,7 @@
 //! diffusers 0.42.1 `Timesteps` / `get_timestep_embedding` and `TimestepEmbedding`
-//! (`models/embeddings.py`): the sinusoidal time projection and its MLP.
+//! (`models/embeddings.py`): the sinusoidal time projection and its MLP; and lucidrains'
+//! `SinusoidalPosEmb` / `RandomOrLearnedSinusoidalPosEmb` (the Annotated Diffusion post's
+//! `SinusoidalPositionEmbeddings` is the first), crate-internal.
 //!
 //! ```text
 //! get_timestep_embedding(t, dim, flip_sin_to_cos, downscale_freq_shift, scale=1, max_period=10000):
@@ -123,6 +125,72 @@ impl TimestepEmbedding {
             Some(a) => a.forward(&h)?,
             None => h,
         })
+    }
+}
+
+/// lucidrains' `time_mlp.0` (denoising-diffusion-pytorch 2.x), the sinusoidal embedding of the
+/// timesteps; `Sinusoidal { theta: 10000 }` is also the Annotated Diffusion post's
+/// `SinusoidalPositionEmbeddings` (the same lines).
+#[derive(Debug, Clone)]
+pub(crate) enum PosEmb {
+    /// `SinusoidalPosEmb(dim, theta)`: sin then cos.
+    Sinusoidal { dim: usize, theta: f64 },
+    /// `RandomOrLearnedSinusoidalPosEmb`: `[t, sin(2π t w), cos(2π t w)]`.
+    Fourier { weights: Tensor },
+}
+
+impl PosEmb {
+    /// `(B, fourier_dim)`, computed as PyTorch computes it for timesteps of `time`'s dtype: the
+    /// frequencies of `SinusoidalPosEmb` are float32 (`torch.arange`'s default dtype) and the
+    /// products take the wider of the two operands' dtypes (float64 timesteps, as a float64 run's,
+    /// give float64 arguments), each float32 step rounded as PyTorch rounds it. Under
+    /// [`crate::float64_run`]'s exact embeddings everything is float64.
+    pub(crate) fn forward(&self, time: &Tensor) -> Result<Tensor> {
+        let exact = crate::float64_run::embeddings_exact();
+        let wide = exact || time.dtype() == DType::F64;
+        let t = time.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+        let (dev, pi) = (time.device(), std::f64::consts::PI);
+        let rows = match self {
+            PosEmb::Sinusoidal { dim, theta } => {
+                let half = dim / 2;
+                let step = theta.ln() / (half as f64 - 1.0);
+                let freqs: Vec<f64> = (0..half)
+                    .map(|i| match exact {
+                        true => (-step * i as f64).exp(),
+                        false => (((i as f32) * (-step as f32)) as f64).exp() as f32 as f64,
+                    })
+                    .collect();
+                let mut out = Vec::with_capacity(t.len() * 2 * half);
+                for &t in &t {
+                    let args: Vec<f64> = freqs
+                        .iter()
+                        .map(|&f| if wide { t * f } else { (t as f32 * f as f32) as f64 })
+                        .collect();
+                    out.extend(args.iter().map(|a| a.sin()));
+                    out.extend(args.iter().map(|a| a.cos()));
+                }
+                Tensor::from_vec(out, (t.len(), 2 * half), dev)?
+            }
+            PosEmb::Fourier { weights } => {
+                let w = weights.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+                let wide = wide || weights.dtype() == DType::F64;
+                let mut out = Vec::with_capacity(t.len() * (2 * w.len() + 1));
+                for &t in &t {
+                    let args: Vec<f64> = w
+                        .iter()
+                        .map(|&w| match wide {
+                            true => t * w * 2.0 * pi,
+                            false => ((t as f32 * w as f32) * 2.0 * pi as f32) as f64,
+                        })
+                        .collect();
+                    out.push(t);
+                    out.extend(args.iter().map(|a| a.sin()));
+                    out.extend(args.iter().map(|a| a.cos()));
+                }
+                Tensor::from_vec(out, (t.len(), 2 * w.len() + 1), dev)?
+            }
+        };
+        Ok(rows.to_dtype(if wide { DType::F64 } else { DType::F32 })?)
     }
 }
 

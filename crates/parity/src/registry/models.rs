@@ -6,7 +6,7 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
 use unet_attention::models::{
-    AddedCond, AutoencoderKL, ControlNetModel, ForwardArgs, LdmUNetConfig, LdmVaeConfig, LucidrainsUnet,
+    AddedCond, AnnotatedUnet, AutoencoderKL, ControlNetModel, ForwardArgs, LdmUNetConfig, LdmVaeConfig, LucidrainsUnet,
     UNet2DConditionModel, UNet2DModel,
 };
 use unet_attention::{Error, Result};
@@ -21,6 +21,7 @@ pub(super) fn entries() -> Vec<BlockInfo> {
         entry::<ControlNetModel>(),
         entry::<ControlNetPair>(),
         entry::<LucidrainsUnet>(),
+        entry::<AnnotatedUnet>(),
     ]
 }
 
@@ -249,6 +250,27 @@ impl Registered for ControlNetPair {
 impl Registered for LucidrainsUnet {
     const ID: &'static str = Self::BLOCK;
     const PYTORCH: &'static str = "denoising_diffusion_pytorch.denoising_diffusion_pytorch.Unet (denoising-diffusion-pytorch 2.0.0 – 2.3.4; dim_mults, attn_heads / attn_dim_head per stage, full_attn, flash_attn, self_condition, learned / random Fourier time features, learned_variance; Trainer.save checkpoints: prefix model. in `model`, ema_model.model. in `ema`)";
+    const INPUTS: &'static [&'static str] = &["x", "time", "x_self_cond"];
+    const KWARGS: &'static [&'static str] = &[];
+
+    fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
+        Self::new(vb, &read.config(Self::ID, config)?)
+    }
+
+    fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
+        let out = self.forward(
+            inputs.required("x")?,
+            inputs.required("time")?,
+            inputs.get("x_self_cond"),
+        )?;
+        Ok(vec![out])
+    }
+}
+
+/// The Annotated Diffusion post's `Unet.forward(x, time, x_self_cond=None)`, `time` a `(B,)` tensor.
+impl Registered for AnnotatedUnet {
+    const ID: &'static str = Self::BLOCK;
+    const PYTORCH: &'static str = "the Hugging Face blog post \"The Annotated Diffusion Model\" (huggingface/blog annotated-diffusion.md at fd0b6566b04f), its Unet (dim, init_dim, out_dim, dim_mults, channels, self_condition, resnet_block_groups; WeightStandardizedConv2d as published, PreNorm GroupNorm(1, dim), LinearAttention per stage, Attention in the middle)";
     const INPUTS: &'static [&'static str] = &["x", "time", "x_self_cond"];
     const KWARGS: &'static [&'static str] = &[];
 
