@@ -64,6 +64,8 @@ class Template:
             from attention_bundles.blocks import build_module
 
             return build_module(self.block, self.config, self.state_keys, self.source)
+        if self.kind == "ddpm":
+            return build_ddpm(self.block, self.config)
         if self.kind == "whole":
             model = build_whole(self.block, self.config)
             if self.trained is not None:
@@ -190,6 +192,49 @@ def whole_templates(folder: Path = MID_DIR.parent / "models") -> list[Template]:
     return out
 
 
+# The DDPM U-Nets of issue 58, as their exporters build them (scripts/export_lucidrains_unet.py,
+# scripts/export_annotated_unet.py): name, block, kwargs, x's shape, timesteps, x_self_cond given.
+DDPM_UNETS = (
+    ("lucidrains_unet_selfcond", "denoising_diffusion_pytorch.Unet",
+     dict(dim=8, dim_mults=[1, 2], self_condition=True, learned_sinusoidal_cond=True, full_attn=[False, True],
+          flash_attn=True, attn_heads=2, attn_dim_head=8), (1, 3, 8, 8), [500.0], True),
+    ("lucidrains_unet_plain", "denoising_diffusion_pytorch.Unet",
+     dict(dim=8, dim_mults=[1, 2], attn_heads=[1, 2], attn_dim_head=[4, 4]), (2, 3, 4, 4), [10.0, 900.0], False),
+    ("annotated_unet_fashion", "annotated_diffusion.Unet", dict(dim=4, channels=1, dim_mults=[1, 2, 4]),
+     (1, 1, 8, 8), [640.0], False),
+    ("annotated_unet_selfcond", "annotated_diffusion.Unet",
+     dict(dim=4, out_dim=5, dim_mults=[1, 2], self_condition=True, resnet_block_groups=2), (2, 3, 4, 4),
+     [0.0, 250.0], True),
+)
+
+
+def build_ddpm(block: str, config: dict) -> nn.Module:
+    """lucidrains' or the Annotated Diffusion post's ``Unet`` from its JSON kwargs (lists as the
+    tuples their constructors expect), as the exporters build it."""
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+    if block == "denoising_diffusion_pytorch.Unet":
+        from export_lucidrains_unet import unet
+
+        return unet(**kwargs)
+    from reference import annotated_diffusion
+
+    return annotated_diffusion.Unet(**kwargs)
+
+
+def ddpm_templates() -> list[Template]:
+    """The DDPM U-Nets of ``DDPM_UNETS`` (float32 only: PyTorch runs neither in half precision)."""
+    out = []
+    for name, block, config, shape, time, give_cond in DDPM_UNETS:
+        g = torch.Generator().manual_seed(0)
+        ins = OrderedDict(x=torch.randn(*shape, generator=g), time=torch.tensor(time))
+        if give_cond:
+            ins["x_self_cond"] = torch.randn(*shape, generator=g)
+        out.append(Template(name=f"whole:{name}", block=block, config=config,
+                            source=f"{block}.forward (calibration, scripts/calibration/templates.py)",
+                            kwargs=None, inputs=ins, half="to", kind="ddpm"))
+    return out
+
+
 def half_runs(template, dtype) -> str | None:
     """``None`` if PyTorch runs the template (its own inputs, seed-0 weights) in ``dtype`` in its
     half form, else the first line of PyTorch's error (e.g. the SD 2.x CrossAttention, whose fp32
@@ -214,7 +259,7 @@ def all_templates(families=None) -> list[Template]:
     those matching ``families`` (see ``Template.matches``). A template PyTorch cannot run in
     float16 or bfloat16 on the CPU gets ``half = None`` (float32 bundles only) and the reason in
     ``half_rejected``."""
-    ts = attention_templates() + mid_templates() + whole_templates()
+    ts = attention_templates() + mid_templates() + whole_templates() + ddpm_templates()
     if families:
         ts = [t for t in ts if t.matches(families)]
     if not ts:

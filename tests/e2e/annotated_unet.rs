@@ -157,3 +157,20 @@ fn weight_standardization_is_the_posts() {
         }
     }
 }
+
+/// `time` `(1,)` with a batch of two gives each sample what `(2,)` with the timestep repeated
+/// gives, as PyTorch broadcasts it (lucidrains' `Unet` shares the input check).
+#[test]
+fn one_timestep_broadcasts_over_the_batch() {
+    let unet = build(state_dict(SELFCOND, |_| {}), &config(SELFCOND)).unwrap();
+    let b = bundle(SELFCOND);
+    let x = &b["parity.input.x"];
+    let one = Tensor::new(&[250f32], &Device::Cpu).unwrap();
+    let two = Tensor::new(&[250f32, 250.0], &Device::Cpu).unwrap();
+    let a = unet.forward(x, &one, None).unwrap();
+    let c = unet.forward(x, &two, None).unwrap();
+    assert_eq!(max_abs_diff(&a, &c), 0.0);
+    let three = Tensor::new(&[1f32, 2.0, 3.0], &Device::Cpu).unwrap();
+    let err = unet.forward(x, &three, None).unwrap_err().to_string();
+    assert!(err.contains("`time`") && err.contains("(2,) or (1,)"), "{err}");
+}

@@ -26,7 +26,7 @@
 //! recorded by module path (`downs.0.2`, `downs.0.2/fn/norm`, `mid_block1/block1/proj`). PyTorch's
 //! `Unet` does not run in half precision (its time embedding is float32 whatever the weights).
 
-use super::lucidrains_unet::{run, self_conditioned_input, Resample};
+use super::lucidrains_unet::{per_sample, run, self_conditioned_input, Resample};
 use super::time_embedding::PosEmb;
 use crate::annotated_diffusion::{
     Attention, Config as AttentionConfig, LinearAttention, ResnetBlock, ResnetBlockConfig,
@@ -235,13 +235,13 @@ impl AnnotatedUnet {
     }
 
     /// `forward(x, time, x_self_cond=None)`: `x` `(B, channels, H, W)` with H and W multiples of
-    /// 2^(stages − 1), `time` `(B,)` (integer or float timesteps).
+    /// 2^(stages − 1), `time` `(B,)` or `(1,)` (integer or float timesteps).
     pub fn forward(&self, x: &Tensor, time: &Tensor, x_self_cond: Option<&Tensor>) -> Result<Tensor> {
         let shape = (self.config.channels, self.downs.len(), self.config.self_condition);
         let x = self_conditioned_input(BLOCK, shape, x, time, x_self_cond)?;
         let h0 = self.init_conv.forward(&x)?;
         trace::record("init_conv", &h0);
-        let t = self.time_mlp(time, x.dtype())?;
+        let t = per_sample(self.time_mlp(time, x.dtype())?, x.dim(0)?)?;
         let mut skips = Vec::with_capacity(2 * self.downs.len());
         let mut h = h0.clone();
         for (i, stage) in self.downs.iter().enumerate() {

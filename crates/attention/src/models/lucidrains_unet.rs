@@ -338,13 +338,13 @@ impl LucidrainsUnet {
     }
 
     /// `forward(x, time, x_self_cond=None)`: `x` `(B, channels, H, W)` with H and W multiples of
-    /// 2^(stages − 1), `time` `(B,)` (integer or float timesteps).
+    /// 2^(stages − 1), `time` `(B,)` or `(1,)` (integer or float timesteps).
     pub fn forward(&self, x: &Tensor, time: &Tensor, x_self_cond: Option<&Tensor>) -> Result<Tensor> {
         let shape = (self.config.channels, self.downs.len(), self.config.self_condition);
         let x = self_conditioned_input(BLOCK, shape, x, time, x_self_cond)?;
         let h0 = self.init_conv.forward(&x)?;
         trace::record("init_conv", &h0);
-        let t = self.time_mlp(time, x.dtype())?;
+        let t = per_sample(self.time_mlp(time, x.dtype())?, x.dim(0)?)?;
         let mut skips = Vec::with_capacity(2 * self.downs.len());
         let mut h = h0.clone();
         for (i, stage) in self.downs.iter().enumerate() {
@@ -392,7 +392,7 @@ impl LucidrainsUnet {
 }
 
 /// What a DDPM `Unet` (lucidrains', the Annotated Diffusion post's) checks of its inputs: `x`
-/// `(B, channels, H, W)` with H and W divisible by `2^(stages − 1)`, `time` `(B,)`, `x_self_cond`
+/// `(B, channels, H, W)` with H and W divisible by `2^(stages − 1)`, `time` `(B,)` or `(1,)`, `x_self_cond`
 /// like `x` and only where the model is self-conditioned. Returns the input after
 /// self-conditioning, `cat(x_self_cond or zeros_like(x), x)`.
 pub(super) fn self_conditioned_input(
@@ -413,11 +413,13 @@ pub(super) fn self_conditioned_input(
         let expected = format!("expected (B, {channels}, H, W) with H and W divisible by {factor}");
         return Err(Error::input(block, "x", format!("{expected}, found {:?}", x.dims())));
     }
-    if time.dims() != [b] {
+    // (1,) broadcasts over the batch, as PyTorch's `time[:, None] * freqs` then the resnets' FiLM do
+    if time.dims() != [b] && time.dims() != [1] {
+        let found = time.dims();
         return Err(Error::input(
             block,
             "time",
-            format!("expected ({b},), found {:?}", time.dims()),
+            format!("expected ({b},) or (1,), found {found:?}"),
         ));
     }
     match (self_condition, x_self_cond) {
@@ -435,6 +437,15 @@ pub(super) fn self_conditioned_input(
         (true, Some(s)) => Ok(Tensor::cat(&[s, x], 1)?),
         (true, None) => Ok(Tensor::cat(&[&x.zeros_like()?, x], 1)?),
     }
+}
+
+/// The time embedding `t` `(1, D)` or `(B, D)` as `(B, D)`: one timestep for the whole batch, as
+/// PyTorch broadcasts it in the resnets' scale and shift.
+pub(super) fn per_sample(t: Tensor, batch: usize) -> Result<Tensor> {
+    Ok(match t.dim(0)? == batch {
+        true => t,
+        false => t.broadcast_as((batch, t.dim(1)?))?.contiguous()?,
+    })
 }
 
 /// `f()` in the trace scope `path`, its output recorded as the stage `path`.
