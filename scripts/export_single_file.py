@@ -18,6 +18,18 @@ Writes into ``weights/single_file/``:
   inference YAML, as JSON), and ``<name>.unet.json`` / ``<name>.vae.json``: the diffusers configs
   diffusers 0.42.1 derives from it (``create_unet_diffusers_config_from_ldm`` and
   ``create_vae_diffusers_config_from_ldm``), which the Rust conversion must equal.
+* ``sdxl_tiny.safetensors``: an SDXL-style U-Net (Stability's ``sgm`` layout, ``label_emb`` for the
+  added conditions, attention from the second level with ``transformer_depth`` per level, a
+  1280-wide context so that diffusers reads it as SDXL), and ``sdxl_tiny.yaml.json`` /
+  ``sdxl_tiny.unet.json`` as above. No ``sgm`` package is installable here, so the file is written
+  from a diffusers ``UNet2DConditionModel`` of the config diffusers derives from the YAML, its keys
+  renamed to sgm's (``ldm_unet_key``); diffusers' own ``from_single_file`` must read back every
+  tensor bit for bit (asserted), which is what ties the layout to sgm's. ``sdxl_base`` /
+  ``sdxl_refiner`` ``.yaml.json`` / ``.unet.json``: the full-size SDXL configs (Stability's YAMLs'
+  ``network_config.params``) and what diffusers derives from them, for the Rust presets to equal. Its bundle
+  (``single_sdxl_tiny_unet``) is diffusers' forward with ``added_cond_kwargs`` (sgm's conditioner
+  makes the U-Net's ``y`` from the same pooled text embedding and six size / crop numbers), without
+  stages (they would be diffusers' module paths, not sgm's).
 * ``weights/whole/single_<name>_unet.safetensors`` / ``single_<name>_vae.safetensors``: whole-model bundles
   (blocks ``ldm.UNetModel``, ``ldm.AutoencoderKL``): the real ldm forward on seeded inputs, the
   ldm kwargs as config, the weights referenced in the single file under their prefix, stages by
@@ -61,6 +73,27 @@ UNETS = {
                      use_linear_in_transformer=True, transformer_depth=1, context_dim=40, use_checkpoint=False,
                      legacy=False),
 }
+# sgm's UNetModel kwargs (sd_xl_base.yaml's network_config.params, tiny): SDXL's layout at 32 channels; the context
+# stays 1280 wide (diffusers reads "sequential" classes as SDXL's text_time only with a 2048- or 1280-wide context)
+SDXL_POOLED = 16
+SDXL = dict(adm_in_channels=SDXL_POOLED + 6 * 256, num_classes="sequential", use_checkpoint=False, in_channels=4,
+            out_channels=4, model_channels=32, attention_resolutions=[2], num_res_blocks=1, channel_mult=[1, 1],
+            num_head_channels=16, use_linear_in_transformer=True, transformer_depth=[1, 2], context_dim=1280,
+            spatial_transformer_attn_type="softmax-xformers", legacy=False)
+SDXL_SCALE_FACTOR = 0.13025
+# network_config.params of Stability's generative-models configs/inference/sd_xl_base.yaml (an earlier revision,
+# with ldm's use_spatial_transformer and legacy) and sd_xl_refiner.yaml (a later one, without): the full-size
+# configs diffusers derives from them are written as sdxl_base.unet.json / sdxl_refiner.unet.json
+SDXL_BASE = dict(adm_in_channels=2816, num_classes="sequential", use_checkpoint=True, in_channels=4, out_channels=4,
+                 model_channels=320, attention_resolutions=[4, 2], num_res_blocks=2, channel_mult=[1, 2, 4],
+                 num_head_channels=64, use_spatial_transformer=True, use_linear_in_transformer=True,
+                 transformer_depth=[1, 2, 10], context_dim=2048, spatial_transformer_attn_type="softmax-xformers",
+                 legacy=False)
+SDXL_REFINER = dict(adm_in_channels=2560, num_classes="sequential", use_checkpoint=True, in_channels=4,
+                    out_channels=4, model_channels=384, attention_resolutions=[4, 2], num_res_blocks=2,
+                    channel_mult=[1, 2, 4, 4], num_head_channels=64, use_linear_in_transformer=True,
+                    transformer_depth=4, context_dim=[1280, 1280, 1280, 1280],
+                    spatial_transformer_attn_type="softmax-xformers")
 # model.params.first_stage_config.params.ddconfig (+ embed_dim), SD's with fewer, narrower levels
 VAE = dict(double_z=True, z_channels=4, resolution=16, in_channels=3, out_ch=3, ch=32, ch_mult=[1, 1], num_res_blocks=1,
            attn_resolutions=[], dropout=0.0)
@@ -70,6 +103,53 @@ SCALE_FACTOR = 0.18215
 def original_config(unet_params):
     return {"model": {"params": {"scale_factor": SCALE_FACTOR, "unet_config": {"params": unet_params},
                                  "first_stage_config": {"params": {"embed_dim": 4, "ddconfig": VAE}}}}}
+
+
+def sdxl_original_config(params):
+    return {"model": {"params": {"scale_factor": SDXL_SCALE_FACTOR, "network_config": {"params": params},
+                                 "first_stage_config": {"params": {"embed_dim": 4, "ddconfig": VAE}}}}}
+
+
+RESNET_KEYS = {"norm1": "in_layers.0", "conv1": "in_layers.2", "norm2": "out_layers.0", "conv2": "out_layers.3",
+               "time_emb_proj": "emb_layers.1", "conv_shortcut": "skip_connection"}
+
+
+def ldm_unet_key(name, params):
+    """The sgm / ldm key of the diffusers U-Net weight ``name`` (diffusers' ``convert_ldm_unet_checkpoint``
+    read backwards; diffusers' ``from_single_file`` checks the result)."""
+    n = params["num_res_blocks"] + 1
+    parts = name.split(".")
+    head, rest = parts[0], parts[1:]
+    resnet = lambda r: [RESNET_KEYS[r[0]], *r[1:]]  # noqa: E731
+    if head in ("time_embedding", "add_embedding"):
+        base = "time_embed" if head == "time_embedding" else "label_emb.0"
+        return ".".join([base, {"linear_1": "0", "linear_2": "2"}[rest[0]], *rest[1:]])
+    if head in ("conv_in", "conv_norm_out", "conv_out"):
+        return ".".join([{"conv_in": "input_blocks.0.0", "conv_norm_out": "out.0", "conv_out": "out.2"}[head], *rest])
+    if head == "down_blocks":
+        b, part = int(rest[0]), rest[1]
+        if part == "downsamplers":
+            return ".".join([f"input_blocks.{(b + 1) * n}.0.op", *rest[4:]])
+        block = 1 + b * n + int(rest[2])
+        if part == "resnets":
+            return ".".join([f"input_blocks.{block}.0", *resnet(rest[3:])])
+        return ".".join([f"input_blocks.{block}.1", *rest[3:]])
+    if head == "mid_block":
+        i = int(rest[1])
+        if rest[0] == "resnets":
+            return ".".join([f"middle_block.{2 * i}", *resnet(rest[2:])])
+        return ".".join(["middle_block.1", *rest[2:]])
+    if head == "up_blocks":
+        b, part = int(rest[0]), rest[1]
+        if part == "upsamplers":
+            level = len(params["channel_mult"]) - 1 - b
+            slot = 2 if 2 ** level in params["attention_resolutions"] else 1
+            return ".".join([f"output_blocks.{b * n + n - 1}.{slot}.conv", *rest[4:]])
+        block = b * n + int(rest[2])
+        if part == "resnets":
+            return ".".join([f"output_blocks.{block}.0", *resnet(rest[3:])])
+        return ".".join([f"output_blocks.{block}.1", *rest[3:]])
+    raise KeyError(name)
 
 
 def ldm_unet_class():
@@ -210,6 +290,62 @@ def write_vae_bundle(name, model, params, weights, seed):
     print(f"wrote {out}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}  diffusers vs ldm {diff:.2e}")
 
 
+def write_sdxl(seed=17):
+    """``sdxl_tiny.safetensors``, its configs and its bundle (see the module docs)."""
+    from diffusers import UNet2DConditionModel
+    from diffusers.loaders.single_file_utils import create_unet_diffusers_config_from_ldm
+    from safetensors.torch import save_file
+
+    for name, params in (("sdxl_base", SDXL_BASE), ("sdxl_refiner", SDXL_REFINER)):
+        full = sdxl_original_config(params)
+        (OUT / f"{name}.yaml.json").write_text(json.dumps(full, indent=2) + "\n")
+        derived = create_unet_diffusers_config_from_ldm(full, {}, image_size=None)
+        (OUT / f"{name}.unet.json").write_text(json.dumps(derived, indent=2) + "\n")
+    cfg = sdxl_original_config(SDXL)
+    derived = create_unet_diffusers_config_from_ldm(cfg, {}, image_size=None)
+    model = to_f16_values_(randomize_(UNet2DConditionModel(**derived), seed)).eval()
+    state = OrderedDict((UNET_PREFIX + ldm_unet_key(k, SDXL), v.half().contiguous())
+                        for k, v in model.state_dict().items())
+    g = torch.Generator().manual_seed(seed)
+    # the two text encoders' place (sgm's conditioner): keys a U-Net loader leaves alone
+    state["conditioner.embedders.0.transformer.text_model.final_layer_norm.weight"] = torch.randn(24, generator=g)
+    state["conditioner.embedders.1.model.ln_final.weight"] = torch.randn(24, generator=g)
+    path = OUT / "sdxl_tiny.safetensors"
+    save_file(state, path)
+    print(f"wrote {path}  {path.stat().st_size} bytes")
+    (OUT / "sdxl_tiny.yaml.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (OUT / "sdxl_tiny.unet.json").write_text(json.dumps(derived, indent=2) + "\n")
+    theirs = UNet2DConditionModel.from_single_file(str(path), original_config=cfg, torch_dtype=torch.float32).eval()
+    ours, read = model.state_dict(), theirs.state_dict()
+    assert ours.keys() == read.keys(), sorted(set(ours) ^ set(read))[:5]
+    for k, v in ours.items():
+        assert torch.equal(v, read[k]), f"diffusers' from_single_file reads {k} otherwise"
+
+    class SdxlUNetInputs(UNet2DConditionModel):
+        """diffusers' forward under sgm's input names: ``forward(x, context, text_embeds, time_ids, *,
+        timestep)``."""
+
+        def forward(self, x, context, text_embeds, time_ids, *, timestep):
+            added = {"text_embeds": text_embeds, "time_ids": time_ids}
+            return UNet2DConditionModel.forward(self, x, timestep, context, added_cond_kwargs=added,
+                                                return_dict=False)[0]
+
+    theirs.__class__ = SdxlUNetInputs
+    x = torch.randn(1, 4, 4, 4, generator=g)
+    ins = OrderedDict(x=x, context=torch.randn(1, 7, SDXL["context_dim"], generator=g),
+                      text_embeds=torch.randn(1, SDXL_POOLED, generator=g),
+                      time_ids=torch.tensor([[32.0, 32.0, 0.0, 0.0, 32.0, 32.0]]))
+    rel = os.path.relpath(path, WHOLE).replace(os.sep, "/")
+    import diffusers
+    source = (f"diffusers {diffusers.__version__} UNet2DConditionModel.from_single_file({rel}, original_config="
+              f"sdxl_tiny.yaml.json).forward(x, timestep, context, added_cond_kwargs=text_embeds / time_ids), every "
+              f"tensor read back bit for bit (scripts/export_single_file.py); weights under {UNET_PREFIX}")
+    out = WHOLE / "single_sdxl_tiny_unet.safetensors"
+    info = export_bundle(theirs, "ldm.UNetModel", SDXL, ins, out, kwargs={"timestep": 421.0},
+                         weights_ref=(rel, UNET_PREFIX), trace=False, source=source)
+    print(f"wrote {out}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}")
+
+
 def main() -> int:
     from safetensors.torch import save_file
 
@@ -237,6 +373,7 @@ def main() -> int:
         (OUT / f"{name}.vae.json").write_text(json.dumps(vae_cfg, indent=2) + "\n")
         write_unet_bundle(name, unet, params, path, seed=40 + i)
         write_vae_bundle(name, vae, params, path, seed=50 + i)
+    write_sdxl()
     return 0
 
 

@@ -1,7 +1,8 @@
 //! Single-file checkpoints (`unet_attention::models::single_file`): the tiny SD 1.x / 2.x files
 //! `scripts/export_single_file.py` wrote with the real ldm code (`weights/single_file/`), loaded in
-//! one call and run against the ldm forward (the whole bundles `weights/whole/single_*`), the
-//! configs against the ones diffusers derives, and the ways a load must fail.
+//! one call and run against the ldm forward (the whole bundles `weights/whole/single_*`), the tiny
+//! SDXL file (sgm's layout, read back by diffusers' `from_single_file`) against diffusers' forward,
+//! the configs against the ones diffusers derives, and the ways a load must fail.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,17 +11,23 @@ use crate::helpers::{bundle, max_abs_diff, root};
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 use unet_attention::models::single_file::{LdmUNetConfig, LdmVaeConfig, UNET_PREFIX};
-use unet_attention::models::{AutoencoderKL, UNet2DConditionModel};
+use unet_attention::models::{AddedCond, AutoencoderKL, ForwardArgs, UNet2DConditionModel};
 use unet_attention::weights::WeightSource;
 
 fn json(rel: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(root(rel)).unwrap()).unwrap()
 }
 
-/// The original config a file stands for (`<name>.yaml.json`, the YAML's `model.params`).
+/// The original config a file stands for (`<name>.yaml.json`, the YAML's `model.params`: ldm's
+/// `unet_config` or sgm's `network_config`).
 fn unet_config(name: &str) -> LdmUNetConfig {
     let yaml = json(&format!("weights/single_file/{name}.yaml.json"));
-    LdmUNetConfig::from_json(&yaml["model"]["params"]["unet_config"]["params"]).unwrap()
+    let params = &yaml["model"]["params"];
+    let unet = match params.get("unet_config") {
+        Some(u) => u,
+        None => &params["network_config"],
+    };
+    LdmUNetConfig::from_json(&unet["params"]).unwrap()
 }
 
 fn vae_config(name: &str) -> LdmVaeConfig {
@@ -50,10 +57,17 @@ fn assert_same_config(ours: &Value, diffusers: &Value, what: &str) {
 
 #[test]
 fn configs_are_the_ones_diffusers_derives() {
-    for name in ["sd1_tiny", "sd2_tiny"] {
+    for name in ["sd1_tiny", "sd2_tiny", "sdxl_tiny", "sdxl_base", "sdxl_refiner"] {
         let ours = serde_json::to_value(unet_config(name).to_diffusers().unwrap()).unwrap();
         assert_same_config(&ours, &json(&format!("weights/single_file/{name}.unet.json")), name);
     }
+    // the presets are Stability's YAMLs
+    let diffusers = |cfg: LdmUNetConfig| serde_json::to_value(cfg.to_diffusers().unwrap()).unwrap();
+    assert_eq!(diffusers(LdmUNetConfig::sdxl()), diffusers(unet_config("sdxl_base")));
+    assert_eq!(
+        diffusers(LdmUNetConfig::sdxl_refiner()),
+        diffusers(unet_config("sdxl_refiner"))
+    );
     let ours = serde_json::to_value(vae_config("sd1_tiny").to_diffusers().unwrap()).unwrap();
     assert_same_config(&ours, &json("weights/single_file/sd1_tiny.vae.json"), "sd1_tiny VAE");
     // the full-size configs: SD 1.x's eight heads, SD 2.x's per-level head counts (320 / 64 = 5 × mult)
@@ -133,6 +147,75 @@ fn single_files_load_in_one_call_and_match_ldm() {
     });
 }
 
+/// The SDXL-style file in one call against diffusers' forward (with the added conditions); a
+/// swapped pair of weights in a second transformer layer misses widely, and `label_emb` under
+/// another name is an error naming both.
+#[test]
+fn an_sdxl_single_file_loads_and_matches_diffusers() {
+    let (path, rel) = (
+        root("weights/single_file/sdxl_tiny.safetensors"),
+        "weights/whole/single_sdxl_tiny_unet.safetensors",
+    );
+    let cfg = unet_config("sdxl_tiny");
+    let unet = UNet2DConditionModel::from_single_file(&path, Some(&cfg), DType::F32, &Device::Cpu).unwrap();
+    let b = bundle(rel);
+    let run = |unet: &UNet2DConditionModel, text_embeds: &Tensor, time_ids: &Tensor| {
+        let added_cond = Some(AddedCond { text_embeds, time_ids });
+        let args = ForwardArgs {
+            added_cond,
+            ..ForwardArgs::default()
+        };
+        unet.forward_with(&b["parity.input.x"], 421.0, &b["parity.input.context"], args)
+            .unwrap()
+    };
+    let (text, ids) = (&b["parity.input.text_embeds"], &b["parity.input.time_ids"]);
+    let ours = run(&unet, text, ids);
+    assert_matches("sdxl_tiny U-Net", rel, &ours, |vb, i| {
+        let added_cond = Some(AddedCond {
+            text_embeds: i.get("text_embeds").unwrap(),
+            time_ids: i.get("time_ids").unwrap(),
+        });
+        let args = ForwardArgs {
+            added_cond,
+            ..ForwardArgs::default()
+        };
+        UNet2DConditionModel::from_ldm(vb, &cfg)?.forward_with(
+            i.get("x").unwrap(),
+            421.0,
+            i.get("context").unwrap(),
+            args,
+        )
+    });
+    // The added conditions barely move this model's output (2e-6: its 32-channel levels have one
+    // channel per GroupNorm group, which normalizes the time embedding's per-channel shift away);
+    // their arithmetic is the SDXL folder's (weights/whole/sdxl_*), checked there. Here: the key
+    // map, a second transformer layer's q and k swapped.
+    let attn = format!("{UNET_PREFIX}middle_block.1.transformer_blocks.1.attn1");
+    let mut swapped = tensors("weights/single_file/sdxl_tiny.safetensors");
+    let q = swapped.remove(&format!("{attn}.to_q.weight")).unwrap();
+    let k = swapped.insert(format!("{attn}.to_k.weight"), q).unwrap();
+    swapped.insert(format!("{attn}.to_q.weight"), k);
+    let source: Arc<dyn WeightSource> = Arc::new(swapped);
+    let unet = UNet2DConditionModel::from_single_file_weights(source, Some(&cfg), DType::F32, &Device::Cpu).unwrap();
+    let err = max_abs_diff(&run(&unet, text, ids), &b["parity.output.output"]);
+    eprintln!("the mid block's second layer's to_q / to_k swapped: {err:.2e}");
+    assert!(err > 100.0 * ATOL, "swapped to_q / to_k passed: {err:e}");
+
+    let mut renamed = tensors("weights/single_file/sdxl_tiny.safetensors");
+    let t = renamed.remove(&format!("{UNET_PREFIX}label_emb.0.0.weight")).unwrap();
+    renamed.insert(format!("{UNET_PREFIX}label_emb.0.1.weight"), t);
+    let source: Arc<dyn WeightSource> = Arc::new(renamed);
+    let err = UNet2DConditionModel::from_single_file_weights(source, Some(&cfg), DType::F32, &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("missing weight `model.diffusion_model.label_emb.0.0.weight`")
+            && err.contains("label_emb.0.1.weight"),
+        "{err}"
+    );
+}
+
 /// The file's tensors as a map (full names) to tamper with.
 fn tensors(rel: &str) -> BTreeMap<String, Tensor> {
     bundle(rel)
@@ -196,8 +279,10 @@ fn wrong_keys_and_swapped_weights_fail() {
     );
 }
 
-/// Without a config the file's cross-attention width decides (768: SD 1.x, 1024: SD 2.x); the tiny
-/// files are neither and the error asks for the config; SDXL's `label_emb` is refused.
+/// Without a config the file's cross-attention width decides (768: SD 1.x, 1024: SD 2.x; with
+/// `label_emb`, SDXL base at 2048 wide over 2816 features, the refiner at 1280 over 2560, and the
+/// VAE of an SDXL file takes SDXL's scale factor); the tiny files are neither and the error asks
+/// for the config.
 #[test]
 fn configs_are_inferred_or_asked_for() {
     let file = tensors("weights/single_file/sd1_tiny.safetensors");
@@ -216,13 +301,28 @@ fn configs_are_inferred_or_asked_for() {
     };
     assert_eq!(LdmUNetConfig::infer(&shaped(768)).unwrap(), LdmUNetConfig::sd1());
     assert_eq!(LdmUNetConfig::infer(&shaped(1024)).unwrap(), LdmUNetConfig::sd2());
-    let mut xl = shaped(2048);
-    xl.insert(
-        format!("{UNET_PREFIX}label_emb.0.0.weight"),
-        Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap(),
+    let xl = |width: usize, features: usize| {
+        let mut m = shaped(width);
+        let label = Tensor::zeros((1280, features), DType::F32, &Device::Cpu).unwrap();
+        m.insert(format!("{UNET_PREFIX}label_emb.0.0.weight"), label);
+        m
+    };
+    assert_eq!(LdmUNetConfig::infer(&xl(2048, 2816)).unwrap(), LdmUNetConfig::sdxl());
+    assert_eq!(
+        LdmUNetConfig::infer(&xl(1280, 2560)).unwrap(),
+        LdmUNetConfig::sdxl_refiner()
     );
-    let err = LdmUNetConfig::infer(&xl).err().unwrap().to_string();
-    assert!(err.contains("label_emb"), "{err}");
+    let err = LdmUNetConfig::infer(&xl(2048, 2560)).err().unwrap().to_string();
+    assert!(
+        err.contains("label_emb") && err.contains("2048 wide") && err.contains("give the config"),
+        "{err}"
+    );
+    let mut vae = xl(2048, 2816);
+    let conv_in = Tensor::zeros((128, 3, 3, 3), DType::F32, &Device::Cpu).unwrap();
+    vae.insert("first_stage_model.encoder.conv_in.weight".into(), conv_in);
+    assert_eq!(LdmVaeConfig::infer(&vae).unwrap().scale_factor, Some(0.13025));
+    vae.retain(|k, _| !k.contains("label_emb"));
+    assert_eq!(LdmVaeConfig::infer(&vae).unwrap(), LdmVaeConfig::sd());
     // a file with no U-Net at all
     let err = UNet2DConditionModel::from_single_file(
         root("weights/models/diffusers_sd1/diffusion_pytorch_model.safetensors"),

@@ -33,6 +33,19 @@ fn timestep(inputs: &Inputs, block: &'static str) -> Result<f64> {
     inputs.number("timestep", 0.0)
 }
 
+/// SDXL's added conditions (`added_cond_kwargs`), both or neither.
+fn added_cond<'a>(inputs: &'a Inputs, block: &'static str) -> Result<Option<AddedCond<'a>>> {
+    match (inputs.get("text_embeds"), inputs.get("time_ids")) {
+        (Some(text_embeds), Some(time_ids)) => Ok(Some(AddedCond { text_embeds, time_ids })),
+        (None, None) => Ok(None),
+        _ => Err(Error::input(
+            block,
+            "added_cond_kwargs",
+            "text_embeds and time_ids go together",
+        )),
+    }
+}
+
 /// `UNet2DConditionModel.forward(sample, timestep, encoder_hidden_states, added_cond_kwargs=
 /// {"text_embeds", "time_ids"})`, the timestep a number (`parity.kwargs`).
 impl Registered for UNet2DConditionModel {
@@ -54,19 +67,8 @@ impl Registered for UNet2DConditionModel {
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         let timestep = timestep(inputs, Self::BLOCK)?;
-        let added_cond = match (inputs.get("text_embeds"), inputs.get("time_ids")) {
-            (Some(text_embeds), Some(time_ids)) => Some(AddedCond { text_embeds, time_ids }),
-            (None, None) => None,
-            _ => {
-                return Err(Error::input(
-                    Self::BLOCK,
-                    "added_cond_kwargs",
-                    "text_embeds and time_ids go together",
-                ))
-            }
-        };
         let args = ForwardArgs {
-            added_cond,
+            added_cond: added_cond(inputs, Self::BLOCK)?,
             attention_mask: inputs.get("attention_mask"),
             encoder_attention_mask: inputs.get("encoder_attention_mask"),
             controlnet: None,
@@ -119,11 +121,13 @@ impl Registered for AutoencoderKL {
 /// the config the original one (`unet_config.params`).
 pub struct LdmUNet(UNet2DConditionModel, LdmUNetConfig);
 
-/// `UNetModel.forward(x, timesteps, context)` with `timesteps = full((batch,), timestep)`.
+/// `UNetModel.forward(x, timesteps, context)` with `timesteps = full((batch,), timestep)`; for
+/// SDXL (sgm's `UNetModel`, whose `y` its conditioner makes from the pooled text embedding and the
+/// size / crop conditions) the conditions as diffusers takes them, `text_embeds` and `time_ids`.
 impl Registered for LdmUNet {
     const ID: &'static str = "ldm.UNetModel";
-    const PYTORCH: &'static str = "ldm.modules.diffusionmodules.openaimodel.UNetModel (stable-diffusion-sdkit 2.1.5 = Stability stablediffusion cf1d67a; SD 1.x / 2.x single-file checkpoints, model.diffusion_model.*; run as diffusers' UNet2DConditionModel through from_single_file's key map)";
-    const INPUTS: &'static [&'static str] = &["x", "context"];
+    const PYTORCH: &'static str = "ldm.modules.diffusionmodules.openaimodel.UNetModel (stable-diffusion-sdkit 2.1.5 = Stability stablediffusion cf1d67a; SD 1.x / 2.x single-file checkpoints, model.diffusion_model.*) and sgm's UNetModel (SDXL single files: num_classes sequential, label_emb; conditions as text_embeds / time_ids); run as diffusers' UNet2DConditionModel through from_single_file's key map";
+    const INPUTS: &'static [&'static str] = &["x", "context", "text_embeds", "time_ids"];
     const KWARGS: &'static [&'static str] = &["timestep"];
 
     fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
@@ -138,8 +142,12 @@ impl Registered for LdmUNet {
         let out = unet_attention::trace::renaming(
             move |stage| unet_attention::models::single_file::unet_stage(stage, &cfg),
             || {
+                let args = ForwardArgs {
+                    added_cond: added_cond(inputs, Self::ID)?,
+                    ..ForwardArgs::default()
+                };
                 self.0
-                    .forward(inputs.required("x")?, timestep, inputs.required("context")?)
+                    .forward_with(inputs.required("x")?, timestep, inputs.required("context")?, args)
             },
         )?;
         Ok(vec![out])

@@ -56,6 +56,16 @@ pub fn unet(name: &str, cfg: &LdmUNetConfig) -> Option<LdmKey> {
             };
             key(format!("time_embed.{i}.{param}"))
         }
+        // SDXL's added conditions: diffusers' `add_embedding` is sgm's `label_emb.0` (Linear, SiLU, Linear)
+        "add_embedding" => {
+            let (layer, param) = rest.split_once('.')?;
+            let i = match layer {
+                "linear_1" => 0,
+                "linear_2" => 2,
+                _ => return None,
+            };
+            key(format!("label_emb.0.{i}.{param}"))
+        }
         "conv_in" => key(format!("input_blocks.0.0.{rest}")),
         "conv_norm_out" => key(format!("out.0.{rest}")),
         "conv_out" => key(format!("out.2.{rest}")),

@@ -13,8 +13,10 @@ pub(crate) const VAE_BLOCK: &str = "ldm.AutoencoderKL";
 
 /// `ldm.modules.diffusionmodules.openaimodel.UNetModel`'s keyword arguments: an inference YAML's
 /// `model.params.unet_config.params` (Stable Diffusion 1.x's `v1-inference.yaml`, 2.x's
-/// `v2-inference.yaml`). Unknown keys are refused by name; options that change the forward and
-/// that diffusers' conversion does not carry are refused by [`Self::to_diffusers`].
+/// `v2-inference.yaml`), or Stability's `sgm` `UNetModel`'s, `model.params.network_config.params`
+/// (SDXL's `sd_xl_base.yaml`, `sd_xl_refiner.yaml`). Unknown keys are refused by name; options that
+/// change the forward and that diffusers' conversion does not carry are refused by
+/// [`Self::to_diffusers`].
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LdmUNetConfig {
@@ -33,8 +35,10 @@ pub struct LdmUNetConfig {
     pub num_heads: Option<i64>,
     #[serde(default)]
     pub num_head_channels: Option<i64>,
+    /// ldm's switch (SD's YAMLs set it); `sgm` has none and always builds `SpatialTransformer`s,
+    /// as ldm must with a `context_dim`. Only `false` is refused.
     #[serde(default)]
-    pub use_spatial_transformer: bool,
+    pub use_spatial_transformer: Option<bool>,
     #[serde(default)]
     pub transformer_depth: Option<PerBlock<usize>>,
     #[serde(default)]
@@ -73,6 +77,16 @@ pub struct LdmUNetConfig {
     pub disable_middle_self_attn: bool,
     #[serde(default)]
     pub n_embed: Option<usize>,
+    /// `sgm` (earlier versions): the middle block's depth (default: the last level's
+    /// `transformer_depth`, which later versions always take).
+    #[serde(default)]
+    pub transformer_depth_middle: Option<usize>,
+    /// `sgm`: the middle block without its transformer (refused: diffusers' mid block has one).
+    #[serde(default)]
+    pub disable_middle_transformer: bool,
+    /// `sgm`: `softmax` or `softmax-xformers` (the same function).
+    #[serde(default)]
+    pub spatial_transformer_attn_type: Option<String>,
 }
 
 fn sd_mult() -> Vec<usize> {
@@ -115,6 +129,35 @@ impl LdmUNetConfig {
         cfg
     }
 
+    /// SDXL base's `sd_xl_base.yaml` (`network_config.params`): three levels, attention at the two
+    /// inner ones with 2 and 10 transformer layers, 2048-wide context, `label_emb` over 2,816
+    /// added-condition features (the pooled text embedding and six size / crop embeddings).
+    pub fn sdxl() -> Self {
+        let mut cfg = Self::base(2048);
+        cfg.image_size = None;
+        cfg.attention_resolutions = vec![4, 2];
+        cfg.channel_mult = vec![1, 2, 4];
+        cfg.num_head_channels = Some(64);
+        cfg.use_linear_in_transformer = true;
+        cfg.transformer_depth = Some(PerBlock::List(vec![1, 2, 10]));
+        cfg.num_classes = Some(Value::from("sequential"));
+        cfg.adm_in_channels = Some(2816);
+        cfg.spatial_transformer_attn_type = Some("softmax-xformers".into());
+        cfg
+    }
+
+    /// SDXL refiner's `sd_xl_refiner.yaml`: 384 channels, four levels, 4 transformer layers,
+    /// 1280-wide context, 2,560 added-condition features.
+    pub fn sdxl_refiner() -> Self {
+        let mut cfg = Self::sdxl();
+        cfg.model_channels = 384;
+        cfg.channel_mult = vec![1, 2, 4, 4];
+        cfg.transformer_depth = Some(PerBlock::One(4));
+        cfg.context_dim = Some(PerBlock::List(vec![1280; 4]));
+        cfg.adm_in_channels = Some(2560);
+        cfg
+    }
+
     fn base(context_dim: usize) -> Self {
         Self {
             image_size: Some(32),
@@ -126,7 +169,7 @@ impl LdmUNetConfig {
             channel_mult: vec![1, 2, 4, 4],
             num_heads: None,
             num_head_channels: None,
-            use_spatial_transformer: true,
+            use_spatial_transformer: Some(true),
             transformer_depth: Some(PerBlock::One(1)),
             context_dim: Some(PerBlock::One(context_dim)),
             use_linear_in_transformer: false,
@@ -146,7 +189,44 @@ impl LdmUNetConfig {
             num_attention_blocks: None,
             disable_middle_self_attn: false,
             n_embed: None,
+            transformer_depth_middle: None,
+            disable_middle_transformer: false,
+            spatial_transformer_attn_type: None,
         }
+    }
+
+    /// The context width diffusers takes (`context_dim`, or its first entry).
+    fn context_width(&self) -> Option<usize> {
+        match &self.context_dim {
+            Some(PerBlock::One(d)) => Some(*d),
+            Some(PerBlock::List(ds)) => ds.first().copied(),
+            None => None,
+        }
+    }
+
+    /// `num_classes: sequential` with a 2048- or 1280-wide context: SDXL's added conditions
+    /// (diffusers' `text_time`); `Ok(false)` without `num_classes`.
+    fn sdxl_conditions(&self) -> Result<bool> {
+        let Some(classes) = &self.num_classes else {
+            return Ok(false);
+        };
+        if classes.as_str() != Some("sequential") {
+            return Err(refuse(
+                "num_classes other than \"sequential\" (class-conditioned U-Nets)",
+            ));
+        }
+        if !matches!(self.context_width(), Some(2048 | 1280)) {
+            return Err(refuse(
+                "num_classes \"sequential\" with a context other than SDXL's 2048 / 1280 (diffusers' \"projection\" class embedding)",
+            ));
+        }
+        if self.adm_in_channels.is_none() {
+            return Err(Error::config(
+                UNET_BLOCK,
+                "num_classes \"sequential\" needs adm_in_channels",
+            ));
+        }
+        Ok(true)
     }
 
     /// Whether level `i` (0 = full resolution) has attention: its downsampling factor 2^i is in
@@ -158,25 +238,41 @@ impl LdmUNetConfig {
     fn check_supported(&self) -> Result<()> {
         let bad = [
             (
-                !self.use_spatial_transformer,
+                self.use_spatial_transformer == Some(false),
                 "use_spatial_transformer = false (AttentionBlock levels)",
             ),
             (self.use_scale_shift_norm, "use_scale_shift_norm = true"),
             (self.resblock_updown, "resblock_updown = true"),
             (self.dims != 2, "dims other than 2"),
             (!self.conv_resample, "conv_resample = false"),
-            (
-                self.num_classes.is_some(),
-                "num_classes (class / ADM conditioning, SDXL's label_emb)",
-            ),
             (self.disable_self_attentions.is_some(), "disable_self_attentions"),
+            (
+                !matches!(
+                    self.spatial_transformer_attn_type.as_deref(),
+                    None | Some("softmax" | "softmax-xformers")
+                ),
+                "spatial_transformer_attn_type other than softmax / softmax-xformers",
+            ),
+            (
+                self.transformer_depth_middle.is_some_and(|d| Some(d) != self.last_depth()),
+                "transformer_depth_middle other than the last level's transformer_depth (diffusers' mid block takes that)",
+            ),
             (self.num_attention_blocks.is_some(), "num_attention_blocks"),
             (self.disable_middle_self_attn, "disable_middle_self_attn = true"),
+            (self.disable_middle_transformer, "disable_middle_transformer = true"),
             (self.n_embed.is_some(), "n_embed (codebook prediction)"),
         ];
         match bad.iter().find(|(is, _)| *is) {
             Some((_, what)) => Err(refuse(what)),
-            None => Ok(()),
+            None => self.sdxl_conditions().map(|_| ()),
+        }
+    }
+
+    fn last_depth(&self) -> Option<usize> {
+        match &self.transformer_depth {
+            Some(PerBlock::One(d)) => Some(*d),
+            Some(PerBlock::List(ds)) => ds.last().copied(),
+            None => Some(1),
         }
     }
 
@@ -184,7 +280,8 @@ impl LdmUNetConfig {
     /// makes it: block types from `attention_resolutions`, `attention_head_dim` = `num_heads` when
     /// the YAML gives it (diffusers' name for the head count), else with linear projections the
     /// per-level head counts `model_channels / num_head_channels × mult`, else diffusers' default
-    /// (8). `sample_size` is the YAML's `image_size` (diffusers puts the pipeline's pixel size over
+    /// (8); SDXL's `num_classes: sequential` becomes the `text_time` added embedding over
+    /// `adm_in_channels` features. `sample_size` is the YAML's `image_size` (diffusers puts the pipeline's pixel size over
     /// 8 there; the forward never reads it).
     pub fn to_diffusers(&self) -> Result<UNet2DConditionModelConfig> {
         self.check_supported()?;
@@ -228,15 +325,21 @@ impl LdmUNetConfig {
             }
             _ => {}
         }
-        match &self.context_dim {
-            Some(PerBlock::One(d)) => cfg.cross_attention_dim = PerBlock::One(*d),
-            Some(PerBlock::List(ds)) if !ds.is_empty() => cfg.cross_attention_dim = PerBlock::One(ds[0]),
-            _ => {
+        match self.context_width() {
+            Some(d) => cfg.cross_attention_dim = PerBlock::One(d),
+            None => {
                 return Err(Error::config(
                     UNET_BLOCK,
                     "context_dim is required (a text-conditioned U-Net)",
                 ))
             }
+        }
+        if self.sdxl_conditions()? {
+            // diffusers: SDXL's `label_emb` is `add_embedding` over `text_embeds` and six 256-wide
+            // time-id embeddings
+            cfg.addition_embed_type = Some("text_time".into());
+            cfg.addition_time_embed_dim = Some(256);
+            cfg.projection_class_embeddings_input_dim = self.adm_in_channels;
         }
         Ok(cfg)
     }

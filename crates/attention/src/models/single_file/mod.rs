@@ -166,16 +166,25 @@ fn context_width(source: &dyn WeightSource) -> Option<(String, usize)> {
 
 impl LdmUNetConfig {
     /// Stable Diffusion 1.x's or 2.x's config, told apart by the file's cross-attention width (768
-    /// for 1.x's CLIP ViT-L, 1024 for 2.x's OpenCLIP ViT-H). Anything else (SDXL's `label_emb`,
-    /// another width, no transformer) is an error asking for the config.
+    /// for 1.x's CLIP ViT-L, 1024 for 2.x's OpenCLIP ViT-H); with `label_emb` (added conditions),
+    /// SDXL base's (2048 wide, 2,816 features) or the SDXL refiner's (1280, 2,560). Anything else
+    /// (another width, no transformer) is an error asking for the config.
     pub fn infer(source: &dyn WeightSource) -> Result<Self> {
-        let names = source.names();
-        if names.iter().any(|n| n.starts_with("model.diffusion_model.label_emb.")) {
-            return Err(Error::config(
-                UNET_BLOCK,
-                "the file has `model.diffusion_model.label_emb` (SDXL or another class-conditioned U-Net): \
-                 not implemented; convert it with diffusers' from_single_file and load the folder",
-            ));
+        let label = format!("{UNET_PREFIX}label_emb.0.0.weight");
+        if let Some((_, shape)) = source.describe(&label) {
+            let features = shape.get(1).copied();
+            return match (context_width(source), features) {
+                (Some((_, 2048)), Some(2816)) => Ok(Self::sdxl()),
+                (Some((_, 1280)), Some(2560)) => Ok(Self::sdxl_refiner()),
+                (width, _) => Err(Error::config(
+                    UNET_BLOCK,
+                    format!(
+                        "`{label}` is {shape:?} and the cross-attention {}: not SDXL base (2048 wide, 2816 \
+                         features) or refiner (1280, 2560); give the config (the YAML's network_config.params)",
+                        width.map_or("absent".to_string(), |(name, w)| format!("`{name}` {w} wide")),
+                    ),
+                )),
+            };
         }
         match context_width(source) {
             Some((_, 768)) => Ok(Self::sd1()),
@@ -199,10 +208,16 @@ impl LdmUNetConfig {
 
 impl LdmVaeConfig {
     /// Stable Diffusion's first stage when the file's `encoder.conv_in` is 128 wide, else an error
-    /// asking for the config.
+    /// asking for the config; in an SDXL file (a U-Net with `label_emb`) with SDXL's
+    /// `scale_factor`, 0.13025, as `sd_xl_base.yaml` has it and diffusers infers it.
     pub fn infer(source: &dyn WeightSource) -> Result<Self> {
         let name = format!("{VAE_PREFIX}encoder.conv_in.weight");
+        let sdxl = source.describe(&format!("{UNET_PREFIX}label_emb.0.0.weight")).is_some();
         match source.describe(&name).map(|(_, shape)| shape) {
+            Some(shape) if shape.first() == Some(&128) && sdxl => Ok(Self {
+                scale_factor: Some(0.13025),
+                ..Self::sd()
+            }),
             Some(shape) if shape.first() == Some(&128) => Ok(Self::sd()),
             found => Err(Error::config(
                 VAE_BLOCK,
