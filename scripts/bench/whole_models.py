@@ -10,13 +10,16 @@ float32 on the CPU, against ``cargo run --release --example bench_whole`` on the
     python scripts/bench/whole_models.py make DIR --more    # DIR/controlnet (SD 1.5's, from DIR/unet), DIR/ddpm, DIR/lucidrains
     python scripts/bench/whole_models.py run DIR/controlnet controlnet | run DIR/ddpm unet2d --latent 32 --batch 16
     python scripts/bench/whole_models.py run DIR/lucidrains lucidrains --latent 64 --batch 4
+    python scripts/bench/whole_models.py run DIR/annotated annotated --latent 28 --batch 128
 
 ``make --more`` writes the models of issue 58: SD 1.5's ``ControlNetModel`` (``from_unet`` of
 ``DIR/unet``, which ``make`` wrote), ``google/ddpm-cifar10-32``'s ``UNet2DModel`` config, and
 lucidrains' ``Unet(dim=64, dim_mults=(1, 2, 4, 8))`` (the README's) as ``config.json`` and
-``model.safetensors``. ``controlnet`` runs one step at the U-Net's shapes with a control image
+``model.safetensors``, and the Annotated Diffusion post's ``Unet(dim=28, channels=1, dim_mults=(1, 2, 4))`` (its
+Fashion-MNIST model; ``scripts/reference/annotated_diffusion.py``) the same way. ``controlnet`` runs one step at the U-Net's shapes with a control image
 (2, 3, 512, 512), ``unet2d`` a step at timestep 500 on (batch, 3, latent, latent), ``lucidrains``
-a step at time 500 on (batch, 3, latent, latent).
+a step at time 500 on (batch, 3, latent, latent), ``annotated`` the same on (batch, 1, latent, latent) (the
+post trains on 28 × 28 images in batches of 128).
 
 ``--device`` (cpu, cuda) and ``--dtype`` (f32, f16, bf16) place the model and its inputs (on a GPU each run
 ends with ``torch.cuda.synchronize()``, and the line adds ``cuda_peak_mib``); the GPU kit's ``models`` stage
@@ -98,6 +101,16 @@ DDPM_CIFAR10 = dict(sample_size=32, block_out_channels=(128, 256, 256, 256), lay
                     attention_head_dim=None, norm_eps=1e-6, downsample_padding=0, flip_sin_to_cos=False,
                     freq_shift=1)
 LUCIDRAINS = dict(dim=64, dim_mults=(1, 2, 4, 8))
+ANNOTATED = dict(dim=28, channels=1, dim_mults=(1, 2, 4))
+
+
+def annotated_unet_class():
+    """The post's ``Unet`` (re-stated in scripts/reference/annotated_diffusion.py)."""
+    import os
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from reference.annotated_diffusion import Unet
+
+    return Unet
 
 
 def make_more(out: str) -> None:
@@ -114,7 +127,12 @@ def make_more(out: str) -> None:
     with open(f"{out}/lucidrains/config.json", "w") as f:
         json.dump(LUCIDRAINS, f)
     save_file({k: v.contiguous() for k, v in Unet(**LUCIDRAINS).state_dict().items()}, f"{out}/lucidrains/model.safetensors")
-    print(f"wrote {out}/controlnet, {out}/ddpm and {out}/lucidrains")
+    os.makedirs(f"{out}/annotated", exist_ok=True)
+    with open(f"{out}/annotated/config.json", "w") as f:
+        json.dump(ANNOTATED, f)
+    model = annotated_unet_class()(**ANNOTATED)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, f"{out}/annotated/model.safetensors")
+    print(f"wrote {out}/controlnet, {out}/ddpm, {out}/lucidrains and {out}/annotated")
 
 
 def make(out: str, sdxl: bool = False) -> None:
@@ -202,11 +220,14 @@ def run(folder: str, model: str, runs: int, threads: int | None, device: str = "
         def step():
             return m(x, 500, return_dict=False)[0]
         shapes = f"sample ({b}, {m.config.in_channels}, {n}, {n}), timestep 500"
-    elif model == "lucidrains":
-        from denoising_diffusion_pytorch import Unet
+    elif model in ("lucidrains", "annotated"):
         from safetensors.torch import load_file
 
-        b = batch or 4
+        if model == "lucidrains":
+            from denoising_diffusion_pytorch import Unet
+        else:
+            Unet = annotated_unet_class()
+        b = batch or (4 if model == "lucidrains" else 128)
         with open(f"{folder}/config.json") as f:
             cfg = json.load(f)
         m = Unet(**cfg)
@@ -272,7 +293,7 @@ def main(argv=None) -> int:
     mk.add_argument("--more", action="store_true", help="SD 1.5's ControlNet (from OUT/unet), DDPM CIFAR-10, lucidrains' Unet")
     r = sub.add_parser("run")
     r.add_argument("folder")
-    r.add_argument("model", choices=["unet", "vae", "controlnet", "unet2d", "lucidrains"])
+    r.add_argument("model", choices=["unet", "vae", "controlnet", "unet2d", "lucidrains", "annotated"])
     r.add_argument("--runs", type=int, default=3)
     r.add_argument("--threads", type=int, default=None)
     r.add_argument("--device", default="cpu")

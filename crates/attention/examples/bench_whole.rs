@@ -9,6 +9,7 @@
 //! cargo run --release -p unet-attention --example bench_whole -- DIR/controlnet controlnet     # make DIR --more
 //! cargo run --release -p unet-attention --example bench_whole -- DIR/ddpm unet2d --latent 32 --batch 16
 //! cargo run --release -p unet-attention --example bench_whole -- DIR/lucidrains lucidrains --latent 64 --batch 4
+//! cargo run --release -p unet-attention --example bench_whole -- DIR/annotated annotated --latent 28 --batch 128
 //! ```
 //!
 //! The same shapes and protocol as the PyTorch script (one model a process, one warm-up run,
@@ -29,8 +30,8 @@ use candle_core::{DType, Device, Tensor};
 use std::cell::RefCell;
 use std::time::Instant;
 use unet_attention::models::{
-    AddedCond, AutoencoderKL, ControlNetModel, ForwardArgs, LucidrainsUnet, LucidrainsUnetConfig, UNet2DConditionModel,
-    UNet2DModel,
+    AddedCond, AnnotatedUnet, AnnotatedUnetConfig, AutoencoderKL, ControlNetModel, ForwardArgs, LucidrainsUnet,
+    LucidrainsUnetConfig, UNet2DConditionModel, UNet2DModel,
 };
 
 #[path = "support/counting_alloc.rs"]
@@ -230,7 +231,21 @@ fn build(a: &Args, dev: &Device) -> Result<(Step, String)> {
             let shapes = format!("x ({b}, {c}, {n}, {n}), time 500");
             (Box::new(move || Ok(unet.forward(&x, &t, None)?)), shapes)
         }
-        other => bail!("model {other:?}: unet, vae, controlnet, unet2d or lucidrains"),
+        "annotated" => {
+            let b = a.batch.unwrap_or(128);
+            let text = std::fs::read_to_string(format!("{}/config.json", a.folder))?;
+            let cfg: AnnotatedUnetConfig = serde_json::from_str(&text)?;
+            let weights = [format!("{}/model.safetensors", a.folder)];
+            // SAFETY: a benchmark folder nothing writes to while it runs.
+            let vb = unsafe { candle_nn::VarBuilder::from_mmaped_safetensors(&weights, dtype, dev)? };
+            let unet = AnnotatedUnet::new(vb, &cfg)?;
+            let c = cfg.channels;
+            let x = randn(&[b, c, n, n], 1, dtype, dev)?;
+            let t = Tensor::full(500f32, b, dev)?;
+            let shapes = format!("x ({b}, {c}, {n}, {n}), time 500");
+            (Box::new(move || Ok(unet.forward(&x, &t, None)?)), shapes)
+        }
+        other => bail!("model {other:?}: unet, vae, controlnet, unet2d, lucidrains or annotated"),
     })
 }
 
