@@ -28,8 +28,9 @@ Writes into ``weights/single_file/``:
   ``sdxl_refiner`` ``.yaml.json`` / ``.unet.json``: the full-size SDXL configs (Stability's YAMLs'
   ``network_config.params``) and what diffusers derives from them, for the Rust presets to equal. Its bundle
   (``single_sdxl_tiny_unet``) is diffusers' forward with ``added_cond_kwargs`` (sgm's conditioner
-  makes the U-Net's ``y`` from the same pooled text embedding and six size / crop numbers), without
-  stages (they would be diffusers' module paths, not sgm's).
+  makes the U-Net's ``y`` from the same pooled text embedding and six size / crop numbers), its
+  module-path stages renamed from diffusers' paths to sgm's through the same key map
+  (``ldm_stage``: the stages sgm has no module for, ``time_proj``, are dropped).
 * ``weights/whole/single_<name>_unet.safetensors`` / ``single_<name>_vae.safetensors``: whole-model bundles
   (blocks ``ldm.UNetModel``, ``ldm.AutoencoderKL``): the real ldm forward on seeded inputs, the
   ldm kwargs as config, the weights referenced in the single file under their prefix, stages by
@@ -150,6 +151,51 @@ def ldm_unet_key(name, params):
             return ".".join([f"output_blocks.{block}.0", *resnet(rest[3:])])
         return ".".join([f"output_blocks.{block}.1", *rest[3:]])
     raise KeyError(name)
+
+
+def ldm_stage(stage, params):
+    """The sgm / ldm module-path stage of the diffusers stage ``stage`` (``down_blocks.1/resnets.0``
+    -> ``input_blocks.4.0``), or ``None`` where sgm has no module for it (``time_proj``): a stage's
+    module found through the key map of one of its weights, as the Rust side names its stages
+    (``single_file::unet_stage``)."""
+    from parity.trace_modules import module_stage_name
+
+    path = stage.replace("/", ".")
+    wholes = {"time_embedding": "time_embed", "mid_block": "middle_block"}
+    if path in wholes:
+        return wholes[path]
+    for child, ldm_child in ((".weight", ".weight"), (".norm1.weight", ".in_layers.0.weight"),
+                             (".conv.weight", ".op.weight"), (".conv.weight", ".conv.weight")):
+        try:
+            key = ldm_unet_key(path + child, params)
+        except (KeyError, ValueError, IndexError):
+            continue
+        if key.endswith(ldm_child):
+            return module_stage_name(key[: -len(ldm_child)])
+    return None
+
+
+def rename_stages_(path, params):
+    """The module-path stages of the bundle at ``path`` (diffusers' module paths) renamed to sgm's
+    (``ldm_stage``); the ones without an sgm module dropped."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    names, out = [], {k: v for k, v in tensors.items() if not k.startswith("parity.trace.")}
+    for name in json.loads(meta["parity.trace"]):
+        new = "output" if name == "output" else ldm_stage(name, params)
+        if new is None or new in names:
+            continue
+        names.append(new)
+        for suffix in ("", ".float64_delta"):
+            if f"parity.trace.{name}{suffix}" in tensors:
+                out[f"parity.trace.{new}{suffix}"] = tensors[f"parity.trace.{name}{suffix}"]
+    meta["parity.trace"] = json.dumps(names)
+    save_file(out, str(path), metadata=meta)
+    return len(names)
 
 
 def ldm_unet_class():
@@ -342,8 +388,9 @@ def write_sdxl(seed=17):
               f"tensor read back bit for bit (scripts/export_single_file.py); weights under {UNET_PREFIX}")
     out = WHOLE / "single_sdxl_tiny_unet.safetensors"
     info = export_bundle(theirs, "ldm.UNetModel", SDXL, ins, out, kwargs={"timestep": 421.0},
-                         weights_ref=(rel, UNET_PREFIX), trace=False, source=source)
-    print(f"wrote {out}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}")
+                         weights_ref=(rel, UNET_PREFIX), trace="modules", source=source)
+    stages = rename_stages_(out, SDXL)
+    print(f"wrote {out}  {info['bytes']} bytes  max|f32-f64| {info['max_abs_diff_f64']}  {stages} stages")
 
 
 def main() -> int:
