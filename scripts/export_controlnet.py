@@ -12,6 +12,8 @@ Writes into ``weights/whole/``:
   residual per skip of the down path) and ``mid``; module-path stages.
 * ``controlnet_bgr_pooled.safetensors``: the same weights with ``controlnet_conditioning_channel_order
   = "bgr"`` and ``global_pool_conditions = true`` (config overrides), ``conditioning_scale`` 0.7.
+* ``controlnet_guess.safetensors``: the same weights with ``guess_mode=True`` (the residuals scaled
+  by ``logspace(-1, 0, n) * conditioning_scale``, 0.9).
 * ``controlnet_pair.safetensors``: block ``diffusers.ControlNetPair``, a module holding
   ``controlnet`` (the model above) and ``unet`` (``weights/models/diffusers_sd1``), whose forward is
   the two calls ``StableDiffusionControlNetPipeline`` makes per step::
@@ -50,9 +52,11 @@ def controlnet_class():
     class ControlNetModelInputs(ControlNetModel):
         """``ControlNetModel`` with the timestep and scale as JSON, its residuals as a flat tuple."""
 
-        def forward(self, sample, encoder_hidden_states, controlnet_cond, *, timestep, conditioning_scale=1.0):
+        def forward(self, sample, encoder_hidden_states, controlnet_cond, *, timestep, conditioning_scale=1.0,
+                    guess_mode=False):
             down, mid = ControlNetModel.forward(self, sample, timestep, encoder_hidden_states, controlnet_cond,
-                                                conditioning_scale=conditioning_scale, return_dict=False)
+                                                conditioning_scale=conditioning_scale, guess_mode=guess_mode,
+                                                return_dict=False)
             return (*down, mid)
 
     return ControlNetModel, ControlNetModelInputs
@@ -93,19 +97,22 @@ class ControlNetPair(nn.Module):
                                             mid_block_additional_residual=mid, return_dict=False)[0]
 
 
-def export_model(name, overrides, seed, timestep, scale, halves):
+def export_model(name, overrides, seed, timestep, scale, halves, guess_mode=False):
     base, model = load(controlnet_class, FOLDER, overrides)
     ins = inputs(model, seed)
     kwargs = {"timestep": timestep, "conditioning_scale": scale}
+    if guess_mode:
+        kwargs["guess_mode"] = True
     with torch.no_grad():
         want = base.forward(model, ins["sample"], timestep, ins["encoder_hidden_states"], ins["controlnet_cond"],
-                            conditioning_scale=scale, return_dict=False)
+                            conditioning_scale=scale, guess_mode=guess_mode, return_dict=False)
         got = model(**ins, **kwargs)
     assert all(torch.equal(a, b) for a, b in zip((*want[0], want[1]), got)), name
     weights = FOLDER / "diffusion_pytorch_model.safetensors"
     options = {"config": overrides} if overrides else {}
     write_bundles(name, BLOCK, model, ins, weights, OUT,
-                  "ControlNetModel.forward(sample, timestep, encoder_hidden_states, controlnet_cond, conditioning_scale)",
+                  "ControlNetModel.forward(sample, timestep, encoder_hidden_states, controlnet_cond, conditioning_scale"
+                  + (", guess_mode=True)" if guess_mode else ")"),
                   options, "modules", kwargs=kwargs, halves=halves, output_names=output_names(model))
 
 
@@ -136,6 +143,7 @@ def main() -> int:
     export_model("controlnet", None, seed=3, timestep=421.0, scale=1.0, halves=(torch.float16,))
     export_model("controlnet_bgr_pooled", {"controlnet_conditioning_channel_order": "bgr",
                                            "global_pool_conditions": True}, seed=4, timestep=17.0, scale=0.7, halves=())
+    export_model("controlnet_guess", None, seed=7, timestep=250.0, scale=0.9, halves=(), guess_mode=True)
     export_pair("controlnet_pair", seed=5, timestep=701.0, scale=0.8, size=(6, 4))
     export_pair("controlnet_pair_small", seed=6, timestep=99.0, scale=1.3, size=(2, 4))
     return 0

@@ -105,6 +105,43 @@ fn channel_order_and_pooling_are_the_configs() {
     );
 }
 
+/// `guess_mode`: the residuals scaled from 0.1 to 1 (times the conditioning scale) pass the
+/// checker on diffusers' outputs (`weights/whole/controlnet_guess`); without it the first residual
+/// is ten times too large.
+#[test]
+fn guess_mode_scales_the_residuals_as_diffusers() {
+    let (controlnet, _) = models();
+    let rel = "weights/whole/controlnet_guess.safetensors";
+    let b = bundle(rel);
+    let run = |guess: bool| {
+        let (sample, context) = (&b["parity.input.sample"], &b["parity.input.encoder_hidden_states"]);
+        let cond = &b["parity.input.controlnet_cond"];
+        let out = controlnet
+            .forward_with(sample, 250.0, context, cond, 0.9, guess)
+            .unwrap();
+        out.down.into_iter().chain(std::iter::once(out.mid)).collect::<Vec<_>>()
+    };
+    let ours = run(true);
+    let report = unet_parity::port::PortCheck::open(root(rel))
+        .unwrap()
+        .run(|_| Ok::<_, candle_core::Error>(ours.clone()))
+        .unwrap();
+    assert!(report.pass, "{report}");
+    let plain = run(false);
+    let off = max_abs_diff(&plain[0], &b["parity.output.down_0"]);
+    let scale = b["parity.output.down_0"]
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    eprintln!("without guess_mode: down_0 off by {off:.2e} (its largest value {scale:.2e})");
+    assert!(off > 5.0 * scale, "{off:e}");
+    // the mid residual's scale is 1 in both
+    assert!(max_abs_diff(&plain[plain.len() - 1], &ours[ours.len() - 1]) < 1e-6);
+}
+
 /// A control image of the wrong size and residuals that do not fit the U-Net are errors naming them.
 #[test]
 fn wrong_inputs_are_named() {

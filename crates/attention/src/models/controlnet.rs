@@ -12,13 +12,14 @@
 //!   h = mid_block(h, emb, context)
 //!   down = [controlnet_down_blocks[i](r) * conditioning_scale for i, r in enumerate(res)]
 //!   mid = controlnet_mid_block(h) * conditioning_scale
+//!   guess_mode (without global_pool_conditions): the residuals times
+//!     logspace(-1, 0, len(down) + 1) * conditioning_scale instead (0.1 ... 1, the mid's 1)
 //!   global_pool_conditions: every residual (down and mid) mean-pooled over H, W
 //! controlnet_cond_embedding(c): silu(conv_in(c)), then per block silu(conv), the odd ones stride 2;
 //!   conv_out (to block_out_channels[0])
 //! ```
 //!
-//! `guess_mode` (logarithmically spaced scales) and SDXL ControlNets (`addition_embed_type`
-//! "text_time") are not implemented and refused. Stages are recorded by module path
+//! SDXL ControlNets (`addition_embed_type` "text_time") are not implemented and refused. Stages are recorded by module path
 //! (`controlnet_cond_embedding/blocks.1`, `down_blocks.0/resnets.1`, `controlnet_down_blocks.3`).
 //!
 //! [`ControlNetResiduals`]: super::ControlNetResiduals
@@ -186,6 +187,28 @@ impl ControlNetModel {
         controlnet_cond: &Tensor,
         conditioning_scale: f64,
     ) -> Result<ControlNetOutput> {
+        self.forward_with(
+            sample,
+            timestep,
+            encoder_hidden_states,
+            controlnet_cond,
+            conditioning_scale,
+            false,
+        )
+    }
+
+    /// [`Self::forward`] with diffusers' `guess_mode`: the residuals scaled from 0.1 (the first)
+    /// to 1 (the mid block's), logarithmically, times `conditioning_scale` (ignored with
+    /// `global_pool_conditions`, as diffusers ignores it).
+    pub fn forward_with(
+        &self,
+        sample: &Tensor,
+        timestep: f64,
+        encoder_hidden_states: &Tensor,
+        controlnet_cond: &Tensor,
+        conditioning_scale: f64,
+        guess_mode: bool,
+    ) -> Result<ControlNetOutput> {
         self.check_inputs(sample, encoder_hidden_states, controlnet_cond)?;
         let b = sample.dim(0)?;
         let t_emb = self.time_proj.embed(&vec![timestep; b], sample.device())?;
@@ -217,13 +240,15 @@ impl ControlNetModel {
             })?;
             res.extend(states);
         }
+        let guess = guess_mode && !self.config.global_pool_conditions;
+        let scales = residual_scales(res.len(), conditioning_scale, guess);
         let (mid, _) = self
             .mid
-            .residual(&h, Some(&emb), Some(encoder_hidden_states), None, conditioning_scale)?;
+            .residual(&h, Some(&emb), Some(encoder_hidden_states), None, scales[res.len()])?;
         let mut down = Vec::with_capacity(res.len());
         for (i, (r, conv)) in res.iter().zip(&self.controlnet_down_blocks).enumerate() {
             let z = conv.forward_traced(r, &format!("controlnet_down_blocks.{i}"), ConvExtras::default())?;
-            let z = scale(&z, conditioning_scale)?;
+            let z = scale(&z, scales[i])?;
             down.push(if self.config.global_pool_conditions {
                 mean_hw(&z)?
             } else {
@@ -324,4 +349,20 @@ fn check_supported(cfg: &ControlNetModelConfig) -> Result<()> {
         return refuse("conditioning_embedding_out_channels null or empty");
     }
     Ok(())
+}
+
+/// The scale of each of the `down` residuals and, last, the mid block's: `conditioning_scale`
+/// for all, or with `guess` `torch.logspace(-1, 0, down + 1) * conditioning_scale` as diffusers
+/// computes it (the powers in float64 rounded to float32, as PyTorch's CPU `logspace`; the
+/// product rounded to float32).
+fn residual_scales(down: usize, conditioning_scale: f64, guess: bool) -> Vec<f64> {
+    if !guess {
+        return vec![conditioning_scale; down + 1];
+    }
+    (0..=down)
+        .map(|i| {
+            let power = 10f64.powf(-1.0 + i as f64 / down.max(1) as f64) as f32;
+            (power * conditioning_scale as f32) as f64
+        })
+        .collect()
 }

@@ -185,9 +185,9 @@ impl Registered for LdmAutoencoderKL {
 /// conditioning_scale)`: the down residuals (`down_0`, ...) then `mid`.
 impl Registered for ControlNetModel {
     const ID: &'static str = Self::BLOCK;
-    const PYTORCH: &'static str = "diffusers.models.controlnets.controlnet.ControlNetModel (diffusers 0.42.1; SD 1.x / 2.x ControlNets: controlnet_cond_embedding, the U-Net's down blocks and UNetMidBlock2DCrossAttn, zero convolutions; conditioning_scale, rgb / bgr, global_pool_conditions)";
+    const PYTORCH: &'static str = "diffusers.models.controlnets.controlnet.ControlNetModel (diffusers 0.42.1; SD 1.x / 2.x ControlNets: controlnet_cond_embedding, the U-Net's down blocks and UNetMidBlock2DCrossAttn, zero convolutions; conditioning_scale, guess_mode, rgb / bgr, global_pool_conditions)";
     const INPUTS: &'static [&'static str] = &["sample", "encoder_hidden_states", "controlnet_cond"];
-    const KWARGS: &'static [&'static str] = &["timestep", "conditioning_scale"];
+    const KWARGS: &'static [&'static str] = &["timestep", "conditioning_scale", "guess_mode"];
 
     fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
         Self::new(vb, &read.config(Self::ID, config)?)
@@ -195,12 +195,13 @@ impl Registered for ControlNetModel {
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         let timestep = timestep(inputs, Self::BLOCK)?;
-        let out = self.forward(
+        let out = self.forward_with(
             inputs.required("sample")?,
             timestep,
             inputs.required("encoder_hidden_states")?,
             inputs.required("controlnet_cond")?,
             inputs.number("conditioning_scale", 1.0)?,
+            inputs.flag("guess_mode", false)?,
         )?;
         Ok(out.down.into_iter().chain(std::iter::once(out.mid)).collect())
     }
