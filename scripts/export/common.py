@@ -56,10 +56,11 @@ MID = WEIGHTS / "mid"
 # scripts/export_annotated_unet.py; its 4 x 32-head attention's stages are most of it).
 # Plus 3,300,000 bytes (issue 58): the SDXL-style single file (weights/single_file/sdxl_tiny.safetensors, float16;
 # its 1280-wide cross-attention keys are most of it) and its bundle (module-path stages); and 250,000 for the
-# ControlNet's guess_mode bundle (weights/whole/controlnet_guess).
+# ControlNet's guess_mode bundle (weights/whole/controlnet_guess); and 900,000 for the tiny SDXL ControlNet
+# (weights/models/diffusers_controlnet_sdxl) and its bundle with its f16 twin (weights/whole/controlnet_sdxl*).
 MAX_WEIGHTS_BYTES = (60 * 1024 * 1024 + 2_943_914 + 1_315_362 + 789_459 + 9_694_004 + 1_500_000 + 9_047_358
                      + 6_500_000 + 6_600_000 + 8_100_000 + 7_000_000 + 2_700_000 + 3_500_000
-                     + 2_600_000 + 3_300_000 + 250_000)
+                     + 2_600_000 + 3_300_000 + 250_000 + 900_000)
 
 HALF_DTYPES = (("float16", "f16"), ("bfloat16", "bf16"))
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::helpers::{bundle, max_abs_diff, root};
 use candle_core::{DType, Device, Tensor};
-use unet_attention::models::{ControlNetModel, ForwardArgs, UNet2DConditionModel};
+use unet_attention::models::{AddedCond, ControlNetArgs, ControlNetModel, ForwardArgs, UNet2DConditionModel};
 
 fn models() -> (ControlNetModel, UNet2DConditionModel) {
     let dev = Device::Cpu;
@@ -116,9 +116,12 @@ fn guess_mode_scales_the_residuals_as_diffusers() {
     let run = |guess: bool| {
         let (sample, context) = (&b["parity.input.sample"], &b["parity.input.encoder_hidden_states"]);
         let cond = &b["parity.input.controlnet_cond"];
-        let out = controlnet
-            .forward_with(sample, 250.0, context, cond, 0.9, guess)
-            .unwrap();
+        let args = ControlNetArgs {
+            conditioning_scale: 0.9,
+            guess_mode: guess,
+            added_cond: None,
+        };
+        let out = controlnet.forward_with(sample, 250.0, context, cond, args).unwrap();
         out.down.into_iter().chain(std::iter::once(out.mid)).collect::<Vec<_>>()
     };
     let ours = run(true);
@@ -140,6 +143,49 @@ fn guess_mode_scales_the_residuals_as_diffusers() {
     assert!(off > 5.0 * scale, "{off:e}");
     // the mid residual's scale is 1 in both
     assert!(max_abs_diff(&plain[plain.len() - 1], &ours[ours.len() - 1]) < 1e-6);
+}
+
+/// An SDXL ControlNet (`addition_embed_type` "text_time") from its folder, with the added
+/// conditions, passes the checker on diffusers' residuals (`weights/whole/controlnet_sdxl`); other
+/// crop coordinates miss widely, and the conditions left out are an error naming them.
+#[test]
+fn an_sdxl_controlnet_takes_the_added_conditions() {
+    let controlnet = ControlNetModel::load(
+        root("weights/models/diffusers_controlnet_sdxl"),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let rel = "weights/whole/controlnet_sdxl.safetensors";
+    let b = bundle(rel);
+    let (sample, context) = (&b["parity.input.sample"], &b["parity.input.encoder_hidden_states"]);
+    let cond = &b["parity.input.controlnet_cond"];
+    let run = |time_ids: Option<&Tensor>| {
+        let added_cond = time_ids.map(|time_ids| AddedCond {
+            text_embeds: &b["parity.input.text_embeds"],
+            time_ids,
+        });
+        let args = ControlNetArgs {
+            added_cond,
+            ..ControlNetArgs::default()
+        };
+        let out = controlnet.forward_with(sample, 333.0, context, cond, args)?;
+        Ok::<_, unet_attention::Error>(out.down.into_iter().chain(std::iter::once(out.mid)).collect::<Vec<_>>())
+    };
+    let ours = run(Some(&b["parity.input.time_ids"])).unwrap();
+    let report = unet_parity::port::PortCheck::open(root(rel))
+        .unwrap()
+        .run(|_| Ok::<_, candle_core::Error>(ours.clone()))
+        .unwrap();
+    assert!(report.pass, "{report}");
+    let cropped =
+        (&b["parity.input.time_ids"] + Tensor::new(&[[0f32, 0.0, 8.0, 8.0, 0.0, 0.0]], &Device::Cpu).unwrap()).unwrap();
+    let moved = run(Some(&cropped)).unwrap();
+    let off = max_abs_diff(&moved[moved.len() - 1], &b["parity.output.mid"]);
+    eprintln!("crop (8, 8) instead of (0, 0): the mid residual off by {off:.2e}");
+    assert!(off > 1e-3, "{off:e}");
+    let err = run(None).unwrap_err().to_string();
+    assert!(err.contains("text_embeds and time_ids"), "{err}");
 }
 
 /// A control image of the wrong size and residuals that do not fit the U-Net are errors naming them.

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! forward(sample, timestep, encoder_hidden_states, controlnet_cond, conditioning_scale):
-//!   emb = time_embedding(time_proj(timestep).to(dtype))
+//!   emb = time_embedding(time_proj(timestep).to(dtype))   (+ SDXL's add_embedding, as the U-Net's)
 //!   if controlnet_conditioning_channel_order == "bgr": controlnet_cond = flip(controlnet_cond, [1])
 //!   h = conv_in(sample) + controlnet_cond_embedding(controlnet_cond)
 //!   res = (h,); for down in down_blocks: h, states = down(h, emb, context); res += states
@@ -19,7 +19,8 @@
 //!   conv_out (to block_out_channels[0])
 //! ```
 //!
-//! SDXL ControlNets (`addition_embed_type` "text_time") are not implemented and refused. Stages are recorded by module path
+//! SDXL ControlNets (`addition_embed_type` "text_time") add the embedding of their added
+//! conditions to `emb` as the U-Net does ([`ControlNetArgs::added_cond`]). Stages are recorded by module path
 //! (`controlnet_cond_embedding/blocks.1`, `down_blocks.0/resnets.1`, `controlnet_down_blocks.3`).
 //!
 //! [`ControlNetResiduals`]: super::ControlNetResiduals
@@ -27,7 +28,7 @@
 use super::controlnet_config::ControlNetModelConfig;
 use super::folder::ModelFolder;
 use super::time_embedding::{TimestepEmbedding, Timesteps};
-use super::unet_2d_condition::{block_kwargs, down_blocks};
+use super::unet_2d_condition::{block_kwargs, down_blocks, text_time, AddedCond, TextTime};
 use super::unet_blocks::{layer, Context, DownBlock, Downsample2D};
 use crate::cpu_kernels::ConvExtras;
 use crate::diffusers::controlnets::controlnet::{mean_hw, scale, ControlNetMidBlock, ControlNetMidBlockConfig};
@@ -97,6 +98,28 @@ impl ControlNetOutput {
     }
 }
 
+/// The arguments of `ControlNetModel.forward` besides the tensors every call takes.
+#[derive(Debug, Clone, Copy)]
+pub struct ControlNetArgs<'a> {
+    /// `conditioning_scale` (1.0 by default).
+    pub conditioning_scale: f64,
+    /// `guess_mode`: the residuals times `logspace(-1, 0, n)` (ignored with
+    /// `global_pool_conditions`, as diffusers ignores it).
+    pub guess_mode: bool,
+    /// `added_cond_kwargs` (SDXL ControlNets: required).
+    pub added_cond: Option<AddedCond<'a>>,
+}
+
+impl Default for ControlNetArgs<'_> {
+    fn default() -> Self {
+        Self {
+            conditioning_scale: 1.0,
+            guess_mode: false,
+            added_cond: None,
+        }
+    }
+}
+
 /// `diffusers.models.controlnets.controlnet.ControlNetModel`.
 #[derive(Debug, Clone)]
 pub struct ControlNetModel {
@@ -104,6 +127,7 @@ pub struct ControlNetModel {
     conv_in: Conv2d,
     time_proj: Timesteps,
     time_embedding: TimestepEmbedding,
+    text_time: Option<TextTime>,
     cond_embedding: ConditioningEmbedding,
     down_blocks: Vec<DownBlock>,
     controlnet_down_blocks: Vec<Conv2d>,
@@ -152,6 +176,7 @@ impl ControlNetModel {
                 cfg.act_fn,
                 None,
             )?,
+            text_time: text_time(&vb, &unet, temb, Self::BLOCK)?,
             cond_embedding: ConditioningEmbedding::new(
                 vb.pp("controlnet_cond_embedding"),
                 cfg.conditioning_channels,
@@ -187,28 +212,25 @@ impl ControlNetModel {
         controlnet_cond: &Tensor,
         conditioning_scale: f64,
     ) -> Result<ControlNetOutput> {
-        self.forward_with(
-            sample,
-            timestep,
-            encoder_hidden_states,
-            controlnet_cond,
+        let args = ControlNetArgs {
             conditioning_scale,
-            false,
-        )
+            ..ControlNetArgs::default()
+        };
+        self.forward_with(sample, timestep, encoder_hidden_states, controlnet_cond, args)
     }
 
-    /// [`Self::forward`] with diffusers' `guess_mode`: the residuals scaled from 0.1 (the first)
-    /// to 1 (the mid block's), logarithmically, times `conditioning_scale` (ignored with
-    /// `global_pool_conditions`, as diffusers ignores it).
+    /// [`Self::forward`] with the other arguments of diffusers' forward ([`ControlNetArgs`]):
+    /// `guess_mode` (the residuals scaled from 0.1, the first, to 1, the mid block's,
+    /// logarithmically, times `conditioning_scale`) and SDXL's `added_cond_kwargs`.
     pub fn forward_with(
         &self,
         sample: &Tensor,
         timestep: f64,
         encoder_hidden_states: &Tensor,
         controlnet_cond: &Tensor,
-        conditioning_scale: f64,
-        guess_mode: bool,
+        args: ControlNetArgs,
     ) -> Result<ControlNetOutput> {
+        let (conditioning_scale, guess_mode) = (args.conditioning_scale, args.guess_mode);
         self.check_inputs(sample, encoder_hidden_states, controlnet_cond)?;
         let b = sample.dim(0)?;
         let t_emb = self.time_proj.embed(&vec![timestep; b], sample.device())?;
@@ -216,6 +238,10 @@ impl ControlNetModel {
         let t_emb = t_emb.to_dtype(sample.dtype())?;
         let emb = trace::scope("time_embedding", || self.time_embedding.forward(&t_emb))?;
         trace::record("time_embedding", &emb);
+        let emb = match &self.text_time {
+            Some(tt) => tt.add(Self::BLOCK, emb, args.added_cond)?,
+            None => emb,
+        };
         let cond = match self.config.controlnet_conditioning_channel_order.as_str() {
             "bgr" => flip_channels(controlnet_cond)?,
             _ => controlnet_cond.clone(),
@@ -329,8 +355,8 @@ fn check_supported(cfg: &ControlNetModelConfig) -> Result<()> {
     if cfg.class_embed_type.is_some() || cfg.num_class_embeds.is_some() {
         return refuse("class embeddings (class_embed_type / num_class_embeds)");
     }
-    if cfg.addition_embed_type.is_some() {
-        return refuse("addition_embed_type (SDXL ControlNets' text_time)");
+    if cfg.addition_embed_type.as_deref().is_some_and(|t| t != "text_time") {
+        return refuse("addition_embed_type other than SDXL's \"text_time\"");
     }
     if cfg.encoder_hid_dim.is_some() || cfg.encoder_hid_dim_type.is_some() {
         return refuse("encoder_hid_proj (encoder_hid_dim / encoder_hid_dim_type)");

@@ -12,8 +12,8 @@ const BLOCK: &str = "diffusers.ControlNetModel";
 
 /// Keyword arguments of `ControlNetModel.__init__` (diffusers 0.42.1), every one with its default;
 /// a key the class does not have is refused by name. The options this port does not implement
-/// (class and addition embeddings: SDXL ControlNets; `encoder_hid_proj`) are refused when the model
-/// is built.
+/// (class embeddings, addition embeddings other than SDXL's `text_time`, `encoder_hid_proj`) are
+/// refused when the model is built.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControlNetModelConfig {
@@ -200,6 +200,9 @@ impl ControlNetModelConfig {
             use_linear_projection: self.use_linear_projection,
             upcast_attention: self.upcast_attention,
             resnet_time_scale_shift: self.resnet_time_scale_shift.clone(),
+            addition_embed_type: self.addition_embed_type.clone(),
+            addition_time_embed_dim: self.addition_time_embed_dim,
+            projection_class_embeddings_input_dim: self.projection_class_embeddings_input_dim,
             ..Default::default()
         }
     }

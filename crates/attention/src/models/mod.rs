@@ -50,7 +50,7 @@ pub mod unet_blocks;
 pub use annotated_unet::{AnnotatedUnet, AnnotatedUnetConfig};
 pub use autoencoder_kl::{AutoencoderKL, DiagonalGaussianDistribution};
 pub use autoencoder_kl_config::AutoencoderKLConfig;
-pub use controlnet::{ControlNetModel, ControlNetOutput};
+pub use controlnet::{ControlNetArgs, ControlNetModel, ControlNetOutput};
 pub use controlnet_config::ControlNetModelConfig;
 pub use lucidrains_unet::{LucidrainsUnet, LucidrainsUnetConfig};
 pub use single_file::{LdmUNetConfig, LdmVaeConfig};

@@ -70,11 +70,64 @@ pub struct ControlNetResiduals<'a> {
     pub mid: &'a Tensor,
 }
 
-/// SDXL's `add_time_proj` and `add_embedding`.
+/// SDXL's `add_time_proj` and `add_embedding` (the U-Net's and an SDXL ControlNet's).
 #[derive(Debug, Clone)]
-struct TextTime {
+pub(super) struct TextTime {
     add_time_proj: Timesteps,
     add_embedding: TimestepEmbedding,
+    /// `projection_class_embeddings_input_dim`: `add_embedding`'s input width.
+    input: usize,
+}
+
+impl TextTime {
+    /// `emb + add_embedding(cat[text_embeds, add_time_proj(time_ids).reshape(B, -1)])`, the
+    /// conditions' shapes checked (`block` names them in errors).
+    pub(super) fn add(&self, block: &'static str, emb: Tensor, added: Option<AddedCond>) -> Result<Tensor> {
+        let b = emb.dim(0)?;
+        let added = added.ok_or_else(|| {
+            Error::input(
+                block,
+                "added_cond_kwargs",
+                "addition_embed_type \"text_time\" (SDXL) needs text_embeds and time_ids",
+            )
+        })?;
+        let (text, ids) = (added.text_embeds, added.time_ids);
+        if text.rank() != 2 || text.dim(0)? != b || ids.rank() != 2 || ids.dim(0)? != b {
+            return Err(Error::input(
+                block,
+                "added_cond_kwargs",
+                format!(
+                    "expected text_embeds (B={b}, D) and time_ids (B, n), found {:?} and {:?}",
+                    text.dims(),
+                    ids.dims()
+                ),
+            ));
+        }
+        let width = text
+            .dim(1)?
+            .saturating_add(ids.dim(1)?.saturating_mul(self.add_time_proj.num_channels));
+        if width != self.input {
+            return Err(Error::input(
+                block,
+                "added_cond_kwargs",
+                format!(
+                    "text_embeds (B, D) and time_ids (B, n) with D + n · {} = {} \
+                     (projection_class_embeddings_input_dim), found {:?} and {:?}",
+                    self.add_time_proj.num_channels,
+                    self.input,
+                    text.dims(),
+                    ids.dims()
+                ),
+            ));
+        }
+        let time_embeds = self.add_time_proj.forward(ids)?;
+        trace::record("add_time_proj", &time_embeds);
+        let time_embeds = time_embeds.reshape((b, ()))?.to_dtype(emb.dtype())?;
+        let add = Tensor::cat(&[&text.to_dtype(emb.dtype())?, &time_embeds], 1)?;
+        let aug = trace::scope("add_embedding", || self.add_embedding.forward(&add))?;
+        trace::record("add_embedding", &aug);
+        Ok((emb + aug)?)
+    }
 }
 
 /// `diffusers.models.unets.unet_2d_condition.UNet2DConditionModel`.
@@ -129,7 +182,7 @@ impl UNet2DConditionModel {
             cfg.act_fn,
             cfg.timestep_post_act,
         )?;
-        let text_time = text_time(&vb, cfg, temb)?;
+        let text_time = text_time(&vb, cfg, temb, Self::BLOCK)?;
         let kw = block_kwargs(cfg, temb)?;
         let down_blocks = down_blocks(&vb, cfg, &kw)?;
         let mid_block = mid_block(&vb, cfg)?;
@@ -284,33 +337,10 @@ impl UNet2DConditionModel {
         let t_emb = t_emb.to_dtype(sample.dtype())?;
         let emb = trace::scope("time_embedding", || self.time_embedding.forward(&t_emb))?;
         trace::record("time_embedding", &emb);
-        let Some(tt) = &self.text_time else { return Ok(emb) };
-        let added = added.ok_or_else(|| {
-            Error::input(
-                Self::BLOCK,
-                "added_cond_kwargs",
-                "addition_embed_type \"text_time\" (SDXL) needs text_embeds and time_ids",
-            )
-        })?;
-        let (text, ids) = (added.text_embeds, added.time_ids);
-        if text.rank() != 2 || text.dim(0)? != b || ids.rank() != 2 || ids.dim(0)? != b {
-            return Err(Error::input(
-                Self::BLOCK,
-                "added_cond_kwargs",
-                format!(
-                    "expected text_embeds (B={b}, D) and time_ids (B, n), found {:?} and {:?}",
-                    text.dims(),
-                    ids.dims()
-                ),
-            ));
+        match &self.text_time {
+            Some(tt) => tt.add(Self::BLOCK, emb, added),
+            None => Ok(emb),
         }
-        let time_embeds = tt.add_time_proj.forward(ids)?;
-        trace::record("add_time_proj", &time_embeds);
-        let time_embeds = time_embeds.reshape((b, ()))?.to_dtype(emb.dtype())?;
-        let add = Tensor::cat(&[&text.to_dtype(emb.dtype())?, &time_embeds], 1)?;
-        let aug = trace::scope("add_embedding", || tt.add_embedding.forward(&add))?;
-        trace::record("add_embedding", &aug);
-        Ok((emb + aug)?)
     }
 
     /// Ranks, float dtypes (one for `sample`, the context and the added conditions), batch.
@@ -344,7 +374,7 @@ impl UNet2DConditionModel {
                 ),
             ));
         }
-        self.check_sizes(sample, context, args)?;
+        self.check_sizes(sample, context)?;
         if context.dim(0)? != sample.dim(0)? {
             return Err(Error::input(
                 Self::BLOCK,
@@ -358,8 +388,8 @@ impl UNet2DConditionModel {
 
 impl UNet2DConditionModel {
     /// What the blocks need of the inputs' sizes: H and W that go through the downsamplers, the
-    /// context's width the cross-attention's, SDXL's added conditions the width of `add_embedding`.
-    fn check_sizes(&self, sample: &Tensor, context: &Tensor, args: &ForwardArgs) -> Result<()> {
+    /// context's width the cross-attention's.
+    fn check_sizes(&self, sample: &Tensor, context: &Tensor) -> Result<()> {
         let cfg = &self.config;
         let downsamplers = self.down_blocks.len().saturating_sub(1);
         let need = Downsample2D::min_input(downsamplers, cfg.downsample_padding);
@@ -390,26 +420,7 @@ impl UNet2DConditionModel {
                 ),
             ));
         }
-        if let (Some(tt), Some(added)) = (&self.text_time, &args.added_cond) {
-            let width = added
-                .text_embeds
-                .dim(1)?
-                .saturating_add(added.time_ids.dim(1)?.saturating_mul(tt.add_time_proj.num_channels));
-            if Some(width) != cfg.projection_class_embeddings_input_dim {
-                return Err(Error::input(
-                    Self::BLOCK,
-                    "added_cond_kwargs",
-                    format!(
-                        "text_embeds (B, D) and time_ids (B, n) with D + n · {} = {} \
-                         (projection_class_embeddings_input_dim), found {:?} and {:?}",
-                        tt.add_time_proj.num_channels,
-                        cfg.projection_class_embeddings_input_dim.unwrap_or(0),
-                        added.text_embeds.dims(),
-                        added.time_ids.dims()
-                    ),
-                ));
-            }
-        }
+        // (SDXL's added conditions: checked where they are used, `TextTime::add`)
         Ok(())
     }
 }
@@ -510,12 +521,16 @@ pub(super) fn block_kwargs(cfg: &UNet2DConditionModelConfig, temb: usize) -> Res
     })
 }
 
-/// `add_time_proj` and `add_embedding` for `addition_embed_type: "text_time"`.
-fn text_time(vb: &VarBuilder, cfg: &UNet2DConditionModelConfig, temb: usize) -> Result<Option<TextTime>> {
+/// `add_time_proj` and `add_embedding` for `addition_embed_type: "text_time"` (`block`'s).
+pub(super) fn text_time(
+    vb: &VarBuilder,
+    cfg: &UNet2DConditionModelConfig,
+    temb: usize,
+    block: &'static str,
+) -> Result<Option<TextTime>> {
     if cfg.addition_embed_type.as_deref() != Some("text_time") {
         return Ok(None);
     }
-    let block = UNet2DConditionModel::BLOCK;
     let need = |v: Option<usize>, key: &str| {
         v.ok_or_else(|| Error::config(block, format!("addition_embed_type \"text_time\" needs `{key}`")))
     };
@@ -531,6 +546,7 @@ fn text_time(vb: &VarBuilder, cfg: &UNet2DConditionModelConfig, temb: usize) -> 
             downscale_freq_shift: cfg.freq_shift,
         },
         add_embedding: TimestepEmbedding::new(vb.pp("add_embedding"), block, (input, temb), Activation::Swish, None)?,
+        input,
     }))
 }
 

@@ -6,8 +6,8 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
 use unet_attention::models::{
-    AddedCond, AnnotatedUnet, AutoencoderKL, ControlNetModel, ForwardArgs, LdmUNetConfig, LdmVaeConfig, LucidrainsUnet,
-    UNet2DConditionModel, UNet2DModel,
+    AddedCond, AnnotatedUnet, AutoencoderKL, ControlNetArgs, ControlNetModel, ForwardArgs, LdmUNetConfig, LdmVaeConfig,
+    LucidrainsUnet, UNet2DConditionModel, UNet2DModel,
 };
 use unet_attention::{Error, Result};
 
@@ -185,8 +185,14 @@ impl Registered for LdmAutoencoderKL {
 /// conditioning_scale)`: the down residuals (`down_0`, ...) then `mid`.
 impl Registered for ControlNetModel {
     const ID: &'static str = Self::BLOCK;
-    const PYTORCH: &'static str = "diffusers.models.controlnets.controlnet.ControlNetModel (diffusers 0.42.1; SD 1.x / 2.x ControlNets: controlnet_cond_embedding, the U-Net's down blocks and UNetMidBlock2DCrossAttn, zero convolutions; conditioning_scale, guess_mode, rgb / bgr, global_pool_conditions)";
-    const INPUTS: &'static [&'static str] = &["sample", "encoder_hidden_states", "controlnet_cond"];
+    const PYTORCH: &'static str = "diffusers.models.controlnets.controlnet.ControlNetModel (diffusers 0.42.1; SD 1.x / 2.x ControlNets: controlnet_cond_embedding, the U-Net's down blocks and UNetMidBlock2DCrossAttn, zero convolutions; conditioning_scale, guess_mode, rgb / bgr, global_pool_conditions; SDXL ControlNets' text_time with text_embeds / time_ids)";
+    const INPUTS: &'static [&'static str] = &[
+        "sample",
+        "encoder_hidden_states",
+        "controlnet_cond",
+        "text_embeds",
+        "time_ids",
+    ];
     const KWARGS: &'static [&'static str] = &["timestep", "conditioning_scale", "guess_mode"];
 
     fn build(vb: VarBuilder, config: &Value, read: ConfigRead) -> Result<Self> {
@@ -195,13 +201,17 @@ impl Registered for ControlNetModel {
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
         let timestep = timestep(inputs, Self::BLOCK)?;
+        let args = ControlNetArgs {
+            conditioning_scale: inputs.number("conditioning_scale", 1.0)?,
+            guess_mode: inputs.flag("guess_mode", false)?,
+            added_cond: added_cond(inputs, Self::BLOCK)?,
+        };
         let out = self.forward_with(
             inputs.required("sample")?,
             timestep,
             inputs.required("encoder_hidden_states")?,
             inputs.required("controlnet_cond")?,
-            inputs.number("conditioning_scale", 1.0)?,
-            inputs.flag("guess_mode", false)?,
+            args,
         )?;
         Ok(out.down.into_iter().chain(std::iter::once(out.mid)).collect())
     }

@@ -291,6 +291,21 @@ const MODELS: &[Model] = &[
         with_config: &["controlnet_mid_block_ref"],
         ..ROW
     },
+    // The tiny SDXL ControlNet (`from_unet` of diffusers_sdxl; scripts/export_controlnet.py): the
+    // bottleneck at the top level, its SDXL mid block (two transformer layers, linear projections).
+    Model {
+        folder: "diffusers_controlnet_sdxl",
+        blocks: &[("mid_block.", "diffusers.UNetMidBlock2DCrossAttn")],
+        lone_says: &[
+            "the top level (ControlNetModel: mid_block.* and controlnet_mid_block.*; no --prefix needed): diffusers.ControlNetMidBlock",
+            "controlnet_mid_block (1x1 conv [16, 16, 1, 1])",
+            "\"transformer_layers_per_block\":2",
+            "\"use_linear_projection\":true",
+            "prefix `mid_block.`: diffusers.UNetMidBlock2DCrossAttn",
+        ],
+        detected: &[("", "/from_config/mid_block/num_attention_heads", "2")],
+        ..ROW
+    },
     // The tiny `UNetControlNetXSModel`: its `ControlNetXSCrossAttnMidBlock2D` at `mid_block.`.
     Model {
         folder: "diffusers_controlnet_xs",
