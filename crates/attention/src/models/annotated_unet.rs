@@ -26,15 +26,15 @@
 //! recorded by module path (`downs.0.2`, `downs.0.2/fn/norm`, `mid_block1/block1/proj`). PyTorch's
 //! `Unet` does not run in half precision (its time embedding is float32 whatever the weights).
 
-use super::lucidrains_unet::{per_sample, run, self_conditioned_input, Resample};
+use super::ddpm_unet::{body, per_sample, self_conditioned_input, Attend, Resample, Stage, TimeMlp};
 use super::time_embedding::PosEmb;
 use crate::annotated_diffusion::{
     Attention, Config as AttentionConfig, LinearAttention, ResnetBlock, ResnetBlockConfig,
 };
-use crate::layers::{group_norm, Activation, Conv2d, GroupNorm, Projection};
+use crate::layers::{group_norm, Conv2d, GroupNorm};
 use crate::trace;
 use crate::{Error, Result};
-use candle_core::{DType, Module, Tensor};
+use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
@@ -92,9 +92,11 @@ impl<A: Module> PreNormResidual<A> {
             attn: attn(vb.pp("fn.fn"))?,
         })
     }
+}
 
-    /// Stages `<path>/fn/norm`, `<path>/fn` (the attention's output) and `<path>`.
-    fn forward(&self, path: &str, x: &Tensor) -> Result<Tensor> {
+/// Stages `<path>/fn/norm`, `<path>/fn` (the attention's output) and `<path>`.
+impl<A: Module> Attend for PreNormResidual<A> {
+    fn attend(&self, path: &str, x: &Tensor) -> Result<Tensor> {
         let out = trace::scope(path, || -> Result<Tensor> {
             let h = self.norm.forward(x)?;
             trace::record("fn/norm", &h);
@@ -108,27 +110,19 @@ impl<A: Module> PreNormResidual<A> {
 }
 
 /// One entry of `downs` / `ups`: two resnets, the pre-normed linear attention, the resampling.
-#[derive(Debug, Clone)]
-struct Stage {
-    block1: ResnetBlock,
-    block2: ResnetBlock,
-    attn: PreNormResidual<LinearAttention>,
-    resample: Resample,
-}
+type AnnotatedStage = Stage<ResnetBlock, PreNormResidual<LinearAttention>>;
 
 /// The Annotated Diffusion post's `Unet`.
 #[derive(Debug, Clone)]
 pub struct AnnotatedUnet {
     config: AnnotatedUnetConfig,
     init_conv: Conv2d,
-    pos_emb: PosEmb,
-    time_1: Projection,
-    time_2: Projection,
-    downs: Vec<Stage>,
+    time_mlp: TimeMlp,
+    downs: Vec<AnnotatedStage>,
     mid_block1: ResnetBlock,
     mid_attn: PreNormResidual<Attention>,
     mid_block2: ResnetBlock,
-    ups: Vec<Stage>,
+    ups: Vec<AnnotatedStage>,
     final_res_block: ResnetBlock,
     final_conv: Conv2d,
 }
@@ -176,7 +170,7 @@ impl AnnotatedUnet {
         let mut downs = Vec::with_capacity(n);
         for (i, &(d_in, d_out)) in in_out.iter().enumerate() {
             let vb = vb.pp("downs").pp(i);
-            downs.push(Stage {
+            downs.push(AnnotatedStage {
                 block1: resnet(vb.pp(0), d_in, d_in)?,
                 block2: resnet(vb.pp(1), d_in, d_in)?,
                 attn: linear(vb.pp(2), d_in)?,
@@ -186,7 +180,7 @@ impl AnnotatedUnet {
         let mut ups = Vec::with_capacity(n);
         for (i, &(d_in, d_out)) in in_out.iter().rev().enumerate() {
             let vb = vb.pp("ups").pp(i);
-            ups.push(Stage {
+            ups.push(AnnotatedStage {
                 block1: resnet(vb.pp(0), d_out + d_in, d_out)?,
                 block2: resnet(vb.pp(1), d_out + d_in, d_out)?,
                 attn: linear(vb.pp(2), d_out)?,
@@ -205,15 +199,14 @@ impl AnnotatedUnet {
                 },
             )
         };
+        let sinusoidal = PosEmb::Sinusoidal {
+            dim: cfg.dim,
+            theta: 10000.0,
+        };
         Ok(Self {
             config: cfg.clone(),
             init_conv: Conv2d::load(vb.pp("init_conv"), input, cfg.dim, 1, true)?,
-            pos_emb: PosEmb::Sinusoidal {
-                dim: cfg.dim,
-                theta: 10000.0,
-            },
-            time_1: Projection::load(vb.pp("time_mlp.1"), BLOCK, cfg.dim, time_dim, true)?,
-            time_2: Projection::load(vb.pp("time_mlp.3"), BLOCK, time_dim, time_dim, true)?,
+            time_mlp: TimeMlp::load(vb.pp("time_mlp"), BLOCK, sinusoidal, (cfg.dim, time_dim))?,
             downs,
             mid_block1: resnet(vb.pp("mid_block1"), mid, mid)?,
             mid_attn: PreNormResidual::new(vb.pp("mid_attn"), mid, full)?,
@@ -241,47 +234,12 @@ impl AnnotatedUnet {
         let x = self_conditioned_input(BLOCK, shape, x, time, x_self_cond)?;
         let h0 = self.init_conv.forward(&x)?;
         trace::record("init_conv", &h0);
-        let t = per_sample(self.time_mlp(time, x.dtype())?, x.dim(0)?)?;
-        let mut skips = Vec::with_capacity(2 * self.downs.len());
-        let mut h = h0.clone();
-        for (i, stage) in self.downs.iter().enumerate() {
-            let path = |j: usize| format!("downs.{i}.{j}");
-            h = run(&path(0), || stage.block1.forward(&h, Some(&t)))?;
-            skips.push(h.clone());
-            h = run(&path(1), || stage.block2.forward(&h, Some(&t)))?;
-            h = stage.attn.forward(&path(2), &h)?;
-            skips.push(h.clone());
-            h = run(&path(3), || stage.resample.forward(&h))?;
-        }
-        h = run("mid_block1", || self.mid_block1.forward(&h, Some(&t)))?;
-        h = self.mid_attn.forward("mid_attn", &h)?;
-        h = run("mid_block2", || self.mid_block2.forward(&h, Some(&t)))?;
-        for (i, stage) in self.ups.iter().enumerate() {
-            let path = |j: usize| format!("ups.{i}.{j}");
-            let mut pop = || skips.pop().ok_or_else(|| Error::config(BLOCK, "a skip missing"));
-            let cat = Tensor::cat(&[&h, &pop()?], 1)?;
-            h = run(&path(0), || stage.block1.forward(&cat, Some(&t)))?;
-            let cat = Tensor::cat(&[&h, &pop()?], 1)?;
-            h = run(&path(1), || stage.block2.forward(&cat, Some(&t)))?;
-            h = stage.attn.forward(&path(2), &h)?;
-            h = run(&path(3), || stage.resample.forward(&h))?;
-        }
-        let cat = Tensor::cat(&[&h, &h0], 1)?;
-        h = run("final_res_block", || self.final_res_block.forward(&cat, Some(&t)))?;
+        let t = per_sample(self.time_mlp.forward(time, x.dtype())?, x.dim(0)?)?;
+        let mid = (&self.mid_block1, &self.mid_attn, &self.mid_block2);
+        let h = body(BLOCK, (&h0, &t), &self.downs, mid, &self.ups, &self.final_res_block)?;
         let out = self.final_conv.forward(&h)?;
         trace::record("final_conv", &out);
         trace::record("output", &out);
         Ok(out)
-    }
-
-    /// `time_mlp(time)` `(B, 4 · dim)` in `dtype` (the float32 embedding, cast).
-    fn time_mlp(&self, time: &Tensor, dtype: DType) -> Result<Tensor> {
-        let emb = self.pos_emb.forward(time)?;
-        trace::record("time_mlp.0", &emb);
-        let h = self.time_1.forward_tokens(&emb.to_dtype(dtype)?)?;
-        trace::record("time_mlp.1", &h);
-        let t = self.time_2.forward_tokens(&Activation::Gelu.forward(&h)?)?;
-        trace::record("time_mlp", &t);
-        Ok(t)
     }
 }

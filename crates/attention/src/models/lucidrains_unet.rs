@@ -23,13 +23,14 @@
 //! `Unet` cannot run in half precision (its sinusoidal embedding is float32 whatever the weights);
 //! here the embedding is computed in float32 and cast to the run's dtype.
 
+use super::ddpm_unet::{body, per_sample, run, self_conditioned_input, Attend, Resample, TimeMlp};
 use super::time_embedding::PosEmb;
 use super::unet_2d_condition_config::PerBlock;
 use crate::ddpm::{Attention, AttentionConfig, LinearAttention, LinearAttentionConfig, ResnetBlock, ResnetBlockConfig};
-use crate::layers::{Activation, Conv2d, Projection};
+use crate::layers::Conv2d;
 use crate::trace;
 use crate::{Error, Result};
-use candle_core::{DType, Module, Tensor};
+use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
@@ -123,56 +124,8 @@ enum StageAttention {
     Linear(LinearAttention),
 }
 
-/// A stage's resampling (index 3 of its `ModuleList`), lucidrains' and the Annotated Diffusion
-/// post's alike.
-#[derive(Debug, Clone)]
-pub(super) enum Resample {
-    /// `Downsample`: pixel-unshuffle, then `Conv2d(4 · dim, dim_out, 1)` (keys `.1`).
-    Down(Conv2d),
-    /// `Upsample`: nearest ×2, then `Conv2d(dim, dim_out, 3)` (keys `.1`).
-    Up(Conv2d),
-    /// The last stage's `Conv2d(dim, dim_out, 3)`.
-    Same(Conv2d),
-}
-
-impl Resample {
-    /// Down stage `!up` or up stage `up` at `vb` (the stage's `ModuleList`); the last stage of
-    /// either is the plain 3×3 conv.
-    pub(super) fn load(vb: VarBuilder, up: bool, last: bool, dim: usize, dim_out: usize) -> Result<Self> {
-        Ok(match (last, up) {
-            (true, _) => Resample::Same(Conv2d::load(vb.pp(3), dim, dim_out, 3, true)?),
-            (false, false) => Resample::Down(Conv2d::load(vb.pp(3).pp(1), 4 * dim, dim_out, 1, true)?),
-            (false, true) => Resample::Up(Conv2d::load(vb.pp(3).pp(1), dim, dim_out, 3, true)?),
-        })
-    }
-
-    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(match self {
-            Resample::Down(conv) => {
-                let (b, c, h, w) = x.dims4()?;
-                let x = x
-                    .reshape((b, c, h / 2, 2, w / 2, 2))?
-                    .permute((0, 1, 3, 5, 2, 4))?
-                    .reshape((b, c * 4, h / 2, w / 2))?;
-                conv.forward(&x)?
-            }
-            Resample::Up(conv) => {
-                let (_, _, h, w) = x.dims4()?;
-                conv.forward(&x.upsample_nearest2d(2 * h, 2 * w)?)?
-            }
-            Resample::Same(conv) => conv.forward(x)?,
-        })
-    }
-}
-
-/// One entry of `downs` / `ups`: two resnets, the attention (with its residual), the resampling.
-#[derive(Debug, Clone)]
-struct Stage {
-    block1: ResnetBlock,
-    block2: ResnetBlock,
-    attn: StageAttention,
-    resample: Resample,
-}
+/// One entry of `downs` / `ups`.
+type Stage = super::ddpm_unet::Stage<ResnetBlock, StageAttention>;
 
 /// `cast_tuple(value, num_stages)`: one value for every stage, or one per stage.
 fn per_stage<T: Clone>(value: &PerBlock<T>, key: &str, n: usize) -> Result<Vec<T>> {
@@ -194,9 +147,7 @@ fn per_stage<T: Clone>(value: &PerBlock<T>, key: &str, n: usize) -> Result<Vec<T
 pub struct LucidrainsUnet {
     config: LucidrainsUnetConfig,
     init_conv: Conv2d,
-    pos_emb: PosEmb,
-    time_1: Projection,
-    time_2: Projection,
+    time_mlp: TimeMlp,
     downs: Vec<Stage>,
     mid_block1: ResnetBlock,
     mid_attn: StageAttention,
@@ -320,9 +271,7 @@ impl LucidrainsUnet {
         Ok(Self {
             config: cfg.clone(),
             init_conv: Conv2d::load(vb.pp("init_conv"), input, init, 7, true)?,
-            pos_emb,
-            time_1: Projection::load(vb.pp("time_mlp.1"), BLOCK, fourier_dim, time_dim, true)?,
-            time_2: Projection::load(vb.pp("time_mlp.3"), BLOCK, time_dim, time_dim, true)?,
+            time_mlp: TimeMlp::load(vb.pp("time_mlp"), BLOCK, pos_emb, (fourier_dim, time_dim))?,
             downs,
             mid_block1: parts.resnet(vb.pp("mid_block1"), mid, mid)?,
             mid_attn: parts.attention(vb.pp("mid_attn"), mid, true, heads[n - 1], dim_heads[n - 1])?,
@@ -344,124 +293,25 @@ impl LucidrainsUnet {
         let x = self_conditioned_input(BLOCK, shape, x, time, x_self_cond)?;
         let h0 = self.init_conv.forward(&x)?;
         trace::record("init_conv", &h0);
-        let t = per_sample(self.time_mlp(time, x.dtype())?, x.dim(0)?)?;
-        let mut skips = Vec::with_capacity(2 * self.downs.len());
-        let mut h = h0.clone();
-        for (i, stage) in self.downs.iter().enumerate() {
-            let path = |j: usize| format!("downs.{i}.{j}");
-            h = run(&path(0), || stage.block1.forward(&h, Some(&t)))?;
-            skips.push(h.clone());
-            h = run(&path(1), || stage.block2.forward(&h, Some(&t)))?;
-            h = attend(&path(2), &stage.attn, &h)?;
-            skips.push(h.clone());
-            h = run(&path(3), || stage.resample.forward(&h))?;
-        }
-        h = run("mid_block1", || self.mid_block1.forward(&h, Some(&t)))?;
-        h = attend("mid_attn", &self.mid_attn, &h)?;
-        h = run("mid_block2", || self.mid_block2.forward(&h, Some(&t)))?;
-        for (i, stage) in self.ups.iter().enumerate() {
-            let path = |j: usize| format!("ups.{i}.{j}");
-            let mut pop = || skips.pop().ok_or_else(|| Error::config(BLOCK, "a skip missing"));
-            let cat = Tensor::cat(&[&h, &pop()?], 1)?;
-            h = run(&path(0), || stage.block1.forward(&cat, Some(&t)))?;
-            let cat = Tensor::cat(&[&h, &pop()?], 1)?;
-            h = run(&path(1), || stage.block2.forward(&cat, Some(&t)))?;
-            h = attend(&path(2), &stage.attn, &h)?;
-            h = run(&path(3), || stage.resample.forward(&h))?;
-        }
-        let cat = Tensor::cat(&[&h, &h0], 1)?;
-        h = run("final_res_block", || self.final_res_block.forward(&cat, Some(&t)))?;
+        let t = per_sample(self.time_mlp.forward(time, x.dtype())?, x.dim(0)?)?;
+        let mid = (&self.mid_block1, &self.mid_attn, &self.mid_block2);
+        let h = body(BLOCK, (&h0, &t), &self.downs, mid, &self.ups, &self.final_res_block)?;
         let out = self.final_conv.forward(&h)?;
         trace::record("final_conv", &out);
         trace::record("output", &out);
         Ok(out)
     }
-
-    /// `time_mlp(time)` `(B, 4 · dim)` in `dtype` (the embedding as [`PosEmb::forward`] makes it, cast).
-    fn time_mlp(&self, time: &Tensor, dtype: DType) -> Result<Tensor> {
-        let emb = self.pos_emb.forward(time)?;
-        trace::record("time_mlp.0", &emb);
-        let emb = emb.to_dtype(dtype)?;
-        let h = self.time_1.forward_tokens(&emb)?;
-        trace::record("time_mlp.1", &h);
-        let h = Activation::Gelu.forward(&h)?;
-        let t = self.time_2.forward_tokens(&h)?;
-        trace::record("time_mlp", &t);
-        Ok(t)
-    }
-}
-
-/// What a DDPM `Unet` (lucidrains', the Annotated Diffusion post's) checks of its inputs: `x`
-/// `(B, channels, H, W)` with H and W divisible by `2^(stages − 1)`, `time` `(B,)` or `(1,)`, `x_self_cond`
-/// like `x` and only where the model is self-conditioned. Returns the input after
-/// self-conditioning, `cat(x_self_cond or zeros_like(x), x)`.
-pub(super) fn self_conditioned_input(
-    block: &'static str,
-    (channels, stages, self_condition): (usize, usize, bool),
-    x: &Tensor,
-    time: &Tensor,
-    x_self_cond: Option<&Tensor>,
-) -> Result<Tensor> {
-    crate::validate::input(block, "x", x, &[4])?;
-    crate::validate::optional(block, "x_self_cond", x_self_cond, &[4])?;
-    if let Some(s) = x_self_cond {
-        crate::validate::same_dtype(block, "x_self_cond", s, "x", x)?;
-    }
-    let (b, c, h, w) = x.dims4()?;
-    let factor = 1usize << stages.saturating_sub(1).min(30);
-    if c != channels || h % factor != 0 || w % factor != 0 {
-        let expected = format!("expected (B, {channels}, H, W) with H and W divisible by {factor}");
-        return Err(Error::input(block, "x", format!("{expected}, found {:?}", x.dims())));
-    }
-    // (1,) broadcasts over the batch, as PyTorch's `time[:, None] * freqs` then the resnets' FiLM do
-    if time.dims() != [b] && time.dims() != [1] {
-        let found = time.dims();
-        return Err(Error::input(
-            block,
-            "time",
-            format!("expected ({b},) or (1,), found {found:?}"),
-        ));
-    }
-    match (self_condition, x_self_cond) {
-        (false, None) => Ok(x.clone()),
-        (false, Some(_)) => Err(Error::input(
-            block,
-            "x_self_cond",
-            "given, but the Unet has self_condition = false",
-        )),
-        (true, Some(s)) if s.dims() != x.dims() => Err(Error::input(
-            block,
-            "x_self_cond",
-            format!("expected {:?}, found {:?}", x.dims(), s.dims()),
-        )),
-        (true, Some(s)) => Ok(Tensor::cat(&[s, x], 1)?),
-        (true, None) => Ok(Tensor::cat(&[&x.zeros_like()?, x], 1)?),
-    }
-}
-
-/// The time embedding `t` `(1, D)` or `(B, D)` as `(B, D)`: one timestep for the whole batch, as
-/// PyTorch broadcasts it in the resnets' scale and shift.
-pub(super) fn per_sample(t: Tensor, batch: usize) -> Result<Tensor> {
-    Ok(match t.dim(0)? == batch {
-        true => t,
-        false => t.broadcast_as((batch, t.dim(1)?))?.contiguous()?,
-    })
-}
-
-/// `f()` in the trace scope `path`, its output recorded as the stage `path`.
-pub(super) fn run(path: &str, f: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
-    let out = trace::scope(path, f)?;
-    trace::record(path, &out);
-    Ok(out)
 }
 
 /// `attn(x) + x`, the attention's own output recorded as the stage `path`.
-fn attend(path: &str, attn: &StageAttention, x: &Tensor) -> Result<Tensor> {
-    let a = run(path, || {
-        Ok(match attn {
-            StageAttention::Full(a) => a.forward(x)?,
-            StageAttention::Linear(a) => a.forward(x)?,
-        })
-    })?;
-    Ok(crate::ops::add(&a, x)?)
+impl Attend for StageAttention {
+    fn attend(&self, path: &str, x: &Tensor) -> Result<Tensor> {
+        let a = run(path, || {
+            Ok(match self {
+                StageAttention::Full(a) => a.forward(x)?,
+                StageAttention::Linear(a) => a.forward(x)?,
+            })
+        })?;
+        Ok(crate::ops::add(&a, x)?)
+    }
 }

@@ -36,6 +36,7 @@ pub mod autoencoder_kl;
 pub mod autoencoder_kl_config;
 pub mod controlnet;
 pub mod controlnet_config;
+mod ddpm_unet;
 mod folder;
 pub mod lucidrains_unet;
 pub mod single_file;

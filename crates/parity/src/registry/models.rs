@@ -265,6 +265,15 @@ impl Registered for ControlNetPair {
     }
 }
 
+/// A DDPM `Unet`'s `x`, `time` and optional `x_self_cond` (lucidrains', the Annotated Diffusion post's).
+fn ddpm_inputs(inputs: &Inputs) -> Result<(&Tensor, &Tensor, Option<&Tensor>)> {
+    Ok((
+        inputs.required("x")?,
+        inputs.required("time")?,
+        inputs.get("x_self_cond"),
+    ))
+}
+
 /// lucidrains' `Unet.forward(x, time, x_self_cond=None)`, `time` a `(B,)` tensor.
 impl Registered for LucidrainsUnet {
     const ID: &'static str = Self::BLOCK;
@@ -277,12 +286,8 @@ impl Registered for LucidrainsUnet {
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
-        let out = self.forward(
-            inputs.required("x")?,
-            inputs.required("time")?,
-            inputs.get("x_self_cond"),
-        )?;
-        Ok(vec![out])
+        let (x, time, x_self_cond) = ddpm_inputs(inputs)?;
+        Ok(vec![self.forward(x, time, x_self_cond)?])
     }
 }
 
@@ -298,11 +303,7 @@ impl Registered for AnnotatedUnet {
     }
 
     fn run(&self, inputs: &Inputs) -> Result<Vec<Tensor>> {
-        let out = self.forward(
-            inputs.required("x")?,
-            inputs.required("time")?,
-            inputs.get("x_self_cond"),
-        )?;
-        Ok(vec![out])
+        let (x, time, x_self_cond) = ddpm_inputs(inputs)?;
+        Ok(vec![self.forward(x, time, x_self_cond)?])
     }
 }
