@@ -3,7 +3,9 @@
 //! `UNET_ATTENTION_ISA` (read once), so that the kernels of a smaller CPU can be run and tested
 //! on a larger one:
 //!
-//! * `auto` (or unset): AVX-512F where the CPU has it, else AVX2 + FMA, else none;
+//! * `auto` (or unset): AVX-512F where the CPU has it, else AVX2 + FMA, else none; and the AMX
+//!   bf16 tiles for bf16 products where the CPU has them ([`crate::cpu::microkernel::amx`]);
+//! * `avx512`: as on a CPU with AVX-512 but without AMX;
 //! * `avx2`: as on a CPU without AVX-512 (the 6 × 16 AVX2 tiles, the AVX2 row kernels);
 //! * `none`: as on a CPU without either (the `gemm` crate for the attention core, Candle's ops
 //!   for the layers, the portable row kernels).
@@ -64,11 +66,26 @@ impl Isa {
 /// The most `UNET_ATTENTION_ISA` allows (`auto`: [`Isa::Avx512`], the widest), or the error an
 /// unparsable value gives.
 pub(crate) fn setting() -> Result<Isa, String> {
-    static CAP: std::sync::OnceLock<Result<Isa, String>> = std::sync::OnceLock::new();
+    cap().map(|(isa, _)| isa)
+}
+
+/// Whether `UNET_ATTENTION_ISA` allows the AMX tiles (`auto` only; false for an unparsable value).
+pub(crate) fn amx_allowed() -> bool {
+    cap().is_ok_and(|(_, amx)| amx)
+}
+
+/// The setting: the widest vector set and whether AMX may run.
+fn cap() -> Result<(Isa, bool), String> {
+    static CAP: std::sync::OnceLock<Result<(Isa, bool), String>> = std::sync::OnceLock::new();
     CAP.get_or_init(|| {
         super::setting::choice(
             "UNET_ATTENTION_ISA",
-            &[("auto", Isa::Avx512), ("avx2", Isa::Avx2), ("none", Isa::None)],
+            &[
+                ("auto", (Isa::Avx512, true)),
+                ("avx512", (Isa::Avx512, false)),
+                ("avx2", (Isa::Avx2, false)),
+                ("none", (Isa::None, false)),
+            ],
         )
     })
     .clone()

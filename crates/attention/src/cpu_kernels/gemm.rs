@@ -29,6 +29,8 @@ use crate::cpu::microkernel::{avx2, tile, ALayout};
 use crate::cpu::scratch::with_scratch;
 use rayon::prelude::*;
 
+mod amx;
+
 /// Block sizes from the cache sizes the CPU reports (Linux sysfs; 32 KiB L1d and 512 KiB L2
 /// where it reports none).
 #[derive(Debug, Clone, Copy)]
@@ -78,6 +80,12 @@ pub(crate) fn k_blocks(k: usize, kc: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// Whether products of bf16 values with a weight held as `held` run on the AMX bf16 tiles (then
+/// a layer passes bf16 token rows as they are, [`RowsOf::Bf16Matrix`]).
+pub(crate) fn bf16_tiles(isa: Isa, held: Held) -> bool {
+    held == Held::Bf16 && isa == Isa::Avx512 && crate::cpu::microkernel::amx::available()
+}
+
 /// The `A` operand of a call.
 pub(crate) enum RowsOf<'a> {
     /// A packed weight.
@@ -85,6 +93,9 @@ pub(crate) enum RowsOf<'a> {
     /// Row-major `(M, K)` activations (token rows), rows `lda` (≥ `K`) apart: `(M − 1)·lda + K`
     /// values or more; read in place by the tiles.
     Matrix(&'a [f32], usize),
+    /// Row-major `(M, K)` bf16 activations (their bits), rows `lda` apart: only where the AMX
+    /// tiles run ([`crate::cpu::microkernel::amx::available`]) with a weight held in bf16.
+    Bf16Matrix(&'a [u16], usize),
 }
 
 /// The `B` operand of a call.
@@ -190,6 +201,11 @@ impl<'a> Call<'a> {
                 assert!(*lda >= k, "activation rows closer than their length");
                 (x.len().div_ceil((*lda).max(1)), k)
             }
+            RowsOf::Bf16Matrix(x, lda) => {
+                let k = b_depth(&b);
+                assert!(*lda >= k, "activation rows closer than their length");
+                (x.len().div_ceil((*lda).max(1)), k)
+            }
         };
         let (n, batch) = match &b {
             ColsOf::Packed(p) => (p.cols, 1),
@@ -237,9 +253,15 @@ impl<'a> Call<'a> {
             ColsOf::Image(_) => blocking.for_image_b(isa, m),
             ColsOf::Packed(_) => blocking,
         };
-        // A paired weight's tasks take whole pairs of panels.
+        let bf16_tiles = amx::applies(isa, &a, &b);
+        assert!(
+            bf16_tiles || !matches!(a, RowsOf::Bf16Matrix(..)),
+            "bf16 activations need the AMX tiles and a weight held in bf16"
+        );
+        // A paired weight's tasks take whole pairs of panels; AMX tasks whole 32-row tiles.
         let step = if pairs.is_some() { 2 * isa.nr() } else { isa.nr() };
-        let grid = Grid::new(isa, blocking, batch, m, (n, step), share);
+        let mr = if bf16_tiles { amx::ROWS } else { isa.mr() };
+        let grid = Grid::new((mr, isa.nr()), blocking, batch, m, (n, step), share);
         let out = OutPtr {
             ptr: out.as_mut_ptr(),
             len: out.len(),
@@ -253,6 +275,7 @@ impl<'a> Call<'a> {
             m,
             n,
             pairs,
+            bf16_tiles,
         };
         Some(Call { job, grid, out })
     }
@@ -314,8 +337,15 @@ impl Grid {
     /// Blocks of at most `MC × NC`, made smaller (down to 4 tiles a side) until there are at
     /// least `want` tasks, and balanced (equal sizes up to a tile).
     /// Column blocks are whole multiples of `step` (the panel width, or two for a paired weight).
-    fn new(isa: Isa, blocking: Blocking, batch: usize, m: usize, (n, step): (usize, usize), want: usize) -> Grid {
-        let (mr, nr) = (isa.mr(), step);
+    fn new(
+        (mr, _): (usize, usize),
+        blocking: Blocking,
+        batch: usize,
+        m: usize,
+        (n, step): (usize, usize),
+        want: usize,
+    ) -> Grid {
+        let nr = step;
         let (mut mc, mut nc) = (
             blocking.mc.min(m.div_ceil(mr) * mr),
             blocking.nc.min(n.div_ceil(nr) * nr),
@@ -402,11 +432,16 @@ struct Job<'a> {
     n: usize,
     /// A paired weight's hidden width (see [`Job::write_pairs`]).
     pairs: Option<usize>,
+    /// The products run on the AMX bf16 tiles ([`amx`]).
+    bf16_tiles: bool,
 }
 
 impl Job<'_> {
     /// One task: every reduction block into the task's accumulator, then the write-out.
     fn run(&self, t: Task, out: OutPtr) {
+        if self.bf16_tiles {
+            return self.run_amx(t, out);
+        }
         let (mr, nr) = (self.isa.mr(), self.isa.nr());
         let (rows_p, panels) = (t.rows.div_ceil(mr) * mr, t.cols.div_ceil(nr));
         // Accumulator rows padded off multiples of 1 KiB (a column of tiles in few L1 sets).
@@ -416,7 +451,7 @@ impl Job<'_> {
         // (A packed weight held in half precision is widened into these buffers a block at a
         // time.)
         let a_len = match self.a {
-            RowsOf::Matrix(..) => (mr * kc_max).next_multiple_of(16),
+            RowsOf::Matrix(..) | RowsOf::Bf16Matrix(..) => (mr * kc_max).next_multiple_of(16),
             RowsOf::Packed(p) if p.held() != Held::F32 => (rows_p * kc_max).next_multiple_of(16),
             RowsOf::Packed(_) => 0,
         };
@@ -482,6 +517,7 @@ impl Job<'_> {
                 kc: kcb,
                 tail: None,
             },
+            RowsOf::Bf16Matrix(..) => unreachable!("bf16 activations run on the AMX tiles"),
             RowsOf::Matrix(x, k) => {
                 let last = t.rows.div_ceil(mr) - 1;
                 let short = t.rows - last * mr;

@@ -17,6 +17,9 @@ pub(crate) struct Image<'a> {
     pub(crate) h: usize,
     pub(crate) w: usize,
     pub(crate) ksize: usize,
+    /// Every value of `x` is a bf16 value (widened from a bf16 tensor): the products may run on
+    /// the AMX bf16 tiles.
+    pub(crate) bf16_values: bool,
 }
 
 /// Positions `j0 .. j0 + len` of a panel lie in image row `y`, from column `x0` on.

@@ -106,7 +106,7 @@ pub(crate) struct PackedRows {
     pub(super) half: Option<HalfBits>,
 }
 
-/// How a packed matrix holds its values (`data` in f32, or `half`): the same three methods for
+/// How a packed matrix holds its values (`data` in f32, or `half`): the same four methods for
 /// [`PackedRows`] and [`PackedCols`].
 macro_rules! held_values {
     ($packed:ty) => {
@@ -123,6 +123,14 @@ macro_rules! held_values {
             /// The type the values are held in.
             pub(crate) fn held(&self) -> Held {
                 self.half.as_ref().map_or(Held::F32, |h| h.held)
+            }
+
+            /// The values' bits where they are held in bf16 (the packed layout, as `values`).
+            pub(super) fn bf16_bits(&self) -> Option<&[u16]> {
+                self.half
+                    .as_ref()
+                    .filter(|h| h.held == Held::Bf16)
+                    .map(|h| &h.bits[..])
             }
 
             /// `len` values from `start` of the packed layout, in place or widened into `buf`.

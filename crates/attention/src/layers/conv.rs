@@ -86,12 +86,13 @@ impl Conv2d {
         if let Some(y) = cuda_conv_layer(x, weight, self.bias.as_ref(), [self.padding; 2], &self.copies)? {
             return Ok(y);
         }
-        let x32 = upcast(x)?;
         if let Some(p) = &self.packed {
-            if let Some(y) = p.forward(&x32, self.bias.as_ref(), ConvExtras::default())? {
+            // (f16 / bf16 images are widened by the GEMM, or run on the AMX bf16 tiles.)
+            if let Some(y) = p.forward(x, self.bias.as_ref(), ConvExtras::default())? {
                 return y.cast_to(x.dtype());
             }
         }
+        let x32 = upcast(x)?;
         let weight = match (&self.weight, &self.packed) {
             (Some(w), _) => w.clone(),
             (None, Some(p)) => p.weight()?,

@@ -234,8 +234,8 @@ impl Projection {
         Ok(Some((y.reshape(dims)?, bias)))
     }
 
-    /// `x · Wᵀ (+ b)` on the last dimension, in the dtype of `x` (f32 or f64): the packed GEMM
-    /// where it applies, else Candle's `Linear`.
+    /// `x · Wᵀ (+ b)` on the last dimension, in the dtype [`upcast`] gives `x` (f32 or f64; an f16
+    /// or bf16 `x` is exact in f32): the packed GEMM where it applies, else Candle's `Linear`.
     fn product(&self, x: &Tensor, with_bias: bool) -> candle_core::Result<Tensor> {
         let bias = if with_bias { self.bias.as_ref() } else { None };
         if let Some(p) = &self.packed {
@@ -246,7 +246,7 @@ impl Projection {
         let linear = candle_nn::Linear::new(upcast(&self.weight()?)?, bias.map(upcast).transpose()?);
         // Candle's batched matmul mishandles some transposed (B, N, C) views of (B, C, N)
         // tensors; a contiguous copy is also what the GEMM wants.
-        linear.forward(&contiguous(x)?)
+        linear.forward(&contiguous(&upcast(x)?)?)
     }
 
     /// GEGLU of the projection, `hidden · gelu(gate)` in one pass from the packed GEMM (for a
@@ -268,7 +268,7 @@ impl Projection {
             return Ok(y);
         }
         if is_half(x.dtype()) {
-            return self.product(&upcast(x)?, true)?.cast_to(x.dtype());
+            return self.product(x, true)?.cast_to(x.dtype());
         }
         self.product(x, true)
     }
@@ -285,7 +285,7 @@ impl Projection {
         if !is_half(x.dtype()) {
             return self.forward_tokens(x);
         }
-        let product = self.product(&upcast(x)?, false)?.cast_to(x.dtype())?;
+        let product = self.product(x, false)?.cast_to(x.dtype())?;
         match &self.bias {
             Some(bias) => product.broadcast_add(&bias.cast_to(x.dtype())?),
             None => Ok(product),
@@ -303,13 +303,14 @@ impl Projection {
         if let Some((y, bias)) = self.product_channels_native(x)? {
             return add_bias(y, bias.as_ref(), BiasAlong::Channels);
         }
-        let x32 = upcast(x)?.reshape((b, c, n))?;
         if let Some(p) = &self.packed {
             // The GEMM runs on token rows: (B, in, N) → (B, N, in) and back, fast copies.
-            if let Some(y) = p.forward(&contiguous(&x32.transpose(1, 2)?)?, self.bias.as_ref())? {
+            let tokens = contiguous(&x.reshape((b, c, n))?.transpose(1, 2)?)?;
+            if let Some(y) = p.forward(&tokens, self.bias.as_ref())? {
                 return contiguous(&y.transpose(1, 2)?)?.reshape(out)?.cast_to(x.dtype());
             }
         }
+        let x32 = upcast(x)?.reshape((b, c, n))?;
         let y = upcast(&self.weight()?)?.broadcast_matmul(&x32)?;
         let y = match &self.bias {
             Some(bias) => y.broadcast_add(&upcast(bias)?.reshape((self.out_dim, 1))?)?,

@@ -9,7 +9,7 @@ fn an_unknown_kernel_setting_is_a_clear_error() {
     let bundle = weights().join("diffusers/attention_vae_mid.safetensors");
     let cases = [
         ("UNET_ATTENTION_GEMM_TILE", "rows4", "expected auto or rows3"),
-        ("UNET_ATTENTION_ISA", "sse", "expected auto, avx2 or none"),
+        ("UNET_ATTENTION_ISA", "sse", "expected auto, avx512, avx2 or none"),
         (
             "UNET_ATTENTION_LAYERS",
             "fast",

@@ -1,11 +1,12 @@
 //! The register-tile microkernels of the CPU kernels, part of the bottom layer
 //! ([`crate::cpu`]): the `R × 16` AVX2 + FMA tile ([`avx2`]) and the `12 × 32` AVX-512F tile
-//! ([`avx512`]), their tile sizes by instruction set, the GEMM tile of either ([`tile`]) for the
+//! ([`avx512`]), the AMX bf16 tile ([`amx`]), their tile sizes by instruction set, the GEMM tile of either ([`tile`]) for the
 //! layer GEMM, and a prefetch. The attention kernel calls the two modules' own entry points (its
 //! score and output tiles).
 
 use crate::cpu::isa::Isa;
 
+pub(crate) mod amx;
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 

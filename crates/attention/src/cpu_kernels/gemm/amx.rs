@@ -1,0 +1,164 @@
+//! The layer GEMM's tasks on the AMX bf16 tiles ([`crate::cpu::microkernel::amx`]), for products
+//! whose both operands are bf16 values: a weight held in bf16 and activations from a bf16 tensor
+//! (token rows read as bf16, or an image widened from bf16, every value exact). The task and its
+//! reduction blocks are the f32 path's; per block the task's operands are laid out as the tiles
+//! read them (the `A` rows row-major, read in place from a weight packed row by row; the `B`
+//! columns in 16-wide panels of pairs) and every 32 × 32 block of the accumulator takes the
+//! block's products; the write-out is the f32 path's.
+
+use super::{ColsOf, Job, OutPtr, RowsOf, Task};
+use crate::cpu::isa::Isa;
+use crate::cpu::microkernel::amx::{bf16_bits, Tiles, PANEL, STEP};
+use crate::cpu::scratch::with_scratch;
+
+/// Rows of a task's tile blocks (a task's rows are a multiple, but the last).
+pub(super) const ROWS: usize = 32;
+/// Columns of a tile block (two panels).
+const COLS: usize = 32;
+
+/// Whether a product runs on the AMX tiles: the tiles are available, the weight is held in bf16
+/// and the other operand's values are bf16 values.
+pub(super) fn applies(isa: Isa, a: &RowsOf, b: &ColsOf) -> bool {
+    match (a, b) {
+        (RowsOf::Bf16Matrix(..), ColsOf::Packed(p)) => super::bf16_tiles(isa, p.held()),
+        (RowsOf::Packed(p), ColsOf::Image(img)) => img.bf16_values && super::bf16_tiles(isa, p.held()),
+        _ => false,
+    }
+}
+
+/// The reduction depth `kcb` rounded up to whole tile steps.
+fn padded(kcb: usize) -> usize {
+    kcb.next_multiple_of(STEP)
+}
+
+impl Job<'_> {
+    /// [`Job::run`] on the AMX tiles.
+    pub(super) fn run_amx(&self, t: Task, out: OutPtr) {
+        let tiles = Tiles::configure().expect("AMX checked when the call was made");
+        let nr = self.isa.nr();
+        let (rows_p, cols_p) = (t.rows.next_multiple_of(ROWS), t.cols.next_multiple_of(COLS));
+        let ldc = cols_p + if cols_p % 256 == 0 { 16 } else { 0 };
+        let kc_max = self.blocks.iter().map(|b| b.1).max().unwrap_or(0);
+        let image_len = match self.b {
+            ColsOf::Image(_) => t.cols.div_ceil(nr) * nr * kc_max,
+            ColsOf::Packed(_) => 0,
+        };
+        let (a_len, b_len) = (rows_p * padded(kc_max), cols_p * padded(kc_max));
+        let need = rows_p * ldc + image_len + (a_len + b_len).div_ceil(2);
+        with_scratch(need, |scratch| {
+            let (acc, rest) = scratch.split_at_mut(rows_p * ldc);
+            let (image_buf, rest) = rest.split_at_mut(image_len);
+            let halves = as_bits(rest);
+            let (a_buf, rest) = halves.split_at_mut(a_len);
+            let b_buf = &mut rest[..b_len];
+            for (bi, &(p0, kcb)) in self.blocks.iter().enumerate() {
+                let kp = padded(kcb);
+                let b_blk = &mut b_buf[..cols_p * kp];
+                self.pack_b_pairs(t, (p0, kcb), image_buf, b_blk);
+                let (a_blk, lda) = self.a_tile_rows(t, (p0, kcb), &mut a_buf[..rows_p * kp]);
+                let a_blk: &[u16] = a_blk;
+                let panel = PANEL * kp;
+                for jc in 0..cols_p / COLS {
+                    let b = &b_blk[jc * 2 * panel..];
+                    for ir in 0..rows_p / ROWS {
+                        let c = &mut acc[ir * ROWS * ldc + jc * COLS..];
+                        let a = &a_blk[ir * ROWS * lda..];
+                        tiles.block_32x32((a, lda), (b, panel), kp / STEP, (c, ldc), bi > 0);
+                    }
+                }
+            }
+            drop(tiles);
+            match self.pairs {
+                Some(half) => self.write_pairs(t, acc, ldc, half, out),
+                None => self.write_out(t, acc, ldc, out),
+            }
+        });
+    }
+
+    /// The task's `B` columns over `[p0, p0 + kcb)` into `dst` as the tiles read them: panels of
+    /// 16 columns, `kp / 2` rows of 16 pairs each (`(p / 2)·32 + 2·j + p % 2`), zeros past `kcb`.
+    fn pack_b_pairs(&self, t: Task, (p0, kcb): (usize, usize), image_buf: &mut [f32], dst: &mut [u16]) {
+        let nr = self.isa.nr();
+        let panels = t.cols.div_ceil(nr);
+        match self.b {
+            ColsOf::Packed(p) => {
+                let bits = p.bf16_bits().expect("a weight held in bf16");
+                let start = p.panels * nr * p0 + (t.n0 / nr) * kcb * nr;
+                interleave(&bits[start..][..panels * nr * kcb], kcb, nr, dst, |b| b);
+            }
+            ColsOf::Image(img) => {
+                let len = panels * nr * kcb;
+                img.pack(t.item, p0, kcb, t.n0, t.cols, nr, &mut image_buf[..len]);
+                interleave(&image_buf[..len], kcb, nr, dst, bf16_bits);
+            }
+        }
+    }
+
+    /// The task's `A` rows over `[p0, p0 + kcb)` as the tiles read them: row-major, 32-row group
+    /// `g` from `g·32·lda` on, rows `lda` apart. Read in place from a weight packed row by row
+    /// where the task's groups lie within it and the block is whole tile steps; else copied into
+    /// `buf` (rows of `kp` values, zero-padded).
+    fn a_tile_rows<'s>(&'s self, t: Task, (p0, kcb): (usize, usize), buf: &'s mut [u16]) -> (&'s [u16], usize) {
+        let kp = padded(kcb);
+        match self.a {
+            RowsOf::Packed(p) => {
+                let bits = p.bf16_bits().expect("a weight held in bf16");
+                let block = &bits[p.rows_p * p0..][..p.rows_p * kcb];
+                let rows_p = buf.len() / kp;
+                if p.il == 1 && kcb == kp && t.m0 + rows_p <= p.rows_p {
+                    return (&block[t.m0 * kcb..], kcb);
+                }
+                for (r, row) in buf.chunks_exact_mut(kp).enumerate() {
+                    row.fill(0);
+                    if r < t.rows {
+                        let (gr, il) = (t.m0 + r, p.il);
+                        let first = (gr / il) * il * kcb + gr % il;
+                        for (pp, d) in row[..kcb].iter_mut().enumerate() {
+                            *d = block[first + pp * il];
+                        }
+                    }
+                }
+            }
+            RowsOf::Bf16Matrix(x, lda) => {
+                for (r, row) in buf.chunks_exact_mut(kp).enumerate() {
+                    row.fill(0);
+                    if r < t.rows {
+                        let start = (t.m0 + r) * lda + p0;
+                        row[..kcb].copy_from_slice(&x[start..start + kcb]);
+                    }
+                }
+            }
+            RowsOf::Matrix(..) => unreachable!("the AMX tiles take a bf16 weight or bf16 activations as A"),
+        }
+        (buf, kp)
+    }
+}
+
+/// Panels of `nr` columns (`src[jp·kcb·nr + p·nr + j]`) into the tiles' 16-column panels of
+/// pairs (`kp·16` values each, [`Job::pack_b_pairs`]), each value converted by `bits`; rows past
+/// `kcb` zero.
+fn interleave<T: Copy>(src: &[T], kcb: usize, nr: usize, dst: &mut [u16], bits: impl Fn(T) -> u16) {
+    let kp = padded(kcb);
+    let panel = PANEL * kp;
+    let sub = nr / PANEL;
+    for (jp, src) in src.chunks_exact(kcb * nr).enumerate() {
+        for s in 0..sub {
+            let d = &mut dst[(jp * sub + s) * panel..][..panel];
+            for (pair, d) in d.chunks_exact_mut(2 * PANEL).enumerate() {
+                let (p_lo, p_hi) = (2 * pair, 2 * pair + 1);
+                for j in 0..PANEL {
+                    let col = s * PANEL + j;
+                    d[2 * j] = if p_lo < kcb { bits(src[p_lo * nr + col]) } else { 0 };
+                    d[2 * j + 1] = if p_hi < kcb { bits(src[p_hi * nr + col]) } else { 0 };
+                }
+            }
+        }
+    }
+}
+
+/// A scratch run of f32 values taken as twice as many u16 values.
+fn as_bits(x: &mut [f32]) -> &mut [u16] {
+    // SAFETY: u16 has no invalid bit patterns and a smaller alignment than f32; the new slice
+    // covers exactly the same bytes and borrows `x` mutably for its lifetime.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u16>(), 2 * x.len()) }
+}
