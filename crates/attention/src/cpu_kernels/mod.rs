@@ -137,14 +137,25 @@ fn swish_in_place(fused: bool, act: Swish, ys: &mut [f32]) {
 /// kernel family's f32 `erf` (within 2.4 ulp, where Candle's scalar `erff` is within 1: the
 /// GELU within a few ulp of Candle's), without their two strided passes and intermediate tensor.
 /// `None` where it does not apply (not CPU, not f32, odd last dim, [`LayerPath::Candle`]).
+///
+/// In f16 / bf16 each step rounds as PyTorch's `hidden * F.gelu(gate)` does: the GELU computed in
+/// f32 and rounded to the dtype, then the product in f32, rounded.
 pub fn geglu(h: &Tensor) -> Result<Option<Tensor>> {
     let n2 = h.dims().last().copied().unwrap_or(0);
-    let applies = h.device().is_cpu() && h.dtype() == DType::F32 && n2 % 2 == 0 && h.elem_count() > 0;
+    let dtype_ok = matches!(h.dtype(), DType::F32 | DType::F16 | DType::BF16);
+    let applies = h.device().is_cpu() && dtype_ok && n2 % 2 == 0 && h.elem_count() > 0;
     if !applies || layer_path()? == LayerPath::Candle {
         return Ok(None);
     }
     let n = n2 / 2;
     let h = h.contiguous()?;
+    let mut dims = h.dims().to_vec();
+    *dims.last_mut().expect("rank ≥ 1") = n;
+    match h.dtype() {
+        DType::F16 => return Ok(Some(geglu_half::<half::f16>(&h, n, dims)?)),
+        DType::BF16 => return Ok(Some(geglu_half::<half::bf16>(&h, n, dims)?)),
+        _ => {}
+    }
     let (storage, layout) = h.storage_and_layout();
     let src = &cpu_slice::<f32>(&storage, layout).expect("a CPU tensor")[..h.elem_count()];
     let mut out = vec![0f32; h.elem_count() / 2];
@@ -153,9 +164,64 @@ pub fn geglu(h: &Tensor) -> Result<Option<Tensor>> {
         geglu_row(dst, hidden, gate);
     });
     drop(storage);
-    let mut dims = h.dims().to_vec();
-    *dims.last_mut().expect("rank ≥ 1") = n;
     Ok(Some(Tensor::from_vec(out, dims, &Device::Cpu)?))
+}
+
+/// [`geglu`] of a contiguous f16 / bf16 tensor: per run of a row, the halves widened, the GELU
+/// rounded to `T` and widened again, the product rounded.
+fn geglu_half<T: crate::cpu::Half + candle_core::WithDType>(h: &Tensor, n: usize, dims: Vec<usize>) -> Result<Tensor> {
+    const RUN: usize = 256;
+    let (storage, layout) = h.storage_and_layout();
+    let src = &cpu_slice::<T>(&storage, layout).expect("a CPU tensor")[..h.elem_count()];
+    let mut out = vec![T::ZERO; h.elem_count() / 2];
+    out.par_chunks_mut(n).zip(src.par_chunks(2 * n)).for_each(|(dst, row)| {
+        let (hidden, gate) = row.split_at(n);
+        let (mut x, mut g, mut y) = ([0f32; RUN], [0f32; RUN], [0f32; RUN]);
+        let mut gelu_t = [T::ZERO; RUN];
+        for ((d, hs), gs) in dst.chunks_mut(RUN).zip(hidden.chunks(RUN)).zip(gate.chunks(RUN)) {
+            let len = d.len();
+            T::widen(hs, &mut x[..len]);
+            T::widen(gs, &mut g[..len]);
+            gelu_row(&mut y[..len], &g[..len]);
+            T::narrow(&y[..len], &mut gelu_t[..len]);
+            T::widen(&gelu_t[..len], &mut g[..len]);
+            x[..len].iter_mut().zip(&g[..len]).for_each(|(x, &g)| *x *= g);
+            T::narrow(&x[..len], d);
+        }
+    });
+    drop(storage);
+    Tensor::from_vec(out, dims, &Device::Cpu)
+}
+
+/// `dst[i] = gelu(gate[i])` (the GELU of [`geglu_row`], compiled as it is).
+fn gelu_row(dst: &mut [f32], gate: &[f32]) {
+    #[inline(always)]
+    fn body(dst: &mut [f32], gate: &[f32]) {
+        for (d, &g) in dst.iter_mut().zip(gate) {
+            *d = (crate::cpu::math::erf(g * std::f32::consts::FRAC_1_SQRT_2) + 1.0) * 0.5 * g;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if rows_512() {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        fn avx512(dst: &mut [f32], gate: &[f32]) {
+            body(dst, gate)
+        }
+        // SAFETY: AVX-512F detected (with AVX2 and FMA).
+        unsafe { avx512(dst, gate) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::microkernel::avx2::available() {
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2(dst: &mut [f32], gate: &[f32]) {
+            body(dst, gate)
+        }
+        // SAFETY: AVX2 and FMA detected.
+        unsafe { avx2(dst, gate) };
+        return;
+    }
+    body(dst, gate)
 }
 
 /// `dst[i] = hidden[i] · gelu(gate[i])`, compiled for AVX-512 or AVX2 where the CPU has it (the

@@ -188,17 +188,14 @@ impl Drop for Tiles {
     }
 }
 
-/// `x` rounded to the nearest bf16 (ties to even), as its bits (for the values the GEMM packs,
-/// which are bf16 values already: exact).
-#[inline]
-pub(crate) fn bf16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `x` rounded to the nearest bf16 (ties to even), as its bits.
+    fn bf16_bits(x: f32) -> u16 {
+        half::bf16::from_f32(x).to_bits()
+    }
 
     /// The tile against f64 sums of the same bf16 values, with `accumulate` and without, on
     /// strides wider than the tile.

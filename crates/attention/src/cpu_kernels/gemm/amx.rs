@@ -8,7 +8,7 @@
 
 use super::{ColsOf, Job, OutPtr, RowsOf, Task};
 use crate::cpu::isa::Isa;
-use crate::cpu::microkernel::amx::{bf16_bits, Tiles, PANEL, STEP};
+use crate::cpu::microkernel::amx::{Tiles, PANEL, STEP};
 use crate::cpu::scratch::with_scratch;
 
 /// Rows of a task's tile blocks (a task's rows are a multiple, but the last).
@@ -84,12 +84,12 @@ impl Job<'_> {
             ColsOf::Packed(p) => {
                 let bits = p.bf16_bits().expect("a weight held in bf16");
                 let start = p.panels * nr * p0 + (t.n0 / nr) * kcb * nr;
-                interleave(&bits[start..][..panels * nr * kcb], kcb, nr, dst, |b| b);
+                interleave(&bits[start..][..panels * nr * kcb], kcb, nr, dst, bits_pair);
             }
             ColsOf::Image(img) => {
                 let len = panels * nr * kcb;
                 img.pack(t.item, p0, kcb, t.n0, t.cols, nr, &mut image_buf[..len]);
-                interleave(&image_buf[..len], kcb, nr, dst, bf16_bits);
+                interleave(&image_buf[..len], kcb, nr, dst, f32_pair);
             }
         }
     }
@@ -135,25 +135,43 @@ impl Job<'_> {
 }
 
 /// Panels of `nr` columns (`src[jp·kcb·nr + p·nr + j]`) into the tiles' 16-column panels of
-/// pairs (`kp·16` values each, [`Job::pack_b_pairs`]), each value converted by `bits`; rows past
-/// `kcb` zero.
-fn interleave<T: Copy>(src: &[T], kcb: usize, nr: usize, dst: &mut [u16], bits: impl Fn(T) -> u16) {
+/// pairs (`kp·16` values each, [`Job::pack_b_pairs`]), `pair` making one pair's 32 bits from rows
+/// `p` and `p + 1`; rows past `kcb` zero.
+fn interleave<T: Copy + Default>(src: &[T], kcb: usize, nr: usize, dst: &mut [u16], pair: impl Fn(T, T) -> u32) {
     let kp = padded(kcb);
-    let panel = PANEL * kp;
     let sub = nr / PANEL;
+    let (head, dst, _) = {
+        // SAFETY: u32 has no invalid bit patterns; `align_to_mut` only takes the aligned middle.
+        unsafe { dst.align_to_mut::<u32>() }
+    };
+    assert!(head.is_empty(), "the scratch is 4-byte aligned");
+    let zero = [T::default(); 32];
     for (jp, src) in src.chunks_exact(kcb * nr).enumerate() {
-        for s in 0..sub {
-            let d = &mut dst[(jp * sub + s) * panel..][..panel];
-            for (pair, d) in d.chunks_exact_mut(2 * PANEL).enumerate() {
-                let (p_lo, p_hi) = (2 * pair, 2 * pair + 1);
+        for pp in 0..kp / 2 {
+            let row = |p: usize| if p < kcb { &src[p * nr..][..nr] } else { &zero[..nr] };
+            let (lo, hi) = (row(2 * pp), row(2 * pp + 1));
+            for s in 0..sub {
+                let d: &mut [u32; PANEL] = (&mut dst[(jp * sub + s) * PANEL * kp / 2 + pp * PANEL..][..PANEL])
+                    .try_into()
+                    .expect("16 pairs");
+                let lo: &[T; PANEL] = lo[s * PANEL..][..PANEL].try_into().expect("16 values");
+                let hi: &[T; PANEL] = hi[s * PANEL..][..PANEL].try_into().expect("16 values");
                 for j in 0..PANEL {
-                    let col = s * PANEL + j;
-                    d[2 * j] = if p_lo < kcb { bits(src[p_lo * nr + col]) } else { 0 };
-                    d[2 * j + 1] = if p_hi < kcb { bits(src[p_hi * nr + col]) } else { 0 };
+                    d[j] = pair(lo[j], hi[j]);
                 }
             }
         }
     }
+}
+
+/// A pair of bf16 bits, the first in the low half.
+fn bits_pair(lo: u16, hi: u16) -> u32 {
+    lo as u32 | (hi as u32) << 16
+}
+
+/// A pair of f32 values that are bf16 values (exact), as their bf16 bits.
+fn f32_pair(lo: f32, hi: f32) -> u32 {
+    (lo.to_bits() >> 16) | (hi.to_bits() & 0xffff_0000)
 }
 
 /// A scratch run of f32 values taken as twice as many u16 values.
