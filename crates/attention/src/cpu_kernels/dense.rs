@@ -438,16 +438,8 @@ impl PackedConv {
             LayerPath::Direct | LayerPath::Candle => false,
         };
         if self.ksize == 3 && winograd {
-            // (A weight held in half precision widened for the call.)
-            winograd::conv(
-                self.isa,
-                self.blocking,
-                &self.packed.widened(),
-                src,
-                shape,
-                epi,
-                &mut out,
-            );
+            // (A weight held in half precision is widened a run at a time by the transform.)
+            winograd::conv(self.isa, self.blocking, &self.packed, src, shape, epi, &mut out);
         } else {
             let image = im2col::Image {
                 x: src,

@@ -221,13 +221,8 @@ impl PackedRows {
         }
     }
 
-    /// The values of reduction block `b` (`rows_p · kcb`, laid out as the tile reads them).
-    pub(crate) fn block(&self, b: usize) -> &[f32] {
-        let (p0, kcb) = self.blocks[b];
-        &self.data[self.rows_p * p0..][..self.rows_p * kcb]
-    }
-
-    /// The values of every reduction block, writable ([`PackedRows::block`]).
+    /// The values of every reduction block (`rows_p · kcb` each, laid out as the tile reads
+    /// them), writable.
     pub(crate) fn blocks_mut(&mut self) -> Vec<&mut [f32]> {
         let mut rest = &mut self.data[..];
         let mut out = Vec::with_capacity(self.blocks.len());

@@ -9,7 +9,7 @@
 //! buffers of the pool ([`transform_weight`]), or a task's rows at a time inside the products
 //! (`super::fused`).
 
-use super::super::gemm::PackedRows;
+use super::super::gemm::{Held, PackedRows};
 use crate::cpu::pool;
 use rayon::prelude::*;
 
@@ -73,27 +73,58 @@ pub(super) fn transform_rows(direct: &PackedRows, (q0, kcb): (usize, usize), r0:
     assert_eq!(dst.len(), 16);
     let rows = dst[0].len() / kcb;
     assert!(r0.is_multiple_of(il) && rows.is_multiple_of(il) && r0 + rows <= direct.rows_p);
-    // Tap t's source: its direct block's values, their depth and the run's offset in a row.
-    let src: [(&[f32], usize, usize); 9] = std::array::from_fn(|t| {
+    // Tap t's source: where its direct block starts in the packed values, its depth and the
+    // run's offset in a row.
+    let src: [(usize, usize, usize); 9] = std::array::from_fn(|t| {
         let p = t * c_in + q0;
         let b = direct.blocks.partition_point(|blk| blk.0 <= p) - 1;
         let (p0, depth) = direct.blocks[b];
         assert!(p + kcb <= p0 + depth, "a reduction block holds parts of two taps");
-        (direct.block(b), depth, p - p0)
+        (direct.rows_p * p0, depth, p - p0)
     });
-    if src.iter().all(|&(_, depth, off)| depth == kcb && off == 0) {
-        // Blocks of one tap each: the rows are one run in every source.
-        let runs: [&[f32]; 9] = std::array::from_fn(|t| &src[t].0[r0 * kcb..(r0 + rows) * kcb]);
-        return transform_run(runs, dst, 0);
+    // A weight held in half precision is widened a run at a time into this thread's buffer.
+    WIDENED.with_borrow_mut(|buf| {
+        if src.iter().all(|&(_, depth, off)| depth == kcb && off == 0) {
+            // Blocks of one tap each: the rows are one run in every source.
+            let len = rows * kcb;
+            let runs = tap_runs(direct, buf, len, |t| src[t].0 + r0 * kcb);
+            return transform_run(runs, dst, 0);
+        }
+        for u in 0..rows / il {
+            let unit = r0 / il + u;
+            let runs = tap_runs(direct, buf, il * kcb, |t| {
+                let (start, depth, off) = src[t];
+                start + unit * il * depth + off * il
+            });
+            transform_run(runs, dst, u * il * kcb);
+        }
+    })
+}
+
+thread_local! {
+    /// Runs of a half-precision weight widened for [`transform_rows`].
+    static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The nine taps' runs of `len` packed values from `start(t)`: in place where the weight is held
+/// in f32, else widened into `buf`.
+fn tap_runs<'a>(
+    direct: &'a PackedRows,
+    buf: &'a mut Vec<f32>,
+    len: usize,
+    start: impl Fn(usize) -> usize,
+) -> [&'a [f32]; 9] {
+    if direct.held() != Held::F32 && buf.len() < 9 * len {
+        buf.resize(9 * len, 0.0);
     }
-    for u in 0..rows / il {
-        let unit = r0 / il + u;
-        let runs: [&[f32]; 9] = std::array::from_fn(|t| {
-            let (values, depth, off) = src[t];
-            &values[unit * il * depth + off * il..][..il * kcb]
-        });
-        transform_run(runs, dst, u * il * kcb);
-    }
+    let mut parts = buf.chunks_mut(len.max(1));
+    std::array::from_fn(|t| {
+        let part: &'a mut [f32] = match direct.held() {
+            Held::F32 => &mut [],
+            _ => parts.next().expect("nine runs"),
+        };
+        direct.values(start(t), len, part)
+    })
 }
 
 /// `dst[ξ][at + i] = (G g Gᵀ)[ξ]` of the 3 × 3 kernel `g[tap] = src[tap][i]`, for every `i`
