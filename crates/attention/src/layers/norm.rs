@@ -84,14 +84,14 @@ impl Module for LayerNorm {
         }
         let dtype = x.dtype();
         let compute = crate::ops::compute_dtype(dtype);
-        let x = x.to_dtype(compute)?;
+        let x = crate::ops::cast(x, compute)?;
         let affine = match (&self.weight, &self.bias) {
             (Some(w), Some(b)) => Some((w.to_dtype(compute)?, b.to_dtype(compute)?)),
             _ => None,
         };
         let pair = affine.as_ref().map(|(w, b)| (w, b));
         if let Some(y) = crate::cpu_kernels::layer_norm(&x, pair, self.eps, dtype)? {
-            return y.to_dtype(dtype);
+            return crate::ops::cast(&y, dtype);
         }
         let centered = x.broadcast_sub(&x.mean_keepdim(candle_core::D::Minus1)?)?;
         let var = centered.sqr()?.mean_keepdim(candle_core::D::Minus1)?;

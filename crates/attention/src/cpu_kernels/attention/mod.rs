@@ -273,7 +273,7 @@ pub(crate) fn attention_on(
         Some(m) => Some(broadcast_mask(m, rank, (b, heads, lq, lk))?),
         None => None,
     };
-    let f32c = |t: &Tensor| contiguous(&t.to_dtype(DType::F32)?);
+    let f32c = |t: &Tensor| to_dtype_fast(&contiguous(t)?, DType::F32);
     let (q4, k4, v4) = (f32c(&q4)?, f32c(&k4)?, f32c(&v4)?);
     let round = match dtype {
         DType::F16 => Some(simd::Round::F16),
@@ -297,7 +297,15 @@ pub(crate) fn attention_on(
         tile,
     };
     let out = run_f32(engine, &dims, (&q4, &k4, &v4), mask4.as_ref(), (scale, empty, round))?;
-    Tensor::from_vec(out, out_dims, &Device::Cpu)?.to_dtype(dtype)
+    to_dtype_fast(&Tensor::from_vec(out, out_dims, &Device::Cpu)?, dtype)
+}
+
+/// `x.to_dtype(dtype)`, in parallel where [`crate::cpu::cast`] takes it (the same bits).
+fn to_dtype_fast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    match crate::cpu::cast(x, dtype)? {
+        Some(y) => Ok(y),
+        None => x.to_dtype(dtype),
+    }
 }
 
 /// An additive mask broadcast to the score shape `(B, H, Lq, Lk)`: a rank-3 run's mask

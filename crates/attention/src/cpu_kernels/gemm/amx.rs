@@ -55,15 +55,13 @@ impl Job<'_> {
                 let kp = padded(kcb);
                 let b_blk = &mut b_buf[..cols_p * kp];
                 self.pack_b_pairs(t, (p0, kcb), image_buf, b_blk);
-                let (a_blk, lda) = self.a_tile_rows(t, (p0, kcb), &mut a_buf[..rows_p * kp]);
-                let a_blk: &[u16] = a_blk;
+                let a_rows = self.a_tile_rows(t, (p0, kcb), &mut a_buf[..rows_p * kp]);
                 let panel = PANEL * kp;
                 for jc in 0..cols_p / COLS {
                     let b = &b_blk[jc * 2 * panel..];
                     for ir in 0..rows_p / ROWS {
                         let c = &mut acc[ir * ROWS * ldc + jc * COLS..];
-                        let a = &a_blk[ir * ROWS * lda..];
-                        tiles.block_32x32((a, lda), (b, panel), kp / STEP, (c, ldc), bi > 0);
+                        tiles.block_32x32(a_rows.group(ir), (b, panel), kp / STEP, (c, ldc), bi > 0);
                     }
                 }
             }
@@ -84,60 +82,96 @@ impl Job<'_> {
             ColsOf::Packed(p) => {
                 let bits = p.bf16_bits().expect("a weight held in bf16");
                 let start = p.panels * nr * p0 + (t.n0 / nr) * kcb * nr;
-                interleave(&bits[start..][..panels * nr * kcb], kcb, nr, dst, bits_pair);
+                interleave(&bits[start..][..panels * nr * kcb], kcb, nr, dst, bits_pairs);
             }
             ColsOf::Image(img) => {
                 let len = panels * nr * kcb;
                 img.pack(t.item, p0, kcb, t.n0, t.cols, nr, &mut image_buf[..len]);
-                interleave(&image_buf[..len], kcb, nr, dst, f32_pair);
+                interleave(&image_buf[..len], kcb, nr, dst, f32_pairs);
             }
         }
     }
 
-    /// The task's `A` rows over `[p0, p0 + kcb)` as the tiles read them: row-major, 32-row group
-    /// `g` from `g·32·lda` on, rows `lda` apart. Read in place from a weight packed row by row
-    /// where the task's groups lie within it and the block is whole tile steps; else copied into
-    /// `buf` (rows of `kp` values, zero-padded).
-    fn a_tile_rows<'s>(&'s self, t: Task, (p0, kcb): (usize, usize), buf: &'s mut [u16]) -> (&'s [u16], usize) {
+    /// The task's `A` rows over `[p0, p0 + kcb)` as the tiles read them, row-major: read in place
+    /// (a weight packed row by row, or bf16 token rows) where a 32-row group lies within the
+    /// operand and the block is whole tile steps; the other groups copied into `buf` (rows of
+    /// `kp` values, zero-padded).
+    fn a_tile_rows<'s>(&'s self, t: Task, (p0, kcb): (usize, usize), buf: &'s mut [u16]) -> TileRows<'s> {
         let kp = padded(kcb);
-        match self.a {
+        let groups = buf.len() / kp / ROWS;
+        // The groups read in place, their first value and row distance.
+        let (full, main, lda): (usize, &[u16], usize) = match self.a {
             RowsOf::Packed(p) => {
                 let bits = p.bf16_bits().expect("a weight held in bf16");
                 let block = &bits[p.rows_p * p0..][..p.rows_p * kcb];
-                let rows_p = buf.len() / kp;
-                if p.il == 1 && kcb == kp && t.m0 + rows_p <= p.rows_p {
-                    return (&block[t.m0 * kcb..], kcb);
-                }
-                for (r, row) in buf.chunks_exact_mut(kp).enumerate() {
-                    row.fill(0);
-                    if r < t.rows {
-                        let (gr, il) = (t.m0 + r, p.il);
-                        let first = (gr / il) * il * kcb + gr % il;
-                        for (pp, d) in row[..kcb].iter_mut().enumerate() {
-                            *d = block[first + pp * il];
-                        }
-                    }
+                match p.il == 1 && kcb == kp && t.m0 + groups * ROWS <= p.rows_p {
+                    true => (groups, &block[t.m0 * kcb..], kcb),
+                    false => (0, &[], kcb),
                 }
             }
-            RowsOf::Bf16Matrix(x, lda) => {
-                for (r, row) in buf.chunks_exact_mut(kp).enumerate() {
-                    row.fill(0);
-                    if r < t.rows {
-                        let start = (t.m0 + r) * lda + p0;
-                        row[..kcb].copy_from_slice(&x[start..start + kcb]);
-                    }
-                }
-            }
+            RowsOf::Bf16Matrix(x, lda) => match kcb == kp {
+                true => (t.rows / ROWS, &x[t.m0 * lda + p0..], lda),
+                false => (0, &[], lda),
+            },
             RowsOf::Matrix(..) => unreachable!("the AMX tiles take a bf16 weight or bf16 activations as A"),
+        };
+        for (r, row) in buf[..(groups - full) * ROWS * kp].chunks_exact_mut(kp).enumerate() {
+            let r = full * ROWS + r;
+            row.fill(0);
+            if r >= t.rows {
+                continue;
+            }
+            match self.a {
+                RowsOf::Packed(p) => {
+                    let bits = p.bf16_bits().expect("a weight held in bf16");
+                    let block = &bits[p.rows_p * p0..][..p.rows_p * kcb];
+                    let (gr, il) = (t.m0 + r, p.il);
+                    let first = (gr / il) * il * kcb + gr % il;
+                    for (pp, d) in row[..kcb].iter_mut().enumerate() {
+                        *d = block[first + pp * il];
+                    }
+                }
+                RowsOf::Bf16Matrix(x, lda) => {
+                    let start = (t.m0 + r) * lda + p0;
+                    row[..kcb].copy_from_slice(&x[start..start + kcb]);
+                }
+                RowsOf::Matrix(..) => unreachable!(),
+            }
         }
-        (buf, kp)
+        TileRows {
+            main,
+            lda,
+            full,
+            tail: buf,
+            tail_lda: kp,
+        }
+    }
+}
+
+/// A task's `A` rows for one reduction block: 32-row groups `0 .. full` in place, `lda` apart,
+/// the others copied, `tail_lda` apart.
+struct TileRows<'s> {
+    main: &'s [u16],
+    lda: usize,
+    full: usize,
+    tail: &'s [u16],
+    tail_lda: usize,
+}
+
+impl TileRows<'_> {
+    /// Group `g`'s first value and row distance.
+    fn group(&self, g: usize) -> (&[u16], usize) {
+        match g < self.full {
+            true => (&self.main[g * ROWS * self.lda..], self.lda),
+            false => (&self.tail[(g - self.full) * ROWS * self.tail_lda..], self.tail_lda),
+        }
     }
 }
 
 /// Panels of `nr` columns (`src[jp·kcb·nr + p·nr + j]`) into the tiles' 16-column panels of
-/// pairs (`kp·16` values each, [`Job::pack_b_pairs`]), `pair` making one pair's 32 bits from rows
-/// `p` and `p + 1`; rows past `kcb` zero.
-fn interleave<T: Copy + Default>(src: &[T], kcb: usize, nr: usize, dst: &mut [u16], pair: impl Fn(T, T) -> u32) {
+/// pairs (`kp·16` values each, [`Job::pack_b_pairs`]), `pairs` making a row of 16 pairs (32-bit,
+/// row `p` in the low half) from rows `p` and `p + 1`; rows past `kcb` zero.
+fn interleave<T: Copy + Default>(src: &[T], kcb: usize, nr: usize, dst: &mut [u16], pairs: Pairs<T>) {
     let kp = padded(kcb);
     let sub = nr / PANEL;
     let (head, dst, _) = {
@@ -156,22 +190,62 @@ fn interleave<T: Copy + Default>(src: &[T], kcb: usize, nr: usize, dst: &mut [u1
                     .expect("16 pairs");
                 let lo: &[T; PANEL] = lo[s * PANEL..][..PANEL].try_into().expect("16 values");
                 let hi: &[T; PANEL] = hi[s * PANEL..][..PANEL].try_into().expect("16 values");
-                for j in 0..PANEL {
-                    d[j] = pair(lo[j], hi[j]);
-                }
+                pairs(lo, hi, d);
             }
         }
     }
 }
 
-/// A pair of bf16 bits, the first in the low half.
-fn bits_pair(lo: u16, hi: u16) -> u32 {
-    lo as u32 | (hi as u32) << 16
+/// 16 pairs from two rows of 16 values.
+type Pairs<T> = fn(&[T; PANEL], &[T; PANEL], &mut [u32; PANEL]);
+
+/// Pairs of bf16 bits, the first row's in the low half.
+fn bits_pairs(lo: &[u16; PANEL], hi: &[u16; PANEL], d: &mut [u32; PANEL]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx512f")]
+        fn go(lo: &[u16; PANEL], hi: &[u16; PANEL], d: &mut [u32; PANEL]) {
+            // SAFETY: 16 u16 values (32 bytes) read from each row, 16 u32 values (64 bytes)
+            // written: the arrays' sizes.
+            unsafe {
+                let l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(lo.as_ptr().cast()));
+                let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(hi.as_ptr().cast()));
+                _mm512_storeu_si512(d.as_mut_ptr().cast(), _mm512_or_si512(l, _mm512_slli_epi32::<16>(h)));
+            }
+        }
+        // SAFETY: the AMX tiles run only where the CPU has AVX-512F (`amx::available`).
+        unsafe { go(lo, hi, d) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    for j in 0..PANEL {
+        d[j] = lo[j] as u32 | (hi[j] as u32) << 16;
+    }
 }
 
-/// A pair of f32 values that are bf16 values (exact), as their bf16 bits.
-fn f32_pair(lo: f32, hi: f32) -> u32 {
-    (lo.to_bits() >> 16) | (hi.to_bits() & 0xffff_0000)
+/// Pairs of f32 values that are bf16 values (exact), as their bf16 bits.
+fn f32_pairs(lo: &[f32; PANEL], hi: &[f32; PANEL], d: &mut [u32; PANEL]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx512f")]
+        fn go(lo: &[f32; PANEL], hi: &[f32; PANEL], d: &mut [u32; PANEL]) {
+            // SAFETY: 16 f32 values (64 bytes) read from each row, 16 u32 values written: the
+            // arrays' sizes.
+            unsafe {
+                let l = _mm512_srli_epi32::<16>(_mm512_loadu_si512(lo.as_ptr().cast()));
+                let h = _mm512_loadu_si512(hi.as_ptr().cast());
+                let h = _mm512_and_si512(h, _mm512_set1_epi32(0xffff_0000u32 as i32));
+                _mm512_storeu_si512(d.as_mut_ptr().cast(), _mm512_or_si512(l, h));
+            }
+        }
+        // SAFETY: the AMX tiles run only where the CPU has AVX-512F (`amx::available`).
+        unsafe { go(lo, hi, d) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    for j in 0..PANEL {
+        d[j] = (lo[j].to_bits() >> 16) | (hi[j].to_bits() & 0xffff_0000);
+    }
 }
 
 /// A scratch run of f32 values taken as twice as many u16 values.
