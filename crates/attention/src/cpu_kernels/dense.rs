@@ -389,6 +389,7 @@ impl PackedConv {
         let bf16_tiles = bf16_values && gemm::bf16_tiles(self.isa, self.packed.held());
         let x = match x.dtype() {
             DType::F32 => x.clone(),
+            DType::BF16 if bf16_tiles => x.clone(),
             _ => widen(x)?,
         };
         let (batch, channels, h, w) = x.dims4()?;
@@ -410,7 +411,17 @@ impl PackedConv {
         };
         let x = contiguous(&x)?;
         let (xs, xl) = x.storage_and_layout();
-        let src = &cpu_slice::<f32>(&xs, xl).expect("a CPU tensor")[..x.elem_count()];
+        // The image: f32 values, or on the AMX tiles its bf16 bits as they are.
+        let (src, bits): (&[f32], _) = if bf16_tiles {
+            use half::slice::HalfFloatSliceExt;
+            let bits = &cpu_slice::<half::bf16>(&xs, xl).expect("a CPU tensor")[..x.elem_count()];
+            (&[], Some(HalfFloatSliceExt::reinterpret_cast(bits)))
+        } else {
+            (
+                &cpu_slice::<f32>(&xs, xl).expect("a CPU tensor")[..x.elem_count()],
+                None,
+            )
+        };
         let res_guard = residual.as_ref().map(|r| r.storage_and_layout());
         let res = res_guard
             .as_ref()
@@ -448,7 +459,7 @@ impl PackedConv {
                 h,
                 w,
                 ksize: self.ksize,
-                bf16_values,
+                bits,
             };
             let (a, b) = (RowsOf::Packed(&self.packed), ColsOf::Image(image));
             gemm::gemm(self.isa, self.blocking, a, b, epi, &mut out);

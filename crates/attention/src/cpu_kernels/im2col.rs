@@ -17,9 +17,9 @@ pub(crate) struct Image<'a> {
     pub(crate) h: usize,
     pub(crate) w: usize,
     pub(crate) ksize: usize,
-    /// Every value of `x` is a bf16 value (widened from a bf16 tensor): the products may run on
-    /// the AMX bf16 tiles.
-    pub(crate) bf16_values: bool,
+    /// The image as bf16 bits instead (then `x` is empty): only for the AMX bf16 tiles, which
+    /// pack it as it is ([`Image::pack_bits`]).
+    pub(crate) bits: Option<&'a [u16]>,
 }
 
 /// Positions `j0 .. j0 + len` of a panel lie in image row `y`, from column `x0` on.
@@ -95,8 +95,34 @@ impl Image<'_> {
     /// past the last column.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pack(&self, item: usize, p0: usize, kc: usize, n0: usize, cols: usize, nr: usize, dst: &mut [f32]) {
+        self.pack_from(self.x, (item, p0, kc, n0, cols, nr), dst)
+    }
+
+    /// [`Image::pack`] of the bf16 image [`Image::bits`], the values kept as bf16 bits.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pack_bits(
+        &self,
+        item: usize,
+        p0: usize,
+        kc: usize,
+        n0: usize,
+        cols: usize,
+        nr: usize,
+        dst: &mut [u16],
+    ) {
+        let bits = self.bits.expect("a bf16 image");
+        self.pack_from(bits, (item, p0, kc, n0, cols, nr), dst)
+    }
+
+    /// [`Image::pack`] from the image's values `x` (f32 or bf16 bits).
+    fn pack_from<T: Copy + Default>(
+        &self,
+        x: &[T],
+        (item, p0, kc, n0, cols, nr): (usize, usize, usize, usize, usize, usize),
+        dst: &mut [T],
+    ) {
         let hw = self.h * self.w;
-        let img = &self.x[item * self.channels * hw..][..self.channels * hw];
+        let img = &x[item * self.channels * hw..][..self.channels * hw];
         let panels = cols.div_ceil(nr);
         let panel_width = |jp: usize| nr.min(cols - jp * nr);
         if self.ksize == 1 {
@@ -150,6 +176,9 @@ impl Image<'_> {
         // The positions a column range reads, in every channel: `pad` rows and columns around.
         let reach = (self.ksize / 2) * (self.w + 1);
         let (lo, hi) = (n0.saturating_sub(reach), (n0 + cols + reach).min(hw));
+        if self.bits.is_some() {
+            return;
+        }
         let img = &self.x[item * self.channels * hw..][..self.channels * hw];
         // Rows p0 .. p0 + kc read the channels from p0 % channels on, kc of them (all if kc
         // spans a whole tap).
@@ -176,7 +205,7 @@ impl Image<'_> {
     }
 
     /// One run shifted by `(dy, dx)`: the part inside the image copied, the rest zero.
-    fn copy_run(&self, chan: &[f32], r: &Run, dy: isize, dx: isize, dst: &mut [f32]) {
+    fn copy_run<T: Copy + Default>(&self, chan: &[T], r: &Run, dy: isize, dx: isize, dst: &mut [T]) {
         let y = r.y as isize + dy;
         if y < 0 || y >= self.h as isize {
             zero_short(dst);
@@ -210,10 +239,10 @@ fn prefetch_l2(p: *const f32) {
 /// `dst = src` for the few values of a panel row, inline (a `memmove` call per run of 16 values
 /// cost more than the copy: 13 % of a 3×3 convolution).
 #[inline(always)]
-pub(super) fn copy_short(dst: &mut [f32], src: &[f32]) {
+pub(super) fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
     let (mut d, mut s) = (dst.chunks_exact_mut(8), src.chunks_exact(8));
     for (d, s) in (&mut d).zip(&mut s) {
-        let v: [f32; 8] = s.try_into().expect("8 values");
+        let v: [T; 8] = s.try_into().expect("8 values");
         d.copy_from_slice(&v);
     }
     for (d, &s) in d.into_remainder().iter_mut().zip(s.remainder()) {
@@ -223,12 +252,12 @@ pub(super) fn copy_short(dst: &mut [f32], src: &[f32]) {
 
 /// `dst = 0` for the few values of a panel row, inline.
 #[inline(always)]
-pub(super) fn zero_short(dst: &mut [f32]) {
+pub(super) fn zero_short<T: Copy + Default>(dst: &mut [T]) {
     let mut d = dst.chunks_exact_mut(8);
     for d in &mut d {
-        d.copy_from_slice(&[0.0; 8]);
+        d.copy_from_slice(&[T::default(); 8]);
     }
     for d in d.into_remainder() {
-        *d = 0.0;
+        *d = T::default();
     }
 }

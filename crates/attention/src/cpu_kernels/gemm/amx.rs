@@ -1,6 +1,6 @@
 //! The layer GEMM's tasks on the AMX bf16 tiles ([`crate::cpu::microkernel::amx`]), for products
 //! whose both operands are bf16 values: a weight held in bf16 and activations from a bf16 tensor
-//! (token rows read as bf16, or an image widened from bf16, every value exact). The task and its
+//! (token rows, or an image, read as bf16 bits: every product exact). The task and its
 //! reduction blocks are the f32 path's; per block the task's operands are laid out as the tiles
 //! read them (the `A` rows row-major, read in place from a weight packed row by row; the `B`
 //! columns in 16-wide panels of pairs) and every 32 × 32 block of the accumulator takes the
@@ -21,7 +21,7 @@ const COLS: usize = 32;
 pub(super) fn applies(isa: Isa, a: &RowsOf, b: &ColsOf) -> bool {
     match (a, b) {
         (RowsOf::Bf16Matrix(..), ColsOf::Packed(p)) => super::bf16_tiles(isa, p.held()),
-        (RowsOf::Packed(p), ColsOf::Image(img)) => img.bf16_values && super::bf16_tiles(isa, p.held()),
+        (RowsOf::Packed(p), ColsOf::Image(img)) => img.bits.is_some() && super::bf16_tiles(isa, p.held()),
         _ => false,
     }
 }
@@ -39,8 +39,9 @@ impl Job<'_> {
         let (rows_p, cols_p) = (t.rows.next_multiple_of(ROWS), t.cols.next_multiple_of(COLS));
         let ldc = cols_p + if cols_p % 256 == 0 { 16 } else { 0 };
         let kc_max = self.blocks.iter().map(|b| b.1).max().unwrap_or(0);
+        // The image's panels, bf16 bits (two to an f32 of the scratch).
         let image_len = match self.b {
-            ColsOf::Image(_) => t.cols.div_ceil(nr) * nr * kc_max,
+            ColsOf::Image(_) => (t.cols.div_ceil(nr) * nr * kc_max).div_ceil(2),
             ColsOf::Packed(_) => 0,
         };
         let (a_len, b_len) = (rows_p * padded(kc_max), cols_p * padded(kc_max));
@@ -86,8 +87,9 @@ impl Job<'_> {
             }
             ColsOf::Image(img) => {
                 let len = panels * nr * kcb;
-                img.pack(t.item, p0, kcb, t.n0, t.cols, nr, &mut image_buf[..len]);
-                interleave(&image_buf[..len], kcb, nr, dst, f32_pairs);
+                let buf = &mut as_bits(image_buf)[..len];
+                img.pack_bits(t.item, p0, kcb, t.n0, t.cols, nr, buf);
+                interleave(buf, kcb, nr, dst, bits_pairs);
             }
         }
     }
@@ -220,31 +222,6 @@ fn bits_pairs(lo: &[u16; PANEL], hi: &[u16; PANEL], d: &mut [u32; PANEL]) {
     #[cfg(not(target_arch = "x86_64"))]
     for j in 0..PANEL {
         d[j] = lo[j] as u32 | (hi[j] as u32) << 16;
-    }
-}
-
-/// Pairs of f32 values that are bf16 values (exact), as their bf16 bits.
-fn f32_pairs(lo: &[f32; PANEL], hi: &[f32; PANEL], d: &mut [u32; PANEL]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::*;
-        #[target_feature(enable = "avx512f")]
-        fn go(lo: &[f32; PANEL], hi: &[f32; PANEL], d: &mut [u32; PANEL]) {
-            // SAFETY: 16 f32 values (64 bytes) read from each row, 16 u32 values written: the
-            // arrays' sizes.
-            unsafe {
-                let l = _mm512_srli_epi32::<16>(_mm512_loadu_si512(lo.as_ptr().cast()));
-                let h = _mm512_loadu_si512(hi.as_ptr().cast());
-                let h = _mm512_and_si512(h, _mm512_set1_epi32(0xffff_0000u32 as i32));
-                _mm512_storeu_si512(d.as_mut_ptr().cast(), _mm512_or_si512(l, h));
-            }
-        }
-        // SAFETY: the AMX tiles run only where the CPU has AVX-512F (`amx::available`).
-        unsafe { go(lo, hi, d) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    for j in 0..PANEL {
-        d[j] = (lo[j].to_bits() >> 16) | (hi[j].to_bits() & 0xffff_0000);
     }
 }
 
