@@ -22,7 +22,7 @@ lanes=(
   "isa-none|UNET_ATTENTION_ISA=none"
   "emerald-rapids-rows3|UNET_ATTENTION_CACHE=l1d=48K,l2=2M UNET_ATTENTION_GEMM_TILE=rows3"
   "small-caches-avx2|UNET_ATTENTION_ISA=avx2 UNET_ATTENTION_CACHE=l1d=32K,l2=256K"
-  "large-caches|UNET_ATTENTION_CACHE=l1d=128K,l2=4M"
+  "large-caches-no-amx|UNET_ATTENTION_ISA=avx512 UNET_ATTENTION_CACHE=l1d=128K,l2=4M"
 )
 for entry in "${lanes[@]}"; do
   lane="${entry%%|*}"

@@ -17,7 +17,8 @@
 //! JSON line: the load's milliseconds, each run's milliseconds, the median and the fastest, and
 //! the memory at every stage: resident after loading, the peak of the load, of the first run and
 //! of the whole process (`VmHWM`, the host's), and the heap's peak bytes (counted by the
-//! allocator, [`support::counting_alloc`]). `--device cpu|cuda|metal` (default cpu),
+//! allocator, [`support::counting_alloc`]), and the kernels: `isa`, the f32 tiles, and
+//! `bf16_kernel`, what bf16 layers run on (`amx` where the AMX tiles run). `--device cpu|cuda|metal` (default cpu),
 //! `--dtype f32|f16|bf16` (default f32): the weights are converted to it when loaded.
 //! `--latent N` and `--batch B` set the latent's size (default 64 × 64, batch 2 for the U-Net and
 //! 1 for the VAE); the U-Net's context and SDXL's `added_cond_kwargs` follow its config.
@@ -360,6 +361,7 @@ fn main() -> Result<()> {
         "heap_peak_first_mib": (heap_first_peak as f64 / MIB).round(),
         "heap_peak_steady_mib": (heap_steady_peak as f64 / MIB).round(),
         "isa": unet_attention::cpu_kernels::layer_kernel_isa(),
+        "bf16_kernel": unet_attention::cpu_kernels::bf16_layer_kernel(),
     });
     println!("{line}");
     Ok(())

@@ -85,6 +85,15 @@ pub fn layer_kernel_isa() -> &'static str {
     }
 }
 
+/// The tiles bf16 linear layers and convolutions with bf16 weights run on: `"amx"` where the
+/// AMX bf16 tiles run ([`crate::cpu::microkernel::amx`]), else [`layer_kernel_isa`]'s f32 tiles.
+pub fn bf16_layer_kernel() -> &'static str {
+    match Isa::with_tiles() {
+        Some(isa) if gemm::bf16_tiles(isa, Held::Bf16) => "amx",
+        _ => layer_kernel_isa(),
+    }
+}
+
 /// Whether a weight is packed: an f32, f16 or bf16 CPU tensor on a CPU the GEMM runs on (a
 /// half-precision weight held in its own type, [`Held`]).
 fn packable(w: &Tensor) -> Option<(Isa, Blocking)> {

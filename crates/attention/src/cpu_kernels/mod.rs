@@ -39,7 +39,9 @@ mod rms_norm;
 mod winograd;
 
 pub use crate::cpu::workers::join_rayon_pool;
-pub use dense::{layer_kernel_isa, layer_path, set_layer_path, ConvExtras, LayerPath, PackedConv, PackedLinear};
+pub use dense::{
+    bf16_layer_kernel, layer_kernel_isa, layer_path, set_layer_path, ConvExtras, LayerPath, PackedConv, PackedLinear,
+};
 pub use group_norm::{group_norm, group_norm_act, group_norm_as, MemoryFormat, NormForm};
 pub use layer_norm::layer_norm;
 pub use rms_norm::rms_norm_act;
