@@ -25,7 +25,7 @@
 pub(crate) use super::packed::{Held, PackedCols, PackedRows};
 use crate::cpu::caches;
 use crate::cpu::isa::Isa;
-use crate::cpu::microkernel::{avx2, tile, ALayout};
+use crate::cpu::microkernel::{avx2, avx512, tile, ALayout};
 use crate::cpu::scratch::with_scratch;
 use rayon::prelude::*;
 
@@ -455,9 +455,15 @@ impl Job<'_> {
             RowsOf::Packed(p) if p.held() != Held::F32 => (rows_p * kc_max).next_multiple_of(16),
             RowsOf::Packed(_) => 0,
         };
+        // A weight held in half precision against token rows on AVX-512: its panels read as they
+        // are by the half-precision tile (widened as loaded, the same bits), no widened copy.
+        let half_b = match (self.isa, &self.a, &self.b) {
+            (Isa::Avx512, RowsOf::Matrix(..), ColsOf::Packed(p)) => p.half_bits(),
+            _ => None,
+        };
         let b_len = match self.b {
             ColsOf::Image(_) => panels * nr * kc_max,
-            ColsOf::Packed(p) if p.held() != Held::F32 => panels * nr * kc_max,
+            ColsOf::Packed(p) if p.held() != Held::F32 && half_b.is_none() => panels * nr * kc_max,
             ColsOf::Packed(_) => 0,
         };
         let need = rows_p * ldc + a_len + b_len;
@@ -465,6 +471,22 @@ impl Job<'_> {
             let (acc, rest) = scratch.split_at_mut(rows_p * ldc);
             let (a_buf, b_buf) = rest.split_at_mut(a_len);
             for (bi, &(p0, kcb)) in self.blocks.iter().enumerate() {
+                if let (Some((bits, held)), ColsOf::Packed(p)) = (half_b, &self.b) {
+                    let start = p.panels * nr * p0 + (t.n0 / nr) * kcb * nr;
+                    let a_rows = self.a_rows(t, p0, kcb, a_buf);
+                    for jp in 0..panels {
+                        let b_pan = (&bits[start + jp * kcb * nr..][..kcb * nr], held == Held::Bf16);
+                        for mp in 0..t.rows.div_ceil(mr) {
+                            let rows = mr.min(t.rows - mp * mr);
+                            let (a_pan, ALayout::Rows(lda)) = a_rows.panel(mp, mr) else {
+                                unreachable!("token rows are read as rows")
+                            };
+                            let c = &mut acc[mp * mr * ldc + jp * nr..];
+                            avx512::gemm_tile_half_b(rows, (a_pan, lda), b_pan, kcb, c, ldc, bi > 0);
+                        }
+                    }
+                    continue;
+                }
                 let b_blk = self.b_block(t, p0, kcb, b_buf);
                 if let (ColsOf::Image(img), Some(&(p1, kc1))) = (&self.b, self.blocks.get(bi + 1)) {
                     img.prefetch(t.item, p1, kc1, t.n0, t.cols);

@@ -326,6 +326,12 @@ pub(crate) struct PackedCols {
 }
 
 impl PackedCols {
+    /// The values' bits and their type where they are held in half precision (the packed
+    /// layout, as `values`).
+    pub(super) fn half_bits(&self) -> Option<(&[u16], Held)> {
+        self.half.as_ref().map(|h| (&h.bits[..], h.held))
+    }
+
     /// Pack the row-major `(cols, k)` matrix `w` (an `nn.Linear` weight `(out, in)`).
     pub(crate) fn new(w: &[f32], cols: usize, k: usize, isa: Isa, blocking: Blocking) -> PackedCols {
         assert_eq!(w.len(), cols * k);

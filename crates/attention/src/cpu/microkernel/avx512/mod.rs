@@ -195,6 +195,43 @@ pub(crate) fn gemm_tile_using(
     unreachable!("avx512::gemm_tile without AVX-512 (callers check `available`)")
 }
 
+/// [`gemm_tile`] on `A` rows `lda` apart and a `B` panel held in half precision: `b` the panel's
+/// f16 bits, or bf16 bits with `bf16`, widened as the tile loads them (the same bits as
+/// [`gemm_tile`] on the widened panel, with no widened copy).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_tile_half_b(
+    rows: usize,
+    (a, lda): (&[f32], usize),
+    (b, bf16): (&[u16], bool),
+    kc: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let r = tile_rows(rows);
+    assert!(lda >= kc && kc > 0 && a.len() >= (r - 1) * lda + kc && b.len() >= kc * NR);
+    assert!(ldc >= NR && c.len() >= (r - 1) * ldc + NR);
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        // SAFETY: AVX-512F detected; the asserts bound every access.
+        unsafe {
+            match (r, bf16) {
+                (4, false) => x86::half_b_tile::<4, false>(a, lda, b, kc, c, ldc, accumulate),
+                (8, false) => x86::half_b_tile::<8, false>(a, lda, b, kc, c, ldc, accumulate),
+                (_, false) => x86::half_b_tile::<MR, false>(a, lda, b, kc, c, ldc, accumulate),
+                (4, true) => x86::half_b_tile::<4, true>(a, lda, b, kc, c, ldc, accumulate),
+                (8, true) => x86::half_b_tile::<8, true>(a, lda, b, kc, c, ldc, accumulate),
+                (_, true) => x86::half_b_tile::<MR, true>(a, lda, b, kc, c, ldc, accumulate),
+            }
+        }
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (a, lda, b, bf16, accumulate);
+    unreachable!("avx512::gemm_tile_half_b without AVX-512 (callers check `available`)")
+}
+
 /// One output tile: `o[r·ldo + c] = init[r]·o[r·ldo + c] + Σ_j p[r·ld + j] · vp[j·ldv + c]` (the
 /// sum formed from zero and added with one rounding) for [`tile_rows`]`(rows)` rows of weights
 /// `p` (read and written) and the `NR` channels of a V panel slice, over `n` keys (`init`

@@ -234,6 +234,50 @@ pub(super) unsafe fn value_tile<const R: usize>(
     }
 }
 
+/// The layer GEMM's tile on `A` rows read in place and a `B` panel held in half precision (f16
+/// or, with `BF16`, bf16 bits): each `B` row widened as it is loaded (exact), then the products
+/// and sums of [`score_tile`] (`ADD`: the block summed from zero and added to `c` once), so the
+/// same bits as that tile on the widened panel.
+///
+/// # Safety
+///
+/// The CPU has AVX-512F; `a` is valid for reads of `(R − 1)·lda + kc` floats, `b` of `kc·NR`
+/// u16 values, and `c` for reads and writes of `(R − 1)·ldc + NR`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn half_b_tile<const R: usize, const BF16: bool>(
+    a: *const f32,
+    lda: usize,
+    b: *const u16,
+    kc: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: the caller guarantees the `# Safety` conditions above: AVX-512F, and every
+    // pointer valid for the reads and writes named there, which are all this body makes.
+    unsafe {
+        let widen = |p: *const u16| {
+            let h = _mm256_loadu_si256(p.cast());
+            if BF16 {
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            } else {
+                _mm512_cvtph_ps(h)
+            }
+        };
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for p in 0..kc {
+            let b0 = widen(b.add(p * NR));
+            let b1 = widen(b.add(p * NR + 16));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*a.add(r * lda + p));
+                acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+            }
+        }
+        write_sums!(acc, c, ldc, accumulate);
+    }
+}
+
 /// The layer GEMM's tile on an interleaved micro-panel: `c[r·ldc + j] (+)= Σ_p a[p·MR + r] ·
 /// b[p·NR + j]` for `r < R`, the block summed from zero and added to `c` once (one sequential
 /// stream of `A` instead of `R` rows).
