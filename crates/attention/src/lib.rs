@@ -37,8 +37,8 @@
 //! 3. [`files`], `cpu`, `cuda_plan` — files from strangers (regular files only, JSON and
 //!    safetensors headers read within bounds, sharded indexes honoured, model folders); the bottom
 //!    of the CPU kernels: instruction set, cache sizes, settings, scratch, `exp`/`erf`, the AVX2
-//!    and AVX-512 microkernels, `contiguous`; the fused CUDA attention kernel's launch plan (pure
-//!    arithmetic, run through the CPU emulation in tests).
+//!    and AVX-512 microkernels and the AMX bf16 tile, `contiguous`; the fused CUDA attention
+//!    kernel's launch plan (pure arithmetic, run through the CPU emulation in tests).
 //! 4. [`cpu_kernels`], `cuda` — the CPU kernels (layer GEMM, Winograd, norms, the attention kernel);
 //!    the fused CUDA attention kernel, the cuDNN convolution (feature `cudnn`) and the TF32 mode.
 //! 5. [`ops`], [`heads`] — tensor ops with PyTorch's rounding; head splitting.

@@ -86,7 +86,7 @@ pub fn layer_kernel_isa() -> &'static str {
 }
 
 /// The tiles bf16 linear layers and convolutions with bf16 weights run on: `"amx"` where the
-/// AMX bf16 tiles run ([`crate::cpu::microkernel::amx`]), else [`layer_kernel_isa`]'s f32 tiles.
+/// AMX bf16 tiles run (`cpu::microkernel::amx`), else [`layer_kernel_isa`]'s f32 tiles.
 pub fn bf16_layer_kernel() -> &'static str {
     match Isa::with_tiles() {
         Some(isa) if gemm::bf16_tiles(isa, Held::Bf16) => "amx",
