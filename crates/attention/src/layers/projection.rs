@@ -303,7 +303,7 @@ impl Projection {
         if let Some((y, bias)) = self.product_channels_native(x)? {
             return add_bias(y, bias.as_ref(), BiasAlong::Channels);
         }
-        if let Some(p) = &self.packed {
+        if let Some(p) = self.packed.as_ref().filter(|_| x.dtype() != DType::F64) {
             // The GEMM runs on token rows: (B, in, N) → (B, N, in) and back, fast copies.
             let tokens = contiguous(&x.reshape((b, c, n))?.transpose(1, 2)?)?;
             if let Some(y) = p.forward(&tokens, self.bias.as_ref())? {
