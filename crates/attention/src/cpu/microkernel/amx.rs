@@ -60,9 +60,11 @@ fn detect() -> bool {
 }
 
 /// Tile configuration: palette 1, all eight tiles 16 rows of 64 bytes.
+#[cfg(target_arch = "x86_64")]
 #[repr(C, align(64))]
 struct Config([u8; 64]);
 
+#[cfg(target_arch = "x86_64")]
 const CONFIG: Config = {
     let mut c = [0u8; 64];
     c[0] = 1;
@@ -175,6 +177,8 @@ impl Tiles {
                 options(nostack),
             );
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (accumulate, c);
     }
 }
 
